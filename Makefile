@@ -1,0 +1,119 @@
+# hylo build. Plain GNU make: every .c under src/ goes into libhylo.a, cli/ links
+# against it, every tests/<layer>/test_*.c becomes its own cmocka executable.
+#
+#   make                 build/hylo (with the CUDA backend when nvcc is found)
+#   make test            fetch the default model if needed, build and run the CPU tests
+#   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
+#   make CUDA=0          build without the CUDA backend
+#   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
+#   make fuzz            libFuzzer targets for the GGUF and safetensors parsers (clang)
+#   make format / make format-check
+
+MODE ?= release
+CC ?= gcc
+NVCC ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+
+ifeq ($(MODE),asan)
+BUILD ?= build-asan
+OPT = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDSAN = -fsanitize=address,undefined
+else ifeq ($(MODE),debug)
+BUILD ?= build-debug
+OPT = -O0 -g
+else
+BUILD ?= build
+OPT = -O2 -g -march=x86-64-v3
+endif
+
+# CUDA backend: on when nvcc exists unless CUDA=0 (asan builds never link CUDA).
+ifeq ($(MODE),asan)
+CUDA ?= 0
+endif
+CUDA ?= $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
+
+WARN = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+CFLAGS = -std=c17 $(OPT) $(WARN) -fopenmp -D_GNU_SOURCE -Isrc -Itests
+LDLIBS = -lopenblas -llapacke -lpcre2-8 -lcjson -lyaml -lm -lpthread
+
+CSRC := $(shell find src -name '*.c' | sort)
+CUSRC :=
+ifeq ($(CUDA),1)
+CFLAGS += -DHYLO_CUDA=1 -I$(CUDA_HOME)/include
+CUSRC := $(shell find src -name '*.cu' | sort)
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+endif
+NVFLAGS = -std=c++17 -O3 -g -lineinfo -Isrc -DHYLO_CUDA=1 \
+  -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC \
+  --expt-relaxed-constexpr -Werror all-warnings
+
+OBJ := $(CSRC:%.c=$(BUILD)/obj/%.o) $(CUSRC:%.cu=$(BUILD)/obj/%.cu.o)
+LIB := $(BUILD)/libhylo.a
+BIN := $(BUILD)/hylo
+CLISRC := $(shell find cli -name '*.c' | sort)
+CLIOBJ := $(CLISRC:%.c=$(BUILD)/obj/%.o)
+
+TESTSRC := $(shell find tests -path tests/cuda -prune -o -name 'test_*.c' -print | sort)
+TESTBIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
+CUDATESTSRC := $(shell find tests/cuda -name 'test_*.c' 2>/dev/null | sort)
+CUDATESTBIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(CUDATESTSRC))
+TESTUTIL := $(BUILD)/obj/tests/testutil.o
+BENCHSRC := $(shell find bench -name '*.c' | sort)
+BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
+
+.PHONY: all test test-cuda bench fuzz format format-check clean model
+all: $(BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(CLIOBJ) $(LIB)
+	$(CC) $(CFLAGS) $(LDSAN) $(CLIOBJ) $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/%.c $(LIB) $(TESTUTIL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDSAN) $< $(TESTUTIL) $(LIB) $(LDLIBS) -lcmocka -o $@
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDSAN) $< $(LIB) $(LDLIBS) -o $@
+
+# The tests run from the repository root; HYLO_MODEL points at the default GGUF.
+test: $(BIN) $(TESTBIN)
+	@scripts/fetch_model.sh >/dev/null
+	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(TESTBIN)
+
+test-cuda: $(BIN) $(CUDATESTBIN)
+	@HYLO_BIN=$(BIN) scripts/run_tests.sh $(CUDATESTBIN)
+
+bench: $(BIN) $(BENCHBIN)
+
+model:
+	@scripts/fetch_model.sh
+
+FUZZ_TARGETS := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/fuzz_*.c))
+fuzz: $(FUZZ_TARGETS)
+build-fuzz/%: fuzz/%.c $(CSRC)
+	@mkdir -p build-fuzz
+	clang -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc $< \
+	  $(filter src/base/%.c src/io/%.c,$(CSRC)) -lcjson -lyaml -lm -o $@
+
+FMTSRC = $(shell find src cli tests bench fuzz -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | grep -v fixtures)
+format:
+	clang-format -i $(FMTSRC)
+format-check:
+	@clang-format --dry-run --Werror $(FMTSRC)
+
+clean:
+	rm -rf build build-asan build-debug build-fuzz
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

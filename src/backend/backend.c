@@ -1,0 +1,27 @@
+#include "backend/backend.h"
+
+#include <string.h>
+
+#include "base/err.h"
+
+int cpu_backend_create(be_t **out, size_t scratch_bytes);
+#ifdef HYLO_CUDA
+int cuda_backend_create(be_t **out, size_t scratch_bytes);
+#endif
+
+int be_create(be_t **out, const char *name, size_t scratch_bytes) {
+    *out = NULL;
+    if (!strcmp(name, "cpu")) return cpu_backend_create(out, scratch_bytes);
+    if (!strcmp(name, "cuda")) {
+#ifdef HYLO_CUDA
+        return cuda_backend_create(out, scratch_bytes);
+#else
+        return err_set(ERR_UNSUP, "--device cuda: this hylo was built without CUDA (make CUDA=1)");
+#endif
+    }
+    return err_set(ERR_INPUT, "unknown device '%s' (expected cpu or cuda)", name);
+}
+
+void be_destroy(be_t *be) {
+    if (be) be->destroy(be);
+}

@@ -1,0 +1,242 @@
+// The device: memory and the op set, as a table of functions chosen at run time
+// (--device cpu|cuda). model/ calls only through this table and never knows
+// which device it runs on.
+//
+// Dtypes. Every op argument is one of:
+//   act    `void *`  the backend's activation dtype (be->act_dtype): fp32 on the
+//                    CPU, bf16 on CUDA. Activations, activation gradients and
+//                    the working copy of the weights are act.
+//   float  `float *` always fp32: weight gradients (accumulated with +=),
+//                    recurrent states, decays, beta, norms' saved rstd, lse,
+//                    losses, optimizer state.
+//   int    `int32_t *` token ids, targets.
+// All pointers are device pointers. All shapes are row-major, leftmost slowest,
+// written [B, T, H, dh] in comments; N is a row count (usually B*T). Sizes that
+// can exceed 2^31 are int64_t.
+//
+// Conventions. "dX" outputs of a backward op are overwritten unless the op says
+// "+=" (weight gradients always accumulate, so gradient accumulation over
+// micro-batches is free). Ops never allocate device memory except through the
+// scratch arena passed in `be->scratch`, which the caller resets.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/arena.h"
+
+enum { BE_CPU = 0, BE_CUDA = 1 };
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+
+// RoPE pair conventions.
+enum {
+    ROPE_NEOX = 0,      // HF Llama/Qwen rotate_half: pairs (i, i + dr/2), in place
+    ROPE_INTERLEAVED = 1 // MLA (DeepSeek as in Zebra-Llama): pairs (2j, 2j+1) in the
+                         // input, result stored de-interleaved [evens' outputs | odds' outputs]
+};
+
+// Gated RMSNorm variants.
+enum {
+    GNORM_NORM_THEN_GATE = 0, // GDN: y = rmsnorm(x) * w * silu(z)
+    GNORM_GATE_THEN_NORM = 1  // Mamba-2 (norm_before_gate=False): y = rmsnorm(x * silu(z)) * w
+};
+
+typedef struct be be_t;
+
+struct be {
+    int kind;      // BE_CPU or BE_CUDA
+    int act_dtype; // DT_F32 (cpu) or DT_BF16 (cuda)
+    size_t act_size;
+    const char *name;
+    arena_t scratch; // per-op temporaries on the device; reset by the caller
+    void *impl;      // backend private state (cuBLASLt handle, stream, ...)
+
+    // ---- memory -------------------------------------------------------------
+    void *(*alloc)(be_t *be, size_t bytes); // NULL + error slot on failure
+    void (*free)(be_t *be, void *p);
+    int (*memset0)(be_t *be, void *p, size_t bytes);
+    int (*copy_h2d)(be_t *be, void *dst, const void *src, size_t bytes);
+    int (*copy_d2h)(be_t *be, void *dst, const void *src, size_t bytes);
+    int (*copy_d2d)(be_t *be, void *dst, const void *src, size_t bytes);
+    // host fp32 <-> device act (conversion happens on the way)
+    int (*upload_act)(be_t *be, void *dst, const float *src, int64_t n);
+    int (*download_act)(be_t *be, float *dst, const void *src, int64_t n);
+    // device act -> device float and back
+    void (*act_to_f32)(be_t *be, float *dst, const void *src, int64_t n);
+    void (*f32_to_act)(be_t *be, void *dst, const float *src, int64_t n);
+    int (*sync)(be_t *be); // waits for queued work; reports asynchronous errors
+    void (*destroy)(be_t *be);
+
+    // ---- elementwise and copies ---------------------------------------------
+    // y += x (act)
+    void (*add)(be_t *be, void *y, const void *x, int64_t n);
+    // y = a * x (act), may alias
+    void (*scale)(be_t *be, void *y, const void *x, float a, int64_t n);
+    // 2-D strided copy of act rows: dst[r*ldd + c] (=|+=) src[r*lds + c], c < cols.
+    // Serves every split / concat / broadcast of a projection output.
+    void (*copy2d)(be_t *be, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
+                   int64_t cols, int accumulate);
+
+    // ---- matrix products (row-major; cuBLASLt / OpenBLAS) -------------------
+    // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T, all act.
+    // lda/ldb/ldc are row strides in elements of the matrices as stored.
+    void (*gemm)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc);
+    // Same with a float C (weight gradients: beta = 1 accumulates in fp32).
+    void (*gemm_f32out)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                        const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                        int64_t ldc);
+    // batch of independent products with constant strides between matrices.
+    void (*gemm_batched)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb,
+                         int64_t strideB, float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch);
+
+    // ---- embedding ----------------------------------------------------------
+    // out[N,d] = table[ids[n]]
+    void (*embed_fwd)(be_t *be, void *out, const void *table, const int32_t *ids, int64_t N, int d);
+    // dtable[ids[n]] += dout[n] (float)
+    void (*embed_bwd)(be_t *be, float *dtable, const void *dout, const int32_t *ids, int64_t N, int d);
+
+    // ---- norms --------------------------------------------------------------
+    // out[N,d] = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved (may be NULL in inference)
+    void (*rmsnorm_fwd)(be_t *be, void *out, float *rstd, const void *x, const void *w, int64_t N, int d,
+                        float eps);
+    // dx = ..., dw += ... (float)
+    void (*rmsnorm_bwd)(be_t *be, void *dx, float *dw, const void *dout, const void *x, const void *w,
+                        const float *rstd, int64_t N, int d);
+    // Gated RMSNorm over groups of `gs` channels: x, z [N, G*gs] (z row stride ldz),
+    // w has length w_len = gs (shared by the groups, GDN) or G*gs (Mamba-2).
+    void (*gated_rmsnorm_fwd)(be_t *be, void *out, float *rstd, const void *x, const void *z, int64_t ldz,
+                              const void *w, int64_t w_len, int64_t N, int G, int gs, float eps, int mode);
+    void (*gated_rmsnorm_bwd)(be_t *be, void *dx, void *dz, int64_t lddz, float *dw, const void *dout,
+                              const void *x, const void *z, int64_t ldz, const void *w, int64_t w_len,
+                              const float *rstd, int64_t N, int G, int gs, int mode);
+    // L2 norm of each of N rows of length dim (row stride ld): y = x / sqrt(sum x^2 + eps); rnorm[N] saved.
+    void (*l2norm_fwd)(be_t *be, void *y, float *rnorm, const void *x, int64_t ld, int64_t N, int dim, float eps);
+    void (*l2norm_bwd)(be_t *be, void *dx, int64_t ld, const void *dy, const void *y, const float *rnorm,
+                       int64_t N, int dim);
+
+    // ---- rotary embeddings ---------------------------------------------------
+    // Rotates N rows x nh heads x dr dims in place: element (n, h, i) at
+    // x[n*ld + h*hs + i]. Row n has position pos[n]. cos/sin tables are float
+    // [n_pos, dr/2] (attention scaling such as YaRN's mscale already folded in).
+    void (*rope_fwd)(be_t *be, void *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cos,
+                     const float *sin, int64_t N, int nh, int dr, int style);
+    // The transpose: gradient w.r.t. the unrotated input, in place.
+    void (*rope_bwd)(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cos,
+                     const float *sin, int64_t N, int nh, int dr, int style);
+
+    // ---- attention (causal, flash-style: no Tq x Tk matrix in memory) -------
+    // q [B,Tq,H,dqk], k [B,Tk,Hkv,dqk], v [B,Tk,Hkv,dv] -> out [B,Tq,H,dv], lse [B,H,Tq].
+    // Query t sits at absolute position Tk - Tq + t and sees keys 0..that position
+    // (bottom-right causal; Tq == Tk in training, Tq < Tk when prefilling after a cache).
+    // Query head h reads KV head h / (H / Hkv).
+    void (*attn_fwd)(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                     int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale);
+    void (*attn_bwd)(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                     const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
+                     int dqk, int dv, float scale);
+
+    // ---- MLP ----------------------------------------------------------------
+    // out = silu(gate) * up over n elements
+    void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t n);
+    void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                       int64_t n);
+
+    // ---- depthwise causal conv (GDN short convs, Mamba-2 conv1d) -------------
+    // x [B,T,C] with row stride ldx; w [C,W] (weight [C,1,W] as stored), bias [C]
+    // or NULL; state [B,C,W] act or NULL: the W previous inputs (oldest first;
+    // only the last W-1 are read) that precede x. y [B,T,C] contiguous,
+    // y = silu(conv) when `silu`, else conv.
+    void (*conv1d_fwd)(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
+                       const void *state, int B, int T, int C, int W, int silu);
+    // dx (row stride lddx) =, dw += and dbias += (float; dbias may be NULL); dstate
+    // (float [B,C,W] or NULL) receives the gradient of the state's inputs.
+    void (*conv1d_bwd)(be_t *be, void *dx, int64_t lddx, float *dw, float *dbias, float *dstate, const void *dy,
+                       const void *x, int64_t ldx, const void *w, const void *bias, const void *state, int B,
+                       int T, int C, int W, int silu);
+    // Rolls the last W inputs of each sequence into state [B,C,W] after a
+    // forward over x [B,T,C] (state on entry = the inputs before x, may be zeros).
+    void (*conv1d_update_state)(be_t *be, void *state, const void *x, int64_t ldx, int B, int T, int C, int W);
+
+    // ---- Gated DeltaNet ------------------------------------------------------
+    // Gates: g = -exp(A_log) * softplus(a + dt_bias) (natural-log decay per token),
+    // beta = sigmoid(b) (x2 if allow_neg). a, b [N, HV] with row strides lda, ldb.
+    void (*gdn_gate_fwd)(be_t *be, float *g, float *beta, const void *a, int64_t lda, const void *b, int64_t ldb,
+                         const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg);
+    void (*gdn_gate_bwd)(be_t *be, void *da, int64_t ldda, void *db, int64_t lddb, float *dA_log, float *ddt_bias,
+                         const float *dg, const float *dbeta, const void *a, int64_t lda, const void *b,
+                         int64_t ldb, const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg);
+    // Gated delta rule, chunked (chunk 64): q, k [B,T,H,K] (L2-normalised), v
+    // [B,T,HV,Dv], g, beta float [B,T,HV]; value head h uses q/k head h/(HV/H).
+    // o [B,T,HV,Dv]; state float [B,HV,Dv,K] ("V-first" as FLA): read as the
+    // initial state when init != 0 (else zeros), overwritten with the final state
+    // when non-NULL.
+    void (*gdn_chunk_fwd)(be_t *be, void *o, float *state, int init, const void *q, const void *k, const void *v,
+                          const float *g, const float *beta, float scale, int B, int T, int H, int HV, int K, int Dv);
+    // dq, dk, dv =; dg, dbeta = (float); dstate0 (float, NULL when no initial
+    // state) = gradient of the initial state; dstate_final (NULL = 0) the
+    // incoming gradient of the final state.
+    void (*gdn_chunk_bwd)(be_t *be, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dstate0,
+                          const void *dout, const float *dstate_final, const void *q, const void *k, const void *v,
+                          const float *g, const float *beta, const float *state0, float scale, int B, int T,
+                          int H, int HV, int K, int Dv);
+    // Token-by-token recurrence (decode steps; also the oracle on the CPU).
+    // state float [B,HV,Dv,K] read and updated in place.
+    void (*gdn_recurrent_fwd)(be_t *be, void *o, float *state, const void *q, const void *k, const void *v,
+                              const float *g, const float *beta, float scale, int B, int T, int H, int HV, int K,
+                              int Dv);
+
+    // ---- Mamba-2 SSD ---------------------------------------------------------
+    // dt' = softplus(dt + dt_bias) (identity above 20); dt [N, H] row stride ld.
+    void (*softplus_bias_fwd)(be_t *be, float *out, const void *dt, int64_t ld, const void *dt_bias, int64_t N, int H);
+    // ddt (act, row stride ldd) = dout * sigmoid(dt + dt_bias) (dout where identity); ddt_bias += sum
+    void (*softplus_bias_bwd)(be_t *be, void *ddt, int64_t ldd, float *ddt_bias, const float *dout, const void *dt,
+                              int64_t ld, const void *dt_bias, int64_t N, int H);
+    // Chunked SSD. x [B,T,Hx,P] (row stride ldx), Bm [B,T,GB,N] (ldb), Cm
+    // [B,T,GC,N] (ldc); head h reads x head h/(H/Hx), B group h/(H/GB), C group
+    // h/(H/GC). dt float [B,T,H] (after softplus), A_log [H] (A = -exp(A_log)),
+    // D [H] act. y [B,T,H,P] = ssm + D*x. state float [B,H,P,N] as in gdn.
+    void (*ssd_chunk_fwd)(be_t *be, void *y, float *state, int init, const void *x, int64_t ldx, const void *Bm,
+                          int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log, const void *D,
+                          int B, int T, int H, int Hx, int GB, int GC, int P, int N, int chunk);
+    // dx, dB, dC (act, same strides as the inputs) =; ddt (float [B,T,H]) =;
+    // dA_log, dD (float [H]) +=; dstate0 as in gdn.
+    void (*ssd_chunk_bwd)(be_t *be, void *dx, void *dB, void *dC, float *ddt, float *dA_log, float *dD,
+                          float *dstate0, const void *dy, const float *dstate_final, const void *x, int64_t ldx,
+                          const void *Bm, int64_t ldb, const void *Cm, int64_t ldc, const float *dt,
+                          const void *A_log, const void *D, const float *state0, int B, int T, int H, int Hx,
+                          int GB, int GC, int P, int N, int chunk);
+    void (*ssd_recurrent_fwd)(be_t *be, void *y, float *state, const void *x, int64_t ldx, const void *Bm,
+                              int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
+                              const void *D, int B, int T, int H, int Hx, int GB, int GC, int P, int N);
+
+    // ---- MLA decode over the latent cache (weight absorption) ----------------
+    // For each sequence b and head h: scores over cache rows u < len[b] of
+    // (q_lat[b,h] . c_u + q_pe[b,h] . kpe_u) * scale, softmax, out[b,h] = sum p_u c_u.
+    // cache [B, ld_cache rows, r_kv + dr] rows laid out [c | rotated k_pe].
+    void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
+                            int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale);
+
+    // ---- losses over vocabulary tiles (never a T x V tensor) -----------------
+    // Cross entropy of logits = h W^T: targets < 0 are ignored. loss (float, one
+    // value) = sum over rows of -log p(target) * scale; dh = d loss / dh (act),
+    // dW += (float). dh/dW may be NULL (evaluation).
+    void (*fused_ce)(be_t *be, float *loss, void *dh, float *dW, const void *h, const void *W, const int32_t *targets,
+                     int64_t N, int d, int64_t V, float scale);
+    // KL(p_teacher || p_student) of logits hs Ws^T and ht Wt^T summed over rows,
+    // times scale; gradients for the student only.
+    void (*fused_kl)(be_t *be, float *loss, void *dhs, float *dWs, const void *hs, const void *Ws, const void *ht,
+                     const void *Wt, int64_t N, int ds, int dt, int64_t V, float scale);
+
+    // ---- optimizer -----------------------------------------------------------
+    // sum of squares of a float buffer into *out (device float)
+    void (*sumsq)(be_t *be, float *out, const float *x, int64_t n);
+    // AdamW step on n parameters: master (float) updated, work (act) = master.
+    void (*adamw)(be_t *be, float *master, void *work, const float *grad, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
+};
+
+// Creates a backend by name ("cpu" or "cuda"); threads: CPU threads (0 = all).
+// scratch_bytes: size of the per-op scratch arena.
+int be_create(be_t **out, const char *name, size_t scratch_bytes);
+void be_destroy(be_t *be);

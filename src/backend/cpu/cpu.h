@@ -1,0 +1,23 @@
+// CPU backend internals: fp32 everywhere, OpenMP over rows, OpenBLAS for GEMM.
+// Each cpu_*.c file fills its part of the op table through a cpu_register_*
+// function; cpu_backend.c calls them all.
+#pragma once
+#include <math.h>
+
+#include "backend/backend.h"
+
+void cpu_register_core(be_t *be);   // cpu_core.c: elementwise, copies, gemm, embedding
+void cpu_register_norm(be_t *be);   // cpu_norm.c: rmsnorm, gated rmsnorm, l2norm
+void cpu_register_rope(be_t *be);   // cpu_rope.c
+void cpu_register_attn(be_t *be);   // cpu_attn.c: causal attention forward/backward
+void cpu_register_mlp(be_t *be);    // cpu_mlp.c: swiglu
+void cpu_register_conv(be_t *be);   // cpu_conv.c: depthwise causal conv
+void cpu_register_gdn(be_t *be);    // cpu_gdn.c: gates, chunked + recurrent gated delta rule
+void cpu_register_ssd(be_t *be);    // cpu_ssd.c: Mamba-2 SSD
+void cpu_register_mla(be_t *be);    // cpu_mla.c: MLA decode over the latent cache
+void cpu_register_loss(be_t *be);   // cpu_loss.c: fused CE / KL over vocabulary tiles
+void cpu_register_optim(be_t *be);  // cpu_optim.c: sumsq, AdamW
+
+static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float cpu_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

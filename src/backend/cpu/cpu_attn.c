@@ -1,0 +1,94 @@
+// Causal attention, the plain reference: one query row at a time, scores over
+// the visible keys, softmax, weighted sum. Saves lse for the backward.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const void *k_, const void *v_, int B,
+                         int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+    float *out = out_;
+    const float *q = q_, *k = k_, *v = v_;
+    int grp = H / Hkv, off = Tk - Tq;
+#pragma omp parallel
+    {
+        float *p = malloc((size_t)Tk * sizeof(float));
+#pragma omp for collapse(3) schedule(dynamic, 4)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < Tq; t++) {
+                    const float *qr = q + (((int64_t)b * Tq + t) * H + h) * dqk;
+                    int hk = h / grp, last = off + t;
+                    float m = -INFINITY;
+                    for (int u = 0; u <= last; u++) {
+                        const float *kr = k + (((int64_t)b * Tk + u) * Hkv + hk) * dqk;
+                        float s = 0;
+                        for (int i = 0; i < dqk; i++) s += qr[i] * kr[i];
+                        p[u] = s * scale;
+                        if (p[u] > m) m = p[u];
+                    }
+                    double sum = 0;
+                    for (int u = 0; u <= last; u++) {
+                        p[u] = expf(p[u] - m);
+                        sum += p[u];
+                    }
+                    float *o = out + (((int64_t)b * Tq + t) * H + h) * dv;
+                    memset(o, 0, (size_t)dv * sizeof(float));
+                    float inv = (float)(1.0 / sum);
+                    for (int u = 0; u <= last; u++) {
+                        const float *vr = v + (((int64_t)b * Tk + u) * Hkv + hk) * dv;
+                        float w = p[u] * inv;
+                        for (int i = 0; i < dv; i++) o[i] += w * vr[i];
+                    }
+                    if (lse) lse[((int64_t)b * H + h) * Tq + t] = m + logf((float)sum);
+                }
+        free(p);
+    }
+}
+
+// With P = softmax(S), S = scale q k^T: dV = P^T dO; dP = dO V^T;
+// dS = P (dP - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q.
+// Parallel over (b, kv head) so that dK/dV of a KV head are written by one thread.
+static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *dout_, const void *q_,
+                         const void *k_, const void *v_, const void *out_, const float *lse, int B, int Tq, int Tk,
+                         int H, int Hkv, int dqk, int dv, float scale) {
+    float *dq = dq_, *dk = dk_, *dvv = dv_;
+    const float *dout = dout_, *q = q_, *k = k_, *v = v_, *out = out_;
+    int grp = H / Hkv, off = Tk - Tq;
+    memset(dk, 0, (size_t)B * Tk * Hkv * dqk * sizeof(float));
+    memset(dvv, 0, (size_t)B * Tk * Hkv * dv * sizeof(float));
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++)
+        for (int hk = 0; hk < Hkv; hk++)
+            for (int h = hk * grp; h < (hk + 1) * grp; h++)
+                for (int t = 0; t < Tq; t++) {
+                    int64_t qi = ((int64_t)b * Tq + t) * H + h;
+                    const float *qr = q + qi * dqk, *g = dout + qi * dv, *o = out + qi * dv;
+                    float *dqr = dq + qi * dqk;
+                    float L = lse[((int64_t)b * H + h) * Tq + t];
+                    float D = 0;
+                    for (int i = 0; i < dv; i++) D += g[i] * o[i];
+                    memset(dqr, 0, (size_t)dqk * sizeof(float));
+                    for (int u = 0; u <= off + t; u++) {
+                        int64_t ki = ((int64_t)b * Tk + u) * Hkv + hk;
+                        const float *kr = k + ki * dqk, *vr = v + ki * dv;
+                        float s = 0, dp = 0;
+                        for (int i = 0; i < dqk; i++) s += qr[i] * kr[i];
+                        for (int i = 0; i < dv; i++) dp += g[i] * vr[i];
+                        float p = expf(s * scale - L);
+                        float ds = p * (dp - D) * scale;
+                        float *dkr = dk + ki * dqk, *dvr = dvv + ki * dv;
+                        for (int i = 0; i < dv; i++) dvr[i] += p * g[i];
+                        for (int i = 0; i < dqk; i++) {
+                            dqr[i] += ds * kr[i];
+                            dkr[i] += ds * qr[i];
+                        }
+                    }
+                }
+}
+
+void cpu_register_attn(be_t *be) {
+    be->attn_fwd = cpu_attn_fwd;
+    be->attn_bwd = cpu_attn_bwd;
+}

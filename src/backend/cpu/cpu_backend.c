@@ -1,0 +1,87 @@
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "base/err.h"
+
+static void *cpu_alloc(be_t *be, size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) {
+        err_set(ERR_NOMEM, "cpu: cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    return p;
+}
+static void cpu_free(be_t *be, void *p) { free(p); }
+static int cpu_memset0(be_t *be, void *p, size_t n) {
+    memset(p, 0, n);
+    return 0;
+}
+static int cpu_copy(be_t *be, void *dst, const void *src, size_t n) {
+    if (n) memmove(dst, src, n);
+    return 0;
+}
+static int cpu_upload_act(be_t *be, void *dst, const float *src, int64_t n) {
+    memmove(dst, src, (size_t)n * sizeof(float));
+    return 0;
+}
+static int cpu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
+    memmove(dst, src, (size_t)n * sizeof(float));
+    return 0;
+}
+static void cpu_act_to_f32(be_t *be, float *dst, const void *src, int64_t n) {
+    memmove(dst, src, (size_t)n * sizeof(float));
+}
+static void cpu_f32_to_act(be_t *be, void *dst, const float *src, int64_t n) {
+    memmove(dst, src, (size_t)n * sizeof(float));
+}
+static int cpu_sync(be_t *be) { return 0; }
+static void cpu_destroy(be_t *be) {
+    free(be->scratch.base);
+    free(be);
+}
+
+int cpu_backend_create(be_t **out, size_t scratch_bytes) {
+    be_t *be = calloc(1, sizeof *be);
+    if (!be) return err_set(ERR_NOMEM, "out of memory");
+    be->kind = BE_CPU;
+    be->act_dtype = DT_F32;
+    be->act_size = 4;
+    be->name = "cpu";
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->memset0 = cpu_memset0;
+    be->copy_h2d = cpu_copy;
+    be->copy_d2h = cpu_copy;
+    be->copy_d2d = cpu_copy;
+    be->upload_act = cpu_upload_act;
+    be->download_act = cpu_download_act;
+    be->act_to_f32 = cpu_act_to_f32;
+    be->f32_to_act = cpu_f32_to_act;
+    be->sync = cpu_sync;
+    be->destroy = cpu_destroy;
+    void *scratch = scratch_bytes ? cpu_alloc(be, scratch_bytes) : NULL;
+    if (scratch_bytes && !scratch) {
+        free(be);
+        return ERR_NOMEM;
+    }
+    arena_init(&be->scratch, scratch, scratch_bytes, "cpu scratch");
+    // OpenBLAS runs its own threads; give it the OpenMP thread count and make it
+    // single-threaded inside our parallel regions (it detects those itself).
+    openblas_set_num_threads(omp_get_max_threads());
+    cpu_register_core(be);
+    cpu_register_norm(be);
+    cpu_register_rope(be);
+    cpu_register_attn(be);
+    cpu_register_mlp(be);
+    cpu_register_conv(be);
+    cpu_register_gdn(be);
+    cpu_register_ssd(be);
+    cpu_register_mla(be);
+    cpu_register_loss(be);
+    cpu_register_optim(be);
+    *out = be;
+    return 0;
+}

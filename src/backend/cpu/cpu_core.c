@@ -1,0 +1,89 @@
+// Elementwise ops, strided copies, GEMM through OpenBLAS, embedding.
+#include <cblas.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+static void cpu_add(be_t *be, void *y_, const void *x_, int64_t n) {
+    float *y = y_;
+    const float *x = x_;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_scale(be_t *be, void *y_, const void *x_, float a, int64_t n) {
+    float *y = y_;
+    const float *x = x_;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = a * x[i];
+}
+
+static void cpu_copy2d(be_t *be, void *dst_, int64_t ldd, const void *src_, int64_t lds, int64_t rows,
+                       int64_t cols, int accumulate) {
+    float *dst = dst_;
+    const float *src = src_;
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = dst + r * ldd;
+        const float *s = src + r * lds;
+        if (accumulate)
+            for (int64_t c = 0; c < cols; c++) d[c] += s[c];
+        else
+            memmove(d, s, (size_t)cols * sizeof(float));
+    }
+}
+
+static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) { // BLAS leaves C untouched for K = 0 only when beta == 1
+        float *c = C;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M,
+                (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+static void cpu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                            int64_t ldc) {
+    cpu_gemm(be, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void cpu_gemm_batched(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                             const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb,
+                             int64_t strideB, float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch) {
+    for (int64_t i = 0; i < batch; i++)
+        cpu_gemm(be, transA, transB, M, N, K, alpha, (const float *)A + i * strideA, lda,
+                 (const float *)B + i * strideB, ldb, beta, (float *)C + i * strideC, ldc);
+}
+
+static void cpu_embed_fwd(be_t *be, void *out_, const void *table_, const int32_t *ids, int64_t N, int d) {
+    float *out = out_;
+    const float *table = table_;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) memcpy(out + n * d, table + (int64_t)ids[n] * d, (size_t)d * sizeof(float));
+}
+
+static void cpu_embed_bwd(be_t *be, float *dtable, const void *dout_, const int32_t *ids, int64_t N, int d) {
+    const float *dout = dout_;
+    // Sequential over tokens: repeated ids accumulate into the same row.
+    for (int64_t n = 0; n < N; n++) {
+        float *row = dtable + (int64_t)ids[n] * d;
+        const float *g = dout + n * d;
+        for (int i = 0; i < d; i++) row[i] += g[i];
+    }
+}
+
+void cpu_register_core(be_t *be) {
+    be->add = cpu_add;
+    be->scale = cpu_scale;
+    be->copy2d = cpu_copy2d;
+    be->gemm = cpu_gemm;
+    be->gemm_f32out = cpu_gemm_f32out;
+    be->gemm_batched = cpu_gemm_batched;
+    be->embed_fwd = cpu_embed_fwd;
+    be->embed_bwd = cpu_embed_bwd;
+}

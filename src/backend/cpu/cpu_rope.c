@@ -1,0 +1,59 @@
+// Rotary embeddings. Tables cos/sin [n_pos, dr/2] are precomputed by model/rope.c.
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+// One head vector of dr values. sign = +1 forward, -1 backward (the transpose
+// of a rotation is the rotation by the opposite angle; for the interleaved
+// layout the transpose also undoes the de-interleaving permutation).
+static void rope_vec(float *x, const float *c, const float *s, int dr, int style, float sign) {
+    int half = dr / 2;
+    float tmp[512];
+    if (style == ROPE_NEOX) {
+        for (int i = 0; i < half; i++) {
+            float x0 = x[i], x1 = x[i + half], sn = sign * s[i];
+            x[i] = x0 * c[i] - x1 * sn;
+            x[i + half] = x1 * c[i] + x0 * sn;
+        }
+    } else if (sign > 0) { // pairs (2j, 2j+1) -> outputs (j, j + half)
+        for (int j = 0; j < half; j++) {
+            float x0 = x[2 * j], x1 = x[2 * j + 1];
+            tmp[j] = x0 * c[j] - x1 * s[j];
+            tmp[j + half] = x1 * c[j] + x0 * s[j];
+        }
+        memcpy(x, tmp, (size_t)dr * sizeof(float));
+    } else { // gradient: inputs (j, j + half) -> pairs (2j, 2j+1)
+        for (int j = 0; j < half; j++) {
+            float g0 = x[j], g1 = x[j + half];
+            tmp[2 * j] = g0 * c[j] + g1 * s[j];
+            tmp[2 * j + 1] = -g0 * s[j] + g1 * c[j];
+        }
+        memcpy(x, tmp, (size_t)dr * sizeof(float));
+    }
+}
+
+static void rope_apply(void *x_, int64_t ld, int64_t hs, const int32_t *pos, const float *cos, const float *sin,
+                       int64_t N, int nh, int dr, int style, float sign) {
+    float *x = x_;
+    int half = dr / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *c = cos + (int64_t)pos[n] * half, *s = sin + (int64_t)pos[n] * half;
+        for (int h = 0; h < nh; h++) rope_vec(x + n * ld + h * hs, c, s, dr, style, sign);
+    }
+}
+
+static void cpu_rope_fwd(be_t *be, void *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cos,
+                         const float *sin, int64_t N, int nh, int dr, int style) {
+    rope_apply(x, ld, hs, pos, cos, sin, N, nh, dr, style, 1.0f);
+}
+
+static void cpu_rope_bwd(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cos,
+                         const float *sin, int64_t N, int nh, int dr, int style) {
+    rope_apply(dx, ld, hs, pos, cos, sin, N, nh, dr, style, -1.0f);
+}
+
+void cpu_register_rope(be_t *be) {
+    be->rope_fwd = cpu_rope_fwd;
+    be->rope_bwd = cpu_rope_bwd;
+}

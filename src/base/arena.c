@@ -1,0 +1,26 @@
+#include "base/arena.h"
+
+#include "base/err.h"
+
+void arena_init(arena_t *a, void *base, size_t cap, const char *what) {
+    a->base = base;
+    a->cap = cap;
+    a->used = 0;
+    a->peak = 0;
+    a->what = what;
+}
+
+void *arena_alloc(arena_t *a, size_t bytes) {
+    size_t off = (a->used + 255) & ~(size_t)255;
+    if (off + bytes > a->cap || off + bytes < off) {
+        err_set(ERR_NOMEM, "%s: arena full: need %zu more bytes, %zu of %zu used", a->what, bytes,
+                a->used, a->cap);
+        return NULL;
+    }
+    a->used = off + bytes;
+    if (a->used > a->peak) a->peak = a->used;
+    return a->base + off;
+}
+
+size_t arena_mark(const arena_t *a) { return a->used; }
+void arena_reset(arena_t *a, size_t mark) { a->used = mark; }

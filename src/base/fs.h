@@ -1,0 +1,40 @@
+// Files: read-only mappings, whole-file reads, and atomic writes (temporary name
+// in the same folder, renamed when complete, so no partial output is ever left).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+    int fd;
+    char path[1024];
+} mfile_t;
+
+int mfile_open(mfile_t *mf, const char *path);
+void mfile_close(mfile_t *mf);
+
+// Reads a whole file into a malloc'ed, NUL-terminated buffer.
+int fs_read_all(const char *path, char **out, size_t *len);
+int fs_exists(const char *path);
+int fs_is_dir(const char *path);
+int fs_mkdir_p(const char *path);
+// path joining into a caller buffer; returns ERR_INPUT if it would not fit.
+int fs_join(char *out, size_t cap, const char *dir, const char *name);
+
+// Atomic output: fs_atomic_open creates "<path>.tmp.<pid>" and returns a FILE*;
+// fs_atomic_commit flushes, fsyncs and renames onto path; fs_atomic_abort
+// removes the temporary. Exactly one of commit/abort must follow an open.
+typedef struct {
+    FILE *f;
+    char path[1024];
+    char tmp[1100];
+} afile_t;
+int fs_atomic_open(afile_t *af, const char *path);
+int fs_atomic_commit(afile_t *af);
+void fs_atomic_abort(afile_t *af);
+// Writes a whole buffer atomically.
+int fs_write_all(const char *path, const void *data, size_t len);
+// fwrite with error reporting that names the file.
+int fs_write(afile_t *af, const void *data, size_t len);

@@ -1,0 +1,47 @@
+#include "base/rng.h"
+
+#include <math.h>
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void rng_seed(rng_t *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t rng_u64(rng_t *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+float rng_uniform(rng_t *r) { return (float)(rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+
+float rng_range(rng_t *r, float lo, float hi) { return lo + (hi - lo) * rng_uniform(r); }
+
+float rng_normal(rng_t *r) {
+    double u1 = ((double)(rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (double)(rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void rng_fill_uniform(rng_t *r, float *x, long n, float lo, float hi) {
+    for (long i = 0; i < n; i++) x[i] = rng_range(r, lo, hi);
+}
+
+void rng_fill_normal(rng_t *r, float *x, long n, float mean, float std) {
+    for (long i = 0; i < n; i++) x[i] = mean + std * rng_normal(r);
+}

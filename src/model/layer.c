@@ -1,0 +1,24 @@
+#include "model/layer.h"
+
+#include <stdlib.h>
+
+#include "base/err.h"
+
+void *ctx_alloc(const layer_ctx_t *c, size_t bytes) { return arena_alloc(c->arena, bytes); }
+void *ctx_act(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * c->be->act_size); }
+float *ctx_f32(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * sizeof(float)); }
+
+int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0) {
+    int32_t *d = arena_alloc(c->arena, (size_t)B * T * sizeof(int32_t));
+    if (!d) return NULL;
+    int32_t *h = malloc((size_t)B * T * sizeof(int32_t));
+    if (!h) {
+        err_set(ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) h[b * T + t] = pos0 + t;
+    int rc = c->be->copy_h2d(c->be, d, h, (size_t)B * T * sizeof(int32_t));
+    free(h);
+    return rc < 0 ? NULL : d;
+}

@@ -1,0 +1,71 @@
+// What every layer function receives besides its weights, and the inference
+// caches of each layer kind.
+//
+// Layer file contract (attn.c, mla.c, gdn.c, m2.c, mlp.c), in this order:
+//   X_w_t       parameter views (pointers into the flat weight buffer, act); the
+//               same struct pointed into the flat gradient buffer holds the
+//               gradients (float) - fields are void * for that reason.
+//   X_saved_t   exactly what X_backward needs, allocated by X_forward from ctx->arena.
+//   X_forward   x [B,T,d] (already normed) -> out [B,T,d] (mixer output);
+//               pos0 = position of x's first token (same for every sequence);
+//               cache NULL in training, else read and appended to;
+//               sv NULL in inference, else filled for the backward.
+//   X_backward  dout -> dx (overwritten) and weight gradients (+=).
+//   X_step      one new token per sequence, x [B,d], with the cache.
+//   X_init_from_attention (in upcycle/) upcycling from a teacher attention layer.
+#pragma once
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "base/arena.h"
+#include "model/arch.h"
+
+typedef struct {
+    be_t *be;
+    const arch_t *a;
+    int layer;
+    arena_t *arena;        // device memory for this step's activations and saved tensors
+    const float *rope_cos; // device RoPE tables for this layer kind [rope_npos, dr/2]
+    const float *rope_sin;
+    int rope_npos;         // positions covered by the tables
+} layer_ctx_t;
+
+// Allocates n bytes from the ctx arena (NULL + error slot when full).
+void *ctx_alloc(const layer_ctx_t *c, size_t bytes);
+// act buffer of n elements
+void *ctx_act(const layer_ctx_t *c, int64_t n);
+float *ctx_f32(const layer_ctx_t *c, int64_t n);
+// Device int32 positions [B*T]: pos0 + t for each of B rows.
+int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0);
+
+// ---- inference caches (one per layer, by kind) ------------------------------
+// All sequences of a batch share the cached length `len` (prefill and decode
+// advance them together); the caller advances len after the whole model step.
+typedef struct {
+    void *k, *v; // act [B, cap, Hkv, dh]
+} attn_cache_t;
+
+typedef struct {
+    void *kv; // act [B, cap, r_kv + d_rope]: latent c (after latent norm) | rotated k_pe
+} mla_cache_t;
+
+typedef struct {
+    float *state;                 // [B, HV, Dv, K]
+    void *conv_q, *conv_k, *conv_v; // act [B, C, W] last W pre-conv inputs
+} gdn_cache_t;
+
+typedef struct {
+    float *state; // [B, H, P, N]
+    void *conv;   // act [B, C, W] pre-conv [x | B | C]
+} m2_cache_t;
+
+typedef struct {
+    int B, cap, len; // sequences, capacity in tokens, tokens cached so far
+    int32_t *d_len;  // device [B] copy of len for kernels that take per-sequence lengths
+    union {
+        attn_cache_t attn;
+        mla_cache_t mla;
+        gdn_cache_t gdn;
+        m2_cache_t m2;
+    } u;
+} layer_cache_t;

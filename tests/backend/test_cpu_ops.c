@@ -1,0 +1,186 @@
+// Finite-difference gradient checks of the CPU backend's shared ops (norms,
+// RoPE, attention, SwiGLU) and a naive-reference check of attention forward.
+// fp32 throughout: eps 1e-2 on O(1) inputs keeps the truncation error of the
+// central difference (O(eps^2)) and the rounding error (~1e-7/eps) both near
+// 1e-4 relative, so tol 1e-2 separates real bugs (errors of O(1)) from noise.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+// Loss = sum(out * R) for a fixed random R, recomputed by each check.
+typedef struct {
+    be_t *be;
+    int kind;
+    float *x, *z, *w, *out, *R, *rstd;
+    int64_t N;
+    int d, G, gs, mode;
+    // attention
+    float *q, *k, *v, *lse;
+    int B, Tq, Tk, H, Hkv, dqk, dv;
+    // rope
+    float *cos, *sin;
+    int32_t *pos;
+    int style;
+} op_ctx;
+
+enum { K_RMS, K_GNORM, K_L2, K_ATTN, K_ROPE, K_SWIGLU };
+
+static int64_t out_len(op_ctx *c) {
+    switch (c->kind) {
+    case K_ATTN: return (int64_t)c->B * c->Tq * c->H * c->dv;
+    case K_GNORM: return c->N * c->G * c->gs;
+    default: return c->N * c->d;
+    }
+}
+
+static double run(void *ctx, double *l1) {
+    op_ctx *c = ctx;
+    be_t *be = c->be;
+    switch (c->kind) {
+    case K_RMS: be->rmsnorm_fwd(be, c->out, c->rstd, c->x, c->w, c->N, c->d, 1e-5f); break;
+    case K_GNORM:
+        be->gated_rmsnorm_fwd(be, c->out, c->rstd, c->x, c->z, (int64_t)c->G * c->gs, c->w, c->gs, c->N, c->G, c->gs,
+                              1e-5f, c->mode);
+        break;
+    case K_L2: be->l2norm_fwd(be, c->out, c->rstd, c->x, c->d, c->N, c->d, 1e-6f); break;
+    case K_ATTN:
+        be->attn_fwd(be, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk, c->H, c->Hkv, c->dqk, c->dv,
+                     1.0f / sqrtf((float)c->dqk));
+        break;
+    case K_ROPE:
+        memcpy(c->out, c->x, (size_t)c->N * c->d * sizeof(float));
+        be->rope_fwd(be, c->out, c->d, c->d, c->pos, c->cos, c->sin, c->N, 1, c->d, c->style);
+        break;
+    case K_SWIGLU: be->swiglu_fwd(be, c->out, c->x, c->z, c->N * c->d); break;
+    }
+    return tu_dot_l1(c->out, c->R, out_len(c), l1);
+}
+
+static float *buf(int64_t n, uint64_t seed) {
+    float *p = malloc((size_t)n * sizeof(float));
+    tu_randn(p, n, seed, 1.0f);
+    return p;
+}
+
+static void test_rmsnorm(void **st) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_RMS, .N = 5, .d = 24};
+    c.x = buf(c.N * c.d, 1), c.w = buf(c.d, 2), c.R = buf(c.N * c.d, 3);
+    c.out = buf(c.N * c.d, 0), c.rstd = buf(c.N, 0);
+    run(&c, NULL);
+    float *dx = buf(c.N * c.d, 0), *dw = calloc((size_t)c.d, sizeof(float));
+    c.be->rmsnorm_bwd(c.be, dx, dw, c.R, c.x, c.w, c.rstd, c.N, c.d);
+    assert_int_equal(tu_gradcheck("rmsnorm dx", run, &c, c.x, dx, c.N * c.d, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("rmsnorm dw", run, &c, c.w, dw, c.d, 1e-2f, 1e-2f, 40), 0);
+}
+
+static void gnorm_case(int mode) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_GNORM, .N = 4, .G = 3, .gs = 16, .mode = mode};
+    int64_t n = c.N * c.G * c.gs;
+    c.x = buf(n, 11), c.z = buf(n, 12), c.w = buf(c.gs, 13), c.R = buf(n, 14), c.out = buf(n, 0);
+    c.rstd = buf(c.N * c.G, 0);
+    run(&c, NULL);
+    float *dx = buf(n, 0), *dz = buf(n, 0), *dw = calloc((size_t)c.gs, sizeof(float));
+    c.be->gated_rmsnorm_bwd(c.be, dx, dz, (int64_t)c.G * c.gs, dw, c.R, c.x, c.z, (int64_t)c.G * c.gs, c.w, c.gs,
+                            c.rstd, c.N, c.G, c.gs, mode);
+    assert_int_equal(tu_gradcheck("gnorm dx", run, &c, c.x, dx, n, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("gnorm dz", run, &c, c.z, dz, n, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("gnorm dw", run, &c, c.w, dw, c.gs, 1e-2f, 1e-2f, 40), 0);
+}
+static void test_gated_rmsnorm_gdn(void **st) { gnorm_case(GNORM_NORM_THEN_GATE); }
+static void test_gated_rmsnorm_m2(void **st) { gnorm_case(GNORM_GATE_THEN_NORM); }
+
+static void test_l2norm(void **st) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_L2, .N = 6, .d = 32};
+    c.x = buf(c.N * c.d, 21), c.R = buf(c.N * c.d, 22), c.out = buf(c.N * c.d, 0), c.rstd = buf(c.N, 0);
+    run(&c, NULL);
+    float *dx = buf(c.N * c.d, 0);
+    c.be->l2norm_bwd(c.be, dx, c.d, c.R, c.out, c.rstd, c.N, c.d);
+    assert_int_equal(tu_gradcheck("l2norm dx", run, &c, c.x, dx, c.N * c.d, 1e-2f, 1e-2f, 40), 0);
+}
+
+static void rope_case(int style) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_ROPE, .N = 7, .d = 16, .style = style};
+    c.x = buf(c.N * c.d, 31), c.R = buf(c.N * c.d, 32), c.out = buf(c.N * c.d, 0);
+    c.cos = malloc(8 * 10 * sizeof(float)), c.sin = malloc(8 * 10 * sizeof(float));
+    for (int p = 0; p < 10; p++)
+        for (int i = 0; i < 8; i++) {
+            float ang = p * powf(100.0f, -i / 8.0f);
+            c.cos[p * 8 + i] = 1.3f * cosf(ang), c.sin[p * 8 + i] = 1.3f * sinf(ang); // mscale 1.3
+        }
+    int32_t pos[7] = {0, 3, 1, 9, 4, 4, 2};
+    c.pos = pos;
+    run(&c, NULL);
+    float *dx = malloc((size_t)c.N * c.d * sizeof(float));
+    memcpy(dx, c.R, (size_t)c.N * c.d * sizeof(float));
+    c.be->rope_bwd(c.be, dx, c.d, c.d, c.pos, c.cos, c.sin, c.N, 1, c.d, style);
+    assert_int_equal(tu_gradcheck("rope dx", run, &c, c.x, dx, c.N * c.d, 1e-2f, 1e-2f, 60), 0);
+    if (style == ROPE_INTERLEAVED) { // layout: pair (2j, 2j+1) -> outputs (j, j + d/2)
+        float x[16] = {0}, *cs = c.cos + 3 * 8, *sn = c.sin + 3 * 8;
+        x[2 * 2] = 1.0f; // pair j = 2, first element
+        int32_t p3 = 3;
+        c.be->rope_fwd(c.be, x, 16, 16, &p3, c.cos, c.sin, 1, 1, 16, style);
+        assert_float_equal(x[2], cs[2], 1e-6);
+        assert_float_equal(x[2 + 8], sn[2], 1e-6);
+    }
+}
+static void test_rope_neox(void **st) { rope_case(ROPE_NEOX); }
+static void test_rope_interleaved(void **st) { rope_case(ROPE_INTERLEAVED); }
+
+static void test_swiglu(void **st) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_SWIGLU, .N = 3, .d = 20};
+    int64_t n = c.N * c.d;
+    c.x = buf(n, 41), c.z = buf(n, 42), c.R = buf(n, 43), c.out = buf(n, 0);
+    float *dg = buf(n, 0), *du = buf(n, 0);
+    c.be->swiglu_bwd(c.be, dg, du, c.R, c.x, c.z, n);
+    assert_int_equal(tu_gradcheck("swiglu dgate", run, &c, c.x, dg, n, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("swiglu dup", run, &c, c.z, du, n, 1e-2f, 1e-2f, 40), 0);
+}
+
+static void attn_case(int Tq, int Tk) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_ATTN, .B = 2, .Tq = Tq, .Tk = Tk, .H = 4, .Hkv = 2, .dqk = 12, .dv = 8};
+    int64_t nq = (int64_t)c.B * Tq * c.H * c.dqk, nk = (int64_t)c.B * Tk * c.Hkv * c.dqk,
+            nv = (int64_t)c.B * Tk * c.Hkv * c.dv, no = (int64_t)c.B * Tq * c.H * c.dv;
+    c.q = buf(nq, 51), c.k = buf(nk, 52), c.v = buf(nv, 53), c.R = buf(no, 54), c.out = buf(no, 0);
+    c.lse = buf((int64_t)c.B * c.H * Tq, 0);
+    run(&c, NULL);
+    // naive check of one output row: batch 1, head 3 (kv head 1), last query
+    {
+        int b = 1, h = 3, t = Tq - 1, hk = 1, last = Tk - Tq + t;
+        double s[64], m = -1e30, sum = 0;
+        for (int u = 0; u <= last; u++) {
+            s[u] = 0;
+            for (int i = 0; i < c.dqk; i++)
+                s[u] += (double)c.q[(((int64_t)b * Tq + t) * c.H + h) * c.dqk + i] *
+                        c.k[(((int64_t)b * Tk + u) * c.Hkv + hk) * c.dqk + i];
+            s[u] /= sqrt((double)c.dqk);
+            if (s[u] > m) m = s[u];
+        }
+        for (int u = 0; u <= last; u++) sum += exp(s[u] - m);
+        for (int i = 0; i < c.dv; i++) {
+            double o = 0;
+            for (int u = 0; u <= last; u++) o += exp(s[u] - m) / sum * c.v[(((int64_t)b * Tk + u) * c.Hkv + hk) * c.dv + i];
+            assert_float_equal(c.out[(((int64_t)b * Tq + t) * c.H + h) * c.dv + i], o, 1e-5);
+        }
+    }
+    float *dq = buf(nq, 0), *dk = buf(nk, 0), *dv = buf(nv, 0);
+    c.be->attn_bwd(c.be, dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, c.B, Tq, Tk, c.H, c.Hkv, c.dqk, c.dv,
+                   1.0f / sqrtf((float)c.dqk));
+    assert_int_equal(tu_gradcheck("attn dq", run, &c, c.q, dq, nq, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("attn dk", run, &c, c.k, dk, nk, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("attn dv", run, &c, c.v, dv, nv, 1e-2f, 1e-2f, 40), 0);
+}
+static void test_attention(void **st) { attn_case(7, 7); }
+static void test_attention_after_cache(void **st) { attn_case(3, 9); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),          cmocka_unit_test(test_gated_rmsnorm_gdn),
+        cmocka_unit_test(test_gated_rmsnorm_m2), cmocka_unit_test(test_l2norm),
+        cmocka_unit_test(test_rope_neox),        cmocka_unit_test(test_rope_interleaved),
+        cmocka_unit_test(test_swiglu),           cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_after_cache),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,119 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/err.h"
+#include "base/rng.h"
+
+void tu_randn(float *x, int64_t n, uint64_t seed, float std) {
+    rng_t r;
+    rng_seed(&r, seed);
+    rng_fill_normal(&r, x, n, 0.0f, std);
+}
+
+void tu_randu(float *x, int64_t n, uint64_t seed, float lo, float hi) {
+    rng_t r;
+    rng_seed(&r, seed);
+    rng_fill_uniform(&r, x, n, lo, hi);
+}
+
+double tu_rel_err(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        if (isnan(a[i]) || isnan(b[i])) return INFINITY;
+    }
+    return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
+}
+
+double tu_max_abs_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+double tu_dot(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+double tu_dot_l1(const float *a, const float *b, int64_t n, double *l1) {
+    double s = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)a[i] * b[i];
+        m += fabs((double)a[i] * b[i]);
+    }
+    if (l1) *l1 = m;
+    return s;
+}
+
+static int judge(const char *what, const char *kind, int64_t idx, double fd, double an, float tol, double noise) {
+    double scale = fmax(fabs(fd), fabs(an));
+    if (fabs(fd - an) <= tol * scale + noise && !isnan(fd) && !isnan(an)) return 0;
+    printf("  gradcheck %s: %s %lld: finite difference %.6e, analytic %.6e (|diff| %.3e > %.1e rel + %.2e noise)\n",
+           what, kind, (long long)idx, fd, an, fabs(fd - an), tol, noise);
+    return 1;
+}
+
+int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps,
+                 float tol, int n_elems) {
+    int fails = 0;
+    double l1 = 0;
+    f(ctx, &l1);
+    double noise = 4.0 * 5.96e-8 * l1 / eps;
+    float *x0 = malloc((size_t)n * sizeof(float)), *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x0[i] = x[i];
+    rng_t r;
+    rng_seed(&r, 1234 + (uint64_t)n);
+    for (int dir = 0; dir < 3; dir++) {
+        rng_fill_normal(&r, v, n, 0, 1);
+        double vn = sqrt(tu_dot(v, v, n));
+        for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] / vn);
+        for (int64_t i = 0; i < n; i++) x[i] = x0[i] + eps * v[i];
+        double fp = f(ctx, NULL);
+        for (int64_t i = 0; i < n; i++) x[i] = x0[i] - eps * v[i];
+        double fm = f(ctx, NULL);
+        for (int64_t i = 0; i < n; i++) x[i] = x0[i];
+        fails += judge(what, "direction", dir, (fp - fm) / (2.0 * eps), tu_dot(g, v, n), tol, noise);
+    }
+    int64_t m = n <= n_elems ? n : n_elems;
+    for (int64_t k = 0; k < m; k++) {
+        int64_t i = n <= n_elems ? k : (int64_t)(rng_u64(&r) % (uint64_t)n);
+        x[i] = x0[i] + eps;
+        double fp = f(ctx, NULL);
+        x[i] = x0[i] - eps;
+        double fm = f(ctx, NULL);
+        x[i] = x0[i];
+        fails += judge(what, "element", i, (fp - fm) / (2.0 * eps), g[i], tol, noise);
+    }
+    free(x0);
+    free(v);
+    return fails;
+}
+
+be_t *tu_cpu(void) {
+    static be_t *be;
+    if (!be && be_create(&be, "cpu", 256u << 20) < 0) {
+        printf("cannot create the CPU backend: %s\n", err_msg());
+        abort();
+    }
+    return be;
+}
+
+const char *tu_model_path(void) {
+    const char *p = getenv("HYLO_MODEL");
+    if (!p || !*p) {
+        printf("HYLO_MODEL is not set (run through make test)\n");
+        skip();
+    }
+    return p;
+}

@@ -1,0 +1,47 @@
+// Shared helpers for the cmocka tests: random inputs, error norms, and the one
+// finite-difference gradient check every backward test uses.
+#pragma once
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+// cmocka needs the three includes above first
+#include <cmocka.h>
+
+#include "backend/backend.h"
+
+// Fills x with N(0, std^2) from a seeded generator.
+void tu_randn(float *x, int64_t n, uint64_t seed, float std);
+void tu_randu(float *x, int64_t n, uint64_t seed, float lo, float hi);
+// ||a - b|| / max(||b||, tiny)
+double tu_rel_err(const float *a, const float *b, int64_t n);
+double tu_max_abs_diff(const float *a, const float *b, int64_t n);
+// sum_i a_i b_i in double
+double tu_dot(const float *a, const float *b, int64_t n);
+
+// Loss callback for gradient checks: recomputes the scalar loss (in double)
+// from the current contents of the parameters/inputs under test, and stores in
+// *l1 the sum of the absolute values of the terms summed into it (the loss is
+// usually sum(out * R); then l1 = sum |out * R|, see tu_dot_l1). l1 sets the
+// resolution of the finite difference in fp32.
+typedef double (*tu_loss_fn)(void *ctx, double *l1);
+// sum_i a_i b_i, with sum_i |a_i b_i| into *l1
+double tu_dot_l1(const float *a, const float *b, int64_t n, double *l1);
+
+// Finite-difference check of an analytic gradient g of f with respect to the
+// n floats at x (x is perturbed in place and restored):
+//  1. directional: for 3 random unit directions v, central difference
+//     (f(x + eps v) - f(x - eps v)) / 2 eps against <g, v>;
+//  2. n_elems randomly chosen single elements (all when n <= n_elems).
+// Each comparison passes when |fd - an| <= tol * max(|fd|, |an|) + noise, where
+// noise = 4 * 2^-24 * l1 / eps is the resolution of an fp32 central difference
+// (every output carries a relative rounding error of up to 2^-24, summed with
+// the weights of the loss). Prints every failure; returns the number of
+// failures (0 = pass).
+int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps,
+                 float tol, int n_elems);
+
+// The CPU backend, created once per test binary.
+be_t *tu_cpu(void);
+// Path of the default model (HYLO_MODEL), or skip the test when it is unset.
+const char *tu_model_path(void);
