@@ -23,14 +23,19 @@ typedef struct {
     float *cos, *sin;
     int32_t *pos;
     int style;
+    // conv: x [B,T,C] with row stride ldx, w [C,W], bias [C], state [B,C,W]
+    float *bias, *state;
+    int T, C, W;
+    int64_t ldx;
 } op_ctx;
 
-enum { K_RMS, K_GNORM, K_L2, K_ATTN, K_ROPE, K_SWIGLU };
+enum { K_RMS, K_GNORM, K_L2, K_ATTN, K_ROPE, K_SWIGLU, K_CONV };
 
 static int64_t out_len(op_ctx *c) {
     switch (c->kind) {
     case K_ATTN: return (int64_t)c->B * c->Tq * c->H * c->dv;
     case K_GNORM: return c->N * c->G * c->gs;
+    case K_CONV: return (int64_t)c->B * c->T * c->C;
     default: return c->N * c->d;
     }
 }
@@ -54,6 +59,9 @@ static double run(void *ctx, double *l1) {
         be->rope_fwd(be, c->out, c->d, c->d, c->pos, c->cos, c->sin, c->N, 1, c->d, c->style);
         break;
     case K_SWIGLU: be->swiglu_fwd(be, c->out, c->x, c->z, c->N * c->d); break;
+    case K_CONV:
+        be->conv1d_fwd(be, c->out, c->x, c->ldx, c->w, c->bias, c->state, c->B, c->T, c->C, c->W, c->style);
+        break;
     }
     return tu_dot_l1(c->out, c->R, out_len(c), l1);
 }
@@ -174,13 +182,50 @@ static void attn_case(int Tq, int Tk) {
 static void test_attention(void **st) { attn_case(7, 7); }
 static void test_attention_after_cache(void **st) { attn_case(3, 9); }
 
+// Conv over x with a row stride wider than C (a slice of a projection output),
+// with a preceding state, with and without SiLU.
+static void conv_case(int silu) {
+    op_ctx c = {.be = tu_cpu(), .kind = K_CONV, .B = 2, .T = 6, .C = 5, .W = 4, .ldx = 7, .style = silu};
+    int64_t nx = (int64_t)c.B * c.T * c.ldx, ny = (int64_t)c.B * c.T * c.C, ns = (int64_t)c.B * c.C * c.W;
+    c.x = buf(nx, 61), c.w = buf((int64_t)c.C * c.W, 62), c.bias = buf(c.C, 63), c.state = buf(ns, 64);
+    c.R = buf(ny, 65), c.out = buf(ny, 0);
+    float *dx = calloc((size_t)nx, sizeof(float)), *dw = calloc((size_t)c.C * c.W, sizeof(float));
+    float *db = calloc((size_t)c.C, sizeof(float)), *ds = calloc((size_t)ns, sizeof(float));
+    c.be->conv1d_bwd(c.be, dx, c.ldx, dw, db, ds, c.R, c.x, c.ldx, c.w, c.bias, c.state, c.B, c.T, c.C, c.W, silu);
+    assert_int_equal(tu_gradcheck("conv dx", run, &c, c.x, dx, nx, 1e-2f, 1e-2f, 60), 0);
+    assert_int_equal(tu_gradcheck("conv dw", run, &c, c.w, dw, (int64_t)c.C * c.W, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("conv dbias", run, &c, c.bias, db, c.C, 1e-2f, 1e-2f, 40), 0);
+    assert_int_equal(tu_gradcheck("conv dstate", run, &c, c.state, ds, ns, 1e-2f, 1e-2f, 40), 0);
+    // Splitting the sequence at every point, carrying the state, gives the same output.
+    run(&c, NULL);
+    for (int cut = 1; cut < c.T; cut++) {
+        float *st2 = malloc((size_t)ns * sizeof(float)), *y = malloc((size_t)ny * sizeof(float));
+        memcpy(st2, c.state, (size_t)ns * sizeof(float));
+        // first part: rows [0, cut) of each sequence, processed one sequence at a time
+        for (int b = 0; b < c.B; b++) {
+            float *xb = c.x + (int64_t)b * c.T * c.ldx, *sb = st2 + (int64_t)b * c.C * c.W;
+            float *yb = y + (int64_t)b * c.T * c.C;
+            c.be->conv1d_fwd(c.be, yb, xb, c.ldx, c.w, c.bias, sb, 1, cut, c.C, c.W, silu);
+            c.be->conv1d_update_state(c.be, sb, xb, c.ldx, 1, cut, c.C, c.W);
+            c.be->conv1d_fwd(c.be, yb + (int64_t)cut * c.C, xb + (int64_t)cut * c.ldx, c.ldx, c.w, c.bias, sb, 1,
+                             c.T - cut, c.C, c.W, silu);
+        }
+        assert_true(tu_max_abs_diff(y, c.out, ny) < 1e-6);
+        free(st2);
+        free(y);
+    }
+}
+static void test_conv1d_silu(void **st) { conv_case(1); }
+static void test_conv1d_linear(void **st) { conv_case(0); }
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),          cmocka_unit_test(test_gated_rmsnorm_gdn),
         cmocka_unit_test(test_gated_rmsnorm_m2), cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_rope_neox),        cmocka_unit_test(test_rope_interleaved),
         cmocka_unit_test(test_swiglu),           cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_after_cache),
+        cmocka_unit_test(test_attention_after_cache), cmocka_unit_test(test_conv1d_silu),
+        cmocka_unit_test(test_conv1d_linear),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

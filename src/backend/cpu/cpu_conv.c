@@ -1,5 +1,108 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
+// Depthwise causal conv1d (+ optional SiLU) with an optional state holding the
+// inputs that precede the sequence: GDN's short convs and Mamba-2's conv1d.
+// y_t[c] = bias[c] + sum_i w[c,i] x_{t-W+1+i}[c]; the last tap multiplies x_t.
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cpu/cpu.h"
 
-void cpu_register_conv(be_t *be) { (void)be; }
+// Input at time t (may be negative: then it comes from the state, or is 0).
+static inline float conv_in(const float *x, int64_t ldx, const float *state, int b, int T, int C, int W, int t, int c) {
+    if (t >= 0) return x[((int64_t)b * T + t) * ldx + c];
+    if (!state) return 0.0f;
+    return state[((int64_t)b * C + c) * W + (W + t)]; // t = -1 -> slot W-1 (newest)
+}
+
+static void cpu_conv1d_fwd(be_t *be, void *y_, const void *x_, int64_t ldx, const void *w_, const void *bias_,
+                           const void *state_, int B, int T, int C, int W, int silu) {
+    float *y = y_;
+    const float *x = x_, *w = w_, *bias = bias_, *state = state_;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *yr = y + ((int64_t)b * T + t) * C;
+            for (int c = 0; c < C; c++) {
+                float s = bias ? bias[c] : 0.0f;
+                for (int i = 0; i < W; i++) s += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
+                yr[c] = silu ? cpu_silu(s) : s;
+            }
+        }
+}
+
+static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *dbias, float *dstate,
+                           const void *dy_, const void *x_, int64_t ldx, const void *w_, const void *bias_,
+                           const void *state_, int B, int T, int C, int W, int silu) {
+    float *dx = dx_;
+    const float *dy = dy_, *x = x_, *w = w_, *bias = bias_, *state = state_;
+    // dp = dy * silu'(p), p the pre-activation, recomputed.
+    float *dp = malloc((size_t)B * T * C * sizeof(float));
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                int64_t o = ((int64_t)b * T + t) * C + c;
+                if (!silu) {
+                    dp[o] = dy[o];
+                    continue;
+                }
+                float p = bias ? bias[c] : 0.0f;
+                for (int i = 0; i < W; i++) p += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
+                float sg = cpu_sigmoid(p);
+                dp[o] = dy[o] * sg * (1.0f + p * (1.0f - sg));
+            }
+    // dx_s = sum_i w[c,i] dp_{s+W-1-i}
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < T; s++)
+            for (int c = 0; c < C; c++) {
+                float g = 0;
+                for (int i = 0; i < W; i++) {
+                    int t = s + W - 1 - i;
+                    if (t < T) g += w[(int64_t)c * W + i] * dp[((int64_t)b * T + t) * C + c];
+                }
+                dx[((int64_t)b * T + s) * lddx + c] = g;
+            }
+    // weights, bias and state: reductions over (b, t), per channel in parallel
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                float g = dp[((int64_t)b * T + t) * C + c];
+                if (dbias) dbias[c] += g;
+                for (int i = 0; i < W; i++) dw[(int64_t)c * W + i] += g * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
+            }
+            if (dstate) { // state slot j holds the input at time j - W
+                for (int j = 0; j < W; j++) {
+                    float g = 0;
+                    for (int i = 0; i < W; i++) {
+                        int t = (j - W) + W - 1 - i; // output time that reads input time j - W through tap i
+                        if (t >= 0 && t < T) g += w[(int64_t)c * W + i] * dp[((int64_t)b * T + t) * C + c];
+                    }
+                    dstate[((int64_t)b * C + c) * W + j] = g;
+                }
+            }
+        }
+    }
+    free(dp);
+}
+
+static void cpu_conv1d_update_state(be_t *be, void *state_, const void *x_, int64_t ldx, int B, int T, int C, int W) {
+    float *state = state_;
+    const float *x = x_;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            float *s = state + ((int64_t)b * C + c) * W, tmp[16];
+            for (int j = 0; j < W; j++) { // new slot j holds input time T - W + j
+                int t = T - W + j;
+                tmp[j] = t >= 0 ? x[((int64_t)b * T + t) * ldx + c] : s[W + t];
+            }
+            memcpy(s, tmp, (size_t)W * sizeof(float));
+        }
+}
+
+void cpu_register_conv(be_t *be) {
+    be->conv1d_fwd = cpu_conv1d_fwd;
+    be->conv1d_bwd = cpu_conv1d_bwd;
+    be->conv1d_update_state = cpu_conv1d_update_state;
+}
