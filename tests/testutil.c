@@ -3,9 +3,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/err.h"
 #include "base/rng.h"
+#include "model/rope.h"
 
 void tu_randn(float *x, int64_t n, uint64_t seed, float std) {
     rng_t r;
@@ -116,4 +118,48 @@ const char *tu_model_path(void) {
         skip();
     }
     return p;
+}
+
+float *tu_params(const ptable_t *t, uint64_t seed, float std) {
+    float *w = calloc((size_t)t->total, sizeof(float));
+    rng_t r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < t->n; i++) {
+        const param_t *p = &t->p[i];
+        if (p->nd == 1 && p->no_decay)
+            rng_fill_normal(&r, w + p->off, p->numel, 1.0f, 0.1f);
+        else
+            rng_fill_normal(&r, w + p->off, p->numel, 0.0f, std);
+    }
+    return w;
+}
+
+void tu_ctx(layer_ctx_t *c, const arch_t *a, int layer) {
+    memset(c, 0, sizeof *c);
+    c->be = tu_cpu();
+    c->a = a;
+    c->layer = layer;
+    c->arena = malloc(sizeof(arena_t));
+    size_t cap = (size_t)512 << 20;
+    arena_init(c->arena, malloc(cap), cap, "test arena");
+    const rope_cfg_t *rc = a->kind[layer] == LAYER_MLA ? &a->mla.rope : &a->rope;
+    int dr = a->kind[layer] == LAYER_MLA ? a->mla.d_rope : a->dh;
+    if (dr > 0) {
+        c->rope_npos = 4096;
+        float *cs = malloc((size_t)c->rope_npos * (dr / 2) * sizeof(float));
+        float *sn = malloc((size_t)c->rope_npos * (dr / 2) * sizeof(float));
+        rope_tables(rc, dr, c->rope_npos, cs, sn);
+        c->rope_cos = cs;
+        c->rope_sin = sn;
+    }
+}
+
+void tu_ctx_reset(layer_ctx_t *c) { arena_reset(c->arena, 0); }
+
+void tu_ctx_free(layer_ctx_t *c) {
+    free(c->arena->base);
+    free(c->arena);
+    free((void *)c->rope_cos);
+    free((void *)c->rope_sin);
+    memset(c, 0, sizeof *c);
 }

@@ -9,6 +9,8 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "model/layer.h"
+#include "model/params.h"
 
 // Fills x with N(0, std^2) from a seeded generator.
 void tu_randn(float *x, int64_t n, uint64_t seed, float std);
@@ -40,6 +42,16 @@ double tu_dot_l1(const float *a, const float *b, int64_t n, double *l1);
 // failures (0 = pass).
 int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps,
                  float tol, int n_elems);
+
+// A flat fp32 parameter buffer for table t: weights N(0, std^2), 1-D `no_decay`
+// parameters (norm weights, A_log, dt_bias, D) 1 + N(0, 0.1^2).
+float *tu_params(const ptable_t *t, uint64_t seed, float std);
+// A CPU layer context for layer `layer` of arch a: a fresh 512 MiB host arena
+// (reset by tu_ctx_reset) and RoPE tables for that layer kind (attention: a->rope
+// over dh; MLA: a->mla.rope over d_rope) covering 4096 positions.
+void tu_ctx(layer_ctx_t *c, const arch_t *a, int layer);
+void tu_ctx_reset(layer_ctx_t *c);
+void tu_ctx_free(layer_ctx_t *c);
 
 // The CPU backend, created once per test binary.
 be_t *tu_cpu(void);
