@@ -7,6 +7,7 @@
 
 #include "base/err.h"
 #include "base/rng.h"
+#include "base/half.h"
 #include "model/rope.h"
 
 void tu_randn(float *x, int64_t n, uint64_t seed, float std) {
@@ -162,4 +163,50 @@ void tu_ctx_free(layer_ctx_t *c) {
     free((void *)c->rope_cos);
     free((void *)c->rope_sin);
     memset(c, 0, sizeof *c);
+}
+
+be_t *tu_cuda(void) {
+    static be_t *be;
+    static int tried;
+    if (!tried) {
+        tried = 1;
+        if (be_create(&be, "cuda", 256u << 20) < 0) {
+            printf("no CUDA backend: %s\n", err_msg());
+            be = NULL;
+        }
+    }
+    if (!be) skip();
+    return be;
+}
+
+void tu_round_bf16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+void *tu_dev_act(be_t *be, const float *h, int64_t n) {
+    void *d = be->alloc(be, (size_t)(n ? n : 1) * be->act_size);
+    assert_non_null(d);
+    assert_int_equal(be->upload_act(be, d, h, n), 0);
+    return d;
+}
+
+float *tu_dev_f32(be_t *be, const float *h, int64_t n) {
+    float *d = be->alloc(be, (size_t)(n ? n : 1) * sizeof(float));
+    assert_non_null(d);
+    assert_int_equal(be->copy_h2d(be, d, h, (size_t)n * sizeof(float)), 0);
+    return d;
+}
+
+float *tu_host_act(be_t *be, const void *d, int64_t n) {
+    float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
+    assert_int_equal(be->sync(be), 0);
+    assert_int_equal(be->download_act(be, h, d, n), 0);
+    return h;
+}
+
+float *tu_host_f32(be_t *be, const float *d, int64_t n) {
+    float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
+    assert_int_equal(be->sync(be), 0);
+    assert_int_equal(be->copy_d2h(be, h, d, (size_t)n * sizeof(float)), 0);
+    return h;
 }

@@ -53,6 +53,19 @@ void tu_ctx(layer_ctx_t *c, const arch_t *a, int layer);
 void tu_ctx_reset(layer_ctx_t *c);
 void tu_ctx_free(layer_ctx_t *c);
 
+// ---- CUDA-vs-CPU tests (tests/cuda/, run on the GPU machine) ----
+// The CUDA backend, created once per binary; the test is skipped (not passed)
+// when hylo was built without CUDA or no GPU is present.
+be_t *tu_cuda(void);
+// Rounds host values to bf16 in place, so the CPU reference and the GPU see
+// the same inputs and differences come only from the computation.
+void tu_round_bf16(float *x, int64_t n);
+// Device copies: act (bf16 on CUDA) from host fp32, float from host fp32; and back.
+void *tu_dev_act(be_t *be, const float *h, int64_t n);
+float *tu_dev_f32(be_t *be, const float *h, int64_t n);
+float *tu_host_act(be_t *be, const void *d, int64_t n);  // malloc'ed host copy
+float *tu_host_f32(be_t *be, const float *d, int64_t n); // malloc'ed host copy
+
 // The CPU backend, created once per test binary.
 be_t *tu_cpu(void);
 // Path of the default model (HYLO_MODEL), or skip the test when it is unset.

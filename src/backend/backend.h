@@ -24,6 +24,10 @@
 
 #include "base/arena.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum { BE_CPU = 0, BE_CUDA = 1 };
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
@@ -240,3 +244,7 @@ struct be {
 // scratch_bytes: size of the per-op scratch arena.
 int be_create(be_t **out, const char *name, size_t scratch_bytes);
 void be_destroy(be_t *be);
+
+#ifdef __cplusplus
+}
+#endif

@@ -4,6 +4,10 @@
 #pragma once
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     char *base;
     size_t cap;
@@ -17,3 +21,7 @@ void arena_init(arena_t *a, void *base, size_t cap, const char *what);
 void *arena_alloc(arena_t *a, size_t bytes);
 size_t arena_mark(const arena_t *a);
 void arena_reset(arena_t *a, size_t mark);
+
+#ifdef __cplusplus
+}
+#endif

@@ -4,6 +4,10 @@
 #pragma once
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum {
     ERR_OK = 0,
     ERR_INPUT = -1,   // bad input: malformed file, wrong shape, unknown field (CLI exit 2)
@@ -28,3 +32,7 @@ void err_clear(void);
         int try_rc_ = (expr);                                                                      \
         if (try_rc_ < 0) return try_rc_;                                                           \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif

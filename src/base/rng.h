@@ -3,6 +3,10 @@
 #pragma once
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     uint64_t s[4];
 } rng_t;
@@ -14,3 +18,7 @@ float rng_range(rng_t *r, float lo, float hi); // [lo, hi)
 float rng_normal(rng_t *r);                    // N(0, 1), Box-Muller
 void rng_fill_uniform(rng_t *r, float *x, long n, float lo, float hi);
 void rng_fill_normal(rng_t *r, float *x, long n, float mean, float std);
+
+#ifdef __cplusplus
+}
+#endif

@@ -23,6 +23,8 @@ typedef struct {
     float beta_fast, beta_slow; // yarn (defaults 32, 1)
     float mscale, mscale_all_dim; // yarn DeepSeek-style (defaults 1, 0)
     float attn_factor;      // HF yarn attention_factor (0 = default 0.1 ln(factor) + 1)
+    int n_freq_div;         // GGUF rope_freqs tensor (Llama 3.1 scaling stored as per-frequency
+    float freq_div[128];    // divisors): inv_freq[i] /= freq_div[i] when n_freq_div == dr/2
 } rope_cfg_t;
 
 // Multi-head Latent Attention (DeepSeek-V2/V3 as in Zebra-Llama / X-EcoMLA).

@@ -1,5 +1,59 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
+// MLA decode attention over the latent cache (the absorbed form, spec §3.3).
+// One query per sequence and head; the keys are the cached rows themselves:
+// score_u = (q_lat . c_u + q_pe . kpe_u) * scale, out = sum_u softmax(score)_u c_u.
+// The caller has folded wk_b into q_lat and applies wv_b to the output, so the
+// attention never leaves the r_kv-dimensional latent space.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cpu/cpu.h"
 
-void cpu_register_mla(be_t *be) { (void)be; }
+// q_lat [B, H, r_kv], q_pe [B, H, dr] (rotated), cache [B, cache_rows, r_kv + dr]
+// rows [c | rotated k_pe], len[b] visible rows of sequence b, out [B, H, r_kv].
+static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const void *q_pe_, const void *cache_,
+                                int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
+    float *out = out_;
+    const float *q_lat = q_lat_, *q_pe = q_pe_, *cache = cache_;
+    int64_t L = (int64_t)r_kv + dr; // one cache row
+    int maxlen = 0;
+    for (int b = 0; b < B; b++)
+        if (len[b] > maxlen) maxlen = len[b];
+#pragma omp parallel
+    {
+        float *p = malloc((size_t)(maxlen > 0 ? maxlen : 1) * sizeof(float));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                const float *ql = q_lat + ((int64_t)b * H + h) * r_kv, *qp = q_pe + ((int64_t)b * H + h) * dr;
+                const float *rows = cache + (int64_t)b * cache_rows * L;
+                float *o = out + ((int64_t)b * H + h) * r_kv;
+                int n = len[b];
+                memset(o, 0, (size_t)r_kv * sizeof(float));
+                if (n <= 0) continue; // nothing cached: a zero output rather than 0/0
+                float m = -INFINITY;
+                for (int u = 0; u < n; u++) {
+                    const float *row = rows + u * L;
+                    float s = 0;
+                    for (int i = 0; i < r_kv; i++) s += ql[i] * row[i];
+                    for (int i = 0; i < dr; i++) s += qp[i] * row[r_kv + i];
+                    p[u] = s * scale;
+                    if (p[u] > m) m = p[u];
+                }
+                double sum = 0;
+                for (int u = 0; u < n; u++) {
+                    p[u] = expf(p[u] - m);
+                    sum += p[u];
+                }
+                float inv = (float)(1.0 / sum);
+                for (int u = 0; u < n; u++) {
+                    const float *row = rows + u * L;
+                    float wgt = p[u] * inv;
+                    for (int i = 0; i < r_kv; i++) o[i] += wgt * row[i];
+                }
+            }
+        free(p);
+    }
+}
+
+void cpu_register_mla(be_t *be) { be->mla_decode_attn = cpu_mla_decode_attn; }

@@ -1,0 +1,60 @@
+// CUDA backend internals. Kernels are CUDA C (C style: plain functions and
+// structs, no classes or templates beyond what a kernel needs). Activations and
+// the weights' working copy are bf16; accumulation, recurrent states, weight
+// gradients and optimizer state are fp32 (see backend.h for the dtype rules).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/backend.h"
+#include "base/err.h"
+
+typedef __nv_bfloat16 bf16;
+
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;
+    size_t lt_workspace_size;
+    int sm_count;
+    size_t smem_optin;  // max dynamic shared memory per block (opt-in)
+    int first_error;    // first asynchronous/launch error seen (reported by sync)
+    char first_error_msg[512];
+} cuda_impl_t;
+
+static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }
+static inline cudaStream_t cuda_stream(be_t *be) { return cuda_impl(be)->stream; }
+
+// Records a CUDA failure naming the call (first one wins) and returns ERR_RUNTIME.
+int cuda_fail(be_t *be, const char *what, cudaError_t e);
+// Checks the last launch error; `what` names the kernel for the message.
+void cuda_check_launch(be_t *be, const char *what);
+
+// Runs `call` (a cudaError_t expression); on failure records and returns.
+#define CUDA_TRY(be, call)                                                                         \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) return cuda_fail((be), #call, e_);                                  \
+    } while (0)
+
+static inline unsigned cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+void cuda_register_core(be_t *be);  // cuda_core.cu: elementwise, copies, GEMM (cuBLASLt), embedding
+void cuda_register_norm(be_t *be);  // cuda_norm.cu
+void cuda_register_rope(be_t *be);  // cuda_rope.cu
+void cuda_register_attn(be_t *be);  // cuda_attn.cu: flash attention forward/backward
+void cuda_register_mlp(be_t *be);   // cuda_mlp.cu
+void cuda_register_conv(be_t *be);  // cuda_conv.cu
+void cuda_register_gdn(be_t *be);   // cuda_gdn.cu
+void cuda_register_ssd(be_t *be);   // cuda_ssd.cu
+void cuda_register_mla(be_t *be);   // cuda_mla.cu: latent-cache decode
+void cuda_register_loss(be_t *be);  // cuda_loss.cu: fused CE / KL
+void cuda_register_optim(be_t *be); // cuda_optim.cu: sumsq, AdamW
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,219 @@
+// The CUDA device layer: one device, one stream, a cuBLASLt handle with its
+// workspace; memory through cudaMalloc (never managed memory); errors name
+// the failing call. Ops are queued on the stream; sync() reports the first
+// asynchronous error.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda.h"
+
+int cuda_fail(be_t *be, const char *what, cudaError_t e) {
+    cuda_impl_t *ci = be ? cuda_impl(be) : NULL;
+    char msg[512];
+    snprintf(msg, sizeof msg, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    if (ci && !ci->first_error) {
+        ci->first_error = ERR_RUNTIME;
+        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
+    }
+    return err_set(ERR_RUNTIME, "%s", msg);
+}
+
+void cuda_check_launch(be_t *be, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) cuda_fail(be, what, e);
+}
+
+static void *cu_alloc(be_t *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        cudaGetLastError();
+        err_set(ERR_NOMEM, "cuda: cannot allocate %zu bytes (%zu of %zu free): %s", bytes, fr, tot,
+                cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(be_t *be, void *p) {
+    if (p) cudaFree(p);
+}
+
+static int cu_memset0(be_t *be, void *p, size_t n) {
+    CUDA_TRY(be, cudaMemsetAsync(p, 0, n, cuda_stream(be)));
+    return 0;
+}
+
+static int cu_copy_h2d(be_t *be, void *dst, const void *src, size_t n) {
+    // Synchronous: the host buffer may be reused as soon as we return.
+    CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cuda_stream(be)));
+    CUDA_TRY(be, cudaStreamSynchronize(cuda_stream(be)));
+    return 0;
+}
+
+static int cu_copy_d2h(be_t *be, void *dst, const void *src, size_t n) {
+    CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cuda_stream(be)));
+    CUDA_TRY(be, cudaStreamSynchronize(cuda_stream(be)));
+    return 0;
+}
+
+static int cu_copy_d2d(be_t *be, void *dst, const void *src, size_t n) {
+    CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_stream(be)));
+    return 0;
+}
+
+__global__ void k_f32_to_bf16(bf16 *dst, const float *src, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void k_bf16_to_f32(float *dst, const bf16 *src, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __bfloat162float(src[i]);
+}
+
+static void cu_f32_to_act(be_t *be, void *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    k_f32_to_bf16<<<cuda_blocks(n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)dst, src, n);
+    cuda_check_launch(be, "f32_to_bf16");
+}
+
+static void cu_act_to_f32(be_t *be, float *dst, const void *src, int64_t n) {
+    if (n <= 0) return;
+    k_bf16_to_f32<<<cuda_blocks(n, 256), 256, 0, cuda_stream(be)>>>(dst, (const bf16 *)src, n);
+    cuda_check_launch(be, "bf16_to_f32");
+}
+
+// Host fp32 -> device bf16 through a bounded staging buffer on the device.
+static int cu_upload_act(be_t *be, void *dst, const float *src, int64_t n) {
+    const int64_t chunk = 16 << 20;
+    float *stage = NULL;
+    CUDA_TRY(be, cudaMalloc(&stage, (size_t)(n < chunk ? n : chunk) * sizeof(float)));
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i += chunk) {
+        int64_t m = n - i < chunk ? n - i : chunk;
+        cudaError_t e = cudaMemcpyAsync(stage, src + i, (size_t)m * sizeof(float), cudaMemcpyHostToDevice,
+                                        cuda_stream(be));
+        if (e != cudaSuccess) rc = cuda_fail(be, "upload", e);
+        if (rc == 0) cu_f32_to_act(be, (bf16 *)dst + i, stage, m);
+        if (rc == 0 && (e = cudaStreamSynchronize(cuda_stream(be))) != cudaSuccess) rc = cuda_fail(be, "upload", e);
+    }
+    cudaFree(stage);
+    return rc;
+}
+
+static int cu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
+    const int64_t chunk = 16 << 20;
+    float *stage = NULL;
+    CUDA_TRY(be, cudaMalloc(&stage, (size_t)(n < chunk ? n : chunk) * sizeof(float)));
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i += chunk) {
+        int64_t m = n - i < chunk ? n - i : chunk;
+        cu_act_to_f32(be, stage, (const bf16 *)src + i, m);
+        cudaError_t e = cudaMemcpyAsync(dst + i, stage, (size_t)m * sizeof(float), cudaMemcpyDeviceToHost,
+                                        cuda_stream(be));
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cuda_stream(be));
+        if (e != cudaSuccess) rc = cuda_fail(be, "download", e);
+    }
+    cudaFree(stage);
+    return rc;
+}
+
+static int cu_sync(be_t *be) {
+    cuda_impl_t *ci = cuda_impl(be);
+    cudaError_t e = cudaStreamSynchronize(ci->stream);
+    if (e != cudaSuccess) return cuda_fail(be, "cudaStreamSynchronize", e);
+    if (ci->first_error) {
+        int rc = err_set(ci->first_error, "%s", ci->first_error_msg);
+        ci->first_error = 0;
+        return rc;
+    }
+    return 0;
+}
+
+static void cu_destroy(be_t *be) {
+    cuda_impl_t *ci = cuda_impl(be);
+    if (ci) {
+        cudaStreamSynchronize(ci->stream);
+        if (be->scratch.base) cudaFree(be->scratch.base);
+        if (ci->lt_workspace) cudaFree(ci->lt_workspace);
+        if (ci->lt) cublasLtDestroy(ci->lt);
+        if (ci->stream) cudaStreamDestroy(ci->stream);
+        free(ci);
+    }
+    free(be);
+}
+
+extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return err_set(ERR_RUNTIME, "--device cuda: no CUDA device is available (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    be_t *be = (be_t *)calloc(1, sizeof *be);
+    cuda_impl_t *ci = (cuda_impl_t *)calloc(1, sizeof *ci);
+    if (!be || !ci) {
+        free(be);
+        free(ci);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    be->impl = ci;
+    be->kind = BE_CUDA;
+    be->act_dtype = DT_BF16;
+    be->act_size = 2;
+    be->name = "cuda";
+    be->destroy = cu_destroy;
+    int rc = 0;
+    cudaDeviceProp prop;
+    if ((e = cudaGetDevice(&ci->device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, ci->device)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaGetDeviceProperties", e);
+    if (rc == 0 && prop.major < 9)
+        rc = err_set(ERR_UNSUP, "cuda: device %s has compute capability %d.%d; hylo's kernels need 9.0 (Hopper)",
+                     prop.name, prop.major, prop.minor);
+    if (rc == 0) {
+        ci->sm_count = prop.multiProcessorCount;
+        ci->smem_optin = prop.sharedMemPerBlockOptin;
+        if ((e = cudaStreamCreateWithFlags(&ci->stream, cudaStreamNonBlocking)) != cudaSuccess)
+            rc = cuda_fail(be, "cudaStreamCreate", e);
+    }
+    if (rc == 0 && cublasLtCreate(&ci->lt) != CUBLAS_STATUS_SUCCESS) rc = err_set(ERR_RUNTIME, "cuda: cublasLtCreate failed");
+    ci->lt_workspace_size = 64u << 20;
+    if (rc == 0 && (e = cudaMalloc(&ci->lt_workspace, ci->lt_workspace_size)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMalloc(cuBLASLt workspace)", e);
+    void *scratch = NULL;
+    if (rc == 0 && scratch_bytes && (e = cudaMalloc(&scratch, scratch_bytes)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMalloc(scratch)", e);
+    if (rc < 0) {
+        cu_destroy(be);
+        return rc;
+    }
+    arena_init(&be->scratch, scratch, scratch_bytes, "cuda scratch");
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->memset0 = cu_memset0;
+    be->copy_h2d = cu_copy_h2d;
+    be->copy_d2h = cu_copy_d2h;
+    be->copy_d2d = cu_copy_d2d;
+    be->upload_act = cu_upload_act;
+    be->download_act = cu_download_act;
+    be->act_to_f32 = cu_act_to_f32;
+    be->f32_to_act = cu_f32_to_act;
+    be->sync = cu_sync;
+    cuda_register_core(be);
+    cuda_register_norm(be);
+    cuda_register_rope(be);
+    cuda_register_attn(be);
+    cuda_register_mlp(be);
+    cuda_register_conv(be);
+    cuda_register_gdn(be);
+    cuda_register_ssd(be);
+    cuda_register_mla(be);
+    cuda_register_loss(be);
+    cuda_register_optim(be);
+    *out = be;
+    return 0;
+}

@@ -1,0 +1,74 @@
+#include "infer/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "base/err.h"
+
+int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
+    s->cfg = *cfg;
+    s->V = V;
+    rng_seed(&s->rng, cfg->seed);
+    s->prob = malloc((size_t)V * sizeof(float));
+    s->idx = malloc((size_t)V * sizeof(int));
+    if (!s->prob || !s->idx) {
+        sampler_free(s);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    if (cfg->temperature < 0) return err_set(ERR_INPUT, "--temp must be >= 0 (got %g)", cfg->temperature);
+    if (cfg->top_p <= 0 || cfg->top_p > 1) return err_set(ERR_INPUT, "--top-p must be in (0, 1] (got %g)", cfg->top_p);
+    if (cfg->top_k < 0) return err_set(ERR_INPUT, "--top-k must be >= 0 (got %d)", cfg->top_k);
+    return 0;
+}
+
+void sampler_free(sampler_t *s) {
+    free(s->prob);
+    free(s->idx);
+    s->prob = NULL;
+    s->idx = NULL;
+}
+
+int sampler_argmax(const float *logits, int V) {
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    return best;
+}
+
+static int cmp_desc(const void *a, const void *b, void *base) {
+    const float *p = base;
+    float x = p[*(const int *)a], y = p[*(const int *)b];
+    return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);
+}
+
+int sampler_sample(sampler_t *s, const float *logits) {
+    int V = s->V;
+    if (s->cfg.temperature == 0.0f) return sampler_argmax(logits, V);
+    float m = logits[sampler_argmax(logits, V)];
+    for (int v = 0; v < V; v++) s->prob[v] = expf((logits[v] - m) / s->cfg.temperature);
+    // Candidates sorted by probability; keep the top k, then the smallest
+    // prefix whose mass reaches top_p.
+    for (int v = 0; v < V; v++) s->idx[v] = v;
+    int n = V;
+    qsort_r(s->idx, (size_t)V, sizeof(int), cmp_desc, s->prob);
+    if (s->cfg.top_k > 0 && s->cfg.top_k < n) n = s->cfg.top_k;
+    double kept = 0;
+    for (int i = 0; i < n; i++) kept += s->prob[s->idx[i]];
+    if (s->cfg.top_p < 1.0f) {
+        double acc = 0;
+        for (int i = 0; i < n; i++) {
+            acc += s->prob[s->idx[i]];
+            if (acc >= s->cfg.top_p * kept) {
+                n = i + 1;
+                kept = acc;
+                break;
+            }
+        }
+    }
+    double r = (double)rng_uniform(&s->rng) * kept, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += s->prob[s->idx[i]];
+        if (r < acc) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}

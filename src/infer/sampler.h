@@ -1,0 +1,27 @@
+// Next-token sampling from logits: greedy (temperature 0), or temperature,
+// then top-k, then top-p (nucleus) on the renormalised distribution, with a
+// seeded generator so a seed reproduces a sample exactly.
+#pragma once
+#include <stdint.h>
+
+#include "base/rng.h"
+
+typedef struct {
+    float temperature; // 0 = greedy
+    int top_k;         // 0 = off
+    float top_p;       // 1 = off
+    uint64_t seed;
+} sampler_cfg_t;
+
+typedef struct {
+    sampler_cfg_t cfg;
+    rng_t rng;
+    int V;
+    float *prob; // scratch [V]
+    int *idx;    // scratch [V]
+} sampler_t;
+
+int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V);
+void sampler_free(sampler_t *s);
+int sampler_sample(sampler_t *s, const float *logits);
+int sampler_argmax(const float *logits, int V);

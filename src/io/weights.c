@@ -1,0 +1,230 @@
+#include "io/weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/fs.h"
+
+struct wsrc {
+    char path[1024];
+    int is_gguf;
+    gguf_t gguf;
+    int permute_qk; // llama GGUFs store q/k rows permuted for interleaved RoPE
+    int H, Hkv, dh;
+};
+
+// ---- GGUF metadata -> arch ------------------------------------------------
+
+// "<arch>.<suffix>" as an int; required keys must exist, optional ones default.
+static int arch_int(const gguf_t *g, const arch_t *a, const char *suffix, int required, int def, int *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", a->model_type, suffix);
+    int64_t v = def;
+    TRY(required ? gguf_get_int(g, key, &v) : gguf_opt_int(g, key, &v));
+    if (v < 0 || v > (1 << 30)) return err_set(ERR_INPUT, "%s: %s = %lld is out of range", g->mf.path, key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int arch_float(const gguf_t *g, const arch_t *a, const char *suffix, int required, float def, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", a->model_type, suffix);
+    double v = def;
+    TRY(required ? gguf_get_float(g, key, &v) : gguf_opt_float(g, key, &v));
+    *out = (float)v;
+    return 0;
+}
+
+int gguf_arch(const gguf_t *g, arch_t *a) {
+    arch_init(a);
+    const char *arch;
+    size_t alen;
+    TRY(gguf_get_str(g, "general.architecture", &arch, &alen));
+    if (alen >= sizeof a->model_type) alen = sizeof a->model_type - 1;
+    memcpy(a->model_type, arch, alen);
+    a->model_type[alen] = 0;
+    if (strcmp(a->model_type, "llama") && strcmp(a->model_type, "qwen3"))
+        return err_set(ERR_UNSUP, "%s: general.architecture '%s' is not supported (llama, qwen3)", g->mf.path,
+                       a->model_type);
+    int64_t v;
+    double f;
+    TRY(arch_int(g, a, "block_count", 1, 0, &a->n_layers));
+    TRY(arch_int(g, a, "embedding_length", 1, 0, &a->d));
+    TRY(arch_int(g, a, "feed_forward_length", 1, 0, &a->ffn));
+    TRY(arch_int(g, a, "attention.head_count", 1, 0, &a->H));
+    TRY(arch_int(g, a, "attention.head_count_kv", 0, a->H, &a->Hkv));
+    TRY(arch_int(g, a, "attention.key_length", 0, a->H ? a->d / a->H : 0, &a->dh));
+    TRY(arch_int(g, a, "context_length", 0, 0, &a->max_pos));
+    const gguf_kv_t *toks = gguf_find(g, "tokenizer.ggml.tokens");
+    TRY(arch_int(g, a, "vocab_size", 0, toks && toks->type == GGUF_ARRAY ? (int)toks->arr_n : 0, &a->V));
+    TRY(arch_float(g, a, "attention.layer_norm_rms_epsilon", 1, 0, &a->eps));
+    TRY(arch_float(g, a, "rope.freq_base", 0, 10000.0f, &a->rope.theta));
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a->model_type);
+    if (gguf_find(g, key)) {
+        const char *s;
+        size_t sl;
+        TRY(gguf_get_str(g, key, &s, &sl));
+        if (sl == 4 && !memcmp(s, "none", 4)) {
+        } else if ((sl == 6 && !memcmp(s, "linear", 6)) || (sl == 4 && !memcmp(s, "yarn", 4))) {
+            a->rope.scaling = sl == 6 ? ROPE_SCALE_LINEAR : ROPE_SCALE_YARN;
+            TRY(arch_float(g, a, "rope.scaling.factor", 1, 0, &a->rope.factor));
+            TRY(arch_int(g, a, "rope.scaling.original_context_length", 0, a->max_pos, &a->rope.orig_max_pos));
+        } else {
+            return err_set(ERR_UNSUP, "%s: %s '%.*s' is not supported", g->mf.path, key, (int)sl, s);
+        }
+    }
+    if (!strcmp(a->model_type, "qwen3")) a->qk_norm = 1;
+    a->tie_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+    const gguf_tensor_t *rf = gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) { // Llama 3.1 frequency scaling stored as divisors
+        if (rf->nelem != a->dh / 2 || rf->nelem > 128)
+            return err_set(ERR_INPUT, "%s: rope_freqs.weight has %lld values, expected head_dim/2 = %d", g->mf.path,
+                           (long long)rf->nelem, a->dh / 2);
+        TRY(gguf_read_tensor_f32(g, rf, a->rope.freq_div));
+        a->rope.n_freq_div = (int)rf->nelem;
+    }
+    v = -1;
+    TRY(gguf_opt_int(g, "tokenizer.ggml.bos_token_id", &v));
+    a->bos_id = (int)v;
+    v = -1;
+    TRY(gguf_opt_int(g, "tokenizer.ggml.eos_token_id", &v));
+    a->eos_id = (int)v;
+    v = -1;
+    TRY(gguf_opt_int(g, "tokenizer.ggml.padding_token_id", &v));
+    a->pad_id = (int)v;
+    (void)f;
+    for (int l = 0; l < a->n_layers && l < ARCH_MAX_LAYERS; l++) a->kind[l] = LAYER_ATTN;
+    a->mla.rope = a->rope;
+    return arch_validate(a, g->mf.path);
+}
+
+// ---- HF <-> GGUF names ----------------------------------------------------
+
+int gguf_name_for(const char *hf, char *out, size_t cap) {
+    static const char *global[][2] = {
+        {"model.embed_tokens.weight", "token_embd.weight"},
+        {"model.norm.weight", "output_norm.weight"},
+        {"lm_head.weight", "output.weight"},
+    };
+    for (size_t i = 0; i < sizeof global / sizeof global[0]; i++)
+        if (!strcmp(hf, global[i][0])) return snprintf(out, cap, "%s", global[i][1]) < (int)cap ? 0 : ERR_INPUT;
+    static const char *layer[][2] = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    int l, n = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &l, &n) == 1 && n > 0)
+        for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
+            if (!strcmp(hf + n, layer[i][0]))
+                return snprintf(out, cap, "blk.%d.%s", l, layer[i][1]) < (int)cap ? 0 : ERR_INPUT;
+    return err_set(ERR_INPUT, "no GGUF tensor name for %s", hf);
+}
+
+// llama.cpp stores llama q/k rows per head as [dh/2, 2] pairs (interleaved
+// RoPE); HF uses [2, dh/2] (rotate_half). GGUF row 2i = HF row i, GGUF row
+// 2i+1 = HF row i + dh/2 within each head.
+static int unpermute_rows(float *w, int64_t rows, int64_t cols, int heads) {
+    int64_t dh = rows / heads;
+    float *tmp = malloc((size_t)rows * cols * sizeof(float));
+    if (!tmp) return err_set(ERR_NOMEM, "out of memory");
+    memcpy(tmp, w, (size_t)rows * cols * sizeof(float));
+    for (int h = 0; h < heads; h++)
+        for (int64_t i = 0; i < dh / 2; i++) {
+            memcpy(w + (h * dh + i) * cols, tmp + (h * dh + 2 * i) * cols, (size_t)cols * sizeof(float));
+            memcpy(w + (h * dh + i + dh / 2) * cols, tmp + (h * dh + 2 * i + 1) * cols, (size_t)cols * sizeof(float));
+        }
+    free(tmp);
+    return 0;
+}
+
+// ---- the source ------------------------------------------------------------
+
+int wsrc_open(wsrc_t **out, const char *path, arch_t *arch) {
+    *out = NULL;
+    wsrc_t *s = calloc(1, sizeof *s);
+    if (!s) return err_set(ERR_NOMEM, "out of memory");
+    snprintf(s->path, sizeof s->path, "%s", path);
+    if (fs_is_dir(path)) {
+        free(s);
+        return err_set(ERR_UNSUP, "%s: Hugging Face folders are not readable yet", path);
+    }
+    int rc = gguf_open(&s->gguf, path);
+    if (rc == 0) rc = gguf_arch(&s->gguf, arch);
+    if (rc < 0) {
+        gguf_close(&s->gguf);
+        free(s);
+        return rc;
+    }
+    s->is_gguf = 1;
+    s->permute_qk = !strcmp(arch->model_type, "llama");
+    s->H = arch->H, s->Hkv = arch->Hkv, s->dh = arch->dh;
+    *out = s;
+    return 0;
+}
+
+void wsrc_close(wsrc_t *s) {
+    if (!s) return;
+    if (s->is_gguf) gguf_close(&s->gguf);
+    free(s);
+}
+
+const gguf_t *wsrc_gguf(const wsrc_t *s) { return s->is_gguf ? &s->gguf : NULL; }
+const char *wsrc_path(const wsrc_t *s) { return s->path; }
+
+int wsrc_has(const wsrc_t *s, const char *name) {
+    char gname[128];
+    if (s->is_gguf) return gguf_name_for(name, gname, sizeof gname) == 0 && gguf_find_tensor(&s->gguf, gname);
+    return 0;
+}
+
+static void shape_str(char *buf, size_t cap, const int64_t *shape, int nd) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < nd && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out) {
+    char gname[128], want[96], got[96];
+    TRY(gguf_name_for(name, gname, sizeof gname));
+    const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
+    if (!t) return err_set(ERR_INPUT, "%s: missing tensor %s (for %s)", s->path, gname, name);
+    // GGUF dims are reversed PyTorch dims.
+    int64_t gshape[4];
+    for (uint32_t i = 0; i < t->n_dims; i++) gshape[i] = t->ne[t->n_dims - 1 - i];
+    int same = (int)t->n_dims == nd;
+    for (int i = 0; same && i < nd; i++) same = gshape[i] == shape[i];
+    if (!same) {
+        shape_str(want, sizeof want, shape, nd);
+        shape_str(got, sizeof got, gshape, (int)t->n_dims);
+        return err_set(ERR_INPUT, "%s: tensor %s has shape %s, expected %s", s->path, gname, got, want);
+    }
+    TRY(gguf_read_tensor_f32(&s->gguf, t, out));
+    if (s->permute_qk && nd == 2) {
+        if (strstr(name, "self_attn.q_proj.weight")) TRY(unpermute_rows(out, shape[0], shape[1], s->H));
+        if (strstr(name, "self_attn.k_proj.weight")) TRY(unpermute_rows(out, shape[0], shape[1], s->Hkv));
+    }
+    return 0;
+}
+
+void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {
+    int counts[64] = {0};
+    buf[0] = 0;
+    if (!s->is_gguf) return;
+    for (uint64_t i = 0; i < s->gguf.n_tensors; i++)
+        if (s->gguf.tensors[i].type < 64) counts[s->gguf.tensors[i].type]++;
+    size_t n = 0;
+    for (int t = 0; t < 64 && n < cap; t++)
+        if (counts[t]) n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d", n ? ", " : "", ggml_type_name((uint32_t)t), counts[t]);
+}

@@ -1,0 +1,30 @@
+// A source of model weights by Hugging Face name, in HF layout and fp32, from
+// either a GGUF file (names mapped, llama Q/K rows un-permuted, dequantised)
+// or a Hugging Face / hybrid checkpoint folder (safetensors). Also fills the
+// architecture from the same source.
+#pragma once
+#include <stdint.h>
+
+#include "io/gguf.h"
+#include "model/arch.h"
+
+typedef struct wsrc wsrc_t;
+
+// path: a .gguf file or a folder with config.json (+ hybrid_config.json).
+int wsrc_open(wsrc_t **out, const char *path, arch_t *arch);
+void wsrc_close(wsrc_t *s);
+// 1 if the source holds the tensor.
+int wsrc_has(const wsrc_t *s, const char *name);
+// Reads tensor `name`, checking it has exactly `shape` (nd dims, PyTorch order).
+int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out);
+// Dtype summary of the source's tensors, e.g. "Q4_1: 210, Q8_0: 1, F32: 61".
+void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap);
+// The GGUF file behind the source (NULL for a folder): the tokenizer reads its metadata.
+const gguf_t *wsrc_gguf(const wsrc_t *s);
+const char *wsrc_path(const wsrc_t *s);
+
+// GGUF metadata -> arch (general.architecture llama or qwen3).
+int gguf_arch(const gguf_t *g, arch_t *a);
+// The GGUF tensor name for an HF name ("model.layers.3.self_attn.q_proj.weight"
+// -> "blk.3.attn_q.weight"); 0 on success, ERR_INPUT when there is none.
+int gguf_name_for(const char *hf_name, char *out, size_t cap);

@@ -1,0 +1,103 @@
+#include "model/attn.h"
+
+#include <math.h>
+
+#include "base/err.h"
+#include "model/bind.h"
+#include "model/linear.h"
+
+int attn_w_bind(attn_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer) {
+    TRY(bind_param(&w->q, pt, flat, elt, layer, "self_attn.q_proj.weight", 0));
+    TRY(bind_param(&w->k, pt, flat, elt, layer, "self_attn.k_proj.weight", 0));
+    TRY(bind_param(&w->v, pt, flat, elt, layer, "self_attn.v_proj.weight", 0));
+    TRY(bind_param(&w->o, pt, flat, elt, layer, "self_attn.o_proj.weight", 0));
+    TRY(bind_param(&w->q_norm, pt, flat, elt, layer, "self_attn.q_norm.weight", 1));
+    TRY(bind_param(&w->k_norm, pt, flat, elt, layer, "self_attn.k_norm.weight", 1));
+    return 0;
+}
+
+int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                 layer_cache_t *cache, attn_saved_t *sv) {
+    be_t *be = c->be;
+    const arch_t *a = c->a;
+    int64_t N = (int64_t)B * T, qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    if (pos0 + T > c->rope_npos)
+        return err_set(ERR_INPUT, "position %d is beyond the RoPE table (%d positions)", pos0 + T, c->rope_npos);
+    void *q = ctx_act(c, N * qw), *k = ctx_act(c, N * kw), *v = ctx_act(c, N * kw), *att = ctx_act(c, N * qw);
+    float *lse = sv ? ctx_f32(c, N * a->H) : NULL;
+    int32_t *pos = ctx_positions(c, B, T, pos0);
+    if (!q || !k || !v || !att || !pos || (sv && !lse)) return ERR_NOMEM;
+    lin_fwd(be, q, x, w->q, N, a->d, qw);
+    lin_fwd(be, k, x, w->k, N, a->d, kw);
+    lin_fwd(be, v, x, w->v, N, a->d, kw);
+    if (w->q_norm) { // Qwen3: RMSNorm over each head's dh before RoPE
+        void *qn = ctx_act(c, N * qw), *kn = ctx_act(c, N * kw);
+        float *qr = ctx_f32(c, N * a->H), *kr = ctx_f32(c, N * a->Hkv);
+        if (!qn || !kn || !qr || !kr) return ERR_NOMEM;
+        be->rmsnorm_fwd(be, qn, qr, q, w->q_norm, N * a->H, a->dh, a->eps);
+        be->rmsnorm_fwd(be, kn, kr, k, w->k_norm, N * a->Hkv, a->dh, a->eps);
+        if (sv) {
+            sv->q_raw = q, sv->k_raw = k, sv->q_rstd = qr, sv->k_rstd = kr;
+        }
+        q = qn, k = kn;
+    }
+    be->rope_fwd(be, q, qw, a->dh, pos, c->rope_cos, c->rope_sin, N, a->H, a->dh, ROPE_NEOX);
+    be->rope_fwd(be, k, kw, a->dh, pos, c->rope_cos, c->rope_sin, N, a->Hkv, a->dh, ROPE_NEOX);
+    float scale = 1.0f / sqrtf((float)a->dh);
+    if (cache) {
+        // Append rows [pos0, pos0 + T) of every sequence, then attend over the
+        // whole cached prefix of that sequence.
+        attn_cache_t *kc = &cache->u.attn;
+        if (pos0 + T > cache->cap)
+            return err_set(ERR_INPUT, "context of %d tokens exceeds the cache capacity %d", pos0 + T, cache->cap);
+        size_t es = be->act_size;
+        for (int b = 0; b < B; b++) {
+            char *kb = (char *)kc->k + ((size_t)b * cache->cap + pos0) * kw * es;
+            char *vb = (char *)kc->v + ((size_t)b * cache->cap + pos0) * kw * es;
+            be->copy_d2d(be, kb, (char *)k + (size_t)b * T * kw * es, (size_t)T * kw * es);
+            be->copy_d2d(be, vb, (char *)v + (size_t)b * T * kw * es, (size_t)T * kw * es);
+            be->attn_fwd(be, (char *)att + (size_t)b * T * qw * es, NULL, (char *)q + (size_t)b * T * qw * es,
+                         (char *)kc->k + (size_t)b * cache->cap * kw * es,
+                         (char *)kc->v + (size_t)b * cache->cap * kw * es, 1, T, pos0 + T, a->H, a->Hkv, a->dh,
+                         a->dh, scale);
+        }
+    } else {
+        be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, scale);
+    }
+    lin_fwd(be, out, att, w->o, N, qw, a->d);
+    if (sv) {
+        sv->x = x, sv->q = q, sv->k = k, sv->v = v, sv->att = att, sv->lse = lse, sv->pos = pos;
+        sv->B = B, sv->T = T;
+    }
+    return 0;
+}
+
+int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx, const void *dout,
+                  const attn_saved_t *sv) {
+    be_t *be = c->be;
+    const arch_t *a = c->a;
+    int B = sv->B, T = sv->T;
+    int64_t N = (int64_t)B * T, qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    void *datt = ctx_act(c, N * qw), *dq = ctx_act(c, N * qw), *dk = ctx_act(c, N * kw), *dv = ctx_act(c, N * kw);
+    if (!datt || !dq || !dk || !dv) return ERR_NOMEM;
+    lin_bwd(be, datt, 0, g->o, dout, sv->att, w->o, N, qw, a->d);
+    be->attn_bwd(be, dq, dk, dv, datt, sv->q, sv->k, sv->v, sv->att, sv->lse, B, T, T, a->H, a->Hkv, a->dh, a->dh,
+                 1.0f / sqrtf((float)a->dh));
+    be->rope_bwd(be, dq, qw, a->dh, sv->pos, c->rope_cos, c->rope_sin, N, a->H, a->dh, ROPE_NEOX);
+    be->rope_bwd(be, dk, kw, a->dh, sv->pos, c->rope_cos, c->rope_sin, N, a->Hkv, a->dh, ROPE_NEOX);
+    if (w->q_norm) {
+        void *dq_raw = ctx_act(c, N * qw), *dk_raw = ctx_act(c, N * kw);
+        if (!dq_raw || !dk_raw) return ERR_NOMEM;
+        be->rmsnorm_bwd(be, dq_raw, g->q_norm, dq, sv->q_raw, w->q_norm, sv->q_rstd, N * a->H, a->dh);
+        be->rmsnorm_bwd(be, dk_raw, g->k_norm, dk, sv->k_raw, w->k_norm, sv->k_rstd, N * a->Hkv, a->dh);
+        dq = dq_raw, dk = dk_raw;
+    }
+    lin_bwd(be, dx, 0, g->q, dq, sv->x, w->q, N, a->d, qw);
+    lin_bwd(be, dx, 1, g->k, dk, sv->x, w->k, N, a->d, kw);
+    lin_bwd(be, dx, 1, g->v, dv, sv->x, w->v, N, a->d, kw);
+    return 0;
+}
+
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
+    return attn_forward(c, w, out, x, B, 1, cache->len, cache, NULL);
+}

@@ -1,0 +1,28 @@
+// The teacher's attention layer (Llama / Qwen3): GQA, RoPE (NEOX pairs),
+// optional Qwen3 q/k RMSNorm per head, KV cache for inference.
+#pragma once
+#include "model/layer.h"
+#include "model/params.h"
+
+typedef struct {
+    void *q, *k, *v, *o;     // q_proj [H*dh, d], k_proj/v_proj [Hkv*dh, d], o_proj [d, H*dh]
+    void *q_norm, *k_norm;   // [dh], Qwen3 only (NULL otherwise)
+} attn_w_t;
+
+typedef struct {
+    const void *x;           // layer input [N, d] (owned by the caller, kept alive)
+    void *q_raw, *k_raw;     // projections before q/k norm (Qwen3 only)
+    float *q_rstd, *k_rstd;  // [N*H], [N*Hkv] (Qwen3 only)
+    void *q, *k, *v;         // after norm and RoPE: [N, H, dh], [N, Hkv, dh], [N, Hkv, dh]
+    void *att;               // attention output [N, H, dh]
+    float *lse;              // [B, H, T]
+    int32_t *pos;            // [N]
+    int B, T;
+} attn_saved_t;
+
+int attn_w_bind(attn_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer);
+int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                 layer_cache_t *cache, attn_saved_t *sv);
+int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx, const void *dout,
+                  const attn_saved_t *sv);
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache);

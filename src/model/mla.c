@@ -1,0 +1,391 @@
+// Multi-head Latent Attention: decompressed forward (training / prefill), its
+// backward, and the absorbed decode step. See mla.h for the shapes and spec
+// hybrid_model.md §2-§3 for the reference behaviour.
+#include "model/mla.h"
+
+#include <math.h>
+
+#include "base/err.h"
+#include "model/bind.h"
+#include "model/linear.h"
+#include "model/rope.h"
+
+// ---- helpers -----------------------------------------------------------------
+
+// Every size this layer needs, read once from the arch for this layer.
+typedef struct {
+    int d, H, G, hpg;     // width, query heads, KV heads, query heads per KV head
+    int rq, rkv;          // latent ranks (rq 0 = plain q_proj)
+    int dn, dr, dv, qd;   // d_nope, d_rope, d_v, d_nope + d_rope
+    int kvh;              // rows of kv_b per KV head: d_nope + d_v
+    int L;                // one cache row: r_kv + d_rope
+    int latent_norm, qk_norm;
+    float eps;            // Qwen3 q/k norm eps (rms_norm_eps)
+    float scale;          // softmax scale
+    size_t es;            // act element size
+} dims_t;
+
+static const float LATENT_EPS = 1e-6f; // q_a_layernorm / kv_a_layernorm (spec §2.3)
+
+static dims_t dims(const layer_ctx_t *c) {
+    const arch_t *a = c->a;
+    const mla_dims_t *m = &a->mla;
+    dims_t D;
+    D.d = a->d, D.H = a->H, D.G = m->n_kv, D.hpg = a->H / m->n_kv;
+    D.rq = arch_mla_rq(a, c->layer), D.rkv = arch_mla_rkv(a, c->layer);
+    D.dn = m->d_nope, D.dr = m->d_rope, D.dv = m->d_v, D.qd = m->d_nope + m->d_rope;
+    D.kvh = m->d_nope + m->d_v, D.L = D.rkv + m->d_rope;
+    D.latent_norm = m->latent_norm, D.qk_norm = a->qk_norm;
+    D.eps = a->eps;
+    // qd^-1/2, times mscale(F, mscale_all_dim)^2 when a DeepSeek-style config asks
+    // for it (1 in every shipped model: the YaRN mscale lives in the cos/sin tables).
+    D.scale = (float)(1.0 / sqrt((double)D.qd) * rope_softmax_mult(&m->rope));
+    D.es = c->be->act_size;
+    return D;
+}
+
+// Element i of an act buffer.
+static inline void *at(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
+
+#define ACT(p, n)                                                                                  \
+    do {                                                                                           \
+        if (!((p) = ctx_act(c, (n)))) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);      \
+    } while (0)
+#define F32(p, n)                                                                                  \
+    do {                                                                                           \
+        if (!((p) = ctx_f32(c, (n)))) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);      \
+    } while (0)
+
+int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int layer) {
+    // Optional ones are checked against the configuration by check_weights.
+    TRY(bind_param(&w->q_a, pt, flat, elt_size, layer, "mla.q_a_proj.weight", 1));
+    TRY(bind_param(&w->q_a_norm, pt, flat, elt_size, layer, "mla.q_a_layernorm.weight", 1));
+    TRY(bind_param(&w->q_b, pt, flat, elt_size, layer, "mla.q_b_proj.weight", 1));
+    TRY(bind_param(&w->q_proj, pt, flat, elt_size, layer, "mla.q_proj.weight", 1));
+    TRY(bind_param(&w->kv_a, pt, flat, elt_size, layer, "mla.kv_a_proj_with_mqa.weight", 0));
+    TRY(bind_param(&w->kv_a_norm, pt, flat, elt_size, layer, "mla.kv_a_layernorm.weight", 1));
+    TRY(bind_param(&w->kv_b, pt, flat, elt_size, layer, "mla.kv_b_proj.weight", 0));
+    TRY(bind_param(&w->o, pt, flat, elt_size, layer, "mla.out_proj.weight", 0));
+    TRY(bind_param(&w->q_norm, pt, flat, elt_size, layer, "mla.q_norm.weight", 1));
+    TRY(bind_param(&w->k_norm, pt, flat, elt_size, layer, "mla.k_norm.weight", 1));
+    if (!w->q_proj && !(w->q_a && w->q_b))
+        return err_set(ERR_INPUT, "MLA layer %d: neither q_proj nor q_a_proj + q_b_proj in the model's layout",
+                       layer);
+    return 0;
+}
+
+// The projections the forward and the step share, for N rows at positions pos:
+// q [N, H, qd] (q_norm, RoPE on q_pe), the latent cn [N, r_kv] (latent norm) and
+// the rope key kpe [N, d_rope] (k_norm, RoPE). With save, the intermediates the
+// backward needs are kept (and the norms record rstd).
+typedef struct {
+    void *cq, *cqn, *q_raw, *q, *c, *cn, *kpe_raw, *kpe;
+    float *rstd_cq, *rstd_q, *rstd_c, *rstd_kpe;
+} proj_t;
+
+static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const void *x, int64_t N,
+                   const int32_t *pos, int save, proj_t *p) {
+    be_t *be = c->be;
+    size_t es = D->es;
+    *p = (proj_t){0};
+    // query: q_a -> latent norm -> q_b, or one q_proj
+    ACT(p->q, N * D->H * D->qd);
+    if (D->rq > 0) {
+        ACT(p->cq, N * D->rq);
+        lin_fwd(be, p->cq, x, w->q_a, N, D->d, D->rq);
+        p->cqn = p->cq;
+        if (D->latent_norm) {
+            ACT(p->cqn, N * D->rq);
+            if (save) F32(p->rstd_cq, N);
+            be->rmsnorm_fwd(be, p->cqn, p->rstd_cq, p->cq, w->q_a_norm, N, D->rq, LATENT_EPS);
+        }
+        lin_fwd(be, p->q, p->cqn, w->q_b, N, D->rq, (int64_t)D->H * D->qd);
+    } else {
+        lin_fwd(be, p->q, x, w->q_proj, N, D->d, (int64_t)D->H * D->qd);
+    }
+    if (D->qk_norm) { // Qwen3: RMSNorm over each head's qd values, before RoPE
+        p->q_raw = p->q;
+        ACT(p->q, N * D->H * D->qd);
+        if (save) F32(p->rstd_q, N * D->H);
+        be->rmsnorm_fwd(be, p->q, p->rstd_q, p->q_raw, w->q_norm, N * D->H, D->qd, D->eps);
+    }
+    // kv: [c | k_pe] = kv_a(x), split into contiguous buffers for the norms
+    void *ckv;
+    ACT(ckv, N * D->L);
+    lin_fwd(be, ckv, x, w->kv_a, N, D->d, D->L);
+    ACT(p->c, N * D->rkv);
+    be->copy2d(be, p->c, D->rkv, ckv, D->L, N, D->rkv, 0);
+    p->cn = p->c;
+    if (D->latent_norm) { // on c only, never on k_pe (spec §2.3)
+        ACT(p->cn, N * D->rkv);
+        if (save) F32(p->rstd_c, N);
+        be->rmsnorm_fwd(be, p->cn, p->rstd_c, p->c, w->kv_a_norm, N, D->rkv, LATENT_EPS);
+    }
+    ACT(p->kpe, N * D->dr);
+    be->copy2d(be, p->kpe, D->dr, at(ckv, D->rkv, es), D->L, N, D->dr, 0);
+    if (D->qk_norm) { // Qwen3 k_norm on the shared rope key only (absorption stays exact)
+        p->kpe_raw = p->kpe;
+        ACT(p->kpe, N * D->dr);
+        if (save) F32(p->rstd_kpe, N);
+        be->rmsnorm_fwd(be, p->kpe, p->rstd_kpe, p->kpe_raw, w->k_norm, N, D->dr, D->eps);
+    }
+    // RoPE: q_pe of every head (head stride qd, after the d_nope values) and the
+    // one shared k_pe. Interleaved pairs, results stored de-interleaved (§2.1).
+    be->rope_fwd(be, at(p->q, D->dn, es), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H,
+                 D->dr, ROPE_INTERLEAVED);
+    be->rope_fwd(be, p->kpe, D->dr, D->dr, pos, c->rope_cos, c->rope_sin, N, 1, D->dr, ROPE_INTERLEAVED);
+    return 0;
+}
+
+static int check_weights(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w) {
+    int ok = w->kv_a && w->kv_b && w->o && (D->rq > 0 ? w->q_a && w->q_b : w->q_proj != NULL);
+    if (D->latent_norm) ok = ok && w->kv_a_norm && (D->rq == 0 || w->q_a_norm);
+    if (D->qk_norm) ok = ok && w->q_norm && w->k_norm;
+    if (!ok) return err_set(ERR_INPUT, "MLA layer %d: weights missing for this configuration", c->layer);
+    return 0;
+}
+
+// ---- forward (decompressed) ----------------------------------------------------
+
+int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                layer_cache_t *cache, mla_saved_t *sv) {
+    be_t *be = c->be;
+    dims_t D = dims(c);
+    size_t es = D.es;
+    int64_t N = (int64_t)B * T;
+    int Tk = cache ? pos0 + T : T; // keys visible to the last query
+    TRY(check_weights(c, &D, w));
+    if (sv && cache) return err_set(ERR_UNSUP, "MLA layer %d: training forward (saved state) with a cache", c->layer);
+    if (pos0 < 0 || pos0 + T > c->rope_npos)
+        return err_set(ERR_INPUT, "MLA layer %d: positions %d..%d beyond the RoPE tables (%d positions)", c->layer,
+                       pos0, pos0 + T - 1, c->rope_npos);
+    if (cache && (pos0 + T > cache->cap || B > cache->B))
+        return err_set(ERR_INPUT, "MLA layer %d: cache holds %d sequences x %d tokens, asked for %d x %d", c->layer,
+                       cache->B, cache->cap, B, pos0 + T);
+
+    int32_t *pos = ctx_positions(c, B, T, pos0);
+    if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
+    proj_t p;
+    TRY(project(c, &D, w, x, N, pos, sv != NULL, &p));
+
+    // Source of the keys' latents and rope keys: this call's rows, or the whole
+    // cache once they are appended. lat / kr point at row 0 of sequence 0; rows
+    // are ld apart, sequences seq rows apart.
+    const void *lat = p.cn, *kr = p.kpe;
+    int64_t ld_lat = D.rkv, ld_kr = D.dr, seq = T;
+    if (cache) {
+        void *kv = cache->u.mla.kv;
+        int64_t cap = cache->cap;
+        for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
+            void *row0 = at(kv, ((int64_t)b * cap + pos0) * D.L, es);
+            be->copy2d(be, row0, D.L, at(p.cn, (int64_t)b * T * D.rkv, es), D.rkv, T, D.rkv, 0);
+            be->copy2d(be, at(row0, D.rkv, es), D.L, at(p.kpe, (int64_t)b * T * D.dr, es), D.dr, T, D.dr, 0);
+        }
+        lat = kv, kr = at(kv, D.rkv, es);
+        ld_lat = ld_kr = D.L, seq = cap;
+    }
+
+    // Decompress every visible latent: kvd [B, Tk, G, d_nope + d_v] = lat kv_b^T.
+    int64_t NK = (int64_t)B * Tk, kvw = (int64_t)D.G * D.kvh;
+    void *kvd, *k, *v, *att;
+    ACT(kvd, NK * kvw);
+    if (!cache)
+        lin_fwd(be, kvd, lat, w->kv_b, NK, D.rkv, kvw);
+    else
+        for (int b = 0; b < B; b++)
+            be->gemm(be, 0, 1, Tk, kvw, D.rkv, 1.0f, at(lat, (int64_t)b * seq * ld_lat, es), ld_lat, w->kv_b, D.rkv,
+                     0.0f, at(kvd, (int64_t)b * Tk * kvw, es), kvw);
+
+    // k [B, Tk, G, qd] = [k_nope | k_pe broadcast to every KV head], v [B, Tk, G, d_v]
+    ACT(k, NK * D.G * D.qd);
+    ACT(v, NK * D.G * D.dv);
+    if (D.dn > 0) be->copy2d(be, k, D.qd, kvd, D.kvh, NK * D.G, D.dn, 0);
+    be->copy2d(be, v, D.dv, at(kvd, D.dn, es), D.kvh, NK * D.G, D.dv, 0);
+    // Without a cache the rope keys are contiguous across sequences: one copy per
+    // KV head; from the cache, one per sequence and KV head.
+    int nb = cache ? B : 1;
+    int64_t rows = cache ? Tk : NK;
+    for (int b = 0; b < nb; b++)
+        for (int g = 0; g < D.G; g++)
+            be->copy2d(be, at(k, ((int64_t)b * Tk * D.G + g) * D.qd + D.dn, es), (int64_t)D.G * D.qd,
+                       at(kr, (int64_t)b * seq * ld_kr, es), ld_kr, rows, D.dr, 0);
+
+    // Attention (bottom-right causal: query t sits at Tk - T + t), GQA H / G.
+    float *lse;
+    ACT(att, N * D.H * D.dv);
+    F32(lse, (int64_t)B * D.H * T);
+    be->attn_fwd(be, att, lse, p.q, k, v, B, T, Tk, D.H, D.G, D.qd, D.dv, D.scale);
+    lin_fwd(be, out, att, w->o, N, (int64_t)D.H * D.dv, D.d);
+
+    if (sv) {
+        *sv = (mla_saved_t){.B = B,
+                            .T = T,
+                            .x = x,
+                            .cq = p.cq,
+                            .cqn = p.cqn,
+                            .rstd_cq = p.rstd_cq,
+                            .q_raw = p.q_raw,
+                            .rstd_q = p.rstd_q,
+                            .q = p.q,
+                            .c = p.c,
+                            .cn = p.cn,
+                            .rstd_c = p.rstd_c,
+                            .kpe_raw = p.kpe_raw,
+                            .rstd_kpe = p.rstd_kpe,
+                            .k = k,
+                            .v = v,
+                            .att = att,
+                            .lse = lse,
+                            .pos = pos};
+    }
+    return 0;
+}
+
+// ---- backward (training path, no cache: Tk = T) ----------------------------------
+
+int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, const void *dout,
+                 const mla_saved_t *sv) {
+    be_t *be = c->be;
+    dims_t D = dims(c);
+    size_t es = D.es;
+    int B = sv->B, T = sv->T;
+    int64_t N = (int64_t)B * T, kvw = (int64_t)D.G * D.kvh, Hqd = (int64_t)D.H * D.qd, Hdv = (int64_t)D.H * D.dv;
+    TRY(check_weights(c, &D, w));
+
+    // out_proj
+    void *datt;
+    ACT(datt, N * Hdv);
+    lin_bwd(be, datt, 0, g->o, dout, sv->att, w->o, N, Hdv, D.d);
+
+    // attention
+    void *dq, *dk, *dv;
+    ACT(dq, N * Hqd);
+    ACT(dk, N * D.G * D.qd);
+    ACT(dv, N * D.G * D.dv);
+    be->attn_bwd(be, dq, dk, dv, datt, sv->q, sv->k, sv->v, sv->att, sv->lse, B, T, T, D.H, D.G, D.qd, D.dv,
+                 D.scale);
+
+    // Undo the assembly of k and v: k_nope and value go back into the layout of
+    // kv_b's output; the rope key was broadcast to the G KV heads, so its
+    // gradient is the sum of the G copies.
+    void *dkvd, *dkpe;
+    ACT(dkvd, N * kvw);
+    if (D.dn > 0) be->copy2d(be, dkvd, D.kvh, dk, D.qd, N * D.G, D.dn, 0);
+    be->copy2d(be, at(dkvd, D.dn, es), D.kvh, dv, D.dv, N * D.G, D.dv, 0);
+    ACT(dkpe, N * D.dr);
+    for (int gg = 0; gg < D.G; gg++)
+        be->copy2d(be, dkpe, D.dr, at(dk, (int64_t)gg * D.qd + D.dn, es), (int64_t)D.G * D.qd, N, D.dr, gg > 0);
+
+    // RoPE is a rotation: its backward rotates the gradients back (in place).
+    be->rope_bwd(be, dkpe, D.dr, D.dr, sv->pos, c->rope_cos, c->rope_sin, N, 1, D.dr, ROPE_INTERLEAVED);
+    be->rope_bwd(be, at(dq, D.dn, es), Hqd, D.qd, sv->pos, c->rope_cos, c->rope_sin, N, D.H, D.dr,
+                 ROPE_INTERLEAVED);
+
+    // Qwen3 norms (before RoPE in the forward, so after it here)
+    if (D.qk_norm) {
+        void *t;
+        ACT(t, N * D.dr);
+        be->rmsnorm_bwd(be, t, g->k_norm, dkpe, sv->kpe_raw, w->k_norm, sv->rstd_kpe, N, D.dr);
+        dkpe = t;
+        ACT(t, N * Hqd);
+        be->rmsnorm_bwd(be, t, g->q_norm, dq, sv->q_raw, w->q_norm, sv->rstd_q, N * D.H, D.qd);
+        dq = t;
+    }
+
+    // kv_b and the kv latent norm
+    void *dcn, *dc, *dckv;
+    ACT(dcn, N * D.rkv);
+    lin_bwd(be, dcn, 0, g->kv_b, dkvd, sv->cn, w->kv_b, N, D.rkv, kvw);
+    dc = dcn;
+    if (D.latent_norm) {
+        ACT(dc, N * D.rkv);
+        be->rmsnorm_bwd(be, dc, g->kv_a_norm, dcn, sv->c, w->kv_a_norm, sv->rstd_c, N, D.rkv);
+    }
+
+    // kv_a: its output gradient is [dc | dk_pe]; this product sets dx
+    ACT(dckv, N * D.L);
+    be->copy2d(be, dckv, D.L, dc, D.rkv, N, D.rkv, 0);
+    be->copy2d(be, at(dckv, D.rkv, es), D.L, dkpe, D.dr, N, D.dr, 0);
+    lin_bwd(be, dx, 0, g->kv_a, dckv, sv->x, w->kv_a, N, D.d, D.L);
+
+    // query path; adds to dx
+    if (D.rq > 0) {
+        void *dcqn, *dcq;
+        ACT(dcqn, N * D.rq);
+        lin_bwd(be, dcqn, 0, g->q_b, dq, sv->cqn, w->q_b, N, D.rq, Hqd);
+        dcq = dcqn;
+        if (D.latent_norm) {
+            ACT(dcq, N * D.rq);
+            be->rmsnorm_bwd(be, dcq, g->q_a_norm, dcqn, sv->cq, w->q_a_norm, sv->rstd_cq, N, D.rq);
+        }
+        lin_bwd(be, dx, 1, g->q_a, dcq, sv->x, w->q_a, N, D.d, D.rq);
+    } else {
+        lin_bwd(be, dx, 1, g->q_proj, dq, sv->x, w->q_proj, N, D.d, Hqd);
+    }
+    return 0;
+}
+
+// ---- decode step (absorbed, spec §3.3) -----------------------------------------
+//
+// With wk_g = the k_nope rows of kv_b for KV head g ([d_nope, r_kv]) and wv_g the
+// value rows ([d_v, r_kv]): q_nope . k_nope_u = q_nope . (wk_g c_u) = (q_nope wk_g) . c_u
+// and sum_u p_u (wv_g c_u) = wv_g (sum_u p_u c_u). So each head attends directly
+// over the cached latents with q_lat = q_nope wk_g, and wv_g is applied once to
+// the attended latent: no per-token decompression of the cache.
+
+int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
+    be_t *be = c->be;
+    dims_t D = dims(c);
+    size_t es = D.es;
+    int len = cache->len;
+    int64_t cap = cache->cap;
+    TRY(check_weights(c, &D, w));
+    if (len >= cache->cap || B > cache->B)
+        return err_set(ERR_INPUT, "MLA layer %d: cache full (%d of %d tokens, %d of %d sequences)", c->layer, len,
+                       cache->cap, B, cache->B);
+    if (len >= c->rope_npos)
+        return err_set(ERR_INPUT, "MLA layer %d: position %d beyond the RoPE tables (%d positions)", c->layer, len,
+                       c->rope_npos);
+
+    int32_t *pos = ctx_positions(c, B, 1, len);
+    // the kernel's visible rows: len + 1 for every sequence (the new row included)
+    int32_t *vis = ctx_positions(c, B, 1, len + 1);
+    if (!pos || !vis) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
+    proj_t p;
+    TRY(project(c, &D, w, x, B, pos, 0, &p));
+
+    // append row len of every sequence: sequences are cap rows apart
+    void *row = at(cache->u.mla.kv, (int64_t)len * D.L, es);
+    be->copy2d(be, row, cap * D.L, p.cn, D.rkv, B, D.rkv, 0);
+    be->copy2d(be, at(row, D.rkv, es), cap * D.L, p.kpe, D.dr, B, D.dr, 0);
+
+    // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
+    // batch over the G groups (A steps hpg heads, B steps one KV head's rows).
+    void *qlat, *qpe, *olat, *att;
+    int64_t Hr = (int64_t)D.H * D.rkv;
+    ACT(qlat, B * Hr);
+    if (D.dn > 0)
+        for (int j = 0; j < D.hpg; j++)
+            be->gemm_batched(be, 0, 0, B, D.rkv, D.dn, 1.0f, at(p.q, (int64_t)j * D.qd, es), (int64_t)D.H * D.qd,
+                             (int64_t)D.hpg * D.qd, w->kv_b, D.rkv, (int64_t)D.kvh * D.rkv, 0.0f,
+                             at(qlat, (int64_t)j * D.rkv, es), Hr, (int64_t)D.hpg * D.rkv, D.G);
+    else
+        be->memset0(be, qlat, (size_t)(B * Hr) * es);
+    // the kernel reads q_pe as [B, H, d_rope]
+    ACT(qpe, (int64_t)B * D.H * D.dr);
+    be->copy2d(be, qpe, D.dr, at(p.q, D.dn, es), D.qd, (int64_t)B * D.H, D.dr, 0);
+
+    ACT(olat, B * Hr);
+    be->mla_decode_attn(be, olat, qlat, qpe, cache->u.mla.kv, cap, vis, B, D.H, D.rkv, D.dr, D.scale);
+
+    // att[b, h] = wv_g(h) olat[b, h], batched as above
+    int64_t Hdv = (int64_t)D.H * D.dv;
+    ACT(att, B * Hdv);
+    for (int j = 0; j < D.hpg; j++)
+        be->gemm_batched(be, 0, 1, B, D.dv, D.rkv, 1.0f, at(olat, (int64_t)j * D.rkv, es), Hr,
+                         (int64_t)D.hpg * D.rkv, at(w->kv_b, (int64_t)D.dn * D.rkv, es), D.rkv,
+                         (int64_t)D.kvh * D.rkv, 0.0f, at(att, (int64_t)j * D.dv, es), Hdv, (int64_t)D.hpg * D.dv,
+                         D.G);
+    lin_fwd(be, out, att, w->o, B, Hdv, D.d);
+    return 0;
+}

@@ -1,0 +1,39 @@
+#include "model/mlp.h"
+
+#include "base/err.h"
+#include "model/bind.h"
+#include "model/linear.h"
+
+int mlp_w_bind(mlp_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer) {
+    TRY(bind_param(&w->gate, pt, flat, elt, layer, "mlp.gate_proj.weight", 0));
+    TRY(bind_param(&w->up, pt, flat, elt, layer, "mlp.up_proj.weight", 0));
+    TRY(bind_param(&w->down, pt, flat, elt, layer, "mlp.down_proj.weight", 0));
+    return 0;
+}
+
+int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x, int64_t N, mlp_saved_t *sv) {
+    be_t *be = c->be;
+    int d = c->a->d, f = c->a->ffn;
+    void *gate = ctx_act(c, N * f), *up = ctx_act(c, N * f), *h = ctx_act(c, N * f);
+    if (!gate || !up || !h) return ERR_NOMEM;
+    lin_fwd(be, gate, x, w->gate, N, d, f);
+    lin_fwd(be, up, x, w->up, N, d, f);
+    be->swiglu_fwd(be, h, gate, up, N * f);
+    lin_fwd(be, out, h, w->down, N, f, d);
+    if (sv) sv->x = x, sv->gate = gate, sv->up = up, sv->h = h, sv->N = N;
+    return 0;
+}
+
+int mlp_backward(const layer_ctx_t *c, const mlp_w_t *w, mlp_w_t *g, void *dx, const void *dout,
+                 const mlp_saved_t *sv) {
+    be_t *be = c->be;
+    int d = c->a->d, f = c->a->ffn;
+    int64_t N = sv->N;
+    void *dh = ctx_act(c, N * f), *dgate = ctx_act(c, N * f), *dup = ctx_act(c, N * f);
+    if (!dh || !dgate || !dup) return ERR_NOMEM;
+    lin_bwd(be, dh, 0, g->down, dout, sv->h, w->down, N, f, d);
+    be->swiglu_bwd(be, dgate, dup, dh, sv->gate, sv->up, N * f);
+    lin_bwd(be, dx, 0, g->gate, dgate, sv->x, w->gate, N, d, f);
+    lin_bwd(be, dx, 1, g->up, dup, sv->x, w->up, N, d, f);
+    return 0;
+}

@@ -1,0 +1,18 @@
+// SwiGLU MLP: down(silu(gate(x)) * up(x)).
+#pragma once
+#include "model/layer.h"
+#include "model/params.h"
+
+typedef struct {
+    void *gate, *up, *down; // [ffn, d], [ffn, d], [d, ffn]
+} mlp_w_t;
+
+typedef struct {
+    const void *x;        // input [N, d] (kept alive by the caller)
+    void *gate, *up, *h;  // [N, ffn]
+    int64_t N;
+} mlp_saved_t;
+
+int mlp_w_bind(mlp_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer);
+int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x, int64_t N, mlp_saved_t *sv);
+int mlp_backward(const layer_ctx_t *c, const mlp_w_t *w, mlp_w_t *g, void *dx, const void *dout, const mlp_saved_t *sv);

@@ -1,0 +1,313 @@
+#include "model/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/log.h"
+#include "io/weights.h"
+#include "model/bind.h"
+#include "model/linear.h"
+#include "model/rope.h"
+
+int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **embed, void **final_norm,
+               void **lm_head) {
+    const arch_t *a = &m->a;
+    TRY(bind_param(embed, &m->pt, flat, elt, -1, "model.embed_tokens.weight", 0));
+    TRY(bind_param(final_norm, &m->pt, flat, elt, -1, "model.norm.weight", 0));
+    TRY(bind_param(lm_head, &m->pt, flat, elt, -1, "lm_head.weight", 1));
+    if (!*lm_head) *lm_head = *embed;
+    for (int l = 0; l < a->n_layers; l++) {
+        layer_w_t *w = &lw[l];
+        memset(w, 0, sizeof *w);
+        w->kind = a->kind[l];
+        TRY(bind_param(&w->norm1, &m->pt, flat, elt, l, "input_layernorm.weight", 0));
+        TRY(bind_param(&w->norm2, &m->pt, flat, elt, l, "post_attention_layernorm.weight", 0));
+        TRY(mlp_w_bind(&w->mlp, &m->pt, flat, elt, l));
+        switch (w->kind) {
+        case LAYER_ATTN: TRY(attn_w_bind(&w->attn, &m->pt, flat, elt, l)); break;
+        default: return err_set(ERR_UNSUP, "layer %d: %s layers are not supported yet", l, layer_kind_name(w->kind));
+        }
+    }
+    return 0;
+}
+
+int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes) {
+    memset(m, 0, sizeof *m);
+    m->a = *a;
+    m->be = be;
+    TRY(arch_validate(a, "model"));
+    TRY(ptable_build(&m->pt, a));
+    m->w = be->alloc(be, (size_t)m->pt.total * be->act_size);
+    m->lw = calloc((size_t)a->n_layers, sizeof *m->lw);
+    void *amem = be->alloc(be, arena_bytes);
+    if (!m->w || !m->lw || !amem) {
+        model_free(m);
+        return err_wrap(ERR_NOMEM, "model of %lld parameters: ", (long long)m->pt.total);
+    }
+    arena_init(&m->arena, amem, arena_bytes, "activation arena");
+    be->memset0(be, m->w, (size_t)m->pt.total * be->act_size); // the alignment gaps stay zero
+    TRY(model_bind(m, m->w, be->act_size, m->lw, &m->embed, &m->final_norm, &m->lm_head));
+    return model_ensure_positions(m, 4096);
+}
+
+void model_free(model_t *m) {
+    be_t *be = m->be;
+    if (be) {
+        be->free(be, m->w);
+        be->free(be, m->arena.base);
+        be->free(be, m->rope_cos);
+        be->free(be, m->rope_sin);
+        be->free(be, m->mla_cos);
+        be->free(be, m->mla_sin);
+    }
+    free(m->lw);
+    ptable_free(&m->pt);
+    memset(m, 0, sizeof *m);
+}
+
+static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float **dcos, float **dsin) {
+    size_t n = (size_t)n_pos * (dr / 2);
+    float *hc = malloc(n * sizeof(float)), *hs = malloc(n * sizeof(float));
+    float *dc = be->alloc(be, n * sizeof(float)), *ds = be->alloc(be, n * sizeof(float));
+    int rc = (!hc || !hs || !dc || !ds) ? err_set(ERR_NOMEM, "RoPE tables for %d positions", n_pos) : 0;
+    if (rc == 0) {
+        rope_tables(r, dr, n_pos, hc, hs);
+        rc = be->copy_h2d(be, dc, hc, n * sizeof(float));
+        if (rc == 0) rc = be->copy_h2d(be, ds, hs, n * sizeof(float));
+    }
+    free(hc);
+    free(hs);
+    if (rc < 0) {
+        be->free(be, dc);
+        be->free(be, ds);
+        return rc;
+    }
+    be->free(be, *dcos);
+    be->free(be, *dsin);
+    *dcos = dc;
+    *dsin = ds;
+    return 0;
+}
+
+int model_ensure_positions(model_t *m, int n_pos) {
+    if (n_pos <= m->rope_npos) return 0;
+    int n = m->rope_npos ? m->rope_npos : 4096;
+    while (n < n_pos) n *= 2;
+    const arch_t *a = &m->a;
+    int has_mla = 0;
+    for (int l = 0; l < a->n_layers; l++) has_mla |= a->kind[l] == LAYER_MLA;
+    TRY(upload_tables(m->be, &a->rope, a->dh, n, &m->rope_cos, &m->rope_sin));
+    if (has_mla) TRY(upload_tables(m->be, &a->mla.rope, a->mla.d_rope, n, &m->mla_cos, &m->mla_sin));
+    m->rope_npos = n;
+    return 0;
+}
+
+int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
+    arch_t a;
+    wsrc_t *src;
+    TRY(wsrc_open(&src, path, &a));
+    int rc = model_create(m, &a, be, arena_bytes);
+    float *host = NULL;
+    int64_t maxn = 0;
+    for (int i = 0; rc == 0 && i < m->pt.n; i++)
+        if (m->pt.p[i].numel > maxn) maxn = m->pt.p[i].numel;
+    if (rc == 0 && !(host = malloc((size_t)maxn * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < m->pt.n; i++) {
+        const param_t *p = &m->pt.p[i];
+        rc = wsrc_read(src, p->name, p->shape, p->nd, host);
+        if (rc == 0) rc = be->upload_act(be, (char *)m->w + (size_t)p->off * be->act_size, host, p->numel);
+    }
+    free(host);
+    wsrc_close(src);
+    if (rc < 0 && m->be) model_free(m);
+    return rc;
+}
+
+// ---- inference state -----------------------------------------------------------
+
+int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
+    const arch_t *a = &m->a;
+    be_t *be = m->be;
+    memset(st, 0, sizeof *st);
+    st->B = B;
+    st->cap = cap;
+    st->layers = calloc((size_t)a->n_layers, sizeof *st->layers);
+    if (!st->layers) return err_set(ERR_NOMEM, "out of memory");
+    // Sizes first, then one block.
+    size_t es = be->act_size, total = 0, off[ARCH_MAX_LAYERS];
+    for (int l = 0; l < a->n_layers; l++) {
+        off[l] = total;
+        size_t n = 0;
+        switch (a->kind[l]) {
+        case LAYER_ATTN: n = 2 * (size_t)B * cap * a->Hkv * a->dh * es; break;
+        default: break;
+        }
+        total += (n + 255) & ~(size_t)255;
+    }
+    total += 256 * (size_t)a->n_layers; // per-layer device length arrays
+    st->mem = be->alloc(be, total ? total : 256);
+    if (!st->mem) {
+        free(st->layers);
+        return err_wrap(ERR_NOMEM, "cache for %d sequences of %d tokens: ", B, cap);
+    }
+    be->memset0(be, st->mem, total);
+    char *base = st->mem;
+    for (int l = 0; l < a->n_layers; l++) {
+        layer_cache_t *c = &st->layers[l];
+        c->B = B, c->cap = cap, c->len = 0;
+        c->d_len = (int32_t *)(base + total - 256 * (size_t)(a->n_layers - l));
+        switch (a->kind[l]) {
+        case LAYER_ATTN:
+            c->u.attn.k = base + off[l];
+            c->u.attn.v = base + off[l] + (size_t)B * cap * a->Hkv * a->dh * es;
+            break;
+        default: break;
+        }
+    }
+    return 0;
+}
+
+void model_state_free(const model_t *m, model_state_t *st) {
+    if (st->mem) m->be->free(m->be, st->mem);
+    free(st->layers);
+    memset(st, 0, sizeof *st);
+}
+
+void model_state_reset(const model_t *m, model_state_t *st) {
+    int B = st->B, cap = st->cap;
+    model_state_free(m, st);
+    model_state_alloc(m, st, B, cap);
+}
+
+// ---- forward (inference) ---------------------------------------------------------
+
+static layer_ctx_t layer_ctx(model_t *m, int l) {
+    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos};
+    if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
+    return c;
+}
+
+// Runs every layer over x [B*T, d] (the residual stream, updated in place).
+// With st: T tokens per sequence at position st->len (T == 1 uses the step path).
+static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    int64_t N = (int64_t)B * T;
+    int pos0 = st ? st->len : 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        layer_ctx_t c = layer_ctx(m, l);
+        const layer_w_t *w = &m->lw[l];
+        size_t mark = arena_mark(&m->arena);
+        void *xn = ctx_act(&c, N * a->d), *y = ctx_act(&c, N * a->d);
+        if (!xn || !y) return ERR_NOMEM;
+        be->rmsnorm_fwd(be, xn, NULL, x, w->norm1, N, a->d, a->eps);
+        layer_cache_t *cache = st ? &st->layers[l] : NULL;
+        int rc = 0;
+        switch (w->kind) {
+        case LAYER_ATTN:
+            rc = cache && T == 1 ? attn_step(&c, &w->attn, y, xn, B, cache)
+                                 : attn_forward(&c, &w->attn, y, xn, B, T, pos0, cache, NULL);
+            break;
+        default: rc = err_set(ERR_UNSUP, "layer kind %d", (int)w->kind);
+        }
+        if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
+        be->add(be, x, y, N * a->d);
+        be->rmsnorm_fwd(be, xn, NULL, x, w->norm2, N, a->d, a->eps);
+        TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
+        be->add(be, x, y, N * a->d);
+        arena_reset(&m->arena, mark);
+    }
+    return 0;
+}
+
+// Embeds ids (host [N]), runs the layers, final norm, and returns logits for
+// the rows selected by `rows` (host indices into [0, N), n_rows of them) into
+// host `logits` [n_rows, V].
+static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_state_t *st, const int64_t *rows,
+                          int64_t n_rows, float *logits) {
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    int64_t N = (int64_t)B * T;
+    TRY(model_ensure_positions(m, (st ? st->len : 0) + T));
+    arena_reset(&m->arena, 0);
+    int32_t *d_ids = arena_alloc(&m->arena, (size_t)N * sizeof(int32_t));
+    void *x = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    if (!d_ids || !x) return ERR_NOMEM;
+    for (int64_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= a->V) return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], a->V);
+    TRY(be->copy_h2d(be, d_ids, ids, (size_t)N * sizeof(int32_t)));
+    be->embed_fwd(be, x, m->embed, d_ids, N, a->d);
+    TRY(run_layers(m, x, B, T, st));
+    if (!logits) return be->sync(be);
+    // Gather the wanted rows, normalise, project (in slices to bound memory).
+    int64_t slice = 64;
+    void *h = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
+    void *hn = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
+    void *lg = arena_alloc(&m->arena, (size_t)slice * a->V * be->act_size);
+    if (!h || !hn || !lg) return ERR_NOMEM;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
+        int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
+        for (int64_t i = 0; i < n; i++)
+            be->copy_d2d(be, (char *)h + (size_t)i * a->d * be->act_size,
+                         (char *)x + (size_t)rows[r0 + i] * a->d * be->act_size, (size_t)a->d * be->act_size);
+        be->rmsnorm_fwd(be, hn, NULL, h, m->final_norm, n, a->d, a->eps);
+        lin_fwd(be, lg, hn, m->lm_head, n, a->d, a->V);
+        TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
+    }
+    return be->sync(be);
+}
+
+static void set_len(const model_t *m, model_state_t *st, int len) {
+    st->len = len;
+    for (int l = 0; l < m->a.n_layers; l++) st->layers[l].len = len;
+}
+
+int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {
+    int B = st->B;
+    if (st->len + T > st->cap)
+        return err_set(ERR_INPUT, "prompt of %d tokens after %d cached exceeds the context capacity %d", T, st->len,
+                       st->cap);
+    if (chunk <= 0) chunk = T;
+    int32_t *part = malloc((size_t)B * chunk * sizeof(int32_t));
+    int64_t *rows = malloc((size_t)B * sizeof(int64_t));
+    if (!part || !rows) {
+        free(part);
+        free(rows);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    int rc = 0;
+    for (int t0 = 0; t0 < T && rc == 0; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        for (int b = 0; b < B; b++) {
+            memcpy(part + (size_t)b * n, ids + (size_t)b * T + t0, (size_t)n * sizeof(int32_t));
+            rows[b] = (int64_t)b * n + n - 1;
+        }
+        int last = t0 + n == T;
+        rc = forward_logits(m, part, B, n, st, rows, B, last ? logits : NULL);
+        if (rc == 0) set_len(m, st, st->len + n);
+    }
+    free(part);
+    free(rows);
+    return rc;
+}
+
+int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits) {
+    if (st->len + 1 > st->cap) return err_set(ERR_INPUT, "context capacity %d reached", st->cap);
+    int64_t rows[256];
+    if (st->B > 256) return err_set(ERR_INPUT, "at most 256 sequences per step");
+    for (int b = 0; b < st->B; b++) rows[b] = b;
+    TRY(forward_logits(m, ids, st->B, 1, st, rows, st->B, logits));
+    set_len(m, st, st->len + 1);
+    return 0;
+}
+
+int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits) {
+    int64_t N = (int64_t)B * T;
+    int64_t *rows = malloc((size_t)N * sizeof(int64_t));
+    if (!rows) return err_set(ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < N; i++) rows[i] = i;
+    int rc = forward_logits(m, ids, B, T, NULL, rows, N, logits);
+    free(rows);
+    return rc;
+}

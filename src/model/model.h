@@ -1,0 +1,64 @@
+// A whole model on a backend: architecture, flat weights, per-layer views,
+// RoPE tables; inference (prefill / decode step with a hybrid cache) and the
+// training forward/backward.
+#pragma once
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "base/arena.h"
+#include "model/arch.h"
+#include "model/attn.h"
+#include "model/layer.h"
+#include "model/mlp.h"
+#include "model/params.h"
+
+typedef struct {
+    layer_kind_t kind;
+    void *norm1, *norm2; // input_layernorm, post_attention_layernorm [d]
+    attn_w_t attn;
+    mlp_w_t mlp;
+} layer_w_t;
+
+typedef struct {
+    arch_t a;
+    ptable_t pt;
+    be_t *be;
+    void *w;        // flat weights (act), on the device
+    layer_w_t *lw;  // [n_layers] views into w
+    void *embed, *final_norm, *lm_head; // lm_head == embed when tied
+    float *rope_cos, *rope_sin; // attention RoPE tables on the device [rope_npos, dh/2]
+    float *mla_cos, *mla_sin;   // MLA RoPE tables [rope_npos, d_rope/2]
+    int rope_npos;
+    arena_t arena;  // device memory for one step's activations
+} model_t;
+
+// Builds an empty model (weights uninitialised) for an architecture.
+int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes);
+// Loads a GGUF file or a checkpoint folder onto the backend.
+int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes);
+void model_free(model_t *m);
+// Grows the RoPE tables to cover positions [0, n_pos).
+int model_ensure_positions(model_t *m, int n_pos);
+// Binds a weight-view struct set to any flat buffer laid out by m->pt
+// (elt: element size: act for weights, 4 for float gradients).
+int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **embed, void **final_norm,
+               void **lm_head);
+
+// ---- inference ----------------------------------------------------------------
+typedef struct {
+    int B, cap, len;       // sequences, capacity (tokens), tokens consumed
+    layer_cache_t *layers; // [n_layers]
+    void *mem;             // one device block holding every cache
+} model_state_t;
+
+int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap);
+void model_state_free(const model_t *m, model_state_t *st);
+void model_state_reset(const model_t *m, model_state_t *st); // len = 0, states zeroed
+
+// Feeds T tokens per sequence (ids host [B*T]) in chunks of `chunk` tokens,
+// extending the cache; logits (host, [B, V]) of each sequence's last token.
+int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
+// One token per sequence (ids host [B]); logits host [B, V].
+int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits);
+// Logits of every position of B sequences of T tokens without a cache (host [B*T, V]).
+int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits);
