@@ -14,6 +14,13 @@ CC ?= gcc
 NVCC ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
 
+# CUDA backend: on when nvcc exists unless CUDA=0 (asan builds never link CUDA).
+ifeq ($(MODE),asan)
+CUDA ?= 0
+endif
+CUDA ?= $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
+
+# Each configuration builds into its own folder, so objects never mix.
 ifeq ($(MODE),asan)
 BUILD ?= build-asan
 OPT = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -21,16 +28,13 @@ LDSAN = -fsanitize=address,undefined
 else ifeq ($(MODE),debug)
 BUILD ?= build-debug
 OPT = -O0 -g
+else ifeq ($(CUDA),0)
+BUILD ?= build-cpu
+OPT = -O2 -g -march=x86-64-v3
 else
 BUILD ?= build
 OPT = -O2 -g -march=x86-64-v3
 endif
-
-# CUDA backend: on when nvcc exists unless CUDA=0 (asan builds never link CUDA).
-ifeq ($(MODE),asan)
-CUDA ?= 0
-endif
-CUDA ?= $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
 
 WARN = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 CFLAGS = -std=c17 $(OPT) $(WARN) -fopenmp -D_GNU_SOURCE -Isrc -Itests
@@ -114,6 +118,6 @@ format-check:
 	@clang-format --dry-run --Werror $(FMTSRC)
 
 clean:
-	rm -rf build build-asan build-debug build-fuzz
+	rm -rf build build-cpu build-asan build-debug build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
