@@ -37,7 +37,7 @@ OPT = -O2 -g -march=x86-64-v3
 endif
 
 WARN = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
-CFLAGS = -std=c17 $(OPT) $(WARN) -fopenmp -D_GNU_SOURCE -Isrc -Itests
+CFLAGS = -std=c17 $(OPT) $(WARN) -fopenmp -D_GNU_SOURCE -Isrc -I. -Itests
 LDLIBS = -lopenblas -llapacke -lpcre2-8 -lcjson -lyaml -lm -lpthread
 
 CSRC := $(shell find src -name '*.c' | sort)

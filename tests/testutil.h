@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 // cmocka needs the three includes above first
 #include <cmocka.h>
 

@@ -15,7 +15,7 @@ int mfile_open(mfile_t *mf, const char *path) {
     mf->fd = -1;
     snprintf(mf->path, sizeof mf->path, "%s", path);
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return err_set(ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -44,7 +44,7 @@ void mfile_close(mfile_t *mf) {
 int fs_read_all(const char *path, char **out, size_t *len) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return err_set(ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return err_set(ERR_IO, "%s: cannot seek", path);

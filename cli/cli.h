@@ -1,0 +1,24 @@
+// hylo's command line: one file per subcommand, a tiny shared option parser.
+#pragma once
+#include <stdint.h>
+
+// Prints "hylo: error: <err_msg()>" and returns the exit status for an ERR_* code:
+// 2 for bad input / unsupported, 1 for runtime failures.
+int cli_fail(int rc);
+// Usage error: prints "hylo: error: <msg>" plus a hint to --help; returns 2.
+int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Option scanning: `cli_opt(argc, argv, &i, "--temp", &val)` matches argv[i] as
+// "--temp VALUE" or "--temp=VALUE", advancing i past the value. Flags without
+// value: cli_flag.
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+int cli_flag(char **argv, int i, const char *name);
+int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, long *out);
+int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
+int cli_wants_help(int argc, char **argv);
+
+int cmd_info(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_convert(int argc, char **argv);

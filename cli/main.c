@@ -1,0 +1,97 @@
+// hylo: convert a pretrained Transformer into a long-context hybrid, train,
+// evaluate and serve it. This file dispatches to the subcommands.
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "cli/cli.h"
+
+static const char *usage =
+    "usage: hylo <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  info PATH         architecture, parameter count, cache bytes per token, tensor dtypes\n"
+    "  generate PATH     complete a prompt, streaming tokens as they come\n"
+    "  chat PATH         multi-turn chat with the model's chat template\n"
+    "  export PATH       write a Hugging Face folder (safetensors, config, tokenizer)\n"
+    "  convert           upcycle a teacher into an MLA / GDN / Mamba-2 hybrid\n"
+    "\n"
+    "PATH is a GGUF file or a Hugging Face / hybrid checkpoint folder.\n"
+    "Run 'hylo <command> --help' for the options of a command.\n";
+
+int cli_fail(int rc) {
+    fprintf(stderr, "hylo: error: %s\n", err_msg());
+    return rc == ERR_INPUT || rc == ERR_UNSUP ? 2 : 1;
+}
+
+int cli_usage(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "hylo: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'hylo %s --help')\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n)) return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != 0) return 0;
+    if (*i + 1 >= argc) {
+        *val = NULL;
+        return -1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+int cli_flag(char **argv, int i, const char *name) { return !strcmp(argv[i], name); }
+
+int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi)
+        return cli_usage(cmd, "%s expects an integer in [%ld, %ld], got '%s'", name, lo, hi, s ? s : "");
+    *out = v;
+    return 0;
+}
+
+int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno || !(v >= lo && v <= hi))
+        return cli_usage(cmd, "%s expects a number in [%g, %g], got '%s'", name, lo, hi, s ? s : "");
+    *out = v;
+    return 0;
+}
+
+int cli_wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export")) return cmd_export(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    fprintf(stderr, "hylo: error: unknown command '%s'\n\n%s", cmd, usage);
+    return 2;
+}

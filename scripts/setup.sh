@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs hylo's build and test dependencies from Debian packages (idempotent).
+# The CUDA toolkit (nvcc, cuBLASLt) is used when present; it is not installed here.
+set -euo pipefail
+pkgs=(build-essential make pkg-config python3 python3-pip
+      libopenblas-dev liblapacke-dev libpcre2-dev libcjson-dev libyaml-dev
+      libmicrohttpd-dev libcmocka-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "hylo: installing ${missing[*]}" >&2
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,366 @@
+#include "upcycle/upcycle.h"
+
+#include <lapacke.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/rng.h"
+
+// ---- student architecture ----------------------------------------------------
+
+int upc_student_arch(const arch_t *t, const int *mla_layers, int n_mla, layer_kind_t kind_linear,
+                     const upc_dims_t *dims, arch_t *s) {
+    if (kind_linear != LAYER_GDN && kind_linear != LAYER_M2)
+        return err_set(ERR_INPUT, "the linear layer kind must be GDN or Mamba-2");
+    for (int l = 0; l < t->n_layers; l++)
+        if (t->kind[l] != LAYER_ATTN)
+            return err_set(ERR_INPUT, "the teacher must be a plain Transformer (layer %d is %s)", l,
+                           layer_kind_name(t->kind[l]));
+    *s = *t;
+    s->is_hybrid = 1;
+    for (int l = 0; l < t->n_layers; l++) s->kind[l] = kind_linear;
+    for (int i = 0; i < n_mla; i++) {
+        int l = mla_layers[i];
+        if (l < 0 || l >= t->n_layers)
+            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, t->n_layers);
+        if (s->kind[l] == LAYER_MLA) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
+        s->kind[l] = LAYER_MLA;
+    }
+    // MLA (hylo_recipe.md §1): d_nope = d_rope = dh/2, d_v = dh, r_kv = min(128,
+    // KV width / 8), r_q = H*dh/2; these give the published Llama-3.2-3B and
+    // Qwen3 settings; Llama-3.2-1B's published r_q (1344) is the one exception.
+    mla_dims_t *m = &s->mla;
+    memset(m, 0, sizeof *m);
+    m->d_rope = dims->d_rope ? dims->d_rope : t->dh / 2;
+    m->d_nope = dims->d_nope ? dims->d_nope : t->dh / 2;
+    m->d_v = dims->d_v ? dims->d_v : t->dh;
+    int kv_width = 2 * t->Hkv * t->dh;
+    m->r_kv = dims->r_kv ? dims->r_kv : (kv_width / 8 < 128 ? (kv_width / 8) & ~7 : 128);
+    if (m->r_kv < 8 && !dims->r_kv) m->r_kv = 8;
+    int llama1b = t->d == 2048 && t->n_layers == 16 && t->H == 32 && t->Hkv == 8 && t->dh == 64;
+    m->r_q = dims->r_q ? dims->r_q : llama1b ? 1344 : ((t->H * t->dh / 2) & ~7);
+    m->n_kv = t->Hkv;
+    m->rope = t->rope;
+    m->rope.scaling = ROPE_SCALE_NONE;
+    m->rope.n_freq_div = 0;
+    if (dims->yarn_factor > 1.0f) {
+        m->rope.scaling = ROPE_SCALE_YARN;
+        m->rope.factor = dims->yarn_factor;
+        m->rope.orig_max_pos = dims->yarn_orig > 0 ? dims->yarn_orig : 2048;
+        m->rope.beta_fast = 32, m->rope.beta_slow = 1, m->rope.mscale = 1, m->rope.mscale_all_dim = 0;
+        m->rope.attn_factor = 0;
+    }
+    if (m->d_nope + m->d_rope > t->dh || m->d_v > t->dh)
+        return err_set(ERR_INPUT, "MLA head dims (nope %d + rope %d, v %d) must fit the teacher's head dim %d",
+                       m->d_nope, m->d_rope, m->d_v, t->dh);
+    memset(s->mla_rank_q, 0, sizeof s->mla_rank_q);
+    memset(s->mla_rank_kv, 0, sizeof s->mla_rank_kv);
+    // GDN (FLA rule used by HyLo): H*K = floor(0.75 d) in heads of 256, Dv = 2K.
+    gdn_dims_t *g = &s->gdn;
+    g->head_k = dims->gdn_head_dim ? dims->gdn_head_dim : 256;
+    g->n_heads = dims->gdn_heads ? dims->gdn_heads : (int)(0.75 * t->d) / g->head_k;
+    if (g->n_heads < 1) g->n_heads = 1;
+    g->n_v_heads = g->n_heads;
+    g->head_v = 2 * g->head_k;
+    g->conv = 4;
+    g->use_gate = 1;
+    g->allow_neg_eigval = 0;
+    g->norm_eps = 1e-6f;
+    // Mamba-2 (Zebra-Llama / MambaInLlama): one SSM head per attention head.
+    m2_dims_t *m2 = &s->m2;
+    m2->d_inner = t->H * t->dh;
+    m2->d_xb = t->Hkv * t->dh;
+    m2->n_heads = t->H;
+    m2->headdim = t->dh;
+    m2->d_state = t->dh;
+    m2->conv = 4;
+    m2->chunk = 256;
+    m2->norm_eps = 1e-5f;
+    return arch_validate(s, "student");
+}
+
+// ---- helpers -------------------------------------------------------------------
+
+static float *P(const ptable_t *pt, const float *buf, const char *fmt, ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const param_t *p = ptable_find(pt, name);
+    return p ? (float *)buf + p->off : NULL;
+}
+
+static int copy_param(const ptable_t *tpt, const float *tw, const ptable_t *spt, float *sw, const char *name) {
+    const param_t *a = ptable_find(tpt, name), *b = ptable_find(spt, name);
+    if (!a || !b) return err_set(ERR_INPUT, "upcycle: parameter %s missing in the %s", name, a ? "student" : "teacher");
+    if (a->numel != b->numel) return err_set(ERR_INPUT, "upcycle: parameter %s changes size", name);
+    memcpy(sw + b->off, tw + a->off, (size_t)a->numel * sizeof(float));
+    return 0;
+}
+
+int upc_svd(const float *A, int m, int n, int r, float *U, float *S, float *Vt, float *s_all) {
+    int k = m < n ? m : n;
+    if (r < 1 || r > k) return err_set(ERR_INPUT, "SVD rank %d out of range for a %d x %d matrix (max %d)", r, m, n, k);
+    double *a = malloc((size_t)m * n * sizeof(double)), *s = malloc((size_t)k * sizeof(double));
+    double *u = malloc((size_t)m * k * sizeof(double)), *vt = malloc((size_t)k * n * sizeof(double));
+    int rc = 0;
+    if (!a || !s || !u || !vt) rc = err_set(ERR_NOMEM, "out of memory for a %d x %d SVD", m, n);
+    if (rc == 0) {
+        for (int64_t i = 0; i < (int64_t)m * n; i++) a[i] = A[i];
+        // double precision: the factors are exact to fp32 rounding.
+        lapack_int info = LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', m, n, a, n, s, u, k, vt, n);
+        if (info != 0) rc = err_set(ERR_RUNTIME, "SVD of a %d x %d matrix failed (LAPACK info %d)", m, n, (int)info);
+    }
+    if (rc == 0) {
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < r; j++) U[(int64_t)i * r + j] = (float)u[(int64_t)i * k + j];
+        for (int j = 0; j < r; j++) S[j] = (float)s[j];
+        for (int j = 0; j < r; j++)
+            for (int c = 0; c < n; c++) Vt[(int64_t)j * n + c] = (float)vt[(int64_t)j * n + c];
+        if (s_all)
+            for (int j = 0; j < k; j++) s_all[j] = (float)s[j];
+    }
+    free(a);
+    free(s);
+    free(u);
+    free(vt);
+    return rc;
+}
+
+// PyTorch nn.Linear / nn.Conv1d default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+static void fill_kaiming(rng_t *r, float *w, int64_t n, int64_t fan_in) {
+    float b = 1.0f / sqrtf((float)fan_in);
+    rng_fill_uniform(r, w, n, -b, b);
+}
+
+// dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1], floored at 1e-4.
+static void fill_dt_bias(rng_t *r, float *w, int n) {
+    for (int i = 0; i < n; i++) {
+        double dt = exp(rng_uniform(r) * (log(0.1) - log(0.001)) + log(0.001));
+        if (dt < 1e-4) dt = 1e-4;
+        w[i] = (float)(dt + log(-expm1(-dt)));
+    }
+}
+
+static void fill_const(float *w, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++) w[i] = v;
+}
+
+// ---- MLA (truncated SVD, hybrid_model.md §4) -------------------------------------
+
+int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s,
+                           const ptable_t *spt, float *sw, int l) {
+    const mla_dims_t *m = &s->mla;
+    int d = t->d, H = t->H, Hkv = t->Hkv, dh = t->dh, n = m->d_nope, p = m->d_rope, v = m->d_v, G = m->n_kv;
+    int rq = arch_mla_rq(s, l), rkv = arch_mla_rkv(s, l), qd = n + p;
+    if (G % Hkv) return err_set(ERR_INPUT, "MLA kv heads %d must be a multiple of the teacher's %d", G, Hkv);
+    const float *Wq = P(tpt, tw, "model.layers.%d.self_attn.q_proj.weight", l);
+    const float *Wk = P(tpt, tw, "model.layers.%d.self_attn.k_proj.weight", l);
+    const float *Wv = P(tpt, tw, "model.layers.%d.self_attn.v_proj.weight", l);
+    const float *Wo = P(tpt, tw, "model.layers.%d.self_attn.o_proj.weight", l);
+    if (!Wq || !Wk || !Wv || !Wo) return err_set(ERR_INPUT, "upcycle: teacher layer %d has no attention weights", l);
+    int rc = 0;
+    // Query: W_q = U S V^T; q_a = S_r V_r^T; q_b rows per head: the first n and
+    // the last p rows of that head's block of U_r.
+    if (rq > 0) {
+        float *U = malloc((size_t)H * dh * rq * sizeof(float)), *S = malloc((size_t)rq * sizeof(float));
+        float *Vt = malloc((size_t)rq * d * sizeof(float));
+        float *qa = P(spt, sw, "model.layers.%d.mla.q_a_proj.weight", l);
+        float *qb = P(spt, sw, "model.layers.%d.mla.q_b_proj.weight", l);
+        if (!U || !S || !Vt) rc = err_set(ERR_NOMEM, "out of memory");
+        if (rc == 0) rc = upc_svd(Wq, H * dh, d, rq, U, S, Vt, NULL);
+        if (rc == 0) {
+            for (int i = 0; i < rq; i++)
+                for (int c = 0; c < d; c++) qa[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < qd; j++) {
+                    int src = h * dh + (j < n ? j : dh - p + (j - n));
+                    memcpy(qb + ((int64_t)h * qd + j) * rq, U + (int64_t)src * rq, (size_t)rq * sizeof(float));
+                }
+        }
+        free(U);
+        free(S);
+        free(Vt);
+        if (rc < 0) return rc;
+    } else {
+        float *q = P(spt, sw, "model.layers.%d.mla.q_proj.weight", l);
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < qd; j++) {
+                int src = h * dh + (j < n ? j : dh - p + (j - n));
+                memcpy(q + ((int64_t)h * qd + j) * d, Wq + (int64_t)src * d, (size_t)d * sizeof(float));
+            }
+    }
+    // Keys and values share one latent: W_kv = [K'; V'] with the teacher's KV
+    // heads repeated to G heads; kv_a = [S_r V_r^T ; head-mean of K's last p rows].
+    int grp = G / Hkv, rows = 2 * G * dh;
+    float *Wkv = malloc((size_t)rows * d * sizeof(float));
+    float *U = malloc((size_t)rows * rkv * sizeof(float)), *S = malloc((size_t)rkv * sizeof(float));
+    float *Vt = malloc((size_t)rkv * d * sizeof(float));
+    if (!Wkv || !U || !S || !Vt) rc = err_set(ERR_NOMEM, "out of memory");
+    if (rc == 0) {
+        for (int g = 0; g < G; g++) {
+            memcpy(Wkv + (int64_t)g * dh * d, Wk + (int64_t)(g / grp) * dh * d, (size_t)dh * d * sizeof(float));
+            memcpy(Wkv + (int64_t)(G + g) * dh * d, Wv + (int64_t)(g / grp) * dh * d, (size_t)dh * d * sizeof(float));
+        }
+        rc = upc_svd(Wkv, rows, d, rkv, U, S, Vt, NULL);
+    }
+    if (rc == 0) {
+        float *kva = P(spt, sw, "model.layers.%d.mla.kv_a_proj_with_mqa.weight", l);
+        float *kvb = P(spt, sw, "model.layers.%d.mla.kv_b_proj.weight", l);
+        for (int i = 0; i < rkv; i++)
+            for (int c = 0; c < d; c++) kva[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
+        for (int j = 0; j < p; j++)
+            for (int c = 0; c < d; c++) {
+                double acc = 0;
+                for (int h = 0; h < Hkv; h++) acc += Wk[((int64_t)h * dh + dh - p + j) * d + c];
+                kva[(int64_t)(rkv + j) * d + c] = (float)(acc / Hkv);
+            }
+        for (int g = 0; g < G; g++) {
+            for (int j = 0; j < n; j++) // k_nope: the first n rows of the head's K block
+                memcpy(kvb + ((int64_t)g * (n + v) + j) * rkv, U + ((int64_t)g * dh + j) * rkv,
+                       (size_t)rkv * sizeof(float));
+            for (int j = 0; j < v; j++) // value: the head's V block
+                memcpy(kvb + ((int64_t)g * (n + v) + n + j) * rkv, U + ((int64_t)(G + g) * dh + j) * rkv,
+                       (size_t)rkv * sizeof(float));
+        }
+        // out_proj from o_proj: the first v input columns of each head.
+        float *o = P(spt, sw, "model.layers.%d.mla.out_proj.weight", l);
+        for (int r = 0; r < d; r++)
+            for (int h = 0; h < H; h++)
+                memcpy(o + (int64_t)r * H * v + (int64_t)h * v, Wo + (int64_t)r * H * dh + (int64_t)h * dh,
+                       (size_t)v * sizeof(float));
+        float *qan = P(spt, sw, "model.layers.%d.mla.q_a_layernorm.weight", l);
+        float *kvn = P(spt, sw, "model.layers.%d.mla.kv_a_layernorm.weight", l);
+        if (qan) fill_const(qan, rq, 1.0f);
+        if (kvn) fill_const(kvn, rkv, 1.0f);
+        float *qn = P(spt, sw, "model.layers.%d.mla.q_norm.weight", l);
+        float *kn = P(spt, sw, "model.layers.%d.mla.k_norm.weight", l);
+        const float *tqn = P(tpt, tw, "model.layers.%d.self_attn.q_norm.weight", l);
+        const float *tkn = P(tpt, tw, "model.layers.%d.self_attn.k_norm.weight", l);
+        if (qn && tqn)
+            for (int j = 0; j < qd; j++) qn[j] = tqn[j < n ? j : dh - p + (j - n)];
+        if (kn && tkn)
+            for (int j = 0; j < p; j++) kn[j] = tkn[dh - p + j];
+    }
+    free(Wkv);
+    free(U);
+    free(S);
+    free(Vt);
+    return rc;
+}
+
+// ---- Gated DeltaNet (hylo_recipe.md §2) ----------------------------------------
+
+static int gdn_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s,
+                              const ptable_t *spt, float *sw, int l, rng_t *r) {
+    const gdn_dims_t *g = &s->gdn;
+    int d = t->d, H = t->H, Hkv = t->Hkv, dh = t->dh, rep = H / Hkv;
+    int64_t kd = (int64_t)g->n_heads * g->head_k, vd = (int64_t)g->n_v_heads * g->head_v, qw = (int64_t)H * dh;
+    const float *Wq = P(tpt, tw, "model.layers.%d.self_attn.q_proj.weight", l);
+    const float *Wk = P(tpt, tw, "model.layers.%d.self_attn.k_proj.weight", l);
+    const float *Wv = P(tpt, tw, "model.layers.%d.self_attn.v_proj.weight", l);
+    const float *Wo = P(tpt, tw, "model.layers.%d.self_attn.o_proj.weight", l);
+#define S_(name) P(spt, sw, "model.layers.%d.gdn." name, l)
+    float *q = S_("q_proj.weight"), *k = S_("k_proj.weight"), *v = S_("v_proj.weight"), *o = S_("o_proj.weight");
+    // Rows with no teacher counterpart keep the default init; then the overlap is copied.
+    fill_kaiming(r, q, kd * d, d);
+    fill_kaiming(r, k, kd * d, d);
+    fill_kaiming(r, v, vd * d, d);
+    fill_kaiming(r, o, (int64_t)d * vd, vd);
+    int64_t nq = kd < qw ? kd : qw, nv = vd < qw ? vd : qw;
+    memcpy(q, Wq, (size_t)nq * d * sizeof(float));
+    // K and V after GQA expansion: expanded row i is teacher row (i / dh / rep) * dh + i % dh.
+    for (int64_t i = 0; i < nq; i++) memcpy(k + i * d, Wk + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
+    for (int64_t i = 0; i < nv; i++) memcpy(v + i * d, Wv + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
+    for (int rr = 0; rr < d; rr++) memcpy(o + (int64_t)rr * vd, Wo + (int64_t)rr * qw, (size_t)nv * sizeof(float));
+    fill_kaiming(r, S_("a_proj.weight"), (int64_t)g->n_v_heads * d, d);
+    fill_kaiming(r, S_("b_proj.weight"), (int64_t)g->n_v_heads * d, d);
+    if (g->use_gate) fill_kaiming(r, S_("g_proj.weight"), vd * d, d);
+    float *A_log = S_("A_log");
+    for (int i = 0; i < g->n_v_heads; i++) { // A ~ U(0, 16) (FLA), A_log = ln A
+        float u = rng_uniform(r) * 16.0f;
+        A_log[i] = logf(u > 1e-6f ? u : 1e-6f);
+    }
+    fill_dt_bias(r, S_("dt_bias"), g->n_v_heads);
+    fill_kaiming(r, S_("q_conv1d.weight"), kd * g->conv, g->conv);
+    fill_kaiming(r, S_("k_conv1d.weight"), kd * g->conv, g->conv);
+    fill_kaiming(r, S_("v_conv1d.weight"), vd * g->conv, g->conv);
+    fill_const(S_("o_norm.weight"), g->head_v, 1.0f);
+#undef S_
+    return 0;
+}
+
+// ---- Mamba-2 (MambaInLlama, linear_blocks.md §4.2) --------------------------------
+
+static int m2_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s,
+                             const ptable_t *spt, float *sw, int l, rng_t *r) {
+    const m2_dims_t *m = &s->m2;
+    int d = t->d;
+    if (m->d_inner != t->H * t->dh || m->d_xb != t->Hkv * t->dh)
+        return err_set(ERR_INPUT, "Mamba-2 init needs d_inner = H*dh (%d) and d_xb = Hkv*dh (%d)", t->H * t->dh,
+                       t->Hkv * t->dh);
+    const float *Wq = P(tpt, tw, "model.layers.%d.self_attn.q_proj.weight", l);
+    const float *Wk = P(tpt, tw, "model.layers.%d.self_attn.k_proj.weight", l);
+    const float *Wv = P(tpt, tw, "model.layers.%d.self_attn.v_proj.weight", l);
+    const float *Wo = P(tpt, tw, "model.layers.%d.self_attn.o_proj.weight", l);
+#define S_(name) P(spt, sw, "model.layers.%d.mamba." name, l)
+    float *in = S_("in_proj.weight");
+    int64_t di = m->d_inner, dxb = m->d_xb, conv_dim = di + 2 * dxb;
+    fill_kaiming(r, in, di * d, d);                                  // z
+    memcpy(in + di * d, Wv, (size_t)dxb * d * sizeof(float));        // x <- W_V
+    memcpy(in + (di + dxb) * d, Wk, (size_t)dxb * d * sizeof(float)); // B <- W_K
+    memcpy(in + (di + 2 * dxb) * d, Wq, (size_t)di * d * sizeof(float)); // C <- W_Q
+    fill_kaiming(r, in + (2 * di + 2 * dxb) * d, (int64_t)m->n_heads * d, d); // dt
+    fill_kaiming(r, S_("conv1d.weight"), conv_dim * m->conv, m->conv);
+    fill_kaiming(r, S_("conv1d.bias"), conv_dim, m->conv);
+    fill_dt_bias(r, S_("dt_bias"), m->n_heads);
+    float *A_log = S_("A_log");
+    for (int i = 0; i < m->n_heads; i++) A_log[i] = logf(rng_range(r, 1.0f, 16.0f));
+    fill_const(S_("D"), m->n_heads, 1.0f);
+    fill_const(S_("norm.weight"), di, 1.0f);
+    memcpy(S_("out_proj.weight"), Wo, (size_t)d * di * sizeof(float));
+#undef S_
+    return 0;
+}
+
+// ---- whole model -------------------------------------------------------------------
+
+int upc_convert(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s, const ptable_t *spt, float *sw,
+                uint64_t seed) {
+    TRY(copy_param(tpt, tw, spt, sw, "model.embed_tokens.weight"));
+    TRY(copy_param(tpt, tw, spt, sw, "model.norm.weight"));
+    if (ptable_find(spt, "lm_head.weight"))
+        TRY(copy_param(tpt, tw, spt, sw, ptable_find(tpt, "lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight"));
+    char name[128];
+    static const char *shared[] = {"input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                                   "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    for (int l = 0; l < s->n_layers; l++) {
+        for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, shared[i]);
+            TRY(copy_param(tpt, tw, spt, sw, name));
+        }
+        rng_t r; // one stream per layer: a layer's init does not depend on the others
+        rng_seed(&r, seed * 1000003ull + (uint64_t)l);
+        int rc = 0;
+        switch (s->kind[l]) {
+        case LAYER_ATTN: { // kept as attention: every self_attn tensor verbatim
+            static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"};
+            for (size_t i = 0; i < sizeof attn / sizeof attn[0] && rc == 0; i++) {
+                snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[i]);
+                if (ptable_find(spt, name)) rc = copy_param(tpt, tw, spt, sw, name);
+            }
+            break;
+        }
+        case LAYER_MLA: rc = upc_mla_from_attention(t, tpt, tw, s, spt, sw, l); break;
+        case LAYER_GDN: rc = gdn_from_attention(t, tpt, tw, s, spt, sw, l, &r); break;
+        case LAYER_M2: rc = m2_from_attention(t, tpt, tw, s, spt, sw, l, &r); break;
+        }
+        if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(s->kind[l]));
+    }
+    return 0;
+}
