@@ -1,5 +1,364 @@
+// hylo generate / hylo chat: load a model and its tokenizer, stream tokens.
+#include <omp.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "base/err.h"
+#include "base/fs.h"
+#include "base/log.h"
 #include "cli/cli.h"
-int cmd_generate(int argc, char **argv) { (void)argc, (void)argv; return cli_fail(err_set(ERR_UNSUP, "generate: not implemented yet")); }
-int cmd_chat(int argc, char **argv) { (void)argc, (void)argv; return cli_fail(err_set(ERR_UNSUP, "chat: not implemented yet")); }
-int cmd_export(int argc, char **argv) { (void)argc, (void)argv; return cli_fail(err_set(ERR_UNSUP, "export: not implemented yet")); }
+#include "infer/gen.h"
+#include "io/weights.h"
+#include "model/model.h"
+#include "tok/tok.h"
+
+static const char *gen_help =
+    "usage: hylo generate PATH --prompt TEXT [options]\n"
+    "\n"
+    "Continues TEXT (no chat template; special tokens in TEXT are recognised),\n"
+    "printing tokens as they are generated.\n"
+    "\n"
+    "options:\n"
+    "  --prompt TEXT     the text to continue (required)\n"
+    "  -n N              new tokens at most (default 128)\n"
+    "  --temp T          temperature, 0 = greedy (default 0)\n"
+    "  --top-k K         keep the K most likely tokens (default 0 = off)\n"
+    "  --top-p P         nucleus sampling mass in (0, 1] (default 1 = off)\n"
+    "  --seed S          sampling seed (default 1)\n"
+    "  --ctx N           context capacity in tokens (default 4096)\n"
+    "  --chunk N         prefill chunk in tokens (default 512)\n"
+    "  --device D        cpu or cuda (default cpu)\n"
+    "  --threads N       CPU threads (default: all)\n"
+    "  --stats           print prefill and decode speed to stderr\n";
+
+static const char *chat_help =
+    "usage: hylo chat PATH [options]\n"
+    "\n"
+    "Multi-turn chat with the model's chat template (ChatML for SmolLM2 / Qwen,\n"
+    "Llama-3 headers). Reads one user message per line from standard input;\n"
+    "'/reset' starts a new conversation, '/quit' or end of input stops.\n"
+    "With --prompt, answers that single message and exits.\n"
+    "\n"
+    "options:\n"
+    "  --prompt TEXT     one message, answered non-interactively\n"
+    "  --system TEXT     system message (default: the template's own, if any)\n"
+    "  -n N              new tokens per answer at most (default 512)\n"
+    "  --temp T, --top-k K, --top-p P, --seed S, --ctx N, --chunk N,\n"
+    "  --device D, --threads N, --stats   as for 'hylo generate'\n";
+
+typedef struct {
+    const char *path, *prompt, *system, *device;
+    long n, top_k, seed, ctx, chunk, threads;
+    double temp, top_p;
+    int stats;
+} gen_opts_t;
+
+static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
+    o->n = !strcmp(cmd, "chat") ? 512 : 128, o->top_k = 0, o->seed = 1, o->ctx = 4096, o->chunk = 512;
+    o->threads = 0, o->temp = 0, o->top_p = 1, o->device = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int r;
+        if ((r = cli_opt(argc, argv, &i, "--prompt", &v))) {
+            if (r < 0) return cli_usage(cmd, "--prompt needs a value");
+            o->prompt = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--system", &v))) {
+            if (r < 0) return cli_usage(cmd, "--system needs a value");
+            o->system = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--device", &v))) {
+            if (r < 0) return cli_usage(cmd, "--device needs a value");
+            o->device = v;
+        } else if ((r = cli_opt(argc, argv, &i, "-n", &v))) {
+            TRY(cli_int(cmd, "-n", v, 1, 1 << 24, &o->n));
+        } else if ((r = cli_opt(argc, argv, &i, "--top-k", &v))) {
+            TRY(cli_int(cmd, "--top-k", v, 0, 1 << 24, &o->top_k));
+        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+            TRY(cli_int(cmd, "--seed", v, 0, 0x7fffffffL, &o->seed));
+        } else if ((r = cli_opt(argc, argv, &i, "--ctx", &v))) {
+            TRY(cli_int(cmd, "--ctx", v, 16, 1 << 30, &o->ctx));
+        } else if ((r = cli_opt(argc, argv, &i, "--chunk", &v))) {
+            TRY(cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk));
+        } else if ((r = cli_opt(argc, argv, &i, "--threads", &v))) {
+            TRY(cli_int(cmd, "--threads", v, 1, 1024, &o->threads));
+        } else if ((r = cli_opt(argc, argv, &i, "--temp", &v))) {
+            TRY(cli_float(cmd, "--temp", v, 0, 100, &o->temp));
+        } else if ((r = cli_opt(argc, argv, &i, "--top-p", &v))) {
+            TRY(cli_float(cmd, "--top-p", v, 1e-6, 1, &o->top_p));
+        } else if (cli_flag(argv, i, "--stats")) {
+            o->stats = 1;
+        } else if (argv[i][0] == '-') {
+            return cli_usage(cmd, "unknown option '%s'", argv[i]);
+        } else if (!o->path) {
+            o->path = argv[i];
+        } else {
+            return cli_usage(cmd, "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!o->path) return cli_usage(cmd, "missing PATH (a GGUF file or a checkpoint folder)");
+    if (o->threads) omp_set_num_threads((int)o->threads);
+    return 0;
+}
+
+// The tokenizer that belongs with a model source.
+static int load_tokenizer(const char *path, tok_t *tok) {
+    if (fs_is_dir(path)) {
+        char tj[1100], tc[1100];
+        TRY(fs_join(tj, sizeof tj, path, "tokenizer.json"));
+        TRY(fs_join(tc, sizeof tc, path, "tokenizer_config.json"));
+        return tok_load_json(tok, tj, fs_exists(tc) ? tc : NULL);
+    }
+    gguf_t g;
+    TRY(gguf_open(&g, path));
+    int rc = tok_load_gguf(tok, &g);
+    gguf_close(&g);
+    return rc;
+}
+
+typedef struct {
+    be_t *be;
+    model_t m;
+    model_state_t st;
+    tok_t tok;
+    int32_t stop[16];
+    int n_stop;
+} session_t;
+
+static int session_open(session_t *s, const gen_opts_t *o) {
+    memset(s, 0, sizeof *s);
+    TRY(be_create(&s->be, o->device, 64u << 20));
+    TRY(model_load(&s->m, o->path, s->be, (size_t)1 << 30));
+    TRY(load_tokenizer(o->path, &s->tok));
+    if (s->tok.n_vocab > s->m.a.V)
+        return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
+                       s->tok.n_vocab, s->m.a.V);
+    s->n_stop = tok_eot_ids(&s->tok, s->stop, 16);
+    return model_state_alloc(&s->m, &s->st, 1, (int)o->ctx);
+}
+
+static void session_close(session_t *s) {
+    if (s->m.be) {
+        model_state_free(&s->m, &s->st);
+        model_free(&s->m);
+    }
+    tok_free(&s->tok);
+    be_destroy(s->be);
+}
+
+typedef struct {
+    tok_stream_t ts;
+    char *text; // everything emitted (chat keeps it as the assistant message)
+    size_t len, cap;
+} printer_t;
+
+// Prints and keeps n bytes; nonzero on allocation failure.
+static int emit(printer_t *p, const char *s, size_t n) {
+    if (n == 0) return 0;
+    fwrite(s, 1, n, stdout);
+    fflush(stdout);
+    if (p->len + n + 1 > p->cap) {
+        size_t cap = (p->len + n + 1) * 2;
+        char *t = realloc(p->text, cap);
+        if (!t) return 1;
+        p->text = t, p->cap = cap;
+    }
+    memcpy(p->text + p->len, s, n);
+    p->len += n;
+    p->text[p->len] = 0;
+    return 0;
+}
+
+static int print_token(void *user, int32_t id) {
+    printer_t *p = user;
+    const char *s;
+    size_t n;
+    if (tok_stream_feed(&p->ts, id, &s, &n) < 0) return 0;
+    return emit(p, s, n);
+}
+
+static void print_flush(printer_t *p) {
+    const char *s;
+    size_t n;
+    if (tok_stream_flush(&p->ts, &s, &n) == 0) emit(p, s, n);
+}
+
+static void report(const gen_opts_t *o, const gen_stats_t *st) {
+    if (!o->stats) return;
+    fprintf(stderr, "hylo: prefill %d tokens in %.3f s (%.1f tok/s), decode %d tokens in %.3f s (%.1f tok/s)\n",
+            st->n_prompt, st->prefill_s, st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0.0, st->n_new,
+            st->decode_s, st->decode_s > 0 ? st->n_new / st->decode_s : 0.0);
+}
+
+static gen_cfg_t gen_cfg(const gen_opts_t *o, const session_t *s) {
+    gen_cfg_t c = {.max_new = (int)o->n, .stop = s->stop, .n_stop = s->n_stop, .prefill_chunk = (int)o->chunk};
+    c.sampler.temperature = (float)o->temp;
+    c.sampler.top_k = (int)o->top_k;
+    c.sampler.top_p = (float)o->top_p;
+    c.sampler.seed = (uint64_t)o->seed;
+    return c;
+}
+
+int cmd_generate(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        fputs(gen_help, stdout);
+        return 0;
+    }
+    gen_opts_t o = {0};
+    int rc = parse("generate", argc, argv, &o);
+    if (rc) return rc;
+    if (!o.prompt) return cli_usage("generate", "missing --prompt");
+    session_t s;
+    rc = session_open(&s, &o);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (rc == 0) rc = tok_encode(&s.tok, o.prompt, strlen(o.prompt), 1, &ids, &n);
+    if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "the prompt encodes to no tokens");
+    gen_stats_t st;
+    printer_t p = {0};
+    if (rc == 0) {
+        tok_stream_init(&p.ts, &s.tok, 0);
+        fputs(o.prompt, stdout);
+        fflush(stdout);
+        gen_cfg_t c = gen_cfg(&o, &s);
+        rc = gen_run(&s.m, &s.st, ids, n, &c, print_token, &p, &st);
+        print_flush(&p);
+        fputc('\n', stdout);
+        fflush(stdout);
+        if (rc == 0) report(&o, &st);
+    }
+    tok_stream_free(&p.ts);
+    free(ids);
+    free(p.text);
+    session_close(&s);
+    return rc < 0 ? cli_fail(rc) : 0;
+}
+
+// ---- chat -------------------------------------------------------------------
+
+typedef struct {
+    tok_msg_t *msgs;
+    int n, cap;
+} convo_t;
+
+static int convo_add(convo_t *c, const char *role, const char *content) {
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        tok_msg_t *m = realloc(c->msgs, (size_t)cap * sizeof *m);
+        if (!m) return err_set(ERR_NOMEM, "out of memory");
+        c->msgs = m, c->cap = cap;
+    }
+    c->msgs[c->n].role = strdup(role);
+    c->msgs[c->n].content = strdup(content);
+    if (!c->msgs[c->n].role || !c->msgs[c->n].content) return err_set(ERR_NOMEM, "out of memory");
+    c->n++;
+    return 0;
+}
+
+static void convo_clear(convo_t *c, int keep) {
+    for (int i = keep; i < c->n; i++) {
+        free((char *)c->msgs[i].role);
+        free((char *)c->msgs[i].content);
+    }
+    c->n = keep;
+}
+
+// One turn: render the whole conversation; when the text already fed to the
+// model is a prefix of it, only the new suffix is encoded and fed (the hybrid
+// cache cannot be rewound: recurrent states only move forward); otherwise the
+// cache is reset and the conversation re-fed.
+static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, char **fed, printer_t *p) {
+    char *text = NULL;
+    TRY(tok_chat_render(&s->tok, c->msgs, c->n, 1, &text));
+    size_t fl = *fed ? strlen(*fed) : 0;
+    const char *suffix = text;
+    if (*fed && !strncmp(text, *fed, fl)) {
+        suffix = text + fl;
+    } else {
+        model_state_reset(&s->m, &s->st);
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = tok_encode_ex(&s->tok, suffix, strlen(suffix), TOK_SPECIAL, &ids, &n);
+    if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "nothing to feed");
+    gen_stats_t st;
+    p->len = 0;
+    if (p->text) p->text[0] = 0;
+    tok_stream_free(&p->ts);
+    tok_stream_init(&p->ts, &s->tok, TOK_SKIP_SPECIAL);
+    if (rc == 0) {
+        gen_cfg_t cfg = gen_cfg(o, s);
+        rc = gen_run(&s->m, &s->st, ids, n, &cfg, print_token, p, &st);
+        print_flush(p);
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    free(ids);
+    if (rc == 0) {
+        report(o, &st);
+        // What the cache now holds: the rendered text plus the answer.
+        size_t tl = strlen(text), al = p->len;
+        char *f = realloc(*fed, tl + al + 1);
+        if (!f) rc = err_set(ERR_NOMEM, "out of memory");
+        if (rc == 0) {
+            memcpy(f, text, tl);
+            memcpy(f + tl, p->text ? p->text : "", al);
+            f[tl + al] = 0;
+            *fed = f;
+            rc = convo_add(c, "assistant", p->text ? p->text : "");
+        }
+    }
+    free(text);
+    return rc;
+}
+
+int cmd_chat(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        fputs(chat_help, stdout);
+        return 0;
+    }
+    gen_opts_t o = {0};
+    int rc = parse("chat", argc, argv, &o);
+    if (rc) return rc;
+    session_t s;
+    rc = session_open(&s, &o);
+    if (rc == 0 && s.tok.chat == TOK_CHAT_NONE)
+        rc = err_set(ERR_INPUT, "%s has no chat template; use 'hylo generate'", o.path);
+    convo_t c = {0};
+    int keep = 0;
+    if (rc == 0 && o.system) rc = convo_add(&c, "system", o.system), keep = 1;
+    char *fed = NULL, *line = NULL;
+    size_t lcap = 0;
+    printer_t p = {0};
+    if (rc == 0 && o.prompt) {
+        rc = convo_add(&c, "user", o.prompt);
+        if (rc == 0) rc = chat_turn(&s, &o, &c, &fed, &p);
+    } else if (rc == 0) {
+        int tty = isatty(fileno(stdin));
+        for (;;) {
+            if (tty) fputs("> ", stderr);
+            ssize_t got = getline(&line, &lcap, stdin);
+            if (got < 0) break;
+            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+            if (!strcmp(line, "/quit")) break;
+            if (!strcmp(line, "/reset")) {
+                convo_clear(&c, keep);
+                free(fed);
+                fed = NULL;
+                model_state_reset(&s.m, &s.st);
+                continue;
+            }
+            if (!*line) continue;
+            if ((rc = convo_add(&c, "user", line)) < 0) break;
+            if ((rc = chat_turn(&s, &o, &c, &fed, &p)) < 0) break;
+        }
+    }
+    free(line);
+    free(fed);
+    tok_stream_free(&p.ts);
+    free(p.text);
+    convo_clear(&c, 0);
+    free(c.msgs);
+    session_close(&s);
+    return rc < 0 ? cli_fail(rc) : 0;
+}

@@ -14,15 +14,15 @@
 
 // Every size this layer needs, read once from the arch for this layer.
 typedef struct {
-    int d, H, G, hpg;     // width, query heads, KV heads, query heads per KV head
-    int rq, rkv;          // latent ranks (rq 0 = plain q_proj)
-    int dn, dr, dv, qd;   // d_nope, d_rope, d_v, d_nope + d_rope
-    int kvh;              // rows of kv_b per KV head: d_nope + d_v
-    int L;                // one cache row: r_kv + d_rope
+    int d, H, G, hpg;   // width, query heads, KV heads, query heads per KV head
+    int rq, rkv;        // latent ranks (rq 0 = plain q_proj)
+    int dn, dr, dv, qd; // d_nope, d_rope, d_v, d_nope + d_rope
+    int kvh;            // rows of kv_b per KV head: d_nope + d_v
+    int L;              // one cache row: r_kv + d_rope
     int latent_norm, qk_norm;
-    float eps;            // Qwen3 q/k norm eps (rms_norm_eps)
-    float scale;          // softmax scale
-    size_t es;            // act element size
+    float eps;   // Qwen3 q/k norm eps (rms_norm_eps)
+    float scale; // softmax scale
+    size_t es;   // act element size
 } dims_t;
 
 static const float LATENT_EPS = 1e-6f; // q_a_layernorm / kv_a_layernorm (spec §2.3)
@@ -47,13 +47,13 @@ static dims_t dims(const layer_ctx_t *c) {
 // Element i of an act buffer.
 static inline void *at(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
 
-#define ACT(p, n)                                                                                  \
-    do {                                                                                           \
-        if (!((p) = ctx_act(c, (n)))) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);      \
+#define ACT(p, n)                                                                                                      \
+    do {                                                                                                               \
+        if (!((p) = ctx_act(c, (n)))) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);                          \
     } while (0)
-#define F32(p, n)                                                                                  \
-    do {                                                                                           \
-        if (!((p) = ctx_f32(c, (n)))) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);      \
+#define F32(p, n)                                                                                                      \
+    do {                                                                                                               \
+        if (!((p) = ctx_f32(c, (n)))) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);                          \
     } while (0)
 
 int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int layer) {
@@ -69,8 +69,7 @@ int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int 
     TRY(bind_param(&w->q_norm, pt, flat, elt_size, layer, "mla.q_norm.weight", 1));
     TRY(bind_param(&w->k_norm, pt, flat, elt_size, layer, "mla.k_norm.weight", 1));
     if (!w->q_proj && !(w->q_a && w->q_b))
-        return err_set(ERR_INPUT, "MLA layer %d: neither q_proj nor q_a_proj + q_b_proj in the model's layout",
-                       layer);
+        return err_set(ERR_INPUT, "MLA layer %d: neither q_proj nor q_a_proj + q_b_proj in the model's layout", layer);
     return 0;
 }
 
@@ -131,8 +130,8 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     }
     // RoPE: q_pe of every head (head stride qd, after the d_nope values) and the
     // one shared k_pe. Interleaved pairs, results stored de-interleaved (§2.1).
-    be->rope_fwd(be, at(p->q, D->dn, es), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H,
-                 D->dr, ROPE_INTERLEAVED);
+    be->rope_fwd(be, at(p->q, D->dn, es), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H, D->dr,
+                 ROPE_INTERLEAVED);
     be->rope_fwd(be, p->kpe, D->dr, D->dr, pos, c->rope_cos, c->rope_sin, N, 1, D->dr, ROPE_INTERLEAVED);
     return 0;
 }
@@ -262,8 +261,7 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
     ACT(dq, N * Hqd);
     ACT(dk, N * D.G * D.qd);
     ACT(dv, N * D.G * D.dv);
-    be->attn_bwd(be, dq, dk, dv, datt, sv->q, sv->k, sv->v, sv->att, sv->lse, B, T, T, D.H, D.G, D.qd, D.dv,
-                 D.scale);
+    be->attn_bwd(be, dq, dk, dv, datt, sv->q, sv->k, sv->v, sv->att, sv->lse, B, T, T, D.H, D.G, D.qd, D.dv, D.scale);
 
     // Undo the assembly of k and v: k_nope and value go back into the layout of
     // kv_b's output; the rope key was broadcast to the G KV heads, so its
@@ -278,8 +276,7 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
 
     // RoPE is a rotation: its backward rotates the gradients back (in place).
     be->rope_bwd(be, dkpe, D.dr, D.dr, sv->pos, c->rope_cos, c->rope_sin, N, 1, D.dr, ROPE_INTERLEAVED);
-    be->rope_bwd(be, at(dq, D.dn, es), Hqd, D.qd, sv->pos, c->rope_cos, c->rope_sin, N, D.H, D.dr,
-                 ROPE_INTERLEAVED);
+    be->rope_bwd(be, at(dq, D.dn, es), Hqd, D.qd, sv->pos, c->rope_cos, c->rope_sin, N, D.H, D.dr, ROPE_INTERLEAVED);
 
     // Qwen3 norms (before RoPE in the forward, so after it here)
     if (D.qk_norm) {
@@ -382,10 +379,9 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     int64_t Hdv = (int64_t)D.H * D.dv;
     ACT(att, B * Hdv);
     for (int j = 0; j < D.hpg; j++)
-        be->gemm_batched(be, 0, 1, B, D.dv, D.rkv, 1.0f, at(olat, (int64_t)j * D.rkv, es), Hr,
-                         (int64_t)D.hpg * D.rkv, at(w->kv_b, (int64_t)D.dn * D.rkv, es), D.rkv,
-                         (int64_t)D.kvh * D.rkv, 0.0f, at(att, (int64_t)j * D.dv, es), Hdv, (int64_t)D.hpg * D.dv,
-                         D.G);
+        be->gemm_batched(be, 0, 1, B, D.dv, D.rkv, 1.0f, at(olat, (int64_t)j * D.rkv, es), Hr, (int64_t)D.hpg * D.rkv,
+                         at(w->kv_b, (int64_t)D.dn * D.rkv, es), D.rkv, (int64_t)D.kvh * D.rkv, 0.0f,
+                         at(att, (int64_t)j * D.dv, es), Hdv, (int64_t)D.hpg * D.dv, D.G);
     lin_fwd(be, out, att, w->o, B, Hdv, D.d);
     return 0;
 }

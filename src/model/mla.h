@@ -80,8 +80,7 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
                 layer_cache_t *cache, mla_saved_t *sv);
 
 // dout [B, T, d] -> dx [B, T, d] (overwritten); g (float) += weight gradients.
-int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, const void *dout,
-                 const mla_saved_t *sv);
+int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, const void *dout, const mla_saved_t *sv);
 
 // One token per sequence, x [B, d] -> out [B, d], at position cache->len:
 // appends its cache row and attends over rows 0 .. len with the absorbed

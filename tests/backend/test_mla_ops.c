@@ -23,7 +23,8 @@ static void test_mla_decode_attn(void **st) {
     tu_randn(qp, B * H * DR, 103, 1.0f);
     for (int b = 0; b < B; b++)
         for (int u = len[b]; u < CAP; u++)
-            for (int i = 0; i < L; i++) cache[((int64_t)b * CAP + u) * L + i] = NAN;
+            for (int i = 0; i < L; i++)
+                cache[((int64_t)b * CAP + u) * L + i] = NAN;
     be->mla_decode_attn(be, out, ql, qp, cache, CAP, len, B, H, R, DR, scale);
 
     double max_err = 0;
@@ -34,15 +35,19 @@ static void test_mla_decode_attn(void **st) {
             for (int u = 0; u < len[b]; u++) {
                 const float *row = cache + ((int64_t)b * CAP + u) * L;
                 double dot = 0;
-                for (int i = 0; i < R; i++) dot += (double)q1[i] * row[i];
-                for (int i = 0; i < DR; i++) dot += (double)q2[i] * row[R + i];
+                for (int i = 0; i < R; i++)
+                    dot += (double)q1[i] * row[i];
+                for (int i = 0; i < DR; i++)
+                    dot += (double)q2[i] * row[R + i];
                 s[u] = dot * scale;
                 if (s[u] > m) m = s[u];
             }
-            for (int u = 0; u < len[b]; u++) sum += exp(s[u] - m);
+            for (int u = 0; u < len[b]; u++)
+                sum += exp(s[u] - m);
             for (int i = 0; i < R; i++) {
                 double o = 0;
-                for (int u = 0; u < len[b]; u++) o += exp(s[u] - m) / sum * cache[((int64_t)b * CAP + u) * L + i];
+                for (int u = 0; u < len[b]; u++)
+                    o += exp(s[u] - m) / sum * cache[((int64_t)b * CAP + u) * L + i];
                 double e = fabs(o - out[(b * H + h) * R + i]);
                 if (!(e <= max_err)) max_err = isnan(e) ? INFINITY : e;
             }

@@ -35,8 +35,10 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
                 for (int u = 0; u < n; u++) {
                     const float *row = rows + u * L;
                     float s = 0;
-                    for (int i = 0; i < r_kv; i++) s += ql[i] * row[i];
-                    for (int i = 0; i < dr; i++) s += qp[i] * row[r_kv + i];
+                    for (int i = 0; i < r_kv; i++)
+                        s += ql[i] * row[i];
+                    for (int i = 0; i < dr; i++)
+                        s += qp[i] * row[r_kv + i];
                     p[u] = s * scale;
                     if (p[u] > m) m = p[u];
                 }
@@ -49,7 +51,8 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
                 for (int u = 0; u < n; u++) {
                     const float *row = rows + u * L;
                     float wgt = p[u] * inv;
-                    for (int i = 0; i < r_kv; i++) o[i] += wgt * row[i];
+                    for (int i = 0; i < r_kv; i++)
+                        o[i] += wgt * row[i];
                 }
             }
         free(p);

@@ -1,0 +1,49 @@
+#include "infer/gen.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/timer.h"
+
+static int is_stop(const gen_cfg_t *cfg, int32_t id) {
+    for (int i = 0; i < cfg->n_stop; i++)
+        if (cfg->stop[i] == id) return 1;
+    return 0;
+}
+
+int gen_run(model_t *m, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
+            gen_token_fn on_token, void *user, gen_stats_t *stats) {
+    memset(stats, 0, sizeof *stats);
+    if (st->B != 1) return err_set(ERR_INPUT, "gen_run generates one sequence at a time");
+    if (n_prompt < 1) return err_set(ERR_INPUT, "empty prompt");
+    sampler_t smp;
+    TRY(sampler_init(&smp, &cfg->sampler, m->a.V));
+    float *logits = malloc((size_t)m->a.V * sizeof(float));
+    if (!logits) {
+        sampler_free(&smp);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    double t0 = time_now();
+    int rc = model_prefill(m, st, prompt, n_prompt, cfg->prefill_chunk, logits);
+    stats->n_prompt = n_prompt;
+    stats->prefill_s = time_now() - t0;
+    t0 = time_now();
+    for (int i = 0; rc == 0 && i < cfg->max_new; i++) {
+        int32_t id = sampler_sample(&smp, logits);
+        if (is_stop(cfg, id)) {
+            stats->stopped = 1;
+            stats->stop_id = id;
+            break;
+        }
+        stats->n_new++;
+        // Fed back before the callback's verdict, so the cache always holds the
+        // prompt and every emitted token (a chat continues from there).
+        rc = model_step(m, st, &id, logits);
+        if (on_token && on_token(user, id)) break;
+    }
+    stats->decode_s = time_now() - t0;
+    free(logits);
+    sampler_free(&smp);
+    return rc;
+}

@@ -1,0 +1,31 @@
+// The generation loop: chunked prefill of a prompt into the hybrid cache, then
+// decode steps with the sampler until a stop token or the token budget,
+// handing each new token to a callback as it comes.
+#pragma once
+#include <stdint.h>
+
+#include "infer/sampler.h"
+#include "model/model.h"
+
+typedef struct {
+    int max_new;           // new tokens at most
+    sampler_cfg_t sampler;
+    const int32_t *stop;   // stop ids (not fed back, not counted as output)
+    int n_stop;
+    int prefill_chunk;     // tokens per prefill step (0 = all at once)
+} gen_cfg_t;
+
+typedef struct {
+    int n_prompt, n_new;
+    double prefill_s, decode_s; // wall time of the prefill and of the decode loop
+    int stopped;                // 1 when a stop id ended generation
+    int32_t stop_id;
+} gen_stats_t;
+
+// Called for every generated token; return nonzero to stop early.
+typedef int (*gen_token_fn)(void *user, int32_t id);
+
+// Feeds `prompt` after whatever st already holds and generates (B = 1). On
+// return the cache holds the prompt and every emitted token (not a stop id).
+int gen_run(model_t *m, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
+            gen_token_fn on_token, void *user, gen_stats_t *stats);
