@@ -65,7 +65,7 @@ TESTUTIL := $(BUILD)/obj/tests/testutil.o
 BENCHSRC := $(shell find bench -name '*.c' | sort)
 BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
-.PHONY: all test test-cuda bench fuzz format format-check clean model
+.PHONY: all test test-cuda bench fuzz format format-check clean model demo
 all: $(BIN)
 
 $(BUILD)/obj/%.o: %.c
@@ -103,6 +103,9 @@ bench: $(BIN) $(BENCHBIN)
 
 model:
 	@scripts/fetch_model.sh
+
+demo: $(BIN)
+	@BIN=$(BIN) scripts/demo.sh
 
 FUZZ_TARGETS := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/fuzz_*.c))
 fuzz: $(FUZZ_TARGETS)

@@ -26,6 +26,7 @@ int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **e
         TRY(mlp_w_bind(&w->mlp, &m->pt, flat, elt, l));
         switch (w->kind) {
         case LAYER_ATTN: TRY(attn_w_bind(&w->attn, &m->pt, flat, elt, l)); break;
+        case LAYER_MLA: TRY(mla_w_bind(&w->mla, &m->pt, flat, elt, l)); break;
         default: return err_set(ERR_UNSUP, "layer %d: %s layers are not supported yet", l, layer_kind_name(w->kind));
         }
     }
@@ -141,6 +142,7 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
         size_t n = 0;
         switch (a->kind[l]) {
         case LAYER_ATTN: n = 2 * (size_t)B * cap * a->Hkv * a->dh * es; break;
+        case LAYER_MLA: n = (size_t)B * cap * (arch_mla_rkv(a, l) + a->mla.d_rope) * es; break;
         default: break;
         }
         total += (n + 255) & ~(size_t)255;
@@ -162,6 +164,7 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
             c->u.attn.k = base + off[l];
             c->u.attn.v = base + off[l] + (size_t)B * cap * a->Hkv * a->dh * es;
             break;
+        case LAYER_MLA: c->u.mla.kv = base + off[l]; break;
         default: break;
         }
     }
@@ -208,6 +211,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
         case LAYER_ATTN:
             rc = cache && T == 1 ? attn_step(&c, &w->attn, y, xn, B, cache)
                                  : attn_forward(&c, &w->attn, y, xn, B, T, pos0, cache, NULL);
+            break;
+        case LAYER_MLA:
+            rc = cache && T == 1 ? mla_step(&c, &w->mla, y, xn, B, cache)
+                                 : mla_forward(&c, &w->mla, y, xn, B, T, pos0, cache, NULL);
             break;
         default: rc = err_set(ERR_UNSUP, "layer kind %d", (int)w->kind);
         }

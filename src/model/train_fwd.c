@@ -1,0 +1,129 @@
+#include "model/train_fwd.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+
+static layer_ctx_t train_ctx(model_t *m, int l) {
+    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos};
+    if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
+    return c;
+}
+
+int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved_t *sv) {
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    const layer_w_t *w = &m->lw[l];
+    layer_ctx_t c = train_ctx(m, l);
+    int64_t N = (int64_t)B * T, nd = N * a->d;
+    memset(sv, 0, sizeof *sv);
+    sv->x_in = x_in, sv->B = B, sv->T = T;
+    sv->xn1 = ctx_act(&c, nd), sv->a = ctx_act(&c, nd), sv->x_mid = ctx_act(&c, nd);
+    sv->xn2 = ctx_act(&c, nd), sv->x_out = ctx_act(&c, nd);
+    sv->rstd1 = ctx_f32(&c, N), sv->rstd2 = ctx_f32(&c, N);
+    if (!sv->xn1 || !sv->a || !sv->x_mid || !sv->xn2 || !sv->x_out || !sv->rstd1 || !sv->rstd2) return ERR_NOMEM;
+    be->rmsnorm_fwd(be, sv->xn1, sv->rstd1, x_in, w->norm1, N, a->d, a->eps);
+    int rc;
+    switch (w->kind) {
+    case LAYER_ATTN: rc = attn_forward(&c, &w->attn, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.attn); break;
+    case LAYER_MLA: rc = mla_forward(&c, &w->mla, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.mla); break;
+    default: rc = err_set(ERR_UNSUP, "training %s layers", layer_kind_name(w->kind));
+    }
+    if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
+    be->copy_d2d(be, sv->x_mid, x_in, (size_t)nd * be->act_size);
+    be->add(be, sv->x_mid, sv->a, nd);
+    be->rmsnorm_fwd(be, sv->xn2, sv->rstd2, sv->x_mid, w->norm2, N, a->d, a->eps);
+    TRY(mlp_forward(&c, &w->mlp, sv->x_out, sv->xn2, N, &sv->mlp));
+    be->add(be, sv->x_out, sv->x_mid, nd);
+    return 0;
+}
+
+int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, const void *dx_out, const void *da,
+                   void *dx_in) {
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    const layer_w_t *w = &m->lw[l];
+    layer_ctx_t c = train_ctx(m, l);
+    int64_t N = (int64_t)sv->B * sv->T, nd = N * a->d;
+    size_t mark = arena_mark(&m->arena);
+    void *dxn = ctx_act(&c, nd), *dmid = ctx_act(&c, nd), *tmp = ctx_act(&c, nd);
+    if (!dxn || !dmid || !tmp) return ERR_NOMEM;
+    // x_out = x_mid + mlp(norm2(x_mid))
+    TRY(mlp_backward(&c, &w->mlp, &g->mlp, dxn, dx_out, &sv->mlp));
+    be->rmsnorm_bwd(be, dmid, g->norm2, dxn, sv->x_mid, w->norm2, sv->rstd2, N, a->d);
+    be->add(be, dmid, dx_out, nd);
+    // x_mid = x_in + mixer(norm1(x_in)); the mixer output also gets the ILD term
+    // da, the residual path does not.
+    const void *dmix = dmid;
+    if (da) {
+        be->copy_d2d(be, tmp, dmid, (size_t)nd * be->act_size);
+        be->add(be, tmp, da, nd);
+        dmix = tmp;
+    }
+    int rc;
+    switch (w->kind) {
+    case LAYER_ATTN: rc = attn_backward(&c, &w->attn, &g->attn, dxn, dmix, &sv->mix.attn); break;
+    case LAYER_MLA: rc = mla_backward(&c, &w->mla, &g->mla, dxn, dmix, &sv->mix.mla); break;
+    default: rc = err_set(ERR_UNSUP, "training %s layers", layer_kind_name(w->kind));
+    }
+    if (rc < 0) return err_wrap(rc, "layer %d (%s) backward: ", l, layer_kind_name(w->kind));
+    if (dx_in) {
+        be->rmsnorm_bwd(be, dx_in, g->norm1, dxn, sv->x_in, w->norm1, sv->rstd1, N, a->d);
+        be->add(be, dx_in, dmid, nd);
+    } else {
+        be->rmsnorm_bwd(be, tmp, g->norm1, dxn, sv->x_in, w->norm1, sv->rstd1, N, a->d);
+    }
+    arena_reset(&m->arena, mark);
+    return 0;
+}
+
+int model_forward_train(model_t *m, const int32_t *ids, int B, int T, model_acts_t *acts) {
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    int64_t N = (int64_t)B * T;
+    TRY(model_ensure_positions(m, T));
+    acts->B = B, acts->T = T;
+    acts->ids = arena_alloc(&m->arena, (size_t)N * sizeof(int32_t));
+    acts->x0 = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    acts->h = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    acts->rstd_f = arena_alloc(&m->arena, (size_t)N * sizeof(float));
+    if (!acts->ids || !acts->x0 || !acts->h || !acts->rstd_f) return ERR_NOMEM;
+    for (int64_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= a->V) return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], a->V);
+    TRY(be->copy_h2d(be, acts->ids, ids, (size_t)N * sizeof(int32_t)));
+    be->embed_fwd(be, acts->x0, m->embed, acts->ids, N, a->d);
+    const void *x = acts->x0;
+    for (int l = 0; l < a->n_layers; l++) {
+        TRY(block_forward(m, l, x, B, T, &acts->blocks[l]));
+        x = acts->blocks[l].x_out;
+    }
+    be->rmsnorm_fwd(be, acts->h, acts->rstd_f, x, m->final_norm, N, a->d, a->eps);
+    return 0;
+}
+
+int model_backward(model_t *m, const model_acts_t *acts, const void *dh, float *grad) {
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    int64_t N = (int64_t)acts->B * acts->T, nd = N * a->d;
+    layer_w_t *g = calloc((size_t)a->n_layers, sizeof *g);
+    void *gemb, *gnorm, *ghead;
+    if (!g) return err_set(ERR_NOMEM, "out of memory");
+    int rc = model_bind(m, grad, sizeof(float), g, &gemb, &gnorm, &ghead);
+    size_t mark = arena_mark(&m->arena);
+    void *dx = arena_alloc(&m->arena, (size_t)nd * be->act_size), *dprev = arena_alloc(&m->arena, (size_t)nd * be->act_size);
+    if (rc == 0 && (!dx || !dprev)) rc = ERR_NOMEM;
+    if (rc == 0) {
+        const void *x_last = a->n_layers ? acts->blocks[a->n_layers - 1].x_out : acts->x0;
+        be->rmsnorm_bwd(be, dx, gnorm, dh, x_last, m->final_norm, acts->rstd_f, N, a->d);
+        for (int l = a->n_layers - 1; l >= 0 && rc == 0; l--) {
+            rc = block_backward(m, l, &g[l], &acts->blocks[l], dx, NULL, dprev);
+            void *t = dx;
+            dx = dprev, dprev = t;
+        }
+    }
+    if (rc == 0) be->embed_bwd(be, gemb, dx, acts->ids, N, a->d);
+    arena_reset(&m->arena, mark);
+    free(g);
+    return rc;
+}
