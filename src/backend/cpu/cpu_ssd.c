@@ -35,7 +35,8 @@ static void cpu_softplus_bias_fwd(be_t *be, float *out, const void *dt_, int64_t
     const float *dt = dt_, *bias = dt_bias_;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
-        for (int h = 0; h < H; h++) out[n * H + h] = cpu_softplus(dt[n * ld + h] + bias[h]);
+        for (int h = 0; h < H; h++)
+            out[n * H + h] = cpu_softplus(dt[n * ld + h] + bias[h]);
 }
 
 // softplus'(v) = sigmoid(v), and 1 in the identity branch above 20.
@@ -49,11 +50,12 @@ static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_
             float v = dt[n * ld + h] + bias[h], g = dout[n * H + h];
             ddt[n * ldd + h] = v > 20.0f ? g : g * cpu_sigmoid(v);
         }
-    // One sum per head, each owned by one thread: no race, fixed order.
+        // One sum per head, each owned by one thread: no race, fixed order.
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < H; h++) {
         double s = 0;
-        for (int64_t n = 0; n < N; n++) s += ddt[n * ldd + h];
+        for (int64_t n = 0; n < N; n++)
+            s += ddt[n * ldd + h];
         ddt_bias[h] += (float)s;
     }
 }
@@ -62,7 +64,7 @@ static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_
 
 typedef struct {
     int B, T, H, Hx, GB, GC, P, N;
-    int L; // chunk length actually used: min(chunk, T), which gives the same chunks
+    int L;  // chunk length actually used: min(chunk, T), which gives the same chunks
     int nc; // number of chunks, the last one possibly short
     int64_t ldx, ldb, ldc;
 } ssd_shape_t;
@@ -76,8 +78,8 @@ typedef struct {
 
 static ssd_shape_t make_shape(int B, int T, int H, int Hx, int GB, int GC, int P, int N, int chunk, int64_t ldx,
                               int64_t ldb, int64_t ldc) {
-    ssd_shape_t s = {.B = B, .T = T, .H = H, .Hx = Hx, .GB = GB, .GC = GC, .P = P, .N = N, .ldx = ldx, .ldb = ldb,
-                     .ldc = ldc};
+    ssd_shape_t s = {
+        .B = B, .T = T, .H = H, .Hx = Hx, .GB = GB, .GC = GC, .P = P, .N = N, .ldx = ldx, .ldb = ldb, .ldc = ldc};
     s.L = chunk < T ? chunk : (T > 0 ? T : 1);
     s.nc = (T + s.L - 1) / s.L;
     return s;
@@ -104,7 +106,8 @@ static inline int chunk_end(const ssd_shape_t *s, int c) { return (c + 1) * s->L
 
 static inline float dot(const float *a, const float *b, int n) {
     float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -146,7 +149,8 @@ static void head_states(const ssd_shape_t *s, const ssd_head_t *v, const float *
     // S1: chunk-local inclusive cumsum of dA = dt A
     for (int c = 0; c < s->nc; c++) {
         float acc = 0;
-        for (int t = c * s->L; t < chunk_end(s, c); t++) cs[t] = acc += dt_at(s, v, t) * v->A;
+        for (int t = c * s->L; t < chunk_end(s, c); t++)
+            cs[t] = acc += dt_at(s, v, t) * v->A;
     }
     // S2: the state each chunk produces from a zero entering state
     for (int c = 0; c < s->nc; c++) {
@@ -158,7 +162,8 @@ static void head_states(const ssd_shape_t *s, const ssd_head_t *v, const float *
             const float *xt = x_at(s, v, t), *bt = b_at(s, v, t);
             for (int p = 0; p < P; p++) {
                 float wx = w * xt[p], *row = st + (int64_t)p * N;
-                for (int n = 0; n < N; n++) row[n] += wx * bt[n];
+                for (int n = 0; n < N; n++)
+                    row[n] += wx * bt[n];
             }
         }
     }
@@ -171,7 +176,8 @@ static void head_states(const ssd_shape_t *s, const ssd_head_t *v, const float *
         float decay = expf(cs[chunk_end(s, c) - 1]);
         const float *in = prev + c * PN, *st = states + c * PN;
         float *out = prev + (c + 1) * PN;
-        for (int64_t i = 0; i < PN; i++) out[i] = decay * in[i] + st[i];
+        for (int64_t i = 0; i < PN; i++)
+            out[i] = decay * in[i] + st[i];
     }
 }
 
@@ -195,17 +201,20 @@ static void head_fwd(const ssd_shape_t *s, const ssd_head_t *v, const float *sta
         const float *pv = prev + c * PN;
         // S4: CB[l, s] = C_l . B_s, lower triangle
         for (int l = 0; l < len; l++)
-            for (int j = 0; j <= l; j++) CB[l * L + j] = dot(c_at(s, v, t0 + l), b_at(s, v, t0 + j), N);
+            for (int j = 0; j <= l; j++)
+                CB[l * L + j] = dot(c_at(s, v, t0 + l), b_at(s, v, t0 + j), N);
         // S5: inter-chunk (entering state) + intra-chunk + skip
         for (int l = 0; l < len; l++) {
             int t = t0 + l;
             const float *ct = c_at(s, v, t), *xt = x_at(s, v, t);
             float *yt = y + t * ldy, e = expf(cs[t]);
-            for (int p = 0; p < P; p++) yt[p] = e * dot(pv + (int64_t)p * N, ct, N) + v->D * xt[p];
+            for (int p = 0; p < P; p++)
+                yt[p] = e * dot(pv + (int64_t)p * N, ct, N) + v->D * xt[p];
             for (int j = 0; j <= l; j++) {
                 float w = CB[l * L + j] * expf(cs[t] - cs[t0 + j]) * dt_at(s, v, t0 + j);
                 const float *xs = x_at(s, v, t0 + j);
-                for (int p = 0; p < P; p++) yt[p] += w * xs[p];
+                for (int p = 0; p < P; p++)
+                    yt[p] += w * xs[p];
             }
         }
     }
@@ -270,10 +279,9 @@ static int64_t bwd_ws_floats(const ssd_shape_t *s) {
 // One (b, h). dy rows at dy + t * ldy; dx, dB, dC are this head's own rows
 // (stride lddx, lddb, lddc; summed over the heads of a group by the caller);
 // ddt at ddt[t * H]; *dA (gradient of A) and *dD are this head's totals.
-static void head_bwd(const ssd_shape_t *s, const ssd_head_t *v, const float *dy, int64_t ldy,
-                     const float *dstate_final, const float *state0, float *dx, int64_t lddx, float *dB,
-                     int64_t lddb, float *dC, int64_t lddc, float *ddt, float *dA, float *dD, float *dstate0,
-                     float *ws) {
+static void head_bwd(const ssd_shape_t *s, const ssd_head_t *v, const float *dy, int64_t ldy, const float *dstate_final,
+                     const float *state0, float *dx, int64_t lddx, float *dB, int64_t lddb, float *dC, int64_t lddc,
+                     float *ddt, float *dA, float *dD, float *dstate0, float *ws) {
     int P = s->P, N = s->N, L = s->L, H = s->H;
     int64_t PN = (int64_t)P * N;
     float *cs = ws, *states = cs + s->T, *prev = states + s->nc * PN, *dstates = prev + (s->nc + 1) * PN;
@@ -295,15 +303,18 @@ static void head_bwd(const ssd_shape_t *s, const ssd_head_t *v, const float *dy,
         const float *pv = prev + c * PN;
         memcpy(dstates + c * PN, G, (size_t)PN * sizeof(float));
         float pg = 0;
-        for (int64_t i = 0; i < PN; i++) pg += pv[i] * G[i];
+        for (int64_t i = 0; i < PN; i++)
+            pg += pv[i] * G[i];
         ddA_chunk[c] = decay * pg;
-        for (int64_t i = 0; i < PN; i++) G[i] *= decay;
+        for (int64_t i = 0; i < PN; i++)
+            G[i] *= decay;
         for (int t = t0; t < t1; t++) { // dprev: sum_l exp(cs_l) dy_l C_l^T
             float e = expf(cs[t]);
             const float *dyt = dy + t * ldy, *ct = c_at(s, v, t);
             for (int p = 0; p < P; p++) {
                 float a = e * dyt[p], *row = G + (int64_t)p * N;
-                for (int n = 0; n < N; n++) row[n] += a * ct[n];
+                for (int n = 0; n < N; n++)
+                    row[n] += a * ct[n];
             }
         }
     }
@@ -330,27 +341,32 @@ static void head_bwd(const ssd_shape_t *s, const ssd_head_t *v, const float *dy,
             int t = t0 + j;
             float e = expf(cs_last - cs[t]), dts = dt_at(s, v, t);
             const float *xs = x_at(s, v, t), *bs = b_at(s, v, t), *dys = dy + t * ldy;
-            for (int p = 0; p < P; p++) acc[p] = accS[p] = e * dot(ds + (int64_t)p * N, bs, N);
+            for (int p = 0; p < P; p++)
+                acc[p] = accS[p] = e * dot(ds + (int64_t)p * N, bs, N);
             for (int l = j; l < len; l++) {
                 float w = CB[l * L + j] * expf(cs[t0 + l] - cs[t]);
                 const float *dyl = dy + (t0 + l) * ldy;
-                for (int p = 0; p < P; p++) acc[p] += w * dyl[p];
+                for (int p = 0; p < P; p++)
+                    acc[p] += w * dyl[p];
             }
             float *dxs = dx + t * lddx;
-            for (int p = 0; p < P; p++) dxs[p] = dts * acc[p] + v->D * dys[p];
+            for (int p = 0; p < P; p++)
+                dxs[p] = dts * acc[p] + v->D * dys[p];
             ddt[(int64_t)t * H] = dot(acc, xs, P); // ddA * A added below
             u[j] = dts * dot(accS, xs, P);
             dD_h += dot(dys, xs, P);
             float *dbs = dB + t * lddb;
             for (int n = 0; n < N; n++) {
                 float a = 0;
-                for (int p = 0; p < P; p++) a += xs[p] * ds[(int64_t)p * N + n];
+                for (int p = 0; p < P; p++)
+                    a += xs[p] * ds[(int64_t)p * N + n];
                 dbs[n] = dts * e * a;
             }
             for (int l = j; l < len; l++) {
                 float w = dCB[l * L + j];
                 const float *cl = c_at(s, v, t0 + l);
-                for (int n = 0; n < N; n++) dbs[n] += w * cl[n];
+                for (int n = 0; n < N; n++)
+                    dbs[n] += w * cl[n];
             }
         }
 
@@ -361,23 +377,27 @@ static void head_bwd(const ssd_shape_t *s, const ssd_head_t *v, const float *dy,
             const float *dyl = dy + t * ldy, *cl = c_at(s, v, t);
             for (int n = 0; n < N; n++) {
                 float a = 0;
-                for (int p = 0; p < P; p++) a += dyl[p] * pv[(int64_t)p * N + n];
+                for (int p = 0; p < P; p++)
+                    a += dyl[p] * pv[(int64_t)p * N + n];
                 dyprev[n] = a;
             }
             ddAcs_prev[l] = e * dot(dyprev, cl, N);
             float *dcl = dC + t * lddc;
-            for (int n = 0; n < N; n++) dcl[n] = e * dyprev[n];
+            for (int n = 0; n < N; n++)
+                dcl[n] = e * dyprev[n];
             for (int j = 0; j <= l; j++) {
                 float w = dCB[l * L + j];
                 const float *bs = b_at(s, v, t0 + j);
-                for (int n = 0; n < N; n++) dcl[n] += w * bs[n];
+                for (int n = 0; n < N; n++)
+                    dcl[n] += w * bs[n];
             }
         }
 
         // Decay gradients (stable form, see above)
         ddAcs_prev[len - 1] += ddA_chunk[c];
         float run = 0;
-        for (int r = len - 1; r >= 0; r--) ddA[r] = run += ddAcs_prev[r];
+        for (int r = len - 1; r >= 0; r--)
+            ddA[r] = run += ddAcs_prev[r];
         run = 0;
         for (int r = 0; r < len; r++) { // exclusive prefix sum of u
             ddA[r] += run;
@@ -411,7 +431,8 @@ static void sum_groups(float *dst, int64_t ld, const float *src, int64_t rows, i
             const float *in = src + (r * H + (int64_t)g * rep) * w;
             memcpy(o, in, (size_t)w * sizeof(float));
             for (int k = 1; k < rep; k++)
-                for (int i = 0; i < w; i++) o[i] += in[(int64_t)k * w + i];
+                for (int i = 0; i < w; i++)
+                    o[i] += in[(int64_t)k * w + i];
         }
 }
 
@@ -432,14 +453,18 @@ static void cpu_ssd_chunk_bwd(be_t *be, void *dx_, void *dB_, void *dC_, float *
         }
         return;
     }
-    // Per-head gradients of x, B and C first, summed over each group afterwards:
-    // heads sharing a group never write the same memory (no race, deterministic).
+    // A tensor read by several heads (GQA) gets per-head gradient rows first,
+    // summed over each group afterwards: heads sharing a group never write the
+    // same memory (no race, deterministic). One read by one head is written in place.
+    int share_x = Hx < H, share_b = GB < H, share_c = GC < H;
     int nthr = omp_get_max_threads();
-    int64_t ws_n = bwd_ws_floats(&s), nx = rows * H * P, nb = rows * H * N;
+    int64_t ws_n = bwd_ws_floats(&s);
+    int64_t nx = share_x ? rows * H * P : 0, nb = share_b ? rows * H * N : 0, ncg = share_c ? rows * H * N : 0;
     ssd_tmp_t tmp;
-    float *dxh = tmp_alloc(be, &tmp, nx + 2 * nb + 2 * (int64_t)B * H + nthr * ws_n);
+    float *dxh = tmp_alloc(be, &tmp, nx + nb + ncg + 2 * (int64_t)B * H + nthr * ws_n);
     if (!dxh) return;
-    float *dBh = dxh + nx, *dCh = dBh + nb, *pdA = dCh + nb, *pdD = pdA + (int64_t)B * H, *ws = pdD + (int64_t)B * H;
+    float *dBh = dxh + nx, *dCh = dBh + nb, *pdA = dCh + ncg, *pdD = pdA + (int64_t)B * H, *ws = pdD + (int64_t)B * H;
+    float *dx = dx_, *dBo = dB_, *dCo = dC_;
 #pragma omp parallel num_threads(nthr)
     {
         float *w = ws + omp_get_thread_num() * ws_n;
@@ -447,19 +472,24 @@ static void cpu_ssd_chunk_bwd(be_t *be, void *dx_, void *dB_, void *dC_, float *
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
                 ssd_head_t v = head_view(&s, b, h, x, Bm, Cm, dt, A_log, D);
-                int64_t bh = (int64_t)b * H + h, r0 = (int64_t)b * T * H + h; // row (b, t=0, h)
+                int64_t bh = (int64_t)b * H + h, r0 = (int64_t)b * T * H + h, row0 = (int64_t)b * T;
+                // this head's gradient rows: per-head buffer (shared) or the output itself
+                float *gx = share_x ? dxh + r0 * P : dx + row0 * ldx + (int64_t)h * P;
+                float *gb = share_b ? dBh + r0 * N : dBo + row0 * ldb + (int64_t)h * N;
+                float *gc = share_c ? dCh + r0 * N : dCo + row0 * ldc + (int64_t)h * N;
                 head_bwd(&s, &v, dy + r0 * P, (int64_t)H * P, dstate_final ? dstate_final + bh * PN : NULL,
-                         state0 ? state0 + bh * PN : NULL, dxh + r0 * P, (int64_t)H * P, dBh + r0 * N,
-                         (int64_t)H * N, dCh + r0 * N, (int64_t)H * N, ddt + r0, &pdA[bh], &pdD[bh],
-                         dstate0 ? dstate0 + bh * PN : NULL, w);
+                         state0 ? state0 + bh * PN : NULL, gx, share_x ? (int64_t)H * P : ldx, gb,
+                         share_b ? (int64_t)H * N : ldb, gc, share_c ? (int64_t)H * N : ldc, ddt + r0, &pdA[bh],
+                         &pdD[bh], dstate0 ? dstate0 + bh * PN : NULL, w);
             }
     }
-    sum_groups(dx_, ldx, dxh, rows, H, Hx, P);
-    sum_groups(dB_, ldb, dBh, rows, H, GB, N);
-    sum_groups(dC_, ldc, dCh, rows, H, GC, N);
+    if (share_x) sum_groups(dx, ldx, dxh, rows, H, Hx, P);
+    if (share_b) sum_groups(dBo, ldb, dBh, rows, H, GB, N);
+    if (share_c) sum_groups(dCo, ldc, dCh, rows, H, GC, N);
     for (int h = 0; h < H; h++) { // over sequences in a fixed order
         float a = 0, d = 0;
-        for (int b = 0; b < B; b++) a += pdA[(int64_t)b * H + h], d += pdD[(int64_t)b * H + h];
+        for (int b = 0; b < B; b++)
+            a += pdA[(int64_t)b * H + h], d += pdD[(int64_t)b * H + h];
         dA_log[h] += a * -expf(A_log[h]); // dA/dA_log = A
         dD[h] += d;
     }
@@ -518,7 +548,8 @@ void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *d
             int64_t off_b = (int64_t)(h / (H / GB)) * N, off_c = (int64_t)(h / (H / GC)) * N;
             double A = v.A;
             // forward, keeping S_t at S + t*PN (S_0 = the initial state)
-            for (int64_t i = 0; i < PN; i++) S[i] = state0 ? state0[bh * PN + i] : 0.0;
+            for (int64_t i = 0; i < PN; i++)
+                S[i] = state0 ? state0[bh * PN + i] : 0.0;
             for (int t = 0; t < T; t++) {
                 double dtt = dt_at(&s, &v, t), a = exp(dtt * A);
                 const float *xt = x_at(&s, &v, t), *bt = b_at(&s, &v, t);
@@ -527,7 +558,8 @@ void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *d
                         S[(t + 1) * PN + p * N + n] = a * S[t * PN + p * N + n] + dtt * xt[p] * bt[n];
             }
             // backward: G = d loss / d S_t, starting from the final state's gradient
-            for (int64_t i = 0; i < PN; i++) G[i] = dstate_final ? dstate_final[bh * PN + i] : 0.0;
+            for (int64_t i = 0; i < PN; i++)
+                G[i] = dstate_final ? dstate_final[bh * PN + i] : 0.0;
             double dA = 0, dDh = 0;
             for (int t = T - 1; t >= 0; t--) {
                 int64_t row = (int64_t)b * T + t;
@@ -539,11 +571,13 @@ void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *d
                 // y_t = S_t C_t + D x_t
                 for (int n = 0; n < N; n++) {
                     double g = 0;
-                    for (int p = 0; p < P; p++) g += dyt[p] * St[p * N + n];
+                    for (int p = 0; p < P; p++)
+                        g += dyt[p] * St[p * N + n];
                     dct[n] += (float)g;
                 }
                 for (int p = 0; p < P; p++) {
-                    for (int n = 0; n < N; n++) G[p * N + n] += (double)dyt[p] * ct[n];
+                    for (int n = 0; n < N; n++)
+                        G[p * N + n] += (double)dyt[p] * ct[n];
                     dxt[p] += (float)(v.D * dyt[p]);
                     dDh += (double)dyt[p] * xt[p];
                 }
@@ -560,15 +594,18 @@ void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *d
                 }
                 for (int n = 0; n < N; n++) {
                     double gx = 0;
-                    for (int p = 0; p < P; p++) gx += G[p * N + n] * xt[p];
+                    for (int p = 0; p < P; p++)
+                        gx += G[p * N + n] * xt[p];
                     dbt[n] += (float)(dtt * gx);
                 }
                 ddt[row * H + h] = (float)(ddt_in + da * a * A);
                 dA += da * a * dtt;
-                for (int64_t i = 0; i < PN; i++) G[i] *= a;
+                for (int64_t i = 0; i < PN; i++)
+                    G[i] *= a;
             }
             if (dstate0)
-                for (int64_t i = 0; i < PN; i++) dstate0[bh * PN + i] = (float)G[i];
+                for (int64_t i = 0; i < PN; i++)
+                    dstate0[bh * PN + i] = (float)G[i];
             dA_log[h] += (float)(dA * A);
             dD[h] += (float)dDh;
         }
