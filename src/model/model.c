@@ -27,6 +27,7 @@ int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **e
         switch (w->kind) {
         case LAYER_ATTN: TRY(attn_w_bind(&w->attn, &m->pt, flat, elt, l)); break;
         case LAYER_MLA: TRY(mla_w_bind(&w->mla, &m->pt, flat, elt, l)); break;
+        case LAYER_M2: TRY(m2_w_bind(&w->m2, &m->pt, flat, elt, l)); break;
         default: return err_set(ERR_UNSUP, "layer %d: %s layers are not supported yet", l, layer_kind_name(w->kind));
         }
     }
@@ -143,6 +144,10 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
         switch (a->kind[l]) {
         case LAYER_ATTN: n = 2 * (size_t)B * cap * a->Hkv * a->dh * es; break;
         case LAYER_MLA: n = (size_t)B * cap * (arch_mla_rkv(a, l) + a->mla.d_rope) * es; break;
+        case LAYER_M2:
+            n = (size_t)B * a->m2.n_heads * a->m2.headdim * a->m2.d_state * sizeof(float) +
+                (size_t)B * (a->m2.d_inner + 2 * a->m2.d_xb) * a->m2.conv * es + 256;
+            break;
         default: break;
         }
         total += (n + 255) & ~(size_t)255;
@@ -165,6 +170,12 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
             c->u.attn.v = base + off[l] + (size_t)B * cap * a->Hkv * a->dh * es;
             break;
         case LAYER_MLA: c->u.mla.kv = base + off[l]; break;
+        case LAYER_M2: {
+            size_t ns = (size_t)B * a->m2.n_heads * a->m2.headdim * a->m2.d_state * sizeof(float);
+            c->u.m2.state = (float *)(base + off[l]);
+            c->u.m2.conv = base + off[l] + ((ns + 255) & ~(size_t)255);
+            break;
+        }
         default: break;
         }
     }
@@ -215,6 +226,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
         case LAYER_MLA:
             rc = cache && T == 1 ? mla_step(&c, &w->mla, y, xn, B, cache)
                                  : mla_forward(&c, &w->mla, y, xn, B, T, pos0, cache, NULL);
+            break;
+        case LAYER_M2:
+            rc = cache && T == 1 ? m2_step(&c, &w->m2, y, xn, B, cache)
+                                 : m2_forward(&c, &w->m2, y, xn, B, T, pos0, cache, NULL);
             break;
         default: rc = err_set(ERR_UNSUP, "layer kind %d", (int)w->kind);
         }

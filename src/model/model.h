@@ -9,6 +9,7 @@
 #include "model/arch.h"
 #include "model/attn.h"
 #include "model/layer.h"
+#include "model/m2.h"
 #include "model/mla.h"
 #include "model/mlp.h"
 #include "model/params.h"
@@ -18,6 +19,7 @@ typedef struct {
     void *norm1, *norm2; // input_layernorm, post_attention_layernorm [d]
     attn_w_t attn;
     mla_w_t mla;
+    m2_w_t m2;
     mlp_w_t mlp;
 } layer_w_t;
 
