@@ -24,13 +24,15 @@ char *tok_strndup(const char *s, size_t n) {
 uint64_t tok_hash(const void *p, size_t n) {
     const uint8_t *s = p;
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ull;
     return h ^ (h >> 29);
 }
 
 static uint32_t pow2_at_least(uint64_t n) {
     uint32_t c = 16;
-    while (c < n) c <<= 1;
+    while (c < n)
+        c <<= 1;
     return c;
 }
 
@@ -38,20 +40,28 @@ static uint32_t pow2_at_least(uint64_t n) {
 // other 68 are shifted to U+0100.. in byte order, so every byte is a visible char.
 static int byte_is_printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174); }
 
+static uint16_t g_b2c[256];
+static int16_t g_c2b[256 + 68];
+static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
+
+static void byte_map_init(void) {
+    int n = 0;
+    for (int i = 0; i < 256 + 68; i++)
+        g_c2b[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        g_b2c[b] = (uint16_t)(byte_is_printable(b) ? b : 256 + n++);
+        g_c2b[g_b2c[b]] = (int16_t)b;
+    }
+}
+
 uint32_t tok_byte_to_cp(uint8_t b) {
-    if (byte_is_printable(b)) return b;
-    uint32_t n = 0;
-    for (int i = 0; i < b; i++) n += !byte_is_printable(i);
-    return 256 + n;
+    pthread_once(&g_map_once, byte_map_init);
+    return g_b2c[b];
 }
 
 int tok_cp_to_byte(uint32_t cp) {
-    if (cp < 256) return byte_is_printable((int)cp) ? (int)cp : -1;
-    if (cp >= 256 + 68) return -1;
-    uint32_t n = cp - 256; // the n-th non-printable byte
-    for (int b = 0; b < 256; b++)
-        if (!byte_is_printable(b) && n-- == 0) return b;
-    return -1;
+    pthread_once(&g_map_once, byte_map_init);
+    return cp < 256 + 68 ? g_c2b[cp] : -1;
 }
 
 int tok_utf8_put(uint32_t cp, char *o) {
@@ -105,7 +115,8 @@ int tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
     for (int i = 2; i < need; i++)
         if ((s[i] & 0xC0) != 0x80) return 0;
     uint32_t c = s[0] & (0x7F >> need);
-    for (int i = 1; i < need; i++) c = (c << 6) | (s[i] & 0x3F);
+    for (int i = 1; i < need; i++)
+        c = (c << 6) | (s[i] & 0x3F);
     *cp = c;
     return need;
 }
@@ -159,7 +170,8 @@ int tok_build_vocab(tok_t *t, const char *src) {
     t->vmap_cap = pow2_at_least((uint64_t)t->n_vocab * 2);
     t->vmap = calloc(t->vmap_cap, sizeof(uint32_t));
     size_t total = 0;
-    for (int i = 0; i < t->n_vocab; i++) total += t->len[i];
+    for (int i = 0; i < t->n_vocab; i++)
+        total += t->len[i];
     t->dec = malloc(total + 1);
     t->dec_off = calloc((size_t)t->n_vocab + 1, sizeof(uint32_t));
     t->dec_len = calloc((size_t)t->n_vocab + 1, sizeof(uint32_t));
@@ -176,7 +188,8 @@ int tok_build_vocab(tok_t *t, const char *src) {
             dups++;
         } else {
             uint32_t h = (uint32_t)tok_hash(s, n) & m;
-            while (t->vmap[h]) h = (h + 1) & m;
+            while (t->vmap[h])
+                h = (h + 1) & m;
             t->vmap[h] = (uint32_t)i + 1;
         }
         // Decoded form: byte-level chars back to bytes. Control / user-defined
@@ -282,6 +295,59 @@ int tok_set_pre_family(tok_t *t, tok_pre_t p) {
     }
 }
 
+// HF `tokenizers` runs these regexes in Oniguruma, where \s is Unicode
+// White_Space; PCRE2 with UCP also counts U+180E (MONGOLIAN VOWEL SEPARATOR,
+// a format char since Unicode 6.3) as space. To give the same pieces, \s and
+// \S are spelled out as the White_Space list before compiling. (\S inside a
+// class, which no known tokenizer uses, is left to PCRE2.)
+#define WS_LIST "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+static char *ws_rewrite(const char *re) {
+    size_t n = strlen(re);
+    char *out = malloc(n * (sizeof WS_LIST + 4) + 1);
+    if (!out) return NULL;
+    size_t k = 0;
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = re[i];
+        if (c == '\\' && i + 1 < n) {
+            char d = re[i + 1];
+            const char *rep = NULL;
+            if (d == 's') rep = in_class ? WS_LIST : "[" WS_LIST "]";
+            if (d == 'S' && !in_class) rep = "[^" WS_LIST "]";
+            if (rep) {
+                memcpy(out + k, rep, strlen(rep));
+                k += strlen(rep);
+            } else {
+                out[k++] = c;
+                out[k++] = d;
+            }
+            i++;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = 1;
+            out[k++] = c;
+            // a ']' right after '[' or '[^' is a literal
+            if (i + 1 < n && re[i + 1] == '^') out[k++] = re[++i];
+            if (i + 1 < n && re[i + 1] == ']') out[k++] = re[++i];
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < n && re[i + 1] == ':') { // [:alpha:]
+            const char *e = strstr(re + i + 2, ":]");
+            size_t l = e ? (size_t)(e - (re + i)) + 2 : 1;
+            memcpy(out + k, re + i, l);
+            k += l;
+            i += l - 1;
+            continue;
+        }
+        if (in_class && c == ']') in_class = 0;
+        out[k++] = c;
+    }
+    out[k] = 0;
+    return out;
+}
+
 // Compiles every pass: UTF + UCP so \p{L}, \s, ... are Unicode-aware, and
 // MATCH_INVALID_UTF so invalid bytes act as barriers that no item matches (they
 // end up in gap pieces, bytes preserved) and the subject is not re-validated on
@@ -290,13 +356,16 @@ static int compile_passes(tok_t *t, const char *src) {
     for (int i = 0; i < t->n_pass; i++) {
         int ec;
         PCRE2_SIZE eo;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)t->pass_src[i], PCRE2_ZERO_TERMINATED,
+        char *pat = ws_rewrite(t->pass_src[i]);
+        if (!pat) return err_set(ERR_NOMEM, "%s: out of memory", src);
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
                                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+        free(pat);
         if (!re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
-            return err_set(ERR_INPUT, "%s: pre-tokenizer regex \"%s\": %s at offset %zu", src, t->pass_src[i],
-                           (const char *)msg, (size_t)eo);
+            return err_set(ERR_INPUT, "%s: pre-tokenizer regex \"%s\": %s (at offset %zu of its compiled form)", src,
+                           t->pass_src[i], (const char *)msg, (size_t)eo);
         }
         // JIT is an optimisation only; the interpreter gives the same matches.
         if (pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) != 0) log_debug("%s: PCRE2 JIT unavailable", src);
@@ -326,7 +395,8 @@ int tok_build(tok_t *t, const char *src) {
     for (int i = 0; i < t->n_merges; i++) {
         uint64_t k = pair_key(t->merge_l[i], t->merge_r[i]);
         uint32_t h = (uint32_t)tok_hash(&k, 8) & m;
-        while (t->mmap_key[h] && t->mmap_key[h] != k) h = (h + 1) & m;
+        while (t->mmap_key[h] && t->mmap_key[h] != k)
+            h = (h + 1) & m;
         if (t->mmap_key[h]) continue; // a repeated merge keeps its first (lowest) rank
         t->mmap_key[h] = k;
         t->mmap_val[h] = (uint32_t)i;
@@ -347,7 +417,8 @@ int tok_build(tok_t *t, const char *src) {
     qsort_r(t->added, (size_t)t->n_added, sizeof(int32_t), added_cmp, t);
     int j = 0;
     for (int b = 0; b <= 256; b++) {
-        while (j < t->n_added && (uint8_t)t->blob[t->off[t->added[j]]] < b) j++;
+        while (j < t->n_added && (uint8_t)t->blob[t->off[t->added[j]]] < b)
+            j++;
         t->added_first[b] = j;
     }
 
@@ -401,7 +472,8 @@ static int cache_get(tok_cache_t *c, uint64_t h, const char *p, size_t n, int32_
 static int push_ids(int32_t **v, int *n, int *cap, const int32_t *ids, int k) {
     if (*n + k > *cap) {
         int nc = *cap ? *cap : 256;
-        while (nc < *n + k) nc *= 2;
+        while (nc < *n + k)
+            nc *= 2;
         int32_t *nv = realloc(*v, (size_t)nc * sizeof(int32_t));
         if (!nv) return err_set(ERR_NOMEM, "tokenizer: out of memory (%d ids)", nc);
         *v = nv, *cap = nc;
@@ -432,7 +504,8 @@ static int cache_get(tok_cache_t *c, uint64_t h, const char *p, size_t n, int32_
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 1;
     size_t nc = *cap ? *cap : 4096;
-    while (nc < need) nc *= 2;
+    while (nc < need)
+        nc *= 2;
     void *np = realloc(*p, nc * elem);
     if (!np) return 0;
     *p = np, *cap = nc;
@@ -458,7 +531,8 @@ static void cache_put(tok_cache_t *c, uint64_t h, const char *p, size_t n, const
         c->ent = ne;
         for (uint32_t i = 0; i < c->n; i++) {
             uint32_t s = (uint32_t)c->ent[i].h & (nc - 1);
-            while (ns[s]) s = (s + 1) & (nc - 1);
+            while (ns[s])
+                s = (s + 1) & (nc - 1);
             ns[s] = i + 1;
         }
         free(c->slot);
@@ -476,7 +550,8 @@ static void cache_put(tok_cache_t *c, uint64_t h, const char *p, size_t n, const
     memcpy(c->ids + c->ids_len, ids, (size_t)k * sizeof(int32_t));
     c->ids_len += (size_t)k;
     uint32_t m = c->cap - 1, s = (uint32_t)h & m;
-    while (c->slot[s]) s = (s + 1) & m;
+    while (c->slot[s])
+        s = (s + 1) & m;
     c->slot[s] = ++c->n;
 out:
     pthread_mutex_unlock(&c->mu);
@@ -529,10 +604,11 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
     int rc = cache_get(cache, h, p, n, out, no, cap_o);
     if (rc != 0) return rc < 0 ? rc : 0;
 
+    // Each merge pushes at most 2 pairs after the initial n-1: 3n bounds the heap.
     sym_t sbuf[128];
-    uint64_t hbuf[256];
+    uint64_t hbuf[3 * 128];
     sym_t *s = n <= 128 ? sbuf : malloc(n * sizeof(sym_t));
-    uint64_t *heap = n <= 128 ? hbuf : malloc(2 * n * sizeof(uint64_t) + 16);
+    uint64_t *heap = n <= 128 ? hbuf : malloc(3 * n * sizeof(uint64_t));
     int32_t *res = NULL;
     if (!s || !heap) {
         rc = err_set(ERR_NOMEM, "tokenizer: out of memory (piece of %zu bytes)", n);
@@ -540,12 +616,13 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
     }
 
     // ignore_merges: a piece that is one vocabulary token is taken whole.
-    if (t->ignore_merges) {
-        char tmp[1024];
+    // (Every byte maps to a 1- or 2-byte char; longer pieces are no token.)
+    if (t->ignore_merges && n <= 256) {
+        char tmp[512];
         size_t m = 0;
-        for (size_t i = 0; i < n && m + 2 <= sizeof tmp; i++)
+        for (size_t i = 0; i < n; i++)
             m += (size_t)tok_utf8_put(tok_byte_to_cp((uint8_t)p[i]), tmp + m);
-        int32_t id = m <= sizeof tmp - 2 ? vmap_find(t, tmp, m) : -1;
+        int32_t id = vmap_find(t, tmp, m);
         if (id >= 0) {
             rc = push_ids(out, no, cap_o, &id, 1);
             goto done;
@@ -566,7 +643,8 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
         ns++;
     }
     int nh = 0;
-    for (int i = 0; i + 1 < ns; i++) push_pair(t, s, i, heap, &nh);
+    for (int i = 0; i + 1 < ns; i++)
+        push_pair(t, s, i, heap, &nh);
     while (nh > 0) {
         uint64_t top = heap_pop(heap, &nh);
         int rank = (int)(top >> 32), i = (int)(uint32_t)top;
@@ -587,7 +665,8 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
         rc = err_set(ERR_NOMEM, "tokenizer: out of memory");
         goto done;
     }
-    for (int i = ns ? 0 : -1; i >= 0; i = s[i].next) res[k++] = s[i].id;
+    for (int i = ns ? 0 : -1; i >= 0; i = s[i].next)
+        res[k++] = s[i].id;
     rc = push_ids(out, no, cap_o, res, k);
     if (rc == 0) cache_put(cache, h, p, n, res, k);
 done:
@@ -820,12 +899,14 @@ int tok_eot_ids(const tok_t *t, int32_t *ids, int cap) {
     c[k++] = t->eot;
     c[k++] = t->eom;
     static const char *names[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>"};
-    for (int i = 0; i < 4; i++) c[k++] = tok_find(t, names[i], strlen(names[i]));
+    for (int i = 0; i < 4; i++)
+        c[k++] = tok_find(t, names[i], strlen(names[i]));
     int m = 0;
     for (int i = 0; i < k; i++) {
         if (c[i] < 0 || c[i] >= t->n_vocab) continue;
         int dup = 0;
-        for (int j = 0; j < i; j++) dup |= c[j] == c[i];
+        for (int j = 0; j < i; j++)
+            dup |= c[j] == c[i];
         if (dup) continue;
         if (m < cap) ids[m] = c[i];
         m++;

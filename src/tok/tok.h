@@ -19,6 +19,10 @@
 
 #include "io/gguf.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Token types, as GGUF tokenizer.ggml.token_type.
 enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_USER = 4, TOK_UNUSED = 5, TOK_BYTE = 6 };
 
@@ -60,15 +64,15 @@ typedef struct {
     uint32_t *off, *len;
     char *dec;
     uint32_t *dec_off, *dec_len;
-    uint8_t *type; // TOK_NORMAL, TOK_CONTROL, ...
+    uint8_t *type;  // TOK_NORMAL, TOK_CONTROL, ...
     uint32_t *vmap; // vocab hash: slot -> id+1 (0 empty)
     uint32_t vmap_cap;
 
     // Merges in rank order (ids of the left and right parts); pair hash.
     int n_merges;
     int32_t *merge_l, *merge_r, *merge_res; // res: id of l+r
-    uint64_t *mmap_key; // (l << 32 | r) + 1, 0 empty
-    uint32_t *mmap_val; // rank
+    uint64_t *mmap_key;                     // (l << 32 | r) + 1, 0 empty
+    uint32_t *mmap_val;                     // rank
     uint32_t mmap_cap;
     int ignore_merges; // a piece that is a whole vocab token is not merged (Llama 3)
 
@@ -77,8 +81,8 @@ typedef struct {
     // Added tokens (matched in raw text before pre-tokenisation), sorted by
     // first byte then decreasing length; special = control (only with TOK_SPECIAL).
     int n_added;
-    int32_t *added;        // ids
-    int added_first[257];  // added[added_first[b] .. added_first[b+1]) start with byte b
+    int32_t *added;       // ids
+    int added_first[257]; // added[added_first[b] .. added_first[b+1]) start with byte b
 
     // Special ids (-1 when absent) and behaviour.
     int32_t bos, eos, unk, pad, eot, eom;
@@ -96,8 +100,8 @@ typedef struct {
     // tokenizer_config.json data, kept for tok_write_hf.
     char *chat_template;
     tok_chat_t chat;
-    char *chat_system; // default system prompt injected by the template (NULL: none)
-    int chat_date;     // Llama 3.1+: "Cutting Knowledge Date" system header
+    char *chat_system;        // default system prompt injected by the template (NULL: none)
+    int chat_date;            // Llama 3.1+: "Cutting Knowledge Date" system header
     int64_t model_max_length; // 0 = unknown
     char tokenizer_class[64];
 
@@ -165,3 +169,7 @@ const char *tok_chat_name(tok_chat_t c);
 // dir (created if missing), each atomically.
 int tok_write_hf(const tok_t *t, const char *dir);
 const char *tok_pre_name(tok_pre_t p);
+
+#ifdef __cplusplus
+}
+#endif

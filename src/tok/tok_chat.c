@@ -1,0 +1,195 @@
+// Chat templates. Not a Jinja engine: the template text is only used to
+// recognise its family, which is then rendered here in C.
+//
+//  - ChatML (SmolLM2, Qwen2/2.5/3): "<|im_start|>" role "\n" content "<|im_end|>\n"
+//    per message, generation prompt "<|im_start|>assistant\n". When the template
+//    holds a literal default system prompt ("<|im_start|>system\n" + plain
+//    text + "<|im_end|>", as SmolLM2's and Qwen2.5's do), it is injected before
+//    the first message when that message is not a system message. Not
+//    rendered: tools, Qwen3's stripping of <think> blocks from earlier
+//    assistant turns, and Qwen3's enable_thinking switch (left undefined, which
+//    is the template's default: no empty <think></think> is added).
+//  - Llama 3 (<|start_header_id|> headers): BOS text, then per message
+//    "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>",
+//    generation prompt "<|start_header_id|>assistant<|end_header_id|>\n\n".
+//    Llama 3.1+ templates ("Cutting Knowledge Date") first get the system
+//    header with the template's fixed date fallback "26 Jul 2024" (what the
+//    template renders when no strftime_now is provided) and the first system
+//    message, trimmed, as its text. Tools are not rendered. trim() strips ASCII
+//    whitespace only.
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "tok/tok_internal.h"
+
+const char *tok_chat_name(tok_chat_t c) {
+    switch (c) {
+    case TOK_CHAT_NONE: return "none";
+    case TOK_CHAT_CHATML: return "chatml";
+    case TOK_CHAT_LLAMA3: return "llama3";
+    default: return "unknown";
+    }
+}
+
+// The literal text after "<|im_start|>system" + newline up to "<|im_end|>",
+// when it is plain text in a Jinja string literal (no quotes, no expressions).
+// The newline may be a real one or the escape "\n".
+static char *chatml_default_system(const char *s) {
+    static const char tag[] = "<|im_start|>system";
+    for (const char *p = strstr(s, tag); p; p = strstr(p + 1, tag)) {
+        const char *q = p + sizeof tag - 1;
+        if (*q == '\n')
+            q++;
+        else if (q[0] == '\\' && q[1] == 'n')
+            q += 2;
+        else
+            continue;
+        const char *end = strstr(q, "<|im_end|>");
+        if (!end || end == q) continue;
+        if (memchr(q, '\'', (size_t)(end - q)) || memchr(q, '"', (size_t)(end - q)) ||
+            memchr(q, '{', (size_t)(end - q)) || memchr(q, '}', (size_t)(end - q)))
+            continue;
+        char *out = malloc((size_t)(end - q) + 1);
+        if (!out) return NULL;
+        size_t k = 0;
+        for (const char *c = q; c < end; c++) { // undo Jinja string escapes
+            if (c[0] == '\\' && c + 1 < end) {
+                c++;
+                out[k++] = *c == 'n' ? '\n' : *c == 't' ? '\t' : *c;
+            } else {
+                out[k++] = *c;
+            }
+        }
+        out[k] = 0;
+        return out;
+    }
+    return NULL;
+}
+
+void tok_chat_detect(tok_t *t) {
+    free(t->chat_system);
+    t->chat_system = NULL;
+    t->chat_date = 0;
+    const char *s = t->chat_template;
+    if (!s || !*s) {
+        t->chat = TOK_CHAT_NONE;
+        return;
+    }
+    if (strstr(s, "<|start_header_id|>") && strstr(s, "<|end_header_id|>") && strstr(s, "<|eot_id|>")) {
+        t->chat = TOK_CHAT_LLAMA3;
+        t->chat_date = strstr(s, "Cutting Knowledge Date") != NULL;
+    } else if (strstr(s, "<|im_start|>") && strstr(s, "<|im_end|>")) {
+        t->chat = TOK_CHAT_CHATML;
+        t->chat_system = chatml_default_system(s);
+    } else {
+        t->chat = TOK_CHAT_UNKNOWN;
+    }
+}
+
+int tok_set_chat_template(tok_t *t, const char *tmpl) {
+    free(t->chat_template);
+    t->chat_template = NULL;
+    if (tmpl && !(t->chat_template = tok_strndup(tmpl, strlen(tmpl))))
+        return err_set(ERR_NOMEM, "tok_set_chat_template: out of memory");
+    tok_chat_detect(t);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sb_t;
+
+static void sb_addn(sb_t *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->n + n + 1)
+            nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np, b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_add(sb_t *b, const char *s) { sb_addn(b, s, strlen(s)); }
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+static void sb_add_trim(sb_t *b, const char *s) {
+    size_t n = strlen(s);
+    while (n && is_ws(*s))
+        s++, n--;
+    while (n && is_ws(s[n - 1]))
+        n--;
+    sb_addn(b, s, n);
+}
+
+int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out) {
+    *out = NULL;
+    if (t->chat == TOK_CHAT_NONE) return err_set(ERR_UNSUP, "tokenizer has no chat template");
+    if (t->chat == TOK_CHAT_UNKNOWN)
+        return err_set(ERR_UNSUP, "chat template not recognised (neither ChatML nor Llama 3): \"%.80s%s\"",
+                       t->chat_template, strlen(t->chat_template) > 80 ? "..." : "");
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return err_set(ERR_INPUT, "chat: messages[%d]: %s is NULL", i, msgs[i].role ? "content" : "role");
+    sb_t b = {0};
+    sb_add(&b, ""); // an empty conversation still yields a string
+    if (t->chat == TOK_CHAT_CHATML) {
+        if (t->chat_system && n > 0 && strcmp(msgs[0].role, "system") != 0) {
+            sb_add(&b, "<|im_start|>system\n");
+            sb_add(&b, t->chat_system);
+            sb_add(&b, "<|im_end|>\n");
+        }
+        for (int i = 0; i < n; i++) {
+            sb_add(&b, "<|im_start|>");
+            sb_add(&b, msgs[i].role);
+            sb_add(&b, "\n");
+            sb_add(&b, msgs[i].content);
+            sb_add(&b, "<|im_end|>\n");
+        }
+        if (add_generation_prompt) sb_add(&b, "<|im_start|>assistant\n");
+    } else { // TOK_CHAT_LLAMA3
+        size_t bl = 0;
+        const char *bos = t->bos >= 0 ? tok_text(t, t->bos, &bl) : NULL;
+        if (bos)
+            sb_addn(&b, bos, bl);
+        else
+            sb_add(&b, "<|begin_of_text|>");
+        int first = 0;
+        if (t->chat_date) {
+            sb_add(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
+            sb_add(&b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+            if (n > 0 && !strcmp(msgs[0].role, "system")) {
+                sb_add_trim(&b, msgs[0].content);
+                first = 1;
+            }
+            sb_add(&b, "<|eot_id|>");
+        }
+        for (int i = first; i < n; i++) {
+            sb_add(&b, "<|start_header_id|>");
+            sb_add(&b, msgs[i].role);
+            sb_add(&b, "<|end_header_id|>\n\n");
+            sb_add_trim(&b, msgs[i].content);
+            sb_add(&b, "<|eot_id|>");
+        }
+        if (add_generation_prompt) sb_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    }
+    if (b.oom) {
+        free(b.p);
+        return err_set(ERR_NOMEM, "chat: out of memory");
+    }
+    *out = b.p;
+    return 0;
+}
