@@ -17,6 +17,12 @@ int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, 
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 int cli_wants_help(int argc, char **argv);
 
+// The tokenizer that belongs with a model source: GGUF metadata, or a folder's
+// tokenizer.json + tokenizer_config.json.
+int cli_load_tokenizer(const char *path, void *tok /* tok_t * */);
+// "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
+int cli_dtype(const char *s);
+
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

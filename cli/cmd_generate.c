@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "base/err.h"
-#include "base/fs.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "infer/gen.h"
@@ -101,21 +100,6 @@ static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
     return 0;
 }
 
-// The tokenizer that belongs with a model source.
-static int load_tokenizer(const char *path, tok_t *tok) {
-    if (fs_is_dir(path)) {
-        char tj[1100], tc[1100];
-        TRY(fs_join(tj, sizeof tj, path, "tokenizer.json"));
-        TRY(fs_join(tc, sizeof tc, path, "tokenizer_config.json"));
-        return tok_load_json(tok, tj, fs_exists(tc) ? tc : NULL);
-    }
-    gguf_t g;
-    TRY(gguf_open(&g, path));
-    int rc = tok_load_gguf(tok, &g);
-    gguf_close(&g);
-    return rc;
-}
-
 typedef struct {
     be_t *be;
     model_t m;
@@ -129,7 +113,7 @@ static int session_open(session_t *s, const gen_opts_t *o) {
     memset(s, 0, sizeof *s);
     TRY(be_create(&s->be, o->device, 64u << 20));
     TRY(model_load(&s->m, o->path, s->be, (size_t)1 << 30));
-    TRY(load_tokenizer(o->path, &s->tok));
+    TRY(cli_load_tokenizer(o->path, &s->tok));
     if (s->tok.n_vocab > s->m.a.V)
         return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
                        s->tok.n_vocab, s->m.a.V);

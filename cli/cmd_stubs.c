@@ -6,8 +6,3 @@ int cmd_convert(int argc, char **argv) {
     (void)argc, (void)argv;
     return cli_fail(err_set(ERR_UNSUP, "convert is not implemented yet"));
 }
-
-int cmd_export(int argc, char **argv) {
-    (void)argc, (void)argv;
-    return cli_fail(err_set(ERR_UNSUP, "export is not implemented yet"));
-}

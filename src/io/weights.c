@@ -6,11 +6,15 @@
 
 #include "base/err.h"
 #include "base/fs.h"
+#include "io/config.h"
+#include "io/safetensors.h"
 
 struct wsrc {
     char path[1024];
     int is_gguf;
     gguf_t gguf;
+    st_set_t st; // a checkpoint folder
+    char gdn_prefix[32]; // the module name the folder's GDN tensors use
     int permute_qk; // llama GGUFs store q/k rows permuted for interleaved RoPE
     int H, Hkv, dh;
 };
@@ -92,6 +96,7 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
     v = -1;
     TRY(gguf_opt_int(g, "tokenizer.ggml.eos_token_id", &v));
     a->eos_id = (int)v;
+    if (a->eos_id >= 0) a->eos_ids[0] = a->eos_id, a->n_eos = 1;
     v = -1;
     TRY(gguf_opt_int(g, "tokenizer.ggml.padding_token_id", &v));
     a->pad_id = (int)v;
@@ -157,8 +162,32 @@ int wsrc_open(wsrc_t **out, const char *path, arch_t *arch) {
     if (!s) return err_set(ERR_NOMEM, "out of memory");
     snprintf(s->path, sizeof s->path, "%s", path);
     if (fs_is_dir(path)) {
-        free(s);
-        return err_set(ERR_UNSUP, "%s: Hugging Face folders are not readable yet", path);
+        int rc = cfg_load_dir(path, arch);
+        if (rc == 0) rc = st_set_open(&s->st, path);
+        if (rc < 0) {
+            free(s);
+            return rc;
+        }
+        // Zebra-Llama / HyLo checkpoints store lm_head.weight even when the base
+        // config ties it; the two are then independent parameters.
+        if (arch->tie_embeddings && st_set_find(&s->st, "lm_head.weight", NULL)) arch->tie_embeddings = 0;
+        // GDN module name: ours is "gdn"; accept the other names in use.
+        snprintf(s->gdn_prefix, sizeof s->gdn_prefix, "gdn");
+        static const char *alias[] = {"gdn", "linear_attn", "gated_deltanet", "attn"};
+        for (int l = 0; l < arch->n_layers; l++) {
+            if (arch->kind[l] != LAYER_GDN) continue;
+            for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++) {
+                char name[160];
+                snprintf(name, sizeof name, "model.layers.%d.%s.q_proj.weight", l, alias[i]);
+                if (st_set_find(&s->st, name, NULL)) {
+                    snprintf(s->gdn_prefix, sizeof s->gdn_prefix, "%s", alias[i]);
+                    break;
+                }
+            }
+            break;
+        }
+        *out = s;
+        return 0;
     }
     int rc = gguf_open(&s->gguf, path);
     if (rc == 0) rc = gguf_arch(&s->gguf, arch);
@@ -176,17 +205,30 @@ int wsrc_open(wsrc_t **out, const char *path, arch_t *arch) {
 
 void wsrc_close(wsrc_t *s) {
     if (!s) return;
-    if (s->is_gguf) gguf_close(&s->gguf);
+    if (s->is_gguf)
+        gguf_close(&s->gguf);
+    else
+        st_set_close(&s->st);
     free(s);
+}
+
+// The folder's name for one of our parameter names (the GDN module alias).
+static void folder_name(const wsrc_t *s, const char *name, char *out, size_t cap) {
+    int l, n = 0;
+    if (strcmp(s->gdn_prefix, "gdn") && sscanf(name, "model.layers.%d.gdn.%n", &l, &n) == 1 && n > 0)
+        snprintf(out, cap, "model.layers.%d.%s.%s", l, s->gdn_prefix, name + n);
+    else
+        snprintf(out, cap, "%s", name);
 }
 
 const gguf_t *wsrc_gguf(const wsrc_t *s) { return s->is_gguf ? &s->gguf : NULL; }
 const char *wsrc_path(const wsrc_t *s) { return s->path; }
 
 int wsrc_has(const wsrc_t *s, const char *name) {
-    char gname[128];
+    char gname[160];
     if (s->is_gguf) return gguf_name_for(name, gname, sizeof gname) == 0 && gguf_find_tensor(&s->gguf, gname);
-    return 0;
+    folder_name(s, name, gname, sizeof gname);
+    return st_set_find(&s->st, gname, NULL) != NULL;
 }
 
 static void shape_str(char *buf, size_t cap, const int64_t *shape, int nd) {
@@ -195,7 +237,29 @@ static void shape_str(char *buf, size_t cap, const int64_t *shape, int nd) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+static int same_shape(const int64_t *a, int na, const int64_t *b, int nb) {
+    if (na != nb) return 0;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+static int read_folder(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out) {
+    char fname[160], want[96], got[96];
+    folder_name(s, name, fname, sizeof fname);
+    const st_file_t *f;
+    const st_tensor_t *t = st_set_find(&s->st, fname, &f);
+    if (!t) return err_set(ERR_INPUT, "%s: missing tensor %s", s->path, fname);
+    if (!same_shape(t->shape, t->ndim, shape, nd)) {
+        shape_str(want, sizeof want, shape, nd);
+        shape_str(got, sizeof got, t->shape, t->ndim);
+        return err_set(ERR_INPUT, "%s: tensor %s has shape %s, expected %s", s->path, fname, got, want);
+    }
+    return st_read_f32(f, t, out);
+}
+
 int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out) {
+    if (!s->is_gguf) return read_folder(s, name, shape, nd, out);
     char gname[128], want[96], got[96];
     TRY(gguf_name_for(name, gname, sizeof gname));
     const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
@@ -203,9 +267,7 @@ int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *
     // GGUF dims are reversed PyTorch dims.
     int64_t gshape[4];
     for (uint32_t i = 0; i < t->n_dims; i++) gshape[i] = t->ne[t->n_dims - 1 - i];
-    int same = (int)t->n_dims == nd;
-    for (int i = 0; same && i < nd; i++) same = gshape[i] == shape[i];
-    if (!same) {
+    if (!same_shape(gshape, (int)t->n_dims, shape, nd)) {
         shape_str(want, sizeof want, shape, nd);
         shape_str(got, sizeof got, gshape, (int)t->n_dims);
         return err_set(ERR_INPUT, "%s: tensor %s has shape %s, expected %s", s->path, gname, got, want);
@@ -221,10 +283,40 @@ int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *
 void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {
     int counts[64] = {0};
     buf[0] = 0;
-    if (!s->is_gguf) return;
+    if (!s->is_gguf) {
+        int64_t c[ST_N_DTYPES] = {0};
+        for (int64_t i = 0; i < s->st.n_index; i++) c[s->st.index[i].t->dtype]++;
+        size_t n = 0;
+        for (int t = 0; t < ST_N_DTYPES && n < cap; t++)
+            if (c[t]) n += (size_t)snprintf(buf + n, cap - n, "%s%s: %lld", n ? ", " : "", st_dtype_name(t), (long long)c[t]);
+        return;
+    }
     for (uint64_t i = 0; i < s->gguf.n_tensors; i++)
         if (s->gguf.tensors[i].type < 64) counts[s->gguf.tensors[i].type]++;
     size_t n = 0;
     for (int t = 0; t < 64 && n < cap; t++)
         if (counts[t]) n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d", n ? ", " : "", ggml_type_name((uint32_t)t), counts[t]);
+}
+
+int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow) {
+    if (s->is_gguf) return 0;
+    int bad = 0;
+    for (int64_t i = 0; i < s->st.n_index; i++) {
+        const char *name = s->st.index[i].t->name;
+        size_t nl = strlen(name);
+        // Buffers the published inference wrappers may have saved alongside the weights.
+        if ((nl > 5 && !strcmp(name + nl - 5, ".wk_b")) || (nl > 5 && !strcmp(name + nl - 5, ".wv_b")) ||
+            strstr(name, "rotary_emb.inv_freq"))
+            continue;
+        int found = 0;
+        char ours[160];
+        for (int k = 0; k < n_known && !found; k++) {
+            folder_name(s, known[k], ours, sizeof ours);
+            found = !strcmp(ours, name);
+        }
+        if (found) continue;
+        if (!allow) return err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)", s->path, name);
+        if (bad++ < 8) fprintf(stderr, "hylo: warning: %s: ignoring unknown tensor %s\n", s->path, name);
+    }
+    return 0;
 }

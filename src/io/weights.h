@@ -17,6 +17,9 @@ void wsrc_close(wsrc_t *s);
 int wsrc_has(const wsrc_t *s, const char *name);
 // Reads tensor `name`, checking it has exactly `shape` (nd dims, PyTorch order).
 int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out);
+// Folders: every tensor of the folder must be one of `known` (our parameter
+// names); an unknown one is ERR_INPUT naming it, or a warning when allow.
+int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow);
 // Dtype summary of the source's tensors, e.g. "Q4_1: 210, Q8_0: 1, F32: 61".
 void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap);
 // The GGUF file behind the source (NULL for a folder): the tokenizer reads its metadata.

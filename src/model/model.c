@@ -105,11 +105,37 @@ int model_ensure_positions(model_t *m, int n_pos) {
     return 0;
 }
 
-int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
+// One parameter into out (numel floats), honouring MODEL_ALLOW_MISSING.
+static int read_param(wsrc_t *src, const param_t *p, int flags, float *out) {
+    if ((flags & MODEL_ALLOW_MISSING) && !wsrc_has(src, p->name)) {
+        log_warn("%s: missing tensor %s: left at zero (--allow-missing)", wsrc_path(src), p->name);
+        memset(out, 0, (size_t)p->numel * sizeof(float));
+        return 0;
+    }
+    return wsrc_read(src, p->name, p->shape, p->nd, out);
+}
+
+// Every tensor of a folder must be a parameter of the architecture.
+static int check_unknown(wsrc_t *src, const ptable_t *pt, int flags) {
+    const char **names = malloc((size_t)pt->n * sizeof *names);
+    if (!names) return err_set(ERR_NOMEM, "out of memory");
+    for (int i = 0; i < pt->n; i++) names[i] = pt->p[i].name;
+    int rc = wsrc_check_unknown(src, names, pt->n, flags & MODEL_ALLOW_MISSING);
+    free(names);
+    return rc;
+}
+
+int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
+    for (int i = 0; i < pt->n; i++) TRY(read_param(src, &pt->p[i], flags, host + pt->p[i].off));
+    return check_unknown(src, pt, flags);
+}
+
+int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, int flags) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
     int rc = model_create(m, &a, be, arena_bytes);
+    // One tensor at a time through a host buffer of the largest one.
     float *host = NULL;
     int64_t maxn = 0;
     for (int i = 0; rc == 0 && i < m->pt.n; i++)
@@ -117,13 +143,18 @@ int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
     if (rc == 0 && !(host = malloc((size_t)maxn * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
     for (int i = 0; rc == 0 && i < m->pt.n; i++) {
         const param_t *p = &m->pt.p[i];
-        rc = wsrc_read(src, p->name, p->shape, p->nd, host);
+        rc = read_param(src, p, flags, host);
         if (rc == 0) rc = be->upload_act(be, (char *)m->w + (size_t)p->off * be->act_size, host, p->numel);
     }
+    if (rc == 0) rc = check_unknown(src, &m->pt, flags);
     free(host);
     wsrc_close(src);
     if (rc < 0 && m->be) model_free(m);
     return rc;
+}
+
+int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
+    return model_load_ex(m, path, be, arena_bytes, 0);
 }
 
 // ---- inference state -----------------------------------------------------------

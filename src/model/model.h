@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "base/arena.h"
+#include "io/weights.h"
 #include "model/arch.h"
 #include "model/attn.h"
 #include "model/layer.h"
@@ -38,8 +39,16 @@ typedef struct {
 
 // Builds an empty model (weights uninitialised) for an architecture.
 int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes);
-// Loads a GGUF file or a checkpoint folder onto the backend.
+// Loads a GGUF file or a checkpoint folder onto the backend. Strict: a
+// missing, unknown or wrongly shaped tensor is an error naming it.
 int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes);
+// MODEL_ALLOW_MISSING: missing tensors stay zero and unknown ones are
+// ignored, each with a warning (the opt-out of --allow-missing).
+enum { MODEL_ALLOW_MISSING = 1 };
+int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, int flags);
+// Reads every parameter of an open source into a host fp32 flat buffer laid
+// out by pt (export and convert), with the same strictness as model_load_ex.
+int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
 void model_free(model_t *m);
 // Grows the RoPE tables to cover positions [0, n_pos).
 int model_ensure_positions(model_t *m, int n_pos);

@@ -1,0 +1,71 @@
+// hylo export PATH --out DIR: a Hugging Face folder from any model source.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "cli/cli.h"
+#include "io/safetensors.h"
+#include "io/weights.h"
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "tok/tok.h"
+
+static const char *help =
+    "usage: hylo export PATH --out DIR [--dtype f32|bf16|f16]\n"
+    "\n"
+    "Writes a Hugging Face folder: model.safetensors (Hugging Face / Zebra-Llama /\n"
+    "HyLo tensor names; GGUF weights dequantised and llama q/k rows un-permuted),\n"
+    "config.json (+ hybrid_config.json for hybrids), generation_config.json,\n"
+    "tokenizer.json, tokenizer_config.json (with the chat template) and\n"
+    "special_tokens_map.json. DIR must not exist or be empty; it appears only\n"
+    "when complete. --dtype applies to matrices (1-D tensors stay f32); default f32.\n";
+
+int cmd_export(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        fputs(help, stdout);
+        return 0;
+    }
+    const char *path = NULL, *out = NULL, *dt = "f32";
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int r;
+        if ((r = cli_opt(argc, argv, &i, "--out", &v))) {
+            if (r < 0) return cli_usage("export", "--out needs a value");
+            out = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--dtype", &v))) {
+            if (r < 0) return cli_usage("export", "--dtype needs a value");
+            dt = v;
+        } else if (argv[i][0] == '-') {
+            return cli_usage("export", "unknown option '%s'", argv[i]);
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            return cli_usage("export", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!path) return cli_usage("export", "missing PATH");
+    if (!out) return cli_usage("export", "missing --out DIR");
+    int dtype = cli_dtype(dt);
+    if (dtype < 0) return cli_usage("export", "--dtype must be f32, bf16 or f16 (got '%s')", dt);
+    arch_t a;
+    wsrc_t *src;
+    int rc = wsrc_open(&src, path, &a);
+    if (rc < 0) return cli_fail(rc);
+    ptable_t pt = {0};
+    float *host = NULL;
+    tok_t tok = {0};
+    rc = ptable_build(&pt, &a);
+    if (rc == 0 && !(host = malloc((size_t)pt.total * sizeof(float))))
+        rc = err_set(ERR_NOMEM, "out of memory for %lld parameters", (long long)pt.total);
+    if (rc == 0) rc = model_read_host(src, &pt, host, 0);
+    if (rc == 0) rc = cli_load_tokenizer(path, &tok);
+    const char *meta[] = {"format", "pt", "exported_by", "hylo export", NULL};
+    if (rc == 0) rc = ckpt_write(out, &a, &pt, host, dtype, &tok, meta);
+    if (rc == 0) printf("hylo: wrote %s (%lld parameters, %s)\n", out, (long long)ptable_count(&pt), dt);
+    tok_free(&tok);
+    free(host);
+    ptable_free(&pt);
+    wsrc_close(src);
+    return rc < 0 ? cli_fail(rc) : 0;
+}

@@ -1,0 +1,31 @@
+// Helpers shared by several commands.
+#include <string.h>
+
+#include "base/err.h"
+#include "base/fs.h"
+#include "cli/cli.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "tok/tok.h"
+
+int cli_load_tokenizer(const char *path, void *tok_) {
+    tok_t *tok = tok_;
+    if (fs_is_dir(path)) {
+        char tj[1100], tc[1100];
+        TRY(fs_join(tj, sizeof tj, path, "tokenizer.json"));
+        TRY(fs_join(tc, sizeof tc, path, "tokenizer_config.json"));
+        return tok_load_json(tok, tj, fs_exists(tc) ? tc : NULL);
+    }
+    gguf_t g;
+    TRY(gguf_open(&g, path));
+    int rc = tok_load_gguf(tok, &g);
+    gguf_close(&g);
+    return rc;
+}
+
+int cli_dtype(const char *s) {
+    if (!strcmp(s, "f32") || !strcmp(s, "float32")) return ST_F32;
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) return ST_BF16;
+    if (!strcmp(s, "f16") || !strcmp(s, "float16")) return ST_F16;
+    return -1;
+}

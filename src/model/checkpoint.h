@@ -1,0 +1,17 @@
+// Checkpoint folders in the Hugging Face / Zebra-Llama / HyLo layout:
+// config.json (the base model's), hybrid_config.json (hybrids), 
+// generation_config.json, model.safetensors (our parameter names, which are the
+// published ones), tokenizer.json + tokenizer_config.json (+ chat template) +
+// special_tokens_map.json. Reading goes through io/weights (wsrc_open on the folder).
+#pragma once
+#include "model/arch.h"
+#include "model/params.h"
+#include "tok/tok.h"
+
+// Writes the folder `dir` from host fp32 weights laid out by pt, in dtype
+// (ST_F32, ST_BF16 or ST_F16). The folder appears complete or not at all: the
+// files are written into "<dir>.tmp.<pid>" and that is renamed onto dir, which
+// must not exist or be empty. meta: extra safetensors __metadata__ pairs
+// (key, value, ..., NULL) or NULL. tok may be NULL (no tokenizer files).
+int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
+               const char *const *meta);
