@@ -25,8 +25,10 @@ static float *copy(const float *x, int64_t n) {
 static void unit_rows(float *x, int64_t rows, int dim) {
     for (int64_t r = 0; r < rows; r++) {
         double s = 0;
-        for (int i = 0; i < dim; i++) s += (double)x[r * dim + i] * x[r * dim + i];
-        for (int i = 0; i < dim; i++) x[r * dim + i] = (float)(x[r * dim + i] / sqrt(s));
+        for (int i = 0; i < dim; i++)
+            s += (double)x[r * dim + i] * x[r * dim + i];
+        for (int i = 0; i < dim; i++)
+            x[r * dim + i] = (float)(x[r * dim + i] / sqrt(s));
     }
 }
 
@@ -74,8 +76,8 @@ static void gate_case(int allow_neg) {
         }
     float *da = zeros(c.N * c.lda), *db = zeros(c.N * c.ldb);
     float *dA = zeros(c.HV), *ddt = zeros(c.HV);
-    c.be->gdn_gate_bwd(c.be, da, c.lda, db, c.ldb, dA, ddt, c.Rg, c.Rb, c.a, c.lda, c.b, c.ldb, c.A_log, c.dt_bias,
-                       c.N, c.HV, c.allow_neg);
+    c.be->gdn_gate_bwd(c.be, da, c.lda, db, c.ldb, dA, ddt, c.Rg, c.Rb, c.a, c.lda, c.b, c.ldb, c.A_log, c.dt_bias, c.N,
+                       c.HV, c.allow_neg);
     // eps 1e-2 on O(1) inputs: central-difference truncation ~1e-4 relative,
     // fp32 rounding handled by tu_gradcheck's noise term; tol 1e-2. The padding
     // columns of a and b must get exactly 0 (they do not enter the loss).
@@ -85,9 +87,10 @@ static void gate_case(int allow_neg) {
     assert_int_equal(tu_gradcheck("gate ddt_bias", gate_loss, &c, c.dt_bias, ddt, c.HV, 1e-2f, 1e-2f, 10), 0);
     // dA_log and ddt_bias accumulate (+=): a second call doubles them
     float *dA1 = copy(dA, c.HV);
-    c.be->gdn_gate_bwd(c.be, da, c.lda, db, c.ldb, dA, ddt, c.Rg, c.Rb, c.a, c.lda, c.b, c.ldb, c.A_log, c.dt_bias,
-                       c.N, c.HV, c.allow_neg);
-    for (int h = 0; h < c.HV; h++) assert_float_equal(dA[h], 2 * dA1[h], 1e-5 * fabs(dA1[h]) + 1e-7);
+    c.be->gdn_gate_bwd(c.be, da, c.lda, db, c.ldb, dA, ddt, c.Rg, c.Rb, c.a, c.lda, c.b, c.ldb, c.A_log, c.dt_bias, c.N,
+                       c.HV, c.allow_neg);
+    for (int h = 0; h < c.HV; h++)
+        assert_float_equal(dA[h], 2 * dA1[h], 1e-5 * fabs(dA1[h]) + 1e-7);
     free(c.a), free(c.b), free(c.A_log), free(c.dt_bias), free(c.g), free(c.beta), free(c.Rg), free(c.Rb);
     free(da), free(db), free(dA), free(ddt), free(dA1);
 }
@@ -116,7 +119,8 @@ static void rule_make(rule_in *r, int B, int T, int H, int HV, int K, int Dv, ui
     // far below -20, so the e^{G} factors span many orders of magnitude
     r->g = malloc((size_t)ng * sizeof(float));
     tu_randu(r->g, ng, seed + 4, -6.0f, 1.0f);
-    for (int64_t i = 0; i < ng; i++) r->g[i] = -expf(r->g[i]);
+    for (int64_t i = 0; i < ng; i++)
+        r->g[i] = -expf(r->g[i]);
     r->beta = malloc((size_t)ng * sizeof(float));
     tu_randu(r->beta, ng, seed + 5, 0.02f, beta_max);
     r->state0 = buf(ns, seed + 6, 0.5f);
@@ -160,8 +164,8 @@ static void test_recurrent_bwd_fd(void **st) {
     int64_t ns = (int64_t)r.B * r.HV * r.Dv * r.K;
     rec_ctx c = {.be = tu_cpu(), .r = &r, .o = zeros(nv), .S = zeros(ns), .R = r.dout, .Rs = r.dstate_final};
     float *dq = zeros(nq), *dk = zeros(nq), *dv = zeros(nv), *dg = zeros(ng), *db = zeros(ng), *ds0 = zeros(ns);
-    assert_int_equal(cpu_gdn_recurrent_bwd(dq, dk, dv, dg, db, ds0, r.dout, r.dstate_final, r.q, r.k, r.v, r.g,
-                                           r.beta, r.state0, r.scale, r.B, r.T, r.H, r.HV, r.K, r.Dv),
+    assert_int_equal(cpu_gdn_recurrent_bwd(dq, dk, dv, dg, db, ds0, r.dout, r.dstate_final, r.q, r.k, r.v, r.g, r.beta,
+                                           r.state0, r.scale, r.B, r.T, r.H, r.HV, r.K, r.Dv),
                      0);
     // eps 1e-2 on inputs of size O(0.3..1): truncation O(eps^2) ~1e-4
     // relative, rounding covered by the noise term; tol 1e-2 (a wrong term
@@ -191,9 +195,19 @@ static void test_recurrent_bwd_fd(void **st) {
 static double worst;
 
 static void check(const char *what, const float *a, const float *ref, int64_t n, int T, int HV, int init) {
-    double e = tu_rel_err(a, ref, n);
-    if (e > worst) worst = e;
-    if (e >= RULE_TOL) printf("  %s: T %d HV %d init %d: rel err %.3e\n", what, T, HV, init, e);
+    double e;
+    if (tu_dot(ref, ref, n) == 0) {
+        // An exactly zero reference (dg at T = 1 without an initial state:
+        // nothing is decayed) is judged in absolute terms: the chunked dG is a
+        // difference of O(1) dot products (q . dq - k . dk) that cancel to fp32
+        // rounding (measured 4e-7).
+        e = tu_max_abs_diff(a, ref, n);
+        assert_true(e < 1e-5);
+    } else {
+        e = tu_rel_err(a, ref, n);
+        if (e > worst) worst = e;
+    }
+    if (getenv("GDN_VERBOSE") || e >= RULE_TOL) printf("  %s: T %d HV %d init %d: err %.3e\n", what, T, HV, init, e);
     assert_true(e < RULE_TOL);
 }
 
@@ -214,13 +228,13 @@ static void chunk_case(int T, int HV, int init, float beta_max) {
     const float *s0 = init ? r.state0 : NULL;
     float *dq_ref = zeros(nq), *dk_ref = zeros(nq), *dv_ref = zeros(nv), *dg_ref = zeros(ng), *db_ref = zeros(ng);
     float *ds_ref = init ? zeros(ns) : NULL;
-    assert_int_equal(cpu_gdn_recurrent_bwd(dq_ref, dk_ref, dv_ref, dg_ref, db_ref, ds_ref, r.dout, r.dstate_final,
-                                           r.q, r.k, r.v, r.g, r.beta, s0, r.scale, r.B, T, r.H, HV, r.K, r.Dv),
+    assert_int_equal(cpu_gdn_recurrent_bwd(dq_ref, dk_ref, dv_ref, dg_ref, db_ref, ds_ref, r.dout, r.dstate_final, r.q,
+                                           r.k, r.v, r.g, r.beta, s0, r.scale, r.B, T, r.H, HV, r.K, r.Dv),
                      0);
     float *dq = buf(nq, 1, 1), *dk = buf(nq, 2, 1), *dv = buf(nv, 3, 1), *dg = buf(ng, 4, 1), *db = buf(ng, 5, 1);
     float *ds = init ? buf(ns, 6, 1) : NULL; // garbage in: the op must overwrite
-    be->gdn_chunk_bwd(be, dq, dk, dv, dg, db, ds, r.dout, r.dstate_final, r.q, r.k, r.v, r.g, r.beta, s0, r.scale,
-                      r.B, T, r.H, HV, r.K, r.Dv);
+    be->gdn_chunk_bwd(be, dq, dk, dv, dg, db, ds, r.dout, r.dstate_final, r.q, r.k, r.v, r.g, r.beta, s0, r.scale, r.B,
+                      T, r.H, HV, r.K, r.Dv);
     check("dq", dq, dq_ref, nq, T, HV, init);
     check("dk", dk, dk_ref, nq, T, HV, init);
     check("dv", dv, dv_ref, nv, T, HV, init);
@@ -238,7 +252,8 @@ static void test_chunk_vs_recurrent(void **st) {
     worst = 0;
     for (int it = 0; it < 6; it++)
         for (int hv = 2; hv <= 4; hv += 2) // HV = H = 2, and GVA HV = 4
-            for (int init = 0; init <= 1; init++) chunk_case(Ts[it], hv, init, 1.0f);
+            for (int init = 0; init <= 1; init++)
+                chunk_case(Ts[it], hv, init, 1.0f);
     printf("  chunked vs recurrent (beta < 1): worst relative error %.3e\n", worst);
     // allow_neg_eigval: beta in (0, 2), eigenvalues of I - beta k k^T down to -1
     worst = 0;

@@ -32,9 +32,8 @@ enum { BT = 64 }; // chunk length
 
 // g = -exp(A_log) softplus(a + dt_bias) (natural-log decay, <= 0);
 // beta = s sigmoid(b), s = 2 with allow_neg (eigenvalues of I - beta k k^T in (-1, 1]).
-static void cpu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a_, int64_t lda, const void *b_,
-                             int64_t ldb, const void *A_log_, const void *dt_bias_, int64_t N, int HV,
-                             int allow_neg) {
+static void cpu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a_, int64_t lda, const void *b_, int64_t ldb,
+                             const void *A_log_, const void *dt_bias_, int64_t N, int HV, int allow_neg) {
     const float *a = a_, *b = b_, *A_log = A_log_, *dt_bias = dt_bias_;
     float s = allow_neg ? 2.0f : 1.0f;
 #pragma omp parallel for schedule(static) if (N * HV > 65536)
@@ -50,14 +49,13 @@ static void cpu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a_, in
 // dA_log += sum_n dg g (d g / d A_log = g); db = dbeta s sigmoid'(b).
 // One head per iteration so the reductions over tokens need no atomics; they
 // are summed in double (N can be B*T = 10^5 tokens).
-static void cpu_gdn_gate_bwd(be_t *be, void *da_, int64_t ldda, void *db_, int64_t lddb, float *dA_log,
-                             float *ddt_bias, const float *dg, const float *dbeta, const void *a_, int64_t lda,
-                             const void *b_, int64_t ldb, const void *A_log_, const void *dt_bias_, int64_t N, int HV,
-                             int allow_neg) {
+static void cpu_gdn_gate_bwd(be_t *be, void *da_, int64_t ldda, void *db_, int64_t lddb, float *dA_log, float *ddt_bias,
+                             const float *dg, const float *dbeta, const void *a_, int64_t lda, const void *b_,
+                             int64_t ldb, const void *A_log_, const void *dt_bias_, int64_t N, int HV, int allow_neg) {
     float *da = da_, *db = db_;
     const float *a = a_, *b = b_, *A_log = A_log_, *dt_bias = dt_bias_;
     float s = allow_neg ? 2.0f : 1.0f;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * HV > 65536)
     for (int h = 0; h < HV; h++) {
         float A = expf(A_log[h]);
         double sum_dc = 0, sum_dA = 0;
@@ -94,7 +92,15 @@ static float *ws_take(be_t *be, size_t floats_per_thread, int *nthreads, size_t 
 static void fill_nan(void *p, int64_t n) {
     float *f = p;
     if (f)
-        for (int64_t i = 0; i < n; i++) f[i] = NAN;
+        for (int64_t i = 0; i < n; i++)
+            f[i] = NAN;
+}
+
+// Small problems (the layer tests, one decode token) run on the calling
+// thread: waking a team costs more than the work, and much more when the
+// cores are shared.
+static int worth_threads(int B, int T, int HV, int K, int Dv) {
+    return (int64_t)B * HV * T * K * Dv >= (1 << 20) && omp_get_max_threads() > 1;
 }
 
 // ---------------------------------------------------------------------------
@@ -147,7 +153,7 @@ static void cpu_gdn_recurrent_fwd(be_t *be, void *o_, float *state, const void *
         memset(zero_states, 0, (size_t)B * HV * SS * sizeof(float));
     }
     float *S = state ? state : zero_states;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads(B, T, HV, K, Dv))
     for (int b = 0; b < B; b++)
         for (int h = 0; h < HV; h++)
             recurrent_head(S + ((int64_t)b * HV + h) * SS, o, q, k, v, g, beta, scale, b, h, T, H, HV, K, Dv);
@@ -155,10 +161,10 @@ static void cpu_gdn_recurrent_fwd(be_t *be, void *o_, float *state, const void *
 }
 
 // Backpropagation through time over the stored states (test oracle).
-int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0,
-                          const float *dout, const float *dstate_final, const float *q, const float *k,
-                          const float *v, const float *g, const float *beta, const float *state0, float scale, int B,
-                          int T, int H, int HV, int K, int Dv) {
+int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0, const float *dout,
+                          const float *dstate_final, const float *q, const float *k, const float *v, const float *g,
+                          const float *beta, const float *state0, float scale, int B, int T, int H, int HV, int K,
+                          int Dv) {
     int64_t SS = (int64_t)Dv * K;
     // hist[t+1] = S_t (state after token t), hist[0] = S_{-1} = initial state
     float *hist = malloc((size_t)(T + 1) * SS * sizeof(float));
@@ -187,9 +193,11 @@ int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbe
                 float *Sn = hist + (t + 1) * SS;
                 for (int i = 0; i < Dv; i++) {
                     float sk = 0;
-                    for (int x = 0; x < K; x++) sk += alpha * Sp[i * K + x] * kt[x];
+                    for (int x = 0; x < K; x++)
+                        sk += alpha * Sp[i * K + x] * kt[x];
                     float u = bt * (vt[i] - sk);
-                    for (int x = 0; x < K; x++) Sn[i * K + x] = alpha * Sp[i * K + x] + kt[x] * u;
+                    for (int x = 0; x < K; x++)
+                        Sn[i * K + x] = alpha * Sp[i * K + x] + kt[x] * u;
                 }
             }
             // backward, dS = d loss / d S_t
@@ -252,6 +260,7 @@ int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbe
 typedef struct {
     int K, Dv;
     float G[BT], gam[BT], beta[BT]; // chunk-local inclusive cumsum of gam; gam = per-token log decay
+    float eG[BT];                   // e^{G_i}
     float *Qc, *Kc, *Vc;            // [BT,K], [BT,K], [BT,Dv] the chunk's rows
     float *Gam;                     // [BT,BT] exp(G_i - G_j) for j <= i, 0 above the diagonal
     float *KK, *QK;                 // [BT,BT] k_i . k_j and q_i . k_j (lower part incl. diagonal)
@@ -261,7 +270,7 @@ typedef struct {
     float *St;                      // [Dv,K] state (V-first) at the start of the current chunk
     // backward only
     float dG[BT], dbeta[BT];
-    float *dO, *dDelta, *dVc, *TtdU; // [BT,Dv]
+    float *dO, *dDelta, *dVc, *TtdU;    // [BT,Dv]
     float *dQc, *dKc, *dKs, *dW, *TtdW; // [BT,K]; dKs: state-path part of dk (for dG)
     float *ds, *dTA, *X, *dM;           // [BT,BT]
     float *dSt;                         // [Dv,K] gradient of the state at the end of the current chunk
@@ -292,18 +301,25 @@ static ws_t ws_carve(float *p, int K, int Dv, int NT, int bwd) {
     return w;
 }
 
-static inline float dotf(const float *a, const float *b, int n) {
+// The two inner kernels of everything below. `omp simd` because -O2 does not
+// vectorise loops of unknown length on its own (the reduction order changes
+// with the vector width: fp32 rounding only).
+static inline float dotf(const float *restrict a, const float *restrict b, int n) {
     float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
-static inline void axpy(float *y, float a, const float *x, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
+static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
 }
 
 // Rows t0 .. t0+L-1 of sequence b: q/k of head hq, v/g/beta of value head h.
-static void gather_chunk(ws_t *w, const float *q, const float *k, const float *v, const float *g,
-                         const float *beta, int b, int t0, int L, int hq, int h, int T, int H, int HV) {
+static void gather_chunk(ws_t *w, const float *q, const float *k, const float *v, const float *g, const float *beta,
+                         int b, int t0, int L, int hq, int h, int T, int H, int HV) {
     int K = w->K, Dv = w->Dv;
     for (int i = 0; i < L; i++) {
         int64_t row = (int64_t)b * T + t0 + i;
@@ -322,7 +338,8 @@ static void chunk_intra(ws_t *w, int L) {
     int K = w->K, Dv = w->Dv;
     // F1: G restarts at every chunk, so every exponent below is G_i - G_j
     // with i >= j (or G_i itself): <= 0, no overflow.
-    for (int i = 0; i < L; i++) w->G[i] = (i ? w->G[i - 1] : 0.0f) + w->gam[i];
+    for (int i = 0; i < L; i++)
+        w->G[i] = (i ? w->G[i - 1] : 0.0f) + w->gam[i];
     for (int i = 0; i < L; i++)
         for (int j = 0; j < BT; j++) {
             int lower = j <= i && j < L;
@@ -332,18 +349,18 @@ static void chunk_intra(ws_t *w, int L) {
             w->M[i * BT + j] = j < i ? w->beta[i] * w->KK[i * BT + j] * w->Gam[i * BT + j] : 0.0f;
         }
     // F2a: T_A = (I + M)^-1 by forward substitution. From (I + M) T_A = I,
-    // row i of T_A is e_i - sum_{m<i} M_im (row m of T_A); rows m < i are final.
+    // row i of T_A is e_i - sum_{m<i} M_im (row m of T_A); rows m < i are
+    // already final and row m is zero beyond column m.
     for (int i = 0; i < L; i++) {
         float *ta = w->TA + i * BT;
         memset(ta, 0, BT * sizeof(float));
-        for (int j = 0; j < i; j++) {
-            float s = 0;
-            for (int m = j; m < i; m++) s += w->M[i * BT + m] * w->TA[m * BT + j];
-            ta[j] = -s;
-        }
+        for (int m = 0; m < i; m++)
+            axpy(ta, -w->M[i * BT + m], w->TA + m * BT, m + 1);
         ta[i] = 1.0f;
     }
     // F2b: U = T_A (beta V), W = T_A (beta e^G K)
+    for (int i = 0; i < L; i++)
+        w->eG[i] = expf(w->G[i]);
     for (int i = 0; i < L; i++) {
         float *u = w->U + i * Dv, *wr = w->W + i * K;
         memset(u, 0, (size_t)Dv * sizeof(float));
@@ -351,7 +368,7 @@ static void chunk_intra(ws_t *w, int L) {
         for (int j = 0; j <= i; j++) {
             float ta = w->TA[i * BT + j];
             axpy(u, ta * w->beta[j], w->Vc + j * Dv, Dv);
-            axpy(wr, ta * w->beta[j] * expf(w->G[j]), w->Kc + j * K, K);
+            axpy(wr, ta * w->beta[j] * w->eG[j], w->Kc + j * K, K);
         }
     }
 }
@@ -371,10 +388,13 @@ static void chunk_output(const ws_t *w, float *o, float scale, int b, int t0, in
     int K = w->K, Dv = w->Dv;
     for (int i = 0; i < L; i++) {
         float *orow = o + (((int64_t)b * T + t0 + i) * HV + h) * Dv;
-        float eg = expf(w->G[i]);
-        for (int c = 0; c < Dv; c++) orow[c] = eg * dotf(w->St + (int64_t)c * K, w->Qc + i * K, K);
-        for (int j = 0; j <= i; j++) axpy(orow, w->Gam[i * BT + j] * w->QK[i * BT + j], w->Delta + j * Dv, Dv);
-        for (int c = 0; c < Dv; c++) orow[c] *= scale;
+        float eg = w->eG[i];
+        for (int c = 0; c < Dv; c++)
+            orow[c] = eg * dotf(w->St + (int64_t)c * K, w->Qc + i * K, K);
+        for (int j = 0; j <= i; j++)
+            axpy(orow, w->Gam[i * BT + j] * w->QK[i * BT + j], w->Delta + j * Dv, Dv);
+        for (int c = 0; c < Dv; c++)
+            orow[c] *= scale;
     }
 }
 
@@ -383,12 +403,14 @@ static void chunk_output(const ws_t *w, float *o, float scale, int b, int t0, in
 // e^{G_L - G_j}).
 static void chunk_state_update(ws_t *w, int L) {
     int K = w->K, Dv = w->Dv;
-    float eL = expf(w->G[L - 1]);
+    float eL = w->eG[L - 1];
     const float *gL = w->Gam + (L - 1) * BT;
     for (int c = 0; c < Dv; c++) {
         float *s = w->St + (int64_t)c * K;
-        for (int x = 0; x < K; x++) s[x] *= eL;
-        for (int j = 0; j < L; j++) axpy(s, gL[j] * w->Delta[j * Dv + c], w->Kc + j * K, K);
+        for (int x = 0; x < K; x++)
+            s[x] *= eL;
+        for (int j = 0; j < L; j++)
+            axpy(s, gL[j] * w->Delta[j * Dv + c], w->Kc + j * K, K);
     }
 }
 
@@ -410,7 +432,7 @@ static void cpu_gdn_chunk_fwd(be_t *be, void *o_, float *state, int init, const 
         if (state) fill_nan(state, (int64_t)B * HV * SS);
         return;
     }
-#pragma omp parallel num_threads(nth)
+#pragma omp parallel num_threads(nth) if (worth_threads(B, T, HV, K, Dv))
     {
         ws_t w = ws_carve(pool + (size_t)omp_get_thread_num() * per, K, Dv, NT, 0);
 #pragma omp for collapse(2) schedule(dynamic, 1)
@@ -425,10 +447,10 @@ static void cpu_gdn_chunk_fwd(be_t *be, void *o_, float *state, int init, const 
                 for (int c = 0; c < NT; c++) {
                     int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
                     gather_chunk(&w, q, k, v, g, beta, b, t0, L, hq, h, T, H, HV);
-                    chunk_intra(&w, L);                          // F1, F2
-                    chunk_delta(&w, L);                          // F3: Delta = U - W S
+                    chunk_intra(&w, L);                             // F1, F2
+                    chunk_delta(&w, L);                             // F3: Delta = U - W S
                     chunk_output(&w, o, scale, b, t0, L, h, T, HV); // F4 (reads S at the chunk start)
-                    chunk_state_update(&w, L);                   // F3: state passing
+                    chunk_state_update(&w, L);                      // F3: state passing
                 }
                 if (sh) memcpy(sh, w.St, (size_t)SS * sizeof(float));
             }
@@ -456,8 +478,10 @@ static void chunk_bwd_ddelta(ws_t *w, int L, float scale) {
     for (int j = 0; j < L; j++) {
         float *dd = w->dDelta + j * Dv;
         memset(dd, 0, (size_t)Dv * sizeof(float));
-        for (int i = j; i < L; i++) axpy(dd, scale * w->Gam[i * BT + j] * w->QK[i * BT + j], w->dO + i * Dv, Dv);
-        for (int c = 0; c < Dv; c++) dd[c] += gL[j] * dotf(w->dSt + (int64_t)c * K, w->Kc + j * K, K);
+        for (int i = j; i < L; i++)
+            axpy(dd, scale * w->Gam[i * BT + j] * w->QK[i * BT + j], w->dO + i * Dv, Dv);
+        for (int c = 0; c < Dv; c++)
+            dd[c] += gL[j] * dotf(w->dSt + (int64_t)c * K, w->Kc + j * K, K);
     }
 }
 
@@ -477,21 +501,24 @@ static void chunk_bwd_dqkwg(ws_t *w, int L, float scale) {
         memset(dq, 0, (size_t)K * sizeof(float));
         memset(dks, 0, (size_t)K * sizeof(float));
         memset(dwr, 0, (size_t)K * sizeof(float));
-        float eg = expf(w->G[i]);
+        float eg = w->eG[i];
         for (int c = 0; c < Dv; c++) {
             const float *s = w->St + (int64_t)c * K, *dsp = w->dSt + (int64_t)c * K;
-            axpy(dq, scale * eg * w->dO[i * Dv + c], s, K);        // inter-chunk output term: scale e^G S dO
-            axpy(dks, gL[i] * w->Delta[i * Dv + c], dsp, K);       // state update: e^{G_L-G_i} dS' Delta_i
-            axpy(dwr, -w->dDelta[i * Dv + c], s, K);               // Delta = U - W S
+            axpy(dq, scale * eg * w->dO[i * Dv + c], s, K);  // inter-chunk output term: scale e^G S dO
+            axpy(dks, gL[i] * w->Delta[i * Dv + c], dsp, K); // state update: e^{G_L-G_i} dS' Delta_i
+            axpy(dwr, -w->dDelta[i * Dv + c], s, K);         // Delta = U - W S
         }
-        for (int j = 0; j <= i; j++) axpy(dq, w->ds[i * BT + j], w->Kc + j * K, K);
+        for (int j = 0; j <= i; j++)
+            axpy(dq, w->ds[i * BT + j], w->Kc + j * K, K);
         float *dk = w->dKc + i * K;
         memcpy(dk, dks, (size_t)K * sizeof(float));
-        for (int r = i; r < L; r++) axpy(dk, w->ds[r * BT + i], w->Qc + r * K, K);
+        for (int r = i; r < L; r++)
+            axpy(dk, w->ds[r * BT + i], w->Qc + r * K, K);
     }
     double last = 0; // e^{G_L} <S, dS'> + sum_j k_j . dk_j^{state}
-    for (int64_t e = 0; e < (int64_t)Dv * K; e++) last += (double)w->St[e] * w->dSt[e];
-    last *= expf(w->G[L - 1]);
+    for (int64_t e = 0; e < (int64_t)Dv * K; e++)
+        last += (double)w->St[e] * w->dSt[e];
+    last *= w->eG[L - 1];
     for (int i = 0; i < L; i++) {
         float ks = dotf(w->Kc + i * K, w->dKs + i * K, K);
         last += ks;
@@ -504,12 +531,13 @@ static void chunk_bwd_dqkwg(ws_t *w, int L, float scale) {
 // the gradient of the state at the chunk start (becomes dS' of the previous chunk).
 static void chunk_bwd_dstate(ws_t *w, int L, float scale) {
     int K = w->K, Dv = w->Dv;
-    float eL = expf(w->G[L - 1]);
+    float eL = w->eG[L - 1];
     for (int c = 0; c < Dv; c++) {
         float *ds = w->dSt + (int64_t)c * K;
-        for (int x = 0; x < K; x++) ds[x] *= eL;
+        for (int x = 0; x < K; x++)
+            ds[x] *= eL;
         for (int i = 0; i < L; i++) {
-            axpy(ds, scale * expf(w->G[i]) * w->dO[i * Dv + c], w->Qc + i * K, K);
+            axpy(ds, scale * w->eG[i] * w->dO[i * Dv + c], w->Qc + i * K, K);
             axpy(ds, -w->dDelta[i * Dv + c], w->W + i * K, K);
         }
     }
@@ -519,8 +547,7 @@ static void chunk_bwd_dstate(ws_t *w, int L, float scale) {
 // and M_ij = beta_i (k_i . k_j) Gam_ij. dU = dDelta; dW from B5.
 static void chunk_bwd_wy(ws_t *w, int L) {
     int K = w->K, Dv = w->Dv;
-    float eg[BT];
-    for (int i = 0; i < L; i++) eg[i] = expf(w->G[i]);
+    const float *eg = w->eG;
     // T_A^T dU and T_A^T dW (T_A lower: column j meets rows i >= j)
     for (int j = 0; j < L; j++) {
         float *tu = w->TtdU + j * Dv, *tw = w->TtdW + j * K;
@@ -534,7 +561,8 @@ static void chunk_bwd_wy(ws_t *w, int L) {
     // the right-hand sides beta V and beta e^G K
     for (int j = 0; j < L; j++) {
         float tv = dotf(w->TtdU + j * Dv, w->Vc + j * Dv, Dv), tk = dotf(w->TtdW + j * K, w->Kc + j * K, K);
-        for (int c = 0; c < Dv; c++) w->dVc[j * Dv + c] = w->beta[j] * w->TtdU[j * Dv + c];
+        for (int c = 0; c < Dv; c++)
+            w->dVc[j * Dv + c] = w->beta[j] * w->TtdU[j * Dv + c];
         w->dbeta[j] = tv + eg[j] * tk;
         axpy(w->dKc + j * K, w->beta[j] * eg[j], w->TtdW + j * K, K);
         w->dG[j] += w->beta[j] * eg[j] * tk; // d(e^{G_j}) / dG_j = e^{G_j}
@@ -552,7 +580,8 @@ static void chunk_bwd_wy(ws_t *w, int L) {
         for (int m = 0; m < L; m++) {
             float s = 0;
             int jmax = i - 1 < m ? i - 1 : m;
-            for (int j = 0; j <= jmax; j++) s += w->dTA[i * BT + j] * w->TA[m * BT + j];
+            for (int j = 0; j <= jmax; j++)
+                s += w->dTA[i * BT + j] * w->TA[m * BT + j];
             w->X[i * BT + m] = s;
         }
     // dM_am = -sum_{n>=a} TA_na X_nm for a > m, then times Gam (chain through M)
@@ -560,7 +589,8 @@ static void chunk_bwd_wy(ws_t *w, int L) {
         for (int m = 0; m < BT; m++) {
             float s = 0;
             if (m < a)
-                for (int n = a; n < L; n++) s += w->TA[n * BT + a] * w->X[n * BT + m];
+                for (int n = a; n < L; n++)
+                    s += w->TA[n * BT + a] * w->X[n * BT + m];
             w->dM[a * BT + m] = m < a ? -s * w->Gam[a * BT + m] : 0.0f; // dM * Gam from here on
         }
     // through M_ij = beta_i (k_i . k_j) Gam_ij, with dMg = dM * Gam:
@@ -597,7 +627,7 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
     // Parallel over (batch, q/k head); the value heads of a q/k head run in
     // turn and add their dq, dk into the same rows, so no two threads write
     // one row (the GPU instead writes per-value-head partials and sums them).
-#pragma omp parallel num_threads(nth)
+#pragma omp parallel num_threads(nth) if (worth_threads(B, T, HV, K, Dv))
     {
         ws_t w = ws_carve(pool + (size_t)omp_get_thread_num() * per, K, Dv, NT, 1);
 #pragma omp for collapse(2) schedule(dynamic, 1)
@@ -635,14 +665,15 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
                         for (int i = 0; i < L; i++)
                             memcpy(w.dO + i * Dv, dout + (((int64_t)b * T + t0 + i) * HV + h) * Dv,
                                    (size_t)Dv * sizeof(float));
-                        chunk_intra(&w, L);            // B1: G, M, T_A, U, W
-                        chunk_delta(&w, L);            // B2: Delta
+                        chunk_intra(&w, L);             // B1: G, M, T_A, U, W
+                        chunk_delta(&w, L);             // B2: Delta
                         chunk_bwd_ddelta(&w, L, scale); // B3 + B4: dDelta (needs dS')
                         chunk_bwd_dqkwg(&w, L, scale);  // B5: needs S and dS'
                         chunk_bwd_dstate(&w, L, scale); // B4: dS' -> gradient of the chunk-start state
                         chunk_bwd_wy(&w, L);            // B6
                         // B7: dgamma_i = sum_{j>=i, same chunk} dG_j
-                        for (int i = L - 2; i >= 0; i--) w.dG[i] += w.dG[i + 1];
+                        for (int i = L - 2; i >= 0; i--)
+                            w.dG[i] += w.dG[i + 1];
                         for (int i = 0; i < L; i++) {
                             int64_t row = (int64_t)b * T + t0 + i;
                             axpy(dq + (row * H + hq) * K, 1.0f, w.dQc + i * K, K);

@@ -10,7 +10,7 @@
 // (NULL = 0) is the incoming gradient of the final state. Memory: (T+1)*Dv*K
 // floats per value head, allocated with malloc - tests only.
 // Returns 0, or ERR_NOMEM with the error slot set.
-int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0,
-                          const float *dout, const float *dstate_final, const float *q, const float *k,
-                          const float *v, const float *g, const float *beta, const float *state0, float scale, int B,
-                          int T, int H, int HV, int K, int Dv);
+int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0, const float *dout,
+                          const float *dstate_final, const float *q, const float *k, const float *v, const float *g,
+                          const float *beta, const float *state0, float scale, int B, int T, int H, int HV, int K,
+                          int Dv);

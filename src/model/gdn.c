@@ -1,0 +1,281 @@
+// Gated DeltaNet token mixer: weight views, saved activations, forward,
+// backward, decode step (contract in model/layer.h, math in spec
+// linear_blocks.md section 1; the rule itself is the backend's gdn_* ops).
+//
+// Forward, per token (N = B*T rows):
+//   q~ = x Wq^T, k~ = x Wk^T, v~ = x Wv^T, a = x Wa^T, b = x Wb^T, z = x Wg^T
+//   q = l2norm(silu(conv_q(q~))), k = l2norm(silu(conv_k(k~))) per head of K (eps 1e-6)
+//   v = silu(conv_v(v~))
+//   g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) (x2 with allow_neg_eigval)
+//   o = gated delta rule(q, k, v, g, beta), scale K^-1/2
+//   y = rmsnorm(o) * o_norm * silu(z) per value head over Dv (norm, then gate)
+//   out = y Wo^T
+// Without use_gate (no g_proj): y = rmsnorm(o) * o_norm, the plain RMSNorm
+// over Dv per value head that FLA uses in that case.
+#include "model/gdn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/err.h"
+
+// ---- weight views ------------------------------------------------------------
+
+int gdn_w_bind(gdn_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int layer) {
+    static const struct {
+        const char *name;
+        size_t off;
+        int optional;
+    } fields[] = {
+        {"q_proj.weight", offsetof(gdn_w_t, q_proj), 0},   {"k_proj.weight", offsetof(gdn_w_t, k_proj), 0},
+        {"v_proj.weight", offsetof(gdn_w_t, v_proj), 0},   {"a_proj.weight", offsetof(gdn_w_t, a_proj), 0},
+        {"b_proj.weight", offsetof(gdn_w_t, b_proj), 0},   {"A_log", offsetof(gdn_w_t, A_log), 0},
+        {"dt_bias", offsetof(gdn_w_t, dt_bias), 0},        {"q_conv1d.weight", offsetof(gdn_w_t, q_conv), 0},
+        {"k_conv1d.weight", offsetof(gdn_w_t, k_conv), 0}, {"v_conv1d.weight", offsetof(gdn_w_t, v_conv), 0},
+        {"g_proj.weight", offsetof(gdn_w_t, g_proj), 1},   {"o_norm.weight", offsetof(gdn_w_t, o_norm), 0},
+        {"o_proj.weight", offsetof(gdn_w_t, o_proj), 0},
+    };
+    memset(w, 0, sizeof *w);
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.gdn.%s", layer, fields[i].name);
+        const param_t *p = ptable_find(pt, name);
+        void **slot = (void **)((char *)w + fields[i].off);
+        if (!p) {
+            if (fields[i].optional) continue;
+            return err_set(ERR_INPUT, "gdn layer %d: parameter %s: expected in the parameter table, not found", layer,
+                           name);
+        }
+        *slot = (char *)flat + (size_t)p->off * elt_size;
+    }
+    return 0;
+}
+
+// ---- helpers -----------------------------------------------------------------
+
+typedef struct {
+    int d, H, HV, K, Dv, W, use_gate, allow_neg;
+    int64_t kd, vd;
+    float eps, scale;
+} dims_t;
+
+static dims_t dims(const layer_ctx_t *c) {
+    const gdn_dims_t *g = &c->a->gdn;
+    dims_t m = {.d = c->a->d,
+                .H = g->n_heads,
+                .HV = g->n_v_heads,
+                .K = g->head_k,
+                .Dv = g->head_v,
+                .W = g->conv,
+                .use_gate = g->use_gate,
+                .allow_neg = g->allow_neg_eigval,
+                .eps = g->norm_eps};
+    m.kd = (int64_t)m.H * m.K;
+    m.vd = (int64_t)m.HV * m.Dv;
+    m.scale = 1.0f / sqrtf((float)m.K);
+    return m;
+}
+
+// y [N, out] = x [N, in] W^T, W [out, in] (PyTorch Linear)
+static void linear(be_t *be, void *y, const void *x, const void *W, int64_t N, int64_t out, int64_t in) {
+    be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+}
+
+// Linear backward: dx [N, in] (+)= dy W, dW [out, in] += dy^T x (float).
+static void linear_bwd(be_t *be, void *dx, int accumulate, float *dW, const void *dy, const void *x, const void *W,
+                       int64_t N, int64_t out, int64_t in) {
+    be->gemm(be, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx, in);
+    be->gemm_f32out(be, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+}
+
+// A copy of a cache tensor in the arena (the backward needs the initial
+// states, the forward overwrites them).
+static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
+    void *p = ctx_act(c, n);
+    if (p) c->be->copy_d2d(c->be, p, src, (size_t)n * c->be->act_size);
+    return p;
+}
+
+#define NEED(p)                                                                                                        \
+    do {                                                                                                               \
+        if (!(p)) return err_wrap(ERR_NOMEM, "gdn layer %d: ", c->layer);                                              \
+    } while (0)
+
+// ---- forward -----------------------------------------------------------------
+
+// Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
+// token-by-token recurrence); everything but the rule is the same code.
+static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, layer_cache_t *cache,
+                   gdn_saved_t *sv, int recurrent) {
+    be_t *be = c->be;
+    dims_t m = dims(c);
+    int64_t N = (int64_t)B * T;
+    if (cache && cache->B != B)
+        return err_set(ERR_INPUT, "gdn layer %d: cache holds %d sequences, input has %d", c->layer, cache->B, B);
+    gdn_cache_t *gc = cache ? &cache->u.gdn : NULL;
+    gdn_saved_t local, *s = sv ? sv : &local; // inference: the same buffers, dropped with the arena
+    memset(s, 0, sizeof *s);
+    s->B = B, s->T = T, s->x = x;
+
+    // projections
+    NEED(s->qpre = ctx_act(c, N * m.kd));
+    NEED(s->kpre = ctx_act(c, N * m.kd));
+    NEED(s->vpre = ctx_act(c, N * m.vd));
+    NEED(s->a = ctx_act(c, N * m.HV));
+    NEED(s->b = ctx_act(c, N * m.HV));
+    linear(be, s->qpre, x, w->q_proj, N, m.kd, m.d);
+    linear(be, s->kpre, x, w->k_proj, N, m.kd, m.d);
+    linear(be, s->vpre, x, w->v_proj, N, m.vd, m.d);
+    linear(be, s->a, x, w->a_proj, N, m.HV, m.d);
+    linear(be, s->b, x, w->b_proj, N, m.HV, m.d);
+    if (m.use_gate) {
+        NEED(s->z = ctx_act(c, N * m.vd));
+        linear(be, s->z, x, w->g_proj, N, m.vd, m.d);
+    }
+
+    // short convs + SiLU, three separate depthwise convs; with a cache they
+    // continue from its last W inputs, which are then rolled forward
+    if (gc && sv) {
+        NEED(s->conv0_q = copy_act(c, gc->conv_q, (int64_t)B * m.kd * m.W));
+        NEED(s->conv0_k = copy_act(c, gc->conv_k, (int64_t)B * m.kd * m.W));
+        NEED(s->conv0_v = copy_act(c, gc->conv_v, (int64_t)B * m.vd * m.W));
+    }
+    void *qc, *kc;
+    NEED(qc = ctx_act(c, N * m.kd));
+    NEED(kc = ctx_act(c, N * m.kd));
+    NEED(s->v = ctx_act(c, N * m.vd));
+    be->conv1d_fwd(be, qc, s->qpre, m.kd, w->q_conv, NULL, gc ? gc->conv_q : NULL, B, T, (int)m.kd, m.W, 1);
+    be->conv1d_fwd(be, kc, s->kpre, m.kd, w->k_conv, NULL, gc ? gc->conv_k : NULL, B, T, (int)m.kd, m.W, 1);
+    be->conv1d_fwd(be, s->v, s->vpre, m.vd, w->v_conv, NULL, gc ? gc->conv_v : NULL, B, T, (int)m.vd, m.W, 1);
+    if (gc) {
+        be->conv1d_update_state(be, gc->conv_q, s->qpre, m.kd, B, T, (int)m.kd, m.W);
+        be->conv1d_update_state(be, gc->conv_k, s->kpre, m.kd, B, T, (int)m.kd, m.W);
+        be->conv1d_update_state(be, gc->conv_v, s->vpre, m.vd, B, T, (int)m.vd, m.W);
+    }
+
+    // L2 norm of q and k per head: rows of K
+    NEED(s->q = ctx_act(c, N * m.kd));
+    NEED(s->k = ctx_act(c, N * m.kd));
+    NEED(s->rq = ctx_f32(c, N * m.H));
+    NEED(s->rk = ctx_f32(c, N * m.H));
+    be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
+    be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
+
+    // gates
+    NEED(s->g = ctx_f32(c, N * m.HV));
+    NEED(s->beta = ctx_f32(c, N * m.HV));
+    be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
+
+    // the rule; the cache's state is the initial state and receives the final one
+    NEED(s->o = ctx_act(c, N * m.vd));
+    if (gc && sv) {
+        int64_t ns = (int64_t)B * m.HV * m.Dv * m.K;
+        NEED(s->state0 = ctx_f32(c, ns));
+        be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
+    }
+    if (recurrent)
+        be->gdn_recurrent_fwd(be, s->o, gc->state, s->q, s->k, s->v, s->g, s->beta, m.scale, B, T, m.H, m.HV, m.K,
+                              m.Dv);
+    else
+        be->gdn_chunk_fwd(be, s->o, gc ? gc->state : NULL, gc != NULL, s->q, s->k, s->v, s->g, s->beta, m.scale, B, T,
+                          m.H, m.HV, m.K, m.Dv);
+
+    // output norm (per value head over Dv, one shared weight of Dv), gate, o_proj
+    NEED(s->y = ctx_act(c, N * m.vd));
+    NEED(s->rstd = ctx_f32(c, N * m.HV));
+    if (m.use_gate)
+        be->gated_rmsnorm_fwd(be, s->y, s->rstd, s->o, s->z, m.vd, w->o_norm, m.Dv, N, m.HV, m.Dv, m.eps,
+                              GNORM_NORM_THEN_GATE);
+    else
+        be->rmsnorm_fwd(be, s->y, s->rstd, s->o, w->o_norm, N * m.HV, m.Dv, m.eps);
+    linear(be, out, s->y, w->o_proj, N, m.d, m.vd);
+    return 0;
+}
+
+int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                layer_cache_t *cache, gdn_saved_t *sv) {
+    (void)pos0; // no positions in a linear-attention layer
+    return gdn_run(c, w, out, x, B, T, cache, sv, 0);
+}
+
+// ---- backward ----------------------------------------------------------------
+
+int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, const void *dout,
+                 const gdn_saved_t *sv) {
+    be_t *be = c->be;
+    dims_t m = dims(c);
+    const gdn_saved_t *s = sv;
+    int B = s->B, T = s->T;
+    int64_t N = (int64_t)B * T;
+
+    // o_proj
+    void *dy;
+    NEED(dy = ctx_act(c, N * m.vd));
+    be->gemm(be, 0, 0, N, m.vd, m.d, 1.0f, dout, m.d, w->o_proj, m.vd, 0.0f, dy, m.vd);
+    be->gemm_f32out(be, 1, 0, m.d, m.vd, N, 1.0f, dout, m.d, s->y, m.vd, 1.0f, g->o_proj, m.vd);
+
+    // output norm (+ gate)
+    void *dO, *dz = NULL;
+    NEED(dO = ctx_act(c, N * m.vd));
+    if (m.use_gate) {
+        NEED(dz = ctx_act(c, N * m.vd));
+        be->gated_rmsnorm_bwd(be, dO, dz, m.vd, g->o_norm, dy, s->o, s->z, m.vd, w->o_norm, m.Dv, s->rstd, N, m.HV,
+                              m.Dv, GNORM_NORM_THEN_GATE);
+    } else {
+        be->rmsnorm_bwd(be, dO, g->o_norm, dy, s->o, w->o_norm, s->rstd, N * m.HV, m.Dv);
+    }
+
+    // the rule (the initial state's gradient, when there was one, is dropped:
+    // caches are not trained)
+    void *dq, *dk, *dv;
+    float *dg, *dbeta, *dstate0 = NULL;
+    NEED(dq = ctx_act(c, N * m.kd));
+    NEED(dk = ctx_act(c, N * m.kd));
+    NEED(dv = ctx_act(c, N * m.vd));
+    NEED(dg = ctx_f32(c, N * m.HV));
+    NEED(dbeta = ctx_f32(c, N * m.HV));
+    if (s->state0) NEED(dstate0 = ctx_f32(c, (int64_t)B * m.HV * m.Dv * m.K));
+    be->gdn_chunk_bwd(be, dq, dk, dv, dg, dbeta, dstate0, dO, NULL, s->q, s->k, s->v, s->g, s->beta, s->state0, m.scale,
+                      B, T, m.H, m.HV, m.K, m.Dv);
+
+    // gates
+    void *da, *db;
+    NEED(da = ctx_act(c, N * m.HV));
+    NEED(db = ctx_act(c, N * m.HV));
+    be->gdn_gate_bwd(be, da, m.HV, db, m.HV, g->A_log, g->dt_bias, dg, dbeta, s->a, m.HV, s->b, m.HV, w->A_log,
+                     w->dt_bias, N, m.HV, m.allow_neg);
+
+    // L2 norms
+    void *dqc, *dkc;
+    NEED(dqc = ctx_act(c, N * m.kd));
+    NEED(dkc = ctx_act(c, N * m.kd));
+    be->l2norm_bwd(be, dqc, m.K, dq, s->q, s->rq, N * m.H, m.K);
+    be->l2norm_bwd(be, dkc, m.K, dk, s->k, s->rk, N * m.H, m.K);
+
+    // convs + SiLU (reusing dq, dk, dv as the gradients of the projections)
+    be->conv1d_bwd(be, dq, m.kd, g->q_conv, NULL, NULL, dqc, s->qpre, m.kd, w->q_conv, NULL, s->conv0_q, B, T,
+                   (int)m.kd, m.W, 1);
+    be->conv1d_bwd(be, dk, m.kd, g->k_conv, NULL, NULL, dkc, s->kpre, m.kd, w->k_conv, NULL, s->conv0_k, B, T,
+                   (int)m.kd, m.W, 1);
+    void *dvpre;
+    NEED(dvpre = ctx_act(c, N * m.vd));
+    be->conv1d_bwd(be, dvpre, m.vd, g->v_conv, NULL, NULL, dv, s->vpre, m.vd, w->v_conv, NULL, s->conv0_v, B, T,
+                   (int)m.vd, m.W, 1);
+
+    // projections: dx = sum of the six input gradients
+    linear_bwd(be, dx, 0, g->q_proj, dq, s->x, w->q_proj, N, m.kd, m.d);
+    linear_bwd(be, dx, 1, g->k_proj, dk, s->x, w->k_proj, N, m.kd, m.d);
+    linear_bwd(be, dx, 1, g->v_proj, dvpre, s->x, w->v_proj, N, m.vd, m.d);
+    linear_bwd(be, dx, 1, g->a_proj, da, s->x, w->a_proj, N, m.HV, m.d);
+    linear_bwd(be, dx, 1, g->b_proj, db, s->x, w->b_proj, N, m.HV, m.d);
+    if (m.use_gate) linear_bwd(be, dx, 1, g->g_proj, dz, s->x, w->g_proj, N, m.vd, m.d);
+    return 0;
+}
+
+// ---- decode step ---------------------------------------------------------------
+
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
+    if (!cache) return err_set(ERR_INPUT, "gdn layer %d: a decode step needs the layer's cache", c->layer);
+    return gdn_run(c, w, out, x, B, 1, cache, NULL, 1);
+}
