@@ -27,6 +27,7 @@ int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **e
         switch (w->kind) {
         case LAYER_ATTN: TRY(attn_w_bind(&w->attn, &m->pt, flat, elt, l)); break;
         case LAYER_MLA: TRY(mla_w_bind(&w->mla, &m->pt, flat, elt, l)); break;
+        case LAYER_GDN: TRY(gdn_w_bind(&w->gdn, &m->pt, flat, elt, l)); break;
         case LAYER_M2: TRY(m2_w_bind(&w->m2, &m->pt, flat, elt, l)); break;
         default: return err_set(ERR_UNSUP, "layer %d: %s layers are not supported yet", l, layer_kind_name(w->kind));
         }
@@ -175,6 +176,14 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
         switch (a->kind[l]) {
         case LAYER_ATTN: n = 2 * (size_t)B * cap * a->Hkv * a->dh * es; break;
         case LAYER_MLA: n = (size_t)B * cap * (arch_mla_rkv(a, l) + a->mla.d_rope) * es; break;
+        case LAYER_GDN: {
+            const gdn_dims_t *g = &a->gdn;
+            size_t kd = (size_t)g->n_heads * g->head_k, vd = (size_t)g->n_v_heads * g->head_v;
+            n = (((size_t)B * g->n_v_heads * g->head_v * g->head_k * sizeof(float) + 255) & ~(size_t)255) +
+                3 * ((((size_t)B * vd * g->conv * es) + 255) & ~(size_t)255);
+            (void)kd;
+            break;
+        }
         case LAYER_M2:
             n = (size_t)B * a->m2.n_heads * a->m2.headdim * a->m2.d_state * sizeof(float) +
                 (size_t)B * (a->m2.d_inner + 2 * a->m2.d_xb) * a->m2.conv * es + 256;
@@ -201,6 +210,18 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
             c->u.attn.v = base + off[l] + (size_t)B * cap * a->Hkv * a->dh * es;
             break;
         case LAYER_MLA: c->u.mla.kv = base + off[l]; break;
+        case LAYER_GDN: {
+            const gdn_dims_t *g = &a->gdn;
+            size_t kd = (size_t)g->n_heads * g->head_k, vd = (size_t)g->n_v_heads * g->head_v;
+            size_t ns = ((size_t)B * g->n_v_heads * g->head_v * g->head_k * sizeof(float) + 255) & ~(size_t)255;
+            size_t nc = (((size_t)B * vd * g->conv * es) + 255) & ~(size_t)255; // the largest of the three
+            c->u.gdn.state = (float *)(base + off[l]);
+            c->u.gdn.conv_q = base + off[l] + ns;
+            c->u.gdn.conv_k = base + off[l] + ns + nc;
+            c->u.gdn.conv_v = base + off[l] + ns + 2 * nc;
+            (void)kd;
+            break;
+        }
         case LAYER_M2: {
             size_t ns = (size_t)B * a->m2.n_heads * a->m2.headdim * a->m2.d_state * sizeof(float);
             c->u.m2.state = (float *)(base + off[l]);
@@ -257,6 +278,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
         case LAYER_MLA:
             rc = cache && T == 1 ? mla_step(&c, &w->mla, y, xn, B, cache)
                                  : mla_forward(&c, &w->mla, y, xn, B, T, pos0, cache, NULL);
+            break;
+        case LAYER_GDN:
+            rc = cache && T == 1 ? gdn_step(&c, &w->gdn, y, xn, B, cache)
+                                 : gdn_forward(&c, &w->gdn, y, xn, B, T, pos0, cache, NULL);
             break;
         case LAYER_M2:
             rc = cache && T == 1 ? m2_step(&c, &w->m2, y, xn, B, cache)

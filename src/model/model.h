@@ -10,6 +10,7 @@
 #include "model/arch.h"
 #include "model/attn.h"
 #include "model/layer.h"
+#include "model/gdn.h"
 #include "model/m2.h"
 #include "model/mla.h"
 #include "model/mlp.h"
@@ -20,6 +21,7 @@ typedef struct {
     void *norm1, *norm2; // input_layernorm, post_attention_layernorm [d]
     attn_w_t attn;
     mla_w_t mla;
+    gdn_w_t gdn;
     m2_w_t m2;
     mlp_w_t mlp;
 } layer_w_t;

@@ -28,6 +28,7 @@ int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved
     switch (w->kind) {
     case LAYER_ATTN: rc = attn_forward(&c, &w->attn, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.attn); break;
     case LAYER_MLA: rc = mla_forward(&c, &w->mla, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.mla); break;
+    case LAYER_GDN: rc = gdn_forward(&c, &w->gdn, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.gdn); break;
     case LAYER_M2: rc = m2_forward(&c, &w->m2, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.m2); break;
     default: rc = err_set(ERR_UNSUP, "training %s layers", layer_kind_name(w->kind));
     }
@@ -66,6 +67,7 @@ int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, con
     switch (w->kind) {
     case LAYER_ATTN: rc = attn_backward(&c, &w->attn, &g->attn, dxn, dmix, &sv->mix.attn); break;
     case LAYER_MLA: rc = mla_backward(&c, &w->mla, &g->mla, dxn, dmix, &sv->mix.mla); break;
+    case LAYER_GDN: rc = gdn_backward(&c, &w->gdn, &g->gdn, dxn, dmix, &sv->mix.gdn); break;
     case LAYER_M2: rc = m2_backward(&c, &w->m2, &g->m2, dxn, dmix, &sv->mix.m2); break;
     default: rc = err_set(ERR_UNSUP, "training %s layers", layer_kind_name(w->kind));
     }

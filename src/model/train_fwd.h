@@ -16,6 +16,7 @@ typedef struct {
     union {
         attn_saved_t attn;
         mla_saved_t mla;
+        gdn_saved_t gdn;
         m2_saved_t m2;
     } mix;
     mlp_saved_t mlp;

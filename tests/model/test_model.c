@@ -13,9 +13,9 @@
 static arch_t tiny_hybrid(void) {
     arch_t a;
     arch_init(&a);
-    a.d = 32, a.n_layers = 5, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = 0;
+    a.d = 32, a.n_layers = 6, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = 0;
     a.rope.theta = 1000.0f;
-    layer_kind_t plan[5] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_MLA, LAYER_M2};
+    layer_kind_t plan[6] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_GDN, LAYER_MLA, LAYER_M2};
     for (int l = 0; l < a.n_layers; l++) a.kind[l] = plan[l];
     a.mla = (mla_dims_t){.r_q = 16, .r_kv = 12, .d_nope = 4, .d_rope = 4, .d_v = 8, .n_kv = 2};
     a.mla.rope = a.rope;
@@ -23,6 +23,8 @@ static arch_t tiny_hybrid(void) {
     a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1, a.mla.rope.mscale = 1;
     a.m2 = (m2_dims_t){.d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8,
                        .norm_eps = 1e-5f};
+    a.gdn = (gdn_dims_t){.n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1,
+                         .norm_eps = 1e-6f};
     a.is_hybrid = 1;
     return a;
 }
@@ -70,16 +72,16 @@ static void test_model_gradients(void **st) {
     assert_int_equal(model_forward_train(&m, ids, B, T, &acts), 0);
     float *grad = calloc((size_t)m.pt.total, sizeof(float));
     assert_int_equal(model_backward(&m, &acts, R, grad), 0);
-    // Every parameter tensor on its own, so a wrong tensor is named. eps 2e-3:
-    // embedding rows enter an RMSNorm at O(0.3) scale where the curvature is
-    // large; with eps 1e-2 the O(eps^2) truncation error reached 4% on one
-    // element (seen), at 2e-3 it is 25x smaller, while fp32 rounding stays
-    // inside tu_gradcheck's noise term. tol 2e-2 relative.
+    // Every parameter tensor on its own, so a wrong tensor is named. eps 5e-4:
+    // with random O(0.3) weights, RMSNorms and GDN's output norm the loss is
+    // sharply curved; the O(eps^2) truncation error reached 4% at eps 1e-2 and
+    // 5% on layer-0 tensors at 2e-3 (both seen, both gone at 5e-4), while fp32
+    // rounding stays inside tu_gradcheck's noise term. tol 2e-2 relative.
     int fails = 0;
     for (int i = 0; i < m.pt.n; i++) {
         const param_t *p = &m.pt.p[i];
         if (!strcmp(p->name, "lm_head.weight")) continue; // not in this loss
-        fails += tu_gradcheck(p->name, loss_fn, &c, (float *)m.w + p->off, grad + p->off, p->numel, 2e-3f, 2e-2f, 6);
+        fails += tu_gradcheck(p->name, loss_fn, &c, (float *)m.w + p->off, grad + p->off, p->numel, 5e-4f, 2e-2f, 6);
     }
     assert_int_equal(fails, 0);
     free(R);
@@ -93,13 +95,13 @@ static void test_decode_equals_forward(void **st) {
     model_t m;
     assert_int_equal(model_create(&m, &a, tu_cpu(), 64u << 20), 0);
     load_random(&m, 5);
-    int T = 40, P = 13;
-    int32_t ids[40];
+    int T = 150, P = 13;
+    int32_t ids[150];
     for (int i = 0; i < T; i++) ids[i] = (i * 13 + 1) % a.V;
     float *full = malloc((size_t)T * a.V * sizeof(float)), *lg = malloc((size_t)a.V * sizeof(float));
     assert_int_equal(model_logits_all(&m, ids, 1, T, full), 0);
     model_state_t st_;
-    assert_int_equal(model_state_alloc(&m, &st_, 1, 64), 0);
+    assert_int_equal(model_state_alloc(&m, &st_, 1, 160), 0);
     // prefill in two chunks (7 + 6), then one token at a time
     assert_int_equal(model_prefill(&m, &st_, ids, P, 7, lg), 0);
     double worst = tu_rel_err(lg, full + (int64_t)(P - 1) * a.V, a.V);
@@ -109,9 +111,12 @@ static void test_decode_equals_forward(void **st) {
         if (e > worst) worst = e;
     }
     printf("  decode vs full forward: worst rel err over %d positions %.2e\n", T - P + 1, worst);
-    // Same arithmetic in another order (chunked attention, absorbed MLA decode):
-    // fp32 rounding only, far below 1e-4.
-    assert_true(worst < 1e-4);
+    // Same function computed in another order (chunked GDN / SSD vs their
+    // recurrences, absorbed MLA decode, attention over a cache): fp32 rounding,
+    // amplified by the norms of six random layers. Seen: 1e-6 typical, 9e-5 at
+    // the worst position, no growth along the sequence and no jump at the chunk
+    // boundaries (64, 128); a logic error gives O(1). Bound 5e-4.
+    assert_true(worst < 5e-4);
     model_state_free(&m, &st_);
     free(full);
     free(lg);
