@@ -1,5 +1,246 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
-#include "backend/cuda/cuda.h"
+// Depthwise causal conv1d (+ optional SiLU) with an optional state holding the
+// inputs that precede the sequence (GDN short convs, Mamba-2 conv1d).
+// y_t[c] = bias[c] + sum_i w[c,i] x_{t-W+1+i}[c], the last tap on x_t.
+//
+// One thread per (sequence b, chunk of L time steps, channel c), channels
+// fastest across a warp so every time step is one coalesced row access. Each
+// thread slides a window of the last 8 inputs along its chunk in registers:
+// the W <= 8 taps are right-aligned in an 8-slot array (wv[8 - W + i] = w[c,i],
+// the first 8 - W slots zero), so every loop has a compile-time trip count and
+// the arrays stay in registers whatever W is.
+#include "backend/cuda/cuda_vec.cuh"
 
-extern "C" void cuda_register_conv(be_t *be) { (void)be; }
+enum { CONV_WMAX = 8, CONV_THREADS = 128, CONV_MIN_CHUNK = 16 };
+
+// Input at time t of sequence b, channel c: x for t >= 0, else the state's slot
+// W + t (t = -1 is the newest, slot W-1) when there is a state, else 0.
+__device__ __forceinline__ float conv_in(const bf16 *x, int64_t ldx, const bf16 *state, int b, int T, int C, int W,
+                                         int t, int c) {
+    if (t >= 0) return __bfloat162float(x[((int64_t)b * T + t) * ldx + c]);
+    if (state && t >= -(W - 1)) return __bfloat162float(state[((int64_t)b * C + c) * W + (W + t)]);
+    return 0.0f;
+}
+
+// Taps (zero-padded on the left) and the window before t0: win[j] = in(t0 - 8 + j)
+// for the slots a tap can reach (j >= 9 - W), else 0 (never NaN from memory).
+__device__ __forceinline__ void conv_setup(float (&wv)[CONV_WMAX], float (&win)[CONV_WMAX], const bf16 *x, int64_t ldx,
+                                           const bf16 *w, const bf16 *state, int b, int T, int C, int W, int t0,
+                                           int c) {
+    const int off = CONV_WMAX - W;
+#pragma unroll
+    for (int j = 0; j < CONV_WMAX; j++) {
+        wv[j] = j >= off ? __bfloat162float(w[(int64_t)c * W + (j - off)]) : 0.0f;
+        win[j] = j >= off + 1 ? conv_in(x, ldx, state, b, T, C, W, t0 - CONV_WMAX + j, c) : 0.0f;
+    }
+}
+
+__global__ void k_conv_fwd(bf16 *y, const bf16 *x, int64_t ldx, const bf16 *w, const bf16 *bias, const bf16 *state,
+                           int B, int T, int C, int W, int silu, int nch, int L) {
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int b = blockIdx.x / nch, k = blockIdx.x % nch;
+    const int t0 = k * L, t1 = t0 + L < T ? t0 + L : T;
+    float wv[CONV_WMAX], win[CONV_WMAX];
+    conv_setup(wv, win, x, ldx, w, state, b, T, C, W, t0, c);
+    const float bs = bias ? __bfloat162float(bias[c]) : 0.0f;
+    for (int t = t0; t < t1; t++) {
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX - 1; j++)
+            win[j] = win[j + 1];
+        win[CONV_WMAX - 1] = __bfloat162float(x[((int64_t)b * T + t) * ldx + c]);
+        float p = bs; // same summation order as the CPU twin (the padded taps add exact zeros first)
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            p += wv[j] * win[j];
+        y[((int64_t)b * T + t) * C + c] = __float2bfloat16_rn(silu ? dev_silu(p) : p);
+    }
+}
+
+// Backward over the chunk [t0, t1). dp_t = dy_t silu'(p_t) (p recomputed).
+// dp_t feeds dx_s for s = t - 7 + j with weight wv[j]; dxa[j] accumulates
+// dx_{t-7+j}, and dx_{t-7} is final once step t is done (its last
+// contribution comes from t - 7 + W - 1 <= t). The thread computes dp on
+// [t0, t1 + W - 1) so the chunk's last dx are complete, but adds to dw/dbias
+// only on [t0, t1) (the next chunk owns the rest). The first chunk also
+// writes dstate[j] = dx_{j-W} (state slot j holds input time j - W; slots
+// 1..W-1 come out of the loop at s = j - W >= -7, slot 0 is always 0).
+// dw/dbias: to part[slice][c][0..W] (slice = b*nch + chunk; W = bias) when
+// part != NULL, else atomically into dw/dbias.
+__global__ void k_conv_bwd(bf16 *dx, int64_t lddx, float *part, float *dw, float *dbias, float *dstate, const bf16 *dy,
+                           const bf16 *x, int64_t ldx, const bf16 *w, const bf16 *bias, const bf16 *state, int B, int T,
+                           int C, int W, int silu, int nch, int L) {
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int b = blockIdx.x / nch, k = blockIdx.x % nch;
+    const int t0 = k * L, t1 = t0 + L < T ? t0 + L : T;
+    const int tend = t1 + W - 1 < T ? t1 + W - 1 : T;
+    float wv[CONV_WMAX], win[CONV_WMAX], dxa[CONV_WMAX], dwa[CONV_WMAX], dba = 0.0f;
+    conv_setup(wv, win, x, ldx, w, state, b, T, C, W, t0, c);
+#pragma unroll
+    for (int j = 0; j < CONV_WMAX; j++)
+        dxa[j] = dwa[j] = 0.0f;
+    const float bs = bias ? __bfloat162float(bias[c]) : 0.0f;
+    // slot 0 (input time -W) reaches no output: only the last W-1 slots are read
+    if (dstate && t0 == 0) dstate[((int64_t)b * C + c) * W] = 0.0f;
+    for (int t = t0; t < t1 + CONV_WMAX - 1; t++) {
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX - 1; j++)
+            win[j] = win[j + 1];
+        float dp = 0.0f;
+        if (t < tend) {
+            win[CONV_WMAX - 1] = __bfloat162float(x[((int64_t)b * T + t) * ldx + c]);
+            float g = __bfloat162float(dy[((int64_t)b * T + t) * C + c]);
+            if (silu) {
+                float p = bs;
+#pragma unroll
+                for (int j = 0; j < CONV_WMAX; j++)
+                    p += wv[j] * win[j];
+                float sg = dev_sigmoid(p);
+                dp = g * sg * (1.0f + p * (1.0f - sg));
+            } else {
+                dp = g;
+            }
+            if (t < t1) {
+                dba += dp;
+#pragma unroll
+                for (int j = 0; j < CONV_WMAX; j++)
+                    dwa[j] += dp * win[j];
+            }
+        } else {
+            win[CONV_WMAX - 1] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            dxa[j] += wv[j] * dp;
+        const int s = t - (CONV_WMAX - 1);
+        if (s >= t0)
+            dx[((int64_t)b * T + s) * lddx + c] = __float2bfloat16_rn(dxa[0]);
+        else if (dstate && t0 == 0 && s > -W)
+            dstate[((int64_t)b * C + c) * W + (s + W)] = dxa[0];
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX - 1; j++)
+            dxa[j] = dxa[j + 1];
+        dxa[CONV_WMAX - 1] = 0.0f;
+    }
+    const int off = CONV_WMAX - W;
+    if (part) {
+        float *pp = part + (((int64_t)b * nch + k) * C + c) * (W + 1);
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            if (j >= off) pp[j - off] = dwa[j];
+        pp[W] = dba;
+    } else {
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            if (j >= off && dw) atomicAdd(dw + (int64_t)c * W + (j - off), dwa[j]);
+        if (dbias) atomicAdd(dbias + c, dba);
+    }
+}
+
+// Sums the slices' partials in a fixed order: thread per (channel, tap or bias).
+__global__ void k_conv_reduce(float *dw, float *dbias, const float *part, int64_t slices, int C, int W) {
+    const int64_t n = (int64_t)C * (W + 1);
+    GRID_STRIDE(i, n) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < slices; k++)
+            s += part[k * n + i];
+        const int64_t c = i / (W + 1);
+        const int j = (int)(i - c * (W + 1));
+        if (j < W) {
+            if (dw) dw[c * W + j] += s;
+        } else if (dbias)
+            dbias[c] += s;
+    }
+}
+
+// New slot j holds input time T - W + j: from x, or (short sequences) from
+// the old state's slot T + j. All W values are read before any is written.
+__global__ void k_conv_state(bf16 *state, const bf16 *x, int64_t ldx, int B, int T, int C, int W) {
+    const int64_t n = (int64_t)B * C;
+    GRID_STRIDE(i, n) {
+        const int b = (int)(i / C), c = (int)(i - (int64_t)b * C);
+        bf16 *s = state + i * W;
+        bf16 tmp[CONV_WMAX];
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++) {
+            const int t = T - W + j;
+            if (j < W) tmp[j] = t >= 0 ? x[((int64_t)b * T + t) * ldx + c] : s[W + t];
+        }
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            if (j < W) s[j] = tmp[j];
+    }
+}
+
+static int conv_check(be_t *be, const char *what, int W) {
+    if (W >= 1 && W <= CONV_WMAX) return 1;
+    cu_op_error(be, "cuda %s: conv width W = %d; the CUDA kernels take 1..%d", what, W, CONV_WMAX);
+    return 0;
+}
+
+// Chunks per sequence: enough (b, chunk, c) threads for about two waves of a
+// full chip, chunks of at least CONV_MIN_CHUNK steps (each chunk re-reads up
+// to 7 inputs before it and, backward, recomputes W - 1 steps after it).
+static void conv_chunks(be_t *be, int B, int T, int C, int *nch, int *L) {
+    int64_t want = (2 * (int64_t)cuda_impl(be)->sm_count * 2048 + C - 1) / C; // slices
+    int64_t n = (want + B - 1) / B, nmax = (T + CONV_MIN_CHUNK - 1) / CONV_MIN_CHUNK;
+    if (n > nmax) n = nmax;
+    if (n < 1) n = 1;
+    int64_t l = (T + n - 1) / n;
+    *L = (int)l;
+    *nch = (int)((T + l - 1) / l);
+}
+
+static void cu_conv1d_fwd(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
+                          const void *state, int B, int T, int C, int W, int silu) {
+    if (!conv_check(be, "conv1d_fwd", W) || B <= 0 || T <= 0 || C <= 0) return;
+    int nch, L;
+    conv_chunks(be, B, T, C, &nch, &L);
+    dim3 grid((unsigned)((int64_t)B * nch), (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
+    k_conv_fwd<<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)y, (const bf16 *)x, ldx, (const bf16 *)w,
+                                                           (const bf16 *)bias, (const bf16 *)state, B, T, C, W, silu,
+                                                           nch, L);
+    cuda_check_launch(be, "conv1d_fwd");
+}
+
+static void cu_conv1d_bwd(be_t *be, void *dx, int64_t lddx, float *dw, float *dbias, float *dstate, const void *dy,
+                          const void *x, int64_t ldx, const void *w, const void *bias, const void *state, int B, int T,
+                          int C, int W, int silu) {
+    if (!conv_check(be, "conv1d_bwd", W) || B <= 0 || C <= 0) return;
+    if (T <= 0) { // nothing reads the state: its gradient is zero
+        if (dstate) {
+            cudaError_t e = cudaMemsetAsync(dstate, 0, (size_t)B * C * W * sizeof(float), cuda_stream(be));
+            if (e != cudaSuccess) cuda_fail(be, "conv1d_bwd: cudaMemsetAsync(dstate)", e);
+        }
+        return;
+    }
+    int nch, L;
+    conv_chunks(be, B, T, C, &nch, &L);
+    int64_t slices = (int64_t)B * nch;
+    size_t mark = arena_mark(&be->scratch);
+    float *part = (float *)cu_scratch_try(be, (size_t)slices * C * (W + 1) * sizeof(float));
+    dim3 grid((unsigned)slices, (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
+    k_conv_bwd<<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)dx, lddx, part, dw, dbias, dstate, (const bf16 *)dy,
+                                                           (const bf16 *)x, ldx, (const bf16 *)w, (const bf16 *)bias,
+                                                           (const bf16 *)state, B, T, C, W, silu, nch, L);
+    cuda_check_launch(be, "conv1d_bwd");
+    if (part) {
+        k_conv_reduce<<<cu_grid(be, (int64_t)C * (W + 1), 256), 256, 0, cuda_stream(be)>>>(dw, dbias, part, slices, C,
+                                                                                           W);
+        cuda_check_launch(be, "conv1d_bwd (reduce)");
+    }
+    arena_reset(&be->scratch, mark);
+}
+
+static void cu_conv1d_update_state(be_t *be, void *state, const void *x, int64_t ldx, int B, int T, int C, int W) {
+    if (!conv_check(be, "conv1d_update_state", W) || B <= 0 || C <= 0 || T <= 0) return;
+    int64_t n = (int64_t)B * C;
+    k_conv_state<<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)state, (const bf16 *)x, ldx, B, T, C, W);
+    cuda_check_launch(be, "conv1d_update_state");
+}
+
+extern "C" void cuda_register_conv(be_t *be) {
+    be->conv1d_fwd = cu_conv1d_fwd;
+    be->conv1d_bwd = cu_conv1d_bwd;
+    be->conv1d_update_state = cu_conv1d_update_state;
+}

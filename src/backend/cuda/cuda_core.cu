@@ -1,5 +1,427 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
-#include "backend/cuda/cuda.h"
+// Elementwise ops, strided copies, embedding, and the matrix products through
+// cuBLASLt (bf16 operands, fp32 accumulation, bf16 or fp32 C).
+#include <pthread.h>
+#include <string.h>
 
-extern "C" void cuda_register_core(be_t *be) { (void)be; }
+#include "backend/cuda/cuda_vec.cuh"
+#include "base/log.h"
+
+// ---- elementwise ---------------------------------------------------------------
+
+// Raw storage of V bf16 values, for copies that must not touch the bits.
+template <int V> struct raw_of;
+template <> struct raw_of<8> { typedef uint4 t; };
+template <> struct raw_of<2> { typedef unsigned int t; };
+template <> struct raw_of<1> { typedef unsigned short t; };
+
+// y += x over nv vectors of V elements (fp32 add, one rounding: the CPU sum rounded).
+template <int V> __global__ void k_add(bf16 *y, const bf16 *x, int64_t nv) {
+    GRID_STRIDE(i, nv) {
+        float a[V], b[V];
+        ld_bf16<V>(y + i * V, a);
+        ld_bf16<V>(x + i * V, b);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            a[k] += b[k];
+        st_bf16<V>(y + i * V, a);
+    }
+}
+
+// y = a x; element i is read and written by the same thread, so y may alias x.
+template <int V> __global__ void k_scale(bf16 *y, const bf16 *x, float s, int64_t nv) {
+    GRID_STRIDE(i, nv) {
+        float a[V];
+        ld_bf16<V>(x + i * V, a);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            a[k] *= s;
+        st_bf16<V>(y + i * V, a);
+    }
+}
+
+static void cu_add(be_t *be, void *y, const void *x, int64_t n) {
+    if (n <= 0) return;
+    int V = cu_vec_width((uintptr_t)y | (uintptr_t)x, (uint64_t)n);
+    int64_t nv = n / V;
+    LAUNCH_V(V, k_add, cu_grid(be, nv, 256), 256, cuda_stream(be), (bf16 *)y, (const bf16 *)x, nv);
+    cuda_check_launch(be, "add");
+}
+
+static void cu_scale(be_t *be, void *y, const void *x, float a, int64_t n) {
+    if (n <= 0) return;
+    int V = cu_vec_width((uintptr_t)y | (uintptr_t)x, (uint64_t)n);
+    int64_t nv = n / V;
+    LAUNCH_V(V, k_scale, cu_grid(be, nv, 256), 256, cuda_stream(be), (bf16 *)y, (const bf16 *)x, a, nv);
+    cuda_check_launch(be, "scale");
+}
+
+// dst[r*ldd + c] (=|+=) src[r*lds + c] over rows x (cv vectors of V). A plain
+// copy moves raw bits; accumulation adds in fp32 and rounds once.
+template <int V>
+__global__ void k_copy2d(bf16 *dst, int64_t ldd, const bf16 *src, int64_t lds, int64_t rows, int64_t cv, int acc) {
+    typedef typename raw_of<V>::t raw_t;
+    GRID_STRIDE(i, rows * cv) {
+        int64_t r = i / cv, c = (i - r * cv) * V;
+        bf16 *d = dst + r * ldd + c;
+        const bf16 *s = src + r * lds + c;
+        if (acc) {
+            float a[V], b[V];
+            ld_bf16<V>(d, a);
+            ld_bf16<V>(s, b);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                a[k] += b[k];
+            st_bf16<V>(d, a);
+        } else {
+            *reinterpret_cast<raw_t *>(d) = *reinterpret_cast<const raw_t *>(s);
+        }
+    }
+}
+
+// Source and destination regions must not overlap (every caller splits or
+// concatenates distinct buffers).
+static void cu_copy2d(be_t *be, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols,
+                      int accumulate) {
+    if (rows <= 0 || cols <= 0) return;
+    uint64_t lens = (uint64_t)cols | (rows > 1 ? (uint64_t)ldd | (uint64_t)lds : 0);
+    int V = cu_vec_width((uintptr_t)dst | (uintptr_t)src, lens);
+    int64_t cv = cols / V;
+    LAUNCH_V(V, k_copy2d, cu_grid(be, rows * cv, 256), 256, cuda_stream(be), (bf16 *)dst, ldd, (const bf16 *)src, lds,
+             rows, cv, accumulate);
+    cuda_check_launch(be, "copy2d");
+}
+
+// ---- embedding -----------------------------------------------------------------
+
+template <int V>
+__global__ void k_embed_fwd(bf16 *out, const bf16 *table, const int32_t *ids, int64_t N, int64_t dv, int d) {
+    typedef typename raw_of<V>::t raw_t;
+    GRID_STRIDE(i, N * dv) {
+        int64_t r = i / dv, c = (i - r * dv) * V;
+        *reinterpret_cast<raw_t *>(out + r * d + c) = *reinterpret_cast<const raw_t *>(table + (int64_t)ids[r] * d + c);
+    }
+}
+
+// fp32 atomics: rows with repeated ids get every contribution (in an
+// unspecified order, so sums may differ from the CPU's in the last bits).
+template <int V>
+__global__ void k_embed_bwd(float *dtable, const bf16 *dout, const int32_t *ids, int64_t N, int64_t dv, int d) {
+    GRID_STRIDE(i, N * dv) {
+        int64_t r = i / dv, c = (i - r * dv) * V;
+        float g[V];
+        ld_bf16<V>(dout + r * d + c, g);
+        float *row = dtable + (int64_t)ids[r] * d + c;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            atomicAdd(row + k, g[k]);
+    }
+}
+
+static void cu_embed_fwd(be_t *be, void *out, const void *table, const int32_t *ids, int64_t N, int d) {
+    if (N <= 0 || d <= 0) return;
+    int V = cu_vec_width((uintptr_t)out | (uintptr_t)table, (uint64_t)d);
+    int64_t dv = d / V;
+    LAUNCH_V(V, k_embed_fwd, cu_grid(be, N * dv, 256), 256, cuda_stream(be), (bf16 *)out, (const bf16 *)table, ids, N,
+             dv, d);
+    cuda_check_launch(be, "embed_fwd");
+}
+
+static void cu_embed_bwd(be_t *be, float *dtable, const void *dout, const int32_t *ids, int64_t N, int d) {
+    if (N <= 0 || d <= 0) return;
+    int V = cu_vec_width((uintptr_t)dout, (uint64_t)d);
+    int64_t dv = d / V;
+    LAUNCH_V(V, k_embed_bwd, cu_grid(be, N * dv, 256), 256, cuda_stream(be), dtable, (const bf16 *)dout, ids, N, dv, d);
+    cuda_check_launch(be, "embed_bwd");
+}
+
+// ---- matrix products ---------------------------------------------------------------
+//
+// Row-major C[M,N] = op(A) op(B) is, read column-major, C^T[N,M] = op(B)^T
+// op(A)^T: a row-major matrix with row stride ld is the column-major matrix
+// of its transpose with the same ld. So cuBLASLt's "A" is our B, its "B" is
+// our A, the transpose flags carry over unchanged, and C is an N x M
+// column-major matrix with leading dimension ldc.
+
+// Everything that decides the descriptors and the algorithm. Zero-filled
+// before use so that memcmp and the hash see no padding garbage.
+typedef struct {
+    int device, ta, tb, c_f32;
+    int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, batch;
+    unsigned al_a, al_b, al_c; // guaranteed byte alignment of each operand
+} gemm_key_t;
+
+typedef struct {
+    int used;
+    gemm_key_t key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc; // cuBLASLt's A (our B), B (our A), C = D
+    cublasLtMatmulAlgo_t algo;
+    int naive; // cuBLASLt offered no algorithm (unusual alignment): k_gemm_naive
+} gemm_plan_t;
+
+// A small process-wide table (the descriptors are host objects, the key names
+// the device). Steady-state training and decoding use a few dozen shapes;
+// when a probe window is full its first slot is replaced. The lock also
+// covers the cublasLtMatmul call, so no thread can free a plan in use.
+enum { GEMM_CACHE = 512, GEMM_PROBE = 8 };
+static gemm_plan_t g_plans[GEMM_CACHE];
+static pthread_mutex_t g_plans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const gemm_key_t *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void plan_release(gemm_plan_t *p) {
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    memset(p, 0, sizeof *p);
+}
+
+// Largest power of two (<= 256) dividing the address, and, because every row
+// and every batch entry starts at such an offset too, the row and batch
+// strides in bytes. cuBLASLt's heuristic assumes 256 unless told otherwise,
+// and sub-matrix views (column slices of a wider projection) are often less.
+static unsigned byte_align(const void *p, int64_t ld, int64_t stride, int64_t batch, size_t es) {
+    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)ld * es;
+    if (batch > 1) v |= (uint64_t)stride * es;
+    unsigned a = 256;
+    while (a > 1 && v % a)
+        a >>= 1;
+    return a;
+}
+
+static void lt_fail(be_t *be, const char *what, cublasStatus_t st, const gemm_key_t *k) {
+    char msg[512];
+    snprintf(msg, sizeof msg,
+             "cuda: %s failed: %s (%s) for gemm transA=%d transB=%d M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld "
+             "batch=%lld %s C, alignment A/B/C %u/%u/%u bytes",
+             what, cublasLtGetStatusString(st), cublasLtGetStatusName(st), k->ta, k->tb, (long long)k->M,
+             (long long)k->N, (long long)k->K, (long long)k->lda, (long long)k->ldb, (long long)k->ldc,
+             (long long)k->batch, k->c_f32 ? "fp32" : "bf16", k->al_a, k->al_b, k->al_c);
+    cuda_impl_t *ci = cuda_impl(be);
+    if (!ci->first_error) {
+        ci->first_error = ERR_RUNTIME;
+        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
+    }
+    err_set(ERR_RUNTIME, "%s", msg);
+}
+
+static cublasStatus_t layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                             int64_t stride, int64_t batch) {
+    // A single column never steps by ld; accept any ld there, as BLAS does for n = 1.
+    if (cols == 1 && ld < rows) ld = rows;
+    cublasStatus_t st = cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld);
+    if (st == CUBLAS_STATUS_SUCCESS && batch > 1) {
+        int32_t bc = (int32_t)batch;
+        st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                  sizeof stride);
+    }
+    return st;
+}
+
+// bf16 / fp32 C element access for the fallback kernels below.
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void from_f(float *p, float v) { *p = v; }
+__device__ __forceinline__ void from_f(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+// Builds descriptors and asks the heuristic once for this key.
+static cublasStatus_t plan_build(be_t *be, gemm_plan_t *p, const gemm_key_t *k, const char **what) {
+    cuda_impl_t *ci = cuda_impl(be);
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    cublasStatus_t st;
+    *what = "cublasLtMatmulDescCreate";
+    if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) return st;
+    cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    *what = "cublasLtMatmulDescSetAttribute";
+    if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return st;
+    if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return st;
+    *what = "cublasLtMatrixLayoutCreate";
+    // cuBLASLt A = our B as stored: row-major [K,N] (tb = 0) is column-major N x K.
+    if ((st = layout(&p->la, CUDA_R_16BF, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb, k->sb, k->batch)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return st;
+    // cuBLASLt B = our A as stored: row-major [M,K] (ta = 0) is column-major K x M.
+    if ((st = layout(&p->lb, CUDA_R_16BF, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda, k->sa, k->batch)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return st;
+    if ((st = layout(&p->lc, k->c_f32 ? CUDA_R_32F : CUDA_R_16BF, k->N, k->M, k->ldc, k->sc, k->batch)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return st;
+
+    cublasLtMatmulPreference_t pref = NULL;
+    *what = "cublasLtMatmulPreferenceCreate";
+    if ((st = cublasLtMatmulPreferenceCreate(&pref)) != CUBLAS_STATUS_SUCCESS) return st;
+    uint64_t ws = ci->lt_workspace_size;
+    uint32_t al_a = k->al_b, al_b = k->al_a, al_c = k->al_c; // swapped: cuBLASLt's A is our B
+    *what = "cublasLtMatmulPreferenceSetAttribute";
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int nres = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        *what = "cublasLtMatmulAlgoGetHeuristic";
+        st = cublasLtMatmulAlgoGetHeuristic(ci->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+        if (st == CUBLAS_STATUS_SUCCESS && (nres < 1 || res.state != CUBLAS_STATUS_SUCCESS))
+            st = nres < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : res.state;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) { // correct but slow beats failing
+        log_warn("cuda gemm: no cuBLASLt algorithm for transA=%d transB=%d M=%lld N=%lld K=%lld lda=%lld ldb=%lld "
+                 "ldc=%lld batch=%lld, alignment A/B/C %u/%u/%u bytes; using the simple kernel",
+                 k->ta, k->tb, (long long)k->M, (long long)k->N, (long long)k->K, (long long)k->lda, (long long)k->ldb,
+                 (long long)k->ldc, (long long)k->batch, k->al_a, k->al_b, k->al_c);
+        p->naive = 1;
+        p->used = 1;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    p->algo = res.algo;
+    p->used = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// One thread per output element, fp32 accumulation: only for shapes cuBLASLt
+// declines (see plan_build).
+template <typename T>
+__global__ void k_gemm_naive(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16 *A, int64_t lda,
+                             int64_t sa, const bf16 *B, int64_t ldb, int64_t sb, float beta, T *C, int64_t ldc,
+                             int64_t sc, int64_t batch) {
+    GRID_STRIDE(i, batch * M * N) {
+        int64_t b = i / (M * N), r = i - b * (M * N), m = r / N, n = r - m * N;
+        const bf16 *a = A + b * sa, *bb = B + b * sb;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; k++)
+            acc += __bfloat162float(ta ? a[k * lda + m] : a[m * lda + k]) *
+                   __bfloat162float(tb ? bb[n * ldb + k] : bb[k * ldb + n]);
+        T *p = C + b * sc + m * ldc + n;
+        from_f(p, alpha * acc + (beta == 0.0f ? 0.0f : beta * to_f(*p)));
+    }
+}
+
+// C = beta C (0 where beta == 0, as BLAS) for the K = 0 products cuBLASLt
+// does not take.
+template <typename T>
+__global__ void k_gemm_beta(T *C, int64_t ldc, int64_t sc, int64_t M, int64_t N, int64_t batch, float beta) {
+    GRID_STRIDE(i, batch * M * N) {
+        int64_t b = i / (M * N), r = i - b * (M * N), m = r / N, n = r - m * N;
+        T *p = C + b * sc + m * ldc + n;
+        from_f(p, beta == 0.0f ? 0.0f : beta * to_f(*p));
+    }
+}
+
+static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+                    int64_t sa, const void *B, int64_t ldb, int64_t sb, float beta, void *C, int64_t ldc, int64_t sc,
+                    int64_t batch, int c_f32) {
+    if (M <= 0 || N <= 0 || batch <= 0) return;
+    if (K <= 0) {
+        int64_t n = batch * M * N;
+        if (c_f32)
+            k_gemm_beta<float>
+                <<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((float *)C, ldc, sc, M, N, batch, beta);
+        else
+            k_gemm_beta<bf16><<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)C, ldc, sc, M, N, batch, beta);
+        cuda_check_launch(be, "gemm (K = 0)");
+        return;
+    }
+    cuda_impl_t *ci = cuda_impl(be);
+    gemm_key_t k;
+    memset(&k, 0, sizeof k);
+    k.device = ci->device;
+    k.ta = !!ta, k.tb = !!tb, k.c_f32 = c_f32;
+    k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc, k.batch = batch;
+    if (batch > 1) k.sa = sa, k.sb = sb, k.sc = sc;
+    k.al_a = byte_align(A, lda, sa, batch, 2);
+    k.al_b = byte_align(B, ldb, sb, batch, 2);
+    k.al_c = byte_align(C, ldc, sc, batch, c_f32 ? 4 : 2);
+
+    pthread_mutex_lock(&g_plans_lock);
+    uint64_t h = key_hash(&k);
+    gemm_plan_t *p = NULL, *slot = NULL;
+    for (int i = 0; i < GEMM_PROBE; i++) {
+        gemm_plan_t *q = &g_plans[(h + i) % GEMM_CACHE];
+        if (q->used && !memcmp(&q->key, &k, sizeof k)) {
+            p = q;
+            break;
+        }
+        if (!q->used && !slot) slot = q;
+    }
+    if (!p) {
+        if (!slot) slot = &g_plans[h % GEMM_CACHE];
+        plan_release(slot);
+        const char *what = "";
+        cublasStatus_t st = plan_build(be, slot, &k, &what);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            plan_release(slot);
+            pthread_mutex_unlock(&g_plans_lock);
+            lt_fail(be, what, st, &k);
+            return;
+        }
+        p = slot;
+    }
+    if (p->naive) {
+        pthread_mutex_unlock(&g_plans_lock);
+        unsigned grid = cu_grid(be, batch * M * N, 256);
+        if (c_f32)
+            k_gemm_naive<float><<<grid, 256, 0, ci->stream>>>(k.ta, k.tb, M, N, K, alpha, (const bf16 *)A, lda, sa,
+                                                              (const bf16 *)B, ldb, sb, beta, (float *)C, ldc, sc,
+                                                              batch);
+        else
+            k_gemm_naive<bf16><<<grid, 256, 0, ci->stream>>>(k.ta, k.tb, M, N, K, alpha, (const bf16 *)A, lda, sa,
+                                                             (const bf16 *)B, ldb, sb, beta, (bf16 *)C, ldc, sc, batch);
+        cuda_check_launch(be, "gemm (simple kernel)");
+        return;
+    }
+    cublasStatus_t st = cublasLtMatmul(ci->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+                                       ci->lt_workspace, ci->lt_workspace_size, ci->stream);
+    pthread_mutex_unlock(&g_plans_lock);
+    if (st != CUBLAS_STATUS_SUCCESS) lt_fail(be, "cublasLtMatmul", st, &k);
+}
+
+static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                    int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
+    lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0);
+}
+
+static void cu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                           const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 1);
+}
+
+static void cu_gemm_batched(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                            const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb, int64_t strideB,
+                            float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch) {
+    lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch, 0);
+}
+
+extern "C" void cuda_register_core(be_t *be) {
+    be->add = cu_add;
+    be->scale = cu_scale;
+    be->copy2d = cu_copy2d;
+    be->gemm = cu_gemm;
+    be->gemm_f32out = cu_gemm_f32out;
+    be->gemm_batched = cu_gemm_batched;
+    be->embed_fwd = cu_embed_fwd;
+    be->embed_bwd = cu_embed_bwd;
+}

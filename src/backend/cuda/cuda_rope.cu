@@ -1,5 +1,92 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
-#include "backend/cuda/cuda.h"
+// Rotary embeddings, in place, both pair conventions (see backend.h).
+// One warp per (row n, head h); lane l handles pairs j = l + 32k, k < 8, so a
+// head has at most 256 pairs (dr <= 512, the CPU twin's limit too). The
+// interleaved layout moves values between lanes (pair (2j, 2j+1) lands at
+// (j, j + dr/2)), so the whole head is read into registers, the warp
+// synchronises, then writes: the in-place update never reads a written value.
+#include "backend/cuda/cuda_vec.cuh"
 
-extern "C" void cuda_register_rope(be_t *be) { (void)be; }
+enum { ROPE_MAX_K = 8, ROPE_WARPS = 8 };
+
+__global__ void k_rope(bf16 *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cosb, const float *sinb,
+                       int64_t N, int nh, int dr, int style, int bwd) {
+    const int lane = threadIdx.x & 31;
+    const int64_t wid = (int64_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5);
+    if (wid >= N * nh) return; // uniform per warp
+    const int64_t n = wid / nh;
+    const int h = (int)(wid - n * nh);
+    const int half = dr / 2;
+    bf16 *v = x + n * ld + (int64_t)h * hs;
+    const float *c = cosb + (int64_t)pos[n] * half, *s = sinb + (int64_t)pos[n] * half;
+
+    if (style == ROPE_NEOX) { // pairs (j, j + half): each lane owns its pairs, no exchange
+        const float sign = bwd ? -1.0f : 1.0f;
+        for (int j = lane; j < half; j += 32) {
+            float x0 = __bfloat162float(v[j]), x1 = __bfloat162float(v[j + half]);
+            float cj = c[j], sn = sign * s[j];
+            v[j] = __float2bfloat16_rn(x0 * cj - x1 * sn);
+            v[j + half] = __float2bfloat16_rn(x1 * cj + x0 * sn);
+        }
+        return;
+    }
+    float a[ROPE_MAX_K], b[ROPE_MAX_K];
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_K; k++) {
+        int j = lane + 32 * k;
+        a[k] = b[k] = 0.0f;
+        if (j < half) {
+            if (!bwd) { // inputs interleaved (2j, 2j+1)
+                a[k] = __bfloat162float(v[2 * j]);
+                b[k] = __bfloat162float(v[2 * j + 1]);
+            } else { // gradients de-interleaved (j, j + half)
+                a[k] = __bfloat162float(v[j]);
+                b[k] = __bfloat162float(v[j + half]);
+            }
+        }
+    }
+    __syncwarp(); // every read of the head precedes every write
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_K; k++) {
+        int j = lane + 32 * k;
+        if (j < half) {
+            float cj = c[j], sj = s[j];
+            if (!bwd) { // outputs de-interleaved (j, j + half)
+                v[j] = __float2bfloat16_rn(a[k] * cj - b[k] * sj);
+                v[j + half] = __float2bfloat16_rn(b[k] * cj + a[k] * sj);
+            } else { // transpose: back to the interleaved pair (2j, 2j+1)
+                v[2 * j] = __float2bfloat16_rn(a[k] * cj + b[k] * sj);
+                v[2 * j + 1] = __float2bfloat16_rn(-a[k] * sj + b[k] * cj);
+            }
+        }
+    }
+}
+
+static void rope_launch(be_t *be, void *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cosb,
+                        const float *sinb, int64_t N, int nh, int dr, int style, int bwd) {
+    const char *what = bwd ? "rope_bwd" : "rope_fwd";
+    if (N <= 0 || nh <= 0 || dr <= 0) return;
+    if (dr % 2 || dr > 64 * ROPE_MAX_K || (style != ROPE_NEOX && style != ROPE_INTERLEAVED)) {
+        cu_op_error(be, "cuda %s: rotary dim %d must be even and at most %d; style %d must be NEOX or INTERLEAVED",
+                    what, dr, 64 * ROPE_MAX_K, style);
+        return;
+    }
+    int64_t warps = N * nh;
+    unsigned blocks = (unsigned)((warps + ROPE_WARPS - 1) / ROPE_WARPS);
+    k_rope<<<blocks, 32 * ROPE_WARPS, 0, cuda_stream(be)>>>((bf16 *)x, ld, hs, pos, cosb, sinb, N, nh, dr, style, bwd);
+    cuda_check_launch(be, what);
+}
+
+static void cu_rope_fwd(be_t *be, void *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cosb,
+                        const float *sinb, int64_t N, int nh, int dr, int style) {
+    rope_launch(be, x, ld, hs, pos, cosb, sinb, N, nh, dr, style, 0);
+}
+
+static void cu_rope_bwd(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cosb,
+                        const float *sinb, int64_t N, int nh, int dr, int style) {
+    rope_launch(be, dx, ld, hs, pos, cosb, sinb, N, nh, dr, style, 1);
+}
+
+extern "C" void cuda_register_rope(be_t *be) {
+    be->rope_fwd = cu_rope_fwd;
+    be->rope_bwd = cu_rope_bwd;
+}

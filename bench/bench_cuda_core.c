@@ -1,0 +1,220 @@
+// Timings of the CUDA shared ops (cuda_core / norm / rope / mlp / conv) at
+// training sizes, against the two ceilings of METHOD.md: bytes moved over
+// memory bandwidth (memory-bound ops) or FLOPs over the bf16 matrix rate
+// (GEMMs). Prints one line per op: median time of `reps` back-to-back
+// launches (host clock around a synchronised batch, after a warm-up), the
+// effective GB/s or TFLOP/s. Inputs are random (never zeros).
+//
+//   build-*/bench/bench_cuda_core [reps]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "base/err.h"
+#include "base/rng.h"
+
+static be_t *be;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *act(int64_t n) {
+    float *h = malloc((size_t)n * sizeof(float));
+    rng_t r;
+    rng_seed(&r, (uint64_t)n * 7919u + 1);
+    rng_fill_normal(&r, h, n, 0.0f, 1.0f);
+    void *d = be->alloc(be, (size_t)n * be->act_size);
+    if (!d || be->upload_act(be, d, h, n) < 0) {
+        fprintf(stderr, "bench: %s\n", err_msg());
+        exit(1);
+    }
+    free(h);
+    return d;
+}
+
+static float *f32(int64_t n) {
+    float *d = be->alloc(be, (size_t)n * sizeof(float));
+    if (!d || be->memset0(be, d, (size_t)n * sizeof(float)) < 0) {
+        fprintf(stderr, "bench: %s\n", err_msg());
+        exit(1);
+    }
+    return d;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// Median over 5 batches of `reps` calls, seconds per call.
+typedef void (*op_fn)(void *ctx);
+static double timeit(op_fn f, void *ctx, int reps) {
+    f(ctx); // warm-up: plan creation, module load
+    if (be->sync(be) < 0) {
+        fprintf(stderr, "bench: %s\n", err_msg());
+        exit(1);
+    }
+    double t[5];
+    for (int k = 0; k < 5; k++) {
+        double t0 = now();
+        for (int i = 0; i < reps; i++)
+            f(ctx);
+        be->sync(be);
+        t[k] = (now() - t0) / reps;
+    }
+    qsort(t, 5, sizeof t[0], cmp);
+    return t[2];
+}
+
+typedef struct {
+    void *a, *b, *c, *d;
+    float *f, *g, *h;
+    int32_t *ids;
+    int64_t M, N, K;
+    int W, T, C;
+} ctx_t;
+
+static void op_gemm_nt(void *p) { // y = x W^T
+    ctx_t *c = p;
+    be->gemm(be, 0, 1, c->M, c->N, c->K, 1.0f, c->a, c->K, c->b, c->K, 0.0f, c->c, c->N);
+}
+static void op_gemm_nn(void *p) { // dx = dy W
+    ctx_t *c = p;
+    be->gemm(be, 0, 0, c->M, c->N, c->K, 1.0f, c->a, c->K, c->b, c->N, 0.0f, c->c, c->N);
+}
+static void op_gemm_dw(void *p) { // dW += dy^T x (fp32)
+    ctx_t *c = p;
+    be->gemm_f32out(be, 1, 0, c->M, c->N, c->K, 1.0f, c->a, c->M, c->b, c->N, 1.0f, c->f, c->N);
+}
+static void op_rms_fwd(void *p) {
+    ctx_t *c = p;
+    be->rmsnorm_fwd(be, c->c, c->f, c->a, c->b, c->M, (int)c->N, 1e-5f);
+}
+static void op_rms_bwd(void *p) {
+    ctx_t *c = p;
+    be->rmsnorm_bwd(be, c->c, c->g, c->d, c->a, c->b, c->f, c->M, (int)c->N);
+}
+static void op_swiglu_fwd(void *p) {
+    ctx_t *c = p;
+    be->swiglu_fwd(be, c->c, c->a, c->b, c->M * c->N);
+}
+static void op_swiglu_bwd(void *p) {
+    ctx_t *c = p;
+    be->swiglu_bwd(be, c->c, c->d, c->a, c->a, c->b, c->M * c->N);
+}
+static void op_rope(void *p) {
+    ctx_t *c = p;
+    be->rope_fwd(be, c->a, c->N, 128, c->ids, c->f, c->g, c->M, (int)(c->N / 128), 128, ROPE_NEOX);
+}
+static void op_conv_fwd(void *p) {
+    ctx_t *c = p;
+    be->conv1d_fwd(be, c->c, c->a, c->C, c->b, NULL, NULL, 1, c->T, c->C, c->W, 1);
+}
+static void op_conv_bwd(void *p) {
+    ctx_t *c = p;
+    be->conv1d_bwd(be, c->d, c->C, c->f, NULL, NULL, c->c, c->a, c->C, c->b, NULL, NULL, 1, c->T, c->C, c->W, 1);
+}
+static void op_copy2d(void *p) {
+    ctx_t *c = p;
+    be->copy2d(be, c->c, c->N / 2, c->a, c->N, c->M, c->N / 2, 0);
+}
+static void op_embed_fwd(void *p) {
+    ctx_t *c = p;
+    be->embed_fwd(be, c->c, c->a, c->ids, c->M, (int)c->N);
+}
+
+static void row(const char *name, const char *shape, double s, double bytes, double flops) {
+    printf("%-14s %-34s %9.1f us", name, shape, s * 1e6);
+    if (bytes > 0) printf("  %7.0f GB/s", bytes / s * 1e-9);
+    if (flops > 0) printf("  %7.1f TFLOP/s", flops / s * 1e-12);
+    printf("\n");
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 20;
+    if (be_create(&be, "cuda", 512u << 20) < 0) {
+        fprintf(stderr, "bench_cuda_core: %s\n", err_msg());
+        return 1;
+    }
+    const double es = 2.0;
+    char shape[64];
+    {
+        const int64_t Ms[] = {8192, 8192, 8192}, Ns[] = {2048, 8192, 2048}, Ks[] = {2048, 2048, 8192};
+        for (int i = 0; i < 3; i++) {
+            ctx_t c = {.M = Ms[i], .N = Ns[i], .K = Ks[i]};
+            c.a = act(c.M * c.K), c.b = act(c.N * c.K), c.c = act(c.M * c.N);
+            snprintf(shape, sizeof shape, "M=%lld N=%lld K=%lld", (long long)c.M, (long long)c.N, (long long)c.K);
+            double fl = 2.0 * c.M * c.N * c.K;
+            row("gemm x W^T", shape, timeit(op_gemm_nt, &c, reps), 0, fl);
+            row("gemm dy W", shape, timeit(op_gemm_nn, &c, reps), 0, fl);
+            be->free(be, c.a), be->free(be, c.b), be->free(be, c.c);
+            // dW[M=out, N=in] += dy[K tokens, out]^T x[K, in]
+            ctx_t w = {.M = Ns[i], .N = Ks[i], .K = Ms[i]};
+            w.a = act(w.K * w.M), w.b = act(w.K * w.N), w.f = f32(w.M * w.N);
+            snprintf(shape, sizeof shape, "out=%lld in=%lld tokens=%lld", (long long)w.M, (long long)w.N,
+                     (long long)w.K);
+            row("gemm dW f32", shape, timeit(op_gemm_dw, &w, reps), 0, 2.0 * w.M * w.N * w.K);
+            be->free(be, w.a), be->free(be, w.b), be->free(be, w.f);
+        }
+    }
+    {
+        ctx_t c = {.M = 16384, .N = 2048};
+        int64_t n = c.M * c.N;
+        c.a = act(n), c.b = act(c.N), c.c = act(n), c.d = act(n), c.f = f32(c.M), c.g = f32(c.N);
+        snprintf(shape, sizeof shape, "N=%lld d=%lld", (long long)c.M, (long long)c.N);
+        row("rmsnorm fwd", shape, timeit(op_rms_fwd, &c, reps), 2 * n * es, 0);
+        op_rms_fwd(&c); // a real rstd for the backward
+        row("rmsnorm bwd", shape, timeit(op_rms_bwd, &c, reps), 3 * n * es, 0);
+        row("copy2d half", shape, timeit(op_copy2d, &c, reps), n * es, 0);
+        be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d), be->free(be, c.f);
+        be->free(be, c.g);
+    }
+    {
+        ctx_t c = {.M = 16384, .N = 8192};
+        int64_t n = c.M * c.N;
+        c.a = act(n), c.b = act(n), c.c = act(n), c.d = act(n);
+        snprintf(shape, sizeof shape, "n=%lld", (long long)n);
+        row("swiglu fwd", shape, timeit(op_swiglu_fwd, &c, reps), 3 * n * es, 0);
+        row("swiglu bwd", shape, timeit(op_swiglu_bwd, &c, reps), 5 * n * es, 0);
+        be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d);
+    }
+    {
+        ctx_t c = {.M = 16384, .N = 32 * 128};
+        int64_t n = c.M * c.N;
+        c.a = act(n);
+        int32_t *pos = malloc((size_t)c.M * sizeof(int32_t));
+        for (int64_t i = 0; i < c.M; i++)
+            pos[i] = (int32_t)i;
+        c.ids = be->alloc(be, (size_t)c.M * sizeof(int32_t));
+        be->copy_h2d(be, c.ids, pos, (size_t)c.M * sizeof(int32_t));
+        c.f = f32(c.M * 64), c.g = f32(c.M * 64);
+        snprintf(shape, sizeof shape, "N=%lld heads=32 dr=128", (long long)c.M);
+        row("rope neox", shape, timeit(op_rope, &c, reps), 2 * n * es, 0);
+        // embedding rows out of a 32768 x 4096 table
+        ctx_t e = {.M = 16384, .N = 4096, .ids = c.ids};
+        e.a = act(32768 * e.N), e.c = act(e.M * e.N);
+        snprintf(shape, sizeof shape, "N=%lld d=%lld", (long long)e.M, (long long)e.N);
+        row("embed fwd", shape, timeit(op_embed_fwd, &e, reps), 2 * e.M * e.N * es, 0);
+        be->free(be, c.a), be->free(be, c.ids), be->free(be, c.f), be->free(be, c.g), be->free(be, e.a);
+        be->free(be, e.c);
+        free(pos);
+    }
+    {
+        ctx_t c = {.T = 16384, .C = 8448, .W = 4};
+        int64_t n = (int64_t)c.T * c.C;
+        c.a = act(n), c.b = act((int64_t)c.C * c.W), c.c = act(n), c.d = act(n), c.f = f32((int64_t)c.C * c.W);
+        snprintf(shape, sizeof shape, "T=%d C=%d W=%d silu", c.T, c.C, c.W);
+        row("conv1d fwd", shape, timeit(op_conv_fwd, &c, reps), 2 * n * es, 0);
+        row("conv1d bwd", shape, timeit(op_conv_bwd, &c, reps), 3 * n * es, 0);
+        be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d), be->free(be, c.f);
+    }
+    int rc = be->sync(be);
+    if (rc < 0) fprintf(stderr, "bench_cuda_core: %s\n", err_msg());
+    be_destroy(be);
+    return rc < 0;
+}

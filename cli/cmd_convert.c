@@ -1,0 +1,324 @@
+// hylo convert: a teacher Transformer -> an MLA + GDN / Mamba-2 hybrid
+// checkpoint, either upcycled from the teacher directly or assembled from two
+// stage-1 (layer-wise distilled) checkpoints by a layer plan.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/timer.h"
+#include "cli/cli.h"
+#include "io/recipe.h"
+#include "io/safetensors.h"
+#include "io/weights.h"
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "tok/tok.h"
+#include "upcycle/upcycle.h"
+
+static const char *help =
+    "usage: hylo convert --teacher PATH --out DIR PLAN [options]\n"
+    "\n"
+    "Upcycles the teacher (a GGUF file or a Hugging Face folder) into a hybrid\n"
+    "checkpoint folder: MLA layers initialised by truncated SVD of the teacher's\n"
+    "projections, GDN (HyLo: GQA expansion + truncation) or Mamba-2 (MambaInLlama\n"
+    "mapping) for the other layers; MLPs, norms, embedding and head copied.\n"
+    "\n"
+    "plan (one of):\n"
+    "  --mla-layers LIST   MLA at these layer indices, e.g. 0,3,6 (the rest linear)\n"
+    "  --mla-every K       MLA at layers 0, K, 2K, ...\n"
+    "  --all-mla           every layer MLA (the stage-1 pure MLA model)\n"
+    "  --all-linear        every layer linear (the stage-1 pure linear model)\n"
+    "\n"
+    "options:\n"
+    "  --linear gdn|mamba2 the linear block (default gdn)\n"
+    "  --r-q N, --r-kv N, --d-rope N, --d-nope N, --d-v N\n"
+    "                      MLA dimensions (default by the recipe rules, printed)\n"
+    "  --gdn-heads N, --gdn-head-dim N   GDN heads (default floor(0.75 d / 256)) x 256\n"
+    "  --yarn-factor F, --yarn-orig N    YaRN on the MLA RoPE (default none)\n"
+    "  --from-mla DIR --from-linear DIR  assemble the hybrid from two stage-1\n"
+    "                      checkpoints: layer i whole from the MLA one when i is in\n"
+    "                      the plan, else from the linear one; embedding, final norm\n"
+    "                      and head from the teacher\n"
+    "  --recipe FILE.yaml  read model_name_or_path (teacher), mla_layers, linear_type,\n"
+    "                      q_lora_rank, kv_lora_rank, qk_rope_head_dim,\n"
+    "                      qk_nope_head_dim, v_head_dim, factor,\n"
+    "                      original_max_position_embeddings, mla_ILD_path,\n"
+    "                      linear_ILD_path, output_dir, seed; flags override it\n"
+    "  --seed S            seed of the random initialisations (default 42)\n"
+    "  --dtype f32|bf16|f16  matrices' dtype in model.safetensors (default f32)\n"
+    "  --allow-missing     tolerate missing / unknown tensors in the inputs\n";
+
+typedef struct {
+    const char *teacher, *out, *from_mla, *from_lin, *recipe;
+    int *mla;
+    int n_mla, every, all_mla, all_lin, have_plan;
+    layer_kind_t lin;
+    upc_dims_t dims;
+    long seed;
+    int dtype, flags;
+} conv_opts_t;
+
+static int parse_list(const char *s, int **out, int *n) {
+    int cap = 16, k = 0;
+    int *v = malloc(cap * sizeof(int));
+    while (v && *s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < 0 || x > 100000 || (*end && *end != ',')) {
+            free(v);
+            return cli_usage("convert", "--mla-layers expects comma-separated layer indices, got '%s'", s);
+        }
+        if (k == cap) v = realloc(v, (size_t)(cap *= 2) * sizeof(int));
+        if (v) v[k++] = (int)x;
+        s = *end ? end + 1 : end;
+    }
+    if (!v) return cli_fail(err_set(ERR_NOMEM, "out of memory"));
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static int int_opt(const char *name, const char *v, int *out) {
+    long x;
+    TRY(cli_int("convert", name, v, 1, 1 << 20, &x));
+    *out = (int)x;
+    return 0;
+}
+
+static int parse(int argc, char **argv, conv_opts_t *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int r = 0;
+#define STR(flag, field)                                                                                   \
+    if ((r = cli_opt(argc, argv, &i, flag, &v))) {                                                          \
+        if (r < 0) return cli_usage("convert", "%s needs a value", flag);                                  \
+        o->field = v;                                                                                      \
+        continue;                                                                                          \
+    }
+#define INT(flag, field)                                                                                   \
+    if ((r = cli_opt(argc, argv, &i, flag, &v))) {                                                          \
+        TRY(int_opt(flag, v, &o->field));                                                                  \
+        continue;                                                                                          \
+    }
+        STR("--teacher", teacher) STR("--out", out) STR("--from-mla", from_mla) STR("--from-linear", from_lin)
+        STR("--recipe", recipe) INT("--r-q", dims.r_q) INT("--r-kv", dims.r_kv) INT("--d-rope", dims.d_rope)
+        INT("--d-nope", dims.d_nope) INT("--d-v", dims.d_v) INT("--gdn-heads", dims.gdn_heads)
+        INT("--gdn-head-dim", dims.gdn_head_dim) INT("--yarn-orig", dims.yarn_orig) INT("--mla-every", every)
+#undef STR
+#undef INT
+        if ((r = cli_opt(argc, argv, &i, "--mla-layers", &v))) {
+            if (r < 0) return cli_usage("convert", "--mla-layers needs a value");
+            TRY(parse_list(v, &o->mla, &o->n_mla));
+            o->have_plan++;
+        } else if ((r = cli_opt(argc, argv, &i, "--linear", &v))) {
+            if (r < 0 || (strcmp(v, "gdn") && strcmp(v, "mamba2") && strcmp(v, "mamba")))
+                return cli_usage("convert", "--linear must be gdn or mamba2");
+            o->lin = strcmp(v, "gdn") ? LAYER_M2 : LAYER_GDN;
+        } else if ((r = cli_opt(argc, argv, &i, "--yarn-factor", &v))) {
+            double f;
+            TRY(cli_float("convert", "--yarn-factor", v, 1, 1024, &f));
+            o->dims.yarn_factor = (float)f;
+        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+            TRY(cli_int("convert", "--seed", v, 0, 0x7fffffffL, &o->seed));
+        } else if ((r = cli_opt(argc, argv, &i, "--dtype", &v))) {
+            if (r < 0 || (o->dtype = cli_dtype(v)) < 0) return cli_usage("convert", "--dtype must be f32, bf16 or f16");
+        } else if (cli_flag(argv, i, "--all-mla")) {
+            o->all_mla = 1, o->have_plan++;
+        } else if (cli_flag(argv, i, "--all-linear")) {
+            o->all_lin = 1, o->have_plan++;
+        } else if (cli_flag(argv, i, "--allow-missing")) {
+            o->flags |= MODEL_ALLOW_MISSING;
+        } else {
+            return cli_usage("convert", "unknown argument '%s'", argv[i]);
+        }
+    }
+    if (o->every) o->have_plan++;
+    return 0;
+}
+
+// Recipe keys fill what the flags left unset.
+static int apply_recipe(conv_opts_t *o, recipe_t *r) {
+    const char *s = NULL;
+    TRY(recipe_str(r, "model_name_or_path", &s));
+    if (!o->teacher && s) o->teacher = s;
+    s = NULL;
+    TRY(recipe_str(r, "output_dir", &s));
+    if (!o->out && s) o->out = s;
+    s = NULL;
+    TRY(recipe_str(r, "mla_ILD_path", &s));
+    if (!o->from_mla && s) o->from_mla = s;
+    s = NULL;
+    TRY(recipe_str(r, "linear_ILD_path", &s));
+    if (!s) TRY(recipe_str(r, "mamba_ILD_path", &s));
+    if (!o->from_lin && s) o->from_lin = s;
+    s = NULL;
+    TRY(recipe_str(r, "linear_type", &s));
+    if (s && !o->lin) o->lin = !strcmp(s, "gdn") ? LAYER_GDN : LAYER_M2;
+    if (s && strcmp(s, "gdn") && strcmp(s, "mamba") && strcmp(s, "mamba2"))
+        return err_set(ERR_INPUT, "%s: linear_type must be gdn or mamba (found '%s')", r->path, s);
+    if (!o->have_plan && recipe_find(r, "mla_layers")) {
+        TRY(recipe_int_list(r, "mla_layers", &o->mla, &o->n_mla));
+        o->have_plan = 1;
+    }
+    int64_t v;
+    struct {
+        const char *key;
+        int *field;
+    } ints[] = {{"q_lora_rank", &o->dims.r_q},       {"kv_lora_rank", &o->dims.r_kv},
+                {"qk_rope_head_dim", &o->dims.d_rope}, {"qk_nope_head_dim", &o->dims.d_nope},
+                {"v_head_dim", &o->dims.d_v},          {"original_max_position_embeddings", &o->dims.yarn_orig}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        v = 0;
+        TRY(recipe_int(r, ints[i].key, &v));
+        if (v > 0 && !*ints[i].field) *ints[i].field = (int)v;
+    }
+    double f = 0;
+    TRY(recipe_float(r, "factor", &f));
+    if (f > 0 && !o->dims.yarn_factor) o->dims.yarn_factor = (float)f;
+    v = -1;
+    TRY(recipe_int(r, "seed", &v));
+    if (v >= 0 && o->seed < 0) o->seed = (long)v;
+    return 0;
+}
+
+// The layer plan as a list of MLA indices.
+static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
+    if (o->have_plan != 1) return cli_usage("convert", "give exactly one plan: --mla-layers, --mla-every, --all-mla or --all-linear");
+    *mla = malloc((size_t)t->n_layers * sizeof(int));
+    *n = 0;
+    if (!*mla) return err_set(ERR_NOMEM, "out of memory");
+    if (o->all_mla)
+        for (int l = 0; l < t->n_layers; l++) (*mla)[(*n)++] = l;
+    else if (o->every)
+        for (int l = 0; l < t->n_layers; l += o->every) (*mla)[(*n)++] = l;
+    else if (o->mla) {
+        if (o->n_mla > t->n_layers) return err_set(ERR_INPUT, "more MLA layers than the teacher's %d layers", t->n_layers);
+        memcpy(*mla, o->mla, (size_t)o->n_mla * sizeof(int));
+        *n = o->n_mla;
+    }
+    return 0;
+}
+
+// Stage-1 assembly: student layer l comes whole from the MLA checkpoint when
+// it is an MLA layer, else from the linear one; the rest from the teacher.
+static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n_mla, arch_t *s, wsrc_t *teacher,
+                    const ptable_t *spt_out, float **host_out) {
+    arch_t am, al;
+    wsrc_t *wm = NULL, *wl = NULL;
+    TRY(wsrc_open(&wm, o->from_mla, &am));
+    int rc = wsrc_open(&wl, o->from_lin, &al);
+    if (rc == 0 && (am.d != t->d || am.n_layers != t->n_layers || al.d != t->d || al.n_layers != t->n_layers))
+        rc = err_set(ERR_INPUT, "%s / %s: the stage-1 checkpoints do not match the teacher's width and depth",
+                     o->from_mla, o->from_lin);
+    for (int l = 0; rc == 0 && l < t->n_layers; l++) {
+        if (am.kind[l] != LAYER_MLA) rc = err_set(ERR_INPUT, "%s: layer %d is not MLA (expected a pure MLA model)", o->from_mla, l);
+        else if (al.kind[l] != al.kind[0] || (al.kind[l] != LAYER_GDN && al.kind[l] != LAYER_M2))
+            rc = err_set(ERR_INPUT, "%s: layer %d is not a linear layer of one kind (expected a pure GDN or Mamba-2 model)",
+                         o->from_lin, l);
+    }
+    if (rc == 0) {
+        *s = *t;
+        s->is_hybrid = 1;
+        s->mla = am.mla;
+        memcpy(s->mla_rank_q, am.mla_rank_q, sizeof s->mla_rank_q);
+        memcpy(s->mla_rank_kv, am.mla_rank_kv, sizeof s->mla_rank_kv);
+        s->gdn = al.gdn;
+        s->m2 = al.m2;
+        for (int l = 0; l < t->n_layers; l++) s->kind[l] = al.kind[0];
+        for (int i = 0; i < n_mla; i++) s->kind[mla[i]] = LAYER_MLA;
+        rc = arch_validate(s, "assembled hybrid");
+    }
+    ptable_t *spt = (ptable_t *)spt_out;
+    float *host = NULL;
+    if (rc == 0) rc = ptable_build(spt, s);
+    if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < spt->n; i++) {
+        const param_t *p = &spt->p[i];
+        wsrc_t *src = p->layer < 0 ? teacher : s->kind[p->layer] == LAYER_MLA ? wm : wl;
+        if (p->layer < 0 && !strcmp(p->name, "lm_head.weight") && !wsrc_has(teacher, p->name))
+            rc = wsrc_read(teacher, "model.embed_tokens.weight", p->shape, p->nd, host + p->off);
+        else
+            rc = wsrc_read(src, p->name, p->shape, p->nd, host + p->off);
+    }
+    wsrc_close(wm);
+    wsrc_close(wl);
+    if (rc < 0) free(host);
+    else *host_out = host;
+    return rc;
+}
+
+int cmd_convert(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        fputs(help, stdout);
+        return 0;
+    }
+    conv_opts_t o = {.seed = -1, .dtype = ST_F32};
+    recipe_t rec = {0};
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    if (o.recipe && (rc = recipe_load(&rec, o.recipe)) == 0) rc = apply_recipe(&o, &rec);
+    if (rc < 0) return cli_fail(rc);
+    if (!o.lin) o.lin = LAYER_GDN;
+    if (o.seed < 0) o.seed = 42;
+    if (!o.teacher) return cli_usage("convert", "missing --teacher PATH");
+    if (!o.out) return cli_usage("convert", "missing --out DIR");
+    if (!o.from_mla != !o.from_lin) return cli_usage("convert", "--from-mla and --from-linear go together");
+    double t0 = time_now();
+    arch_t t, s;
+    wsrc_t *src = NULL;
+    ptable_t tpt = {0}, spt = {0};
+    float *tw = NULL, *sw = NULL;
+    int *mla = NULL, n_mla = 0;
+    tok_t tok = {0};
+    rc = wsrc_open(&src, o.teacher, &t);
+    if (rc == 0) rc = plan_layers(&o, &t, &mla, &n_mla);
+    if (rc > 0) goto done; // usage error already printed
+    if (rc == 0 && o.from_mla) {
+        rc = assemble(&o, &t, mla, n_mla, &s, src, &spt, &sw);
+    } else if (rc == 0) {
+        if (o.all_lin) n_mla = 0;
+        rc = upc_student_arch(&t, mla, n_mla, o.lin, &o.dims, &s);
+        if (rc == 0) rc = ptable_build(&tpt, &t);
+        if (rc == 0) rc = ptable_build(&spt, &s);
+        if (rc == 0 && (!(tw = malloc((size_t)tpt.total * sizeof(float))) || !(sw = calloc((size_t)spt.total, sizeof(float)))))
+            rc = err_set(ERR_NOMEM, "out of memory");
+        if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
+        if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
+    }
+    if (rc == 0) rc = cli_load_tokenizer(o.teacher, &tok);
+    char seed_s[32];
+    snprintf(seed_s, sizeof seed_s, "%ld", o.seed);
+    const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
+    if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, &tok, meta);
+    if (rc == 0) {
+        int cnt[4] = {0};
+        for (int l = 0; l < s.n_layers; l++) cnt[s.kind[l]]++;
+        arch_t tt = s;
+        for (int l = 0; l < tt.n_layers; l++) tt.kind[l] = LAYER_ATTN;
+        int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&tt, 2);
+        printf("hylo: wrote %s in %.1f s: %d MLA + %d %s layers, %lld parameters\n", o.out, time_now() - t0,
+               cnt[LAYER_MLA], cnt[LAYER_GDN] + cnt[LAYER_M2], cnt[LAYER_GDN] ? "GDN" : "Mamba-2",
+               (long long)ptable_count(&spt));
+        printf("  MLA layers:");
+        for (int l = 0; l < s.n_layers; l++)
+            if (s.kind[l] == LAYER_MLA) printf(" %d", l);
+        printf("\n  MLA: r_q %d, r_kv %d, d_nope %d, d_rope %d, d_v %d", s.mla.r_q, s.mla.r_kv, s.mla.d_nope,
+               s.mla.d_rope, s.mla.d_v);
+        if (s.mla.rope.scaling == ROPE_SCALE_YARN)
+            printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
+        if (cnt[LAYER_GDN])
+            printf("\n  GDN: %d heads x %d (value %d)", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
+        if (cnt[LAYER_M2])
+            printf("\n  Mamba-2: %d heads, headdim %d, d_state %d", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
+        printf("\n  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
+               tc ? 100.0 * hc / tc : 0.0);
+    }
+done:
+    tok_free(&tok);
+    free(tw), free(sw), free(mla), free(o.mla);
+    ptable_free(&tpt), ptable_free(&spt);
+    wsrc_close(src);
+    recipe_free(&rec);
+    return rc < 0 ? cli_fail(rc) : rc;
+}

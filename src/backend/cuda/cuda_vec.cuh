@@ -1,0 +1,123 @@
+// Device helpers shared by the elementwise, norm, MLP and conv kernels
+// (cuda_core.cu, cuda_norm.cu, cuda_mlp.cu, cuda_conv.cu): bf16 vector
+// loads/stores converted to and from fp32, warp sums, the choice of vector
+// width on the host, grid sizing, scratch-arena partials and op argument errors.
+#pragma once
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/cuda/cuda.h"
+
+// ---- bf16 <-> fp32 vectors ---------------------------------------------------
+// V consecutive elements: V = 8 is one 16-byte access, V = 2 one 4-byte access,
+// V = 1 a scalar. The caller guarantees the alignment (see cu_vec_width).
+template <int V> __device__ __forceinline__ void ld_bf16(const bf16 *p, float (&f)[V]) {
+    if constexpr (V == 8) {
+        uint4 u = *reinterpret_cast<const uint4 *>(p);
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 t = __bfloat1622float2(h[k]);
+            f[2 * k] = t.x;
+            f[2 * k + 1] = t.y;
+        }
+    } else if constexpr (V == 2) {
+        float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+        f[0] = t.x;
+        f[1] = t.y;
+    } else {
+        static_assert(V == 1, "V must be 1, 2 or 8");
+        f[0] = __bfloat162float(*p);
+    }
+}
+
+// Round to nearest even, as the CPU side's f32_to_bf16 (base/half.h).
+template <int V> __device__ __forceinline__ void st_bf16(bf16 *p, const float (&f)[V]) {
+    if constexpr (V == 8) {
+        uint4 u;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+        *reinterpret_cast<uint4 *>(p) = u;
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(f[0], f[1]);
+    } else {
+        static_assert(V == 1, "V must be 1, 2 or 8");
+        *p = __float2bfloat16_rn(f[0]);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Same formulas as the CPU twins (cpu.h) so both sides compute one function.
+__device__ __forceinline__ float dev_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float dev_silu(float x) { return x / (1.0f + expf(-x)); }
+
+// Grid-stride loop over i in [0, n), 64-bit indices.
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+// Dispatches a kernel templated on the vector width V chosen by cu_vec_width.
+#define LAUNCH_V(V, kern, grid, threads, stream, ...)                                                                  \
+    do {                                                                                                               \
+        if ((V) == 8)                                                                                                  \
+            kern<8><<<(grid), (threads), 0, (stream)>>>(__VA_ARGS__);                                                  \
+        else if ((V) == 2)                                                                                             \
+            kern<2><<<(grid), (threads), 0, (stream)>>>(__VA_ARGS__);                                                  \
+        else                                                                                                           \
+            kern<1><<<(grid), (threads), 0, (stream)>>>(__VA_ARGS__);                                                  \
+    } while (0)
+
+// ---- host side ---------------------------------------------------------------
+// Largest vector width V in {8, 2, 1} such that every address in `addr_or` (the
+// bitwise OR of all pointers involved) is V*2-byte aligned and every element
+// count or stride in `len_or` (the OR of them all) is a multiple of V. OR-ing
+// keeps the test exact: all values are multiples of 2^k iff their OR is.
+static inline int cu_vec_width(uintptr_t addr_or, uint64_t len_or) {
+    if (addr_or % 16 == 0 && len_or % 8 == 0) return 8;
+    if (addr_or % 4 == 0 && len_or % 2 == 0) return 2;
+    return 1;
+}
+
+// Blocks for a grid-stride loop over n items: enough to fill the chip, never 0.
+static inline unsigned cu_grid(be_t *be, int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads, cap = (int64_t)cuda_impl(be)->sm_count * 16;
+    if (b > cap) b = cap;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+// A temporary device buffer from the scratch arena, or NULL when it does not
+// fit (the caller then takes a path that needs none). Checked first so that a
+// full arena does not leave a message in the error slot. The caller resets the
+// arena to its mark right after queueing the kernels that use the buffer: the
+// next user of that memory is queued later on the same stream.
+static inline void *cu_scratch_try(be_t *be, size_t bytes) {
+    arena_t *a = &be->scratch;
+    size_t off = (a->used + 255) & ~(size_t)255;
+    if (!a->base || off + bytes > a->cap || off + bytes < off) return NULL;
+    return arena_alloc(a, bytes);
+}
+
+// Records an invalid-argument error the same way as a CUDA failure: reported by
+// the next sync() (first one wins) and left in the error slot now.
+static inline void cu_op_error(be_t *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline void cu_op_error(be_t *be, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cuda_impl_t *ci = cuda_impl(be);
+    if (!ci->first_error) {
+        ci->first_error = ERR_INPUT;
+        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
+    }
+    err_set(ERR_INPUT, "%s", msg);
+}

@@ -1,0 +1,255 @@
+#include "io/recipe.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "base/err.h"
+
+// Keys of the published configs (hylo_recipe.md §7 and hybrid_model.md §11).
+static const char *known_keys[] = {
+    "model_name_or_path", "teacher_model_name_or_path", "linear_type", "linear_ILD_path", "mla_ILD_path",
+    "mamba_ILD_path", "mla_layers", "attn_layers", "ssm_layers", "max_seq_length", "factor",
+    "original_max_position_embeddings", "kl_weight", "ce_weight", "fused_kl_hidden", "per_device_train_batch_size",
+    "per_device_eval_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_ratio",
+    "num_train_epochs", "max_steps", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+    "v_head_dim", "use_lora_layer_norm", "use_full_kv_head", "ILD", "data_ratio", "dataset_mixer", "dataset_splits",
+    "chat_template", "output_dir", "overwrite_output_dir", "seed", "bf16", "torch_dtype", "gradient_checkpointing",
+    "gradient_checkpointing_kwargs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
+    "logging_strategy", "log_level", "report_to", "with_distill", "init_with_svd", "init_with_kqvo", "decontaminate",
+    "use_flash_attention_2", "preprocessing_num_workers", "do_eval", "evaluation_strategy", "eval_steps",
+    "max_grad_norm", "push_to_hub", "hub_model_id", "remove_unused_columns", "freeze_non_mla", "beta", "max_length",
+    "max_prompt_length", "optim", "teacher_load_in_8bit", "prev_checkpoint_path", "layer_rank_list",
+    "q_energy_ratio", "kv_energy_ratio", "mla_num_key_value_heads", "use_fixed_rank_for_first_and_last_block",
+    "repeat_kv_before_conv", "dataset_name", "gdn_num_heads", "gdn_head_dim", "warmup_steps", "weight_decay",
+};
+
+static int is_known(const char *k) {
+    for (size_t i = 0; i < sizeof known_keys / sizeof known_keys[0]; i++)
+        if (!strcmp(known_keys[i], k)) return 1;
+    return 0;
+}
+
+static char *dup_str(const unsigned char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+void recipe_free(recipe_t *r) {
+    for (int i = 0; i < r->n; i++) {
+        free(r->e[i].key);
+        free(r->e[i].value);
+        for (int j = 0; j < r->e[i].n_items; j++) free(r->e[i].items[j]);
+        free(r->e[i].items);
+    }
+    free(r->e);
+    r->e = NULL;
+    r->n = 0;
+}
+
+static int push_item(recipe_entry_t *e, const yaml_event_t *ev) {
+    char **it = realloc(e->items, (size_t)(e->n_items + 1) * sizeof *it);
+    if (!it) return err_set(ERR_NOMEM, "out of memory");
+    e->items = it;
+    if (!(it[e->n_items] = dup_str(ev->data.scalar.value, ev->data.scalar.length))) return err_set(ERR_NOMEM, "out of memory");
+    e->n_items++;
+    return 0;
+}
+
+// Reads the value events of one key into e (scalar, flat sequence or flat map).
+static int read_value(recipe_t *r, yaml_parser_t *p, yaml_event_t *ev, recipe_entry_t *e) {
+    if (ev->type == YAML_SCALAR_EVENT) {
+        e->kind = RECIPE_SCALAR;
+        e->value = dup_str(ev->data.scalar.value, ev->data.scalar.length);
+        return e->value ? 0 : err_set(ERR_NOMEM, "out of memory");
+    }
+    int seq = ev->type == YAML_SEQUENCE_START_EVENT;
+    if (!seq && ev->type != YAML_MAPPING_START_EVENT)
+        return err_set(ERR_INPUT, "%s:%d: key %s: unsupported YAML value", r->path, e->line, e->key);
+    e->kind = seq ? RECIPE_LIST : RECIPE_MAP;
+    for (;;) {
+        yaml_event_t it;
+        if (!yaml_parser_parse(p, &it))
+            return err_set(ERR_INPUT, "%s:%zu: YAML error: %s", r->path, p->problem_mark.line + 1,
+                           p->problem ? p->problem : "?");
+        int end = it.type == (seq ? YAML_SEQUENCE_END_EVENT : YAML_MAPPING_END_EVENT);
+        int rc = 0;
+        if (!end) {
+            if (it.type != YAML_SCALAR_EVENT)
+                rc = err_set(ERR_INPUT, "%s:%d: key %s: nested values are not supported", r->path, e->line, e->key);
+            else
+                rc = push_item(e, &it);
+        }
+        yaml_event_delete(&it);
+        if (rc < 0) return rc;
+        if (end) return 0;
+    }
+}
+
+int recipe_load(recipe_t *r, const char *path) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->path, sizeof r->path, "%s", path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    yaml_parser_t p;
+    yaml_parser_initialize(&p);
+    yaml_parser_set_input_file(&p, f);
+    int rc = 0, depth = 0, done = 0;
+    while (!done && rc == 0) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev)) {
+            rc = err_set(ERR_INPUT, "%s:%zu: YAML error: %s", path, p.problem_mark.line + 1, p.problem ? p.problem : "?");
+            break;
+        }
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT: done = 1; break;
+        case YAML_MAPPING_START_EVENT:
+            if (depth++ > 0) rc = err_set(ERR_INPUT, "%s: unexpected nested mapping", path);
+            break;
+        case YAML_MAPPING_END_EVENT: depth--; break;
+        case YAML_SCALAR_EVENT: {
+            if (depth != 1) {
+                rc = err_set(ERR_INPUT, "%s: the recipe must be a mapping of keys", path);
+                break;
+            }
+            recipe_entry_t e = {0};
+            e.key = dup_str(ev.data.scalar.value, ev.data.scalar.length);
+            e.line = (int)ev.start_mark.line + 1;
+            if (!e.key) {
+                rc = err_set(ERR_NOMEM, "out of memory");
+                break;
+            }
+            if (!is_known(e.key)) rc = err_set(ERR_INPUT, "%s:%d: unknown key '%s'", path, e.line, e.key);
+            if (rc == 0 && recipe_find(r, e.key)) rc = err_set(ERR_INPUT, "%s:%d: duplicate key '%s'", path, e.line, e.key);
+            yaml_event_t val;
+            if (rc == 0 && !yaml_parser_parse(&p, &val))
+                rc = err_set(ERR_INPUT, "%s:%zu: YAML error: %s", path, p.problem_mark.line + 1, p.problem ? p.problem : "?");
+            else if (rc == 0) {
+                rc = read_value(r, &p, &val, &e);
+                yaml_event_delete(&val);
+            }
+            recipe_entry_t *ne = rc == 0 ? realloc(r->e, (size_t)(r->n + 1) * sizeof *ne) : NULL;
+            if (rc == 0 && !ne) rc = err_set(ERR_NOMEM, "out of memory");
+            if (rc == 0) {
+                r->e = ne;
+                r->e[r->n++] = e;
+            } else {
+                free(e.key);
+                free(e.value);
+                for (int j = 0; j < e.n_items; j++) free(e.items[j]);
+                free(e.items);
+            }
+            break;
+        }
+        default: break;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    if (rc < 0) recipe_free(r);
+    return rc;
+}
+
+const recipe_entry_t *recipe_find(const recipe_t *r, const char *key) {
+    for (int i = 0; i < r->n; i++)
+        if (!strcmp(r->e[i].key, key)) return &r->e[i];
+    return NULL;
+}
+
+static int scalar(const recipe_t *r, const char *key, const recipe_entry_t **e) {
+    *e = recipe_find(r, key);
+    if (*e && (*e)->kind != RECIPE_SCALAR)
+        return err_set(ERR_INPUT, "%s:%d: key %s must be a single value", r->path, (*e)->line, key);
+    return 0;
+}
+
+int recipe_str(const recipe_t *r, const char *key, const char **out) {
+    const recipe_entry_t *e;
+    TRY(scalar(r, key, &e));
+    if (e && strcmp(e->value, "null") && strcmp(e->value, "~") && *e->value) *out = e->value;
+    return 0;
+}
+
+int recipe_int(const recipe_t *r, const char *key, int64_t *out) {
+    const recipe_entry_t *e;
+    TRY(scalar(r, key, &e));
+    if (!e || !strcmp(e->value, "null")) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(e->value, &end, 10);
+    if (!*e->value || *end || errno)
+        return err_set(ERR_INPUT, "%s:%d: key %s: expected an integer, found '%s'", r->path, e->line, key, e->value);
+    *out = v;
+    return 0;
+}
+
+int recipe_float(const recipe_t *r, const char *key, double *out) {
+    const recipe_entry_t *e;
+    TRY(scalar(r, key, &e));
+    if (!e || !strcmp(e->value, "null")) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(e->value, &end);
+    if (!*e->value || *end || errno || !isfinite(v))
+        return err_set(ERR_INPUT, "%s:%d: key %s: expected a number, found '%s'", r->path, e->line, key, e->value);
+    *out = v;
+    return 0;
+}
+
+int recipe_bool(const recipe_t *r, const char *key, int *out) {
+    const recipe_entry_t *e;
+    TRY(scalar(r, key, &e));
+    if (!e) return 0;
+    if (!strcmp(e->value, "true") || !strcmp(e->value, "True")) *out = 1;
+    else if (!strcmp(e->value, "false") || !strcmp(e->value, "False")) *out = 0;
+    else return err_set(ERR_INPUT, "%s:%d: key %s: expected true or false, found '%s'", r->path, e->line, key, e->value);
+    return 0;
+}
+
+int recipe_int_list(const recipe_t *r, const char *key, int **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    const recipe_entry_t *e = recipe_find(r, key);
+    if (!e) return 0;
+    if (e->kind == RECIPE_MAP) return err_set(ERR_INPUT, "%s:%d: key %s must be a list", r->path, e->line, key);
+    // A scalar "0,2,4" or "[0, 2, 4]" is accepted too.
+    int cap = e->kind == RECIPE_LIST ? e->n_items : 1 + (int)strlen(e->value) / 2;
+    int *v = malloc((size_t)(cap ? cap : 1) * sizeof(int));
+    if (!v) return err_set(ERR_NOMEM, "out of memory");
+    int count = 0;
+    for (int i = 0; i < (e->kind == RECIPE_LIST ? e->n_items : 1); i++) {
+        const char *s = e->kind == RECIPE_LIST ? e->items[i] : e->value;
+        while (*s) {
+            while (*s == ' ' || *s == ',' || *s == '[' || *s == ']') s++;
+            if (!*s) break;
+            char *end;
+            long x = strtol(s, &end, 10);
+            if (end == s || x < 0 || x > 100000) {
+                free(v);
+                return err_set(ERR_INPUT, "%s:%d: key %s: '%s' is not a list of layer indices", r->path, e->line, key,
+                               e->kind == RECIPE_LIST ? e->items[i] : e->value);
+            }
+            if (count == cap) {
+                int *nv = realloc(v, (size_t)(cap *= 2) * sizeof(int));
+                if (!nv) {
+                    free(v);
+                    return err_set(ERR_NOMEM, "out of memory");
+                }
+                v = nv;
+            }
+            v[count++] = (int)x;
+            s = end;
+        }
+    }
+    *out = v;
+    *n = count;
+    return 0;
+}

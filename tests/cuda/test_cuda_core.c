@@ -1,0 +1,925 @@
+// CUDA-vs-CPU tests of the shared ops (cuda_core.cu, cuda_norm.cu, cuda_rope.cu,
+// cuda_mlp.cu, cuda_conv.cu). Every input is drawn fresh per shape and rounded
+// to bf16 (tu_round_bf16) so both backends see identical values; the CPU
+// backend (fp32) is the reference. Outputs on the GPU are poisoned with NaN
+// before the op so an unwritten element fails; memory around strided outputs
+// holds the same random values on both sides, so a write outside the region
+// fails too (buffers are always compared whole). Each check prints op, shape,
+// relative L2 error, max abs difference and the first mismatching index.
+//
+// Tolerances (every check states which one it uses):
+//  EXACT     copies, embedding, state rolls: bit-identical. add / scale /
+//            accumulating copy: one fp32 op on bf16 inputs, then one
+//            round-to-nearest-even to bf16 on both sides, so the GPU result
+//            equals the CPU result rounded to bf16 exactly.
+//  BF16      bf16 outputs of fp32 math: each element carries one rounding,
+//            relative error <= 2^-9 (~2e-3). Elementwise |got - ref| <=
+//            2^-8 |ref| (one rounding plus a possible flip across a rounding
+//            boundary when the fp32 values differ in their last bits) + 1e-3
+//            rms(ref) (elements near zero after a cancellation: GEMM sums, norm
+//            backward), and relative L2 error < 1e-2 (expected ~1e-3). Indexing
+//            bugs give errors of O(1).
+//  F32       fp32 outputs (rstd, rnorm, weight gradients, dstate): the same fp32
+//            math in another summation order over at most a few thousand
+//            terms: relative L2 < 1e-5; elementwise 1e-4 (|ref| + rms).
+//  F32_GEMM  gemm_f32out: tensor-core fp32 accumulation of exact bf16 products
+//            is not IEEE round-to-nearest at every add, and the order differs
+//            from OpenBLAS: relative L2 < 1e-4 for K <= 2048; elementwise 1e-3.
+//  F32_ATOM  embed_bwd: fp32 atomics add a row's few contributions in any
+//            order: a few ulps, relative L2 < 1e-6.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "testutil.h"
+
+// ---- tolerances: see the header comment ----------------------------------------
+typedef struct {
+    const char *name;
+    double l2, rtol, atol; // pass: rel L2 <= l2 and |got - ref| <= rtol |ref| + atol rms(ref) everywhere
+} tol_t;
+static const tol_t EXACT = {"exact", 0.0, 0.0, 0.0};
+static const tol_t BF16 = {"bf16", 1e-2, 1.0 / 256, 1e-3};
+static const tol_t F32 = {"f32", 1e-5, 1e-4, 1e-4};
+static const tol_t F32_GEMM = {"f32-gemm", 1e-4, 1e-3, 1e-3};
+static const tol_t F32_ATOM = {"f32-atomic", 1e-6, 1e-5, 1e-5};
+
+static be_t *cpu, *gpu;
+static uint64_t g_seed = 0x5eed;
+
+// HYLO_TEST_CPU_AS_GPU=1 runs the whole file with a second CPU backend in the
+// GPU's place: a self-check of this harness (buffer sizes, poisoning,
+// comparisons; try it under MODE=asan) on a machine without a GPU.
+static void setup_backends(void) {
+    static be_t *fake;
+    const char *e = getenv("HYLO_TEST_CPU_AS_GPU");
+    if (e && *e == '1') {
+        if (!fake && be_create(&fake, "cpu", 256u << 20) < 0) abort();
+        gpu = fake;
+    } else {
+        gpu = tu_cuda(); // skips the test when there is no GPU
+    }
+    cpu = tu_cpu();
+}
+// The GPU stores act in bf16: what it holds is the fp32 result rounded.
+static void round_like_gpu(float *p, int64_t n) {
+    if (gpu->act_dtype == DT_BF16) tu_round_bf16(p, n);
+}
+
+// ---- host buffers ------------------------------------------------------------------
+static float *hbuf(int64_t n) { return malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+// N(0, std^2) rounded to bf16, from a seed never used before.
+static float *rnd(int64_t n, float std) {
+    float *p = hbuf(n);
+    if (n > 0) {
+        tu_randn(p, n, g_seed++, std);
+        tu_round_bf16(p, n);
+    }
+    return p;
+}
+// 1 + N(0, 0.1^2), rounded: norm weights
+static float *rnd_w(int64_t n) {
+    float *p = rnd(n, 0.1f);
+    for (int64_t i = 0; i < n; i++)
+        p[i] += 1.0f;
+    tu_round_bf16(p, n);
+    return p;
+}
+// fp32 values that are not bf16-exact (float accumulators start from these)
+static float *rnd_f32(int64_t n, float std) {
+    float *p = hbuf(n);
+    if (n > 0) tu_randn(p, n, g_seed++, std);
+    return p;
+}
+static float *hdup(const float *h, int64_t n) {
+    float *p = hbuf(n);
+    if (n > 0) memcpy(p, h, (size_t)n * sizeof(float));
+    return p;
+}
+static void fill(float *p, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++)
+        p[i] = v;
+}
+static int32_t *rnd_ids(int64_t n, int range) {
+    int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    float *u = hbuf(n);
+    tu_randu(u, n, g_seed++, 0.0f, (float)range);
+    for (int64_t i = 0; i < n; i++) {
+        ids[i] = (int32_t)u[i];
+        if (ids[i] >= range) ids[i] = range - 1;
+    }
+    free(u);
+    return ids;
+}
+
+// ---- device buffers --------------------------------------------------------------
+static void *dact(const float *h, int64_t n) { return tu_dev_act(gpu, h, n); }
+static float *df32(const float *h, int64_t n) { return tu_dev_f32(gpu, h, n); }
+static int32_t *dint(const int32_t *h, int64_t n) {
+    int32_t *d = gpu->alloc(gpu, (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    assert_non_null(d);
+    assert_int_equal(gpu->copy_h2d(gpu, d, h, (size_t)n * sizeof(int32_t)), 0);
+    return d;
+}
+// element `off` of a device act buffer
+static void *gat(void *d, int64_t off) { return (char *)d + (size_t)off * gpu->act_size; }
+static void dfree(void *d) { gpu->free(gpu, d); }
+
+// Waits for the GPU and reports (and counts) an asynchronous or argument error.
+static int gsync(const char *op, const char *shape) {
+    int rc = gpu->sync(gpu);
+    if (rc != 0) printf("FAIL %-24s %-56s cuda error: %s\n", op, shape, err_msg());
+    fflush(stdout);
+    return rc == 0;
+}
+
+// Compares got with ref (n values) under tolerance t; prints one line. Returns 1 on pass.
+static int check(const char *op, const char *shape, const float *got, const float *ref, int64_t n, tol_t t) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)ref[i] * ref[i];
+    double rms = n > 0 ? sqrt(ss / (double)n) : 0.0;
+    double rel = n > 0 ? tu_rel_err(got, ref, n) : 0.0, maxd = n > 0 ? tu_max_abs_diff(got, ref, n) : 0.0;
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (!(d <= t.rtol * fabs((double)ref[i]) + t.atol * rms)) { // NaN fails
+            if (first < 0) first = i;
+            bad++;
+        }
+    }
+    int ok = rel <= t.l2 && bad == 0;
+    printf("%s %-24s %-56s rel_err %.3e (tol %.0e %s) max_abs %.3e", ok ? "ok  " : "FAIL", op, shape, rel, t.l2, t.name,
+           maxd);
+    if (bad)
+        printf("  %lld/%lld elements off, first at %lld: got %.8g ref %.8g", (long long)bad, (long long)n,
+               (long long)first, got[first], ref[first]);
+    printf("\n");
+    fflush(stdout);
+    return ok;
+}
+
+// Downloads a device act buffer of n elements and checks it; frees the copy.
+static int check_act(const char *op, const char *shape, const void *d, const float *ref, int64_t n, tol_t t) {
+    float *h = tu_host_act(gpu, d, n);
+    int ok = check(op, shape, h, ref, n, t);
+    free(h);
+    return ok;
+}
+static int check_f32(const char *op, const char *shape, const float *d, const float *ref, int64_t n, tol_t t) {
+    float *h = tu_host_f32(gpu, d, n);
+    int ok = check(op, shape, h, ref, n, t);
+    free(h);
+    return ok;
+}
+
+// What the GPU should hold after an op whose fp32 result the CPU computed:
+// that result rounded to bf16 (for EXACT comparisons of add / scale).
+static float *rounded(const float *ref, int64_t n) {
+    float *p = hdup(ref, n);
+    round_like_gpu(p, n);
+    return p;
+}
+
+// Copy of h with rows x cols at `off` (row stride ld) set to NaN: the GPU's
+// version of an output buffer whose surroundings must survive.
+static float *poisoned(const float *h, int64_t len, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
+    float *p = hdup(h, len);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            p[off + r * ld + c] = NAN;
+    return p;
+}
+
+// Consumes the whole scratch arena so ops take their no-scratch path.
+static size_t scratch_fill(be_t *be) {
+    size_t mark = arena_mark(&be->scratch);
+    be->scratch.used = be->scratch.cap;
+    return mark;
+}
+
+// ==== elementwise and copies ========================================================
+
+static void test_add_scale(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int64_t sizes[] = {1, 7, 333, 998, 4096, 100003}; // V = 1, 1, 1, 2, 8, 1
+    for (int si = 0; si < 6; si++)
+        for (int off = 0; off < 2; off++) { // off = 1: pointers not 4-byte aligned (scalar path)
+            int64_t n = sizes[si], len = n + off;
+            char shape[96];
+            snprintf(shape, sizeof shape, "n=%lld offset=%d", (long long)n, off);
+            float *y0 = rnd(len, 1.0f), *x = rnd(len, 1.0f);
+
+            float *yc = hdup(y0, len);
+            cpu->add(cpu, yc + off, x + off, n);
+            float *want = rounded(yc, len);
+            void *dy = dact(y0, len), *dx = dact(x, len);
+            gpu->add(gpu, gat(dy, off), gat(dx, off), n);
+            fails += !gsync("add", shape) || !check_act("add", shape, dy, want, len, EXACT);
+            free(want);
+
+            // scale into another buffer, then in place (y aliases x)
+            const float a = 0.37f;
+            float *sc = hdup(y0, len);
+            cpu->scale(cpu, sc + off, x + off, a, n);
+            want = rounded(sc, len);
+            void *ds = dact(y0, len);
+            gpu->scale(gpu, gat(ds, off), gat(dx, off), a, n);
+            fails += !gsync("scale", shape) || !check_act("scale", shape, ds, want, len, EXACT);
+            free(want);
+            float *xi = hdup(x, len);
+            cpu->scale(cpu, xi + off, xi + off, -1.75f, n);
+            gpu->scale(gpu, gat(dx, off), gat(dx, off), -1.75f, n);
+            want = rounded(xi, len);
+            fails += !gsync("scale in place", shape) || !check_act("scale in place", shape, dx, want, len, EXACT);
+            free(want);
+
+            free(y0), free(x), free(yc), free(sc), free(xi);
+            dfree(dy), dfree(dx), dfree(ds);
+        }
+    assert_int_equal(fails, 0);
+}
+
+static void test_copy2d(void **st) {
+    setup_backends();
+    int fails = 0;
+    // rows, cols, lds, ldd, source offset, destination offset
+    const int64_t cases[][6] = {
+        {1, 1, 1, 1, 0, 0},         {7, 5, 9, 6, 1, 3},    {333, 64, 576, 64, 512, 0}, // MLA: k_pe out of [c|k_pe]
+        {100, 576, 576, 640, 0, 0}, {64, 8, 16, 24, 0, 8}, {50, 130, 131, 130, 1, 0},  {1, 1000, 1000, 1000, 0, 0},
+        {40, 96, 192, 96, 96, 0},   {3, 2, 2, 4, 2, 2},    {20, 10, 12, 14, 2, 4},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int acc = 0; acc < 2; acc++) {
+            const int64_t *c = cases[ci];
+            int64_t rows = c[0], cols = c[1], lds = c[2], ldd = c[3], so = c[4], dof = c[5];
+            int64_t slen = so + rows * lds, dlen = dof + rows * ldd;
+            char shape[96];
+            snprintf(shape, sizeof shape, "rows=%lld cols=%lld lds=%lld ldd=%lld off=%lld/%lld", (long long)rows,
+                     (long long)cols, (long long)lds, (long long)ldd, (long long)so, (long long)dof);
+            float *src = rnd(slen, 1.0f), *dst0 = rnd(dlen, 1.0f);
+            float *ref = hdup(dst0, dlen);
+            cpu->copy2d(cpu, ref + dof, ldd, src + so, lds, rows, cols, acc);
+            float *init = acc ? hdup(dst0, dlen) : poisoned(dst0, dlen, dof, rows, cols, ldd);
+            void *ds = dact(src, slen), *dd = dact(init, dlen);
+            gpu->copy2d(gpu, gat(dd, dof), ldd, gat(ds, so), lds, rows, cols, acc);
+            float *want = rounded(ref, dlen);
+            const char *op = acc ? "copy2d +=" : "copy2d =";
+            fails += !gsync(op, shape) || !check_act(op, shape, dd, want, dlen, EXACT);
+            free(src), free(dst0), free(ref), free(init), free(want);
+            dfree(ds), dfree(dd);
+        }
+    assert_int_equal(fails, 0);
+}
+
+// ==== embedding =======================================================================
+
+static void test_embed(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int V = 50;
+    const int64_t cases[][2] = {{1, 1}, {13, 7}, {333, 576}, {64, 77}, {200, 2048}, {9, 8}, {17, 6}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int64_t N = cases[ci][0];
+        int d = (int)cases[ci][1];
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%lld d=%d V=%d", (long long)N, d, V);
+        // ids from a narrow range so rows repeat (the backward must sum them all)
+        int32_t *ids = rnd_ids(N, N < 8 ? V : 8);
+        float *table = rnd((int64_t)V * d, 1.0f), *ref = hbuf(N * d), *nan = hbuf(N * d);
+        fill(nan, N * d, NAN);
+        cpu->embed_fwd(cpu, ref, table, ids, N, d);
+        int32_t *did = dint(ids, N);
+        void *dt = dact(table, (int64_t)V * d), *dout = dact(nan, N * d);
+        gpu->embed_fwd(gpu, dout, dt, did, N, d);
+        fails += !gsync("embed_fwd", shape) || !check_act("embed_fwd", shape, dout, ref, N * d, EXACT);
+
+        float *g = rnd(N * d, 1.0f), *dtab0 = rnd_f32((int64_t)V * d, 1.0f), *dtab = hdup(dtab0, (int64_t)V * d);
+        void *dg = dact(g, N * d);
+        float *ddt = df32(dtab0, (int64_t)V * d);
+        for (int call = 1; call <= 2; call++) { // dtable += : twice is twice the gradient
+            char s2[128];
+            snprintf(s2, sizeof s2, "%s call %d", shape, call);
+            cpu->embed_bwd(cpu, dtab, g, ids, N, d);
+            gpu->embed_bwd(gpu, ddt, dg, did, N, d);
+            fails += !gsync("embed_bwd", s2) || !check_f32("embed_bwd", s2, ddt, dtab, (int64_t)V * d, F32_ATOM);
+        }
+        free(ids), free(table), free(ref), free(nan), free(g), free(dtab0), free(dtab);
+        dfree(did), dfree(dt), dfree(dout), dfree(dg), dfree(ddt);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// ==== matrix products ===================================================================
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K;
+    int64_t lda, ldb, ldc;     // 0 = tight
+    int64_t aoff, boff, coff;  // element offsets of A, B, C in their buffers
+    int64_t sa, sb, sc, batch; // batched only (0 = tight)
+    float alpha, beta;
+    const char *what;
+} gcase_t;
+
+// Rows of the stored matrix and the minimum row stride of each operand.
+static void gemm_dims(gcase_t *g) {
+    if (!g->lda) g->lda = g->ta ? g->M : g->K;
+    if (!g->ldb) g->ldb = g->tb ? g->K : g->N;
+    if (!g->ldc) g->ldc = g->N;
+    if (!g->batch) g->batch = 1;
+    int64_t ra = g->ta ? g->K : g->M, rb = g->tb ? g->N : g->K;
+    if (!g->sa) g->sa = ra * g->lda;
+    if (!g->sb) g->sb = rb * g->ldb;
+    if (!g->sc) g->sc = g->M * g->ldc;
+}
+static int64_t span(int64_t off, int64_t rows, int64_t ld, int64_t stride, int64_t batch) {
+    return off + (batch - 1) * stride + rows * ld + 1;
+}
+
+// mode 0: gemm (bf16 C), 1: gemm_f32out, 2: gemm_batched. `calls` > 1 repeats
+// the same call (beta = 1 accumulates) and checks after each.
+static int gemm_case(gcase_t g, int mode, int calls) {
+    gemm_dims(&g);
+    int64_t ra = g.ta ? g.K : g.M, rb = g.tb ? g.N : g.K;
+    int64_t la = span(g.aoff, ra, g.lda, g.sa, g.batch), lb = span(g.boff, rb, g.ldb, g.sb, g.batch);
+    int64_t lc = span(g.coff, g.M, g.ldc, g.sc, g.batch);
+    char shape[160];
+    snprintf(shape, sizeof shape, "%s tA=%d tB=%d M=%lld N=%lld K=%lld ld=%lld/%lld/%lld b=%lld a=%g b=%g", g.what,
+             g.ta, g.tb, (long long)g.M, (long long)g.N, (long long)g.K, (long long)g.lda, (long long)g.ldb,
+             (long long)g.ldc, (long long)g.batch, g.alpha, g.beta);
+    const char *op = mode == 0 ? "gemm" : mode == 1 ? "gemm_f32out" : "gemm_batched";
+    float *A = rnd(la, 1.0f), *B = rnd(lb, 1.0f);
+    float *C0 = mode == 1 ? rnd_f32(lc, 1.0f) : rnd(lc, 1.0f), *ref = hdup(C0, lc);
+    // beta = 0 must not read C: poison the written region on the GPU
+    float *init = hdup(C0, lc);
+    if (g.beta == 0.0f)
+        for (int64_t b = 0; b < g.batch; b++)
+            for (int64_t m = 0; m < g.M; m++)
+                for (int64_t n = 0; n < g.N; n++)
+                    init[g.coff + b * g.sc + m * g.ldc + n] = NAN;
+    void *dA = dact(A, la), *dB = dact(B, lb);
+    void *dC = mode == 1 ? (void *)df32(init, lc) : dact(init, lc);
+    int fails = 0;
+    for (int call = 1; call <= calls; call++) {
+        if (mode == 2)
+            cpu->gemm_batched(cpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, A + g.aoff, g.lda, g.sa, B + g.boff, g.ldb, g.sb,
+                              g.beta, ref + g.coff, g.ldc, g.sc, g.batch);
+        else
+            cpu->gemm(cpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, A + g.aoff, g.lda, B + g.boff, g.ldb, g.beta,
+                      ref + g.coff, g.ldc);
+        if (mode == 0)
+            gpu->gemm(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, gat(dA, g.aoff), g.lda, gat(dB, g.boff), g.ldb, g.beta,
+                      gat(dC, g.coff), g.ldc);
+        else if (mode == 1)
+            gpu->gemm_f32out(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, gat(dA, g.aoff), g.lda, gat(dB, g.boff), g.ldb,
+                             g.beta, (float *)dC + g.coff, g.ldc);
+        else
+            gpu->gemm_batched(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, gat(dA, g.aoff), g.lda, g.sa, gat(dB, g.boff),
+                              g.ldb, g.sb, g.beta, gat(dC, g.coff), g.ldc, g.sc, g.batch);
+        char s2[200];
+        snprintf(s2, sizeof s2, "%s%s", shape, calls > 1 ? (call == 1 ? " call 1" : " call 2") : "");
+        int ok = gsync(op, s2);
+        if (ok && mode == 1)
+            ok = check_f32(op, s2, dC, ref, lc, F32_GEMM);
+        else if (ok)
+            ok = check_act(op, s2, dC, ref, lc, BF16);
+        fails += !ok;
+        // the next call accumulates onto what each side holds now: keep the CPU
+        // reference in step with the GPU's bf16 rounding of C
+        if (mode != 1) round_like_gpu(ref, lc);
+    }
+    free(A), free(B), free(C0), free(ref), free(init);
+    dfree(dA), dfree(dB), dfree(dC);
+    return fails;
+}
+
+static void test_gemm(void **st) {
+    setup_backends();
+    int fails = 0;
+    gcase_t cases[] = {
+        {.ta = 0, .tb = 1, .M = 1, .N = 1, .K = 1, .alpha = 1, .beta = 0, .what = "1x1x1"},
+        {.ta = 0, .tb = 1, .M = 7, .N = 13, .K = 333, .alpha = 1, .beta = 0, .what = "odd"},
+        {.ta = 0, .tb = 1, .M = 128, .N = 576, .K = 576, .alpha = 1, .beta = 0, .what = "linear fwd"},
+        {.ta = 0, .tb = 0, .M = 333, .N = 576, .K = 1536, .alpha = 1, .beta = 1, .what = "linear dx +="},
+        {.ta = 1, .tb = 0, .M = 77, .N = 65, .K = 129, .alpha = -0.75f, .beta = 0.5f, .what = "tA"},
+        {.ta = 1, .tb = 1, .M = 33, .N = 17, .K = 65, .alpha = 1, .beta = 0, .what = "tA tB"},
+        {.ta = 0, .tb = 0, .M = 5, .N = 2048, .K = 64, .alpha = 1, .beta = 0, .what = "wide"},
+        // MLA decompression from the cache: A = latent rows [c | k_pe] (ld = r_kv + d_rope), second sequence
+        {.ta = 0,
+         .tb = 1,
+         .M = 40,
+         .N = 96,
+         .K = 64,
+         .lda = 96,
+         .aoff = 48 * 96,
+         .alpha = 1,
+         .beta = 0,
+         .what = "latent slice"},
+        // column slices at odd element offsets, odd leading dimensions: 2-byte alignment only
+        {.ta = 0,
+         .tb = 1,
+         .M = 37,
+         .N = 45,
+         .K = 100,
+         .lda = 203,
+         .ldb = 101,
+         .ldc = 50,
+         .aoff = 3,
+         .boff = 1,
+         .coff = 1,
+         .alpha = 1,
+         .beta = 0,
+         .what = "misaligned"},
+        {.ta = 1,
+         .tb = 0,
+         .M = 64,
+         .N = 48,
+         .K = 80,
+         .lda = 72,
+         .ldb = 56,
+         .ldc = 64,
+         .aoff = 8,
+         .boff = 8,
+         .coff = 16,
+         .alpha = 1.5f,
+         .beta = -1,
+         .what = "strided"},
+        {.ta = 0, .tb = 1, .M = 512, .N = 1024, .K = 2048, .alpha = 1, .beta = 0, .what = "large"},
+        {.ta = 0, .tb = 1, .M = 0, .N = 16, .K = 16, .alpha = 1, .beta = 0, .what = "M=0 no-op"},
+        {.ta = 0, .tb = 1, .M = 16, .N = 0, .K = 16, .alpha = 1, .beta = 0, .what = "N=0 no-op"},
+        {.ta = 0, .tb = 1, .M = 9, .N = 11, .K = 0, .ldc = 12, .alpha = 1, .beta = 0, .what = "K=0 zeroes C"},
+        {.ta = 0, .tb = 1, .M = 9, .N = 11, .K = 0, .ldc = 12, .alpha = 1, .beta = 0.5f, .what = "K=0 scales C"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += gemm_case(cases[i], 0, 1);
+    // accumulation (beta = 1) twice through the cached plan
+    gcase_t accu = {.ta = 0, .tb = 0, .M = 64, .N = 96, .K = 80, .alpha = 1, .beta = 1, .what = "dx += twice"};
+    fails += gemm_case(accu, 0, 2);
+    assert_int_equal(fails, 0);
+}
+
+static void test_gemm_f32out(void **st) {
+    setup_backends();
+    int fails = 0;
+    // weight gradients dW[out, in] += dy^T x (gdn.c, linear.c): beta = 1, called twice
+    gcase_t acc[] = {
+        {.ta = 1, .tb = 0, .M = 96, .N = 77, .K = 333, .alpha = 1, .beta = 1, .what = "dW += dy^T x"},
+        {.ta = 1, .tb = 0, .M = 576, .N = 576, .K = 128, .alpha = 1, .beta = 1, .what = "dW += dy^T x"},
+        {.ta = 1, .tb = 0, .M = 64, .N = 40, .K = 2048, .alpha = 1, .beta = 1, .what = "dW long K"},
+        // a block of a larger gradient: rows of the slice are ldc apart
+        {.ta = 1,
+         .tb = 0,
+         .M = 32,
+         .N = 24,
+         .K = 50,
+         .lda = 40,
+         .ldb = 30,
+         .ldc = 100,
+         .aoff = 5,
+         .boff = 3,
+         .coff = 7,
+         .alpha = 1,
+         .beta = 1,
+         .what = "dW slice"},
+    };
+    for (size_t i = 0; i < sizeof acc / sizeof acc[0]; i++)
+        fails += gemm_case(acc[i], 1, 2);
+    gcase_t one[] = {
+        {.ta = 0, .tb = 1, .M = 7, .N = 13, .K = 333, .alpha = 1, .beta = 0, .what = "beta 0"},
+        {.ta = 0, .tb = 0, .M = 33, .N = 65, .K = 17, .alpha = 2, .beta = 0.25f, .what = "alpha beta"},
+        {.ta = 1, .tb = 1, .M = 31, .N = 9, .K = 19, .alpha = 1, .beta = 0, .what = "tA tB"},
+        {.ta = 1, .tb = 0, .M = 12, .N = 10, .K = 0, .alpha = 1, .beta = 1, .what = "K=0 keeps C"},
+        {.ta = 1, .tb = 0, .M = 12, .N = 10, .K = 0, .alpha = 1, .beta = 0, .what = "K=0 zeroes C"},
+    };
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++)
+        fails += gemm_case(one[i], 1, 1);
+    assert_int_equal(fails, 0);
+}
+
+static void test_gemm_batched(void **st) {
+    setup_backends();
+    int fails = 0;
+    // MLA decode absorption (mla.c): B = 5 sequences, H = 4 heads in G = 2 KV
+    // groups (hpg = 2), d_nope 32, d_rope 16 (qd 48), r_kv 64, d_v 32 (kvh 64).
+    const int64_t Bq = 5, H = 4, G = 2, hpg = 2, dn = 32, qd = 48, rkv = 64, dv = 32, kvh = dn + dv;
+    for (int64_t j = 0; j < hpg; j++) {
+        // q_lat[b, h] = q_nope[b, h] wk_g: A = q + j qd (ld H qd, step hpg qd), B = kv_b rows of group g
+        gcase_t qlat = {.ta = 0,
+                        .tb = 0,
+                        .M = Bq,
+                        .N = rkv,
+                        .K = dn,
+                        .lda = H * qd,
+                        .ldb = rkv,
+                        .ldc = H * rkv,
+                        .aoff = j * qd,
+                        .coff = j * rkv,
+                        .sa = hpg * qd,
+                        .sb = kvh * rkv,
+                        .sc = hpg * rkv,
+                        .batch = G,
+                        .alpha = 1,
+                        .beta = 0,
+                        .what = "MLA q_lat"};
+        fails += gemm_case(qlat, 2, 1);
+        // att[b, h] = wv_g olat[b, h]: B = kv_b + d_nope rows, transposed
+        gcase_t att = {.ta = 0,
+                       .tb = 1,
+                       .M = Bq,
+                       .N = dv,
+                       .K = rkv,
+                       .lda = H * rkv,
+                       .ldb = rkv,
+                       .ldc = H * dv,
+                       .aoff = j * rkv,
+                       .boff = dn * rkv,
+                       .coff = j * dv,
+                       .sa = hpg * rkv,
+                       .sb = kvh * rkv,
+                       .sc = hpg * dv,
+                       .batch = G,
+                       .alpha = 1,
+                       .beta = 0,
+                       .what = "MLA att"};
+        fails += gemm_case(att, 2, 1);
+    }
+    gcase_t more[] = {
+        {.ta = 1, .tb = 0, .M = 16, .N = 24, .K = 40, .batch = 7, .alpha = 1, .beta = 0, .what = "tight"},
+        {.ta = 1, .tb = 1, .M = 13, .N = 7, .K = 29, .batch = 3, .alpha = 0.5f, .beta = 0.5f, .what = "beta"},
+        {.ta = 0, .tb = 1, .M = 33, .N = 65, .K = 77, .batch = 1, .alpha = 1, .beta = 0, .what = "batch 1"},
+        {.ta = 0,
+         .tb = 0,
+         .M = 9,
+         .N = 5,
+         .K = 3,
+         .sa = 31,
+         .sb = 17,
+         .sc = 50,
+         .batch = 4,
+         .alpha = 1,
+         .beta = 0,
+         .what = "odd strides"},
+        {.ta = 0, .tb = 1, .M = 6, .N = 7, .K = 0, .batch = 3, .alpha = 1, .beta = 0.5f, .what = "K=0"},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+        fails += gemm_case(more[i], 2, 1);
+    assert_int_equal(fails, 0);
+}
+
+// ==== norms ================================================================================
+
+static int rmsnorm_case(int64_t N, int d, int no_scratch) {
+    int fails = 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "N=%lld d=%d%s", (long long)N, d, no_scratch ? " (no scratch: atomics)" : "");
+    const float eps = 1e-5f;
+    int64_t n = N * (int64_t)d;
+    float *x = rnd(n, 1.0f), *w = rnd_w(d), *out = hbuf(n), *rstd = hbuf(N), *nan = hbuf(n);
+    fill(nan, n, NAN);
+    cpu->rmsnorm_fwd(cpu, out, rstd, x, w, N, d, eps);
+    void *dxx = dact(x, n), *dw_ = dact(w, d), *dout = dact(nan, n);
+    float *drs = df32(nan, N);
+    gpu->rmsnorm_fwd(gpu, dout, drs, dxx, dw_, N, d, eps);
+    fails += !gsync("rmsnorm_fwd", shape) || !check_act("rmsnorm_fwd out", shape, dout, out, n, BF16) ||
+             !check_f32("rmsnorm_fwd rstd", shape, drs, rstd, N, F32);
+
+    // backward from the CPU's rstd (the same on both sides)
+    float *g = rnd(n, 1.0f), *dx = hbuf(n), *dw0 = rnd_f32(d, 1.0f), *dw = hdup(dw0, d);
+    void *dg = dact(g, n), *ddx = dact(nan, n);
+    float *drstd = df32(rstd, N), *ddw = df32(dw0, d);
+    size_t mark = no_scratch ? scratch_fill(gpu) : 0;
+    for (int call = 1; call <= 2; call++) { // dw += : twice is twice the gradient
+        char s2[128];
+        snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        cpu->rmsnorm_bwd(cpu, dx, dw, g, x, w, rstd, N, d);
+        gpu->rmsnorm_bwd(gpu, ddx, ddw, dg, dxx, dw_, drstd, N, d);
+        fails += !gsync("rmsnorm_bwd", s2) || !check_act("rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
+                 !check_f32("rmsnorm_bwd dw", s2, ddw, dw, d, F32);
+    }
+    if (no_scratch) arena_reset(&gpu->scratch, mark);
+    free(x), free(w), free(out), free(rstd), free(nan), free(g), free(dx), free(dw0), free(dw);
+    dfree(dxx), dfree(dw_), dfree(dout), dfree(drs), dfree(dg), dfree(ddx), dfree(drstd), dfree(ddw);
+    return fails;
+}
+
+static void test_rmsnorm(void **st) {
+    setup_backends();
+    int fails = 0;
+    // no d = 1: its dx = r g w (1 - xh^2) is all cancellation, so fp32 rounding
+    // differences are O(1) of the result; likewise gs = 1 and dim = 1 below
+    const int64_t cases[][2] = {{1, 576}, {7, 2048}, {333, 77}, {64, 5120}, {5, 2}, {1000, 64}, {3, 4104}, {11, 666}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += rmsnorm_case(cases[i][0], (int)cases[i][1], 0);
+    fails += rmsnorm_case(333, 77, 1);
+    fails += rmsnorm_case(64, 5120, 1);
+    assert_int_equal(fails, 0);
+}
+
+typedef struct {
+    int64_t N;
+    int G, gs;
+    int64_t ldz, zoff, lddz, dzoff; // 0 = tight (G*gs)
+    int shared;                     // w_len = gs (GDN) or G*gs (Mamba-2)
+} gncase_t;
+
+static int gnorm_case(gncase_t c, int mode, int no_scratch) {
+    int fails = 0;
+    const float eps = 1e-5f;
+    int64_t width = (int64_t)c.G * c.gs, n = c.N * width;
+    int64_t ldz = c.ldz ? c.ldz : width, lddz = c.lddz ? c.lddz : width;
+    int64_t zlen = c.zoff + c.N * ldz, dzlen = c.dzoff + c.N * lddz, wlen = c.shared ? c.gs : width;
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s N=%lld G=%d gs=%d ldz=%lld lddz=%lld w_len=%lld%s",
+             mode == GNORM_NORM_THEN_GATE ? "norm-gate" : "gate-norm", (long long)c.N, c.G, c.gs, (long long)ldz,
+             (long long)lddz, (long long)wlen, no_scratch ? " no scratch" : "");
+    float *x = rnd(n, 1.0f), *z = rnd(zlen, 1.5f), *w = rnd_w(wlen), *out = hbuf(n), *rstd = hbuf(c.N * c.G);
+    float *nan = hbuf(n);
+    fill(nan, n, NAN);
+    cpu->gated_rmsnorm_fwd(cpu, out, rstd, x, z + c.zoff, ldz, w, wlen, c.N, c.G, c.gs, eps, mode);
+    void *dxx = dact(x, n), *dz_ = dact(z, zlen), *dw_ = dact(w, wlen), *dout = dact(nan, n);
+    float *drs = df32(nan, c.N * c.G);
+    gpu->gated_rmsnorm_fwd(gpu, dout, drs, dxx, gat(dz_, c.zoff), ldz, dw_, wlen, c.N, c.G, c.gs, eps, mode);
+    fails += !gsync("gated_rmsnorm_fwd", shape) || !check_act("gated_rmsnorm_fwd out", shape, dout, out, n, BF16) ||
+             !check_f32("gated_rmsnorm_fwd rstd", shape, drs, rstd, c.N * c.G, F32);
+
+    float *g = rnd(n, 1.0f), *dx = hbuf(n), *dz0 = rnd(dzlen, 1.0f), *dz = hdup(dz0, dzlen);
+    float *dw0 = rnd_f32(wlen, 1.0f), *dw = hdup(dw0, wlen);
+    float *dzinit = poisoned(dz0, dzlen, c.dzoff, c.N, width, lddz);
+    void *dg = dact(g, n), *ddx = dact(nan, n), *ddz = dact(dzinit, dzlen);
+    float *drstd = df32(rstd, c.N * c.G), *ddw = df32(dw0, wlen);
+    size_t mark = no_scratch ? scratch_fill(gpu) : 0;
+    for (int call = 1; call <= 2; call++) {
+        char s2[160];
+        snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        cpu->gated_rmsnorm_bwd(cpu, dx, dz + c.dzoff, lddz, dw, g, x, z + c.zoff, ldz, w, wlen, rstd, c.N, c.G, c.gs,
+                               mode);
+        gpu->gated_rmsnorm_bwd(gpu, ddx, gat(ddz, c.dzoff), lddz, ddw, dg, dxx, gat(dz_, c.zoff), ldz, dw_, wlen, drstd,
+                               c.N, c.G, c.gs, mode);
+        fails += !gsync("gated_rmsnorm_bwd", s2) || !check_act("gated_rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
+                 !check_act("gated_rmsnorm_bwd dz", s2, ddz, dz, dzlen, BF16) ||
+                 !check_f32("gated_rmsnorm_bwd dw", s2, ddw, dw, wlen, F32);
+    }
+    if (no_scratch) arena_reset(&gpu->scratch, mark);
+    free(x), free(z), free(w), free(out), free(rstd), free(nan), free(g), free(dx), free(dz0), free(dz), free(dw0);
+    free(dw), free(dzinit);
+    dfree(dxx), dfree(dz_), dfree(dw_), dfree(dout), dfree(drs), dfree(dg), dfree(ddx), dfree(ddz), dfree(drstd);
+    dfree(ddw);
+    return fails;
+}
+
+static void test_gated_rmsnorm(void **st) {
+    setup_backends();
+    int fails = 0;
+    gncase_t cases[] = {
+        {.N = 1, .G = 1, .gs = 64, .shared = 1},
+        {.N = 7, .G = 4, .gs = 128, .ldz = 4 * 128 + 37, .zoff = 5, .lddz = 4 * 128 + 3, .dzoff = 2, .shared = 1},
+        {.N = 33, .G = 3, .gs = 77, .lddz = 3 * 77 + 3, .shared = 0},
+        // Mamba-2: z is the first d_inner columns of the in-projection row
+        {.N = 100, .G = 8, .gs = 64, .ldz = 2 * 8 * 64 + 2 * 128 + 8, .lddz = 2 * 8 * 64 + 2 * 128 + 8, .shared = 0},
+        // GDN: z is a slice of the projection (offset), groups share w
+        {.N = 64, .G = 16, .gs = 128, .ldz = 16 * 128 * 2, .zoff = 16 * 128, .shared = 1},
+        {.N = 5, .G = 2, .gs = 2, .shared = 0},
+        {.N = 300, .G = 1, .gs = 2048, .shared = 1},
+        {.N = 13, .G = 5, .gs = 6, .shared = 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int mode = 0; mode < 2; mode++)
+            fails += gnorm_case(cases[i], mode, 0);
+    fails += gnorm_case(cases[1], GNORM_NORM_THEN_GATE, 1);
+    fails += gnorm_case(cases[3], GNORM_GATE_THEN_NORM, 1);
+    assert_int_equal(fails, 0);
+}
+
+static void test_l2norm(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int64_t cases[][3] = {{1, 128, 128},    {333, 128, 128}, {50, 77, 100}, {7, 64, 192},
+                                {2048, 128, 512}, {9, 2, 3},       {20, 50, 66}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int64_t N = cases[ci][0], ld = cases[ci][2];
+        int dim = (int)cases[ci][1];
+        int64_t len = N * ld;
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%lld dim=%d ld=%lld", (long long)N, dim, (long long)ld);
+        const float eps = 1e-6f;
+        float *x = rnd(len, 1.0f), *y0 = rnd(len, 1.0f), *y = hdup(y0, len), *rn = hbuf(N), *nan = hbuf(N);
+        fill(nan, N, NAN);
+        cpu->l2norm_fwd(cpu, y, rn, x, ld, N, dim, eps);
+        float *yinit = poisoned(y0, len, 0, N, dim, ld);
+        void *dxx = dact(x, len), *dy = dact(yinit, len);
+        float *drn = df32(nan, N);
+        gpu->l2norm_fwd(gpu, dy, drn, dxx, ld, N, dim, eps);
+        fails += !gsync("l2norm_fwd", shape) || !check_act("l2norm_fwd y", shape, dy, y, len, BF16) ||
+                 !check_f32("l2norm_fwd rnorm", shape, drn, rn, N, F32);
+
+        // backward from the CPU's y (rounded: the GPU stores it in bf16) and rnorm
+        round_like_gpu(y, len);
+        float *g = rnd(len, 1.0f), *dx0 = rnd(len, 1.0f), *dx = hdup(dx0, len);
+        cpu->l2norm_bwd(cpu, dx, ld, g, y, rn, N, dim);
+        float *dxinit = poisoned(dx0, len, 0, N, dim, ld);
+        void *dg = dact(g, len), *dyy = dact(y, len), *ddx = dact(dxinit, len);
+        float *drn2 = df32(rn, N);
+        gpu->l2norm_bwd(gpu, ddx, ld, dg, dyy, drn2, N, dim);
+        fails += !gsync("l2norm_bwd", shape) || !check_act("l2norm_bwd dx", shape, ddx, dx, len, BF16);
+        free(x), free(y0), free(y), free(rn), free(nan), free(yinit), free(g), free(dx0), free(dx), free(dxinit);
+        dfree(dxx), dfree(dy), dfree(drn), dfree(dg), dfree(dyy), dfree(ddx), dfree(drn2);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// ==== RoPE ==================================================================================
+
+static void test_rope(void **st) {
+    setup_backends();
+    int fails = 0;
+    // N, nh, dr, hs, ld, offset of the rotated part, n_pos
+    const int64_t cases[][7] = {
+        {1, 1, 2, 2, 2, 0, 1},           {7, 4, 64, 64, 256, 0, 16},
+        {33, 3, 64, 192, 584, 128, 40}, // MLA q: rope part after d_nope = 128 in heads of 192
+        {100, 1, 128, 128, 128, 0, 100}, {5, 2, 512, 512, 1024, 0, 7},
+        {9, 5, 6, 10, 50, 2, 9},         {300, 8, 64, 64, 8 * 64 + 2 * 128, 0, 4096},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int style = 0; style < 2; style++)
+            for (int bwd = 0; bwd < 2; bwd++) {
+                const int64_t *c = cases[ci];
+                int64_t N = c[0], hs = c[3], ld = c[4], off = c[5], npos = c[6];
+                int nh = (int)c[1], dr = (int)c[2], half = dr / 2;
+                int64_t len = off + N * ld + dr;
+                char shape[128];
+                snprintf(shape, sizeof shape, "%s N=%lld nh=%d dr=%d hs=%lld ld=%lld off=%lld",
+                         style == ROPE_NEOX ? "neox" : "interleaved", (long long)N, nh, dr, (long long)hs,
+                         (long long)ld, (long long)off);
+                float *cs = hbuf(npos * half), *sn = hbuf(npos * half);
+                for (int64_t p = 0; p < npos; p++)
+                    for (int i = 0; i < half; i++) {
+                        float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
+                        cs[p * half + i] = 1.1f * cosf(ang), sn[p * half + i] = 1.1f * sinf(ang); // mscale 1.1
+                    }
+                int32_t *pos = rnd_ids(N, (int)npos);
+                float *x = rnd(len, 1.0f), *ref = hdup(x, len);
+                if (bwd)
+                    cpu->rope_bwd(cpu, ref + off, ld, hs, pos, cs, sn, N, nh, dr, style);
+                else
+                    cpu->rope_fwd(cpu, ref + off, ld, hs, pos, cs, sn, N, nh, dr, style);
+                void *dx = dact(x, len);
+                float *dc = df32(cs, npos * half), *ds = df32(sn, npos * half);
+                int32_t *dp = dint(pos, N);
+                const char *op = bwd ? "rope_bwd" : "rope_fwd";
+                if (bwd)
+                    gpu->rope_bwd(gpu, gat(dx, off), ld, hs, dp, dc, ds, N, nh, dr, style);
+                else
+                    gpu->rope_fwd(gpu, gat(dx, off), ld, hs, dp, dc, ds, N, nh, dr, style);
+                fails += !gsync(op, shape) || !check_act(op, shape, dx, ref, len, BF16);
+                free(cs), free(sn), free(pos), free(x), free(ref);
+                dfree(dx), dfree(dc), dfree(ds), dfree(dp);
+            }
+    assert_int_equal(fails, 0);
+}
+
+// ==== SwiGLU =================================================================================
+
+static void test_swiglu(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int64_t sizes[] = {1, 7, 130, 333, 8192, 100003};
+    for (int si = 0; si < 6; si++)
+        for (int off = 0; off < 2; off++) {
+            int64_t n = sizes[si], len = n + off;
+            char shape[64];
+            snprintf(shape, sizeof shape, "n=%lld offset=%d", (long long)n, off);
+            float *gt = rnd(len, 2.0f), *up = rnd(len, 1.0f), *out = hbuf(len), *nan = hbuf(len);
+            fill(nan, len, NAN);
+            // outputs compared from `off` on (element 0 of an offset buffer is outside the op)
+            cpu->swiglu_fwd(cpu, out + off, gt + off, up + off, n);
+            void *dgt = dact(gt, len), *dup_ = dact(up, len), *dout = dact(nan, len);
+            gpu->swiglu_fwd(gpu, gat(dout, off), gat(dgt, off), gat(dup_, off), n);
+            int okf = gsync("swiglu_fwd", shape);
+            float *h = tu_host_act(gpu, dout, len);
+            fails += !okf || !check("swiglu_fwd", shape, h + off, out + off, n, BF16);
+            free(h);
+
+            float *g = rnd(len, 1.0f), *dg = hbuf(len), *du = hbuf(len);
+            cpu->swiglu_bwd(cpu, dg + off, du + off, g + off, gt + off, up + off, n);
+            void *dd = dact(g, len), *ddg = dact(nan, len), *ddu = dact(nan, len);
+            gpu->swiglu_bwd(gpu, gat(ddg, off), gat(ddu, off), gat(dd, off), gat(dgt, off), gat(dup_, off), n);
+            int ok = gsync("swiglu_bwd", shape);
+            float *hg = tu_host_act(gpu, ddg, len), *hu = tu_host_act(gpu, ddu, len);
+            ok = ok && check("swiglu_bwd dgate", shape, hg + off, dg + off, n, BF16);
+            ok = ok && check("swiglu_bwd dup", shape, hu + off, du + off, n, BF16);
+            fails += !ok;
+            free(gt), free(up), free(out), free(nan), free(g), free(dg), free(du), free(hg), free(hu);
+            dfree(dgt), dfree(dup_), dfree(dout), dfree(dd), dfree(ddg), dfree(ddu);
+        }
+    assert_int_equal(fails, 0);
+}
+
+// ==== depthwise causal conv ======================================================================
+
+typedef struct {
+    int B, T, C, W;
+    int64_t ldx, lddx; // 0 = C
+    int bias, state, dstate, silu;
+} ccase_t;
+
+static int conv_case(ccase_t c, int no_scratch) {
+    int fails = 0;
+    int64_t ldx = c.ldx ? c.ldx : c.C, lddx = c.lddx ? c.lddx : c.C;
+    int64_t BT = (int64_t)c.B * c.T, xlen = BT * ldx, dxlen = BT * lddx, ylen = BT * c.C;
+    int64_t slen = (int64_t)c.B * c.C * c.W, wlen = (int64_t)c.C * c.W;
+    char shape[160];
+    snprintf(shape, sizeof shape, "B=%d T=%d C=%d W=%d ldx=%lld lddx=%lld%s%s%s%s", c.B, c.T, c.C, c.W, (long long)ldx,
+             (long long)lddx, c.bias ? " bias" : "", c.state ? " state" : "", c.silu ? " silu" : " linear",
+             no_scratch ? " no scratch" : "");
+    float *x = rnd(xlen, 1.0f), *w = rnd(wlen, 0.5f), *bias = c.bias ? rnd(c.C, 0.5f) : NULL;
+    float *state = c.state ? rnd(slen, 1.0f) : NULL;
+    float *y = hbuf(ylen), *nan = hbuf(ylen > slen ? ylen : slen);
+    fill(nan, ylen > slen ? ylen : slen, NAN);
+    cpu->conv1d_fwd(cpu, y, x, ldx, w, bias, state, c.B, c.T, c.C, c.W, c.silu);
+    void *dxx = dact(x, xlen), *dw_ = dact(w, wlen), *db = c.bias ? dact(bias, c.C) : NULL;
+    void *dst = c.state ? dact(state, slen) : NULL, *dy = dact(nan, ylen);
+    gpu->conv1d_fwd(gpu, dy, dxx, ldx, dw_, db, dst, c.B, c.T, c.C, c.W, c.silu);
+    fails += !gsync("conv1d_fwd", shape) || !check_act("conv1d_fwd y", shape, dy, y, ylen, BF16);
+
+    float *g = rnd(ylen, 1.0f), *dx0 = rnd(dxlen, 1.0f), *dx = hdup(dx0, dxlen);
+    float *dw0 = rnd_f32(wlen, 1.0f), *dwr = hdup(dw0, wlen), *dbias0 = rnd_f32(c.C, 1.0f), *dbias = hdup(dbias0, c.C);
+    float *dstate = hbuf(slen);
+    float *dxinit = poisoned(dx0, dxlen, 0, BT, c.C, lddx);
+    void *dg = dact(g, ylen), *ddx = dact(dxinit, dxlen);
+    float *ddw = df32(dw0, wlen), *ddb = c.bias ? df32(dbias0, c.C) : NULL, *dds = c.dstate ? df32(nan, slen) : NULL;
+    size_t mark = no_scratch ? scratch_fill(gpu) : 0;
+    for (int call = 1; call <= 2; call++) { // dw, dbias += ; dx, dstate =
+        char s2[200];
+        snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        cpu->conv1d_bwd(cpu, dx, lddx, dwr, c.bias ? dbias : NULL, c.dstate ? dstate : NULL, g, x, ldx, w, bias, state,
+                        c.B, c.T, c.C, c.W, c.silu);
+        gpu->conv1d_bwd(gpu, ddx, lddx, ddw, ddb, dds, dg, dxx, ldx, dw_, db, dst, c.B, c.T, c.C, c.W, c.silu);
+        int ok = gsync("conv1d_bwd", s2);
+        ok = ok && check_act("conv1d_bwd dx", s2, ddx, dx, dxlen, BF16);
+        ok = ok && check_f32("conv1d_bwd dw", s2, ddw, dwr, wlen, F32);
+        if (ok && c.bias) ok = check_f32("conv1d_bwd dbias", s2, ddb, dbias, c.C, F32);
+        if (ok && c.dstate) ok = check_f32("conv1d_bwd dstate", s2, dds, dstate, slen, F32);
+        fails += !ok;
+    }
+    if (no_scratch) arena_reset(&gpu->scratch, mark);
+
+    // state roll after the forward (state on entry: the given one, or zeros... use random)
+    float *s0 = c.state ? hdup(state, slen) : rnd(slen, 1.0f), *sref = hdup(s0, slen);
+    cpu->conv1d_update_state(cpu, sref, x, ldx, c.B, c.T, c.C, c.W);
+    void *ds0 = dact(s0, slen);
+    gpu->conv1d_update_state(gpu, ds0, dxx, ldx, c.B, c.T, c.C, c.W);
+    fails += !gsync("conv1d_update_state", shape) || !check_act("conv1d_update_state", shape, ds0, sref, slen, EXACT);
+
+    free(x), free(w), free(bias), free(state), free(y), free(nan), free(g), free(dx0), free(dx), free(dw0), free(dwr);
+    free(dbias0), free(dbias), free(dstate), free(dxinit), free(s0), free(sref);
+    dfree(dxx), dfree(dw_), dfree(dy), dfree(dg), dfree(ddx), dfree(ddw), dfree(ds0);
+    if (db) dfree(db);
+    if (dst) dfree(dst);
+    if (ddb) dfree(ddb);
+    if (dds) dfree(dds);
+    return fails;
+}
+
+static void test_conv1d(void **st) {
+    setup_backends();
+    int fails = 0;
+    ccase_t cases[] = {
+        {.B = 1, .T = 1, .C = 1, .W = 4, .bias = 1, .state = 1, .dstate = 1, .silu = 1}, // one decode step
+        {.B = 2, .T = 7, .C = 33, .W = 4, .ldx = 40, .lddx = 35, .bias = 1, .state = 1, .dstate = 1, .silu = 1},
+        {.B = 1, .T = 333, .C = 96, .W = 4, .silu = 1},
+        {.B = 3, .T = 100, .C = 77, .W = 8, .ldx = 80, .bias = 1, .state = 1, .dstate = 1, .silu = 0},
+        {.B = 2, .T = 64, .C = 128, .W = 2, .ldx = 384, .lddx = 384, .state = 1, .dstate = 1, .silu = 1},
+        {.B = 1, .T = 1000, .C = 64, .W = 4, .bias = 1, .silu = 1}, // many chunks per sequence
+        {.B = 2, .T = 5, .C = 16, .W = 1, .bias = 1, .state = 1, .dstate = 1, .silu = 1},
+        {.B = 4, .T = 3, .C = 50, .W = 4, .state = 1, .dstate = 1, .silu = 0}, // T < W - 1: state reaches past x
+        {.B = 2, .T = 9, .C = 20, .W = 4, .dstate = 1, .silu = 1},             // dstate without a state
+        {.B = 2,
+         .T = 257,
+         .C = 2048 + 256,
+         .W = 4,
+         .ldx = 2 * 2048 + 256,
+         .bias = 1,
+         .state = 1,
+         .dstate = 1,
+         .silu = 1}, // Mamba-2-like xBC slice of the in-projection
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += conv_case(cases[i], 0);
+    fails += conv_case(cases[3], 1);
+    fails += conv_case(cases[5], 1);
+    assert_int_equal(fails, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_scale), cmocka_unit_test(test_copy2d),        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_f32out),   cmocka_unit_test(test_gemm_batched),
+        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_l2norm),
+        cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu),        cmocka_unit_test(test_conv1d),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
