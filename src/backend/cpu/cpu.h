@@ -18,6 +18,11 @@ void cpu_register_mla(be_t *be);    // cpu_mla.c: MLA decode over the latent cac
 void cpu_register_loss(be_t *be);   // cpu_loss.c: fused CE / KL over vocabulary tiles
 void cpu_register_optim(be_t *be);  // cpu_optim.c: sumsq, AdamW
 
+// Parallel regions cost microseconds to wake; below this much work (elements
+// touched) a loop runs on the calling thread. Decode steps are made of many
+// such small ops.
+#define CPU_PAR_MIN (1 << 15)
+
 static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float cpu_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -11,7 +11,7 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
     float *out = out_;
     const float *q = q_, *k = k_, *v = v_;
     int grp = H / Hkv, off = Tk - Tq;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)B * H * Tq * Tk * (dqk + dv) > CPU_PAR_MIN)
     {
         float *p = malloc((size_t)Tk * sizeof(float));
 #pragma omp for collapse(3) schedule(dynamic, 4)
@@ -58,7 +58,7 @@ static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *
     int grp = H / Hkv, off = Tk - Tq;
     memset(dk, 0, (size_t)B * Tk * Hkv * dqk * sizeof(float));
     memset(dvv, 0, (size_t)B * Tk * Hkv * dv * sizeof(float));
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if ((int64_t)B * H * Tq * Tk * (dqk + dv) > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int hk = 0; hk < Hkv; hk++)
             for (int h = hk * grp; h < (hk + 1) * grp; h++)

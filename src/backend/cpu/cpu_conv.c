@@ -17,7 +17,7 @@ static void cpu_conv1d_fwd(be_t *be, void *y_, const void *x_, int64_t ldx, cons
                            const void *state_, int B, int T, int C, int W, int silu) {
     float *y = y_;
     const float *x = x_, *w = w_, *bias = bias_, *state = state_;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             float *yr = y + ((int64_t)b * T + t) * C;
@@ -36,7 +36,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
     const float *dy = dy_, *x = x_, *w = w_, *bias = bias_, *state = state_;
     // dp = dy * silu'(p), p the pre-activation, recomputed.
     float *dp = malloc((size_t)B * T * C * sizeof(float));
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++) {
@@ -51,7 +51,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
                 dp[o] = dy[o] * sg * (1.0f + p * (1.0f - sg));
             }
     // dx_s = sum_i w[c,i] dp_{s+W-1-i}
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int s = 0; s < T; s++)
             for (int c = 0; c < C; c++) {
@@ -63,7 +63,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
                 dx[((int64_t)b * T + s) * lddx + c] = g;
             }
     // weights, bias and state: reductions over (b, t), per channel in parallel
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int c = 0; c < C; c++) {
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < T; t++) {
@@ -89,7 +89,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
 static void cpu_conv1d_update_state(be_t *be, void *state_, const void *x_, int64_t ldx, int B, int T, int C, int W) {
     float *state = state_;
     const float *x = x_;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++) {
             float *s = state + ((int64_t)b * C + c) * W, tmp[16];

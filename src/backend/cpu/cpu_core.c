@@ -7,14 +7,14 @@
 static void cpu_add(be_t *be, void *y_, const void *x_, int64_t n) {
     float *y = y_;
     const float *x = x_;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 static void cpu_scale(be_t *be, void *y_, const void *x_, float a, int64_t n) {
     float *y = y_;
     const float *x = x_;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] = a * x[i];
 }
 
@@ -22,7 +22,7 @@ static void cpu_copy2d(be_t *be, void *dst_, int64_t ldd, const void *src_, int6
                        int64_t cols, int accumulate) {
     float *dst = dst_;
     const float *src = src_;
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         float *d = dst + r * ldd;
         const float *s = src + r * lds;
@@ -63,7 +63,7 @@ static void cpu_gemm_batched(be_t *be, int transA, int transB, int64_t M, int64_
 static void cpu_embed_fwd(be_t *be, void *out_, const void *table_, const int32_t *ids, int64_t N, int d) {
     float *out = out_;
     const float *table = table_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * d > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) memcpy(out + n * d, table + (int64_t)ids[n] * d, (size_t)d * sizeof(float));
 }
 

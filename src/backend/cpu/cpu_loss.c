@@ -1,5 +1,182 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
-#include "backend/cpu/cpu.h"
+// Fused linear cross entropy and fused KL from hidden states (the reference).
+// Rows are processed in chunks of LOSS_ROWS: only the chunk's [rows, V] fp32
+// logits exist at a time (never [N, V]). Within a chunk the logits are computed
+// one vocabulary tile at a time and folded into a running (max, sum) per row
+// (online log-sum-exp, in double); the chunk's logits buffer is then
+// overwritten in place by the gradient of the loss w.r.t. the logits, and two
+// GEMMs give dh = scale * G W and dW += scale * G^T h.
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
 
-void cpu_register_loss(be_t *be) { (void)be; }
+#include "backend/cpu/cpu.h"
+#include "base/err.h"
+
+enum {
+    LOSS_ROWS = 64,  // token rows per chunk
+    LOSS_VTILE = 256 // vocabulary tile of the online log-sum-exp
+};
+
+// Temporaries: from the scratch arena when it has room (the caller resets it),
+// else from the heap, so the reference never fails for want of scratch.
+typedef struct {
+    float *p;
+    size_t mark;
+    int heap;
+} loss_tmp_t;
+
+static float *tmp_take(be_t *be, loss_tmp_t *t, int64_t n) {
+    arena_t *a = &be->scratch;
+    size_t bytes = (size_t)n * sizeof(float), off = (a->used + 255) & ~(size_t)255;
+    t->mark = a->used;
+    t->heap = !(a->base && off + bytes <= a->cap);
+    t->p = t->heap ? malloc(bytes ? bytes : 4) : arena_alloc(a, bytes);
+    if (!t->p) err_set(ERR_NOMEM, "cpu fused loss: cannot allocate %zu bytes of logits", bytes);
+    return t->p;
+}
+
+static void tmp_give(be_t *be, loss_tmp_t *t) {
+    if (t->heap)
+        free(t->p);
+    else
+        arena_reset(&be->scratch, t->mark);
+}
+
+// Folds x[0..n) into the running max m and sum s of exp(x - m).
+static void lse_fold(double *m, double *s, const float *x, int64_t n) {
+    double mx = *m;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    double sum = *s * exp(*m - mx); // m starts at -DBL_MAX: exp(-huge) = 0, never NaN
+    for (int64_t i = 0; i < n; i++) sum += exp((double)x[i] - mx); // a NaN logit makes the sum NaN
+    *m = mx;
+    *s = sum;
+}
+
+// L[r, v0:v0+vt] = X[r] . Wt[v]: one vocabulary tile of the chunk's logits.
+static void logits_tile(be_t *be, float *L, int64_t V, const float *X, const float *Wm, int64_t rows, int d,
+                        int64_t v0, int64_t vt) {
+    be->gemm(be, 0, 1, rows, vt, d, 1.0f, X, d, Wm + v0 * d, d, 0.0f, L + v0, V);
+}
+
+static void fill_nan(float *p, int64_t n) {
+    if (p)
+        for (int64_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void *h_, const void *W_,
+                         const int32_t *targets, int64_t N, int d, int64_t V, float scale) {
+    const float *h = h_, *W = W_;
+    float *dh = dh_;
+    const int grad = dh || dW;
+    const int64_t R = N < LOSS_ROWS ? N : LOSS_ROWS;
+    *loss = 0.0f;
+    if (N <= 0) return;
+    loss_tmp_t tl;
+    float *L = tmp_take(be, &tl, R * V);
+    if (!L) {
+        *loss = NAN;
+        fill_nan(dh, N * d);
+        return;
+    }
+    double total = 0.0;
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+        const int64_t c = N - r0 < R ? N - r0 : R;
+        double m[LOSS_ROWS], s[LOSS_ROWS], lse[LOSS_ROWS];
+        for (int64_t r = 0; r < c; r++) m[r] = -DBL_MAX, s[r] = 0.0;
+        for (int64_t v0 = 0; v0 < V; v0 += LOSS_VTILE) {
+            const int64_t vt = V - v0 < LOSS_VTILE ? V - v0 : LOSS_VTILE;
+            logits_tile(be, L, V, h + r0 * d, W, c, d, v0, vt);
+#pragma omp parallel for schedule(static) if (c * vt >= 8192)
+            for (int64_t r = 0; r < c; r++) lse_fold(&m[r], &s[r], L + r * V + v0, vt);
+        }
+        // Loss in row order (deterministic).
+        for (int64_t r = 0; r < c; r++) {
+            const int32_t y = targets[r0 + r];
+            lse[r] = m[r] + log(s[r]);
+            if (y < 0) continue;
+            total += y < V ? lse[r] - (double)L[r * V + y] : NAN;
+        }
+        if (!grad) continue;
+        // G = softmax - onehot(target), in place; ignored rows 0.
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < c; r++) {
+            const int32_t y = targets[r0 + r];
+            float *g = L + r * V;
+            if (y < 0 || y >= V) {
+                memset(g, 0, (size_t)V * sizeof(float));
+                continue;
+            }
+            for (int64_t i = 0; i < V; i++) g[i] = (float)(exp((double)g[i] - lse[r]) - (i == y ? 1.0 : 0.0));
+        }
+        if (dh) be->gemm(be, 0, 0, c, d, V, scale, L, V, W, d, 0.0f, dh + r0 * d, d);
+        if (dW) be->gemm_f32out(be, 1, 0, V, d, c, scale, L, V, h + r0 * d, d, 1.0f, dW, d);
+    }
+    *loss = (float)(total * scale);
+    tmp_give(be, &tl);
+}
+
+static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const void *hs_, const void *Ws_,
+                         const void *ht_, const void *Wt_, const int32_t *mask, int64_t N, int ds, int dt, int64_t V,
+                         float scale) {
+    const float *hs = hs_, *Ws = Ws_, *ht = ht_, *Wt = Wt_;
+    float *dhs = dhs_;
+    const int grad = dhs || dWs;
+    const int64_t R = N < LOSS_ROWS ? N : LOSS_ROWS;
+    *loss = 0.0f;
+    if (N <= 0) return;
+    loss_tmp_t tl;
+    float *S = tmp_take(be, &tl, 2 * R * V); // student then teacher logits
+    if (!S) {
+        *loss = NAN;
+        fill_nan(dhs, N * ds);
+        return;
+    }
+    float *T = S + R * V;
+    double total = 0.0;
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+        const int64_t c = N - r0 < R ? N - r0 : R;
+        double ms[LOSS_ROWS], ss[LOSS_ROWS], mt[LOSS_ROWS], st[LOSS_ROWS], rl[LOSS_ROWS];
+        for (int64_t r = 0; r < c; r++) ms[r] = mt[r] = -DBL_MAX, ss[r] = st[r] = 0.0;
+        for (int64_t v0 = 0; v0 < V; v0 += LOSS_VTILE) {
+            const int64_t vt = V - v0 < LOSS_VTILE ? V - v0 : LOSS_VTILE;
+            logits_tile(be, S, V, hs + r0 * ds, Ws, c, ds, v0, vt);
+            logits_tile(be, T, V, ht + r0 * dt, Wt, c, dt, v0, vt);
+#pragma omp parallel for schedule(static) if (c * vt >= 8192)
+            for (int64_t r = 0; r < c; r++) {
+                lse_fold(&ms[r], &ss[r], S + r * V + v0, vt);
+                lse_fold(&mt[r], &st[r], T + r * V + v0, vt);
+            }
+        }
+        // Row r: sum_v p_t (log p_t - log p_s); gradient w.r.t. the student
+        // logits p_s - p_t, over the student logits in place.
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < c; r++) {
+            float *s = S + r * V;
+            const float *t = T + r * V;
+            rl[r] = 0.0;
+            if (mask && mask[r0 + r] < 0) {
+                if (grad) memset(s, 0, (size_t)V * sizeof(float));
+                continue;
+            }
+            const double lse_s = ms[r] + log(ss[r]), lse_t = mt[r] + log(st[r]);
+            double kl = 0.0;
+            for (int64_t i = 0; i < V; i++) {
+                const double ls = s[i] - lse_s, lt = t[i] - lse_t, pt = exp(lt);
+                kl += pt * (lt - ls);
+                if (grad) s[i] = (float)(exp(ls) - pt);
+            }
+            rl[r] = kl;
+        }
+        for (int64_t r = 0; r < c; r++) total += rl[r];
+        if (dhs) be->gemm(be, 0, 0, c, ds, V, scale, S, V, Ws, ds, 0.0f, dhs + r0 * ds, ds);
+        if (dWs) be->gemm_f32out(be, 1, 0, V, ds, c, scale, S, V, hs + r0 * ds, ds, 1.0f, dWs, ds);
+    }
+    *loss = (float)(total * scale);
+    tmp_give(be, &tl);
+}
+
+void cpu_register_loss(be_t *be) {
+    be->fused_ce = cpu_fused_ce;
+    be->fused_kl = cpu_fused_kl;
+}

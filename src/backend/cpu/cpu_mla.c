@@ -19,7 +19,7 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
     int maxlen = 0;
     for (int b = 0; b < B; b++)
         if (len[b] > maxlen) maxlen = len[b];
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)B * H * maxlen * L > CPU_PAR_MIN)
     {
         float *p = malloc((size_t)(maxlen > 0 ? maxlen : 1) * sizeof(float));
 #pragma omp for collapse(2) schedule(dynamic, 1)

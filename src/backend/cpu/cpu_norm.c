@@ -8,7 +8,7 @@ static void cpu_rmsnorm_fwd(be_t *be, void *out_, float *rstd, const void *x_, c
                             float eps) {
     float *out = out_;
     const float *x = x_, *w = w_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * d > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * d;
         float *o = out + n * d;
@@ -26,7 +26,7 @@ static void cpu_rmsnorm_bwd(be_t *be, void *dx_, float *dw, const void *dout_, c
                             const float *rstd, int64_t N, int d) {
     float *dx = dx_;
     const float *dout = dout_, *x = x_, *w = w_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * d > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * d, *g = dout + n * d;
         float r = rstd[n];
@@ -49,7 +49,7 @@ static void cpu_gated_rmsnorm_fwd(be_t *be, void *out_, float *rstd, const void 
     float *out = out_;
     const float *x = x_, *z = z_, *w = w_;
     int64_t width = (int64_t)G * gs;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * width > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         for (int g = 0; g < G; g++) {
             const float *xr = x + n * width + (int64_t)g * gs, *zr = z + n * ldz + (int64_t)g * gs;
@@ -76,7 +76,7 @@ static void cpu_gated_rmsnorm_bwd(be_t *be, void *dx_, void *dz_, int64_t lddz, 
     float *dx = dx_, *dz = dz_;
     const float *dout = dout_, *x = x_, *z = z_, *w = w_;
     int64_t width = (int64_t)G * gs;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * width > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         for (int g = 0; g < G; g++) {
             int64_t o = n * width + (int64_t)g * gs;
@@ -129,7 +129,7 @@ static void cpu_l2norm_fwd(be_t *be, void *y_, float *rnorm, const void *x_, int
                            float eps) {
     float *y = y_;
     const float *x = x_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * dim > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * ld;
         double ss = 0;
@@ -145,7 +145,7 @@ static void cpu_l2norm_bwd(be_t *be, void *dx_, int64_t ld, const void *dy_, con
                            int64_t N, int dim) {
     float *dx = dx_;
     const float *dy = dy_, *y = y_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * dim > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *g = dy + n * ld, *yr = y + n * ld;
         double dot = 0;

@@ -33,7 +33,7 @@
 static void cpu_softplus_bias_fwd(be_t *be, float *out, const void *dt_, int64_t ld, const void *dt_bias_, int64_t N,
                                   int H) {
     const float *dt = dt_, *bias = dt_bias_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * H > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++)
         for (int h = 0; h < H; h++)
             out[n * H + h] = cpu_softplus(dt[n * ld + h] + bias[h]);
@@ -44,14 +44,14 @@ static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_
                                   const void *dt_, int64_t ld, const void *dt_bias_, int64_t N, int H) {
     float *ddt = ddt_;
     const float *dt = dt_, *bias = dt_bias_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * H > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++)
         for (int h = 0; h < H; h++) {
             float v = dt[n * ld + h] + bias[h], g = dout[n * H + h];
             ddt[n * ldd + h] = v > 20.0f ? g : g * cpu_sigmoid(v);
         }
         // One sum per head, each owned by one thread: no race, fixed order.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * H > CPU_PAR_MIN)
     for (int h = 0; h < H; h++) {
         double s = 0;
         for (int64_t n = 0; n < N; n++)
@@ -424,7 +424,7 @@ static void head_bwd(const ssd_shape_t *s, const ssd_head_t *v, const float *dy,
 // of the G groups into dst (row stride ld, G*w columns, overwritten).
 static void sum_groups(float *dst, int64_t ld, const float *src, int64_t rows, int H, int G, int w) {
     int rep = H / G;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * H * w > CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++)
         for (int g = 0; g < G; g++) {
             float *o = dst + r * ld + (int64_t)g * w;
@@ -504,7 +504,7 @@ static void cpu_ssd_recurrent_fwd(be_t *be, void *y_, float *state, const void *
     float *y = y_;
     ssd_shape_t s = make_shape(B, T, H, Hx, GB, GC, P, N, 1, ldx, ldb, ldc);
     int64_t PN = (int64_t)P * N;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * H * PN > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             ssd_head_t v = head_view(&s, b, h, x, Bm, Cm, dt, A_log, D);
