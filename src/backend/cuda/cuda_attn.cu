@@ -1,5 +1,838 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
+// Causal flash attention (forward and backward) on tensor cores: mma.sync
+// m16n8k16 bf16 -> fp32, operands staged in shared memory by cp.async (two
+// buffers: the next tile loads while the current one is multiplied) and read
+// with ldmatrix. Rows in shared memory are padded by 16 bytes so that the 8 rows
+// an ldmatrix phase reads fall in 8 distinct bank groups (conflict-free).
+//
+// Forward (FA2): one block per (query tile of BR = 16 * MT * WARPS rows, b, h);
+// each warp owns 16 * MT query rows, keeps O in fp32 registers, and walks the
+// key tiles up to the causal limit with an online softmax (exp2 domain). P is
+// rounded to bf16 for the P V product. lse = m + log(l) per row.
+//
+// Backward (FA2): D = rowsum(dO * O) and lse * log2(e) are precomputed. One
+// block per (key tile of BN = 16 * WARPS rows, b, kv head): each warp owns 16
+// key rows and keeps their dK, dV in fp32 registers while it loops over every
+// query head of the group and every causally visible query tile, recomputing
+// S^T = K Q^T and P^T from lse, so the GQA reduction over the heads sharing a
+// kv head happens in registers. dQ = dS K is reduced across the block's warps
+// through shared memory and added to an fp32 accumulator in the scratch arena
+// with vector atomics (red.global.add.v2.f32); a last kernel scales it to bf16.
+// When dqk + dv is too large for registers the block computes a column slice
+// of dK / dV / dQ (NSL slices, each recomputing S and dP).
+//
+// Head dims: kernels are instantiated for padded (DQK, DV) pairs; any dqk, dv
+// that are multiples of 16 up to 256 run on the smallest pair that holds them
+// (columns past the true size are zero-filled on load and never stored).
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cuda/cuda.h"
 
-extern "C" void cuda_register_attn(be_t *be) { (void)be; }
+// ---- device helpers ---------------------------------------------------------
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes
+// are zero-filled (src must still be a valid address; callers pass the base).
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c += a b, a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate.
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2 (round to nearest even); lo in the low half, as the
+// fragments expect the lower column index there.
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+static __device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+static __device__ __forceinline__ void red_add_v2(float *p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+// Copies rows [row0, row0 + ROWS) x columns [0, D) of a global matrix (row
+// stride gs elements) into shared memory (row stride ss). Rows >= nrows and
+// columns >= d are zero-filled.
+template <int ROWS, int D, int NT>
+static __device__ __forceinline__ void load_tile(bf16 *s, int ss, const bf16 *g, int64_t gs, int row0, int nrows, int d,
+                                                 int tid) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH, ITERS = (TOTAL + NT - 1) / NT;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        int i = tid + it * NT;
+        if (TOTAL % NT == 0 || i < TOTAL) {
+            int r = i / CH, c = i - r * CH;
+            bool ok = row0 + r < nrows && c * 8 < d;
+            const bf16 *src = ok ? g + (int64_t)(row0 + r) * gs + c * 8 : g;
+            cp_async16(smem_u32(s + r * ss + c * 8), src, ok);
+        }
+    }
+}
+
+// ---- forward ----------------------------------------------------------------
+
+// Each warp owns MT m16 tiles (16 * MT query rows): every K / V fragment read
+// from shared memory feeds MT products, which halves the shared-memory traffic
+// per FLOP at MT = 2 (at MT = 1 the loop is bound by ldmatrix bandwidth).
+template <int DQK, int DV, int WARPS, int BC, int MT> struct fwd_cfg {
+    static constexpr int BR = 16 * MT * WARPS, NT = 32 * WARPS;
+    static constexpr int SQ = DQK + 8, SV = DV + 8; // padded row strides (elements)
+    static constexpr size_t smem = sizeof(bf16) * ((size_t)BR * SQ + 2 * (size_t)BC * SQ + 2 * (size_t)BC * SV);
+};
+
+// Grid: n_qt * B * H blocks, the heaviest query tiles (the last ones) first.
+template <int DQK, int DV, int WARPS, int BC, int MT, bool QREG, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB)
+    k_attn_fwd(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+               const bf16 *__restrict__ v, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float sl2,
+               int n_qt) {
+    typedef fwd_cfg<DQK, DV, WARPS, BC, MT> C;
+    constexpr int BR = C::BR, NT = C::NT, SQ = C::SQ, SV = C::SV;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)smem_raw;
+    bf16 *sK = sQ + BR * SQ;
+    bf16 *sV = sK + 2 * BC * SQ;
+
+    const int BH = B * H;
+    const int bh = blockIdx.x % BH, qt = n_qt - 1 - blockIdx.x / BH;
+    const int b = bh / H, h = bh - b * H, hk = h / (H / Hkv);
+    const int q0 = qt * BR, off = Tk - Tq;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t qs = (int64_t)H * dqk, ks = (int64_t)Hkv * dqk, vs = (int64_t)Hkv * dv;
+    const bf16 *qb = q + (int64_t)b * Tq * qs + (int64_t)h * dqk;
+    const bf16 *kb = k + (int64_t)b * Tk * ks + (int64_t)hk * dqk;
+    const bf16 *vb = v + (int64_t)b * Tk * vs + (int64_t)hk * dv;
+
+    // keys [0, kv_end) are visible to at least one valid query row of the block
+    const int q_last = min(q0 + BR, Tq) - 1;
+    const int kv_end = off + q_last + 1;
+    const int n_kv = (kv_end + BC - 1) / BC;
+
+    load_tile<BR, DQK, NT>(sQ, SQ, qb, qs, q0, Tq, dqk, tid);
+    load_tile<BC, DQK, NT>(sK, SQ, kb, ks, 0, Tk, dqk, tid);
+    load_tile<BC, DV, NT>(sV, SV, vb, vs, 0, Tk, dv, tid);
+    cp_async_commit();
+
+    // Per-lane ldmatrix offsets (bytes). A operand (row-major 16x16): rows
+    // lane&15, column half lane>>4. B operand from [n][k] rows (K): rows
+    // (lane&7) + 8*(lane>>4), column half (lane>>3)&1. B from [k][n] rows via
+    // .trans (V): like A.
+    const int wrow0 = q0 + warp * 16 * MT; // first query row of this warp
+    const uint32_t aQ = smem_u32(sQ) + (uint32_t)(((warp * 16 * MT + (lane & 15)) * SQ + (lane >> 4) * 8) * 2);
+    const uint32_t offB_k = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SQ + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t offT_v = (uint32_t)(((lane & 15) * SV + (lane >> 4) * 8) * 2);
+
+    uint32_t qf[QREG ? MT : 1][QREG ? DQK / 16 : 1][4];
+    float o[MT][DV / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < DV / 8; i++)
+            o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        mrow[mt][0] = mrow[mt][1] = -INFINITY, lrow[mt][0] = lrow[mt][1] = 0.f;
+
+    for (int j = 0; j < n_kv; j++) {
+        cp_async_wait<0>();
+        __syncthreads(); // tile j visible to all; everyone is done with tile j-1's buffer
+        if (j + 1 < n_kv) {
+            int nb = (j + 1) & 1;
+            load_tile<BC, DQK, NT>(sK + nb * BC * SQ, SQ, kb, ks, (j + 1) * BC, Tk, dqk, tid);
+            load_tile<BC, DV, NT>(sV + nb * BC * SV, SV, vb, vs, (j + 1) * BC, Tk, dv, tid);
+            cp_async_commit();
+        }
+        if (QREG && j == 0) {
+#pragma unroll
+            for (int mt = 0; mt < (QREG ? MT : 1); mt++)
+#pragma unroll
+                for (int kk = 0; kk < (QREG ? DQK / 16 : 1); kk++)
+                    ldsm_x4(qf[mt][kk], aQ + (mt * 16 * SQ + kk * 16) * 2);
+        }
+        const int n0 = j * BC;
+        if (n0 > off + wrow0 + 16 * MT - 1) continue; // no key of this tile is visible to this warp's rows
+        const uint32_t bK = smem_u32(sK + (j & 1) * BC * SQ) + offB_k;
+        const uint32_t bV = smem_u32(sV + (j & 1) * BC * SV) + offT_v;
+
+        // S = Q K^T (16 MT x BC per warp)
+        float s[MT][BC / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++)
+                s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; kk++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (QREG) {
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        a[mt][r] = qf[QREG ? mt : 0][QREG ? kk : 0][r];
+                } else {
+                    ldsm_x4(a[mt], aQ + (mt * 16 * SQ + kk * 16) * 2);
+                }
+            }
+#pragma unroll
+            for (int n2 = 0; n2 < BC / 16; n2++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, bK + (n2 * 16 * SQ + kk * 16) * 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * n2], a[mt], bb[0], bb[1]);
+                    mma_bf16(s[mt][2 * n2 + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        // causal mask (also hides keys >= Tk from valid rows: off + row <= Tk - 1)
+        if (n0 + BC - 1 > off + wrow0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = wrow0 + mt * 16 + g + (e >> 1) * 8;
+                        if (col > off + row) s[mt][nt][e] = -INFINITY;
+                    }
+        }
+        // online softmax; rows g (i = 0) and g + 8 (i = 1) of each m-tile; a row is spread over a quad
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * i], s[mt][nt][2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float mnew = fmaxf(mrow[mt][i], mx * sl2); // sl2 > 0 (checked on the host)
+                float mu = mnew == -INFINITY ? 0.f : mnew;
+                float alpha = exp2_approx(mrow[mt][i] - mu);
+                mrow[mt][i] = mnew;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++) {
+                    float p0 = exp2_approx(fmaf(s[mt][nt][2 * i], sl2, -mu));
+                    float p1 = exp2_approx(fmaf(s[mt][nt][2 * i + 1], sl2, -mu));
+                    s[mt][nt][2 * i] = p0, s[mt][nt][2 * i + 1] = p1;
+                    rs += p0 + p1;
+                }
+                lrow[mt][i] = lrow[mt][i] * alpha + rs; // per-thread partial sum; reduced over the quad at the end
+#pragma unroll
+                for (int nt = 0; nt < DV / 8; nt++)
+                    o[mt][nt][2 * i] *= alpha, o[mt][nt][2 * i + 1] *= alpha;
+            }
+            // O += P V: the S accumulators of n-tiles 2kc, 2kc+1 are the A fragment of k-chunk kc
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack_bf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = pack_bf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = pack_bf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = pack_bf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int d2 = 0; d2 < DV / 16; d2++) {
+                uint32_t bb[4];
+                ldsm_x4_t(bb, bV + (kc * 16 * SV + d2 * 16) * 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(o[mt][2 * d2], a[mt], bb[0], bb[1]);
+                    mma_bf16(o[mt][2 * d2 + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+    // epilogue: O / l -> bf16; lse = (m + log2 l) * ln 2
+    const int64_t os = (int64_t)H * dv;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float l = lrow[mt][i];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            int row = wrow0 + mt * 16 + g + 8 * i;
+            if (row >= Tq) continue;
+            float inv = l > 0.f ? 1.f / l : 0.f;
+            bf16 *orow = out + ((int64_t)b * Tq + row) * os + (int64_t)h * dv;
+#pragma unroll
+            for (int nt = 0; nt < DV / 8; nt++) {
+                int c = nt * 8 + 2 * t4;
+                if (c < dv) *(uint32_t *)(orow + c) = pack_bf16(o[mt][nt][2 * i] * inv, o[mt][nt][2 * i + 1] * inv);
+            }
+            if (lse && t4 == 0)
+                lse[((int64_t)b * H + h) * Tq + row] = (mrow[mt][i] + __log2f(l)) * 0.69314718055994531f;
+        }
+}
+
+// ---- backward ---------------------------------------------------------------
+
+// D[bh, t] = sum_c dO[b,t,h,c] O[b,t,h,c] and lse2 = lse * log2(e), both laid out
+// [B*H, Tqp] (Tqp = Tq rounded up to 64, zeros past Tq) so a query tile's
+// values load as aligned 16-byte chunks. One warp per (bh, t).
+__global__ void k_attn_bwd_pre(float *__restrict__ Dd, float *__restrict__ lse2, const bf16 *__restrict__ dout,
+                               const bf16 *__restrict__ out, const float *__restrict__ lse, int BH, int H, int Tq,
+                               int Tqp, int dv) {
+    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= (int64_t)BH * Tqp) return;
+    int bh = (int)(w / Tqp), t = (int)(w - (int64_t)bh * Tqp);
+    float s = 0.f;
+    if (t < Tq) {
+        int b = bh / H, h = bh - b * H;
+        int64_t base = (((int64_t)b * Tq + t) * H + h) * dv;
+        for (int c = lane * 8; c < dv; c += 256) {
+            uint4 x = *(const uint4 *)(dout + base + c), y = *(const uint4 *)(out + base + c);
+            const __nv_bfloat162 *xa = (const __nv_bfloat162 *)&x, *ya = (const __nv_bfloat162 *)&y;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float2 xf = __bfloat1622float2(xa[e]), yf = __bfloat1622float2(ya[e]);
+                s += xf.x * yf.x + xf.y * yf.y;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+    }
+    if (lane == 0) {
+        Dd[w] = s;
+        lse2[w] = t < Tq ? lse[(int64_t)bh * Tq + t] * 1.4426950408889634f : 0.f;
+    }
+}
+
+template <int DQK, int DV, int NSL, int WARPS, int BM> struct bwd_cfg {
+    static constexpr int BN = 16 * WARPS, NT = 32 * WARPS;
+    static constexpr int SK = DQK / NSL, SVS = DV / NSL; // column slice of dK / dQ and of dV
+    static constexpr int SQ = DQK + 8, SV = DV + 8, SS = BM + 8;
+    static constexpr size_t smem = sizeof(bf16) * ((size_t)BN * SQ + (size_t)BN * SV + 2 * (size_t)BM * SQ +
+                                                   2 * (size_t)BM * SV + (size_t)BN * SS) +
+                                   sizeof(float) * 4 * BM;
+};
+
+// Grid: n_kt * n_units * NSL blocks, key tile slowest (tile 0, the heaviest,
+// first). unit = (b, kv head) = u0 + local index; dqacc is [n_units * grp, Tq, dqk].
+template <int DQK, int DV, int NSL, int WARPS, int BM>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+    k_attn_bwd(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc, const bf16 *__restrict__ dout,
+               const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+               const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv, int dqk,
+               int dv, float sl2, float scale, int u0, int n_units, int Tqp) {
+    typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
+    constexpr int BN = C::BN, NT = C::NT, SK = C::SK, SVS = C::SVS, SQ = C::SQ, SV = C::SV, SS = C::SS;
+    constexpr bool KVREG = DQK + DV <= 160; // keep the warp's K and V rows (A operands) in registers
+    constexpr int MTQ = BM / 16;            // m16 tiles of the dQ tile
+    constexpr int WPM = WARPS / MTQ;        // warps per m16 tile in the dQ product
+    constexpr int NQ = SK / 8 / WPM;        // n8 tiles of dQ per warp
+    static_assert(WARPS % MTQ == 0 && (SK / 8) % WPM == 0 && NQ % 2 == 0, "dQ warp partition");
+    static_assert(DQK % NSL == 0 && DV % NSL == 0 && SK % 16 == 0 && SVS % 16 == 0, "slices");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *sK = (bf16 *)smem_raw;
+    bf16 *sV = sK + BN * SQ;
+    bf16 *sQ = sV + BN * SV;              // [2][BM][SQ]
+    bf16 *sdO = sQ + 2 * BM * SQ;         // [2][BM][SV]
+    bf16 *sdS = sdO + 2 * BM * SV;        // [BN][SS]: dS^T, key rows
+    float *sL = (float *)(sdS + BN * SS); // [2][BM] lse * log2 e
+    float *sD = sL + 2 * BM;              // [2][BM]
+
+    const int per = n_units * NSL;
+    const int jt = blockIdx.x / per, rem = blockIdx.x - jt * per;
+    const int ul = rem / NSL, sl = rem - ul * NSL;
+    const int u = u0 + ul, b = u / Hkv, hk = u - b * Hkv, grp = H / Hkv;
+    const int n0 = jt * BN, off = Tk - Tq;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t qs = (int64_t)H * dqk, ks = (int64_t)Hkv * dqk, vs = (int64_t)Hkv * dv, os = (int64_t)H * dv;
+    const bf16 *kb = k + (int64_t)b * Tk * ks + (int64_t)hk * dqk;
+    const bf16 *vb = v + (int64_t)b * Tk * vs + (int64_t)hk * dv;
+
+    // query tiles that see at least one key of this tile: t >= n0 - off
+    const int mt0 = max(0, n0 - off) / BM;
+    const int n_mt = (Tq + BM - 1) / BM;
+    const int per_head = n_mt > mt0 ? n_mt - mt0 : 0;
+    const int n_it = grp * per_head;
+
+    load_tile<BN, DQK, NT>(sK, SQ, kb, ks, n0, Tk, dqk, tid);
+    load_tile<BN, DV, NT>(sV, SV, vb, vs, n0, Tk, dv, tid);
+    // stage `it` of the flattened (head, query tile) loop into buffer `buf`
+    auto load_stage = [&](int it, int buf) {
+        int hh = it / per_head, mt = mt0 + (it - hh * per_head), h = hk * grp + hh;
+        int m0 = mt * BM;
+        load_tile<BM, DQK, NT>(sQ + buf * BM * SQ, SQ, q + (int64_t)b * Tq * qs + (int64_t)h * dqk, qs, m0, Tq, dqk,
+                               tid);
+        load_tile<BM, DV, NT>(sdO + buf * BM * SV, SV, dout + (int64_t)b * Tq * os + (int64_t)h * dv, os, m0, Tq, dv,
+                              tid);
+        const float *l2 = lse2 + ((int64_t)b * H + h) * Tqp + m0, *dd = Dd + ((int64_t)b * H + h) * Tqp + m0;
+        if (tid < BM / 2) { // BM/4 chunks of lse2, then BM/4 of D (m0 + BM <= Tqp)
+            int c = tid % (BM / 4);
+            const float *src = tid < BM / 4 ? l2 : dd;
+            float *dst = (tid < BM / 4 ? sL : sD) + buf * BM;
+            cp_async16(smem_u32(dst + c * 4), src + c * 4, true);
+        }
+    };
+    if (n_it > 0) load_stage(0, 0);
+    cp_async_commit();
+
+    // A operand rows of this warp (K or V rows warp*16 + (lane&15)), column half lane>>4
+    const uint32_t aK = smem_u32(sK) + (uint32_t)(((warp * 16 + (lane & 15)) * SQ + (lane >> 4) * 8) * 2);
+    const uint32_t aV = smem_u32(sV) + (uint32_t)(((warp * 16 + (lane & 15)) * SV + (lane >> 4) * 8) * 2);
+    // B operand from [n][k] rows (Q, dO as the n side of S^T, dP^T)
+    const uint32_t oBq = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SQ + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t oBo = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SV + ((lane >> 3) & 1) * 8) * 2);
+    // B operand from [k][n] rows via .trans (Q, dO as the k side of dK, dV; K in dQ)
+    const uint32_t oTq = (uint32_t)(((lane & 15) * SQ + (lane >> 4) * 8) * 2);
+    const uint32_t oTo = (uint32_t)(((lane & 15) * SV + (lane >> 4) * 8) * 2);
+    // dQ: A = dS from dS^T rows via .trans
+    const int mq = warp % MTQ, nq0 = (warp / MTQ) * NQ;
+    const uint32_t aS =
+        smem_u32(sdS) + (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SS + mq * 16 + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t bKq = smem_u32(sK) + oTq + (uint32_t)((sl * SK + nq0 * 8) * 2);
+
+    uint32_t kf[KVREG ? DQK / 16 : 1][4], vf[KVREG ? DV / 16 : 1][4];
+    float dka[SK / 8][4], dva[SVS / 8][4];
+#pragma unroll
+    for (int i = 0; i < SK / 8; i++)
+        dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < SVS / 8; i++)
+        dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.f;
+    const int wn0 = n0 + warp * 16; // first key row of this warp
+
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<0>();
+        __syncthreads(); // stage it landed; everyone is done with stage it-1 and with sdS
+        if (it + 1 < n_it) {
+            load_stage(it + 1, (it + 1) & 1);
+            cp_async_commit();
+        }
+        if (KVREG && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (KVREG ? DQK / 16 : 1); kk++)
+                ldsm_x4(kf[kk], aK + kk * 32);
+#pragma unroll
+            for (int kk = 0; kk < (KVREG ? DV / 16 : 1); kk++)
+                ldsm_x4(vf[kk], aV + kk * 32);
+        }
+        const int buf = it & 1;
+        const int hh = it / per_head, mt = mt0 + (it - hh * per_head), m0 = mt * BM;
+        const int q_last = min(m0 + BM, Tq) - 1;
+        const bool active = wn0 <= off + q_last; // some query of the tile sees this warp's first key
+        const uint32_t bQ = smem_u32(sQ + buf * BM * SQ), bO = smem_u32(sdO + buf * BM * SV);
+        const float *cL = sL + buf * BM, *cD = sD + buf * BM;
+
+        if (active) {
+            // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x BM queries)
+            float st[BM / 8][4], dp[BM / 8][4];
+#pragma unroll
+            for (int i = 0; i < BM / 8; i++)
+                st[i][0] = st[i][1] = st[i][2] = st[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; kk++) {
+                uint32_t a[4];
+                if (KVREG) {
+                    a[0] = kf[KVREG ? kk : 0][0], a[1] = kf[KVREG ? kk : 0][1];
+                    a[2] = kf[KVREG ? kk : 0][2], a[3] = kf[KVREG ? kk : 0][3];
+                } else {
+                    ldsm_x4(a, aK + kk * 32);
+                }
+#pragma unroll
+                for (int m2 = 0; m2 < BM / 16; m2++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bQ + oBq + (m2 * 16 * SQ + kk * 16) * 2);
+                    mma_bf16(st[2 * m2], a, bb[0], bb[1]);
+                    mma_bf16(st[2 * m2 + 1], a, bb[2], bb[3]);
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < DV / 16; kk++) {
+                uint32_t a[4];
+                if (KVREG) {
+                    a[0] = vf[KVREG ? kk : 0][0], a[1] = vf[KVREG ? kk : 0][1];
+                    a[2] = vf[KVREG ? kk : 0][2], a[3] = vf[KVREG ? kk : 0][3];
+                } else {
+                    ldsm_x4(a, aV + kk * 32);
+                }
+#pragma unroll
+                for (int m2 = 0; m2 < BM / 16; m2++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bO + oBo + (m2 * 16 * SV + kk * 16) * 2);
+                    mma_bf16(dp[2 * m2], a, bb[0], bb[1]);
+                    mma_bf16(dp[2 * m2 + 1], a, bb[2], bb[3]);
+                }
+            }
+            // P^T = exp2(S^T sl2 - lse2[m]), masked; dS^T = P^T (dP^T - D[m]) (into dp)
+            const bool need_mask = wn0 + 15 > off + m0 || m0 + BM > Tq;
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++) {
+                int mc = nt * 8 + 2 * t4; // query column within the tile
+                float l0 = cL[mc], l1 = cL[mc + 1], d0 = cD[mc], d1 = cD[mc + 1];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2_approx(fmaf(st[nt][e], sl2, -((e & 1) ? l1 : l0)));
+                    if (need_mask) {
+                        int key = wn0 + g + (e >> 1) * 8, qr = m0 + mc + (e & 1);
+                        if (key > off + qr || qr >= Tq) p = 0.f;
+                    }
+                    st[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - ((e & 1) ? d1 : d0));
+                }
+            }
+            // dV[:, slice] += P^T dO[:, slice]; dK[:, slice] += dS^T Q[:, slice] (unscaled)
+#pragma unroll
+            for (int kc = 0; kc < BM / 16; kc++) {
+                uint32_t a[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
+                                 pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                                 pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+#pragma unroll
+                for (int d2 = 0; d2 < SVS / 16; d2++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bO + oTo + (kc * 16 * SV + sl * SVS + d2 * 16) * 2);
+                    mma_bf16(dva[2 * d2], a, bb[0], bb[1]);
+                    mma_bf16(dva[2 * d2 + 1], a, bb[2], bb[3]);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < BM / 16; kc++) {
+                uint32_t a[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                 pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                 pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int d2 = 0; d2 < SK / 16; d2++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bQ + oTq + (kc * 16 * SQ + sl * SK + d2 * 16) * 2);
+                    mma_bf16(dka[2 * d2], a, bb[0], bb[1]);
+                    mma_bf16(dka[2 * d2 + 1], a, bb[2], bb[3]);
+                }
+                // dS^T rows of this warp -> shared (bf16), the A operand of dQ = dS K
+                *(uint32_t *)(sdS + (warp * 16 + g) * SS + kc * 16 + 2 * t4) = a[0];
+                *(uint32_t *)(sdS + (warp * 16 + g + 8) * SS + kc * 16 + 2 * t4) = a[1];
+                *(uint32_t *)(sdS + (warp * 16 + g) * SS + kc * 16 + 8 + 2 * t4) = a[2];
+                *(uint32_t *)(sdS + (warp * 16 + g + 8) * SS + kc * 16 + 8 + 2 * t4) = a[3];
+            }
+        }
+        __syncthreads(); // dS^T of all active warps in shared memory
+
+        // dQ[m0.., slice] += dS K[:, slice]: contraction over the key rows of the
+        // active warps (a prefix: earlier keys are visible to more queries)
+        const int n_act = min(WARPS, (off + q_last - n0) / 16 + 1);
+        float acc[NQ][4];
+#pragma unroll
+        for (int i = 0; i < NQ; i++)
+            acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < WARPS; kc++) {
+            if (kc < n_act) {
+                uint32_t a[4];
+                ldsm_x4_t(a, aS + kc * 16 * SS * 2);
+#pragma unroll
+                for (int n2 = 0; n2 < NQ / 2; n2++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bKq + (kc * 16 * SQ + n2 * 16) * 2);
+                    mma_bf16(acc[2 * n2], a, bb[0], bb[1]);
+                    mma_bf16(acc[2 * n2 + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+        float *dqh = dqacc + (int64_t)(ul * grp + hh) * Tq * dqk;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int row = m0 + mq * 16 + g + 8 * i;
+            if (row < Tq) {
+#pragma unroll
+                for (int nt = 0; nt < NQ; nt++) {
+                    int c = sl * SK + (nq0 + nt) * 8 + 2 * t4;
+                    if (c < dqk) red_add_v2(dqh + (int64_t)row * dqk + c, acc[nt][2 * i], acc[nt][2 * i + 1]);
+                }
+            }
+        }
+    }
+
+    cp_async_wait<0>(); // nothing may stay in flight at exit (n_it == 0 when Tq == 0)
+    // epilogue: dK = scale * dS^T Q, dV = P^T dO -> bf16
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int key = wn0 + g + 8 * i;
+        if (key >= Tk) continue;
+        bf16 *dkr = dk + ((int64_t)b * Tk + key) * ks + (int64_t)hk * dqk;
+        bf16 *dvr = dvo + ((int64_t)b * Tk + key) * vs + (int64_t)hk * dv;
+#pragma unroll
+        for (int nt = 0; nt < SK / 8; nt++) {
+            int c = sl * SK + nt * 8 + 2 * t4;
+            if (c < dqk) *(uint32_t *)(dkr + c) = pack_bf16(dka[nt][2 * i] * scale, dka[nt][2 * i + 1] * scale);
+        }
+#pragma unroll
+        for (int nt = 0; nt < SVS / 8; nt++) {
+            int c = sl * SVS + nt * 8 + 2 * t4;
+            if (c < dv) *(uint32_t *)(dvr + c) = pack_bf16(dva[nt][2 * i], dva[nt][2 * i + 1]);
+        }
+    }
+}
+
+// dq[b, t, h, :] = scale * acc[(u - u0) * grp + hh, t, :] for the units of one chunk.
+__global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ acc, int Tq, int H, int Hkv, int dqk,
+                              float scale, int u0, int n_units) {
+    const int grp = H / Hkv, cq = dqk / 4;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; // one float4 each
+    int64_t n = (int64_t)n_units * grp * Tq * cq;
+    if (i >= n) return;
+    int c = (int)(i % cq) * 4;
+    int64_t r = i / cq;
+    int t = (int)(r % Tq), hl = (int)(r / Tq);
+    int u = u0 + hl / grp, b = u / Hkv, h = (u - b * Hkv) * grp + hl % grp;
+    float4 x = *(const float4 *)(acc + r * dqk + c);
+    uint2 y = make_uint2(pack_bf16(x.x * scale, x.y * scale), pack_bf16(x.z * scale, x.w * scale));
+    *(uint2 *)(dq + (((int64_t)b * Tq + t) * H + h) * dqk + c) = y;
+}
+
+// ---- host side --------------------------------------------------------------
+
+// Records a usage error so that sync() reports it (the ops return void).
+static void attn_error(be_t *be, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cuda_impl_t *ci = cuda_impl(be);
+    if (!ci->first_error) {
+        ci->first_error = ERR_INPUT;
+        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
+    }
+    err_set(ERR_INPUT, "%s", msg);
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static bool attn_check(be_t *be, const char *op, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale,
+                       const void *const *ptrs, int n_ptrs) {
+    if (B < 0 || Tq < 0 || Tk < Tq || H <= 0 || Hkv <= 0 || H % Hkv) {
+        attn_error(be, "cuda %s: bad shape B=%d Tq=%d Tk=%d H=%d Hkv=%d (need Tk >= Tq, H a multiple of Hkv)", op, B,
+                   Tq, Tk, H, Hkv);
+        return false;
+    }
+    if (dqk <= 0 || dv <= 0 || dqk % 16 || dv % 16 || dqk > 256 || dv > 256) {
+        attn_error(be, "cuda %s: head dims dqk=%d dv=%d not supported (multiples of 16 up to 256)", op, dqk, dv);
+        return false;
+    }
+    if (!(scale > 0.f)) {
+        attn_error(be, "cuda %s: scale %g must be positive", op, (double)scale);
+        return false;
+    }
+    for (int i = 0; i < n_ptrs; i++)
+        if (!aligned16(ptrs[i])) {
+            attn_error(be, "cuda %s: tensor argument %d is not 16-byte aligned", op, i);
+            return false;
+        }
+    return true;
+}
+
+// Sets the dynamic shared memory limit of a kernel once.
+template <typename K> static bool smem_attr(be_t *be, K kern, size_t bytes, int *done) {
+    if (*done) return true;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) {
+        cuda_fail(be, "cudaFuncSetAttribute(attention smem)", e);
+        return false;
+    }
+    *done = 1;
+    return true;
+}
+
+template <int DQK, int DV, int WARPS, int BC, int MT, bool QREG, int MINB>
+static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
+                       int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+    typedef fwd_cfg<DQK, DV, WARPS, BC, MT> C;
+    auto kern = k_attn_fwd<DQK, DV, WARPS, BC, MT, QREG, MINB>;
+    static int done;
+    if (!smem_attr(be, kern, C::smem, &done)) return;
+    int n_qt = (Tq + C::BR - 1) / C::BR;
+    int64_t blocks = (int64_t)n_qt * B * H;
+    if (blocks == 0) return;
+    kern<<<(unsigned)blocks, C::NT, C::smem, cuda_stream(be)>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
+                                                                (const bf16 *)v, B, Tq, Tk, H, Hkv, dqk, dv,
+                                                                scale * 1.4426950408889634f, n_qt);
+    cuda_check_launch(be, "k_attn_fwd");
+}
+
+// Variant override for benchmarks and tests: HYLO_ATTN_FWD=<n> / HYLO_ATTN_BWD=<n>
+// selects an alternative configuration where one exists (0 or unset = default;
+// read on every call, a getenv is nothing next to a launch).
+static int env_variant(const char *name) {
+    const char *s = getenv(name);
+    return s ? atoi(s) : 0;
+}
+
+static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
+                        int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+    const void *ptrs[] = {out, q, k, v};
+    if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4)) return;
+    if (B == 0 || Tq == 0) return;
+    const int var = env_variant("HYLO_ATTN_FWD");
+#define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale)
+    // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB); variant 1 = one m-tile per warp
+    if (dqk <= 64 && dv <= 64) {
+        if (var == 1)
+            FWD(64, 64, 8, 64, 1, false, 2);
+        else
+            FWD(64, 64, 4, 64, 2, true, 2);
+    } else if (dqk <= 96 && dv <= 64) {
+        FWD(96, 64, 4, 64, 2, false, 2);
+    } else if (dqk <= 128 && dv <= 128) {
+        if (var == 1)
+            FWD(128, 128, 8, 64, 1, false, 2);
+        else
+            FWD(128, 128, 4, 32, 2, false, 2);
+    } else if (dqk <= 192 && dv <= 128) {
+        FWD(192, 128, 4, 32, 2, false, 1);
+    } else if (dqk <= 192 && dv <= 192) {
+        FWD(192, 192, 4, 64, 1, false, 1);
+    } else {
+        FWD(256, 256, 4, 64, 1, false, 1);
+    }
+#undef FWD
+}
+
+template <int DQK, int DV, int NSL, int WARPS, int BM>
+static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                       const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
+                       int dqk, int dv, float scale, int Tqp) {
+    typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
+    auto kern = k_attn_bwd<DQK, DV, NSL, WARPS, BM>;
+    static int done;
+    if (!smem_attr(be, kern, C::smem, &done)) return;
+    const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + C::BN - 1) / C::BN;
+    // the fp32 dQ accumulator of one (b, kv head) unit; as many units per pass as the arena holds
+    const size_t unit_bytes = (size_t)grp * Tq * dqk * sizeof(float);
+    arena_t *ar = &be->scratch;
+    size_t avail = ar->cap > ar->used + 1024 ? ar->cap - ar->used - 1024 : 0;
+    int upc = unit_bytes ? (int)(avail / unit_bytes < (size_t)units ? avail / unit_bytes : (size_t)units) : units;
+    if (upc < 1) {
+        attn_error(be,
+                   "cuda attn_bwd: scratch arena too small: %zu bytes free, the dQ accumulator of one kv head "
+                   "needs %zu",
+                   avail, unit_bytes);
+        return;
+    }
+    float *acc = (float *)arena_alloc(ar, unit_bytes * (size_t)upc);
+    if (!acc) {
+        attn_error(be, "cuda attn_bwd: cannot take %zu bytes from the scratch arena", unit_bytes * (size_t)upc);
+        return;
+    }
+    for (int u0 = 0; u0 < units; u0 += upc) {
+        int n = units - u0 < upc ? units - u0 : upc;
+        cudaError_t e = cudaMemsetAsync(acc, 0, unit_bytes * (size_t)n, cuda_stream(be));
+        if (e != cudaSuccess) {
+            cuda_fail(be, "cudaMemsetAsync(attn dQ accumulator)", e);
+            return;
+        }
+        int64_t blocks = (int64_t)n_kt * n * NSL;
+        kern<<<(unsigned)blocks, C::NT, C::smem, cuda_stream(be)>>>(
+            (bf16 *)dk, (bf16 *)dv_, acc, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse2,
+            Dd, Tq, Tk, H, Hkv, dqk, dv, scale * 1.4426950408889634f, scale, u0, n, Tqp);
+        cuda_check_launch(be, "k_attn_bwd");
+        int64_t nv = (int64_t)n * grp * Tq * (dqk / 4);
+        if (nv > 0) {
+            k_attn_dq_out<<<cuda_blocks(nv, 256), 256, 0, cuda_stream(be)>>>((bf16 *)dq, acc, Tq, H, Hkv, dqk, scale,
+                                                                             u0, n);
+            cuda_check_launch(be, "k_attn_dq_out");
+        }
+    }
+}
+
+static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                        const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
+                        int dqk, int dv, float scale) {
+    const void *ptrs[] = {dq, dk, dv_, dout, q, k, v, out};
+    if (!attn_check(be, "attn_bwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 8)) return;
+    if (B == 0 || Tk == 0) return;
+    arena_t *ar = &be->scratch;
+    size_t mark = arena_mark(ar);
+    const int Tqp = (Tq + 63) / 64 * 64;
+    const size_t nD = (size_t)B * H * (Tqp ? Tqp : 1);
+    float *Dd = (float *)arena_alloc(ar, nD * sizeof(float));
+    float *lse2 = (float *)arena_alloc(ar, nD * sizeof(float));
+    if (!Dd || !lse2) {
+        attn_error(be, "cuda attn_bwd: scratch arena too small for D and lse (%zu bytes)", 2 * nD * sizeof(float));
+        arena_reset(ar, mark);
+        return;
+    }
+    if (Tqp > 0) {
+        int64_t threads = (int64_t)B * H * Tqp * 32;
+        k_attn_bwd_pre<<<cuda_blocks(threads, 256), 256, 0, cuda_stream(be)>>>(
+            Dd, lse2, (const bf16 *)dout, (const bf16 *)out, lse, B * H, H, Tq, Tqp, dv);
+        cuda_check_launch(be, "k_attn_bwd_pre");
+    }
+    const int var = env_variant("HYLO_ATTN_BWD");
+#define BWD(...)                                                                                                       \
+    launch_bwd<__VA_ARGS__>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp)
+    if (dqk <= 64 && dv <= 64) {
+        if (var == 1)
+            BWD(64, 64, 1, 4, 64);
+        else
+            BWD(64, 64, 1, 8, 64);
+    } else if (dqk <= 96 && dv <= 64) {
+        BWD(96, 64, 1, 8, 64);
+    } else if (dqk <= 128 && dv <= 128) {
+        if (var == 1)
+            BWD(128, 128, 1, 8, 64);
+        else
+            BWD(128, 128, 1, 8, 32);
+    } else if (dqk <= 192 && dv <= 128) {
+        BWD(192, 128, 1, 8, 32);
+    } else if (dqk <= 192 && dv <= 192) {
+        BWD(192, 192, 2, 4, 32);
+    } else {
+        BWD(256, 256, 2, 4, 32);
+    }
+#undef BWD
+    arena_reset(ar, mark); // later work on the stream may reuse the memory: stream order protects it
+}
+
+// The backend's stream, for benchmarks that time ops with CUDA events from C
+// (backend/cuda/cuda.h is C++ only).
+extern "C" void *cuda_stream_of(be_t *be) { return (void *)cuda_stream(be); }
+
+extern "C" void cuda_register_attn(be_t *be) {
+    be->attn_fwd = cu_attn_fwd;
+    be->attn_bwd = cu_attn_bwd;
+}

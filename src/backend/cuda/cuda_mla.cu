@@ -1,5 +1,438 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
+// MLA decode attention over the latent cache (weight absorption), split-K
+// flash-decoding on tensor cores.
+//
+// For one sequence the H query heads all read the same cache rows, so the op
+// is a small attention with M = heads, N = cache rows, K = r_kv + dr (scores,
+// keys = whole rows [c | kpe]) and V = the c part of the same rows. Memory
+// bound: every cache row is read from device memory exactly once.
+//
+// k_mla_decode: grid (n_split, B). A block takes one contiguous slice of the
+// visible rows of its sequence and streams it through shared memory in stages
+// of RS * 32 rows (cp.async, 3 stages in flight). Warp (ht, cc, rs) computes,
+// for the 16 heads of head tile ht and the 32 rows rs of each stage, the scores
+// S = Q rows^T (mma.sync m16n8k16, Q from shared memory), an online softmax in
+// the exp2 domain, and O[:, cc-th column chunk of width CW] += P c. Warps of
+// different cc recompute the same scores (cheap next to the bytes: the P c
+// product is the larger one), so that the O accumulators fit in registers for
+// r_kv up to 512. At the end the RS row groups merge in shared memory and the
+// block writes one partial (m, l, unnormalised O) for its slice.
+// k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "backend/cuda/cuda.h"
 
-extern "C" void cuda_register_mla(be_t *be) { (void)be; }
+// ---- device helpers (the same small set as cuda_attn.cu) --------------------
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+static __device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- kernels -----------------------------------------------------------------
+
+enum { MLA_NR = 32, MLA_NSTG = 3 }; // rows per warp per stage; stages in flight
+
+typedef struct {
+    int H, r_kv, dr, L, Lp; // L = r_kv + dr; Lp = L rounded up to 16 (zero columns)
+    int HT, CC, RS;         // head tiles of 16, column chunks of CW, row groups
+    int SQ, SR;             // shared row strides (elements) of Q and of the cache stages
+    int n_split;            // blocks per sequence
+    float sl2;              // scale * log2(e)
+} mla_args_t;
+
+template <int CW>
+__global__ void __launch_bounds__(512, 1)
+    k_mla_decode(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
+                 const bf16 *__restrict__ q_pe, const bf16 *__restrict__ cache, int64_t cache_rows,
+                 const int32_t *__restrict__ len, mla_args_t a) {
+    constexpr int NR = MLA_NR, NSTG = MLA_NSTG;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int HR = a.HT * 16, SQ = a.SQ, SR = a.SR, L = a.L, RS = a.RS;
+    const int ST_ROWS = RS * NR;
+    bf16 *sQ = (bf16 *)smem_raw;
+    bf16 *sC = sQ + HR * SQ; // [NSTG][ST_ROWS][SR]
+
+    const int b = blockIdx.y, split = blockIdx.x;
+    const int tid = threadIdx.x, nthr = blockDim.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int nwarps = nthr >> 5;
+    const int ht = warp % a.HT, cc = (warp / a.HT) % a.CC, rs = warp / (a.HT * a.CC);
+
+    int64_t n = len[b];
+    if (n > cache_rows) n = cache_rows;
+    if (n < 0) n = 0;
+    // this block's rows [start, end): equal slices rounded up to whole row tiles
+    int64_t rps = (n + a.n_split - 1) / a.n_split;
+    rps = (rps + NR - 1) / NR * NR;
+    const int64_t start = (int64_t)split * rps;
+    const int64_t end = start + rps < n ? start + rps : n;
+    const int nrows = end > start ? (int)(end - start) : 0;
+    const int n_st = (nrows + ST_ROWS - 1) / ST_ROWS;
+    const bf16 *rows_g = cache + ((int64_t)b * cache_rows + start) * L;
+
+    // Q [HR][SQ] = [q_lat | q_pe | 0], zero rows past H (plain 16-byte loads)
+    for (int i = tid; i < HR * (SQ / 8); i += nthr) {
+        int r = i / (SQ / 8), c = (i - r * (SQ / 8)) * 8;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (r < a.H && c < L)
+            x = c < a.r_kv ? *(const uint4 *)(q_lat + ((int64_t)b * a.H + r) * a.r_kv + c)
+                           : *(const uint4 *)(q_pe + ((int64_t)b * a.H + r) * a.dr + (c - a.r_kv));
+        *(uint4 *)(sQ + r * SQ + c) = x;
+    }
+    // columns [L, SR) of every stage row stay zero (cp.async writes [0, L) only)
+    for (int i = tid; i < NSTG * ST_ROWS * ((SR - L) / 8); i += nthr) {
+        int r = i / ((SR - L) / 8), c = L + (i - r * ((SR - L) / 8)) * 8;
+        *(uint4 *)(sC + r * SR + c) = make_uint4(0, 0, 0, 0);
+    }
+
+    // stage st: rows [st * ST_ROWS, +ST_ROWS) of the slice; rows past the slice zero-filled
+    auto load_stage = [&](int st, int buf) {
+        bf16 *dst = sC + buf * ST_ROWS * SR;
+        const int r0 = st * ST_ROWS;
+        for (int r = warp; r < ST_ROWS; r += nwarps) {
+            bool ok = r0 + r < nrows;
+            const bf16 *src = rows_g + (int64_t)(r0 + r) * L;
+            for (int c = lane * 8; c < L; c += 256)
+                cp_async16(smem_u32(dst + r * SR + c), ok ? src + c : cache, ok);
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < NSTG - 1; st++) {
+        if (st < n_st) load_stage(st, st);
+        cp_async_commit();
+    }
+
+    const uint32_t aQ = smem_u32(sQ) + (uint32_t)(((ht * 16 + (lane & 15)) * SQ + (lane >> 4) * 8) * 2);
+    const uint32_t oB = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SR + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t oT = (uint32_t)(((lane & 15) * SR + (lane >> 4) * 8 + cc * CW) * 2);
+    float o[CW / 8][4];
+#pragma unroll
+    for (int i = 0; i < CW / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    const int kchunks = a.Lp / 16;
+
+    for (int i = 0; i < n_st; i++) {
+        cp_async_wait<NSTG - 2>();
+        __syncthreads(); // stage i landed; everyone is done with stage i-1's buffer
+        if (i + NSTG - 1 < n_st) load_stage(i + NSTG - 1, (i + NSTG - 1) % NSTG);
+        cp_async_commit();
+        const int rbase = i * ST_ROWS + rs * NR; // first row of this warp within the slice
+        if (rbase >= nrows) continue;
+        const uint32_t stage = smem_u32(sC + ((i % NSTG) * ST_ROWS + rs * NR) * SR);
+
+        float s[NR / 8][4];
+#pragma unroll
+        for (int j = 0; j < NR / 8; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int kk = 0; kk < kchunks; kk++) {
+            uint32_t qa[4];
+            ldsm_x4(qa, aQ + kk * 32);
+#pragma unroll
+            for (int n2 = 0; n2 < NR / 16; n2++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, stage + oB + (n2 * 16 * SR + kk * 16) * 2);
+                mma_bf16(s[2 * n2], qa, bb[0], bb[1]);
+                mma_bf16(s[2 * n2 + 1], qa, bb[2], bb[3]);
+            }
+        }
+        // scale first (any sign of scale), mask rows past the slice
+#pragma unroll
+        for (int nt = 0; nt < NR / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = rbase + nt * 8 + 2 * t4 + (e & 1);
+                s[nt][e] = r < nrows ? s[nt][e] * a.sl2 : -INFINITY;
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) { // heads g (h = 0) and g + 8 (h = 1)
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NR / 8; nt++)
+                mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mnew = fmaxf(mrow[h], mx);
+            float mu = mnew == -INFINITY ? 0.f : mnew;
+            float alpha = exp2_approx(mrow[h] - mu);
+            mrow[h] = mnew;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NR / 8; nt++) {
+                float p0 = exp2_approx(s[nt][2 * h] - mu), p1 = exp2_approx(s[nt][2 * h + 1] - mu);
+                s[nt][2 * h] = p0, s[nt][2 * h + 1] = p1;
+                sum += p0 + p1;
+            }
+            lrow[h] = lrow[h] * alpha + sum;
+#pragma unroll
+            for (int nt = 0; nt < CW / 8; nt++)
+                o[nt][2 * h] *= alpha, o[nt][2 * h + 1] *= alpha;
+        }
+        // O[:, chunk] += P c
+#pragma unroll
+        for (int kc = 0; kc < NR / 16; kc++) {
+            uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                              pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+            for (int d2 = 0; d2 < CW / 16; d2++) {
+                uint32_t bb[4];
+                ldsm_x4_t(bb, stage + oT + (kc * 16 * SR + d2 * 16) * 2);
+                mma_bf16(o[2 * d2], pa, bb[0], bb[1]);
+                mma_bf16(o[2 * d2 + 1], pa, bb[2], bb[3]);
+            }
+        }
+    }
+
+    // merge the RS row groups in shared memory (reusing the stage buffers)
+    cp_async_wait<0>();
+    __syncthreads();
+    const int CCW = a.CC * CW;
+    float *cm = (float *)sC;  // [RS][HR] running max (log2 domain)
+    float *cl = cm + RS * HR; // [RS][HR] sum
+    float *co = cl + RS * HR; // [HR][CCW] unnormalised output
+    for (int i = tid; i < HR * CCW; i += nthr)
+        co[i] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        lrow[h] = l;
+        if (cc == 0 && t4 == 0) {
+            cm[rs * HR + ht * 16 + g + 8 * h] = mrow[h];
+            cl[rs * HR + ht * 16 + g + 8 * h] = l;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int hr = ht * 16 + g + 8 * h;
+        float M = -INFINITY;
+        for (int r = 0; r < RS; r++)
+            M = fmaxf(M, cm[r * HR + hr]);
+        float f = mrow[h] == -INFINITY ? 0.f : exp2_approx(mrow[h] - M);
+        if (f != 0.f) {
+#pragma unroll
+            for (int nt = 0; nt < CW / 8; nt++) {
+                float *dst = co + hr * CCW + cc * CW + nt * 8 + 2 * t4;
+                atomicAdd(dst, o[nt][2 * h] * f);
+                atomicAdd(dst + 1, o[nt][2 * h + 1] * f);
+            }
+        }
+    }
+    __syncthreads();
+    const int64_t pidx = (int64_t)b * a.n_split + split; // partial index
+    for (int i = tid; i < a.H * a.r_kv; i += nthr) {
+        int h = i / a.r_kv, c = i - h * a.r_kv;
+        part_o[pidx * a.H * a.r_kv + i] = co[h * CCW + c];
+    }
+    for (int h = tid; h < a.H; h += nthr) {
+        float M = -INFINITY, S = 0.f;
+        for (int r = 0; r < RS; r++)
+            M = fmaxf(M, cm[r * HR + h]);
+        for (int r = 0; r < RS; r++) {
+            float l = cl[r * HR + h];
+            if (l > 0.f) S += l * exp2_approx(cm[r * HR + h] - M);
+        }
+        part_ml[(pidx * a.H + h) * 2] = M;
+        part_ml[(pidx * a.H + h) * 2 + 1] = S;
+    }
+}
+
+static __device__ float block_reduce(float v, bool is_max, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads(); // red may still be read from a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = is_max ? -INFINITY : 0.f;
+    for (int i = 0; i < nw; i++)
+        v = is_max ? fmaxf(v, red[i]) : v + red[i];
+    return v;
+}
+
+// out[b, h, :] = sum_s w_s O_s / sum_s w_s l_s, w_s = 2^(m_s - max m); zero when
+// the sequence has no visible rows.
+__global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ part_o,
+                              const float *__restrict__ part_ml, int H, int r_kv, int n_split) {
+    extern __shared__ float w[]; // [n_split]
+    __shared__ float red[32];
+    const int h = blockIdx.x, b = blockIdx.y;
+    const float *ml = part_ml + ((int64_t)b * n_split * H + h) * 2; // split s at ml[s * H * 2]
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x)
+        if (ml[(int64_t)s * H * 2 + 1] > 0.f) M = fmaxf(M, ml[(int64_t)s * H * 2]);
+    M = block_reduce(M, true, red);
+    float S = 0.f;
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
+        float l = ml[(int64_t)s * H * 2 + 1];
+        float ws = l > 0.f ? exp2f(ml[(int64_t)s * H * 2] - M) : 0.f;
+        w[s] = ws;
+        S += ws * l;
+    }
+    S = block_reduce(S, false, red); // its barriers also publish w[]
+    const float inv = S > 0.f ? 1.f / S : 0.f;
+    const float *po = part_o + ((int64_t)b * n_split * H + h) * r_kv; // split s at po[s * H * r_kv]
+    for (int c = threadIdx.x; c < r_kv; c += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < n_split; s++)
+            if (w[s] != 0.f) acc += w[s] * po[(int64_t)s * H * r_kv + c];
+        out[((int64_t)b * H + h) * r_kv + c] = __float2bfloat16_rn(acc * inv);
+    }
+}
+
+// ---- host side --------------------------------------------------------------
+
+static void mla_error(be_t *be, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cuda_impl_t *ci = cuda_impl(be);
+    if (!ci->first_error) {
+        ci->first_error = ERR_INPUT;
+        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
+    }
+    err_set(ERR_INPUT, "%s", msg);
+}
+
+template <int CW>
+static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
+                       const int32_t *len, int B, mla_args_t a) {
+    cuda_impl_t *ci = cuda_impl(be);
+    auto kern = k_mla_decode<CW>;
+    const int HR = a.HT * 16, threads = a.HT * a.CC * a.RS * 32;
+    size_t stages = (size_t)MLA_NSTG * a.RS * MLA_NR * a.SR * sizeof(bf16);
+    size_t merge = (size_t)(2 * a.RS * HR + HR * a.CC * CW) * sizeof(float);
+    size_t smem = (size_t)HR * a.SQ * sizeof(bf16) + (stages > merge ? stages : merge);
+    if (smem > ci->smem_optin) {
+        mla_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d H=%d needs %zu bytes of shared memory (%zu available)",
+                  a.r_kv, a.dr, a.H, smem, ci->smem_optin);
+        return;
+    }
+    // raise the kernel's dynamic shared memory limit when a larger shape comes
+    static size_t smem_set;
+    static int occ_threads;
+    static size_t occ_smem;
+    static int occ;
+    if (smem > smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) {
+            cuda_fail(be, "cudaFuncSetAttribute(k_mla_decode)", e);
+            return;
+        }
+        smem_set = smem;
+    }
+    if (occ_threads != threads || occ_smem != smem) {
+        int nb = 0;
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
+        if (e != cudaSuccess) {
+            cuda_fail(be, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(k_mla_decode)", e);
+            return;
+        }
+        occ = nb > 0 ? nb : 1;
+        occ_threads = threads, occ_smem = smem;
+    }
+    // one wave of blocks over the whole batch; never more slices than row tiles
+    int64_t ns = (int64_t)occ * ci->sm_count / B;
+    int64_t tiles = (cache_rows + MLA_NR - 1) / MLA_NR;
+    if (ns > tiles) ns = tiles;
+    if (ns < 1) ns = 1;
+    a.n_split = (int)ns;
+
+    arena_t *ar = &be->scratch;
+    size_t mark = arena_mark(ar);
+    float *part_o = (float *)arena_alloc(ar, (size_t)B * ns * a.H * a.r_kv * sizeof(float));
+    float *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * a.H * 2 * sizeof(float));
+    if (!part_o || !part_ml) {
+        mla_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
+                  (long long)(B * ns * a.H));
+        arena_reset(ar, mark);
+        return;
+    }
+    kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
+        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a);
+    cuda_check_launch(be, "k_mla_decode");
+    k_mla_combine<<<dim3((unsigned)a.H, (unsigned)B), 128, ns * sizeof(float), cuda_stream(be)>>>(
+        (bf16 *)out, part_o, part_ml, a.H, a.r_kv, (int)ns);
+    cuda_check_launch(be, "k_mla_combine");
+    arena_reset(ar, mark); // stream order protects the partials from later users
+}
+
+static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
+                               int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
+    if (B <= 0 || H <= 0) return;
+    if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || cache_rows < 0) {
+        mla_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d cache_rows=%lld not supported (r_kv, dr multiples of 8)",
+                  r_kv, dr, (long long)cache_rows);
+        return;
+    }
+    if (((uintptr_t)q_lat | (uintptr_t)q_pe | (uintptr_t)cache) & 15) {
+        mla_error(be, "cuda mla_decode_attn: q_lat, q_pe and cache must be 16-byte aligned");
+        return;
+    }
+    mla_args_t a;
+    memset(&a, 0, sizeof a);
+    a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = r_kv + dr, a.Lp = (a.L + 15) / 16 * 16;
+    a.HT = (H + 15) / 16;
+    a.CC = (r_kv + 127) / 128;
+    int per = (r_kv + a.CC - 1) / a.CC;
+    int CW = per <= 32 ? 32 : per <= 64 ? 64 : 128;
+    if (a.HT * a.CC > 16) {
+        mla_error(be, "cuda mla_decode_attn: H=%d with r_kv=%d needs more than 16 warps per block", H, r_kv);
+        return;
+    }
+    int rs = 8 / (a.HT * a.CC);
+    a.RS = rs < 1 ? 1 : rs > 4 ? 4 : rs;
+    a.SQ = a.Lp + 8; // (SQ / 8) odd: ldmatrix rows in distinct bank groups
+    int wide = a.Lp > a.CC * CW ? a.Lp : a.CC * CW;
+    a.SR = (wide + 15) / 16 * 16 + 8;
+    a.sl2 = scale * 1.4426950408889634f;
+    if (CW == 32)
+        launch_mla<32>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+    else if (CW == 64)
+        launch_mla<64>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+    else
+        launch_mla<128>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+}
+
+extern "C" void cuda_register_mla(be_t *be) { be->mla_decode_attn = cu_mla_decode_attn; }

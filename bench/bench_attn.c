@@ -1,0 +1,277 @@
+// Attention and MLA decode timings on the GPU (CUDA backend): CUDA events on
+// the backend's stream, warm-up runs first, the median of the timed runs.
+//
+//   build-X/bench/bench_attn [--quick] [--no-attn] [--no-decode]
+//
+// Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
+// lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
+// fwd = 2 B H T^2 (dqk + dv) / 2, bwd = 2.5 x fwd. The same shapes go through
+// scripts/ref/bench_sdpa.py (torch SDPA, flash backend) for the ratio.
+// MLA decode at len 65536, 262144, 1048576 rows per sequence: GB/s of the
+// cache bytes read (B len (r_kv + dr) 2) against a device-to-device copy of a
+// 4 GiB buffer measured in the same run (read + write bytes). Several copies
+// of the cache are rotated so that repeated calls do not run out of L2.
+// HYLO_ATTN_FWD / HYLO_ATTN_BWD select alternative kernel configurations.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "base/err.h"
+#include "base/rng.h"
+
+void *cuda_stream_of(be_t *be); // src/backend/cuda/cuda_attn.cu
+
+static be_t *be;
+static cudaStream_t stream;
+static cudaEvent_t ev0, ev1;
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_attn: %s: %s\n", what, err_msg());
+    exit(1);
+}
+
+static void check_sync(const char *what) {
+    if (be->sync(be) < 0) die(what);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "bench_attn: %s: %s\n", what, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+
+// Random bf16 (N(0, std^2)), 16M values drawn on the host and repeated on the device.
+static void *dev_rand(int64_t n, uint64_t seed, float std) {
+    void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
+    if (!d) die("alloc");
+    int64_t m = n < (1 << 24) ? n : (1 << 24);
+    float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
+    rng_t r;
+    rng_seed(&r, seed);
+    rng_fill_normal(&r, h, m, 0.0f, std);
+    if (be->upload_act(be, d, h, m) < 0) die("upload");
+    free(h);
+    for (int64_t done = m; done < n;) {
+        int64_t c = done < n - done ? done : n - done;
+        if (be->copy_d2d(be, (char *)d + done * 2, d, (size_t)c * 2) < 0) die("copy_d2d");
+        done += c;
+    }
+    check_sync("dev_rand");
+    return d;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef void (*op_fn)(void *ctx, int rep);
+
+// Median time in ms of `reps` runs after `warm` warm-up runs.
+static float time_op(op_fn fn, void *ctx, int warm, int reps) {
+    for (int i = 0; i < warm; i++)
+        fn(ctx, i);
+    check_sync("warm-up");
+    float t[64];
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(ev0, stream);
+        fn(ctx, i);
+        cudaEventRecord(ev1, stream);
+        cudaEventSynchronize(ev1);
+        check_sync("timed run");
+        cudaEventElapsedTime(&t[i], ev0, ev1);
+    }
+    qsort(t, (size_t)reps, sizeof(float), cmp_float);
+    return reps % 2 ? t[reps / 2] : 0.5f * (t[reps / 2 - 1] + t[reps / 2]);
+}
+
+// ---- attention ----------------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    int B, T, H, Hkv, dqk, dv;
+} attn_shape_t;
+
+typedef struct {
+    const attn_shape_t *s;
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    float *lse, scale;
+} attn_ctx_t;
+
+static void run_fwd(void *p, int rep) {
+    attn_ctx_t *c = p;
+    const attn_shape_t *s = c->s;
+    be->attn_fwd(be, c->o, c->lse, c->q, c->k, c->v, s->B, s->T, s->T, s->H, s->Hkv, s->dqk, s->dv, c->scale);
+}
+
+static void run_fwd_bwd(void *p, int rep) {
+    attn_ctx_t *c = p;
+    const attn_shape_t *s = c->s;
+    be->attn_fwd(be, c->o, c->lse, c->q, c->k, c->v, s->B, s->T, s->T, s->H, s->Hkv, s->dqk, s->dv, c->scale);
+    be->attn_bwd(be, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->o, c->lse, s->B, s->T, s->T, s->H, s->Hkv,
+                 s->dqk, s->dv, c->scale);
+}
+
+typedef struct {
+    char line[256];
+} row_t;
+
+static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
+    attn_ctx_t c = {.s = s, .scale = 1.0f / sqrtf((float)s->dqk)};
+    const int64_t nq = (int64_t)s->B * s->T * s->H * s->dqk, nk = (int64_t)s->B * s->T * s->Hkv * s->dqk;
+    const int64_t nv = (int64_t)s->B * s->T * s->Hkv * s->dv, no = (int64_t)s->B * s->T * s->H * s->dv;
+    c.q = dev_rand(nq, 1, 1.0f), c.k = dev_rand(nk, 2, 1.0f), c.v = dev_rand(nv, 3, 1.0f);
+    c.dout = dev_rand(no, 4, 1.0f), c.o = dev_rand(no, 5, 1.0f);
+    c.dq = be->alloc(be, (size_t)nq * 2), c.dk = be->alloc(be, (size_t)nk * 2), c.dv = be->alloc(be, (size_t)nv * 2);
+    c.lse = be->alloc(be, (size_t)s->B * s->H * s->T * sizeof(float));
+    if (!c.dq || !c.dk || !c.dv || !c.lse) die("alloc");
+    int reps = s->T <= 8192 ? 20 : 10;
+    float t_f = time_op(run_fwd, &c, 2, reps);
+    float t_fb = time_op(run_fwd_bwd, &c, 2, reps);
+    double flop_f = 2.0 * s->B * s->H * (double)s->T * s->T * (s->dqk + s->dv) / 2.0;
+    snprintf(row->line, sizeof row->line,
+             "| %-12s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %7.1f | %10.3f | %7.1f |", s->name, s->B, s->T, s->H,
+             s->Hkv, s->dqk, s->dv, t_f, flop_f / (t_f * 1e-3) / 1e12, t_fb, 3.5 * flop_f / (t_fb * 1e-3) / 1e12);
+    printf("%s\n", row->line);
+    fflush(stdout);
+    void *bufs[] = {c.q, c.k, c.v, c.o, c.dout, c.dq, c.dk, c.dv, c.lse};
+    for (int i = 0; i < 9; i++)
+        be->free(be, bufs[i]);
+}
+
+// ---- MLA decode -----------------------------------------------------------------
+
+typedef struct {
+    int B, H, r_kv, dr;
+    int64_t len;
+    int n_copies;
+    void **cache, *q_lat, *q_pe, *out;
+    int32_t *len_d;
+} mla_ctx_t;
+
+static void run_mla(void *p, int rep) {
+    mla_ctx_t *c = p;
+    be->mla_decode_attn(be, c->out, c->q_lat, c->q_pe, c->cache[rep % c->n_copies], c->len, c->len_d, c->B, c->H,
+                        c->r_kv, c->dr, 1.0f / sqrtf((float)(c->r_kv + c->dr)));
+}
+
+static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_gbs, row_t *row) {
+    mla_ctx_t c = {.B = B, .H = H, .r_kv = r_kv, .dr = dr, .len = len};
+    const double bytes = (double)B * len * (r_kv + dr) * 2;
+    c.n_copies = (int)ceil(1.0e9 / bytes); // >= 1 GB in rotation: far beyond the 60 MB L2
+    if (c.n_copies < 2) c.n_copies = 2;
+    if (c.n_copies > 48) c.n_copies = 48;
+    c.cache = calloc((size_t)c.n_copies, sizeof(void *));
+    c.cache[0] = dev_rand((int64_t)B * len * (r_kv + dr), 11, 1.0f);
+    for (int i = 1; i < c.n_copies; i++) {
+        c.cache[i] = be->alloc(be, (size_t)bytes);
+        if (!c.cache[i] || be->copy_d2d(be, c.cache[i], c.cache[0], (size_t)bytes) < 0) die("cache copy");
+    }
+    c.q_lat = dev_rand((int64_t)B * H * r_kv, 12, 1.0f), c.q_pe = dev_rand((int64_t)B * H * dr, 13, 1.0f);
+    c.out = be->alloc(be, (size_t)B * H * r_kv * 2);
+    c.len_d = be->alloc(be, sizeof(int32_t) * B);
+    int32_t lens[64];
+    for (int b = 0; b < B; b++)
+        lens[b] = (int32_t)len;
+    if (!c.out || !c.len_d || be->copy_h2d(be, c.len_d, lens, sizeof(int32_t) * B) < 0) die("alloc");
+    float t = time_op(run_mla, &c, 3, 30);
+    double gbs = bytes / (t * 1e-3) / 1e9;
+    snprintf(row->line, sizeof row->line, "| mla_decode | %d | %7lld | %2d | %3d | %2d | %8.4f | %7.1f | %5.1f%% |", B,
+             (long long)len, H, r_kv, dr, t, gbs, 100.0 * gbs / copy_gbs);
+    printf("%s\n", row->line);
+    fflush(stdout);
+    for (int i = 0; i < c.n_copies; i++)
+        be->free(be, c.cache[i]);
+    free(c.cache);
+    be->free(be, c.q_lat), be->free(be, c.q_pe), be->free(be, c.out), be->free(be, c.len_d);
+}
+
+typedef struct {
+    void *a, *b;
+    size_t n;
+} copy_ctx_t;
+
+static void run_copy(void *p, int rep) {
+    copy_ctx_t *c = p;
+    cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, stream);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0, do_attn = 1, do_decode = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--no-attn"))
+            do_attn = 0;
+        else if (!strcmp(argv[i], "--no-decode"))
+            do_decode = 0;
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--no-attn] [--no-decode]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (be_create(&be, "cuda", (size_t)4 << 30) < 0) die("cuda backend");
+    stream = (cudaStream_t)cuda_stream_of(be);
+    cudaEventCreate(&ev0);
+    cudaEventCreate(&ev1);
+    const char *vf = getenv("HYLO_ATTN_FWD"), *vb = getenv("HYLO_ATTN_BWD");
+    printf("bench_attn: kernel variants fwd %s, bwd %s\n", vf ? vf : "0", vb ? vb : "0");
+
+    static const attn_shape_t shapes[] = {
+        {"MLA 64/64", 1, 0, 32, 32, 64, 64},     {"MLA 128/128", 1, 0, 24, 24, 128, 128},
+        {"MLA 192/128", 1, 0, 32, 32, 192, 128}, {"GQA 64", 1, 0, 32, 8, 64, 64},
+        {"GQA 128", 1, 0, 24, 8, 128, 128},
+    };
+    const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+    row_t rows[32], drows[32];
+    int n_rows = 0, n_drows = 0;
+    const char *hdr = "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
+                      "f+b TF/s |";
+    if (do_attn) {
+        printf("%s\n", hdr);
+        const int Ts[2] = {8192, 65536};
+        for (int ti = 0; ti < (quick ? 1 : 2); ti++)
+            for (int i = 0; i < n_shapes; i++) {
+                attn_shape_t s = shapes[i];
+                s.T = Ts[ti];
+                bench_attn_shape(&s, &rows[n_rows++]);
+            }
+    }
+    double copy_gbs = 0;
+    if (do_decode) {
+        copy_ctx_t cc = {.n = (size_t)4 << 30};
+        cc.a = be->alloc(be, cc.n), cc.b = be->alloc(be, cc.n);
+        if (!cc.a || !cc.b) die("alloc copy buffers");
+        be->memset0(be, cc.a, cc.n);
+        float t = time_op(run_copy, &cc, 2, 10);
+        copy_gbs = 2.0 * (double)cc.n / (t * 1e-3) / 1e9;
+        printf("device-to-device copy of 4 GiB: %.3f ms, %.1f GB/s (read + write)\n", t, copy_gbs);
+        be->free(be, cc.a), be->free(be, cc.b);
+        static const int cfg[][4] = {{1, 32, 128, 32}, {8, 32, 128, 32}, {1, 9, 128, 64}, {1, 16, 512, 64}};
+        const int64_t lens[3] = {65536, 262144, 1048576};
+        for (int ci = 0; ci < 4; ci++)
+            for (int li = 0; li < 3; li++)
+                bench_mla(cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], lens[li], copy_gbs, &drows[n_drows++]);
+    }
+
+    printf("\n==== summary (hylo CUDA) ====\n");
+    if (do_attn) {
+        printf("%s\n", hdr);
+        for (int i = 0; i < n_rows; i++)
+            printf("%s\n", rows[i].line);
+    }
+    if (do_decode) {
+        printf("\ncopy bandwidth (4 GiB device-to-device, read + write): %.1f GB/s\n", copy_gbs);
+        printf("| op         | B |     len |  H | r_kv | dr |       ms |    GB/s | %% copy |\n");
+        for (int i = 0; i < n_drows; i++)
+            printf("%s\n", drows[i].line);
+    }
+    cudaEventDestroy(ev0);
+    cudaEventDestroy(ev1);
+    be_destroy(be);
+    return 0;
+}

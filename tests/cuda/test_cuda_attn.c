@@ -1,0 +1,280 @@
+// CUDA attention ops (attn_fwd, attn_bwd, mla_decode_attn) against the CPU
+// reference (tu_cpu()) on the GPU machine. Inputs are rounded to bf16 first, so
+// both backends see the same numbers and differences come only from the
+// computation; every GPU output is poisoned with NaN before the call, so an
+// element the kernel forgot to write fails the comparison.
+//
+// Tolerances (L2 relative error ||gpu - cpu|| / ||cpu||):
+//  - attention out 1e-2: the GPU rounds P to bf16 before the P V product
+//    (relative error <= 2^-9 per weight, ~1e-3 on the output in L2) and rounds
+//    the output to bf16 (2^-9 per element, ~1.1e-3 in L2); expected ~2e-3.
+//  - dq, dk, dv 2e-2: on top of the same roundings, dS = P (dP - D) is rounded
+//    to bf16 before the dK / dQ products, and the GPU's D = rowsum(dO * O) uses
+//    its own bf16 O (the CPU uses fp32), an error that dP - D can amplify where
+//    the two nearly cancel; expected ~5e-3.
+//  - lse max |diff| 1e-4 (absolute): fp32 throughout (scores are exact products
+//    of bf16 inputs summed in fp32, exp2 approximations ~2^-22 relative), so the
+//    error is ~1e-6 on values of order log(Tk); one key masked wrongly changes a
+//    row's lse by about log(1 + 1/Tk) >= 1e-3 at these sizes.
+//  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward.
+// A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
+// A failure prints the shape, the error, and the first element off by more
+// than 8 * tol * rms(reference) with its coordinates.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "testutil.h"
+
+typedef struct {
+    int B, Tq, Tk, H, Hkv, dqk, dv;
+    float qstd; // std of q (scores have std ~ qstd with scale 1/sqrt(dqk)); large = peaky softmax
+} shape_t;
+
+static float *fill(int64_t n, uint64_t seed, float std) {
+    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
+    tu_randn(x, n, seed, std);
+    tu_round_bf16(x, n);
+    return x;
+}
+
+static float *nan_buf(int64_t n) {
+    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        x[i] = NAN;
+    return x;
+}
+
+// Compares gpu against ref (n elements of a tensor with dims[0..3] named by
+// the 4 letters of `axes`); prints one line, and on failure the first bad
+// element. Returns 1 on failure.
+static int cmp(const char *label, const char *what, const float *gpu, const float *ref, int64_t n,
+               const int64_t dims[4], const char *axes, double tol, int abs_mode) {
+    double ss = 0, worst = -1;
+    int64_t first = -1, iworst = 0;
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)ref[i] * ref[i];
+    double rms = n ? sqrt(ss / (double)n) : 0;
+    double thr = abs_mode ? tol : 8 * tol * rms + 1e-30;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)gpu[i] - ref[i]);
+        if (isnan(gpu[i]) || isnan(d)) {
+            nan = 1;
+            d = INFINITY;
+        }
+        if (d > worst) worst = d, iworst = i;
+        if (first < 0 && d > thr) first = i;
+    }
+    double err = abs_mode ? worst : tu_rel_err(gpu, ref, n);
+    int fail = nan || !(err <= tol);
+    printf("  %-44s %-3s %s %.3e (tol %.0e)%s\n", label, what, abs_mode ? "max|d|" : "rel", err, tol,
+           fail ? "  FAIL" : "");
+    if (fail) {
+        int64_t show[2] = {first >= 0 ? first : iworst, iworst};
+        for (int s = 0; s < 2; s++) {
+            int64_t i = show[s], c[4];
+            for (int d = 3; d >= 0; d--)
+                c[d] = i % dims[d], i /= dims[d];
+            printf("    %s %s element [%c=%lld %c=%lld %c=%lld %c=%lld]: gpu %.6g cpu %.6g (rms %.3g)\n",
+                   s == 0 ? "first bad" : "worst    ", what, axes[0], (long long)c[0], axes[1], (long long)c[1],
+                   axes[2], (long long)c[2], axes[3], (long long)c[3], gpu[show[s]], ref[show[s]], rms);
+        }
+    }
+    return fail;
+}
+
+// One shape through the forward and the backward on both backends; `gpu` may
+// be a backend with a small scratch arena. Returns the number of failures.
+static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag) {
+    be_t *cpu = tu_cpu();
+    const int B = s->B, Tq = s->Tq, Tk = s->Tk, H = s->H, Hkv = s->Hkv, dqk = s->dqk, dv = s->dv;
+    const int64_t nq = (int64_t)B * Tq * H * dqk, nk = (int64_t)B * Tk * Hkv * dqk, nv = (int64_t)B * Tk * Hkv * dv;
+    const int64_t no = (int64_t)B * Tq * H * dv, nl = (int64_t)B * H * Tq;
+    const float scale = 1.0f / sqrtf((float)dqk);
+    char label[160];
+    snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s%s", B, Tq, Tk, H, Hkv, dqk, dv,
+             s->qstd > 1.5f ? " peaky" : "", tag);
+
+    float *q = fill(nq, seed, s->qstd), *k = fill(nk, seed + 1, 1.0f), *v = fill(nv, seed + 2, 1.0f);
+    float *dout = fill(no, seed + 3, 1.0f);
+    // CPU reference (fp32 on the bf16-rounded inputs)
+    float *o_c = malloc(no * sizeof(float) + 4), *lse_c = malloc(nl * sizeof(float) + 4);
+    float *dq_c = malloc(nq * sizeof(float) + 4), *dk_c = malloc(nk * sizeof(float) + 4);
+    float *dv_c = malloc(nv * sizeof(float) + 4);
+    cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    cpu->attn_bwd(cpu, dq_c, dk_c, dv_c, dout, q, k, v, o_c, lse_c, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+
+    // GPU: forward with lse, then the backward on the GPU's own out and lse
+    void *q_d = tu_dev_act(gpu, q, nq), *k_d = tu_dev_act(gpu, k, nk), *v_d = tu_dev_act(gpu, v, nv);
+    void *do_d = tu_dev_act(gpu, dout, no);
+    int64_t nmax = nq;
+    const int64_t sizes[4] = {nk, nv, no, nl};
+    for (int i = 0; i < 4; i++)
+        nmax = sizes[i] > nmax ? sizes[i] : nmax;
+    float *poison = nan_buf(nmax);
+    void *o_d = tu_dev_act(gpu, poison, no), *dq_d = tu_dev_act(gpu, poison, nq), *dk_d = tu_dev_act(gpu, poison, nk);
+    void *dv_d = tu_dev_act(gpu, poison, nv);
+    float *lse_d = tu_dev_f32(gpu, poison, nl);
+    gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    int rc = gpu->sync(gpu);
+    if (rc) printf("  %s: attn_fwd failed: %s\n", label, err_msg());
+    assert_int_equal(rc, 0);
+    float *o_g = tu_host_act(gpu, o_d, no), *lse_g = tu_host_f32(gpu, lse_d, nl);
+    gpu->attn_bwd(gpu, dq_d, dk_d, dv_d, do_d, q_d, k_d, v_d, o_d, lse_d, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    rc = gpu->sync(gpu);
+    if (rc) printf("  %s: attn_bwd failed: %s\n", label, err_msg());
+    assert_int_equal(rc, 0);
+    float *dq_g = tu_host_act(gpu, dq_d, nq), *dk_g = tu_host_act(gpu, dk_d, nk), *dv_g = tu_host_act(gpu, dv_d, nv);
+
+    int fails = 0;
+    const int64_t dq_dims[4] = {B, Tq, H, dqk}, do_dims[4] = {B, Tq, H, dv}, dk_dims[4] = {B, Tk, Hkv, dqk};
+    const int64_t dvv_dims[4] = {B, Tk, Hkv, dv}, l_dims[4] = {1, B, H, Tq};
+    fails += cmp(label, "out", o_g, o_c, no, do_dims, "btHc", 1e-2, 0);
+    fails += cmp(label, "lse", lse_g, lse_c, nl, l_dims, "-bHt", 1e-4, 1);
+    fails += cmp(label, "dq", dq_g, dq_c, nq, dq_dims, "btHc", 2e-2, 0);
+    fails += cmp(label, "dk", dk_g, dk_c, nk, dk_dims, "btKc", 2e-2, 0);
+    fails += cmp(label, "dv", dv_g, dv_c, nv, dvv_dims, "btKc", 2e-2, 0);
+
+    // inference form: lse NULL must give the same output bit for bit
+    assert_int_equal(gpu->upload_act(gpu, o_d, poison, no), 0);
+    gpu->attn_fwd(gpu, o_d, NULL, q_d, k_d, v_d, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    assert_int_equal(gpu->sync(gpu), 0);
+    float *o_g2 = tu_host_act(gpu, o_d, no);
+    if (memcmp(o_g, o_g2, (size_t)no * sizeof(float)) != 0) {
+        printf("  %s: attn_fwd with lse = NULL differs from the call with lse  FAIL\n", label);
+        fails++;
+    }
+
+    gpu->free(gpu, q_d), gpu->free(gpu, k_d), gpu->free(gpu, v_d), gpu->free(gpu, do_d), gpu->free(gpu, o_d);
+    gpu->free(gpu, dq_d), gpu->free(gpu, dk_d), gpu->free(gpu, dv_d), gpu->free(gpu, lse_d);
+    free(q), free(k), free(v), free(dout), free(o_c), free(lse_c), free(dq_c), free(dk_c), free(dv_c);
+    free(o_g), free(lse_g), free(dq_g), free(dk_g), free(dv_g), free(o_g2), free(poison);
+    return fails;
+}
+
+// Shapes: T not a multiple of any tile (1, 17, 100, 257, ...), Tq < Tk
+// (prefill after a cache, including Tq = 1), H/Hkv = 1, 3, 4, every
+// instantiated head-dim pair and padded ones through the generic path.
+static const shape_t attn_shapes[] = {
+    {1, 1, 1, 1, 1, 64, 64, 1.0f},       {2, 17, 17, 4, 4, 64, 64, 1.0f},     {2, 257, 257, 8, 2, 64, 64, 1.0f},
+    {1, 1000, 1000, 2, 1, 64, 64, 1.0f}, {1, 129, 1000, 2, 1, 64, 64, 1.0f},  {1, 100, 100, 3, 1, 128, 128, 1.0f},
+    {1, 100, 257, 4, 1, 128, 128, 1.0f}, {1, 1, 300, 4, 2, 128, 128, 1.0f},   {1, 1024, 1024, 2, 2, 128, 128, 3.0f},
+    {3, 200, 200, 4, 4, 128, 64, 1.0f},  {1, 257, 257, 2, 2, 192, 128, 1.0f}, {1, 17, 100, 6, 2, 192, 128, 1.0f},
+    {1, 100, 100, 3, 3, 96, 64, 1.0f},   {2, 257, 257, 3, 1, 96, 64, 3.0f},   {1, 300, 300, 2, 1, 192, 192, 1.0f},
+    {1, 70, 70, 4, 2, 160, 96, 1.0f},    {1, 130, 130, 2, 1, 256, 256, 1.0f}, {1, 513, 513, 2, 2, 256, 128, 1.0f},
+    {1, 65, 65, 2, 2, 16, 32, 1.0f},     {1, 40, 333, 4, 4, 64, 64, 3.0f},
+};
+
+// Every shape under the default kernels and under the alternative
+// configurations (HYLO_ATTN_FWD / HYLO_ATTN_BWD = 1, where they exist).
+static void test_attn(void **st) {
+    be_t *gpu = tu_cuda();
+    int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
+    for (int var = 0; var < 2; var++) {
+        setenv("HYLO_ATTN_FWD", var ? "1" : "0", 1);
+        setenv("HYLO_ATTN_BWD", var ? "1" : "0", 1);
+        for (int i = 0; i < n; i++)
+            fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, var ? " [variant 1]" : "");
+    }
+    unsetenv("HYLO_ATTN_FWD");
+    unsetenv("HYLO_ATTN_BWD");
+    printf("attention: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
+// The backward with a scratch arena that holds the fp32 dQ accumulator of only
+// some (b, kv head) units, so it runs in several passes.
+static void test_attn_bwd_small_arena(void **st) {
+    (void)tu_cuda(); // skips without a GPU
+    be_t *small = NULL;
+    // D and lse2: 2 x 8 x 320 x 4 x 2 = 40 KB; one unit: 4 x 257 x 64 x 4 = 263 KB -> 3 of 4 units per pass
+    if (be_create(&small, "cuda", 1u << 20) < 0) {
+        printf("cannot create a second CUDA backend: %s\n", err_msg());
+        fail();
+    }
+    const shape_t s = {2, 257, 257, 8, 2, 64, 64, 1.0f};
+    int fails = run_attn(small, &s, 77, " [1 MiB arena]");
+    be_destroy(small);
+    assert_int_equal(fails, 0);
+}
+
+// MLA decode: sequences of different lengths in one call (len = 0, 1, around
+// the 32-row tiles and slice boundaries, long ones split over many blocks).
+// Rows at or past len[b] hold NaN: reading any of them would poison the output.
+typedef struct {
+    int B, H, r_kv, dr;
+    int64_t cap;
+    int32_t len[8];
+    float scale_mul; // scale = scale_mul / sqrt(r_kv + dr)
+} mla_case_t;
+
+static int run_mla(const mla_case_t *c, uint64_t seed) {
+    be_t *gpu = tu_cuda(), *cpu = tu_cpu();
+    const int B = c->B, H = c->H, R = c->r_kv, DR = c->dr, L = R + DR;
+    const int64_t ncache = (int64_t)B * c->cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
+    const float scale = c->scale_mul / sqrtf((float)L);
+    char label[160];
+    int n = snprintf(label, sizeof label, "mla B%d H%d r_kv%d dr%d cap%lld len", B, H, R, DR, (long long)c->cap);
+    for (int b = 0; b < B && n < (int)sizeof label - 12; b++)
+        n += snprintf(label + n, sizeof label - n, " %d", c->len[b]);
+
+    float *cache = fill(ncache, seed, 1.0f), *ql = fill(nq, seed + 1, 1.0f), *qp = fill(np, seed + 2, 1.0f);
+    for (int b = 0; b < B; b++)
+        for (int64_t u = c->len[b]; u < c->cap; u++)
+            for (int i = 0; i < L; i++)
+                cache[((int64_t)b * c->cap + u) * L + i] = NAN;
+    float *out_c = malloc(nq * sizeof(float));
+    cpu->mla_decode_attn(cpu, out_c, ql, qp, cache, c->cap, c->len, B, H, R, DR, scale);
+
+    void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
+    float *poison = nan_buf(nq);
+    void *out_d = tu_dev_act(gpu, poison, nq);
+    int32_t *len_d = gpu->alloc(gpu, sizeof(int32_t) * 8);
+    assert_non_null(len_d);
+    assert_int_equal(gpu->copy_h2d(gpu, len_d, c->len, sizeof(int32_t) * B), 0);
+    gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, cache_d, c->cap, len_d, B, H, R, DR, scale);
+    int rc = gpu->sync(gpu);
+    if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
+    assert_int_equal(rc, 0);
+    float *out_g = tu_host_act(gpu, out_d, nq);
+    const int64_t dims[4] = {1, B, H, R};
+    int fails = cmp(label, "out", out_g, out_c, nq, dims, "-bHc", 1e-2, 0);
+    // per sequence, so a failure names the length that broke
+    for (int b = 0; b < B && fails; b++) {
+        const int64_t off = (int64_t)b * H * R;
+        double e = tu_rel_err(out_g + off, out_c + off, (int64_t)H * R);
+        printf("    sequence %d (len %d): rel %.3e\n", b, c->len[b], e);
+    }
+    gpu->free(gpu, cache_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, out_d), gpu->free(gpu, len_d);
+    free(cache), free(ql), free(qp), free(out_c), free(out_g), free(poison);
+    return fails;
+}
+
+static void test_mla_decode(void **st) {
+    static const mla_case_t cases[] = {
+        {3, 9, 128, 32, 5000, {1, 4099, 1000}, 1.0f},
+        {2, 32, 16, 32, 300, {77, 300}, 1.0f},
+        {2, 16, 512, 64, 3000, {2050, 33}, 1.0f},
+        {1, 24, 160, 64, 70000, {65537}, 1.0f},
+        {8, 32, 64, 32, 1500, {0, 1, 2, 31, 32, 33, 1000, 1500}, 1.0f},
+        {4, 17, 128, 64, 2000, {1999, 5, 64, 128}, 4.0f},
+        {1, 32, 128, 64, 40000, {39999}, 4.0f},
+    };
+    int fails = 0;
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
+        fails += run_mla(&cases[i], 500 + 11 * i);
+    printf("mla_decode_attn: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_attn_bwd_small_arena),
+        cmocka_unit_test(test_mla_decode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
