@@ -109,10 +109,11 @@ demo: $(BIN)
 
 FUZZ_TARGETS := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/fuzz_*.c))
 fuzz: $(FUZZ_TARGETS)
+# io/config.c and io/weights.c fill an arch_t, so model/arch.c comes along.
 build-fuzz/%: fuzz/%.c $(CSRC)
 	@mkdir -p build-fuzz
 	clang -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc $< \
-	  $(filter src/base/%.c src/io/%.c,$(CSRC)) -lcjson -lyaml -lm -o $@
+	  $(filter src/base/%.c src/io/%.c src/model/arch.c,$(CSRC)) -lcjson -lyaml -lm -o $@
 
 FMTSRC = $(shell find src cli tests bench fuzz -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | grep -v fixtures)
 format:

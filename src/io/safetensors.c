@@ -71,10 +71,14 @@ static size_t utf8_check(const uint8_t *s, size_t n) {
         }
         int len;
         uint32_t cp, min;
-        if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1f, min = 0x80;
-        else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0f, min = 0x800;
-        else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07, min = 0x10000;
-        else return i;
+        if ((c & 0xe0) == 0xc0)
+            len = 2, cp = c & 0x1f, min = 0x80;
+        else if ((c & 0xf0) == 0xe0)
+            len = 3, cp = c & 0x0f, min = 0x800;
+        else if ((c & 0xf8) == 0xf0)
+            len = 4, cp = c & 0x07, min = 0x10000;
+        else
+            return i;
         if ((size_t)len > n - i) return i;
         for (int k = 1; k < len; k++) {
             if ((s[i + k] & 0xc0) != 0x80) return i;
@@ -193,8 +197,7 @@ static int parse_tensor(st_file_t *f, const cJSON *j, st_tensor_t *t, uint64_t b
                        (unsigned long long)t->begin, (unsigned long long)t->end);
     if (t->end > buf_size)
         return err_set(ERR_INPUT, "%s: tensor %s: data_offsets [%llu, %llu) lie past the end of the %llu-byte buffer",
-                       p, nm, (unsigned long long)t->begin, (unsigned long long)t->end,
-                       (unsigned long long)buf_size);
+                       p, nm, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)buf_size);
     t->nbytes = t->end - t->begin;
     uint64_t bits = numel * (uint64_t)st_dtype_bits(t->dtype); // numel <= 2^57, bits <= 64: no overflow
     char sbuf[256];
@@ -203,8 +206,8 @@ static int parse_tensor(st_file_t *f, const cJSON *j, st_tensor_t *t, uint64_t b
                        shape_str(t, sbuf, sizeof sbuf), st_dtype_name(t->dtype));
     if (bits / 8 != t->nbytes)
         return err_set(ERR_INPUT,
-                       "%s: tensor %s: shape %s of %s needs %llu bytes, but data_offsets [%llu, %llu) hold %llu", p,
-                       nm, shape_str(t, sbuf, sizeof sbuf), st_dtype_name(t->dtype), (unsigned long long)(bits / 8),
+                       "%s: tensor %s: shape %s of %s needs %llu bytes, but data_offsets [%llu, %llu) hold %llu", p, nm,
+                       shape_str(t, sbuf, sizeof sbuf), st_dtype_name(t->dtype), (unsigned long long)(bits / 8),
                        (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)t->nbytes);
     t->data = f->buf + f->data_start + t->begin;
     return 0;
@@ -219,7 +222,8 @@ static int parse(st_file_t *f) {
         return err_set(ERR_INPUT, "%s: file of %llu bytes is too short for the 8-byte header length", p,
                        (unsigned long long)f->size);
     uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | f->buf[i];
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | f->buf[i];
     if (n > ST_MAX_HEADER)
         return err_set(ERR_INPUT, "%s: header length %llu exceeds the limit of %llu bytes", p, (unsigned long long)n,
                        (unsigned long long)ST_MAX_HEADER);
@@ -263,8 +267,10 @@ static int parse(st_file_t *f) {
     int64_t nt = 0, nmeta = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, root) {
-        if (!strcmp(e->string, "__metadata__")) nmeta++;
-        else nt++;
+        if (!strcmp(e->string, "__metadata__"))
+            nmeta++;
+        else
+            nt++;
     }
     if (nmeta > 1) {
         rc = err_set(ERR_INPUT, "%s: header has %lld __metadata__ entries", p, (long long)nmeta);
@@ -306,7 +312,8 @@ static int parse(st_file_t *f) {
         rc = err_set(ERR_NOMEM, "%s: out of memory", p);
         goto done;
     }
-    for (int64_t i = 0; i < nt; i++) by_off[i] = &f->tensors[i];
+    for (int64_t i = 0; i < nt; i++)
+        by_off[i] = &f->tensors[i];
     qsort(by_off, (size_t)nt, sizeof *by_off, cmp_tensor_offsets);
     uint64_t pos = 0;
     const char *prev = NULL;
@@ -317,8 +324,9 @@ static int parse(st_file_t *f) {
                          p, t->name, (unsigned long long)t->begin, (unsigned long long)t->end, prev,
                          (unsigned long long)pos);
         else if (t->begin > pos)
-            rc = err_set(ERR_INPUT, "%s: tensor %s: hole in the buffer: bytes [%llu, %llu) before it belong to no tensor",
-                         p, t->name, (unsigned long long)pos, (unsigned long long)t->begin);
+            rc = err_set(ERR_INPUT,
+                         "%s: tensor %s: hole in the buffer: bytes [%llu, %llu) before it belong to no tensor", p,
+                         t->name, (unsigned long long)pos, (unsigned long long)t->begin);
         pos = t->end;
         prev = t->name;
     }
@@ -327,8 +335,9 @@ static int parse(st_file_t *f) {
             rc = err_set(ERR_INPUT, "%s: hole in the buffer: bytes [%llu, %llu) after tensor %s belong to no tensor", p,
                          (unsigned long long)pos, (unsigned long long)buf_size, prev);
         else
-            rc = err_set(ERR_INPUT, "%s: hole in the buffer: its %llu bytes belong to no tensor (the header lists none)",
-                         p, (unsigned long long)buf_size);
+            rc =
+                err_set(ERR_INPUT, "%s: hole in the buffer: its %llu bytes belong to no tensor (the header lists none)",
+                        p, (unsigned long long)buf_size);
     }
     free(by_off);
 done:
@@ -364,7 +373,8 @@ int st_open(st_file_t *f, const char *path) {
 }
 
 void st_close(st_file_t *f) {
-    for (int64_t i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
+    for (int64_t i = 0; i < f->n_tensors; i++)
+        free(f->tensors[i].name);
     for (int i = 0; i < f->n_meta; i++) {
         free(f->meta_key[i]);
         free(f->meta_val[i]);
@@ -384,8 +394,10 @@ const st_tensor_t *st_find(const st_file_t *f, const char *name) {
         int64_t mid = lo + (hi - lo) / 2;
         int c = strcmp(f->by_name[mid]->name, name);
         if (c == 0) return f->by_name[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }
@@ -442,7 +454,8 @@ static int cmp_entry(const void *a, const void *b) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static void free_strs(char **v, int n) {
-    for (int i = 0; i < n; i++) free(v[i]);
+    for (int i = 0; i < n; i++)
+        free(v[i]);
     free(v);
 }
 
@@ -462,11 +475,13 @@ static int open_files(st_set_t *s, char **names, int n) {
 // Merges every file's tensors into one sorted index; a name in two files is an error.
 static int build_index(st_set_t *s) {
     int64_t n = 0;
-    for (int i = 0; i < s->n_files; i++) n += s->files[i].n_tensors;
+    for (int i = 0; i < s->n_files; i++)
+        n += s->files[i].n_tensors;
     s->index = malloc((size_t)(n ? n : 1) * sizeof *s->index);
     if (!s->index) return err_set(ERR_NOMEM, "%s: out of memory", s->dir);
     for (int i = 0; i < s->n_files; i++)
-        for (int64_t k = 0; k < s->files[i].n_tensors; k++) s->index[s->n_index++] = (st_entry_t){&s->files[i].tensors[k], i};
+        for (int64_t k = 0; k < s->files[i].n_tensors; k++)
+            s->index[s->n_index++] = (st_entry_t){&s->files[i].tensors[k], i};
     qsort(s->index, (size_t)n, sizeof *s->index, cmp_entry);
     for (int64_t k = 1; k < n; k++)
         if (!strcmp(s->index[k - 1].t->name, s->index[k].t->name))
@@ -476,9 +491,7 @@ static int build_index(st_set_t *s) {
 }
 
 // A weight_map value must name a file inside the folder.
-static int plain_file_name(const char *s) {
-    return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
-}
+static int plain_file_name(const char *s) { return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, ".."); }
 
 typedef struct {
     const char *tensor, *file;
@@ -528,7 +541,8 @@ static int open_index(st_set_t *s, const char *ipath) {
         }
         wm[k++] = (wm_entry_t){e->string, e->valuestring};
         int seen = 0;
-        for (int i = 0; i < nf && !seen; i++) seen = !strcmp(files[i], e->valuestring);
+        for (int i = 0; i < nf && !seen; i++)
+            seen = !strcmp(files[i], e->valuestring);
         if (!seen) {
             char path[1024];
             if ((rc = fs_join(path, sizeof path, s->dir, e->valuestring)) < 0) goto done;
@@ -554,7 +568,8 @@ static int open_index(st_set_t *s, const char *ipath) {
     // Each listed tensor must be in the shard the map names.
     for (int i = 0; i < n; i++) {
         int fi = 0;
-        while (fi < nf && strcmp(files[fi], wm[i].file)) fi++;
+        while (fi < nf && strcmp(files[fi], wm[i].file))
+            fi++;
         if (!st_find(&s->files[fi], wm[i].tensor)) {
             rc = err_set(ERR_INPUT, "%s: weight_map: tensor %s: not found in its shard %s", ipath, wm[i].tensor,
                          s->files[fi].path);
@@ -638,7 +653,8 @@ int st_set_open(st_set_t *s, const char *dir) {
 }
 
 void st_set_close(st_set_t *s) {
-    for (int i = 0; i < s->n_files; i++) st_close(&s->files[i]);
+    for (int i = 0; i < s->n_files; i++)
+        st_close(&s->files[i]);
     free(s->files);
     free(s->index);
     memset(s, 0, sizeof *s);
@@ -653,8 +669,10 @@ const st_tensor_t *st_set_find(const st_set_t *s, const char *name, const st_fil
             if (file) *file = &s->files[s->index[mid].file];
             return s->index[mid].t;
         }
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }
@@ -671,15 +689,15 @@ int st_set_read_f32(const st_set_t *s, const char *name, float *out) {
 void st_writer_init(st_writer_t *w) { memset(w, 0, sizeof *w); }
 
 void st_writer_free(st_writer_t *w) {
-    for (int i = 0; i < w->n; i++) free(w->t[i].name);
+    for (int i = 0; i < w->n; i++)
+        free(w->t[i].name);
     free(w->t);
     memset(w, 0, sizeof *w);
 }
 
 int st_writer_add(st_writer_t *w, const char *name, int dtype, int ndim, const int64_t *shape, const float *data) {
     if (!name || !name[0]) return err_set(ERR_INPUT, "safetensors writer: empty tensor name");
-    if (!strcmp(name, "__metadata__"))
-        return err_set(ERR_INPUT, "safetensors writer: tensor %s: reserved name", name);
+    if (!strcmp(name, "__metadata__")) return err_set(ERR_INPUT, "safetensors writer: tensor %s: reserved name", name);
     if (utf8_check((const uint8_t *)name, strlen(name)) != strlen(name))
         return err_set(ERR_INPUT, "safetensors writer: tensor %s: name is not valid UTF-8", name);
     if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
@@ -711,7 +729,8 @@ int st_writer_add(st_writer_t *w, const char *name, int dtype, int ndim, const i
     if (!(t->name = strdup(name))) return err_set(ERR_NOMEM, "safetensors writer: out of memory");
     t->dtype = dtype;
     t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    for (int i = 0; i < ndim; i++)
+        t->shape[i] = shape[i];
     t->numel = (int64_t)numel;
     t->data = data;
     w->n++;
@@ -729,7 +748,8 @@ static void sb_put(sb_t *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         char *p = realloc(b->s, cap);
         if (!p) {
             b->oom = 1;
@@ -757,15 +777,21 @@ static void sb_json_str(sb_t *b, const char *s) {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         char esc[8];
-        if (c == '"') sb_put(b, "\\\"", 2);
-        else if (c == '\\') sb_put(b, "\\\\", 2);
-        else if (c == '\n') sb_put(b, "\\n", 2);
-        else if (c == '\t') sb_put(b, "\\t", 2);
-        else if (c == '\r') sb_put(b, "\\r", 2);
+        if (c == '"')
+            sb_put(b, "\\\"", 2);
+        else if (c == '\\')
+            sb_put(b, "\\\\", 2);
+        else if (c == '\n')
+            sb_put(b, "\\n", 2);
+        else if (c == '\t')
+            sb_put(b, "\\t", 2);
+        else if (c == '\r')
+            sb_put(b, "\\r", 2);
         else if (c < 0x20) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
             sb_put(b, esc, 6);
-        } else sb_put(b, (const char *)&c, 1);
+        } else
+            sb_put(b, (const char *)&c, 1);
     }
     sb_put(b, "\"", 1);
 }
@@ -786,10 +812,12 @@ static int write_tensor(afile_t *af, const st_wtensor_t *t, uint16_t *tmp, int64
         const float *x = t->data + i0;
         if (t->dtype == ST_BF16) {
 #pragma omp parallel for schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++) tmp[i] = f32_to_bf16(x[i]);
+            for (int64_t i = 0; i < n; i++)
+                tmp[i] = f32_to_bf16(x[i]);
         } else {
 #pragma omp parallel for schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++) tmp[i] = f32_to_f16(x[i]);
+            for (int64_t i = 0; i < n; i++)
+                tmp[i] = f32_to_f16(x[i]);
         }
         TRY(fs_write(af, tmp, (size_t)n * 2));
     }
@@ -800,7 +828,8 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
     int n = w->n;
     const st_wtensor_t **order = malloc((size_t)(n ? n : 1) * sizeof *order);
     if (!order) return err_set(ERR_NOMEM, "%s: out of memory", path);
-    for (int i = 0; i < n; i++) order[i] = &w->t[i];
+    for (int i = 0; i < n; i++)
+        order[i] = &w->t[i];
     qsort(order, (size_t)n, sizeof *order, cmp_wtensor);
 
     // Header: __metadata__ first, then the tensors in data order, compact JSON
@@ -850,7 +879,8 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
         sb_str(&h, "]}");
     }
     sb_str(&h, "}");
-    while (h.n % 8) sb_str(&h, " ");
+    while (h.n % 8)
+        sb_str(&h, " ");
     if (rc == 0 && h.oom) rc = err_set(ERR_NOMEM, "%s: out of memory for the header", path);
     if (rc == 0 && h.n > ST_MAX_HEADER)
         rc = err_set(ERR_INPUT, "%s: header of %zu bytes exceeds the format's limit", path, h.n);
@@ -862,15 +892,18 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
     if (rc == 0) rc = fs_atomic_open(&af, path);
     if (rc == 0) {
         uint8_t len[8];
-        for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
+        for (int i = 0; i < 8; i++)
+            len[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
         rc = fs_write(&af, len, 8);
         if (rc == 0) rc = fs_write(&af, h.s, h.n);
         for (int i = 0; i < n && rc == 0; i++) {
             rc = write_tensor(&af, order[i], tmp, chunk);
             if (rc < 0) err_wrap(rc, "%s: tensor %s: ", path, order[i]->name);
         }
-        if (rc == 0) rc = fs_atomic_commit(&af); // removes the temporary itself on failure
-        else fs_atomic_abort(&af);
+        if (rc == 0)
+            rc = fs_atomic_commit(&af); // removes the temporary itself on failure
+        else
+            fs_atomic_abort(&af);
     }
     free(tmp);
     free(h.s);

@@ -50,15 +50,15 @@ typedef struct {
     int ndim;  // 0 = scalar
     int64_t shape[ST_MAX_DIMS];
     int64_t numel;
-    uint64_t begin, end;  // data_offsets, relative to the byte buffer
-    const uint8_t *data;  // begin's address in the mapping
-    uint64_t nbytes;      // end - begin
+    uint64_t begin, end; // data_offsets, relative to the byte buffer
+    const uint8_t *data; // begin's address in the mapping
+    uint64_t nbytes;     // end - begin
 } st_tensor_t;
 
 typedef struct {
     char path[1024];
-    mfile_t mf;           // unused (fd -1) when opened from memory
-    const uint8_t *buf;   // whole file
+    mfile_t mf;         // unused (fd -1) when opened from memory
+    const uint8_t *buf; // whole file
     uint64_t size;
     uint64_t data_start;  // 8 + header length
     st_tensor_t *tensors; // in header order

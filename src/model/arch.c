@@ -75,7 +75,7 @@ int arch_validate(const arch_t *a, const char *src) {
                  "%s: Mamba-2 heads / headdim / d_state must be positive", src);
             NEED(a->m2.d_inner == a->m2.n_heads * a->m2.headdim, "%s: Mamba-2 d_inner %d != n_heads %d x headdim %d",
                  src, a->m2.d_inner, a->m2.n_heads, a->m2.headdim);
-            NEED(a->m2.d_xb % a->m2.headdim == 0 && a->m2.d_xb % a->m2.d_state == 0 &&
+            NEED(a->m2.d_xb >= a->m2.headdim && a->m2.d_xb % a->m2.headdim == 0 && a->m2.d_xb % a->m2.d_state == 0 &&
                      a->m2.n_heads % (a->m2.d_xb / a->m2.headdim) == 0,
                  "%s: Mamba-2 d_xb %d must be a whole number of heads dividing n_heads", src, a->m2.d_xb);
             NEED(a->m2.conv >= 1 && a->m2.conv <= 8, "%s: Mamba-2 d_conv %d out of range 1..8", src, a->m2.conv);
