@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# Runs each test binary given, prints one line per binary and a summary;
-# exits non-zero if any failed. Output of failing binaries is shown in full.
+# Runs each test binary given, prints one line per binary (with the cases it
+# skipped, e.g. for a missing GPU or fixture) and a summary; exits non-zero if
+# any failed. Output of failing binaries is shown in full.
 set -u
-pass=0; fail=0; failed=()
+pass=0; fail=0; skipped=0
 t0=$(date +%s)
 for t in "$@"; do
     s=$EPOCHREALTIME
     out=$("$t" 2>&1); rc=$?
     e=$(awk -v a="$s" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+    skips=$(printf '%s\n' "$out" | grep '^\[  SKIPPED \] [A-Za-z_0-9]*$' | sed 's/.*\] //' | tr '\n' ' ')
+    nskip=$(printf '%s' "$skips" | wc -w)
     if [ $rc -eq 0 ]; then
-        pass=$((pass+1)); printf 'PASS %-50s %6ss\n' "${t#*/tests/}" "$e"
+        pass=$((pass+1)); skipped=$((skipped+nskip))
+        if [ "$nskip" -gt 0 ]; then
+            printf 'PASS %-40s %6ss  (skipped: %s)\n' "${t#*/tests/}" "$e" "$skips"
+        else
+            printf 'PASS %-40s %6ss\n' "${t#*/tests/}" "$e"
+        fi
     else
-        fail=$((fail+1)); failed+=("$t"); printf 'FAIL %-50s %6ss\n' "${t#*/tests/}" "$e"
+        fail=$((fail+1)); printf 'FAIL %-40s %6ss\n' "${t#*/tests/}" "$e"
         printf '%s\n' "$out" | sed 's/^/    /'
     fi
 done
-echo "tests: $pass passed, $fail failed, $(( $(date +%s) - t0 ))s"
+echo "tests: $pass binaries passed, $fail failed, $skipped test cases skipped, $(( $(date +%s) - t0 ))s"
 [ $fail -eq 0 ]

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# On the GPU machine: every CUDA-vs-CPU test, then the PyTorch layer fixtures.
+# Logs go to $OUT (one file per test binary); a summary is printed last.
+source scripts/gpu/env.sh
+summary=""
+for t in build/tests/cuda/test_*; do
+    n=$(basename "$t")
+    timeout "${TEST_TIMEOUT:-240}" "$t" > "$OUT/$n.txt" 2>&1
+    rc=$?
+    summary+="$n rc=$rc: $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/$n.txt" | tr '\n' ' ')"$'\n'
+done
+mkdir -p "$OUT/fixtures"
+python3 scripts/ref/layers_ref.py "$OUT/fixtures" > "$OUT/layers_ref.txt" 2>&1; echo "layers_ref rc=$?"
+echo "$summary"
