@@ -9,7 +9,7 @@ for t in "$@"; do
     s=$EPOCHREALTIME
     out=$("$t" 2>&1); rc=$?
     e=$(awk -v a="$s" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-    skips=$(printf '%s\n' "$out" | grep '^\[  SKIPPED \] [A-Za-z_0-9]*$' | sed 's/.*\] //' | tr '\n' ' ')
+    skips=$(printf '%s\n' "$out" | grep '^\[  SKIPPED \] [A-Za-z_0-9]*$' | sed 's/.*\] //' | sort -u | tr '\n' ' ')
     nskip=$(printf '%s' "$skips" | wc -w)
     if [ $rc -eq 0 ]; then
         pass=$((pass+1)); skipped=$((skipped+nskip))

@@ -222,20 +222,29 @@ struct be {
                             int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale);
 
     // ---- losses over vocabulary tiles (never a T x V tensor) -----------------
-    // Cross entropy of logits = h W^T: targets < 0 are ignored. loss (float, one
+    // Normalisation is the caller's, through `scale`: 1/(valid rows) for a per
+    // token mean (FLA, Liger), 1/B for a per sequence "batchmean" (MambaInLlama,
+    // Zebra-Llama KD), times 1/(accumulation steps) where needed.
+    // Cross entropy of logits = h W^T (h [N,d], W [V,d]): targets < 0 are ignored
+    // (loss 0, dh row 0); a target >= V makes the loss NaN. loss (float, one
     // value) = sum over rows of -log p(target) * scale; dh = d loss / dh (act),
     // dW += (float). dh/dW may be NULL (evaluation).
     void (*fused_ce)(be_t *be, float *loss, void *dh, float *dW, const void *h, const void *W, const int32_t *targets,
                      int64_t N, int d, int64_t V, float scale);
-    // KL(p_teacher || p_student) of logits hs Ws^T and ht Wt^T summed over rows,
-    // times scale; gradients for the student only.
+    // KL(p_teacher || p_student) of logits hs Ws^T and ht Wt^T (hs [N,ds], Ws
+    // [V,ds], ht [N,dt], Wt [V,dt]) summed over rows, times scale; gradients for
+    // the student only (dhs =, dWs +=; either may be NULL). mask NULL: every row
+    // counts; else rows with mask[n] < 0 are skipped (the CE target convention,
+    // so the target array can be passed).
     void (*fused_kl)(be_t *be, float *loss, void *dhs, float *dWs, const void *hs, const void *Ws, const void *ht,
-                     const void *Wt, int64_t N, int ds, int dt, int64_t V, float scale);
+                     const void *Wt, const int32_t *mask, int64_t N, int ds, int dt, int64_t V, float scale);
 
     // ---- optimizer -----------------------------------------------------------
-    // sum of squares of a float buffer into *out (device float)
+    // *out = sum of squares of a float buffer (device float; overwritten)
     void (*sumsq)(be_t *be, float *out, const float *x, int64_t n);
-    // AdamW step on n parameters: master (float) updated, work (act) = master.
+    // AdamW step on n parameters (torch.optim.AdamW): g = grad * grad_scale;
+    // m, v moments; bias correction by step (1-based); decoupled weight decay
+    // p *= 1 - lr*wd; master (float) updated, work (act) = master.
     void (*adamw)(be_t *be, float *master, void *work, const float *grad, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 };

@@ -48,20 +48,22 @@ static void lse_fold(double *m, double *s, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (x[i] > mx) mx = x[i];
     double sum = *s * exp(*m - mx); // m starts at -DBL_MAX: exp(-huge) = 0, never NaN
-    for (int64_t i = 0; i < n; i++) sum += exp((double)x[i] - mx); // a NaN logit makes the sum NaN
+    for (int64_t i = 0; i < n; i++)
+        sum += exp((double)x[i] - mx); // a NaN logit makes the sum NaN
     *m = mx;
     *s = sum;
 }
 
 // L[r, v0:v0+vt] = X[r] . Wt[v]: one vocabulary tile of the chunk's logits.
-static void logits_tile(be_t *be, float *L, int64_t V, const float *X, const float *Wm, int64_t rows, int d,
-                        int64_t v0, int64_t vt) {
+static void logits_tile(be_t *be, float *L, int64_t V, const float *X, const float *Wm, int64_t rows, int d, int64_t v0,
+                        int64_t vt) {
     be->gemm(be, 0, 1, rows, vt, d, 1.0f, X, d, Wm + v0 * d, d, 0.0f, L + v0, V);
 }
 
 static void fill_nan(float *p, int64_t n) {
     if (p)
-        for (int64_t i = 0; i < n; i++) p[i] = NAN;
+        for (int64_t i = 0; i < n; i++)
+            p[i] = NAN;
 }
 
 static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void *h_, const void *W_,
@@ -83,12 +85,14 @@ static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t c = N - r0 < R ? N - r0 : R;
         double m[LOSS_ROWS], s[LOSS_ROWS], lse[LOSS_ROWS];
-        for (int64_t r = 0; r < c; r++) m[r] = -DBL_MAX, s[r] = 0.0;
+        for (int64_t r = 0; r < c; r++)
+            m[r] = -DBL_MAX, s[r] = 0.0;
         for (int64_t v0 = 0; v0 < V; v0 += LOSS_VTILE) {
             const int64_t vt = V - v0 < LOSS_VTILE ? V - v0 : LOSS_VTILE;
             logits_tile(be, L, V, h + r0 * d, W, c, d, v0, vt);
-#pragma omp parallel for schedule(static) if (c * vt >= 8192)
-            for (int64_t r = 0; r < c; r++) lse_fold(&m[r], &s[r], L + r * V + v0, vt);
+#pragma omp parallel for schedule(static) if (c * vt > CPU_PAR_MIN)
+            for (int64_t r = 0; r < c; r++)
+                lse_fold(&m[r], &s[r], L + r * V + v0, vt);
         }
         // Loss in row order (deterministic).
         for (int64_t r = 0; r < c; r++) {
@@ -98,16 +102,16 @@ static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void
             total += y < V ? lse[r] - (double)L[r * V + y] : NAN;
         }
         if (!grad) continue;
-        // G = softmax - onehot(target), in place; ignored rows 0.
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < c; r++) {
+#pragma omp parallel for schedule(static) if (c * V > CPU_PAR_MIN)
+        for (int64_t r = 0; r < c; r++) { // G = softmax - onehot(target), in place; ignored rows 0
             const int32_t y = targets[r0 + r];
             float *g = L + r * V;
             if (y < 0 || y >= V) {
                 memset(g, 0, (size_t)V * sizeof(float));
                 continue;
             }
-            for (int64_t i = 0; i < V; i++) g[i] = (float)(exp((double)g[i] - lse[r]) - (i == y ? 1.0 : 0.0));
+            for (int64_t i = 0; i < V; i++)
+                g[i] = (float)(exp((double)g[i] - lse[r]) - (i == y ? 1.0 : 0.0));
         }
         if (dh) be->gemm(be, 0, 0, c, d, V, scale, L, V, W, d, 0.0f, dh + r0 * d, d);
         if (dW) be->gemm_f32out(be, 1, 0, V, d, c, scale, L, V, h + r0 * d, d, 1.0f, dW, d);
@@ -137,12 +141,13 @@ static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const vo
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t c = N - r0 < R ? N - r0 : R;
         double ms[LOSS_ROWS], ss[LOSS_ROWS], mt[LOSS_ROWS], st[LOSS_ROWS], rl[LOSS_ROWS];
-        for (int64_t r = 0; r < c; r++) ms[r] = mt[r] = -DBL_MAX, ss[r] = st[r] = 0.0;
+        for (int64_t r = 0; r < c; r++)
+            ms[r] = mt[r] = -DBL_MAX, ss[r] = st[r] = 0.0;
         for (int64_t v0 = 0; v0 < V; v0 += LOSS_VTILE) {
             const int64_t vt = V - v0 < LOSS_VTILE ? V - v0 : LOSS_VTILE;
             logits_tile(be, S, V, hs + r0 * ds, Ws, c, ds, v0, vt);
             logits_tile(be, T, V, ht + r0 * dt, Wt, c, dt, v0, vt);
-#pragma omp parallel for schedule(static) if (c * vt >= 8192)
+#pragma omp parallel for schedule(static) if (c * vt > CPU_PAR_MIN)
             for (int64_t r = 0; r < c; r++) {
                 lse_fold(&ms[r], &ss[r], S + r * V + v0, vt);
                 lse_fold(&mt[r], &st[r], T + r * V + v0, vt);
@@ -150,7 +155,7 @@ static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const vo
         }
         // Row r: sum_v p_t (log p_t - log p_s); gradient w.r.t. the student
         // logits p_s - p_t, over the student logits in place.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (c * V > CPU_PAR_MIN)
         for (int64_t r = 0; r < c; r++) {
             float *s = S + r * V;
             const float *t = T + r * V;
@@ -168,7 +173,8 @@ static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const vo
             }
             rl[r] = kl;
         }
-        for (int64_t r = 0; r < c; r++) total += rl[r];
+        for (int64_t r = 0; r < c; r++)
+            total += rl[r];
         if (dhs) be->gemm(be, 0, 0, c, ds, V, scale, S, V, Ws, ds, 0.0f, dhs + r0 * ds, ds);
         if (dWs) be->gemm_f32out(be, 1, 0, V, ds, c, scale, S, V, hs + r0 * ds, ds, 1.0f, dWs, ds);
     }

@@ -6,8 +6,9 @@
 static void cpu_sumsq(be_t *be, float *out, const float *x, int64_t n) {
     // double accumulation: a 1e9-element buffer in fp32 would lose digits.
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
     *out = (float)s;
 }
 
@@ -16,15 +17,15 @@ static void cpu_sumsq(be_t *be, float *out, const float *x, int64_t n) {
 //   p *= 1 - lr wd; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps),
 // bc_k = 1 - b_k^step. The constants are formed in double once, then used in
 // fp32 exactly as the CUDA kernel does, so both agree to rounding.
-static void cpu_adamw(be_t *be, float *master, void *work_, const float *grad, float *m, float *v, int64_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step) {
+static void cpu_adamw(be_t *be, float *master, void *work_, const float *grad, float *m, float *v, int64_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step) {
     assert(step >= 1);
     float *work = work_;
     const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
     const float decay = (float)(1.0 - (double)lr * weight_decay);
     const float step_size = (float)((double)lr / (1.0 - pow(beta1, step)));
     const float sqrt_bc2 = (float)sqrt(1.0 - pow(beta2, step));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float g = grad[i] * grad_scale;
         const float mi = m[i] + omb1 * (g - m[i]);
