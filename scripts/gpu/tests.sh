@@ -2,10 +2,11 @@
 # On the GPU machine: every CUDA-vs-CPU test, then the PyTorch layer fixtures.
 # Logs go to $OUT (one file per test binary); a summary is printed last.
 source scripts/gpu/env.sh
+export HYLO_MODEL="${HYLO_MODEL:-/tmp/smol.gguf}"
 summary=""
 for t in build/tests/cuda/test_*; do
     n=$(basename "$t")
-    timeout "${TEST_TIMEOUT:-240}" "$t" > "$OUT/$n.txt" 2>&1
+    timeout "${TEST_TIMEOUT:-120}" "$t" > "$OUT/$n.txt" 2>&1
     rc=$?
     summary+="$n rc=$rc: $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/$n.txt" | tr '\n' ' ')"$'\n'
 done

@@ -35,8 +35,41 @@ int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **e
     return 0;
 }
 
+// The ops each layer kind needs; a backend that lacks one cannot run the model.
+static int check_ops(const be_t *be, const arch_t *a) {
+    struct {
+        const void *fn;
+        const char *name;
+        int kind; // -1: every model
+    } need[] = {
+        {be->gemm, "gemm", -1},
+        {be->rmsnorm_fwd, "rmsnorm_fwd", -1},
+        {be->embed_fwd, "embed_fwd", -1},
+        {be->swiglu_fwd, "swiglu_fwd", -1},
+        {be->attn_fwd, "attn_fwd", LAYER_ATTN},
+        {be->rope_fwd, "rope_fwd", LAYER_ATTN},
+        {be->attn_fwd, "attn_fwd", LAYER_MLA},
+        {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
+        {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
+        {be->gdn_chunk_fwd, "gdn_chunk_fwd", LAYER_GDN},
+        {be->gdn_recurrent_fwd, "gdn_recurrent_fwd", LAYER_GDN},
+        {be->conv1d_fwd, "conv1d_fwd", LAYER_M2},
+        {be->ssd_chunk_fwd, "ssd_chunk_fwd", LAYER_M2},
+        {be->ssd_recurrent_fwd, "ssd_recurrent_fwd", LAYER_M2},
+    };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        int used = need[i].kind < 0;
+        for (int l = 0; l < a->n_layers && !used; l++) used = a->kind[l] == (layer_kind_t)need[i].kind;
+        if (used && !need[i].fn)
+            return err_set(ERR_UNSUP, "the %s backend has no %s op yet, so it cannot run %s layers", be->name,
+                           need[i].name, need[i].kind < 0 ? "any" : layer_kind_name((layer_kind_t)need[i].kind));
+    }
+    return 0;
+}
+
 int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes) {
     memset(m, 0, sizeof *m);
+    TRY(check_ops(be, a));
     m->a = *a;
     m->be = be;
     TRY(arch_validate(a, "model"));

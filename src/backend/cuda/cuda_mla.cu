@@ -340,10 +340,19 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
                        const int32_t *len, int B, mla_args_t a) {
     cuda_impl_t *ci = cuda_impl(be);
     auto kern = k_mla_decode<CW>;
-    const int HR = a.HT * 16, threads = a.HT * a.CC * a.RS * 32;
-    size_t stages = (size_t)MLA_NSTG * a.RS * MLA_NR * a.SR * sizeof(bf16);
-    size_t merge = (size_t)(2 * a.RS * HR + HR * a.CC * CW) * sizeof(float);
-    size_t smem = (size_t)HR * a.SQ * sizeof(bf16) + (stages > merge ? stages : merge);
+    const int HR = a.HT * 16;
+    // Fewer row groups per block when a wide latent (r_kv = 512) would not fit:
+    // each halving halves the staged rows.
+    int threads;
+    size_t smem;
+    for (;;) {
+        threads = a.HT * a.CC * a.RS * 32;
+        size_t stages = (size_t)MLA_NSTG * a.RS * MLA_NR * a.SR * sizeof(bf16);
+        size_t merge = (size_t)(2 * a.RS * HR + HR * a.CC * CW) * sizeof(float);
+        smem = (size_t)HR * a.SQ * sizeof(bf16) + (stages > merge ? stages : merge);
+        if (smem <= ci->smem_optin || a.RS == 1) break;
+        a.RS /= 2;
+    }
     if (smem > ci->smem_optin) {
         mla_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d H=%d needs %zu bytes of shared memory (%zu available)",
                   a.r_kv, a.dr, a.H, smem, ci->smem_optin);
