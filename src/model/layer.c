@@ -9,6 +9,8 @@ void *ctx_act(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (s
 float *ctx_f32(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * sizeof(float)); }
 
 int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0) {
+    for (int i = 0; i < c->n_pos; i++)
+        if (c->pos[i].B == B && c->pos[i].T == T && c->pos[i].pos0 == pos0) return c->pos[i].d;
     int32_t *d = arena_alloc(c->arena, (size_t)B * T * sizeof(int32_t));
     if (!d) return NULL;
     int32_t *h = malloc((size_t)B * T * sizeof(int32_t));

@@ -20,6 +20,13 @@
 #include "base/arena.h"
 #include "model/arch.h"
 
+// Device position arrays prepared once per model step and shared by every
+// layer (so a step does not upload positions once per layer).
+typedef struct {
+    int32_t *d; // [B*T]: pos0 + t for each of B rows
+    int B, T, pos0;
+} ctx_pos_t;
+
 typedef struct {
     be_t *be;
     const arch_t *a;
@@ -28,6 +35,8 @@ typedef struct {
     const float *rope_cos; // device RoPE tables for this layer kind [rope_npos, dr/2]
     const float *rope_sin;
     int rope_npos;         // positions covered by the tables
+    const ctx_pos_t *pos;  // prepared position arrays (may be NULL)
+    int n_pos;
 } layer_ctx_t;
 
 // Allocates n bytes from the ctx arena (NULL + error slot when full).
@@ -35,7 +44,8 @@ void *ctx_alloc(const layer_ctx_t *c, size_t bytes);
 // act buffer of n elements
 void *ctx_act(const layer_ctx_t *c, int64_t n);
 float *ctx_f32(const layer_ctx_t *c, int64_t n);
-// Device int32 positions [B*T]: pos0 + t for each of B rows.
+// Device int32 positions [B*T]: pos0 + t for each of B rows (a prepared array
+// from ctx->pos when one matches, else uploaded into the arena).
 int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0);
 
 // ---- inference caches (one per layer, by kind) ------------------------------

@@ -96,6 +96,7 @@ void model_free(model_t *m) {
         be->free(be, m->rope_sin);
         be->free(be, m->mla_cos);
         be->free(be, m->mla_sin);
+        be->free(be, m->pos_buf);
     }
     free(m->lw);
     ptable_free(&m->pt);
@@ -281,8 +282,33 @@ void model_state_reset(const model_t *m, model_state_t *st) {
 
 // ---- forward (inference) ---------------------------------------------------------
 
+int model_prepare_positions(model_t *m, int B, int T, int pos0) {
+    be_t *be = m->be;
+    int64_t need = (int64_t)B * T + B;
+    if (need > m->pos_cap) {
+        int64_t cap = need > 4096 ? need : 4096;
+        int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
+        if (!buf) return ERR_NOMEM;
+        be->free(be, m->pos_buf);
+        m->pos_buf = buf, m->pos_cap = cap;
+    }
+    int32_t *h = malloc((size_t)need * sizeof(int32_t));
+    if (!h) return err_set(ERR_NOMEM, "out of memory");
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) h[(int64_t)b * T + t] = pos0 + t;
+        h[(int64_t)B * T + b] = pos0 + 1;
+    }
+    int rc = be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t));
+    free(h);
+    TRY(rc);
+    m->n_pos = 0;
+    m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf, B, T, pos0};
+    if (T == 1) m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf + B, B, 1, pos0 + 1};
+    return 0;
+}
+
 static layer_ctx_t layer_ctx(model_t *m, int l) {
-    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos};
+    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos, m->pos, m->n_pos};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
@@ -349,6 +375,7 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
         if (ids[i] < 0 || ids[i] >= a->V) return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], a->V);
     TRY(be->copy_h2d(be, d_ids, ids, (size_t)N * sizeof(int32_t)));
     be->embed_fwd(be, x, m->embed, d_ids, N, a->d);
+    TRY(model_prepare_positions(m, B, T, st ? st->len : 0));
     TRY(run_layers(m, x, B, T, st));
     if (!logits) return be->sync(be);
     // Gather the wanted rows, normalise, project (in slices to bound memory).

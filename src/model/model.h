@@ -37,6 +37,10 @@ typedef struct {
     float *mla_cos, *mla_sin;   // MLA RoPE tables [rope_npos, d_rope/2]
     int rope_npos;
     arena_t arena;  // device memory for one step's activations
+    ctx_pos_t pos[2]; // the current step's position arrays (positions; decode: visible lengths)
+    int n_pos;
+    int32_t *pos_buf; // device memory behind pos[] (outlives arena resets)
+    int64_t pos_cap;
 } model_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.
@@ -52,6 +56,10 @@ int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, in
 // out by pt (export and convert), with the same strictness as model_load_ex.
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
 void model_free(model_t *m);
+// Uploads a step's position arrays for every layer to share: pos0 + t for B
+// rows of T tokens and, when T == 1, the visible lengths pos0 + 1. They stay
+// valid (arena resets do not touch them) until the next call.
+int model_prepare_positions(model_t *m, int B, int T, int pos0);
 // Grows the RoPE tables to cover positions [0, n_pos).
 int model_ensure_positions(model_t *m, int n_pos);
 // Binds a weight-view struct set to any flat buffer laid out by m->pt

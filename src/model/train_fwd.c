@@ -5,8 +5,10 @@
 
 #include "base/err.h"
 
+// Positions: block_forward prepares the step's (B, T, 0) array once; the
+// backward reads the same array through the layers' saved pointers.
 static layer_ctx_t train_ctx(model_t *m, int l) {
-    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos};
+    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos, m->pos, m->n_pos};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
@@ -19,6 +21,8 @@ int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved
     int64_t N = (int64_t)B * T, nd = N * a->d;
     memset(sv, 0, sizeof *sv);
     sv->x_in = x_in, sv->B = B, sv->T = T;
+    if (!(m->n_pos && m->pos[0].B == B && m->pos[0].T == T && m->pos[0].pos0 == 0))
+        TRY(model_prepare_positions(m, B, T, 0));
     sv->xn1 = ctx_act(&c, nd), sv->a = ctx_act(&c, nd), sv->x_mid = ctx_act(&c, nd);
     sv->xn2 = ctx_act(&c, nd), sv->x_out = ctx_act(&c, nd);
     sv->rstd1 = ctx_f32(&c, N), sv->rstd2 = ctx_f32(&c, N);
