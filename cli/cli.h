@@ -13,6 +13,8 @@ int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(print
 // value: cli_flag.
 int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
 int cli_flag(char **argv, int i, const char *name);
+// Numeric option values: 0, or ERR_INPUT with the message set (the caller
+// returns it; the command then exits through cli_fail with status 2).
 int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, long *out);
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 int cli_wants_help(int argc, char **argv);

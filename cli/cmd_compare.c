@@ -94,9 +94,9 @@ int cmd_compare(int argc, char **argv) {
             if (r < 0) return cli_usage("compare", "--device needs a value");
             device = v;
         } else if ((r = cli_opt(argc, argv, &i, "--windows", &v))) {
-            TRY(cli_int("compare", "--windows", v, 1, 100000, &windows));
+            if ((r = cli_int("compare", "--windows", v, 1, 100000, &windows)) < 0) return cli_fail(r);
         } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
-            TRY(cli_int("compare", "--tokens", v, 2, 1 << 20, &T));
+            if ((r = cli_int("compare", "--tokens", v, 2, 1 << 20, &T)) < 0) return cli_fail(r);
         } else if (argv[i][0] == '-') {
             return cli_usage("compare", "unknown option '%s'", argv[i]);
         } else if (np < 2) {

@@ -256,7 +256,7 @@ int cmd_convert(int argc, char **argv) {
     conv_opts_t o = {.seed = -1, .dtype = ST_F32};
     recipe_t rec = {0};
     int rc = parse(argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? cli_fail(rc) : rc;
     if (o.recipe && (rc = recipe_load(&rec, o.recipe)) == 0) rc = apply_recipe(&o, &rec);
     if (rc < 0) return cli_fail(rc);
     if (!o.lin) o.lin = LAYER_GDN;

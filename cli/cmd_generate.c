@@ -190,7 +190,7 @@ int cmd_generate(int argc, char **argv) {
     }
     gen_opts_t o = {0};
     int rc = parse("generate", argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? cli_fail(rc) : rc;
     if (!o.prompt) return cli_usage("generate", "missing --prompt");
     session_t s;
     rc = session_open(&s, &o);
@@ -303,7 +303,7 @@ int cmd_chat(int argc, char **argv) {
     }
     gen_opts_t o = {0};
     int rc = parse("chat", argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? cli_fail(rc) : rc;
     session_t s;
     rc = session_open(&s, &o);
     if (rc == 0 && s.tok.chat == TOK_CHAT_NONE)

@@ -61,7 +61,8 @@ int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, 
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
     if (!s || !*s || *end || errno || v < lo || v > hi)
-        return cli_usage(cmd, "%s expects an integer in [%ld, %ld], got '%s'", name, lo, hi, s ? s : "");
+        return err_set(ERR_INPUT, "%s expects an integer in [%ld, %ld], got '%s' (see 'hylo %s --help')", name, lo, hi,
+                       s ? s : "", cmd);
     *out = v;
     return 0;
 }
@@ -71,7 +72,8 @@ int cli_float(const char *cmd, const char *name, const char *s, double lo, doubl
     errno = 0;
     double v = s ? strtod(s, &end) : 0;
     if (!s || !*s || *end || errno || !(v >= lo && v <= hi))
-        return cli_usage(cmd, "%s expects a number in [%g, %g], got '%s'", name, lo, hi, s ? s : "");
+        return err_set(ERR_INPUT, "%s expects a number in [%g, %g], got '%s' (see 'hylo %s --help')", name, lo, hi,
+                       s ? s : "", cmd);
     *out = v;
     return 0;
 }

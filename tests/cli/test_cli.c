@@ -1,0 +1,207 @@
+// The command line on bad input: each case must end with a non-zero exit (2
+// for bad input), one "hylo: error: ..." line naming the file, tensor or field,
+// no crash, and no partial output. Runs the built binary ($HYLO_BIN).
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/fs.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+#include "testutil.h"
+
+static char tmp[256];
+
+static int setup(void **st) {
+    snprintf(tmp, sizeof tmp, "/tmp/hylo_cli_%d", (int)getpid());
+    mkdir(tmp, 0755);
+    return 0;
+}
+
+static int teardown(void **st) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    return system(cmd) == -1;
+}
+
+// Runs `hylo ARGS`, returns the exit status; stderr into *err (malloc'ed).
+static int run(const char *args, char **err) {
+    const char *bin = getenv("HYLO_BIN");
+    if (!bin) {
+        printf("HYLO_BIN is not set (run through make test)\n");
+        skip();
+    }
+    char cmd[4096], errf[300];
+    snprintf(errf, sizeof errf, "%s/stderr.txt", tmp);
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", bin, args, errf);
+    int rc = system(cmd);
+    assert_true(WIFEXITED(rc)); // never killed by a signal
+    size_t n;
+    assert_int_equal(fs_read_all(errf, err, &n), 0);
+    printf("  hylo %s\n    -> exit %d: %s", args, WEXITSTATUS(rc), *err);
+    return WEXITSTATUS(rc);
+}
+
+// Exit 2 and a single error line containing every `want` string.
+static void expect_input_error(const char *args, const char *want1, const char *want2) {
+    char *err;
+    int rc = run(args, &err);
+    assert_int_equal(rc, 2);
+    assert_true(!strncmp(err, "hylo: error: ", 13));
+    assert_non_null(strstr(err, want1));
+    if (want2) assert_non_null(strstr(err, want2));
+    free(err);
+}
+
+// A copy of the first n bytes of the model (n = -1: all) with patches applied.
+static const char *model_copy(const char *name, long n, long patch_at, const void *patch, size_t plen) {
+    static char path[400];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    char *data;
+    size_t len;
+    assert_int_equal(fs_read_all(tu_model_path(), &data, &len), 0);
+    if (n >= 0 && (size_t)n < len) len = (size_t)n;
+    if (patch) memcpy(data + patch_at, patch, plen);
+    assert_int_equal(fs_write_all(path, data, len), 0);
+    free(data);
+    return path;
+}
+
+// Offset of the first occurrence of needle in the model file's header (first 4 MiB).
+static long find_in_model(const char *needle, size_t nlen) {
+    char *data;
+    size_t len;
+    assert_int_equal(fs_read_all(tu_model_path(), &data, &len), 0);
+    long at = -1;
+    for (size_t i = 0; i + nlen < len && i < (4u << 20); i++)
+        if (!memcmp(data + i, needle, nlen)) {
+            at = (long)i;
+            break;
+        }
+    free(data);
+    assert_true(at >= 0);
+    return at;
+}
+
+static void test_missing_file(void **st) {
+    expect_input_error("info /nonexistent/model.gguf", "/nonexistent/model.gguf", "No such file");
+    expect_input_error("generate /nonexistent/dir --prompt hi", "/nonexistent/dir", NULL);
+}
+
+static void test_truncated_and_corrupt(void **st) {
+    char args[1200];
+    snprintf(args, sizeof args, "info %s", model_copy("trunc.gguf", 100000, 0, NULL, 0));
+    expect_input_error(args, "trunc.gguf", "past the end of the file");
+    snprintf(args, sizeof args, "generate %s --prompt hi", model_copy("short.gguf", 60000000, 0, NULL, 0));
+    expect_input_error(args, "short.gguf", "past the end");
+    snprintf(args, sizeof args, "info %s", model_copy("magic.gguf", -1, 0, "GGUX", 4));
+    expect_input_error(args, "magic.gguf", "not a GGUF file");
+    // general.architecture "llama" -> "llamx"
+    long at = find_in_model("general.architecture", 20) + 20 + 4 + 8;
+    snprintf(args, sizeof args, "info %s", model_copy("arch.gguf", -1, at, "llamx", 5));
+    expect_input_error(args, "arch.gguf", "'llamx' is not supported");
+    // the first tensor's type (token_embd.weight, Q8_0) -> Q5_K: unsupported, and
+    // its byte size no longer matches the data that follows
+    at = find_in_model("token_embd.weight", 17) + 17 + 4 + 2 * 8;
+    uint32_t q5k = 13;
+    snprintf(args, sizeof args, "generate %s --prompt hi", model_copy("type.gguf", -1, at, &q5k, 4));
+    expect_input_error(args, "type.gguf", "token_embd.weight");
+}
+
+// A tiny checkpoint folder written through the library, then damaged.
+static void tiny_folder(const char *dir) {
+    arch_t a;
+    arch_init(&a);
+    a.d = 16, a.n_layers = 2, a.H = 2, a.Hkv = 1, a.dh = 8, a.ffn = 24, a.V = 260, a.tie_embeddings = 1;
+    a.eos_id = 2, a.eos_ids[0] = 2, a.n_eos = 1;
+    for (int l = 0; l < 2; l++) a.kind[l] = LAYER_ATTN;
+    ptable_t pt;
+    assert_int_equal(ptable_build(&pt, &a), 0);
+    float *w = tu_params(&pt, 1, 0.1f);
+    assert_int_equal(ckpt_write(dir, &a, &pt, w, ST_F32, NULL, NULL), 0);
+    free(w);
+    ptable_free(&pt);
+}
+
+static void replace_in_file(const char *path, const char *from, const char *to) {
+    char *data;
+    size_t len;
+    assert_int_equal(fs_read_all(path, &data, &len), 0);
+    char *p = strstr(data, from);
+    assert_non_null(p);
+    size_t fl = strlen(from), tl = strlen(to);
+    char *out = malloc(len - fl + tl + 1);
+    memcpy(out, data, (size_t)(p - data));
+    memcpy(out + (p - data), to, tl);
+    memcpy(out + (p - data) + tl, p + fl, len - (size_t)(p - data) - fl);
+    assert_int_equal(fs_write_all(path, out, len - fl + tl), 0);
+    free(out);
+    free(data);
+}
+
+static void test_folder_errors(void **st) {
+    char dir[400], cfg[500], args[1200];
+    snprintf(dir, sizeof dir, "%s/tiny", tmp);
+    tiny_folder(dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(args, sizeof args, "info %s", dir);
+    char *err;
+    assert_int_equal(run(args, &err), 0); // the intact folder is fine
+    free(err);
+    // shape mismatch: the config says intermediate_size 23, the tensors have 24
+    replace_in_file(cfg, "\"intermediate_size\": 24", "\"intermediate_size\": 23");
+    snprintf(args, sizeof args, "export %s --out %s/out1", dir, tmp);
+    expect_input_error(args, "mlp.gate_proj.weight", "expected [23, 16]");
+    char out1[500];
+    snprintf(out1, sizeof out1, "%s/out1", tmp);
+    assert_false(fs_exists(out1)); // no partial output
+    replace_in_file(cfg, "\"intermediate_size\": 23", "\"intermediate_size\": 24");
+    // unsupported architecture field
+    replace_in_file(cfg, "LlamaForCausalLM", "GPT2LMHeadModel");
+    snprintf(args, sizeof args, "info %s", dir);
+    expect_input_error(args, "architectures", "GPT2LMHeadModel");
+}
+
+static void test_no_partial_output(void **st) {
+    char args[1200], out[400];
+    // convert with a teacher that cannot be read: nothing appears at --out
+    snprintf(out, sizeof out, "%s/conv_out", tmp);
+    snprintf(args, sizeof args, "convert --teacher %s/missing.gguf --out %s --mla-every 3", tmp, out);
+    expect_input_error(args, "missing.gguf", NULL);
+    assert_false(fs_exists(out));
+    // export into a folder that exists and is not empty: refused, untouched
+    snprintf(out, sizeof out, "%s/full", tmp);
+    mkdir(out, 0755);
+    char keep[500];
+    snprintf(keep, sizeof keep, "%s/keep.txt", out);
+    assert_int_equal(fs_write_all(keep, "x", 1), 0);
+    snprintf(args, sizeof args, "export %s --out %s", tu_model_path(), out);
+    expect_input_error(args, "full", "not empty");
+    DIR *d = opendir(tmp);
+    struct dirent *e;
+    while ((e = readdir(d))) assert_null(strstr(e->d_name, ".tmp.")); // no temporary left behind
+    closedir(d);
+}
+
+static void test_usage_errors(void **st) {
+    char args[1200];
+    snprintf(args, sizeof args, "generate %s", tu_model_path());
+    expect_input_error(args, "missing --prompt", NULL);
+    snprintf(args, sizeof args, "generate %s --prompt hi --temp -1", tu_model_path());
+    expect_input_error(args, "--temp", NULL);
+    expect_input_error("frobnicate", "unknown command", NULL);
+    snprintf(args, sizeof args, "generate %s --prompt hi --device tpu", tu_model_path());
+    expect_input_error(args, "unknown device 'tpu'", NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_missing_file),      cmocka_unit_test(test_truncated_and_corrupt),
+        cmocka_unit_test(test_folder_errors),     cmocka_unit_test(test_no_partial_output),
+        cmocka_unit_test(test_usage_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
