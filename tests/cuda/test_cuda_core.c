@@ -29,8 +29,9 @@
 //            order: a few ulps, relative L2 < 1e-6.
 //  BF16_ACC  gemm with a bf16 C and beta != 0: cuBLASLt rounds alpha*AB to bf16
 //            before adding beta*C (seen on the H200: elements 1.5 ulp off, e.g.
-//            68.5 for 68.90 where an ulp is 0.5), so two roundings: elementwise
-//            2^-7 |ref|; L2 as BF16.
+//            68.5 for 68.90 where an ulp is 0.5), and the tests accumulate twice
+//            (seen: 1.25 ulp after the second call, 17.5 for 17.34): up to 4
+//            roundings, elementwise 2^-6 |ref|; L2 as BF16.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ static const tol_t BF16 = {"bf16", 1e-2, 1.0 / 256, 1e-3};
 static const tol_t F32 = {"f32", 1e-5, 1e-4, 1e-4};
 static const tol_t F32_GEMM = {"f32-gemm", 1e-4, 1e-3, 1e-3};
 static const tol_t F32_ATOM = {"f32-atomic", 1e-6, 1e-5, 1e-5};
-static const tol_t BF16_ACC = {"bf16-acc", 1e-2, 1.0 / 128, 1e-3};
+static const tol_t BF16_ACC = {"bf16-acc", 1e-2, 1.0 / 64, 1e-3};
 
 static be_t *cpu, *gpu;
 static uint64_t g_seed = 0x5eed;
