@@ -4,6 +4,8 @@
 // throughput for prefill, which is matrix bound.
 //
 //   build-cpu/bench/bench_cpu MODEL.gguf [prompt_tokens=256] [decode_tokens=64] [threads=0]
+// Run it with the settings hylo chooses for itself (cli/main.c), e.g.
+//   OMP_WAIT_POLICY=passive OPENBLAS_CORETYPE=SkylakeX build-cpu/bench/bench_cpu MODEL
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
@@ -13,6 +15,8 @@
 #include "base/err.h"
 #include "base/timer.h"
 #include "model/model.h"
+
+char *openblas_get_corename(void);
 
 static double memcpy_gbps(void) {
     size_t n = (size_t)1 << 30;
@@ -86,7 +90,8 @@ int main(int argc, char **argv) {
     double wbytes = (double)params * sizeof(float); // fp32 weights streamed per decode step
     double flops_tok = 2.0 * (double)params;       // matmul FLOPs per token (attention over a short prompt is small)
     double prefill_tps = P / tp, decode_tps = D / td;
-    printf("threads              %d\n", omp_get_max_threads());
+    printf("threads              %d (OpenBLAS kernels %s, OMP_WAIT_POLICY %s)\n", omp_get_max_threads(),
+           openblas_get_corename(), getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default");
     printf("parameters           %lld (fp32 weights: %.1f MB)\n", (long long)params, wbytes / 1e6);
     printf("memcpy bandwidth     %.1f GB/s (read + write, 1 GiB, best of 5)\n", bw);
     printf("sgemm                %.1f GFLOP/s (1024^3, best of 5)\n", gf);

@@ -3,6 +3,13 @@
 # skipped, e.g. for a missing GPU or fixture) and a summary; exits non-zero if
 # any failed. Output of failing binaries is shown in full.
 set -u
+# The runtime settings hylo chooses for itself (cli/main.c: OpenBLAS kernels on
+# CPUs it cannot identify, passive OpenMP waiting), for the test binaries too.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -q avx2 /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=Haswell; fi
+fi
 pass=0; fail=0; skipped=0
 t0=$(date +%s)
 for t in "$@"; do

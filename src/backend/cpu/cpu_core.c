@@ -42,6 +42,14 @@ static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int
             for (int64_t j = 0; j < N; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
+    if (M == 1) { // one row (decode): a matrix-vector product streams B once, sgemm would pack it first
+        int64_t inc = transA ? lda : 1;
+        if (transB)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)N, (int)K, alpha, B, (int)ldb, A, (int)inc, beta, C, 1);
+        else
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, alpha, B, (int)ldb, A, (int)inc, beta, C, 1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M,
                 (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
