@@ -104,6 +104,10 @@ struct be {
     // out[N,d] = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved (may be NULL in inference)
     void (*rmsnorm_fwd)(be_t *be, void *out, float *rstd, const void *x, const void *w, int64_t N, int d,
                         float eps);
+    // The residual add fused with the next norm: x += y (act, rounded), then
+    // out = rmsnorm(x) as rmsnorm_fwd. Same results as add then rmsnorm_fwd.
+    void (*add_rmsnorm_fwd)(be_t *be, void *out, float *rstd, void *x, const void *y, const void *w, int64_t N, int d,
+                            float eps);
     // dx = ..., dw += ... (float)
     void (*rmsnorm_bwd)(be_t *be, void *dx, float *dw, const void *dout, const void *x, const void *w,
                         const float *rstd, int64_t N, int d);

@@ -44,6 +44,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
     } need[] = {
         {be->gemm, "gemm", -1},
         {be->rmsnorm_fwd, "rmsnorm_fwd", -1},
+        {be->add_rmsnorm_fwd, "add_rmsnorm_fwd", -1},
         {be->embed_fwd, "embed_fwd", -1},
         {be->swiglu_fwd, "swiglu_fwd", -1},
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
@@ -320,13 +321,16 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
     int pos0 = st ? st->len : 0;
+    // xn: the normed input of the next sub-layer; the residual adds are fused
+    // with the norm that follows them.
+    void *xn = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    void *y = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    if (!xn || !y) return ERR_NOMEM;
+    if (a->n_layers) be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
     for (int l = 0; l < a->n_layers; l++) {
         layer_ctx_t c = layer_ctx(m, l);
         const layer_w_t *w = &m->lw[l];
         size_t mark = arena_mark(&m->arena);
-        void *xn = ctx_act(&c, N * a->d), *y = ctx_act(&c, N * a->d);
-        if (!xn || !y) return ERR_NOMEM;
-        be->rmsnorm_fwd(be, xn, NULL, x, w->norm1, N, a->d, a->eps);
         layer_cache_t *cache = st ? &st->layers[l] : NULL;
         int rc = 0;
         switch (w->kind) {
@@ -346,13 +350,14 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
             rc = cache && T == 1 ? m2_step(&c, &w->m2, y, xn, B, cache)
                                  : m2_forward(&c, &w->m2, y, xn, B, T, pos0, cache, NULL);
             break;
-        default: rc = err_set(ERR_UNSUP, "layer kind %d", (int)w->kind);
         }
         if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
-        be->add(be, x, y, N * a->d);
-        be->rmsnorm_fwd(be, xn, NULL, x, w->norm2, N, a->d, a->eps);
+        be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
-        be->add(be, x, y, N * a->d);
+        if (l + 1 < a->n_layers)
+            be->add_rmsnorm_fwd(be, xn, NULL, x, y, m->lw[l + 1].norm1, N, a->d, a->eps);
+        else
+            be->add(be, x, y, N * a->d);
         arena_reset(&m->arena, mark);
     }
     return 0;

@@ -38,8 +38,7 @@ int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved
     }
     if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
     be->copy_d2d(be, sv->x_mid, x_in, (size_t)nd * be->act_size);
-    be->add(be, sv->x_mid, sv->a, nd);
-    be->rmsnorm_fwd(be, sv->xn2, sv->rstd2, sv->x_mid, w->norm2, N, a->d, a->eps);
+    be->add_rmsnorm_fwd(be, sv->xn2, sv->rstd2, sv->x_mid, sv->a, w->norm2, N, a->d, a->eps);
     TRY(mlp_forward(&c, &w->mlp, sv->x_out, sv->xn2, N, &sv->mlp));
     be->add(be, sv->x_out, sv->x_mid, nd);
     return 0;

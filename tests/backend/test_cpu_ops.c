@@ -83,6 +83,21 @@ static void test_rmsnorm(void **st) {
     assert_int_equal(tu_gradcheck("rmsnorm dw", run, &c, c.w, dw, c.d, 1e-2f, 1e-2f, 40), 0);
 }
 
+// add_rmsnorm_fwd is add followed by rmsnorm_fwd, bit for bit.
+static void test_add_rmsnorm(void **st) {
+    be_t *be = tu_cpu();
+    int64_t N = 5, d = 24, n = N * d;
+    float *x = buf(n, 81), *y = buf(n, 82), *w = buf(d, 83), *x2 = malloc(n * sizeof(float));
+    float *o1 = buf(n, 0), *o2 = buf(n, 0), *r1 = buf(N, 0), *r2 = buf(N, 0);
+    memcpy(x2, x, n * sizeof(float));
+    be->add_rmsnorm_fwd(be, o1, r1, x, y, w, N, (int)d, 1e-5f);
+    be->add(be, x2, y, n);
+    be->rmsnorm_fwd(be, o2, r2, x2, w, N, (int)d, 1e-5f);
+    assert_memory_equal(x, x2, n * sizeof(float));
+    assert_memory_equal(o1, o2, n * sizeof(float));
+    assert_memory_equal(r1, r2, N * sizeof(float));
+}
+
 static void gnorm_case(int mode) {
     op_ctx c = {.be = tu_cpu(), .kind = K_GNORM, .N = 4, .G = 3, .gs = 16, .mode = mode};
     int64_t n = c.N * c.G * c.gs;
@@ -220,7 +235,7 @@ static void test_conv1d_linear(void **st) { conv_case(0); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),          cmocka_unit_test(test_gated_rmsnorm_gdn),
+        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_add_rmsnorm),          cmocka_unit_test(test_gated_rmsnorm_gdn),
         cmocka_unit_test(test_gated_rmsnorm_m2), cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_rope_neox),        cmocka_unit_test(test_rope_interleaved),
         cmocka_unit_test(test_swiglu),           cmocka_unit_test(test_attention),

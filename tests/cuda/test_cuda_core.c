@@ -625,6 +625,35 @@ static void test_rmsnorm(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// add_rmsnorm_fwd: x += y rounded to bf16 (EXACT against the CPU sum rounded
+// the same way), then the norm of the rounded x (BF16; rstd F32).
+static void test_add_rmsnorm(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int64_t cases[][2] = {{1, 576}, {333, 77}, {64, 2048}, {7, 4104}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t N = cases[i][0], n = N * cases[i][1];
+        int d = (int)cases[i][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "N=%lld d=%d", (long long)N, d);
+        float *x = rnd(n, 1.0f), *y = rnd(n, 1.0f), *w = rnd_w(d), *out = hbuf(n), *rstd = hbuf(N), *nan = hbuf(n);
+        fill(nan, n, NAN);
+        void *dx = dact(x, n), *dy = dact(y, n), *dw = dact(w, d), *dout = dact(nan, n);
+        float *drs = df32(nan, N);
+        // CPU: the sum rounded like the GPU's, then the norm of that
+        for (int64_t k = 0; k < n; k++) x[k] += y[k];
+        round_like_gpu(x, n);
+        cpu->rmsnorm_fwd(cpu, out, rstd, x, w, N, d, 1e-5f);
+        gpu->add_rmsnorm_fwd(gpu, dout, drs, dx, dy, dw, N, d, 1e-5f);
+        fails += !gsync("add_rmsnorm_fwd", shape) || !check_act("add_rmsnorm_fwd x", shape, dx, x, n, EXACT) ||
+                 !check_act("add_rmsnorm_fwd out", shape, dout, out, n, BF16) ||
+                 !check_f32("add_rmsnorm_fwd rstd", shape, drs, rstd, N, F32);
+        gpu->free(gpu, dx), gpu->free(gpu, dy), gpu->free(gpu, dw), gpu->free(gpu, dout), gpu->free(gpu, drs);
+        free(x), free(y), free(w), free(out), free(rstd), free(nan);
+    }
+    assert_int_equal(fails, 0);
+}
+
 typedef struct {
     int64_t N;
     int G, gs;
@@ -924,7 +953,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_scale), cmocka_unit_test(test_copy2d),        cmocka_unit_test(test_embed),
         cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_f32out),   cmocka_unit_test(test_gemm_batched),
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_l2norm),
+        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_add_rmsnorm),   cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu),        cmocka_unit_test(test_conv1d),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

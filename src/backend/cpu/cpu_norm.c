@@ -20,6 +20,15 @@ static void cpu_rmsnorm_fwd(be_t *be, void *out_, float *rstd, const void *x_, c
     }
 }
 
+static void cpu_add_rmsnorm_fwd(be_t *be, void *out, float *rstd, void *x_, const void *y_, const void *w, int64_t N,
+                                int d, float eps) {
+    float *x = x_;
+    const float *y = y_;
+#pragma omp parallel for simd schedule(static) if (N * d > CPU_PAR_MIN)
+    for (int64_t i = 0; i < N * d; i++) x[i] += y[i];
+    cpu_rmsnorm_fwd(be, out, rstd, x, w, N, d, eps);
+}
+
 // y = x r w with r = (mean x^2 + eps)^-1/2:
 // dx = r (dy w - x_hat mean(dy w x_hat)), dw += sum_n dy x_hat.
 static void cpu_rmsnorm_bwd(be_t *be, void *dx_, float *dw, const void *dout_, const void *x_, const void *w_,
@@ -157,6 +166,7 @@ static void cpu_l2norm_bwd(be_t *be, void *dx_, int64_t ld, const void *dy_, con
 void cpu_register_norm(be_t *be) {
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
+    be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
     be->gated_rmsnorm_fwd = cpu_gated_rmsnorm_fwd;
     be->gated_rmsnorm_bwd = cpu_gated_rmsnorm_bwd;
     be->l2norm_fwd = cpu_l2norm_fwd;

@@ -46,6 +46,41 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
     if (rstd && lane == 0) rstd[n] = r;
 }
 
+// x += y (rounded to bf16, as the separate add), then out = rmsnorm(x): one
+// read of x and y instead of add's read-modify-write plus the norm's read.
+template <int V>
+__global__ void k_add_rmsnorm_fwd(bf16 *out, float *rstd, bf16 *x, const bf16 *y, const bf16 *w, int64_t N, int d,
+                                  float eps) {
+    WARP_ROW(n, N)
+    bf16 *xr = x + n * d;
+    const bf16 *yr = y + n * d;
+    bf16 *o = out + n * d;
+    float ss = 0.0f;
+    for (int i = lane * V; i < d; i += 32 * V) {
+        float f[V], g[V];
+        ld_bf16<V>(xr + i, f);
+        ld_bf16<V>(yr + i, g);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            f[k] = __bfloat162float(__float2bfloat16_rn(f[k] + g[k]));
+            ss += f[k] * f[k];
+        }
+        st_bf16<V>(xr + i, f);
+    }
+    ss = warp_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = lane * V; i < d; i += 32 * V) { // the lane reads back what it wrote
+        float f[V], g[V];
+        ld_bf16<V>(xr + i, f);
+        ld_bf16<V>(w + i, g);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            f[k] = f[k] * r * g[k];
+        st_bf16<V>(o + i, f);
+    }
+    if (rstd && lane == 0) rstd[n] = r;
+}
+
 // dx = r (dy w - x r mean(dy w x r))
 template <int V>
 __global__ void k_rmsnorm_bwd(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w, const float *rstd, int64_t N,
@@ -178,6 +213,15 @@ static void cu_rmsnorm_fwd(be_t *be, void *out, float *rstd, const void *x, cons
     LAUNCH_V(V, k_rmsnorm_fwd, norm_blocks(N), 32 * NORM_WARPS, cuda_stream(be), (bf16 *)out, rstd, (const bf16 *)x,
              (const bf16 *)w, N, d, eps);
     cuda_check_launch(be, "rmsnorm_fwd");
+}
+
+static void cu_add_rmsnorm_fwd(be_t *be, void *out, float *rstd, void *x, const void *y, const void *w, int64_t N,
+                               int d, float eps) {
+    if (N <= 0 || d <= 0) return;
+    int V = cu_vec_width((uintptr_t)out | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w, (uint64_t)d);
+    LAUNCH_V(V, k_add_rmsnorm_fwd, norm_blocks(N), 32 * NORM_WARPS, cuda_stream(be), (bf16 *)out, rstd, (bf16 *)x,
+             (const bf16 *)y, (const bf16 *)w, N, d, eps);
+    cuda_check_launch(be, "add_rmsnorm_fwd");
 }
 
 static void cu_rmsnorm_bwd(be_t *be, void *dx, float *dw, const void *dout, const void *x, const void *w,
@@ -394,6 +438,7 @@ static void cu_l2norm_bwd(be_t *be, void *dx, int64_t ld, const void *dy, const 
 
 extern "C" void cuda_register_norm(be_t *be) {
     be->rmsnorm_fwd = cu_rmsnorm_fwd;
+    be->add_rmsnorm_fwd = cu_add_rmsnorm_fwd;
     be->rmsnorm_bwd = cu_rmsnorm_bwd;
     be->gated_rmsnorm_fwd = cu_gated_rmsnorm_fwd;
     be->gated_rmsnorm_bwd = cu_gated_rmsnorm_bwd;
