@@ -22,6 +22,10 @@ int cli_wants_help(int argc, char **argv);
 // The tokenizer that belongs with a model source: GGUF metadata, or a folder's
 // tokenizer.json + tokenizer_config.json.
 int cli_load_tokenizer(const char *path, void *tok /* tok_t * */);
+// A backend by name with a scratch arena sized for it: the CUDA chunked
+// recurrences and fused losses take their temporaries from the arena (up to a
+// few hundred MiB at long contexts); the CPU ops fall back to the heap.
+int cli_backend(const char *device, void *be_out /* be_t ** */);
 // "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
 int cli_dtype(const char *s);
 

@@ -110,7 +110,7 @@ int cmd_compare(int argc, char **argv) {
     model_t mt = {0}, ms = {0};
     tok_t tok = {0};
     char **files = NULL;
-    int nf = 0, rc = be_create(&be, device, 64u << 20);
+    int nf = 0, rc = cli_backend(device, &be);
     if (rc == 0) rc = model_load(&mt, paths[0], be, (size_t)1 << 30);
     if (rc == 0) rc = model_load(&ms, paths[1], be, (size_t)1 << 30);
     if (rc == 0 && mt.a.V != ms.a.V)

@@ -111,7 +111,7 @@ typedef struct {
 
 static int session_open(session_t *s, const gen_opts_t *o) {
     memset(s, 0, sizeof *s);
-    TRY(be_create(&s->be, o->device, 64u << 20));
+    TRY(cli_backend(o->device, &s->be));
     TRY(model_load(&s->m, o->path, s->be, (size_t)1 << 30));
     TRY(cli_load_tokenizer(o->path, &s->tok));
     if (s->tok.n_vocab > s->m.a.V)

@@ -6,6 +6,7 @@
 #include "cli/cli.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "backend/backend.h"
 #include "tok/tok.h"
 
 int cli_load_tokenizer(const char *path, void *tok_) {
@@ -28,4 +29,9 @@ int cli_dtype(const char *s) {
     if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) return ST_BF16;
     if (!strcmp(s, "f16") || !strcmp(s, "float16")) return ST_F16;
     return -1;
+}
+
+int cli_backend(const char *device, void *be_out) {
+    size_t scratch = !strcmp(device, "cuda") ? (size_t)2 << 30 : (size_t)64 << 20;
+    return be_create((be_t **)be_out, device, scratch);
 }
