@@ -297,16 +297,17 @@ int cmd_convert(int argc, char **argv) {
         arch_t tt = s;
         for (int l = 0; l < tt.n_layers; l++) tt.kind[l] = LAYER_ATTN;
         int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&tt, 2);
-        printf("hylo: wrote %s in %.1f s: %d MLA + %d %s layers, %lld parameters\n", o.out, time_now() - t0,
-               cnt[LAYER_MLA], cnt[LAYER_GDN] + cnt[LAYER_M2], cnt[LAYER_GDN] ? "GDN" : "Mamba-2",
-               (long long)ptable_count(&spt));
-        printf("  MLA layers:");
-        for (int l = 0; l < s.n_layers; l++)
-            if (s.kind[l] == LAYER_MLA) printf(" %d", l);
-        printf("\n  MLA: r_q %d, r_kv %d, d_nope %d, d_rope %d, d_v %d", s.mla.r_q, s.mla.r_kv, s.mla.d_nope,
-               s.mla.d_rope, s.mla.d_v);
-        if (s.mla.rope.scaling == ROPE_SCALE_YARN)
-            printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
+        printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
+               time_now() - t0, cnt[LAYER_MLA], cnt[LAYER_GDN], cnt[LAYER_M2], (long long)ptable_count(&spt));
+        if (cnt[LAYER_MLA]) {
+            printf("  MLA layers:");
+            for (int l = 0; l < s.n_layers; l++)
+                if (s.kind[l] == LAYER_MLA) printf(" %d", l);
+            printf("\n  MLA: r_q %d, r_kv %d, d_nope %d, d_rope %d, d_v %d", s.mla.r_q, s.mla.r_kv, s.mla.d_nope,
+                   s.mla.d_rope, s.mla.d_v);
+            if (s.mla.rope.scaling == ROPE_SCALE_YARN)
+                printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
+        }
         if (cnt[LAYER_GDN])
             printf("\n  GDN: %d heads x %d (value %d)", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
         if (cnt[LAYER_M2])
