@@ -1,5 +1,2155 @@
-// Placeholder registrar: the ops of this file are not written yet; their table
-// entries stay NULL and be_check reports them.
-#include "backend/cuda/cuda.h"
+// Gated DeltaNet on CUDA: gates, the decode recurrence, and the chunked (64)
+// WY / UT-transform forward and backward (spec linear_blocks.md sections 1.5,
+// 1.8, 2.1-2.4). Same semantics and chunk algebra as the CPU reference
+// (cpu_gdn.c); the names below (F1..F4, B1..B7, G, M, T_A, W, U, Delta, P)
+// are the spec's and the reference's.
+//
+// ---- kernels -------------------------------------------------------------------
+// Chunk-parallel kernels run one block per (chunk, head); the two sequential
+// state passes run one block per (sequence, value head, slice of 16*NW value
+// rows) and loop over the chunks. Every chunk product is mma.sync m16n8k16
+// (bf16 operands, fp32 accumulate) from ldmatrix'ed shared-memory tiles padded
+// by 16 bytes per row; the triangular inverse and the backward's
+// T_A^T dT_A T_A^T use mma.sync m16n8k8 tf32 (spec 2.2: "TF32 where
+// supported"). G (chunk-local cumulative log decay) is in natural-log units.
+//
+//  k_prep  (F1, F2a, F2b; grid NT x B*HV, 4 warps)  G = chunk cumsum of g
+//          (fp32, the reference's sequential order), KK^T and QK^T, M, P =
+//          scale Gamma * QK^T (causal, bf16), T_A = (I + M)^-1 (16x16 diagonal
+//          blocks by forward substitution in fp32, off-diagonal blocks by
+//          block substitution with tf32 mma), W = T_A diag(beta e^G) K and
+//          U = T_A diag(beta) V (the diag(...) folded into T_A's fragments,
+//          rounded to bf16). Backward also stores T_A (bf16).
+//  k_state (F3 / B2 and B4; grid Dv/(16 NW) x B*HV x {1,2}, NW warps). The
+//          state tile lives in registers, transposed ("V-first" as in memory):
+//          warp w holds S^T[16 value rows][K] as mma accumulators, so
+//          S^T W^T (Delta), S^T K^T (dDelta) and their products with K, Q, W
+//          take the state straight from registers (accumulator layout ==
+//          A-fragment layout) and the chunk's W / K / Q tiles from shared
+//          memory: no shared-memory round trip of the state and one block
+//          barrier per chunk (F3). Forward pass per chunk: store h[c] = S
+//          (bf16), Delta = U - W S (bf16, "v_new"), S <- e^{G_L} S +
+//          K^T (gamma Delta). Reverse pass: dh[c] = dS, dDelta = P^T dO +
+//          gamma (K dS), dS <- e^{G_L} dS + (scale e^G Q)^T dO - W^T dDelta.
+//          In the backward both passes are independent (the reverse pass needs
+//          no h) and run in ONE launch (blockIdx.z): with few heads each pass
+//          alone would leave most of the chip idle.
+//  k_out   (F4; grid NT x B*HV, 8 warps): o = scale e^G (Q h[c]) + P Delta,
+//          looping over 64-wide Dv tiles with Q and P fragments in registers.
+//  k_dqkw  (B5; grid K/64 x NT x B*H, 4 warps, loops over the HV/H value
+//          heads of the q/k head so GVA sums happen in the block): dq
+//          (final, bf16), the B5 part of dk (fp32, summed over the group),
+//          dW = -dDelta S^T (bf16), and per-64-column partials of dG.
+//  k_wy    (B6 + B7; grid NT x B*H, 4 warps): WY backward (dv, dbeta, dk,
+//          dG), reverse cumulative sum of dG within the chunk, dk to bf16.
+//  gates: k_gate_fwd elementwise; k_gate_bwd1 per (block of rows, head)
+//          partials in double, k_gate_bwd2 sums them in a fixed order
+//          (deterministic dA_log / ddt_bias).
+//  k_recurrent (decode): one warp per 4 value rows of one (sequence, head),
+//          K spread over the lanes, the state rows in registers across the T
+//          tokens; memory-bound (reads and writes 4 K Dv bytes per head).
+//
+// ---- scratch (be->scratch; bytes per sequence-token per value head) -------------
+// With Tc = 64 NT (T rounded up to whole chunks), every buffer rounded up to
+// 256 bytes (gdn_chunk_scratch_bytes() below gives the exact figure; an arena
+// that is too small is an error naming both numbers, outputs set to NaN):
+//   forward:  12 (G, e^G, gamma) + 2K (W) + 2Dv (U) + 128 (P) + 2Dv (Delta)
+//             + 2 K Dv Tc / (64 T) (h)
+//   backward: the forward's + 128 (T_A) + 2 K Dv Tc / (64 T) (dh) + 2Dv (dDelta)
+//             + 4 ceil(K/64) (dG partials), plus 4K per token per q/k head (dk
+//             partial, fp32). dW reuses W's space (nothing reads W after B4).
+// HyLo (K = 256, Dv = 512): forward 6.8 KB, backward 12.1 KB per token per
+// value head + 1 KB per token per q/k head: B = 1, T = 65536 needs 2.7 GB
+// (forward) and 5.1 GB (backward) with HV = H = 6, 4.0 / 7.7 GB with 9.
+//
+// ---- predicted times (H200; B = 1, H = HV = 6, K = 256, Dv = 512) ----------------
+// Two numbers first (METHOD.md): forward FLOPs by the spec's 2.5 model, 0.90
+// MFLOP per token per head: 44 GFLOP at 8K, 0.36 TFLOP at 64K (0.07 / 0.55 ms
+// at ~650 TFLOP/s of mma.sync); fwd + bwd 3.5x that. Fewest bytes (q, k, v in,
+// o out): 25 MB at 8K, 0.2 GB at 64K (6 / 47 us at 4.3 TB/s). Neither is the
+// limit. The state passes are sequential over the NT chunks with only
+// B*HV*Dv/64 = 48 blocks, and every warp reads the whole chunk's W and K
+// (and Q, P) tiles through ldmatrix for its 16 value rows: the shared-memory
+// operand traffic (~128 B/clk/SM) bounds a chunk step. The chunk-parallel
+// kernels are bound by HBM (h, dh: 4 KB per token per head each) or by the
+// same ldmatrix traffic. Per kernel (8K / 64K):
+//   k_prep        fwd  0.05 / 0.40 ms  (232 KB HBM per chunk-head + serial inverse)
+//   k_state fwd        0.15 / 1.2 ms   (512 ldmatrix.x4 per SM per chunk: ~1.1 us/chunk)
+//   k_out              0.08 / 0.60 ms  (h read: 424 KB per chunk-head)
+//   k_prep        bwd  0.06 / 0.42 ms
+//   k_state both       0.25 / 2.0 ms   (reverse pass: 864 ldmatrix.x4 per SM: ~1.9 us/chunk;
+//                                       the forward pass runs beside it on other SMs)
+//   k_dqkw             0.16 / 1.25 ms  (HBM: h, dh, Delta, dO, dDelta ~870 KB per chunk-head)
+//   k_wy               0.08 / 0.65 ms  (HBM, dk partial read-modify-write)
+//   forward 0.29 / 2.2 ms, backward 0.55 / 4.3 ms, fwd+bwd 0.84 / 6.5 ms
+//   (H = 9: the backward's two passes need 144 blocks > 132 SMs: ~+15%;
+//   fwd+bwd ~1.2 / 8.5 ms).
+// The largest lever left is the 16-row warp tile of mma.sync: wgmma's 64-row
+// warpgroup tiles read each B operand once per 64 rows (4x less shared-memory
+// traffic in the state passes and k_dqkw); next, TMA multicast of the W/K/Q
+// tiles over a cluster of one head's Dv slices (L2 -> SM traffic is repeated
+// per slice today), and overlapping k_out with the forward state pass.
+//
+// ---- precision -----------------------------------------------------------------
+// bf16 tensor-core operands: q, k, v, dO (inputs), T_A, W, U, P, h, dh, Delta,
+// dDelta, dW, ds, dM (rounded where produced); fp32 accumulation, fp32 states
+// (the running S and dS never leave fp32 registers), fp32 G, beta, dg, dbeta,
+// final state and dstate0. Expected relative L2 error against the fp32 CPU
+// reference: ~3e-3 (o, state), ~5e-3 (dq, dk, dv), ~1e-2 (dg).
+//
+// GDN_EMU builds this file for a host emulator of the CUDA subset it uses (a
+// verification harness kept outside the repository); it changes no device code.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-extern "C" void cuda_register_gdn(be_t *be) { (void)be; }
+#ifdef GDN_EMU
+#include "gdn_emu.h"
+#endif
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_vec.cuh"
+
+#ifdef GDN_EMU
+#define GDN_SMEM(name) unsigned char *name = emu::smem
+#define GDN_LAUNCH(kfn, grid, block, smem_bytes, stream, ...)                                                          \
+    emu::launch((grid), (block), (smem_bytes), [=]() { kfn(__VA_ARGS__); })
+#else
+#define GDN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#define GDN_LAUNCH(kfn, grid, block, smem_bytes, stream, ...)                                                          \
+    kfn<<<(grid), (block), (smem_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+
+enum { BT = 64 };      // chunk length
+enum { LDT = BT + 8 }; // row stride (elements) of a padded 64-column bf16 tile
+enum { LDF = BT + 4 }; // row stride of a 64 x 64 fp32 matrix in shared memory
+
+// ==== device helpers =================================================================
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+#ifdef GDN_EMU
+    return 0;
+#else
+    return (uint32_t)__cvta_generic_to_shared(p);
+#endif
+}
+
+// 16-byte global -> shared copy; !valid: nothing is read, 16 zero bytes written.
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+#ifdef GDN_EMU
+    emu_cp_async(dst, src, 16, valid ? 16 : 0);
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+// 4-byte variant (the per-chunk gate vectors).
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
+#ifdef GDN_EMU
+    emu_cp_async(dst, src, 4, valid ? 4 : 0);
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
+#endif
+}
+static __device__ __forceinline__ void cp_async_commit() {
+#ifdef GDN_EMU
+    emu_cp_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+#ifdef GDN_EMU
+    emu_cp_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// ldmatrix x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register
+// i receives matrix i (.trans: transposed).
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+#ifdef GDN_EMU
+    emu_ldsm_x4(r, p, false);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+#endif
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+#ifdef GDN_EMU
+    emu_ldsm_x4(r, p, true);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+#endif
+}
+
+// c += a b: a 16x16 bf16 (row), b 16x8 bf16 (col), fp32 accumulate. Fragments
+// (g = lane/4, t = lane%4): a[0] (g, 2t..2t+1), a[1] (g+8, 2t..), a[2] (g,
+// 2t+8..), a[3] (g+8, 2t+8..); b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g);
+// c[0..1] (g, 2t..2t+1), c[2..3] (g+8, 2t..2t+1). The accumulator layout of
+// two adjacent n-tiles is the A layout of one k-step (used throughout).
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef GDN_EMU
+    emu_mma(c, a, b0, b1, false);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+// m16n8k8 tf32: a[0] (g, t), a[1] (g+8, t), a[2] (g, t+4), a[3] (g+8, t+4);
+// b0 (k t, n g), b1 (k t+4, n g); c as above.
+static __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef GDN_EMU
+    emu_mma(c, a, b0, b1, true);
+#else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+static __device__ __forceinline__ uint32_t to_tf32(float x) {
+#ifdef GDN_EMU
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u; // round half away from zero on the magnitude
+    return u & 0xffffe000u;
+#else
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+
+// Two floats -> bf16x2 (round to nearest even), lo in the low half.
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+static __device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+static __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+
+// ---- fragment loaders (warp-wide; `s` a shared-memory matrix, ld its row stride) ----
+// A (16x16 at rows m0, cols k0) of a row-major A: A[m][k] = s[m*ld + k].
+static __device__ __forceinline__ void lda_mk(uint32_t a[4], const bf16 *s, int ld, int m0, int k0, int lane) {
+    ldsm_x4(a, s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+}
+// A stored transposed: A[m][k] = s[k*ld + m].
+static __device__ __forceinline__ void lda_km(uint32_t a[4], const bf16 *s, int ld, int m0, int k0, int lane) {
+    ldsm_x4_t(a, s + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+// B for two n-tiles (n0.., n0+8..) and k0..k0+15: b[0], b[1] n-tile n0; b[2], b[3] n-tile n0+8.
+// B stored [n][k]: B[k][n] = s[n*ld + k].
+static __device__ __forceinline__ void ldb_nk(uint32_t b[4], const bf16 *s, int ld, int k0, int n0, int lane) {
+    ldsm_x4(b, s + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+// B stored [k][n]: B[k][n] = s[k*ld + n].
+static __device__ __forceinline__ void ldb_kn(uint32_t b[4], const bf16 *s, int ld, int k0, int n0, int lane) {
+    ldsm_x4_t(b, s + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
+}
+// Accumulators of n-tiles 2kk, 2kk+1 (times f) as the A fragment of k-step kk.
+static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4], float f) {
+    a[0] = pack_bf16(c0[0] * f, c0[1] * f);
+    a[1] = pack_bf16(c0[2] * f, c0[3] * f);
+    a[2] = pack_bf16(c1[0] * f, c1[1] * f);
+    a[3] = pack_bf16(c1[2] * f, c1[3] * f);
+}
+// Same with a factor per column: f[0..1] columns 2t, 2t+1 of n-tile 2kk, f[2..3] of n-tile 2kk+1.
+static __device__ __forceinline__ void acc_to_a_cols(uint32_t a[4], const float c0[4], const float c1[4],
+                                                     const float f[4]) {
+    a[0] = pack_bf16(c0[0] * f[0], c0[1] * f[1]);
+    a[1] = pack_bf16(c0[2] * f[0], c0[3] * f[1]);
+    a[2] = pack_bf16(c1[0] * f[2], c1[1] * f[3]);
+    a[3] = pack_bf16(c1[2] * f[2], c1[3] * f[3]);
+}
+
+// Warp tf32 product: acc (16 x 8 NTL) += A (16 x 8 KS) B (8 KS x 8 NTL) with
+// A(m, k) = pa[m*sam + k*sak], B(k, n) = pb[k*sbk + n*sbn], fp32 shared memory.
+template <int NTL, int KS>
+static __device__ __forceinline__ void mma_tf32_tile(float (&acc)[NTL][4], const float *pa, int sam, int sak,
+                                                     const float *pb, int sbk, int sbn, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t a[4];
+        a[0] = to_tf32(pa[g * sam + (8 * ks + t) * sak]);
+        a[1] = to_tf32(pa[(g + 8) * sam + (8 * ks + t) * sak]);
+        a[2] = to_tf32(pa[g * sam + (8 * ks + t + 4) * sak]);
+        a[3] = to_tf32(pa[(g + 8) * sam + (8 * ks + t + 4) * sak]);
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            uint32_t b0 = to_tf32(pb[(8 * ks + t) * sbk + (8 * nt + g) * sbn]);
+            uint32_t b1 = to_tf32(pb[(8 * ks + t + 4) * sbk + (8 * nt + g) * sbn]);
+            mma_tf32(acc[nt], a, b0, b1);
+        }
+    }
+}
+
+// ROWS x COLS bf16 tile, global row r at g + r*gs -> shared row r at s + r*ss;
+// rows >= nrows and 8-column groups at or past ncols are zero-filled. Each
+// thread copies one fixed 8-column group of every (NTH / (COLS/8))-th row, so
+// the addresses are a constant stride apart (a few instructions per copy).
+template <int ROWS, int COLS, int NTH>
+static __device__ __forceinline__ void tile_async(bf16 *s, int ss, const bf16 *g, int64_t gs, int nrows, int ncols,
+                                                  int tid) {
+    constexpr int CH = COLS / 8;
+    static_assert(NTH % CH == 0 && ROWS % (NTH / CH) == 0, "tile shape");
+    constexpr int RS = NTH / CH, IT = ROWS / RS;
+    const int c = tid % CH;
+    int r = tid / CH;
+    const bool cok = c * 8 < ncols;
+    const bf16 *gp = g + (int64_t)r * gs + c * 8;
+    bf16 *sp = s + r * ss + c * 8;
+    const int64_t gstep = (int64_t)RS * gs;
+    // unrolled by 4 only: all IT addresses at once would cost registers the state passes do not have
+#pragma unroll 4
+    for (int k = 0; k < IT; k++, r += RS, gp += gstep, sp += RS * ss) {
+        const bool ok = cok && r < nrows;
+        cp_async16(sp, ok ? (const void *)gp : (const void *)g, ok);
+    }
+}
+// n (<= 64) floats -> s[0..64), zero past n.
+static __device__ __forceinline__ void vec_async(float *s, const float *g, int n, int tid) {
+    if (tid < BT) cp_async4(s + tid, tid < n ? g + tid : g, tid < n);
+}
+
+// Sum over the 4 lanes that share an accumulator row.
+static __device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+// ==== gates =======================================================================
+
+static __device__ __forceinline__ float dev_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void k_gate_fwd(float *g, float *beta, const bf16 *a, int64_t lda, const bf16 *b, int64_t ldb,
+                           const bf16 *A_log, const bf16 *dt_bias, int64_t N, int HV, float s) {
+    GRID_STRIDE(i, N * HV) {
+        int64_t n = i / HV;
+        int h = (int)(i - n * HV);
+        g[i] = -expf(bf2f(A_log[h])) * dev_softplus(bf2f(a[n * lda + h]) + bf2f(dt_bias[h]));
+        beta[i] = s * dev_sigmoid(bf2f(b[n * ldb + h]));
+    }
+}
+
+enum { GATE_THREADS = 256 };
+
+// Block (x, head h) handles rows [x R, (x+1) R): da, db elementwise, and the
+// block's sums of dc and dg * g (double, fixed tree) into part[(h nblk + x) 2 + {0,1}].
+__global__ void __launch_bounds__(GATE_THREADS)
+    k_gate_bwd1(bf16 *da, int64_t ldda, bf16 *db, int64_t lddb, double *part, const float *dg, const float *dbeta,
+                const bf16 *a, int64_t lda, const bf16 *b, int64_t ldb, const bf16 *A_log, const bf16 *dt_bias,
+                int64_t N, int HV, float s, int64_t R) {
+    GDN_SMEM(smem_raw);
+    double *red = (double *)smem_raw; // [2][GATE_THREADS]
+    const int h = blockIdx.y, tid = threadIdx.x;
+    const int64_t n0 = (int64_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
+    const float A = expf(bf2f(A_log[h])), dt = bf2f(dt_bias[h]);
+    double sdc = 0, sdA = 0;
+    for (int64_t n = n0 + tid; n < n1; n += GATE_THREADS) {
+        float c = bf2f(a[n * lda + h]) + dt;
+        float gg = -A * dev_softplus(c);
+        float dgi = dg[n * HV + h];
+        float dc = dgi * -A * (c > 20.0f ? 1.0f : dev_sigmoid(c));
+        da[n * ldda + h] = __float2bfloat16_rn(dc);
+        sdc += dc;
+        sdA += (double)dgi * gg;
+        float sb = dev_sigmoid(bf2f(b[n * ldb + h]));
+        db[n * lddb + h] = __float2bfloat16_rn(dbeta[n * HV + h] * s * sb * (1.0f - sb));
+    }
+    red[tid] = sdc;
+    red[GATE_THREADS + tid] = sdA;
+    __syncthreads();
+    for (int w = GATE_THREADS / 2; w > 0; w >>= 1) {
+        if (tid < w) {
+            red[tid] += red[tid + w];
+            red[GATE_THREADS + tid] += red[GATE_THREADS + tid + w];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        part[((int64_t)h * gridDim.x + blockIdx.x) * 2] = red[0];
+        part[((int64_t)h * gridDim.x + blockIdx.x) * 2 + 1] = red[GATE_THREADS];
+    }
+}
+
+__global__ void k_gate_bwd2(float *dA_log, float *ddt_bias, const double *part, int nblk, int HV) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= HV) return;
+    double sdc = 0, sdA = 0;
+    for (int i = 0; i < nblk; i++) {
+        sdc += part[((int64_t)h * nblk + i) * 2];
+        sdA += part[((int64_t)h * nblk + i) * 2 + 1];
+    }
+    ddt_bias[h] += (float)sdc;
+    dA_log[h] += (float)sdA;
+}
+
+// ==== decode recurrence ===============================================================
+
+enum { REC_ROWS = 4, REC_WARPS = 4 };
+
+// E = K/32 state elements per lane (lane l holds columns [l E, l E + E)).
+template <int E>
+__global__ void __launch_bounds__(REC_WARPS * 32)
+    k_recurrent(bf16 *o, float *state, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                float scale, int T, int H, int HV, int K, int Dv) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
+    const int v0 = (blockIdx.x * REC_WARPS + warp) * REC_ROWS;
+    const int x0 = lane * E;
+    const bool kval = x0 < K;
+    float s[REC_ROWS][E];
+#pragma unroll
+    for (int r = 0; r < REC_ROWS; r++) {
+        const bool ok = state && kval && v0 + r < Dv;
+        const float *sp = state + ((int64_t)bh * Dv + v0 + r) * K + x0;
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            s[r][e] = ok ? sp[e] : 0.0f;
+    }
+    for (int t = 0; t < T; t++) {
+        const int64_t row = (int64_t)b * T + t;
+        float kk[E], qq[E];
+        if (kval) {
+            const bf16 *kp = k + (row * H + hq) * K + x0, *qp = q + (row * H + hq) * K + x0;
+#pragma unroll
+            for (int e = 0; e < E; e += 2) {
+                float f2[2];
+                ld_bf16<2>(kp + e, f2);
+                kk[e] = f2[0], kk[e + 1] = f2[1];
+                ld_bf16<2>(qp + e, f2);
+                qq[e] = f2[0], qq[e + 1] = f2[1];
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                kk[e] = qq[e] = 0.0f;
+        }
+        const float alpha = expf(g[row * HV + h]), bt = beta[row * HV + h];
+        const bf16 *vp = v + (row * HV + h) * Dv;
+        float sk[REC_ROWS], sq[REC_ROWS];
+#pragma unroll
+        for (int r = 0; r < REC_ROWS; r++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                s[r][e] *= alpha;
+                acc += s[r][e] * kk[e];
+            }
+            sk[r] = warp_sum(acc);
+        }
+#pragma unroll
+        for (int r = 0; r < REC_ROWS; r++) {
+            const float vv = v0 + r < Dv ? bf2f(vp[v0 + r]) : 0.0f;
+            const float u = bt * (vv - sk[r]);
+            float acc = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                s[r][e] += kk[e] * u;
+                acc += s[r][e] * qq[e];
+            }
+            sq[r] = warp_sum(acc);
+        }
+        if (lane < REC_ROWS && v0 + lane < Dv) {
+            float mine = sq[0];
+#pragma unroll
+            for (int r = 1; r < REC_ROWS; r++)
+                mine = lane == r ? sq[r] : mine;
+            o[(row * HV + h) * Dv + v0 + lane] = __float2bfloat16_rn(scale * mine);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < REC_ROWS; r++)
+        if (state && kval && v0 + r < Dv) {
+            float *sp = state + ((int64_t)bh * Dv + v0 + r) * K + x0;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                sp[e] = s[r][e];
+        }
+}
+
+// ==== F1 + F2: gates' cumsum, M, P, T_A, W, U ==============================================
+
+// Shared memory of k_prep (bytes). Region A: two buffers, each a K slice and
+// a Q slice [64][LDT] (phase 1), later the right-hand-side tiles of W and U;
+// region B: M and T_A (fp32 [64][LDF]) and the per-warp 16 x 24 scratch of
+// the block substitution; vectors G, beta, e^G.
+enum {
+    PREP_TILE = BT * LDT * 2,
+    PREP_A = 4 * PREP_TILE,
+    PREP_M = PREP_A,
+    PREP_TA = PREP_M + BT * LDF * 4,
+    PREP_X = PREP_TA + BT * LDF * 4,
+    PREP_VEC = PREP_X + 4 * 16 * 24 * 4,
+    PREP_SMEM = PREP_VEC + 3 * BT * 4
+};
+
+// Grid (NT, B*HV), 128 threads. Outputs (bh = b*HV + h, rows t of [bh][T][.]):
+// Gs, EG = e^G, GM = gamma = e^{G_L - G} (G_L: the chunk's last token) [bh][T]
+// fp32 (the state passes then need no exponentials); W [bh][T][K], U
+// [bh][T][Dv], P [bh][T][64] and (when TAo) T_A [bh][T][64], bf16; row t holds
+// row t mod 64 of its chunk's matrix.
+__global__ void __launch_bounds__(128)
+    k_prep(const bf16 *q, const bf16 *k, const bf16 *v, const float *gin, const float *betain, float *Gs, float *EGo,
+           float *GMo, bf16 *Wo, bf16 *Uo, bf16 *Po, bf16 *TAo, float scale, int T, int H, int HV, int K, int Dv) {
+    GDN_SMEM(smem);
+    bf16 *sA = (bf16 *)smem; // 4 tiles [64][LDT]
+    float *sM = (float *)(smem + PREP_M), *sTA = (float *)(smem + PREP_TA), *sXw = (float *)(smem + PREP_X);
+    float *sG = (float *)(smem + PREP_VEC), *sBeta = sG + BT, *sEG = sBeta + BT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
+    const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+    const int64_t row0 = (int64_t)b * T + t0;   // first token row of the chunk in [B, T, ...]
+    const int64_t orow0 = (int64_t)bh * T + t0; // in the head-major scratch [bh][T]
+    const bf16 *kb = k + (row0 * H + hq) * K, *qb = q + (row0 * H + hq) * K;
+    const int64_t kst = (int64_t)H * K;
+    const int nks = (K + 63) / 64; // 64-column slices of K
+
+    // phase 1 loads: slice s -> buffer pair (s & 1): K at tile 2(s&1), Q at 2(s&1)+1
+    auto issue_kq = [&](int s) {
+        bf16 *dk = sA + (2 * (s & 1)) * BT * LDT, *dq = dk + BT * LDT;
+        tile_async<BT, 64, 128>(dk, LDT, kb + 64 * s, kst, L, K - 64 * s, tid);
+        tile_async<BT, 64, 128>(dq, LDT, qb + 64 * s, kst, L, K - 64 * s, tid);
+        cp_async_commit();
+    };
+    issue_kq(0);
+
+    // F1: G = chunk-local inclusive cumsum of g, in the reference's order
+    if (tid < BT) {
+        sG[tid] = tid < L ? gin[(row0 + tid) * HV + h] : 0.0f;
+        sBeta[tid] = tid < L ? betain[(row0 + tid) * HV + h] : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (int i = 0; i < L; i++) {
+            acc += sG[i];
+            sG[i] = acc;
+        }
+    }
+    __syncthreads();
+    if (tid < BT) {
+        sEG[tid] = tid < L ? expf(sG[tid]) : 0.0f;
+        if (tid < L) {
+            Gs[orow0 + tid] = sG[tid];
+            EGo[orow0 + tid] = sEG[tid];
+            GMo[orow0 + tid] = expf(sG[L - 1] - sG[tid]);
+        }
+    }
+
+    // K K^T and Q K^T, warp w: rows 16w..16w+15, all 64 columns
+    float kk[8][4], qk[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            kk[nt][r] = qk[nt][r] = 0.0f;
+    for (int s = 0; s < nks; s++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (s + 1 < nks) issue_kq(s + 1);
+        const bf16 *tk = sA + (2 * (s & 1)) * BT * LDT, *tq = tk + BT * LDT;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            uint32_t ak[4], aq[4];
+            lda_mk(ak, tk, LDT, 16 * warp, 16 * ks, lane);
+            lda_mk(aq, tq, LDT, 16 * warp, 16 * ks, lane);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_nk(bb, tk, LDT, 16 * ks, 16 * np, lane);
+                mma_bf16(kk[2 * np], ak, bb[0], bb[1]);
+                mma_bf16(kk[2 * np + 1], ak, bb[2], bb[3]);
+                mma_bf16(qk[2 * np], aq, bb[0], bb[1]);
+                mma_bf16(qk[2 * np + 1], aq, bb[2], bb[3]);
+            }
+        }
+    }
+
+    // M_ij = beta_i (k_i . k_j) Gamma_ij (j < i), P_ij = scale (q_i . k_j) Gamma_ij (j <= i);
+    // exp only where unmasked (G_i - G_j <= 0 there)
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * warp + gq + 8 * hr, j = 8 * nt + 2 * t4;
+            float pv[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float gam = (j + e <= i && i < L) ? expf(sG[i] - sG[j + e]) : 0.0f;
+                sM[i * LDF + j + e] = j + e < i ? sBeta[i] * kk[nt][2 * hr + e] * gam : 0.0f;
+                pv[e] = scale * qk[nt][2 * hr + e] * gam;
+            }
+            if (i < L) *(uint32_t *)(Po + (orow0 + i) * BT + j) = pack_bf16(pv[0], pv[1]);
+        }
+    // zero the strictly upper 16x16 blocks of T_A
+    for (int e = tid; e < 6 * 256; e += 128) {
+        const int blk = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+        const int bi = blk < 3 ? 0 : (blk < 5 ? 1 : 2), bj = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
+        sTA[(16 * bi + r) * LDF + 16 * bj + cc] = 0.0f;
+    }
+    __syncthreads();
+
+    // T_A = (I + M)^-1. Diagonal 16x16 blocks: lane pair-half (block db, column cc)
+    // by forward substitution (rows of the inverse above cc come out 0).
+    if (warp < 2) {
+        const int db = 2 * warp + (lane >> 4), cc = lane & 15;
+        const float *Mb = sM + 16 * db * LDF + 16 * db;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float sacc = i == cc ? 1.0f : 0.0f;
+#pragma unroll
+            for (int m = 0; m < i; m++)
+                sacc -= Mb[i * LDF + m] * x[m];
+            x[i] = sacc;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            sTA[(16 * db + i) * LDF + 16 * db + cc] = x[i];
+    }
+    __syncthreads();
+    // Off-diagonal blocks by diagonal distance d: Inv_ij = -Inv_ii sum_{k=j..i-1} M_ik Inv_kj.
+    for (int d = 1; d < 4; d++) {
+        if (warp < 4 - d) {
+            const int bj = warp, bi = warp + d;
+            float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            for (int bk = bj; bk < bi; bk++)
+                mma_tf32_tile<2, 2>(acc, sM + 16 * bi * LDF + 16 * bk, LDF, 1, sTA + 16 * bk * LDF + 16 * bj, LDF, 1,
+                                    lane);
+            float *X = sXw + warp * 16 * 24;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    X[(gq + 8 * (r >> 1)) * 24 + 8 * nt + 2 * t4 + (r & 1)] = acc[nt][r];
+            __syncwarp();
+            float y[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            mma_tf32_tile<2, 2>(y, sTA + 16 * bi * LDF + 16 * bi, LDF, 1, X, 24, 1, lane);
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    sTA[(16 * bi + gq + 8 * (r >> 1)) * LDF + 16 * bj + 8 * nt + 2 * t4 + (r & 1)] = -y[nt][r];
+        }
+        __syncthreads();
+    }
+    if (TAo)
+        for (int e = tid; e < L * 32; e += 128) {
+            const int i = e >> 5, jp = e & 31;
+            *(uint32_t *)(TAo + (orow0 + i) * BT + 2 * jp) =
+                pack_bf16(sTA[i * LDF + 2 * jp], sTA[i * LDF + 2 * jp + 1]);
+        }
+
+    // F2b: W = T_A diag(beta e^G) K, U = T_A diag(beta) V. The diagonal scaling
+    // goes into the A fragments of T_A (warp rows 16w.., k-steps over j).
+    uint32_t aW[4][4], aU[4][4];
+#pragma unroll
+    for (int kk2 = 0; kk2 < 4; kk2++) {
+        const int i0 = 16 * warp + gq, j0 = 16 * kk2 + 2 * t4;
+        const float *r0 = sTA + i0 * LDF, *r1 = sTA + (i0 + 8) * LDF;
+        float fu[4] = {sBeta[j0], sBeta[j0 + 1], sBeta[j0 + 8], sBeta[j0 + 9]};
+        float fw[4] = {fu[0] * sEG[j0], fu[1] * sEG[j0 + 1], fu[2] * sEG[j0 + 8], fu[3] * sEG[j0 + 9]};
+        aU[kk2][0] = pack_bf16(r0[j0] * fu[0], r0[j0 + 1] * fu[1]);
+        aU[kk2][1] = pack_bf16(r1[j0] * fu[0], r1[j0 + 1] * fu[1]);
+        aU[kk2][2] = pack_bf16(r0[j0 + 8] * fu[2], r0[j0 + 9] * fu[3]);
+        aU[kk2][3] = pack_bf16(r1[j0 + 8] * fu[2], r1[j0 + 9] * fu[3]);
+        aW[kk2][0] = pack_bf16(r0[j0] * fw[0], r0[j0 + 1] * fw[1]);
+        aW[kk2][1] = pack_bf16(r1[j0] * fw[0], r1[j0 + 1] * fw[1]);
+        aW[kk2][2] = pack_bf16(r0[j0 + 8] * fw[2], r0[j0 + 9] * fw[3]);
+        aW[kk2][3] = pack_bf16(r1[j0 + 8] * fw[2], r1[j0 + 9] * fw[3]);
+    }
+    // right-hand sides: tiles 0..nks-1 are 64-column slices of K (-> W), then
+    // slices of V (-> U); double-buffered in region A tiles 0 and 1
+    const int nvs = (Dv + 63) / 64, ntiles = nks + nvs;
+    const bf16 *vb = v + (row0 * HV + h) * Dv;
+    auto issue_rhs = [&](int it) {
+        bf16 *dst = sA + (it & 1) * BT * LDT;
+        if (it < nks)
+            tile_async<BT, 64, 128>(dst, LDT, kb + 64 * it, kst, L, K - 64 * it, tid);
+        else
+            tile_async<BT, 64, 128>(dst, LDT, vb + 64 * (it - nks), (int64_t)HV * Dv, L, Dv - 64 * (it - nks), tid);
+        cp_async_commit();
+    };
+    __syncthreads(); // region A (Q/K slices) is free
+    issue_rhs(0);
+    for (int it = 0; it < ntiles; it++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (it + 1 < ntiles) issue_rhs(it + 1);
+        const bf16 *rhs = sA + (it & 1) * BT * LDT;
+        const bool isw = it < nks;
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[nt][r] = 0.0f;
+#pragma unroll
+        for (int kk2 = 0; kk2 < 4; kk2++)
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_kn(bb, rhs, LDT, 16 * kk2, 16 * np, lane);
+                uint32_t a[4]; // select by value: a pointer into the register arrays would put them in local memory
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    a[r] = isw ? aW[kk2][r] : aU[kk2][r];
+                mma_bf16(acc[2 * np], a, bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], a, bb[2], bb[3]);
+            }
+        bf16 *out = isw ? Wo : Uo;
+        const int ld = isw ? K : Dv, col0 = 64 * (isw ? it : it - nks);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * warp + gq + 8 * hr, col = col0 + 8 * nt + 2 * t4;
+                if (i < L && col < ld)
+                    *(uint32_t *)(out + (orow0 + i) * ld + col) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+            }
+    }
+}
+
+// ==== F3 / B2 and B4: the sequential state passes ===========================================
+
+// Shared memory of k_state (bytes), forward pass: two stages of {W, K [64][KP+8],
+// U [64][16NW+8] bf16, e^G and gamma [64] fp32}; reverse pass: K (single), Q,
+// W (single), two stages of {P [64][LDT], dO [64][16NW+8], e^G, gamma}; both:
+// per-warp Delta staging [64][24] bf16.
+template <int KP, int NW> struct state_cfg {
+    static constexpr int LDK = KP + 8, BV = 16 * NW, LDU = BV + 8;
+    static constexpr int TK = BT * LDK * 2, TU = BT * LDU * 2, TP = BT * LDT * 2, VG = 2 * BT * 4; // e^G, gamma
+    static constexpr int STG = NW * BT * 24 * 2;
+    // forward
+    static constexpr int F_STAGE = 2 * TK + TU + VG;
+    static constexpr int F_SMEM = 2 * F_STAGE + STG;
+    // reverse
+    static constexpr int R_K = 0, R_Q = TK, R_W = 2 * TK, R_ST = 3 * TK;
+    static constexpr int R_STAGE = TP + TU + VG;
+    static constexpr int R_SMEM = 3 * TK + 2 * R_STAGE + STG;
+    static constexpr int SMEM = F_SMEM > R_SMEM ? F_SMEM : R_SMEM;
+};
+
+// One k-step's A fragment of the warp's state tile (rows g, g+8; columns
+// x0 + 2t.. and x0 + 8 + 2t..) to a V-first bf16 matrix: p = &M[v0 + g][2t],
+// row stride K; columns at or past K (padding) are not stored.
+static __device__ __forceinline__ void store_a_rows(bf16 *p, const uint32_t a[4], int x0, int K) {
+    if (x0 < K) {
+        *(uint32_t *)(p + x0) = a[0];
+        *(uint32_t *)(p + 8 * K + x0) = a[1];
+    }
+    if (x0 + 8 < K) {
+        *(uint32_t *)(p + x0 + 8) = a[2];
+        *(uint32_t *)(p + 8 * K + x0 + 8) = a[3];
+    }
+}
+
+// Warp-private staging of a [64 tokens][16 value rows] bf16 tile held as
+// accumulators (rows v, columns j) and its store to rows t0 + j < t0 + L of a
+// [.., Dv] matrix (row stride ld) at column v0: 32-byte row segments.
+static __device__ __forceinline__ void store_vt(bf16 *dst, int64_t ld, bf16 *stg, const float (&acc)[8][4], int L,
+                                                int lane) {
+    const int gq = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            stg[(8 * nt + 2 * t4 + (r & 1)) * 24 + gq + 8 * (r >> 1)] = __float2bfloat16_rn(acc[nt][r]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int e = lane + 32 * i, j = e >> 1, half = e & 1;
+        if (j < L) *(uint4 *)(dst + j * ld + 8 * half) = *(const uint4 *)(stg + j * 24 + 8 * half);
+    }
+    __syncwarp();
+}
+
+// Forward state pass for (bh, value rows [vb0, vb0 + 16 NW)).
+//   h[c] = S; Delta = U - W S; S <- e^{G_L} S + K^T (gamma Delta), gamma_j = e^{G_L - G_j}.
+template <int KP, int NW>
+static __device__ __forceinline__ void
+state_fwd(unsigned char *smem, const bf16 *W, const bf16 *U, const bf16 *k, const float *EG, const float *GM, bf16 *hst,
+          bf16 *Dl, float *state, int init, int write_final, int T, int H, int HV, int K, int Dv, int NT) {
+    typedef state_cfg<KP, NW> C;
+    constexpr int LDK = C::LDK, LDU = C::LDU, NTH = NW * 32;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
+    const int vb0 = blockIdx.x * C::BV, v0 = vb0 + 16 * warp;
+    const bool wv = v0 < Dv;
+    bf16 *stg = (bf16 *)(smem + 2 * C::F_STAGE) + warp * BT * 24;
+    const bf16 *kb = k + ((int64_t)b * T * H + hq) * K, *Wb = W + (int64_t)bh * T * K,
+               *Ub = U + (int64_t)bh * T * Dv + vb0;
+    const float *EGb = EG + (int64_t)bh * T, *GMb = GM + (int64_t)bh * T;
+
+    float s[KP / 8][4];
+#pragma unroll
+    for (int n = 0; n < KP / 8; n++) {
+        const int x = 8 * n + 2 * t4;
+        const bool ok = state && init && wv && x < K;
+        const float *sp = state + ((int64_t)bh * Dv + v0 + gq) * K + x;
+        s[n][0] = ok ? sp[0] : 0.0f;
+        s[n][1] = ok ? sp[1] : 0.0f;
+        s[n][2] = ok ? sp[8 * K] : 0.0f;
+        s[n][3] = ok ? sp[8 * K + 1] : 0.0f;
+    }
+
+    auto issue = [&](int c) {
+        unsigned char *st = smem + (c & 1) * C::F_STAGE;
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        tile_async<BT, KP, NTH>((bf16 *)st, LDK, Wb + (int64_t)t0 * K, K, L, K, tid);
+        tile_async<BT, KP, NTH>((bf16 *)(st + C::TK), LDK, kb + (int64_t)t0 * H * K, (int64_t)H * K, L, K, tid);
+        tile_async<BT, C::BV, NTH>((bf16 *)(st + 2 * C::TK), LDU, Ub + (int64_t)t0 * Dv, Dv, L, Dv - vb0, tid);
+        vec_async((float *)(st + 2 * C::TK + C::TU), EGb + t0, L, tid);
+        vec_async((float *)(st + 2 * C::TK + C::TU) + BT, GMb + t0, L, tid);
+        cp_async_commit();
+    };
+    issue(0);
+    for (int c = 0; c < NT; c++) {
+        cp_async_wait<0>();
+        __syncthreads(); // chunk c landed; every warp is done with chunk c-1's stage
+        if (c + 1 < NT) issue(c + 1);
+        const unsigned char *st = smem + (c & 1) * C::F_STAGE;
+        const bf16 *sW = (const bf16 *)st, *sK = (const bf16 *)(st + C::TK), *sU = (const bf16 *)(st + 2 * C::TK);
+        const float *sEG = (const float *)(st + 2 * C::TK + C::TU), *sGM = sEG + BT; // zero past L
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        bf16 *hp = hst + (((int64_t)bh * NT + c) * Dv + v0 + gq) * K + 2 * t4; // h[c] = S, row v0 + gq
+
+        // (W S)^T: rows v, columns j; the bf16 A fragments of S are h[c]'s values
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[nt][r] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KP / 16; ks++) {
+            uint32_t a[4];
+            acc_to_a(a, s[2 * ks], s[2 * ks + 1], 1.0f);
+            if (wv) store_a_rows(hp, a, 16 * ks, K);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_nk(bb, sW, LDK, 16 * ks, 16 * np, lane);
+                mma_bf16(acc[2 * np], a, bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        // Delta^T = U^T - (W S)^T
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int j = 8 * nt + 2 * t4 + (r & 1), vl = 16 * warp + gq + 8 * (r >> 1);
+                acc[nt][r] = bf2f(sU[j * LDU + vl]) - acc[nt][r];
+            }
+        if (wv) store_vt(Dl + ((int64_t)bh * T + t0) * Dv + v0, Dv, stg, acc, L, lane);
+        // S <- e^{G_L} S + K^T (gamma Delta)
+        const float eL = sEG[L - 1];
+#pragma unroll
+        for (int n = 0; n < KP / 8; n++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                s[n][r] *= eL;
+#pragma unroll
+        for (int kj = 0; kj < 4; kj++) {
+            const int j0 = 16 * kj + 2 * t4;
+            float f[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                f[e] = sGM[j0 + (e & 1) + 8 * (e >> 1)];
+            uint32_t a[4];
+            acc_to_a_cols(a, acc[2 * kj], acc[2 * kj + 1], f);
+#pragma unroll
+            for (int xp = 0; xp < KP / 16; xp++) {
+                uint32_t bb[4];
+                ldb_kn(bb, sK, LDK, 16 * kj, 16 * xp, lane);
+                mma_bf16(s[2 * xp], a, bb[0], bb[1]);
+                mma_bf16(s[2 * xp + 1], a, bb[2], bb[3]);
+            }
+        }
+    }
+    if (state && write_final && wv)
+#pragma unroll
+        for (int n = 0; n < KP / 8; n++) {
+            const int x = 8 * n + 2 * t4;
+            if (x < K) {
+                float *sp = state + ((int64_t)bh * Dv + v0 + gq) * K + x;
+                *(float2 *)sp = make_float2(s[n][0], s[n][1]);
+                *(float2 *)(sp + 8 * K) = make_float2(s[n][2], s[n][3]);
+            }
+        }
+}
+
+// Reverse state pass for (bh, value rows [vb0, vb0 + 16 NW)), dS = gradient of
+// the state at the end of the current chunk:
+//   dh[c] = dS; dDelta = P^T dO + gamma (K dS) (as dDelta^T = dO^T P + (dS^T K^T) gamma);
+//   dS <- e^{G_L} dS + (scale e^G Q)^T dO - W^T dDelta.
+// K, Q and W have one buffer each: K(c-1) is loaded once the K product of
+// chunk c is done, Q/W(c-1) once chunk c's state update is done (cp.async
+// groups in that order, so "all but the newest group" is always what is needed).
+template <int KP, int NW>
+static __device__ __forceinline__ void state_bwd(unsigned char *smem, const bf16 *k, const bf16 *q, const bf16 *W,
+                                                 const bf16 *P, const bf16 *dO, const float *EG, const float *GM,
+                                                 bf16 *dhst, bf16 *dDl, float *dstate0, const float *dstate_final,
+                                                 float scale, int T, int H, int HV, int K, int Dv, int NT) {
+    typedef state_cfg<KP, NW> C;
+    constexpr int LDK = C::LDK, LDU = C::LDU, NTH = NW * 32;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
+    const int vb0 = blockIdx.x * C::BV, v0 = vb0 + 16 * warp;
+    const bool wv = v0 < Dv;
+    bf16 *sK = (bf16 *)(smem + C::R_K), *sQ = (bf16 *)(smem + C::R_Q), *sW = (bf16 *)(smem + C::R_W);
+    bf16 *stg = (bf16 *)(smem + C::R_ST + 2 * C::R_STAGE) + warp * BT * 24;
+    const bf16 *kb = k + ((int64_t)b * T * H + hq) * K, *qb = q + ((int64_t)b * T * H + hq) * K;
+    const bf16 *Wb = W + (int64_t)bh * T * K, *Pb = P + (int64_t)bh * T * BT;
+    const bf16 *dOb = dO + ((int64_t)b * T * HV + h) * Dv + vb0;
+    const float *EGb = EG + (int64_t)bh * T, *GMb = GM + (int64_t)bh * T;
+
+    float s[KP / 8][4]; // dS^T
+#pragma unroll
+    for (int n = 0; n < KP / 8; n++) {
+        const int x = 8 * n + 2 * t4;
+        const bool ok = dstate_final && wv && x < K;
+        const float *sp = dstate_final + ((int64_t)bh * Dv + v0 + gq) * K + x;
+        s[n][0] = ok ? sp[0] : 0.0f;
+        s[n][1] = ok ? sp[1] : 0.0f;
+        s[n][2] = ok ? sp[8 * K] : 0.0f;
+        s[n][3] = ok ? sp[8 * K + 1] : 0.0f;
+    }
+
+    auto issue_k = [&](int c) { // K, and P, dO, G into stage c & 1
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        unsigned char *st = smem + C::R_ST + (c & 1) * C::R_STAGE;
+        tile_async<BT, KP, NTH>(sK, LDK, kb + (int64_t)t0 * H * K, (int64_t)H * K, L, K, tid);
+        tile_async<BT, BT, NTH>((bf16 *)st, LDT, Pb + (int64_t)t0 * BT, BT, L, BT, tid);
+        tile_async<BT, C::BV, NTH>((bf16 *)(st + C::TP), LDU, dOb + (int64_t)t0 * HV * Dv, (int64_t)HV * Dv, L,
+                                   Dv - vb0, tid);
+        vec_async((float *)(st + C::TP + C::TU), EGb + t0, L, tid);
+        vec_async((float *)(st + C::TP + C::TU) + BT, GMb + t0, L, tid);
+    };
+    auto issue_qw = [&](int c) {
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        tile_async<BT, KP, NTH>(sQ, LDK, qb + (int64_t)t0 * H * K, (int64_t)H * K, L, K, tid);
+        tile_async<BT, KP, NTH>(sW, LDK, Wb + (int64_t)t0 * K, K, L, K, tid);
+    };
+    issue_k(NT - 1);
+    cp_async_commit();
+    issue_qw(NT - 1);
+    cp_async_commit();
+    for (int c = NT - 1; c >= 0; c--) {
+        cp_async_wait<1>();
+        __syncthreads(); // K, P, dO, G of chunk c visible; Q/W(c) may still be in flight
+        const unsigned char *st = smem + C::R_ST + (c & 1) * C::R_STAGE;
+        const bf16 *sP = (const bf16 *)st, *sdO = (const bf16 *)(st + C::TP);
+        const float *sEG = (const float *)(st + C::TP + C::TU), *sGM = sEG + BT; // zero past L
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        bf16 *hp = dhst + (((int64_t)bh * NT + c) * Dv + v0 + gq) * K + 2 * t4; // dh[c] = dS, row v0 + gq
+
+        // (K dS)^T: rows v, columns j; the bf16 A fragments of dS are dh[c]'s values
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[nt][r] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KP / 16; ks++) {
+            uint32_t a[4];
+            acc_to_a(a, s[2 * ks], s[2 * ks + 1], 1.0f);
+            if (wv) store_a_rows(hp, a, 16 * ks, K);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_nk(bb, sK, LDK, 16 * ks, 16 * np, lane);
+                mma_bf16(acc[2 * np], a, bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with sK
+        if (c > 0) issue_k(c - 1);
+        cp_async_commit();
+
+        const float eL = sEG[L - 1];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float gm = sGM[8 * nt + 2 * t4 + e];
+                acc[nt][e] *= gm;
+                acc[nt][2 + e] *= gm;
+            }
+            // + dO^T P
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++) {
+            uint32_t a[4];
+            lda_km(a, sdO, LDU, 16 * warp, 16 * ki, lane);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_kn(bb, sP, LDT, 16 * ki, 16 * np, lane);
+                mma_bf16(acc[2 * np], a, bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        if (wv) store_vt(dDl + ((int64_t)bh * T + t0) * Dv + v0, Dv, stg, acc, L, lane);
+
+        cp_async_wait<1>();
+        __syncthreads(); // Q/W(c) visible
+#pragma unroll
+        for (int n = 0; n < KP / 8; n++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                s[n][r] *= eL;
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++) {
+            // dO^T fragment (rows v, columns i) scaled by scale e^{G_i}
+            uint32_t ao[4], ad[4];
+            lda_km(ao, sdO, LDU, 16 * warp, 16 * ki, lane);
+            const int i0 = 16 * ki + 2 * t4;
+            float f[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                f[e] = scale * sEG[i0 + (e & 1) + 8 * (e >> 1)];
+            ao[0] = pack_bf16(bf_lo(ao[0]) * f[0], bf_hi(ao[0]) * f[1]);
+            ao[1] = pack_bf16(bf_lo(ao[1]) * f[0], bf_hi(ao[1]) * f[1]);
+            ao[2] = pack_bf16(bf_lo(ao[2]) * f[2], bf_hi(ao[2]) * f[3]);
+            ao[3] = pack_bf16(bf_lo(ao[3]) * f[2], bf_hi(ao[3]) * f[3]);
+            acc_to_a(ad, acc[2 * ki], acc[2 * ki + 1], -1.0f);
+#pragma unroll
+            for (int xp = 0; xp < KP / 16; xp++) {
+                uint32_t bq[4], bw[4];
+                ldb_kn(bq, sQ, LDK, 16 * ki, 16 * xp, lane);
+                ldb_kn(bw, sW, LDK, 16 * ki, 16 * xp, lane);
+                mma_bf16(s[2 * xp], ao, bq[0], bq[1]);
+                mma_bf16(s[2 * xp + 1], ao, bq[2], bq[3]);
+                mma_bf16(s[2 * xp], ad, bw[0], bw[1]);
+                mma_bf16(s[2 * xp + 1], ad, bw[2], bw[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with sQ, sW (and this stage)
+        if (c > 0) issue_qw(c - 1);
+        cp_async_commit();
+    }
+    if (dstate0 && wv)
+#pragma unroll
+        for (int n = 0; n < KP / 8; n++) {
+            const int x = 8 * n + 2 * t4;
+            if (x < K) {
+                float *sp = dstate0 + ((int64_t)bh * Dv + v0 + gq) * K + x;
+                *(float2 *)sp = make_float2(s[n][0], s[n][1]);
+                *(float2 *)(sp + 8 * K) = make_float2(s[n][2], s[n][3]);
+            }
+        }
+}
+
+// Arguments of k_state (by value).
+typedef struct {
+    const bf16 *W, *U, *k, *q, *P, *dO;
+    const float *EG, *GM; // e^G, gamma = e^{G_L - G} [bh][T]
+    bf16 *hst, *Dl;       // forward pass: h, Delta
+    float *state;         // initial state when init, final state when write_final (may be NULL)
+    int init, write_final;
+    bf16 *dhst, *dDl;          // reverse pass: dh, dDelta
+    float *dstate0;            // NULL: not wanted
+    const float *dstate_final; // NULL: zeros
+    float scale;
+    int rev_z; // blockIdx.z that runs the reverse pass (-1: none)
+    int T, H, HV, K, Dv, NT;
+} state_args;
+
+template <int KP, int NW> __global__ void __launch_bounds__(NW * 32, 1) k_state(state_args a) {
+    GDN_SMEM(smem);
+    if ((int)blockIdx.z == a.rev_z)
+        state_bwd<KP, NW>(smem, a.k, a.q, a.W, a.P, a.dO, a.EG, a.GM, a.dhst, a.dDl, a.dstate0, a.dstate_final, a.scale,
+                          a.T, a.H, a.HV, a.K, a.Dv, a.NT);
+    else
+        state_fwd<KP, NW>(smem, a.W, a.U, a.k, a.EG, a.GM, a.hst, a.Dl, a.state, a.init, a.write_final, a.T, a.H, a.HV,
+                          a.K, a.Dv, a.NT);
+}
+
+// ==== F4: outputs ================================================================
+
+template <int KP> struct out_cfg {
+    static constexpr int LDK = KP + 8, TK = BT * LDK * 2, TP = BT * LDT * 2;
+    static constexpr int Q_OFF = 0, P_OFF = TK, G_OFF = TK + TP, ST_OFF = G_OFF + BT * 4;
+    static constexpr int STAGE = TK + TP; // h tile [64 v][KP+8], Delta tile [64][LDT]
+    static constexpr int SMEM = ST_OFF + 2 * STAGE;
+};
+
+// Grid (NT, B*HV), 256 threads: warp w owns rows 16 (w & 3).. and value
+// columns 32 (w >> 2).. of each 64-wide Dv tile.
+//   o_i = scale e^{G_i} (q_i . h[c]) + sum_{j <= i} P_ij Delta_j
+template <int KP>
+__global__ void __launch_bounds__(256)
+    k_out(bf16 *o, const bf16 *q, const bf16 *hst, const bf16 *Dl, const bf16 *P, const float *Gs, float scale, int T,
+          int H, int HV, int K, int Dv, int NT) {
+    typedef out_cfg<KP> C;
+    constexpr int LDK = C::LDK;
+    GDN_SMEM(smem);
+    bf16 *sQ = (bf16 *)(smem + C::Q_OFF), *sP = (bf16 *)(smem + C::P_OFF);
+    float *sG = (float *)(smem + C::G_OFF);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int mi = warp & 3, vh = warp >> 2;
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
+    const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+    const int64_t row0 = (int64_t)b * T + t0;
+    const bf16 *hb = hst + ((int64_t)bh * NT + c) * Dv * K, *Db = Dl + ((int64_t)bh * T + t0) * Dv;
+    tile_async<BT, KP, 256>(sQ, LDK, q + (row0 * H + hq) * K, (int64_t)H * K, L, K, tid);
+    tile_async<BT, BT, 256>(sP, LDT, P + ((int64_t)bh * T + t0) * BT, BT, L, BT, tid);
+    vec_async(sG, Gs + (int64_t)bh * T + t0, L, tid);
+    const int nvt = (Dv + 63) / 64;
+    auto issue = [&](int vt) {
+        unsigned char *st = smem + C::ST_OFF + (vt & 1) * C::STAGE;
+        tile_async<BT, KP, 256>((bf16 *)st, LDK, hb + (int64_t)64 * vt * K, K, Dv - 64 * vt, K, tid);
+        tile_async<BT, BT, 256>((bf16 *)(st + C::TK), LDT, Db + 64 * vt, Dv, L, Dv - 64 * vt, tid);
+        cp_async_commit();
+    };
+    issue(0);
+    uint32_t qf[KP / 16][4], pf[4][4];
+    float eg[2];
+    for (int vt = 0; vt < nvt; vt++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (vt + 1 < nvt) issue(vt + 1);
+        if (vt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KP / 16; ks++)
+                lda_mk(qf[ks], sQ, LDK, 16 * mi, 16 * ks, lane);
+#pragma unroll
+            for (int kk2 = 0; kk2 < 4; kk2++)
+                lda_mk(pf[kk2], sP, LDT, 16 * mi, 16 * kk2, lane);
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * mi + gq + 8 * hr;
+                eg[hr] = i < L ? scale * expf(sG[i]) : 0.0f;
+            }
+        }
+        const unsigned char *st = smem + C::ST_OFF + (vt & 1) * C::STAGE;
+        const bf16 *sH = (const bf16 *)st, *sD = (const bf16 *)(st + C::TK);
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[nt][r] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KP / 16; ks++)
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                uint32_t bb[4];
+                ldb_nk(bb, sH, LDK, 16 * ks, 32 * vh + 16 * np, lane); // B[x][v] = h[v][x]
+                mma_bf16(acc[2 * np], qf[ks], bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], qf[ks], bb[2], bb[3]);
+            }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[nt][r] *= eg[r >> 1];
+#pragma unroll
+        for (int kk2 = 0; kk2 < 4; kk2++)
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                uint32_t bb[4];
+                ldb_kn(bb, sD, LDT, 16 * kk2, 32 * vh + 16 * np, lane);
+                mma_bf16(acc[2 * np], pf[kk2], bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], pf[kk2], bb[2], bb[3]);
+            }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * mi + gq + 8 * hr, col = 64 * vt + 32 * vh + 8 * nt + 2 * t4;
+                if (i < L && col < Dv)
+                    *(uint32_t *)(o + ((row0 + i) * HV + h) * Dv + col) =
+                        pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+            }
+    }
+}
+
+// ==== B5: dq, dk (output and state paths), dW, dG partials ==================================
+
+enum {
+    DQ_T = BT * LDT * 2, // one [64][LDT] bf16 tile
+    DQ_Q = 0,            // q, k slices
+    DQ_K = DQ_T,
+    DQ_H = 2 * DQ_T,             // per Dv tile: h, dh, Delta, dO, dDelta
+    DQ_DS = 7 * DQ_T,            // ds [64][LDT]
+    DQ_G = 8 * DQ_T,             // G [64], block reduction [8]
+    DQ_ACC = DQ_G + BT * 4 + 64, // GVA accumulators dq, dk fp32 [64][LDF] each
+    DQ_SMEM = DQ_ACC,
+    DQ_SMEM_GVA = DQ_ACC + 2 * BT * LDF * 4
+};
+
+// Grid (ceil(K/64), NT, B*H), 128 threads: columns x in [64 xb, 64 xb + 64) of
+// chunk c for q/k head hq, looping over its value heads h. Warp w owns token
+// rows 16w.. of every product.
+//   dq_i = scale e^{G_i} (S dO_i) + sum_{j <= i} ds_ij k_j, ds_ij = scale Gamma_ij (dO_i . Delta_j)
+//   dk_j = gamma_j (dS' Delta_j) + sum_{i >= j} ds_ij q_i
+//   dW_i = -S dDelta_i
+//   dG_i = q_i . dq_i - k_i . dk_i; last row += e^{G_L} <S, dS'> + sum_j k_j . dk_j^state
+// (S = h[c], dS' = dh[c]; every sum over x restricted to this block's columns.)
+__global__ void __launch_bounds__(128)
+    k_dqkw(const bf16 *q, const bf16 *k, const bf16 *hst, const bf16 *dhst, const bf16 *Dl, const bf16 *dO,
+           const bf16 *dDl, const float *Gs, bf16 *dq, float *dk5, bf16 *dWo, float *dGp, float scale, int T, int H,
+           int HV, int K, int Dv, int NT) {
+    GDN_SMEM(smem);
+    bf16 *sQ = (bf16 *)(smem + DQ_Q), *sK = (bf16 *)(smem + DQ_K);
+    bf16 *sH = (bf16 *)(smem + DQ_H), *sdH = sH + BT * LDT, *sDel = sdH + BT * LDT, *sdO = sDel + BT * LDT,
+         *sdD = sdO + BT * LDT, *sDs = (bf16 *)(smem + DQ_DS);
+    float *sG = (float *)(smem + DQ_G), *sRed = sG + BT;
+    float *sAq = (float *)(smem + DQ_ACC), *sAk = sAq + BT * LDF;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int xb = blockIdx.x, c = blockIdx.y, bq = blockIdx.z, b = bq / H, hq = bq - b * H, grp = HV / H;
+    const int x0 = 64 * xb, t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+    const int64_t row0 = (int64_t)b * T + t0;
+    const int nvt = (Dv + 63) / 64;
+    const int64_t BHV = (int64_t)(gridDim.z / H) * HV;
+    tile_async<BT, 64, 128>(sQ, LDT, q + (row0 * H + hq) * K + x0, (int64_t)H * K, L, K - x0, tid);
+    tile_async<BT, 64, 128>(sK, LDT, k + (row0 * H + hq) * K + x0, (int64_t)H * K, L, K - x0, tid);
+    cp_async_commit();
+
+    for (int hi = 0; hi < grp; hi++) {
+        const int h = hq * grp + hi, bh = b * HV + h;
+        if (tid < BT) sG[tid] = tid < L ? Gs[(int64_t)bh * T + t0 + tid] : 0.0f;
+        float aq[8][4], aw[8][4], ak[8][4], as[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                aq[nt][r] = aw[nt][r] = ak[nt][r] = as[nt][r] = 0.0f;
+        float sdot = 0.0f; // partial <S, dS'>
+        const bf16 *hb = hst + ((int64_t)bh * NT + c) * Dv * K + x0, *dhb = dhst + ((int64_t)bh * NT + c) * Dv * K + x0;
+        for (int vt = 0; vt < nvt; vt++) {
+            const int vc = 64 * vt, nv = Dv - vc;
+            tile_async<BT, 64, 128>(sH, LDT, hb + (int64_t)vc * K, K, nv, K - x0, tid);
+            tile_async<BT, 64, 128>(sdH, LDT, dhb + (int64_t)vc * K, K, nv, K - x0, tid);
+            tile_async<BT, 64, 128>(sDel, LDT, Dl + ((int64_t)bh * T + t0) * Dv + vc, Dv, L, nv, tid);
+            tile_async<BT, 64, 128>(sdO, LDT, dO + (row0 * HV + h) * Dv + vc, (int64_t)HV * Dv, L, nv, tid);
+            tile_async<BT, 64, 128>(sdD, LDT, dDl + ((int64_t)bh * T + t0) * Dv + vc, Dv, L, nv, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            for (int e = tid; e < BT * 32; e += 128) {
+                const int r = e >> 5, cc = 2 * (e & 31);
+                const uint32_t u = *(const uint32_t *)(sH + r * LDT + cc), w = *(const uint32_t *)(sdH + r * LDT + cc);
+                sdot += bf_lo(u) * bf_lo(w) + bf_hi(u) * bf_hi(w);
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                uint32_t ado[4], add[4], adl[4];
+                lda_mk(ado, sdO, LDT, 16 * warp, 16 * ks, lane);
+                lda_mk(add, sdD, LDT, 16 * warp, 16 * ks, lane);
+                lda_mk(adl, sDel, LDT, 16 * warp, 16 * ks, lane);
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_kn(bb, sH, LDT, 16 * ks, 16 * np, lane); // B[v][x] = h[v][x]
+                    mma_bf16(aq[2 * np], ado, bb[0], bb[1]);
+                    mma_bf16(aq[2 * np + 1], ado, bb[2], bb[3]);
+                    mma_bf16(aw[2 * np], add, bb[0], bb[1]);
+                    mma_bf16(aw[2 * np + 1], add, bb[2], bb[3]);
+                    ldb_kn(bb, sdH, LDT, 16 * ks, 16 * np, lane);
+                    mma_bf16(ak[2 * np], adl, bb[0], bb[1]);
+                    mma_bf16(ak[2 * np + 1], adl, bb[2], bb[3]);
+                    ldb_nk(bb, sDel, LDT, 16 * ks, 16 * np, lane); // B[v][j] = Delta[j][v]
+                    mma_bf16(as[2 * np], ado, bb[0], bb[1]);
+                    mma_bf16(as[2 * np + 1], ado, bb[2], bb[3]);
+                }
+            }
+            __syncthreads();
+        }
+        const float gl = sG[L - 1], eL = expf(gl);
+        // dq = scale e^{G_i} (S dO) + ds K; ds masked (j <= i < L), rounded to bf16 as A fragments
+        float gi[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * warp + gq + 8 * hr;
+            gi[hr] = sG[i];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const float f = i < L ? scale * expf(gi[hr]) : 0.0f;
+                aq[nt][2 * hr] *= f;
+                aq[nt][2 * hr + 1] *= f;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int j = 8 * nt + 2 * t4 + e;
+                    as[nt][2 * hr + e] = (j <= i && i < L) ? scale * expf(gi[hr] - sG[j]) * as[nt][2 * hr + e] : 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int kj = 0; kj < 4; kj++) {
+            uint32_t a[4];
+            acc_to_a(a, as[2 * kj], as[2 * kj + 1], 1.0f);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_kn(bb, sK, LDT, 16 * kj, 16 * np, lane);
+                mma_bf16(aq[2 * np], a, bb[0], bb[1]);
+                mma_bf16(aq[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        // ds -> shared (bf16) for ds^T Q
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+                *(uint32_t *)(sDs + (16 * warp + gq + 8 * hr) * LDT + 8 * nt + 2 * t4) =
+                    pack_bf16(as[nt][2 * hr], as[nt][2 * hr + 1]);
+        // dk state part: gamma_j (dS' Delta_j); its k . dk^state for the last row
+        float kstate = 0.0f;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int j = 16 * warp + gq + 8 * hr;
+            const float gm = j < L ? expf(gl - gi[hr]) : 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                ak[nt][2 * hr] *= gm;
+                ak[nt][2 * hr + 1] *= gm;
+                const uint32_t kv = *(const uint32_t *)(sK + j * LDT + 8 * nt + 2 * t4);
+                kstate += bf_lo(kv) * ak[nt][2 * hr] + bf_hi(kv) * ak[nt][2 * hr + 1];
+            }
+        }
+        __syncthreads(); // ds rows of every warp
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++) {
+            uint32_t a[4];
+            lda_km(a, sDs, LDT, 16 * warp, 16 * ki, lane); // A[j][i] = ds[i][j]
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldb_kn(bb, sQ, LDT, 16 * ki, 16 * np, lane);
+                mma_bf16(ak[2 * np], a, bb[0], bb[1]);
+                mma_bf16(ak[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        // dW = -(dDelta S^T), dG row partials, dq / dk out
+        float rowg[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * warp + gq + 8 * hr;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const int col = 8 * nt + 2 * t4, x = x0 + col;
+                const uint32_t qv = *(const uint32_t *)(sQ + i * LDT + col),
+                               kv = *(const uint32_t *)(sK + i * LDT + col);
+                rowg[hr] += bf_lo(qv) * aq[nt][2 * hr] + bf_hi(qv) * aq[nt][2 * hr + 1] - bf_lo(kv) * ak[nt][2 * hr] -
+                            bf_hi(kv) * ak[nt][2 * hr + 1];
+                if (i < L && x < K) {
+                    const int64_t rq = (row0 + i) * H + hq;
+                    *(uint32_t *)(dWo + ((int64_t)bh * T + t0 + i) * K + x) =
+                        pack_bf16(-aw[nt][2 * hr], -aw[nt][2 * hr + 1]);
+                    if (grp == 1) {
+                        *(uint32_t *)(dq + rq * K + x) = pack_bf16(aq[nt][2 * hr], aq[nt][2 * hr + 1]);
+                        *(float2 *)(dk5 + rq * K + x) = make_float2(ak[nt][2 * hr], ak[nt][2 * hr + 1]);
+                    }
+                }
+                if (grp > 1) {
+                    float *pq = sAq + i * LDF + col, *pk = sAk + i * LDF + col;
+                    pq[0] = (hi ? pq[0] : 0.0f) + aq[nt][2 * hr];
+                    pq[1] = (hi ? pq[1] : 0.0f) + aq[nt][2 * hr + 1];
+                    pk[0] = (hi ? pk[0] : 0.0f) + ak[nt][2 * hr];
+                    pk[1] = (hi ? pk[1] : 0.0f) + ak[nt][2 * hr + 1];
+                }
+            }
+            rowg[hr] = quad_sum(rowg[hr]);
+        }
+        // block sums of <S, dS'> and k . dk^state, fixed order
+        sdot = warp_sum(sdot);
+        kstate = warp_sum(kstate);
+        if (lane == 0) sRed[warp] = sdot, sRed[4 + warp] = kstate;
+        __syncthreads();
+        const float last = eL * (sRed[0] + sRed[1] + sRed[2] + sRed[3]) + (sRed[4] + sRed[5] + sRed[6] + sRed[7]);
+        if (t4 == 0)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * warp + gq + 8 * hr;
+                if (i < L) dGp[((int64_t)xb * BHV + bh) * T + t0 + i] = rowg[hr] + (i == L - 1 ? last : 0.0f);
+            }
+        __syncthreads(); // sG, sRed, sDs reused by the next head
+    }
+    if (grp > 1)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * warp + gq + 8 * hr, col = 8 * nt + 2 * t4, x = x0 + col;
+                if (i < L && x < K) {
+                    const int64_t rq = (row0 + i) * H + hq;
+                    *(uint32_t *)(dq + rq * K + x) = pack_bf16(sAq[i * LDF + col], sAq[i * LDF + col + 1]);
+                    *(float2 *)(dk5 + rq * K + x) = make_float2(sAk[i * LDF + col], sAk[i * LDF + col + 1]);
+                }
+            }
+}
+
+// ==== B6 + B7: WY backward, reverse cumsum of dG ========================================
+
+enum {
+    WY_KK = 0,                      // K K^T fp32 [64][LDF]
+    WY_TAF = WY_KK + BT * LDF * 4,  // T_A fp32 [64][LDF]
+    WY_TAB = WY_TAF + BT * LDF * 4, // T_A bf16 [64][LDT]
+    WY_R1 = WY_TAB + BT * LDT * 2,  // two bf16 tiles [64][LDT] | dT_A, then R (fp32 [64][72])
+    WY_R2 = WY_R1 + BT * 72 * 4,    // X (fp32 [64][72]) | dMg, dMg beta (bf16 [64][LDT] each)
+    WY_VEC = WY_R2 + BT * 72 * 4,   // G, beta, e^G, dG, dbeta [64] each
+    WY_SMEM = WY_VEC + 5 * BT * 4
+};
+
+// Grid (NT, B*H), 128 threads; value heads of the q/k head in turn. Warp w
+// owns rows 16w.. of every product. With dU = dDelta, dW from B5,
+// Vb = diag(beta) V, Kg = diag(beta e^G) K:
+//   dV = beta (T_A^T dU); dbeta_j = (T_A^T dU)_j . V_j + e^{G_j} (T_A^T dW)_j . K_j + sum_m dMg_jm KK_jm
+//   dK += diag(beta e^G) T_A^T dW + diag(beta) dMg K + dMg^T diag(beta) K
+//   dT_A = dU Vb^T + dW Kg^T (strictly lower); dM = -T_A^T dT_A T_A^T; dMg = dM * Gamma
+//   dG_j += beta_j e^{G_j} (T_A^T dW)_j . K_j + sum_m R_jm - sum_a R_aj, R = dMg * beta_i KK
+// then dg = reverse cumsum of dG within the chunk (dG starts from B5's partials).
+__global__ void __launch_bounds__(128)
+    k_wy(const bf16 *k, const bf16 *v, const float *betain, const float *Gs, const bf16 *TA, const bf16 *dDl,
+         const bf16 *dWs, const float *dGp, float *dk5, bf16 *dk, bf16 *dv, float *dbeta, float *dg, int T, int H,
+         int HV, int K, int Dv) {
+    GDN_SMEM(smem);
+    float *sKK = (float *)(smem + WY_KK), *sTAf = (float *)(smem + WY_TAF);
+    bf16 *sTAb = (bf16 *)(smem + WY_TAB);
+    bf16 *bufA = (bf16 *)(smem + WY_R1), *bufB = bufA + BT * LDT;
+    float *sdTA = (float *)(smem + WY_R1), *sX = (float *)(smem + WY_R2);
+    bf16 *sDMg = (bf16 *)(smem + WY_R2), *sDMb = sDMg + BT * LDT;
+    float *sG = (float *)(smem + WY_VEC), *sBeta = sG + BT, *sEG = sBeta + BT, *sDG = sEG + BT, *sDB = sDG + BT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int c = blockIdx.x, bq = blockIdx.y, b = bq / H, hq = bq - b * H, grp = HV / H;
+    const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+    const int64_t row0 = (int64_t)b * T + t0, BHV = (int64_t)(gridDim.y / H) * HV;
+    const int nks = (K + 63) / 64, nvt = (Dv + 63) / 64;
+    const bf16 *kb = k + (row0 * H + hq) * K;
+    const int64_t kst = (int64_t)H * K;
+
+    // K K^T (fp32)
+    {
+        float kk[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                kk[nt][r] = 0.0f;
+        for (int xs = 0; xs < nks; xs++) {
+            tile_async<BT, 64, 128>(bufB, LDT, kb + 64 * xs, kst, L, K - 64 * xs, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                uint32_t a[4];
+                lda_mk(a, bufB, LDT, 16 * warp, 16 * ks, lane);
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_nk(bb, bufB, LDT, 16 * ks, 16 * np, lane);
+                    mma_bf16(kk[2 * np], a, bb[0], bb[1]);
+                    mma_bf16(kk[2 * np + 1], a, bb[2], bb[3]);
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                sKK[(16 * warp + gq + 8 * (r >> 1)) * LDF + 8 * nt + 2 * t4 + (r & 1)] = kk[nt][r];
+    }
+
+    for (int hi = 0; hi < grp; hi++) {
+        const int h = hq * grp + hi, bh = b * HV + h;
+        tile_async<BT, BT, 128>(sTAb, LDT, TA + ((int64_t)bh * T + t0) * BT, BT, L, BT, tid);
+        cp_async_commit();
+        if (tid < BT) {
+            const bool ok = tid < L;
+            const float gg = ok ? Gs[(int64_t)bh * T + t0 + tid] : 0.0f;
+            sG[tid] = gg;
+            sBeta[tid] = ok ? betain[(row0 + tid) * HV + h] : 0.0f;
+            sEG[tid] = ok ? expf(gg) : 0.0f;
+            float acc = 0.0f;
+            for (int xb = 0; xb < nks; xb++) // B5's partials, fixed order
+                acc += ok ? dGp[((int64_t)xb * BHV + bh) * T + t0 + tid] : 0.0f;
+            sDG[tid] = acc;
+            sDB[tid] = 0.0f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int e = tid; e < BT * BT; e += 128)
+            sTAf[(e >> 6) * LDF + (e & 63)] = bf2f(sTAb[(e >> 6) * LDT + (e & 63)]);
+        uint32_t taf[4][4]; // A[j][i] = T_A[i][j], rows j of the warp
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++)
+            lda_km(taf[ki], sTAb, LDT, 16 * warp, 16 * ki, lane);
+
+        // Dv tiles: dV, dbeta (V part), dU V^T
+        float rb[2] = {0.0f, 0.0f}, tu[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                tu[nt][r] = 0.0f;
+        for (int vt = 0; vt < nvt; vt++) {
+            const int vc = 64 * vt;
+            tile_async<BT, 64, 128>(bufA, LDT, dDl + ((int64_t)bh * T + t0) * Dv + vc, Dv, L, Dv - vc, tid);
+            tile_async<BT, 64, 128>(bufB, LDT, v + (row0 * HV + h) * Dv + vc, (int64_t)HV * Dv, L, Dv - vc, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            float at[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    at[nt][r] = 0.0f;
+#pragma unroll
+            for (int ki = 0; ki < 4; ki++)
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_kn(bb, bufA, LDT, 16 * ki, 16 * np, lane);
+                    mma_bf16(at[2 * np], taf[ki], bb[0], bb[1]);
+                    mma_bf16(at[2 * np + 1], taf[ki], bb[2], bb[3]);
+                }
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int j = 16 * warp + gq + 8 * hr;
+                const float bj = sBeta[j];
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    const int cl = 8 * nt + 2 * t4, col = vc + cl;
+                    const uint32_t vv = *(const uint32_t *)(bufB + j * LDT + cl);
+                    rb[hr] += at[nt][2 * hr] * bf_lo(vv) + at[nt][2 * hr + 1] * bf_hi(vv);
+                    if (j < L && col < Dv)
+                        *(uint32_t *)(dv + ((row0 + j) * HV + h) * Dv + col) =
+                            pack_bf16(bj * at[nt][2 * hr], bj * at[nt][2 * hr + 1]);
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                uint32_t a[4];
+                lda_mk(a, bufA, LDT, 16 * warp, 16 * ks, lane); // dU rows i
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_nk(bb, bufB, LDT, 16 * ks, 16 * np, lane); // B[v][j] = V[j][v]
+                    mma_bf16(tu[2 * np], a, bb[0], bb[1]);
+                    mma_bf16(tu[2 * np + 1], a, bb[2], bb[3]);
+                }
+            }
+            __syncthreads();
+        }
+
+        // K tiles, pass 1: T_A^T dW -> dk, dbeta, dG; dW K^T
+        float tkr[2] = {0.0f, 0.0f}, tk[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                tk[nt][r] = 0.0f;
+        for (int xs = 0; xs < nks; xs++) {
+            const int xc = 64 * xs;
+            tile_async<BT, 64, 128>(bufA, LDT, dWs + ((int64_t)bh * T + t0) * K + xc, K, L, K - xc, tid);
+            tile_async<BT, 64, 128>(bufB, LDT, kb + xc, kst, L, K - xc, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            float aw[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    aw[nt][r] = 0.0f;
+#pragma unroll
+            for (int ki = 0; ki < 4; ki++)
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_kn(bb, bufA, LDT, 16 * ki, 16 * np, lane);
+                    mma_bf16(aw[2 * np], taf[ki], bb[0], bb[1]);
+                    mma_bf16(aw[2 * np + 1], taf[ki], bb[2], bb[3]);
+                }
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int j = 16 * warp + gq + 8 * hr;
+                const float f = sBeta[j] * sEG[j];
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    const int cl = 8 * nt + 2 * t4, x = xc + cl;
+                    const uint32_t kv = *(const uint32_t *)(bufB + j * LDT + cl);
+                    tkr[hr] += aw[nt][2 * hr] * bf_lo(kv) + aw[nt][2 * hr + 1] * bf_hi(kv);
+                    if (j < L && x < K) {
+                        float2 *p = (float2 *)(dk5 + ((row0 + j) * H + hq) * K + x);
+                        float2 d = *p;
+                        d.x += f * aw[nt][2 * hr];
+                        d.y += f * aw[nt][2 * hr + 1];
+                        *p = d;
+                    }
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                uint32_t a[4];
+                lda_mk(a, bufA, LDT, 16 * warp, 16 * ks, lane); // dW rows i
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_nk(bb, bufB, LDT, 16 * ks, 16 * np, lane); // B[x][j] = K[j][x]
+                    mma_bf16(tk[2 * np], a, bb[0], bb[1]);
+                    mma_bf16(tk[2 * np + 1], a, bb[2], bb[3]);
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float vsum = quad_sum(rb[hr]), ksum = quad_sum(tkr[hr]);
+            const int j = 16 * warp + gq + 8 * hr;
+            if (t4 == 0) {
+                sDB[j] = vsum + sEG[j] * ksum;
+                sDG[j] += sBeta[j] * sEG[j] * ksum;
+            }
+        }
+        // dT_A (strictly lower, rows < L) into R1
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = 16 * warp + gq + 8 * (r >> 1), j = 8 * nt + 2 * t4 + (r & 1);
+                sdTA[i * 72 + j] = (j < i && i < L) ? sBeta[j] * (tu[nt][r] + sEG[j] * tk[nt][r]) : 0.0f;
+            }
+        __syncthreads();
+        // X = dT_A T_A^T (tf32), rows i of the warp
+        {
+            float ax[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    ax[nt][r] = 0.0f;
+            mma_tf32_tile<8, 8>(ax, sdTA + 16 * warp * 72, 72, 1, sTAf, 1, LDF, lane);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    sX[(16 * warp + gq + 8 * (r >> 1)) * 72 + 8 * nt + 2 * t4 + (r & 1)] = ax[nt][r];
+        }
+        __syncthreads();
+        // dM = -T_A^T X, rows a of the warp; dMg = dM * Gamma (m < a < L)
+        float am[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                am[nt][r] = 0.0f;
+        mma_tf32_tile<8, 8>(am, sTAf + 16 * warp, 1, LDF, sX, 72, 1, lane);
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int a = 16 * warp + gq + 8 * (r >> 1), m = 8 * nt + 2 * t4 + (r & 1);
+                const float dmg = (m < a && a < L) ? -am[nt][r] * expf(sG[a] - sG[m]) : 0.0f;
+                am[nt][r] = dmg;
+                rs[r >> 1] += dmg * sKK[a * LDF + m];
+            }
+        __syncthreads(); // X (R2) and dT_A (R1) are dead from here
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int a = 16 * warp + gq + 8 * hr, m = 8 * nt + 2 * t4;
+                const float ba = sBeta[a];
+                *(uint32_t *)(sDMg + a * LDT + m) = pack_bf16(am[nt][2 * hr], am[nt][2 * hr + 1]);
+                *(uint32_t *)(sDMb + a * LDT + m) = pack_bf16(am[nt][2 * hr] * ba, am[nt][2 * hr + 1] * ba);
+                sdTA[a * 72 + m] = am[nt][2 * hr] * ba * sKK[a * LDF + m];
+                sdTA[a * 72 + m + 1] = am[nt][2 * hr + 1] * ba * sKK[a * LDF + m + 1];
+            }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float rsum = quad_sum(rs[hr]);
+            const int a = 16 * warp + gq + 8 * hr;
+            if (t4 == 0) {
+                sDB[a] += rsum;
+                sDG[a] += sBeta[a] * rsum;
+            }
+        }
+        __syncthreads();
+        if (tid < BT) { // column sums of R, fixed order
+            float cs = 0.0f;
+            for (int a = 0; a < BT; a++)
+                cs += sdTA[a * 72 + tid];
+            sDG[tid] -= cs;
+        }
+        uint32_t fg[4][4], fb[4][4];
+#pragma unroll
+        for (int kj = 0; kj < 4; kj++) {
+            lda_mk(fg[kj], sDMg, LDT, 16 * warp, 16 * kj, lane); // dMg rows i
+            lda_km(fb[kj], sDMb, LDT, 16 * warp, 16 * kj, lane); // (dMg^T diag beta)[i][j] = dMg[j][i] beta_j
+        }
+        __syncthreads(); // R (R1) read; R1 holds K tiles from here
+        // K tiles, pass 2: dk += beta_i (dMg K)_i + (dMg^T diag(beta) K)_i
+        for (int xs = 0; xs < nks; xs++) {
+            const int xc = 64 * xs;
+            tile_async<BT, 64, 128>(bufB, LDT, kb + xc, kst, L, K - xc, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            float a1[8][4], a2[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    a1[nt][r] = a2[nt][r] = 0.0f;
+#pragma unroll
+            for (int kj = 0; kj < 4; kj++)
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    ldb_kn(bb, bufB, LDT, 16 * kj, 16 * np, lane);
+                    mma_bf16(a1[2 * np], fg[kj], bb[0], bb[1]);
+                    mma_bf16(a1[2 * np + 1], fg[kj], bb[2], bb[3]);
+                    mma_bf16(a2[2 * np], fb[kj], bb[0], bb[1]);
+                    mma_bf16(a2[2 * np + 1], fb[kj], bb[2], bb[3]);
+                }
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * warp + gq + 8 * hr;
+                const float bi = sBeta[i];
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    const int x = xc + 8 * nt + 2 * t4;
+                    if (i < L && x < K) {
+                        float2 *p = (float2 *)(dk5 + ((row0 + i) * H + hq) * K + x);
+                        float2 d = *p;
+                        d.x += bi * a1[nt][2 * hr] + a2[nt][2 * hr];
+                        d.y += bi * a1[nt][2 * hr + 1] + a2[nt][2 * hr + 1];
+                        *p = d;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        // B7: dgamma_i = sum_{j >= i} dG_j within the chunk (the reference's order)
+        if (tid == 0)
+            for (int i = L - 2; i >= 0; i--)
+                sDG[i] += sDG[i + 1];
+        __syncthreads();
+        if (tid < L) {
+            dg[(row0 + tid) * HV + h] = sDG[tid];
+            dbeta[(row0 + tid) * HV + h] = sDB[tid];
+        }
+        __syncthreads();
+    }
+    // dk (fp32 accumulator, every term of every value head of the group) -> bf16
+    const int kp = K / 2;
+    for (int e = tid; e < L * kp; e += 128) {
+        const int i = e / kp, x = 2 * (e - i * kp);
+        const int64_t off = ((row0 + i) * H + hq) * K + x;
+        const float2 d = *(const float2 *)(dk5 + off);
+        *(uint32_t *)(dk + off) = pack_bf16(d.x, d.y);
+    }
+}
+
+// ==== host side =====================================================================
+
+#ifdef GDN_EMU
+#define GDN_SET_SMEM(be, kfn, bytes) 0
+#else
+#define GDN_SET_SMEM(be, kfn, bytes) gdn_set_smem((be), (const void *)(kfn), (bytes))
+// Raises a kernel's dynamic shared-memory limit (once per kernel, device and size).
+static int gdn_set_smem(be_t *be, const void *fn, size_t bytes) {
+    static const void *done_fn[128];
+    static size_t done_bytes[128];
+    static int done_dev[128], n_done;
+    const int dev = cuda_impl(be)->device;
+    if (bytes > cuda_impl(be)->smem_optin) {
+        cu_op_error(be, "gdn: a kernel needs %zu bytes of shared memory, the device allows %zu", bytes,
+                    cuda_impl(be)->smem_optin);
+        return -1;
+    }
+    if (bytes <= 48 * 1024) return 0;
+    for (int i = 0; i < n_done; i++)
+        if (done_fn[i] == fn && done_dev[i] == dev && done_bytes[i] >= bytes) return 0;
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) return cuda_fail(be, "cudaFuncSetAttribute(gdn kernel)", e);
+    if (n_done < 128) done_fn[n_done] = fn, done_bytes[n_done] = bytes, done_dev[n_done] = dev, n_done++;
+    return 0;
+}
+#endif
+
+// ---- optional per-kernel timing (bench/bench_gdn.c) ------------------------------
+// gdn_cuda_timing(1): every chunked op records a CUDA event after each of its
+// kernels and waits for the last one, accumulating the time between
+// consecutive events per kernel name (the ops become synchronous: for
+// benchmarks only). gdn_cuda_timing_read() returns and clears the totals.
+enum { TM_MAX = 16 };
+static int tm_on;
+static struct {
+    const char *name;
+    double ms;
+    int calls;
+} tm_tab[TM_MAX];
+#ifndef GDN_EMU
+static cudaEvent_t tm_ev[TM_MAX];
+static const char *tm_evname[TM_MAX];
+static int tm_nev;
+#endif
+static void tm_mark(be_t *be, const char *name) { // name: the kernel that ends here (NULL: start)
+#ifndef GDN_EMU
+    if (!tm_on || tm_nev >= TM_MAX) return;
+    if (!tm_ev[tm_nev] && cudaEventCreate(&tm_ev[tm_nev]) != cudaSuccess) return;
+    cudaEventRecord(tm_ev[tm_nev], cuda_stream(be));
+    tm_evname[tm_nev++] = name;
+#endif
+}
+static void tm_finish(void) {
+#ifndef GDN_EMU
+    if (!tm_on || tm_nev < 2) {
+        tm_nev = 0;
+        return;
+    }
+    cudaEventSynchronize(tm_ev[tm_nev - 1]);
+    for (int i = 1; i < tm_nev; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, tm_ev[i - 1], tm_ev[i]);
+        int j = 0;
+        while (j < TM_MAX && tm_tab[j].name && strcmp(tm_tab[j].name, tm_evname[i]))
+            j++;
+        if (j == TM_MAX) continue;
+        tm_tab[j].name = tm_evname[i];
+        tm_tab[j].ms += ms;
+        tm_tab[j].calls++;
+    }
+    tm_nev = 0;
+#endif
+}
+extern "C" void gdn_cuda_timing(int on) { tm_on = on; }
+extern "C" int gdn_cuda_timing_read(const char **names, double *ms, int *calls, int max) {
+    int n = 0;
+    for (int j = 0; j < TM_MAX && tm_tab[j].name; j++) {
+        if (n < max) names[n] = tm_tab[j].name, ms[n] = tm_tab[j].ms, calls[n] = tm_tab[j].calls, n++;
+        tm_tab[j].name = NULL, tm_tab[j].ms = 0, tm_tab[j].calls = 0;
+    }
+    return n;
+}
+
+// Marks outputs as failed (NaN: 0xFF bytes are NaN in bf16 and fp32).
+static void gdn_poison(be_t *be, void *p, size_t bytes) {
+    if (!p || !bytes) return;
+#ifdef GDN_EMU
+    memset(p, 0xff, bytes);
+#else
+    cudaMemsetAsync(p, 0xff, bytes, cuda_stream(be));
+#endif
+}
+
+static int gdn_check(be_t *be, const char *op, int B, int T, int H, int HV, int K, int Dv, uintptr_t ptr_or) {
+    if (B < 1 || T < 1 || H < 1 || HV < H || HV % H || K < 16 || K > 256 || K % 16 || Dv < 16 || Dv % 16) {
+        cu_op_error(be,
+                    "%s: unsupported shape B %d T %d H %d HV %d K %d Dv %d (the CUDA kernels need HV a multiple of "
+                    "H, K a multiple of 16 up to 256, Dv a multiple of 16)",
+                    op, B, T, H, HV, K, Dv);
+        return 0;
+    }
+    if (ptr_or % 16) {
+        cu_op_error(be, "%s: q, k, v, o / dout must be 16-byte aligned device pointers", op);
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    float *G, *EG, *GM, *dk5, *dGp;
+    bf16 *W, *U, *P, *TA, *Dl, *h, *dh, *dD;
+} gdn_tmp_t;
+
+static size_t r256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Scratch bytes of gdn_chunk_fwd (bwd = 0) or gdn_chunk_bwd (bwd = 1).
+extern "C" size_t gdn_chunk_scratch_bytes(int B, int T, int H, int HV, int K, int Dv, int bwd) {
+    const size_t NT = ((size_t)T + BT - 1) / BT, BHV = (size_t)B * HV, NK = ((size_t)K + 63) / 64;
+    size_t n = 256 + 3 * r256(4 * BHV * T) + r256(2 * BHV * T * K) + r256(2 * BHV * T * Dv) + r256(2 * BHV * T * BT) +
+               r256(2 * BHV * T * Dv) + r256(2 * BHV * NT * Dv * K);
+    if (bwd)
+        n += r256(2 * BHV * T * BT) + r256(2 * BHV * NT * Dv * K) + r256(2 * BHV * T * Dv) +
+             r256(4 * (size_t)B * T * H * K) + r256(4 * NK * BHV * T);
+    return n;
+}
+
+static int gdn_take(be_t *be, gdn_tmp_t *t, const char *op, int B, int T, int H, int HV, int K, int Dv, int bwd) {
+    const size_t NT = ((size_t)T + BT - 1) / BT, BHV = (size_t)B * HV, NK = ((size_t)K + 63) / 64;
+    const size_t need = gdn_chunk_scratch_bytes(B, T, H, HV, K, Dv, bwd);
+    arena_t *a = &be->scratch;
+    memset(t, 0, sizeof *t);
+    if (!a->base || a->cap - (a->used < a->cap ? a->used : a->cap) < need) {
+        cu_op_error(be,
+                    "%s: scratch arena too small: needs %zu bytes for B %d T %d H %d HV %d K %d Dv %d, %zu of %zu "
+                    "free (see gdn_chunk_scratch_bytes)",
+                    op, need, B, T, H, HV, K, Dv, a->cap > a->used ? a->cap - a->used : 0, a->cap);
+        return 0;
+    }
+    t->G = (float *)cu_scratch_try(be, 4 * BHV * T);
+    t->EG = (float *)cu_scratch_try(be, 4 * BHV * T);
+    t->GM = (float *)cu_scratch_try(be, 4 * BHV * T);
+    t->W = (bf16 *)cu_scratch_try(be, 2 * BHV * T * K);
+    t->U = (bf16 *)cu_scratch_try(be, 2 * BHV * T * Dv);
+    t->P = (bf16 *)cu_scratch_try(be, 2 * BHV * T * BT);
+    t->Dl = (bf16 *)cu_scratch_try(be, 2 * BHV * T * Dv);
+    t->h = (bf16 *)cu_scratch_try(be, 2 * BHV * NT * Dv * K);
+    int ok = t->G && t->EG && t->GM && t->W && t->U && t->P && t->Dl && t->h;
+    if (bwd) {
+        t->TA = (bf16 *)cu_scratch_try(be, 2 * BHV * T * BT);
+        t->dh = (bf16 *)cu_scratch_try(be, 2 * BHV * NT * Dv * K);
+        t->dD = (bf16 *)cu_scratch_try(be, 2 * BHV * T * Dv);
+        t->dk5 = (float *)cu_scratch_try(be, 4 * (size_t)B * T * H * K);
+        t->dGp = (float *)cu_scratch_try(be, 4 * NK * BHV * T);
+        ok = ok && t->TA && t->dh && t->dD && t->dk5 && t->dGp;
+    }
+    if (!ok) cu_op_error(be, "%s: scratch arena allocation failed (needs %zu bytes)", op, need);
+    return ok;
+}
+
+// HYLO_GDN_NW=2|4 overrides the warps (16 value rows each) per state-pass block.
+static int gdn_nw(int B, int HV, int Dv) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("HYLO_GDN_NW");
+        env = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
+    }
+    return env ? env : 4;
+}
+
+template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const state_args &a) {
+    auto kfn = k_state<KP, NW>;
+    const size_t sm = state_cfg<KP, NW>::SMEM;
+    if (GDN_SET_SMEM(be, kfn, sm) < 0) return;
+    GDN_LAUNCH(kfn, grid, dim3(NW * 32), sm, cuda_stream(be), a);
+    cuda_check_launch(be, "gdn k_state");
+}
+
+// passes = 1: forward pass only (rev_z = -1); 2: reverse (z = 0) and forward (z = 1) together.
+static void launch_state(be_t *be, int B, int passes, const state_args &a) {
+    const int nw = gdn_nw(B, a.HV, a.Dv), kp = a.K <= 64 ? 64 : a.K <= 128 ? 128 : 256;
+    const dim3 grid((unsigned)((a.Dv + 16 * nw - 1) / (16 * nw)), (unsigned)(B * a.HV), (unsigned)passes);
+#define GDN_STATE_CASE(KP_, NW_)                                                                                       \
+    if (kp == KP_ && nw == NW_) return launch_state_t<KP_, NW_>(be, grid, a);
+    GDN_STATE_CASE(64, 2)
+    GDN_STATE_CASE(64, 4)
+    GDN_STATE_CASE(128, 2)
+    GDN_STATE_CASE(128, 4)
+    GDN_STATE_CASE(256, 2)
+    GDN_STATE_CASE(256, 4)
+#undef GDN_STATE_CASE
+}
+
+static void launch_prep(be_t *be, const void *q, const void *k, const void *v, const float *g, const float *beta,
+                        const gdn_tmp_t *t, float scale, int B, int T, int H, int HV, int K, int Dv) {
+    auto kfn = k_prep;
+    if (GDN_SET_SMEM(be, kfn, PREP_SMEM) < 0) return;
+    const dim3 grid((unsigned)((T + BT - 1) / BT), (unsigned)(B * HV));
+    GDN_LAUNCH(kfn, grid, dim3(128), PREP_SMEM, cuda_stream(be), (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g,
+               beta, t->G, t->EG, t->GM, t->W, t->U, t->P, t->TA, scale, T, H, HV, K, Dv);
+    cuda_check_launch(be, "gdn k_prep");
+}
+
+template <int KP>
+static void launch_out_t(be_t *be, void *o, const void *q, const gdn_tmp_t *t, float scale, int B, int T, int H, int HV,
+                         int K, int Dv) {
+    auto kfn = k_out<KP>;
+    const size_t sm = out_cfg<KP>::SMEM;
+    if (GDN_SET_SMEM(be, kfn, sm) < 0) return;
+    const int NT = (T + BT - 1) / BT;
+    GDN_LAUNCH(kfn, dim3((unsigned)NT, (unsigned)(B * HV)), dim3(256), sm, cuda_stream(be), (bf16 *)o, (const bf16 *)q,
+               t->h, t->Dl, t->P, t->G, scale, T, H, HV, K, Dv, NT);
+    cuda_check_launch(be, "gdn k_out");
+}
+
+static void cu_gdn_chunk_fwd(be_t *be, void *o, float *state, int init, const void *q, const void *k, const void *v,
+                             const float *g, const float *beta, float scale, int B, int T, int H, int HV, int K,
+                             int Dv) {
+    const size_t no = (size_t)B * T * HV * Dv * 2, ns = (size_t)B * HV * Dv * K * 4;
+    if (!gdn_check(be, "gdn_chunk_fwd", B, T, H, HV, K, Dv,
+                   (uintptr_t)o | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v)) {
+        gdn_poison(be, o, B > 0 && T > 0 ? no : 0), gdn_poison(be, state, B > 0 ? ns : 0);
+        return;
+    }
+    const size_t mark = arena_mark(&be->scratch);
+    gdn_tmp_t t;
+    if (!gdn_take(be, &t, "gdn_chunk_fwd", B, T, H, HV, K, Dv, 0)) {
+        arena_reset(&be->scratch, mark);
+        gdn_poison(be, o, no), gdn_poison(be, state, ns);
+        return;
+    }
+    const int NT = (T + BT - 1) / BT;
+    tm_mark(be, NULL);
+    launch_prep(be, q, k, v, g, beta, &t, scale, B, T, H, HV, K, Dv);
+    tm_mark(be, "fwd: k_prep");
+    state_args a;
+    memset(&a, 0, sizeof a);
+    a.W = t.W, a.U = t.U, a.k = (const bf16 *)k, a.EG = t.EG, a.GM = t.GM, a.hst = t.h, a.Dl = t.Dl;
+    a.state = state, a.init = state && init, a.write_final = state != NULL;
+    a.scale = scale, a.rev_z = -1, a.T = T, a.H = H, a.HV = HV, a.K = K, a.Dv = Dv, a.NT = NT;
+    launch_state(be, B, 1, a);
+    tm_mark(be, "fwd: k_state (forward pass)");
+    if (K <= 64)
+        launch_out_t<64>(be, o, q, &t, scale, B, T, H, HV, K, Dv);
+    else if (K <= 128)
+        launch_out_t<128>(be, o, q, &t, scale, B, T, H, HV, K, Dv);
+    else
+        launch_out_t<256>(be, o, q, &t, scale, B, T, H, HV, K, Dv);
+    tm_mark(be, "fwd: k_out");
+    tm_finish();
+    arena_reset(&be->scratch, mark); // later users of this memory queue behind these kernels
+}
+
+static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dstate0,
+                             const void *dout, const float *dstate_final, const void *q, const void *k, const void *v,
+                             const float *g, const float *beta, const float *state0, float scale, int B, int T, int H,
+                             int HV, int K, int Dv) {
+    const size_t nqk = (size_t)B * T * H * K * 2, nv = (size_t)B * T * HV * Dv * 2, ng = (size_t)B * T * HV * 4,
+                 ns = (size_t)B * HV * Dv * K * 4;
+    auto poison_all = [&]() {
+        gdn_poison(be, dq, nqk), gdn_poison(be, dk, nqk), gdn_poison(be, dv, nv);
+        gdn_poison(be, dg, ng), gdn_poison(be, dbeta, ng), gdn_poison(be, dstate0, ns);
+    };
+    if (!gdn_check(be, "gdn_chunk_bwd", B, T, H, HV, K, Dv,
+                   (uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv | (uintptr_t)dout | (uintptr_t)q | (uintptr_t)k |
+                       (uintptr_t)v)) {
+        if (B > 0 && T > 0) poison_all();
+        return;
+    }
+    const size_t mark = arena_mark(&be->scratch);
+    gdn_tmp_t t;
+    if (!gdn_take(be, &t, "gdn_chunk_bwd", B, T, H, HV, K, Dv, 1)) {
+        arena_reset(&be->scratch, mark);
+        poison_all();
+        return;
+    }
+    const int NT = (T + BT - 1) / BT, NK = (K + 63) / 64;
+    // B1: G, W, U, P, T_A
+    tm_mark(be, NULL);
+    launch_prep(be, q, k, v, g, beta, &t, scale, B, T, H, HV, K, Dv);
+    tm_mark(be, "bwd: k_prep");
+    // B2 (h, Delta) and B4 (dh, dDelta, dstate0): independent, one launch
+    state_args a;
+    memset(&a, 0, sizeof a);
+    a.W = t.W, a.U = t.U, a.k = (const bf16 *)k, a.q = (const bf16 *)q, a.P = t.P, a.dO = (const bf16 *)dout;
+    a.EG = t.EG, a.GM = t.GM, a.hst = t.h, a.Dl = t.Dl;
+    a.state = (float *)state0, a.init = state0 != NULL, a.write_final = 0;
+    a.dhst = t.dh, a.dDl = t.dD, a.dstate0 = dstate0, a.dstate_final = dstate_final;
+    a.scale = scale, a.rev_z = 0, a.T = T, a.H = H, a.HV = HV, a.K = K, a.Dv = Dv, a.NT = NT;
+    launch_state(be, B, 2, a);
+    tm_mark(be, "bwd: k_state (both passes)");
+    // B5: dq, dk (partial, fp32), dW (into W's place: nothing reads W any more), dG partials
+    {
+        auto kfn = k_dqkw;
+        const size_t sm = HV > H ? DQ_SMEM_GVA : DQ_SMEM;
+        if (GDN_SET_SMEM(be, kfn, sm) == 0) {
+            GDN_LAUNCH(kfn, dim3((unsigned)NK, (unsigned)NT, (unsigned)(B * H)), dim3(128), sm, cuda_stream(be),
+                       (const bf16 *)q, (const bf16 *)k, t.h, t.dh, t.Dl, (const bf16 *)dout, t.dD, t.G, (bf16 *)dq,
+                       t.dk5, t.W, t.dGp, scale, T, H, HV, K, Dv, NT);
+            cuda_check_launch(be, "gdn k_dqkw");
+        }
+    }
+    tm_mark(be, "bwd: k_dqkw");
+    // B6 + B7: dv, dbeta, dg, dk
+    {
+        auto kfn = k_wy;
+        if (GDN_SET_SMEM(be, kfn, WY_SMEM) == 0) {
+            GDN_LAUNCH(kfn, dim3((unsigned)NT, (unsigned)(B * H)), dim3(128), WY_SMEM, cuda_stream(be), (const bf16 *)k,
+                       (const bf16 *)v, beta, t.G, t.TA, t.dD, t.W, t.dGp, t.dk5, (bf16 *)dk, (bf16 *)dv, dbeta, dg, T,
+                       H, HV, K, Dv);
+            cuda_check_launch(be, "gdn k_wy");
+        }
+    }
+    tm_mark(be, "bwd: k_wy");
+    tm_finish();
+    arena_reset(&be->scratch, mark);
+}
+
+static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q, const void *k, const void *v,
+                                 const float *g, const float *beta, float scale, int B, int T, int H, int HV, int K,
+                                 int Dv) {
+    if (B < 1 || T < 1) return;
+    if (H < 1 || HV < H || HV % H || K < 2 || K > 256 || K % 2) {
+        cu_op_error(be,
+                    "gdn_recurrent_fwd: unsupported shape H %d HV %d K %d Dv %d (HV a multiple of H, even K <= 256)", H,
+                    HV, K, Dv);
+        gdn_poison(be, o, (size_t)B * T * HV * Dv * 2);
+        return;
+    }
+    const dim3 grid((unsigned)((Dv + REC_ROWS * REC_WARPS - 1) / (REC_ROWS * REC_WARPS)), (unsigned)(B * HV));
+    const dim3 block(REC_WARPS * 32);
+    bf16 *ob = (bf16 *)o;
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    if (K <= 64) {
+        auto kfn = k_recurrent<2>;
+        GDN_LAUNCH(kfn, grid, block, 0, cuda_stream(be), ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+    } else if (K <= 128) {
+        auto kfn = k_recurrent<4>;
+        GDN_LAUNCH(kfn, grid, block, 0, cuda_stream(be), ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+    } else {
+        auto kfn = k_recurrent<8>;
+        GDN_LAUNCH(kfn, grid, block, 0, cuda_stream(be), ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+    }
+    cuda_check_launch(be, "gdn k_recurrent");
+}
+
+static void cu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg) {
+    if (N < 1 || HV < 1) return;
+    auto kfn = k_gate_fwd;
+    GDN_LAUNCH(kfn, dim3(cu_grid(be, N * HV, 256)), dim3(256), 0, cuda_stream(be), g, beta, (const bf16 *)a, lda,
+               (const bf16 *)b, ldb, (const bf16 *)A_log, (const bf16 *)dt_bias, N, HV, allow_neg ? 2.0f : 1.0f);
+    cuda_check_launch(be, "gdn k_gate_fwd");
+}
+
+// dA_log, ddt_bias: per (block of rows, head) partial sums in double, then a
+// fixed-order sum per head. The number of row blocks depends on N only, so
+// the result does not depend on the device or on timing.
+static void cu_gdn_gate_bwd(be_t *be, void *da, int64_t ldda, void *db, int64_t lddb, float *dA_log, float *ddt_bias,
+                            const float *dg, const float *dbeta, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg) {
+    if (N < 1 || HV < 1) return;
+    int64_t nblk = (N + 2047) / 2048;
+    if (nblk > 256) nblk = 256;
+    const int64_t R = (N + nblk - 1) / nblk;
+    const size_t mark = arena_mark(&be->scratch);
+    double *part = (double *)cu_scratch_try(be, (size_t)HV * nblk * 2 * sizeof(double));
+    if (!part) {
+        cu_op_error(be, "gdn_gate_bwd: scratch arena too small for %zu bytes of partial sums",
+                    (size_t)HV * nblk * 2 * sizeof(double));
+        return;
+    }
+    auto k1 = k_gate_bwd1;
+    GDN_LAUNCH(k1, dim3((unsigned)nblk, (unsigned)HV), dim3(GATE_THREADS), 2 * GATE_THREADS * sizeof(double),
+               cuda_stream(be), (bf16 *)da, ldda, (bf16 *)db, lddb, part, dg, dbeta, (const bf16 *)a, lda,
+               (const bf16 *)b, ldb, (const bf16 *)A_log, (const bf16 *)dt_bias, N, HV, allow_neg ? 2.0f : 1.0f, R);
+    cuda_check_launch(be, "gdn k_gate_bwd1");
+    auto k2 = k_gate_bwd2;
+    GDN_LAUNCH(k2, dim3((unsigned)((HV + 63) / 64)), dim3(64), 0, cuda_stream(be), dA_log, ddt_bias,
+               (const double *)part, (int)nblk, HV);
+    cuda_check_launch(be, "gdn k_gate_bwd2");
+    arena_reset(&be->scratch, mark);
+}
+
+extern "C" void cuda_register_gdn(be_t *be) {
+    be->gdn_gate_fwd = cu_gdn_gate_fwd;
+    be->gdn_gate_bwd = cu_gdn_gate_bwd;
+    be->gdn_chunk_fwd = cu_gdn_chunk_fwd;
+    be->gdn_chunk_bwd = cu_gdn_chunk_bwd;
+    be->gdn_recurrent_fwd = cu_gdn_recurrent_fwd;
+}

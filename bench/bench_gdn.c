@@ -1,0 +1,378 @@
+// Gated DeltaNet timings on the GPU (CUDA backend): CUDA events on the
+// backend's stream, warm-up runs first, the median of the timed runs.
+//
+//   build-X/bench/bench_gdn [--quick] [--no-chunk] [--no-decode] [--kernels]
+//
+// Chunked rule (the HyLo GDN layer core, B = 1, K = 256, Dv = 512; HyLo-Llama-1B
+// H = HV = 6, HyLo-Llama-3B H = HV = 9; T = 8192 and 65536, --quick: 8192):
+// forward = l2norm(q), l2norm(k), gdn_chunk_fwd; forward + backward adds
+// gdn_chunk_bwd and the two l2norm backwards. The l2norms are included so the
+// numbers compare with FLA's chunk_gated_delta_rule(use_qk_l2norm_in_kernel=
+// True) timed by scripts/ref/bench_fla_gdn.py on the same shapes (same table);
+// the note column gives the chunk ops alone. No initial or final state (training).
+// Inputs: q, k, v, dout ~ N(0, 1) bf16; g, beta from gdn_gate_fwd with A_log in
+// [0, 2.8], dt_bias in [-5, -2], a, b ~ N(0, 1) (per-token log decays mostly
+// in [-0.5, 0]).
+// TFLOP/s use the spec's cost model (linear_blocks.md 2.5): forward FLOPs per
+// token per value head = L (3K + 2Dv) + 6 K Dv + L^2 / 1.5 with L = 64 (0.90
+// MFLOP at K = 256, Dv = 512), backward = 2.5 x forward, so fwd + bwd = 3.5 x.
+// --kernels: per-kernel times of the chunk ops (gdn_cuda_timing, which makes
+// the ops synchronous; run separately from the end-to-end timings).
+//
+// Decode (gdn_recurrent_fwd, T = 1) at B = 1, 8, 64 for both layers: time per
+// token and GB/s of the state bytes read and written (2 B HV Dv K 4 bytes; q, k,
+// v, o, g, beta are < 0.1% of it) against a device-to-device copy of a 4 GiB
+// buffer measured in the same run (read + write bytes). Several copies of the
+// states are rotated so that repeated calls do not hit in the 60 MB L2.
+// HYLO_GDN_NW=2|4 selects the warps per block of the state passes.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "base/err.h"
+#include "base/rng.h"
+
+void *cuda_stream_of(be_t *be); // src/backend/cuda/cuda_attn.cu
+// src/backend/cuda/cuda_gdn.cu
+size_t gdn_chunk_scratch_bytes(int B, int T, int H, int HV, int K, int Dv, int bwd);
+void gdn_cuda_timing(int on);
+int gdn_cuda_timing_read(const char **names, double *ms, int *calls, int max);
+
+static be_t *be;
+static cudaStream_t stream;
+static cudaEvent_t ev0, ev1;
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_gdn: %s: %s\n", what, err_msg());
+    exit(1);
+}
+
+static void check_sync(const char *what) {
+    if (be->sync(be) < 0) die(what);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "bench_gdn: %s: %s\n", what, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+
+static void *dalloc(size_t bytes) {
+    void *p = be->alloc(be, bytes ? bytes : 256);
+    if (!p) die("alloc");
+    return p;
+}
+
+// Random act values N(mean, std^2): 16M values drawn on the host, repeated on the device.
+static void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
+    void *d = dalloc((size_t)n * 2);
+    int64_t m = n < (1 << 24) ? n : (1 << 24);
+    float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
+    rng_t r;
+    rng_seed(&r, seed);
+    rng_fill_normal(&r, h, m, mean, std);
+    if (be->upload_act(be, d, h, m) < 0) die("upload");
+    free(h);
+    for (int64_t done = m; done < n;) {
+        int64_t c = done < n - done ? done : n - done;
+        if (be->copy_d2d(be, (char *)d + done * 2, d, (size_t)c * 2) < 0) die("copy_d2d");
+        done += c;
+    }
+    check_sync("dev_rand");
+    return d;
+}
+static void *dev_unif(int64_t n, uint64_t seed, float lo, float hi) {
+    float *h = malloc((size_t)n * sizeof(float));
+    rng_t r;
+    rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = lo + (hi - lo) * rng_uniform(&r);
+    void *d = dalloc((size_t)n * 2);
+    if (be->upload_act(be, d, h, n) < 0) die("upload");
+    free(h);
+    return d;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef void (*op_fn)(void *ctx, int rep);
+
+// Median time in ms of `reps` runs after `warm` warm-up runs.
+static float time_op(op_fn fn, void *ctx, int warm, int reps) {
+    for (int i = 0; i < warm; i++)
+        fn(ctx, i);
+    check_sync("warm-up");
+    float t[64];
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(ev0, stream);
+        fn(ctx, i);
+        cudaEventRecord(ev1, stream);
+        cudaEventSynchronize(ev1);
+        check_sync("timed run");
+        cudaEventElapsedTime(&t[i], ev0, ev1);
+    }
+    qsort(t, (size_t)reps, sizeof(float), cmp_float);
+    return reps % 2 ? t[reps / 2] : 0.5f * (t[reps / 2 - 1] + t[reps / 2]);
+}
+
+// ---- chunked rule ----------------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    int B, T, H, HV, K, Dv;
+} shape_t;
+
+typedef struct {
+    const shape_t *s;
+    int with_l2;
+    void *qraw, *kraw, *q, *k, *v, *o, *dout, *dq, *dk, *dv, *dqraw, *dkraw;
+    float *g, *beta, *dg, *dbeta, *rq, *rk, scale;
+} chunk_ctx_t;
+
+static void run_fwd(void *p, int rep) {
+    chunk_ctx_t *c = p;
+    const shape_t *s = c->s;
+    const int64_t rows = (int64_t)s->B * s->T * s->H;
+    if (c->with_l2) {
+        be->l2norm_fwd(be, c->q, c->rq, c->qraw, s->K, rows, s->K, 1e-6f);
+        be->l2norm_fwd(be, c->k, c->rk, c->kraw, s->K, rows, s->K, 1e-6f);
+    }
+    be->gdn_chunk_fwd(be, c->o, NULL, 0, c->q, c->k, c->v, c->g, c->beta, c->scale, s->B, s->T, s->H, s->HV, s->K,
+                      s->Dv);
+}
+
+static void run_fwd_bwd(void *p, int rep) {
+    chunk_ctx_t *c = p;
+    const shape_t *s = c->s;
+    const int64_t rows = (int64_t)s->B * s->T * s->H;
+    run_fwd(p, rep);
+    be->gdn_chunk_bwd(be, c->dq, c->dk, c->dv, c->dg, c->dbeta, NULL, c->dout, NULL, c->q, c->k, c->v, c->g, c->beta,
+                      NULL, c->scale, s->B, s->T, s->H, s->HV, s->K, s->Dv);
+    if (c->with_l2) {
+        be->l2norm_bwd(be, c->dqraw, s->K, c->dq, c->q, c->rq, rows, s->K);
+        be->l2norm_bwd(be, c->dkraw, s->K, c->dk, c->k, c->rk, rows, s->K);
+    }
+}
+
+typedef struct {
+    char line[320];
+} row_t;
+
+// Spec 2.5 forward FLOPs.
+static double fwd_flops(const shape_t *s) {
+    const double L = 64;
+    return (double)s->B * s->T * s->HV * (L * (3.0 * s->K + 2.0 * s->Dv) + 6.0 * s->K * s->Dv + L * L / 1.5);
+}
+
+static void bench_chunk(const shape_t *s, int kernels, row_t *row, row_t *krow, int *n_krow) {
+    chunk_ctx_t c = {.s = s, .scale = 1.0f / sqrtf((float)s->K)};
+    const int64_t N = (int64_t)s->B * s->T, nq = N * s->H * s->K, nv = N * s->HV * s->Dv, ng = N * s->HV;
+    c.qraw = dev_rand(nq, 1, 0.0f, 1.0f), c.kraw = dev_rand(nq, 2, 0.0f, 1.0f), c.v = dev_rand(nv, 3, 0.0f, 1.0f);
+    c.dout = dev_rand(nv, 4, 0.0f, 1.0f);
+    c.q = dalloc((size_t)nq * 2), c.k = dalloc((size_t)nq * 2), c.o = dalloc((size_t)nv * 2);
+    c.dq = dalloc((size_t)nq * 2), c.dk = dalloc((size_t)nq * 2), c.dv = dalloc((size_t)nv * 2);
+    c.dqraw = dalloc((size_t)nq * 2), c.dkraw = dalloc((size_t)nq * 2);
+    c.rq = dalloc((size_t)N * s->H * 4), c.rk = dalloc((size_t)N * s->H * 4);
+    c.g = dalloc((size_t)ng * 4), c.beta = dalloc((size_t)ng * 4), c.dg = dalloc((size_t)ng * 4);
+    c.dbeta = dalloc((size_t)ng * 4);
+    // gates as the layer makes them
+    void *a = dev_rand(ng, 5, 0.0f, 1.0f), *b = dev_rand(ng, 6, 0.0f, 1.0f);
+    void *A_log = dev_unif(s->HV, 7, 0.0f, 2.8f), *dt_bias = dev_unif(s->HV, 8, -5.0f, -2.0f);
+    be->gdn_gate_fwd(be, c.g, c.beta, a, s->HV, b, s->HV, A_log, dt_bias, N, s->HV, 0);
+    const int64_t rows = N * s->H;
+    be->l2norm_fwd(be, c.q, c.rq, c.qraw, s->K, rows, s->K, 1e-6f);
+    be->l2norm_fwd(be, c.k, c.rk, c.kraw, s->K, rows, s->K, 1e-6f);
+    check_sync("inputs");
+
+    const int reps = s->T <= 8192 ? 20 : 10;
+    c.with_l2 = 1;
+    const float t_f = time_op(run_fwd, &c, 2, reps), t_fb = time_op(run_fwd_bwd, &c, 2, reps);
+    c.with_l2 = 0;
+    const float t_fc = time_op(run_fwd, &c, 2, reps), t_fbc = time_op(run_fwd_bwd, &c, 2, reps);
+    const double F = fwd_flops(s);
+    snprintf(row->line, sizeof row->line,
+             "| %-8s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %8.1f | %10.3f | %8.1f | chunk ops alone: fwd %.3f, "
+             "fwd+bwd %.3f ms",
+             s->name, s->B, s->T, s->H, s->HV, s->K, s->Dv, t_f, F / (t_f * 1e-3) / 1e12, t_fb,
+             3.5 * F / (t_fb * 1e-3) / 1e12, t_fc, t_fbc);
+    printf("%s\n", row->line);
+    fflush(stdout);
+
+    if (kernels) {
+        gdn_cuda_timing(1);
+        const int kr = 5;
+        for (int i = 0; i < kr; i++)
+            run_fwd_bwd(&c, i);
+        check_sync("kernel timing");
+        gdn_cuda_timing(0);
+        const char *names[16];
+        double ms[16];
+        int calls[16];
+        int n = gdn_cuda_timing_read(names, ms, calls, 16);
+        for (int i = 0; i < n && *n_krow < 64; i++)
+            snprintf(krow[(*n_krow)++].line, sizeof krow[0].line, "| %-8s | %6d | %-28s | %9.3f |", s->name, s->T,
+                     names[i], ms[i] / (calls[i] ? calls[i] : 1));
+    }
+    void *bufs[] = {c.qraw,  c.kraw, c.v,  c.dout, c.q,    c.k,  c.o,     c.dq, c.dk, c.dv,  c.dqraw,
+                    c.dkraw, c.rq,   c.rk, c.g,    c.beta, c.dg, c.dbeta, a,    b,    A_log, dt_bias};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(be, bufs[i]);
+}
+
+// ---- decode ------------------------------------------------------------------------
+
+typedef struct {
+    int B, H, HV, K, Dv, n_copies;
+    void *q, *k, *v, *o;
+    float *g, *beta, **state, scale;
+} dec_ctx_t;
+
+static void run_decode(void *p, int rep) {
+    dec_ctx_t *c = p;
+    be->gdn_recurrent_fwd(be, c->o, c->state[rep % c->n_copies], c->q, c->k, c->v, c->g, c->beta, c->scale, c->B, 1,
+                          c->H, c->HV, c->K, c->Dv);
+}
+
+static void bench_decode(const char *name, int B, int H, int HV, int K, int Dv, double copy_gbs, row_t *row) {
+    dec_ctx_t c = {.B = B, .H = H, .HV = HV, .K = K, .Dv = Dv, .scale = 1.0f / sqrtf((float)K)};
+    const double sbytes = (double)B * HV * Dv * K * 4;
+    c.n_copies = (int)ceil(1.0e9 / sbytes);
+    if (c.n_copies < 2) c.n_copies = 2;
+    if (c.n_copies > 400) c.n_copies = 400;
+    c.state = calloc((size_t)c.n_copies, sizeof(float *));
+    float *h = malloc((size_t)B * HV * Dv * K * sizeof(float));
+    rng_t r;
+    rng_seed(&r, 21);
+    rng_fill_normal(&r, h, (int64_t)B * HV * Dv * K, 0.0f, 0.1f);
+    for (int i = 0; i < c.n_copies; i++) {
+        c.state[i] = dalloc((size_t)sbytes);
+        if (be->copy_h2d(be, c.state[i], h, (size_t)sbytes) < 0) die("state upload");
+    }
+    free(h);
+    c.q = dev_rand((int64_t)B * H * K, 22, 0.0f, 0.0625f), c.k = dev_rand((int64_t)B * H * K, 23, 0.0f, 0.0625f);
+    c.v = dev_rand((int64_t)B * HV * Dv, 24, 0.0f, 1.0f), c.o = dalloc((size_t)B * HV * Dv * 2);
+    void *a = dev_rand((int64_t)B * HV, 25, 0.0f, 1.0f), *b = dev_rand((int64_t)B * HV, 26, 0.0f, 1.0f);
+    void *A_log = dev_unif(HV, 27, 0.0f, 2.8f), *dt_bias = dev_unif(HV, 28, -5.0f, -2.0f);
+    c.g = dalloc((size_t)B * HV * 4), c.beta = dalloc((size_t)B * HV * 4);
+    be->gdn_gate_fwd(be, c.g, c.beta, a, HV, b, HV, A_log, dt_bias, B, HV, 0);
+    check_sync("decode inputs");
+    const float t = time_op(run_decode, &c, 3, 50);
+    const double gbs = 2.0 * sbytes / (t * 1e-3) / 1e9;
+    snprintf(row->line, sizeof row->line, "| %-8s | %2d | %2d | %3d | %3d | %9.2f | %7.1f | %5.1f%% |", name, B, HV, K,
+             Dv, t * 1e3, gbs, 100.0 * gbs / copy_gbs);
+    printf("%s\n", row->line);
+    fflush(stdout);
+    for (int i = 0; i < c.n_copies; i++)
+        be->free(be, c.state[i]);
+    free(c.state);
+    void *bufs[] = {c.q, c.k, c.v, c.o, c.g, c.beta, a, b, A_log, dt_bias};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(be, bufs[i]);
+}
+
+typedef struct {
+    void *a, *b;
+    size_t n;
+} copy_ctx_t;
+
+static void run_copy(void *p, int rep) {
+    copy_ctx_t *c = p;
+    cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, stream);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0, do_chunk = 1, do_decode = 1, kernels = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--no-chunk"))
+            do_chunk = 0;
+        else if (!strcmp(argv[i], "--no-decode"))
+            do_decode = 0;
+        else if (!strcmp(argv[i], "--kernels"))
+            kernels = 1;
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--no-chunk] [--no-decode] [--kernels]\n", argv[0]);
+            return 2;
+        }
+    }
+    static const shape_t shapes[] = {
+        {"1B GDN", 1, 0, 6, 6, 256, 512},
+        {"3B GDN", 1, 0, 9, 9, 256, 512},
+    };
+    const int Ts[2] = {8192, 65536}, nT = quick ? 1 : 2;
+    size_t scratch = 0;
+    for (int i = 0; i < 2; i++)
+        for (int ti = 0; ti < nT; ti++) {
+            const shape_t *s = &shapes[i];
+            size_t n = gdn_chunk_scratch_bytes(s->B, Ts[ti], s->H, s->HV, s->K, s->Dv, 1);
+            if (n > scratch) scratch = n;
+        }
+    scratch += (size_t)64 << 20; // gate partials and alignment
+    if (be_create(&be, "cuda", scratch) < 0) die("cuda backend");
+    stream = (cudaStream_t)cuda_stream_of(be);
+    cudaEventCreate(&ev0);
+    cudaEventCreate(&ev1);
+    const char *nw = getenv("HYLO_GDN_NW");
+    printf("bench_gdn: scratch %.2f GB, state-pass warps per block %s\n", scratch / 1e9, nw ? nw : "4 (default)");
+
+    row_t rows[8], krows[64], drows[16];
+    int n_rows = 0, n_krows = 0, n_drows = 0;
+    const char *hdr =
+        "| layer    | B |      T |  H | HV |   K |  Dv |    fwd ms | fwd TF/s | fwd+bwd ms | f+b TF/s | note";
+    if (do_chunk) {
+        printf("%s\n", hdr);
+        for (int ti = 0; ti < nT; ti++)
+            for (int i = 0; i < 2; i++) {
+                shape_t s = shapes[i];
+                s.T = Ts[ti];
+                bench_chunk(&s, kernels, &rows[n_rows++], krows, &n_krows);
+            }
+    }
+    double copy_gbs = 0;
+    if (do_decode) {
+        copy_ctx_t cc = {.n = (size_t)4 << 30};
+        cc.a = dalloc(cc.n), cc.b = dalloc(cc.n);
+        be->memset0(be, cc.a, cc.n);
+        const float t = time_op(run_copy, &cc, 2, 10);
+        copy_gbs = 2.0 * (double)cc.n / (t * 1e-3) / 1e9;
+        printf("device-to-device copy of 4 GiB: %.3f ms, %.1f GB/s (read + write)\n", t, copy_gbs);
+        be->free(be, cc.a), be->free(be, cc.b);
+        const int Bs[3] = {1, 8, 64};
+        for (int i = 0; i < 2; i++)
+            for (int bi = 0; bi < 3; bi++)
+                bench_decode(shapes[i].name, Bs[bi], shapes[i].H, shapes[i].HV, shapes[i].K, shapes[i].Dv, copy_gbs,
+                             &drows[n_drows++]);
+    }
+
+    printf("\n==== summary (hylo CUDA) ====\n");
+    if (do_chunk) {
+        printf("TFLOP/s by the spec's 2.5 cost model: fwd 0.90 MFLOP/token/head (K 256, Dv 512), fwd+bwd 3.5x.\n");
+        printf("%s\n", hdr);
+        for (int i = 0; i < n_rows; i++)
+            printf("%s\n", rows[i].line);
+    }
+    if (n_krows) {
+        printf("\nper kernel (ms per call, from gdn_cuda_timing; one fwd+bwd = both lists):\n");
+        printf("| layer    |      T | kernel                       |        ms |\n");
+        for (int i = 0; i < n_krows; i++)
+            printf("%s\n", krows[i].line);
+    }
+    if (do_decode) {
+        printf("\ndecode (gdn_recurrent_fwd, T = 1); copy bandwidth %.1f GB/s (read + write)\n", copy_gbs);
+        printf("| layer    |  B | HV |   K |  Dv |  us/token |    GB/s | %% copy |\n");
+        for (int i = 0; i < n_drows; i++)
+            printf("%s\n", drows[i].line);
+    }
+    cudaEventDestroy(ev0);
+    cudaEventDestroy(ev1);
+    be_destroy(be);
+    return 0;
+}

@@ -1,0 +1,548 @@
+// CUDA Gated DeltaNet ops (cuda_gdn.cu) against the CPU reference (tu_cpu()):
+// gates forward / backward, the decode recurrence, the chunked rule forward
+// and backward, and the whole GDN layer (model/gdn.c) on both backends.
+// Inputs are drawn fresh per case and rounded to bf16 (tu_round_bf16) so both
+// backends see the same numbers; q and k are L2-normalised per head (as the
+// layer feeds them), g = -exp(A_log) softplus(a + dt_bias) with A_log in
+// [0, 2.8], dt_bias in [-5, -2], a ~ N(0, 1) (per-token log decays from about
+// -0.001 to -3, most in [-0.5, 0]), beta = sigmoid(N(0, 1)). Every GPU output
+// is poisoned with NaN before the call (an element the kernels forget fails);
+// an input the op must not read (the state when init = 0) holds NaN too. Every
+// chunked call and the gate backward run twice and must agree bit for bit
+// (no atomics anywhere: a difference is a race).
+// Each check prints: op, shape, relative L2 error ||gpu - cpu|| / ||cpu||,
+// its tolerance, max |diff|, and on failure the first element off by more
+// than 8 * tol * rms(cpu) with its coordinates.
+//
+// Tolerances (relative L2) and why. "Measured" = these cases run through a
+// host emulation of the kernels (the same bf16 roundings and fragment layouts,
+// another fp32 summation order), before any GPU run:
+//  CHUNK_O    1e-2  chunked output. The GPU's tensor-core operands are bf16:
+//                   T_A, W, U, P, the chunk-start states h and Delta are rounded
+//                   (2^-9 relative each, uncorrelated), fp32 accumulation; the
+//                   output is bf16. Measured 2.6e-3 .. 3.9e-3.
+//  CHUNK_S    1e-2  final state (fp32): every chunk's update K^T (gamma Delta)
+//                   uses bf16 K and Delta, and Delta = U - W S uses bf16 W, U
+//                   and a bf16 copy of S; the state is non-expansive, so the
+//                   errors do not grow with T. Measured 1e-3 .. 3.1e-3.
+//  CHUNK_G    1.5e-2 dq, dk, dv, dstate0: more bf16 stages (dh, dDelta, dW, ds,
+//                   dM) on top of the forward's. Measured 1.3e-4 .. 4e-3.
+//  CHUNK_GB   2e-2  dbeta, dg: sums of products over K and Dv with
+//                   cancellation (dG = q.dq - k.dk plus WY terms), then a
+//                   cumulative sum over up to 64 tokens. Measured up to 4.8e-3.
+//  REC_O      4e-3  decode output: fp32 math on the same inputs, one bf16
+//                   rounding of the output (2^-9, ~1.1e-3 in L2).
+//  REC_S      1e-5  decode state: fp32, only the summation order differs.
+//  GATE_F32   1e-5  g, beta, dA_log, ddt_bias: the same fp32 formulas (device
+//                   expf/log1pf within 2 ulp of the host's); sums in double.
+//  GATE_BF16  4e-3  da, db: one bf16 rounding.
+//  LAYER      3e-2  whole layer: bf16 activations between all ops (projections,
+//                   convs, norms, the rule) against fp32 everywhere on the CPU,
+//                   ~10 roundings of 2^-9 in a chain (~5e-3 expected); weight
+//                   gradients are sums over 400 tokens of such products.
+//  LAYER_SCALAR 1e-1 the 1-element gradients (dA_log, ddt_bias with one value
+//                   head): one sum of 400 signed terms that can cancel, so its
+//                   relative error is that of the terms divided by the
+//                   cancellation; a wrong formula is still off by O(1).
+// An indexing, masking, chunk-boundary or GVA mistake gives errors of 0.1-1.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "model/gdn.h"
+#include "testutil.h"
+
+static be_t *cpu, *gpu;
+static uint64_t g_seed = 0x6d17;
+
+static const double CHUNK_O = 1e-2, CHUNK_S = 1e-2, CHUNK_G = 1.5e-2, CHUNK_GB = 2e-2;
+static const double REC_O = 4e-3, REC_S = 1e-5, GATE_F32 = 1e-5, GATE_BF16 = 4e-3, LAYER = 3e-2, LAYER_SCALAR = 1e-1;
+
+// HYLO_TEST_CPU_AS_GPU=1 puts a second CPU backend in the GPU's place: a
+// self-check of this file's buffers, bindings and comparisons on a machine
+// without a GPU (every check then passes with error 0).
+static int fake_gpu(void) {
+    const char *e = getenv("HYLO_TEST_CPU_AS_GPU");
+    return e && *e == '1';
+}
+static void setup(void) {
+    static be_t *fake;
+    if (fake_gpu()) {
+        if (!fake && be_create(&fake, "cpu", 256u << 20) < 0) abort();
+        gpu = fake;
+    } else {
+        gpu = tu_cuda(); // skips when there is no GPU
+    }
+    cpu = tu_cpu();
+}
+
+// ---- host buffers --------------------------------------------------------------
+
+static float *hbuf(int64_t n) { return malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+static float *hdup(const float *h, int64_t n) {
+    float *p = hbuf(n);
+    memcpy(p, h, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    return p;
+}
+static float *nanbuf(int64_t n) {
+    float *p = hbuf(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+// N(0, std^2) rounded to bf16
+static float *rnd(int64_t n, float std) {
+    float *p = hbuf(n);
+    tu_randn(p, n, g_seed++, std);
+    tu_round_bf16(p, n);
+    return p;
+}
+static float *rnd_f32(int64_t n, float std) {
+    float *p = hbuf(n);
+    tu_randn(p, n, g_seed++, std);
+    return p;
+}
+static float *unif(int64_t n, float lo, float hi) {
+    float *p = hbuf(n);
+    tu_randu(p, n, g_seed++, lo, hi);
+    return p;
+}
+// rows of `dim` scaled to unit L2 norm (eps 1e-6 as the layer), then rounded to bf16
+static float *rnd_unit_rows(int64_t rows, int dim) {
+    float *p = rnd_f32(rows * dim, 1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)p[r * dim + i] * p[r * dim + i];
+        float inv = (float)(1.0 / sqrt(ss + 1e-6));
+        for (int i = 0; i < dim; i++)
+            p[r * dim + i] *= inv;
+    }
+    tu_round_bf16(p, rows * dim);
+    return p;
+}
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float softp(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// Realistic gates for N rows x HV heads: per-head A_log, dt_bias, per-token a.
+static void make_gates(float *g, float *beta, int64_t N, int HV) {
+    float *A_log = unif(HV, 0.0f, 2.8f), *dtb = unif(HV, -5.0f, -2.0f), *a = rnd_f32(N * HV, 1.0f),
+          *b = rnd_f32(N * HV, 1.0f);
+    for (int64_t n = 0; n < N; n++)
+        for (int h = 0; h < HV; h++) {
+            g[n * HV + h] = -expf(A_log[h]) * softp(a[n * HV + h] + dtb[h]);
+            beta[n * HV + h] = sigm(b[n * HV + h]);
+        }
+    free(A_log), free(dtb), free(a), free(b);
+}
+
+// ---- device buffers --------------------------------------------------------------
+
+static void *dact(const float *h, int64_t n) { return tu_dev_act(gpu, h, n); }
+static float *df32(const float *h, int64_t n) { return tu_dev_f32(gpu, h, n); }
+static void dfree(void *p) {
+    if (p) gpu->free(gpu, p);
+}
+static int gsync(const char *op, const char *shape) {
+    int rc = gpu->sync(gpu);
+    if (rc != 0) printf("FAIL %-22s %-58s cuda error: %s\n", op, shape, err_msg());
+    fflush(stdout);
+    return rc == 0;
+}
+
+// ---- comparison ------------------------------------------------------------------
+
+// Compares got (n values of a tensor with dims d[0..3], names in `axes`, a
+// 4-letter string; unused leading dims 1) with ref; prints one line. 1 = pass.
+static int check(const char *op, const char *shape, const float *got, const float *ref, int64_t n, const int64_t d[4],
+                 const char *axes, double tol) {
+    double ss = 0, se = 0, maxd = 0;
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ss += (double)ref[i] * ref[i];
+        double e = (double)got[i] - ref[i];
+        if (isnan(got[i]) || isinf(got[i])) nan = 1;
+        se += e * e;
+        if (fabs(e) > maxd) maxd = fabs(e);
+    }
+    // the denominator is floored at rms 1e-6: some references are exactly 0
+    // (dg at T = 1: a lone token's output does not depend on its decay)
+    double rms = n ? sqrt(ss / (double)n) : 0, floor = 1e-6 * sqrt((double)(n > 0 ? n : 1));
+    double rel = sqrt(se) / (sqrt(ss) > floor ? sqrt(ss) : floor);
+    int ok = !nan && rel <= tol;
+    printf("%s %-22s %-58s rel_err %.3e (tol %.0e) max_abs %.3e%s", ok ? "ok  " : "FAIL", op, shape, rel, tol, maxd,
+           nan ? " NaN/unwritten" : "");
+    for (int64_t i = 0; i < n && !ok; i++) {
+        double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= 8 * tol * (rms > 1e-6 ? rms : 1e-6))) {
+            int64_t c[4], r = i;
+            for (int a = 3; a >= 0; a--)
+                c[a] = r % d[a], r /= d[a];
+            printf("  first off: [%c%lld %c%lld %c%lld %c%lld] got %.6g ref %.6g", axes[0], (long long)c[0], axes[1],
+                   (long long)c[1], axes[2], (long long)c[2], axes[3], (long long)c[3], got[i], ref[i]);
+            break;
+        }
+    }
+    printf("\n");
+    fflush(stdout);
+    return ok;
+}
+static int check_act(const char *op, const char *shape, const void *dev, const float *ref, int64_t n,
+                     const int64_t d[4], const char *axes, double tol) {
+    float *h = tu_host_act(gpu, dev, n);
+    int ok = check(op, shape, h, ref, n, d, axes, tol);
+    free(h);
+    return ok;
+}
+static int check_f32(const char *op, const char *shape, const float *dev, const float *ref, int64_t n,
+                     const int64_t d[4], const char *axes, double tol) {
+    float *h = tu_host_f32(gpu, dev, n);
+    int ok = check(op, shape, h, ref, n, d, axes, tol);
+    free(h);
+    return ok;
+}
+
+// Runs are deterministic (no atomics; fixed-order reductions): a second run
+// must reproduce the first bit for bit. A difference is a race (METHOD.md).
+static int same_bits(const char *op, const char *shape, const void *d1, const void *d2, int64_t n, int act) {
+    float *a = act ? tu_host_act(gpu, d1, n) : tu_host_f32(gpu, d1, n);
+    float *b = act ? tu_host_act(gpu, d2, n) : tu_host_f32(gpu, d2, n);
+    int64_t first = -1;
+    for (int64_t i = 0; i < n && first < 0; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float))) first = i;
+    printf("%s %-22s %-58s second run %s", first < 0 ? "ok  " : "FAIL", op, shape,
+           first < 0 ? "bit-identical\n" : "differs");
+    if (first >= 0) printf(" at %lld: %.8g vs %.8g (a race)\n", (long long)first, a[first], b[first]);
+    fflush(stdout);
+    free(a), free(b);
+    return first < 0;
+}
+
+// ==== gates =========================================================================
+
+static void test_gates(void **st) {
+    setup();
+    int fails = 0;
+    const int64_t Ns[3] = {1, 7, 3001};
+    for (int ci = 0; ci < 3; ci++)
+        for (int neg = 0; neg < 2; neg++) {
+            const int64_t N = Ns[ci];
+            const int HV = 6, ld = HV + 3; // a, b are strided slices, as of a projection output
+            char shape[96];
+            snprintf(shape, sizeof shape, "N=%lld HV=%d ld=%d allow_neg=%d", (long long)N, HV, ld, neg);
+            const int64_t dgt[4] = {1, 1, N, HV}, dab[4] = {1, 1, N, ld}, dh[4] = {1, 1, 1, HV};
+            // a ~ N(0, 8^2): some a + dt_bias above 20 (softplus identity branch)
+            float *a = rnd(N * ld, 8.0f), *b = rnd(N * ld, 2.0f), *A_log = unif(HV, 0.0f, 2.8f),
+                  *dtb = unif(HV, -5.0f, -2.0f);
+            tu_round_bf16(A_log, HV), tu_round_bf16(dtb, HV);
+            float *g_ref = hbuf(N * HV), *b_ref = hbuf(N * HV), *nan = nanbuf(N * HV);
+            cpu->gdn_gate_fwd(cpu, g_ref, b_ref, a, ld, b, ld, A_log, dtb, N, HV, neg);
+            void *da_ = dact(a, N * ld), *db_ = dact(b, N * ld), *dA = dact(A_log, HV), *ddt = dact(dtb, HV);
+            float *dg_ = df32(nan, N * HV), *dbeta_ = df32(nan, N * HV);
+            gpu->gdn_gate_fwd(gpu, dg_, dbeta_, da_, ld, db_, ld, dA, ddt, N, HV, neg);
+            fails +=
+                !gsync("gate_fwd", shape) || !check_f32("gate_fwd g", shape, dg_, g_ref, N * HV, dgt, "-tnh", GATE_F32);
+            fails += !check_f32("gate_fwd beta", shape, dbeta_, b_ref, N * HV, dgt, "-tnh", GATE_F32);
+
+            // backward: da, db written at [n*ld + h] (the rest of the buffer must survive);
+            // dA_log, ddt_bias accumulate onto nonzero values
+            float *gg = rnd_f32(N * HV, 1.0f), *gb = rnd_f32(N * HV, 1.0f), *around = rnd(N * ld, 1.0f);
+            float *da_ref = hdup(around, N * ld), *db_ref = hdup(around, N * ld), *pa = hdup(around, N * ld);
+            for (int64_t n = 0; n < N; n++)
+                for (int h = 0; h < HV; h++)
+                    pa[n * ld + h] = NAN;
+            float *dA0 = rnd_f32(HV, 1.0f), *ddt0 = rnd_f32(HV, 1.0f);
+            float *dA_ref = hdup(dA0, HV), *ddt_ref = hdup(ddt0, HV);
+            cpu->gdn_gate_bwd(cpu, da_ref, ld, db_ref, ld, dA_ref, ddt_ref, gg, gb, a, ld, b, ld, A_log, dtb, N, HV,
+                              neg);
+            tu_round_bf16(da_ref, N * ld), tu_round_bf16(db_ref, N * ld); // the GPU stores da, db in bf16
+            float *d_gg = df32(gg, N * HV), *d_gb = df32(gb, N * HV), *d_dA = df32(dA0, HV), *d_ddt = df32(ddt0, HV);
+            void *d_da = dact(pa, N * ld), *d_db = dact(pa, N * ld);
+            gpu->gdn_gate_bwd(gpu, d_da, ld, d_db, ld, d_dA, d_ddt, d_gg, d_gb, da_, ld, db_, ld, dA, ddt, N, HV, neg);
+            fails += !gsync("gate_bwd", shape) ||
+                     !check_act("gate_bwd da", shape, d_da, da_ref, N * ld, dab, "-tnc", GATE_BF16);
+            fails += !check_act("gate_bwd db", shape, d_db, db_ref, N * ld, dab, "-tnc", GATE_BF16);
+            fails += !check_f32("gate_bwd dA_log +=", shape, d_dA, dA_ref, HV, dh, "---h", GATE_F32);
+            fails += !check_f32("gate_bwd ddt_bias +=", shape, d_ddt, ddt_ref, HV, dh, "---h", GATE_F32);
+            float *d_dA2 = df32(dA0, HV), *d_ddt2 = df32(ddt0, HV);
+            gpu->gdn_gate_bwd(gpu, d_da, ld, d_db, ld, d_dA2, d_ddt2, d_gg, d_gb, da_, ld, db_, ld, dA, ddt, N, HV,
+                              neg);
+            fails += !gsync("gate_bwd repeat", shape) || !same_bits("gate_bwd dA_log +=", shape, d_dA, d_dA2, HV, 0);
+            fails += !same_bits("gate_bwd ddt_bias +=", shape, d_ddt, d_ddt2, HV, 0);
+            dfree(d_dA2), dfree(d_ddt2);
+            free(a), free(b), free(A_log), free(dtb), free(g_ref), free(b_ref), free(nan), free(gg), free(gb);
+            free(around), free(da_ref), free(db_ref), free(pa), free(dA0), free(ddt0), free(dA_ref), free(ddt_ref);
+            dfree(da_), dfree(db_), dfree(dA), dfree(ddt), dfree(dg_), dfree(dbeta_), dfree(d_gg), dfree(d_gb);
+            dfree(d_dA), dfree(d_ddt), dfree(d_da), dfree(d_db);
+        }
+    assert_int_equal(fails, 0);
+}
+
+// ==== decode recurrence ===============================================================
+
+static void test_recurrent(void **st) {
+    setup();
+    int fails = 0;
+    // B, T, H, HV, K, Dv
+    static const int cases[][6] = {{1, 1, 2, 2, 64, 64},   {2, 1, 2, 4, 256, 512}, {2, 5, 2, 4, 256, 512},
+                                   {1, 5, 2, 2, 128, 256}, {3, 5, 1, 1, 80, 48},   {64, 1, 2, 2, 64, 128}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int B = cases[ci][0], T = cases[ci][1], H = cases[ci][2], HV = cases[ci][3], K = cases[ci][4],
+                  Dv = cases[ci][5];
+        char shape[96];
+        snprintf(shape, sizeof shape, "B=%d T=%d H=%d HV=%d K=%d Dv=%d", B, T, H, HV, K, Dv);
+        const int64_t N = (int64_t)B * T, nq = N * H * K, nv = N * HV * Dv, ns = (int64_t)B * HV * Dv * K;
+        const int64_t dov[4] = {B, T, HV, Dv}, dst[4] = {B, HV, Dv, K};
+        float *q = rnd_unit_rows(N * H, K), *k = rnd_unit_rows(N * H, K), *v = rnd(nv, 1.0f);
+        float *g = hbuf(N * HV), *beta = hbuf(N * HV), *s0 = rnd_f32(ns, 0.1f);
+        make_gates(g, beta, N, HV);
+        const float scale = 1.0f / sqrtf((float)K);
+        float *o_ref = hbuf(nv), *s_ref = hdup(s0, ns), *nan = nanbuf(nv);
+        cpu->gdn_recurrent_fwd(cpu, o_ref, s_ref, q, k, v, g, beta, scale, B, T, H, HV, K, Dv);
+        void *dq = dact(q, nq), *dk = dact(k, nq), *dv = dact(v, nv), *d_o = dact(nan, nv);
+        float *dg = df32(g, N * HV), *dbeta = df32(beta, N * HV), *ds = df32(s0, ns);
+        gpu->gdn_recurrent_fwd(gpu, d_o, ds, dq, dk, dv, dg, dbeta, scale, B, T, H, HV, K, Dv);
+        fails += !gsync("recurrent", shape) || !check_act("recurrent o", shape, d_o, o_ref, nv, dov, "btnv", REC_O);
+        fails += !check_f32("recurrent state", shape, ds, s_ref, ns, dst, "bhvk", REC_S);
+        free(q), free(k), free(v), free(g), free(beta), free(s0), free(o_ref), free(s_ref), free(nan);
+        dfree(dq), dfree(dk), dfree(dv), dfree(d_o), dfree(dg), dfree(dbeta), dfree(ds);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// ==== chunked rule ==================================================================
+
+typedef struct {
+    int B, T, H, HV, K, Dv;
+    int mode; // 0: no state (training); 1: state given, init 0 (final written); 2: initial state, final written
+} ccase_t;
+
+static int chunk_case(ccase_t c) {
+    const int B = c.B, T = c.T, H = c.H, HV = c.HV, K = c.K, Dv = c.Dv;
+    char shape[128];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d HV=%d K=%d Dv=%d %s", B, T, H, HV, K, Dv,
+             c.mode == 0   ? "no state"
+             : c.mode == 1 ? "state out"
+                           : "state in/out");
+    const int64_t N = (int64_t)B * T, nq = N * H * K, nv = N * HV * Dv, ng = N * HV, ns = (int64_t)B * HV * Dv * K;
+    const int64_t dqk[4] = {B, T, H, K}, dov[4] = {B, T, HV, Dv}, dgt[4] = {1, B, T, HV}, dst[4] = {B, HV, Dv, K};
+    const float scale = 1.0f / sqrtf((float)K);
+    int fails = 0;
+    float *q = rnd_unit_rows(N * H, K), *k = rnd_unit_rows(N * H, K), *v = rnd(nv, 1.0f);
+    float *g = hbuf(ng), *beta = hbuf(ng), *s0 = rnd_f32(ns, 0.1f);
+    make_gates(g, beta, N, HV);
+    float *dout = rnd(nv, 1.0f), *dsf = rnd_f32(ns, 0.1f);
+
+    // forward
+    float *o_ref = hbuf(nv), *s_ref = c.mode == 2 ? hdup(s0, ns) : nanbuf(ns);
+    cpu->gdn_chunk_fwd(cpu, o_ref, c.mode ? s_ref : NULL, c.mode == 2, q, k, v, g, beta, scale, B, T, H, HV, K, Dv);
+    float *nan_v = nanbuf(nv), *nan_s = nanbuf(ns), *nan_q = nanbuf(nq), *nan_g = nanbuf(ng);
+    void *dq_ = dact(q, nq), *dk_ = dact(k, nq), *dv_ = dact(v, nv), *d_o = dact(nan_v, nv);
+    float *dg_ = df32(g, ng), *dbeta_ = df32(beta, ng);
+    float *d_s = c.mode ? df32(c.mode == 2 ? s0 : nan_s, ns) : NULL; // mode 1: the state must not be read
+    gpu->gdn_chunk_fwd(gpu, d_o, d_s, c.mode == 2, dq_, dk_, dv_, dg_, dbeta_, scale, B, T, H, HV, K, Dv);
+    fails += !gsync("chunk_fwd", shape) || !check_act("chunk_fwd o", shape, d_o, o_ref, nv, dov, "btnv", CHUNK_O);
+    if (c.mode) fails += !check_f32("chunk_fwd state", shape, d_s, s_ref, ns, dst, "bhvk", CHUNK_S);
+    { // repeat
+        void *d_o2 = dact(nan_v, nv);
+        float *d_s2 = c.mode ? df32(c.mode == 2 ? s0 : nan_s, ns) : NULL;
+        gpu->gdn_chunk_fwd(gpu, d_o2, d_s2, c.mode == 2, dq_, dk_, dv_, dg_, dbeta_, scale, B, T, H, HV, K, Dv);
+        fails += !gsync("chunk_fwd repeat", shape) || !same_bits("chunk_fwd o", shape, d_o, d_o2, nv, 1);
+        if (c.mode) fails += !same_bits("chunk_fwd state", shape, d_s, d_s2, ns, 0);
+        dfree(d_o2), dfree(d_s2);
+    }
+
+    // backward (dstate_final nonzero whenever the forward produced a final state)
+    float *dq_ref = hbuf(nq), *dk_ref = hbuf(nq), *dv_ref = hbuf(nv), *dg_ref = hbuf(ng), *db_ref = hbuf(ng);
+    float *ds0_ref = hbuf(ns);
+    cpu->gdn_chunk_bwd(cpu, dq_ref, dk_ref, dv_ref, dg_ref, db_ref, c.mode == 2 ? ds0_ref : NULL, dout,
+                       c.mode ? dsf : NULL, q, k, v, g, beta, c.mode == 2 ? s0 : NULL, scale, B, T, H, HV, K, Dv);
+    void *d_dout = dact(dout, nv), *d_dq = dact(nan_q, nq), *d_dk = dact(nan_q, nq), *d_dv = dact(nan_v, nv);
+    float *d_dg = df32(nan_g, ng), *d_db = df32(nan_g, ng), *d_ds0 = c.mode == 2 ? df32(nan_s, ns) : NULL;
+    float *d_dsf = c.mode ? df32(dsf, ns) : NULL, *d_s0 = c.mode == 2 ? df32(s0, ns) : NULL;
+    gpu->gdn_chunk_bwd(gpu, d_dq, d_dk, d_dv, d_dg, d_db, d_ds0, d_dout, d_dsf, dq_, dk_, dv_, dg_, dbeta_, d_s0, scale,
+                       B, T, H, HV, K, Dv);
+    if (gsync("chunk_bwd", shape)) {
+        fails += !check_act("chunk_bwd dq", shape, d_dq, dq_ref, nq, dqk, "btnk", CHUNK_G);
+        fails += !check_act("chunk_bwd dk", shape, d_dk, dk_ref, nq, dqk, "btnk", CHUNK_G);
+        fails += !check_act("chunk_bwd dv", shape, d_dv, dv_ref, nv, dov, "btnv", CHUNK_G);
+        fails += !check_f32("chunk_bwd dg", shape, d_dg, dg_ref, ng, dgt, "-btn", CHUNK_GB);
+        fails += !check_f32("chunk_bwd dbeta", shape, d_db, db_ref, ng, dgt, "-btn", CHUNK_GB);
+        if (c.mode == 2) fails += !check_f32("chunk_bwd dstate0", shape, d_ds0, ds0_ref, ns, dst, "bhvk", CHUNK_G);
+        // repeat
+        void *r_dq = dact(nan_q, nq), *r_dk = dact(nan_q, nq), *r_dv = dact(nan_v, nv);
+        float *r_dg = df32(nan_g, ng), *r_db = df32(nan_g, ng), *r_ds0 = c.mode == 2 ? df32(nan_s, ns) : NULL;
+        gpu->gdn_chunk_bwd(gpu, r_dq, r_dk, r_dv, r_dg, r_db, r_ds0, d_dout, d_dsf, dq_, dk_, dv_, dg_, dbeta_, d_s0,
+                           scale, B, T, H, HV, K, Dv);
+        if (gsync("chunk_bwd repeat", shape)) {
+            fails += !same_bits("chunk_bwd dq", shape, d_dq, r_dq, nq, 1) +
+                     !same_bits("chunk_bwd dk", shape, d_dk, r_dk, nq, 1);
+            fails += !same_bits("chunk_bwd dv", shape, d_dv, r_dv, nv, 1) +
+                     !same_bits("chunk_bwd dg", shape, d_dg, r_dg, ng, 0);
+            fails += !same_bits("chunk_bwd dbeta", shape, d_db, r_db, ng, 0);
+            if (c.mode == 2) fails += !same_bits("chunk_bwd dstate0", shape, d_ds0, r_ds0, ns, 0);
+        } else {
+            fails++;
+        }
+        dfree(r_dq), dfree(r_dk), dfree(r_dv), dfree(r_dg), dfree(r_db), dfree(r_ds0);
+    } else {
+        fails++;
+    }
+    free(q), free(k), free(v), free(g), free(beta), free(s0), free(dout), free(dsf), free(o_ref), free(s_ref);
+    free(nan_v), free(nan_s), free(nan_q), free(nan_g), free(dq_ref), free(dk_ref), free(dv_ref), free(dg_ref);
+    free(db_ref), free(ds0_ref);
+    dfree(dq_), dfree(dk_), dfree(dv_), dfree(d_o), dfree(dg_), dfree(dbeta_), dfree(d_s), dfree(d_dout), dfree(d_dq);
+    dfree(d_dk), dfree(d_dv), dfree(d_dg), dfree(d_db), dfree(d_ds0), dfree(d_dsf), dfree(d_s0);
+    return fails;
+}
+
+// T in {1, 63, 64, 65, 130, 1000} (one token, a short chunk, exact chunks, a
+// one-token tail, several chunks, many chunks), B in {1, 2}, H = 2 with HV in
+// {2, 4} (GVA), K in {64, 128, 256} with Dv in {64, 128, 256, 512}, each
+// state mode; plus K = 80, Dv = 48 (K and Dv not multiples of 64: padded
+// columns, partial Dv tiles). HyLo's layer is K = 256, Dv = 512.
+static const ccase_t CHUNK_CASES[] = {
+    {1, 1, 2, 2, 64, 64, 0},    {2, 1, 2, 4, 256, 512, 2},   {1, 63, 2, 4, 128, 256, 2},   {2, 64, 2, 2, 64, 128, 1},
+    {1, 64, 2, 2, 256, 512, 2}, {2, 65, 2, 4, 128, 64, 2},   {1, 65, 2, 2, 256, 256, 0},   {2, 130, 2, 2, 128, 128, 2},
+    {1, 130, 2, 4, 64, 512, 1}, {2, 130, 2, 4, 256, 512, 2}, {1, 1000, 2, 2, 256, 512, 2}, {2, 1000, 2, 4, 128, 256, 0},
+    {2, 1000, 2, 2, 64, 64, 2}, {1, 100, 2, 2, 80, 48, 2},   {1, 200, 2, 4, 256, 64, 1},
+};
+
+static void test_chunk(void **st) {
+    setup();
+    int fails = 0;
+    const char *only = getenv("HYLO_GDN_TEST_CASES"); // e.g. "0,3,10": a subset, for quick runs
+    for (size_t i = 0; i < sizeof CHUNK_CASES / sizeof CHUNK_CASES[0]; i++) {
+        if (only) {
+            char key[16];
+            snprintf(key, sizeof key, "%zu", i);
+            int hit = 0;
+            for (const char *p = only; *p;) {
+                size_t n = strcspn(p, ",");
+                if (n == strlen(key) && !strncmp(p, key, n)) hit = 1;
+                p += n + (p[n] == ',');
+            }
+            if (!hit) continue;
+        }
+        fails += chunk_case(CHUNK_CASES[i]);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// Too small an arena must be an error naming the bytes needed, with NaN outputs.
+static void test_chunk_small_scratch(void **st) {
+    setup();
+    if (fake_gpu()) skip(); // the CPU op reports a full arena differently
+    const int B = 1, T = 70, H = 1, HV = 1, K = 64, Dv = 64;
+    const int64_t nq = (int64_t)B * T * H * K, nv = (int64_t)B * T * HV * Dv;
+    float *q = rnd_unit_rows((int64_t)B * T * H, K), *v = rnd(nv, 1.0f), *g = hbuf(B * T), *beta = hbuf(B * T);
+    make_gates(g, beta, (int64_t)B * T, HV);
+    void *dq = dact(q, nq), *dv = dact(v, nv), *d_o = dact(v, nv);
+    float *dg = df32(g, B * T), *dbeta = df32(beta, B * T);
+    size_t mark = arena_mark(&gpu->scratch);
+    gpu->scratch.used = gpu->scratch.cap - 1024;
+    gpu->gdn_chunk_fwd(gpu, d_o, NULL, 0, dq, dq, dv, dg, dbeta, 0.125f, B, T, H, HV, K, Dv);
+    int rc = gpu->sync(gpu);
+    printf("small scratch: rc %d: %s\n", rc, rc ? err_msg() : "(no error)");
+    arena_reset(&gpu->scratch, mark);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(err_msg(), "scratch"));
+    float *o = tu_host_act(gpu, d_o, nv);
+    assert_true(isnan(o[0]) && isnan(o[nv - 1]));
+    free(o), free(q), free(v), free(g), free(beta);
+    dfree(dq), dfree(dv), dfree(d_o), dfree(dg), dfree(dbeta);
+}
+
+// ==== whole layer =====================================================================
+
+// gdn_forward / gdn_backward (model/gdn.c) on both backends with the same
+// (bf16-rounded) weights: d = 576 (SmolLM2-135M's width) with HyLo's rule
+// (H*K = floor(0.75 d) in heads of 256 -> H = HV = 1, K = 256, Dv = 2K = 512),
+// gate on, conv 4; B = 2, T = 200 (four chunks, the last short).
+static void test_layer(void **st) {
+    setup();
+    if (!gpu->gemm || !gpu->conv1d_fwd || !gpu->l2norm_fwd || !gpu->gated_rmsnorm_fwd) {
+        printf("layer: the GPU backend lacks ops the layer needs; skipped\n");
+        skip();
+    }
+    const int B = 2, T = 200, d = 576;
+    arch_t a;
+    arch_init(&a);
+    a.d = d, a.n_layers = 1, a.V = 16, a.ffn = 8, a.H = 9, a.Hkv = 3;
+    a.kind[0] = LAYER_GDN;
+    a.gdn = (gdn_dims_t){.n_heads = 1,
+                         .n_v_heads = 1,
+                         .head_k = 256,
+                         .head_v = 512,
+                         .conv = 4,
+                         .use_gate = 1,
+                         .allow_neg_eigval = 0,
+                         .norm_eps = 1e-6f};
+    ptable_t pt;
+    assert_int_equal(ptable_build(&pt, &a), 0);
+    // weights N(0, 0.02^2) as a fresh FLA model, norms 1 + N(0, 0.1^2); decays as FLA's init
+    float *w = tu_params(&pt, 31, 0.02f);
+    gdn_w_t hw, hg, dw, dgw;
+    float *gflat = calloc((size_t)pt.total, sizeof(float));
+    assert_int_equal(gdn_w_bind(&hw, &pt, w, sizeof(float), 0), 0);
+    tu_randu(hw.A_log, 1, 32, 0.0f, 2.8f);
+    tu_randu(hw.dt_bias, 1, 33, -5.0f, -2.0f);
+    tu_round_bf16(w, pt.total);
+    assert_int_equal(gdn_w_bind(&hg, &pt, gflat, sizeof(float), 0), 0);
+    void *wdev = dact(w, pt.total);
+    float *gdev = df32(gflat, pt.total);
+    assert_int_equal(gdn_w_bind(&dw, &pt, wdev, gpu->act_size, 0), 0);
+    assert_int_equal(gdn_w_bind(&dgw, &pt, gdev, sizeof(float), 0), 0);
+
+    layer_ctx_t cc, gc;
+    tu_ctx(&cc, &a, 0);
+    memset(&gc, 0, sizeof gc);
+    gc.be = gpu, gc.a = &a, gc.layer = 0;
+    arena_t garena;
+    size_t gcap = (size_t)512 << 20;
+    void *gbase = gpu->alloc(gpu, gcap);
+    assert_non_null(gbase);
+    arena_init(&garena, gbase, gcap, "test gpu arena");
+    gc.arena = &garena;
+
+    const int64_t nx = (int64_t)B * T * d;
+    float *x = rnd(nx, 1.0f), *dout = rnd(nx, 1.0f), *out = hbuf(nx), *dx = hbuf(nx), *nan = nanbuf(nx);
+    void *d_x = dact(x, nx), *d_dout = dact(dout, nx), *d_out = dact(nan, nx), *d_dx = dact(nan, nx);
+    gdn_saved_t sv_c, sv_g;
+    assert_int_equal(gdn_forward(&cc, &hw, out, x, B, T, 0, NULL, &sv_c), 0);
+    assert_int_equal(gdn_backward(&cc, &hw, &hg, dx, dout, &sv_c), 0);
+    assert_int_equal(gdn_forward(&gc, &dw, d_out, d_x, B, T, 0, NULL, &sv_g), 0);
+    assert_int_equal(gdn_backward(&gc, &dw, &dgw, d_dx, d_dout, &sv_g), 0);
+    char shape[96];
+    snprintf(shape, sizeof shape, "d=%d H=HV=1 K=256 Dv=512 B=%d T=%d", d, B, T);
+    int fails = !gsync("layer", shape);
+    const int64_t dxx[4] = {1, B, T, d};
+    fails += !check_act("layer out", shape, d_out, out, nx, dxx, "-btc", LAYER);
+    fails += !check_act("layer dx", shape, d_dx, dx, nx, dxx, "-btc", LAYER);
+    float *gh = tu_host_f32(gpu, gdev, pt.total);
+    for (int i = 0; i < pt.n; i++) {
+        const param_t *p = &pt.p[i];
+        if (!strstr(p->name, ".gdn.")) continue;
+        const int64_t dp[4] = {1, 1, 1, p->numel};
+        char op[64];
+        snprintf(op, sizeof op, "layer d%s", strstr(p->name, ".gdn.") + 5);
+        fails +=
+            !check(op, shape, gh + p->off, gflat + p->off, p->numel, dp, "---i", p->numel < 64 ? LAYER_SCALAR : LAYER);
+    }
+    free(gh), free(x), free(dout), free(out), free(dx), free(nan), free(w), free(gflat);
+    dfree(d_x), dfree(d_dout), dfree(d_out), dfree(d_dx), dfree(wdev), dfree(gdev), dfree(gbase);
+    tu_ctx_free(&cc);
+    ptable_free(&pt);
+    assert_int_equal(fails, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gates), cmocka_unit_test(test_recurrent),
+        cmocka_unit_test(test_chunk), cmocka_unit_test(test_chunk_small_scratch),
+        cmocka_unit_test(test_layer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
