@@ -1,7 +1,13 @@
 // Attention and MLA decode timings on the GPU (CUDA backend): CUDA events on
 // the backend's stream, warm-up runs first, the median of the timed runs.
 //
-//   build-X/bench/bench_attn [--quick] [--no-attn] [--no-decode]
+//   build-X/bench/bench_attn [--quick] [--no-attn] [--no-decode] [--compare] [--sweep]
+//
+// --compare times every kernel variant in one run, set through the same
+// environment variables the library reads: attention backward HYLO_ATTN_BWD =
+// 3 (v2, k_attn_bwd2), 2 (v1 with its default tiles), 1 (v1's alternative tiles);
+// MLA decode HYLO_MLA_DECODE = 1 (v1), 0 (v2, bulk copies), 2 (v2, cp.async).
+// --sweep adds v2 decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
 // Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
@@ -120,6 +126,15 @@ typedef struct {
     char line[256];
 } row_t;
 
+static int compare; // time every variant (--compare)
+
+static void set_env(const char *name, const char *val) {
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+}
+
 static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
     attn_ctx_t c = {.s = s, .scale = 1.0f / sqrtf((float)s->dqk)};
     const int64_t nq = (int64_t)s->B * s->T * s->H * s->dqk, nk = (int64_t)s->B * s->T * s->Hkv * s->dqk;
@@ -131,11 +146,28 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
     if (!c.dq || !c.dk || !c.dv || !c.lse) die("alloc");
     int reps = s->T <= 8192 ? 20 : 10;
     float t_f = time_op(run_fwd, &c, 2, reps);
-    float t_fb = time_op(run_fwd_bwd, &c, 2, reps);
     double flop_f = 2.0 * s->B * s->H * (double)s->T * s->T * (s->dqk + s->dv) / 2.0;
-    snprintf(row->line, sizeof row->line,
-             "| %-12s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %7.1f | %10.3f | %7.1f |", s->name, s->B, s->T, s->H,
-             s->Hkv, s->dqk, s->dv, t_f, flop_f / (t_f * 1e-3) / 1e12, t_fb, 3.5 * flop_f / (t_fb * 1e-3) / 1e12);
+    if (!compare) {
+        float t_fb = time_op(run_fwd_bwd, &c, 2, reps);
+        snprintf(row->line, sizeof row->line,
+                 "| %-12s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %7.1f | %10.3f | %7.1f |", s->name, s->B, s->T,
+                 s->H, s->Hkv, s->dqk, s->dv, t_f, flop_f / (t_f * 1e-3) / 1e12, t_fb,
+                 3.5 * flop_f / (t_fb * 1e-3) / 1e12);
+    } else {
+        // backward variants: v2 (3), v1 with its default tiles (2), v1's alternative tiles (1)
+        static const char *vars[3] = {"3", "2", "1"};
+        float t_fb[3];
+        char *saved = getenv("HYLO_ATTN_BWD") ? strdup(getenv("HYLO_ATTN_BWD")) : NULL; // setenv may move it
+        for (int i = 0; i < 3; i++) {
+            setenv("HYLO_ATTN_BWD", vars[i], 1);
+            t_fb[i] = time_op(run_fwd_bwd, &c, 2, reps);
+        }
+        set_env("HYLO_ATTN_BWD", saved);
+        free(saved);
+        snprintf(row->line, sizeof row->line,
+                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %10.3f | %10.3f | %10.3f | %5.3f |", s->name, s->T,
+                 s->H, s->Hkv, s->dqk, s->dv, t_f, t_fb[0], t_fb[1], t_fb[2], (t_fb[0] - t_f) / (t_fb[1] - t_f));
+    }
     printf("%s\n", row->line);
     fflush(stdout);
     void *bufs[] = {c.q, c.k, c.v, c.o, c.dout, c.dq, c.dk, c.dv, c.lse};
@@ -159,6 +191,8 @@ static void run_mla(void *p, int rep) {
                         c->r_kv, c->dr, 1.0f / sqrtf((float)(c->r_kv + c->dr)));
 }
 
+static int sweep; // v2 decode over HYLO_MLA_WARPS x HYLO_MLA_STAGES (--sweep)
+
 static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_gbs, row_t *row) {
     mla_ctx_t c = {.B = B, .H = H, .r_kv = r_kv, .dr = dr, .len = len};
     const double bytes = (double)B * len * (r_kv + dr) * 2;
@@ -178,10 +212,45 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
     for (int b = 0; b < B; b++)
         lens[b] = (int32_t)len;
     if (!c.out || !c.len_d || be->copy_h2d(be, c.len_d, lens, sizeof(int32_t) * B) < 0) die("alloc");
-    float t = time_op(run_mla, &c, 3, 30);
-    double gbs = bytes / (t * 1e-3) / 1e9;
-    snprintf(row->line, sizeof row->line, "| mla_decode | %d | %7lld | %2d | %3d | %2d | %8.4f | %7.1f | %5.1f%% |", B,
-             (long long)len, H, r_kv, dr, t, gbs, 100.0 * gbs / copy_gbs);
+    if (!compare) {
+        float t = time_op(run_mla, &c, 3, 30);
+        double gbs = bytes / (t * 1e-3) / 1e9;
+        snprintf(row->line, sizeof row->line, "| mla_decode | %d | %7lld | %2d | %3d | %2d | %8.4f | %7.1f | %5.1f%% |",
+                 B, (long long)len, H, r_kv, dr, t, gbs, 100.0 * gbs / copy_gbs);
+    } else {
+        // v1 (1), v2 with bulk copies (0), v2 with cp.async (2)
+        static const char *vars[3] = {"1", "0", "2"};
+        char *saved = getenv("HYLO_MLA_DECODE") ? strdup(getenv("HYLO_MLA_DECODE")) : NULL;
+        float t[3];
+        for (int i = 0; i < 3; i++) {
+            setenv("HYLO_MLA_DECODE", vars[i], 1);
+            t[i] = time_op(run_mla, &c, 3, 30);
+        }
+        set_env("HYLO_MLA_DECODE", saved);
+        free(saved);
+        int n =
+            snprintf(row->line, sizeof row->line, "| %d | %7lld | %2d | %3d | %2d |", B, (long long)len, H, r_kv, dr);
+        for (int i = 0; i < 3; i++) {
+            double gbs = bytes / (t[i] * 1e-3) / 1e9;
+            n += snprintf(row->line + n, sizeof row->line - n, " %8.4f %5.1f%% |", t[i], 100.0 * gbs / copy_gbs);
+        }
+        if (sweep) { // v2 (bulk copies) over consumer warps x ring slots, printed as they come
+            static const char *warps[] = {"4", "8", "11"}, *stages[] = {"6", "12", "32"};
+            setenv("HYLO_MLA_DECODE", "0", 1);
+            for (int wi = 0; wi < 3; wi++)
+                for (int si = 0; si < 3; si++) {
+                    setenv("HYLO_MLA_WARPS", warps[wi], 1);
+                    setenv("HYLO_MLA_STAGES", stages[si], 1);
+                    float ts = time_op(run_mla, &c, 3, 30);
+                    printf("  sweep B=%d len=%lld H=%d r_kv=%d dr=%d warps=%s stages=%s: %.4f ms, %.1f%% copy\n", B,
+                           (long long)len, H, r_kv, dr, warps[wi], stages[si], ts,
+                           100.0 * bytes / (ts * 1e-3) / 1e9 / copy_gbs);
+                }
+            unsetenv("HYLO_MLA_WARPS");
+            unsetenv("HYLO_MLA_STAGES");
+            unsetenv("HYLO_MLA_DECODE");
+        }
+    }
     printf("%s\n", row->line);
     fflush(stdout);
     for (int i = 0; i < c.n_copies; i++)
@@ -209,8 +278,12 @@ int main(int argc, char **argv) {
             do_attn = 0;
         else if (!strcmp(argv[i], "--no-decode"))
             do_decode = 0;
+        else if (!strcmp(argv[i], "--compare"))
+            compare = 1;
+        else if (!strcmp(argv[i], "--sweep"))
+            compare = 1, sweep = 1;
         else {
-            fprintf(stderr, "usage: %s [--quick] [--no-attn] [--no-decode]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--no-attn] [--no-decode] [--compare] [--sweep]\n", argv[0]);
             return 2;
         }
     }
@@ -218,8 +291,12 @@ int main(int argc, char **argv) {
     stream = (cudaStream_t)cuda_stream_of(be);
     cudaEventCreate(&ev0);
     cudaEventCreate(&ev1);
-    const char *vf = getenv("HYLO_ATTN_FWD"), *vb = getenv("HYLO_ATTN_BWD");
-    printf("bench_attn: kernel variants fwd %s, bwd %s\n", vf ? vf : "0", vb ? vb : "0");
+    const char *vf = getenv("HYLO_ATTN_FWD"), *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
+    if (compare)
+        printf("bench_attn: --compare: every variant (HYLO_ATTN_FWD %s)\n", vf ? vf : "0");
+    else
+        printf("bench_attn: kernel variants fwd %s, bwd %s, mla decode %s\n", vf ? vf : "0", vb ? vb : "0",
+               vm ? vm : "0");
 
     static const attn_shape_t shapes[] = {
         {"MLA 64/64", 1, 0, 32, 32, 64, 64},     {"MLA 128/128", 1, 0, 24, 24, 128, 128},
@@ -229,8 +306,11 @@ int main(int argc, char **argv) {
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     row_t rows[32], drows[32];
     int n_rows = 0, n_drows = 0;
-    const char *hdr = "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
-                      "f+b TF/s |";
+    const char *hdr = compare
+                          ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms | f+b ms v2  | f+b ms v1  | "
+                            "f+b v1-alt | bwd v2/v1 |"
+                          : "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
+                            "f+b TF/s |";
     if (do_attn) {
         printf("%s\n", hdr);
         const int Ts[2] = {8192, 65536};
@@ -251,9 +331,10 @@ int main(int argc, char **argv) {
         copy_gbs = 2.0 * (double)cc.n / (t * 1e-3) / 1e9;
         printf("device-to-device copy of 4 GiB: %.3f ms, %.1f GB/s (read + write)\n", t, copy_gbs);
         be->free(be, cc.a), be->free(be, cc.b);
-        static const int cfg[][4] = {{1, 32, 128, 32}, {8, 32, 128, 32}, {1, 9, 128, 64}, {1, 16, 512, 64}};
+        static const int cfg[][4] = {{1, 32, 128, 32}, {8, 32, 128, 32}, {1, 9, 128, 64},
+                                     {1, 16, 512, 64}, {1, 32, 128, 64}, {8, 9, 128, 64}};
         const int64_t lens[3] = {65536, 262144, 1048576};
-        for (int ci = 0; ci < 4; ci++)
+        for (int ci = 0; ci < (compare ? 6 : 4); ci++)
             for (int li = 0; li < 3; li++)
                 bench_mla(cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], lens[li], copy_gbs, &drows[n_drows++]);
     }
@@ -266,7 +347,10 @@ int main(int argc, char **argv) {
     }
     if (do_decode) {
         printf("\ncopy bandwidth (4 GiB device-to-device, read + write): %.1f GB/s\n", copy_gbs);
-        printf("| op         | B |     len |  H | r_kv | dr |       ms |    GB/s | %% copy |\n");
+        if (compare)
+            printf("| B |     len |  H | r_kv | dr | v1 ms   %%copy | v2 tma ms %%copy | v2 cp.async ms %%copy |\n");
+        else
+            printf("| op         | B |     len |  H | r_kv | dr |       ms |    GB/s | %% copy |\n");
         for (int i = 0; i < n_drows; i++)
             printf("%s\n", drows[i].line);
     }

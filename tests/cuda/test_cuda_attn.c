@@ -157,7 +157,10 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
 
 // Shapes: T not a multiple of any tile (1, 17, 100, 257, ...), Tq < Tk
 // (prefill after a cache, including Tq = 1), H/Hkv = 1, 3, 4, every
-// instantiated head-dim pair and padded ones through the generic path.
+// instantiated head-dim pair and padded ones through the generic path. The last
+// four are for the backward v2 (128-key, 64-query tiles): several key tiles with
+// a partial last one, Tq < Tk with the diagonal inside a tile, GQA, a peaky
+// softmax, dv < dqk.
 static const shape_t attn_shapes[] = {
     {1, 1, 1, 1, 1, 64, 64, 1.0f},       {2, 17, 17, 4, 4, 64, 64, 1.0f},     {2, 257, 257, 8, 2, 64, 64, 1.0f},
     {1, 1000, 1000, 2, 1, 64, 64, 1.0f}, {1, 129, 1000, 2, 1, 64, 64, 1.0f},  {1, 100, 100, 3, 1, 128, 128, 1.0f},
@@ -165,19 +168,23 @@ static const shape_t attn_shapes[] = {
     {3, 200, 200, 4, 4, 128, 64, 1.0f},  {1, 257, 257, 2, 2, 192, 128, 1.0f}, {1, 17, 100, 6, 2, 192, 128, 1.0f},
     {1, 100, 100, 3, 3, 96, 64, 1.0f},   {2, 257, 257, 3, 1, 96, 64, 3.0f},   {1, 300, 300, 2, 1, 192, 192, 1.0f},
     {1, 70, 70, 4, 2, 160, 96, 1.0f},    {1, 130, 130, 2, 1, 256, 256, 1.0f}, {1, 513, 513, 2, 2, 256, 128, 1.0f},
-    {1, 65, 65, 2, 2, 16, 32, 1.0f},     {1, 40, 333, 4, 4, 64, 64, 3.0f},
+    {1, 65, 65, 2, 2, 16, 32, 1.0f},     {1, 40, 333, 4, 4, 64, 64, 3.0f},    {1, 300, 300, 4, 2, 128, 128, 1.0f},
+    {2, 200, 455, 6, 2, 128, 128, 3.0f}, {1, 385, 385, 3, 3, 64, 64, 1.0f},   {1, 97, 160, 2, 1, 64, 48, 1.0f},
 };
 
 // Every shape under the default kernels and under the alternative
-// configurations (HYLO_ATTN_FWD / HYLO_ATTN_BWD = 1, where they exist).
+// configurations (HYLO_ATTN_FWD = 1, HYLO_ATTN_BWD = 1, 2, 3, where they exist:
+// backward 2 is v1 with its default tiles, 3 is k_attn_bwd2 at d <= 64 too).
 static void test_attn(void **st) {
     be_t *gpu = tu_cuda();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
-    for (int var = 0; var < 2; var++) {
-        setenv("HYLO_ATTN_FWD", var ? "1" : "0", 1);
-        setenv("HYLO_ATTN_BWD", var ? "1" : "0", 1);
+    static const char *fwd_var[4] = {"0", "1", "0", "0"}, *bwd_var[4] = {"0", "1", "2", "3"};
+    static const char *tags[4] = {"", " [variant 1]", " [bwd variant 2]", " [bwd variant 3]"};
+    for (int var = 0; var < 4; var++) {
+        setenv("HYLO_ATTN_FWD", fwd_var[var], 1);
+        setenv("HYLO_ATTN_BWD", bwd_var[var], 1);
         for (int i = 0; i < n; i++)
-            fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, var ? " [variant 1]" : "");
+            fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, tags[var]);
     }
     unsetenv("HYLO_ATTN_FWD");
     unsetenv("HYLO_ATTN_BWD");
@@ -204,6 +211,10 @@ static void test_attn_bwd_small_arena(void **st) {
 // MLA decode: sequences of different lengths in one call (len = 0, 1, around
 // the 32-row tiles and slice boundaries, long ones split over many blocks).
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
+// Every case runs under each kernel (HYLO_MLA_DECODE 0 = v2 with bulk copies,
+// 1 = v1, 2 = v2 with cp.async) and under small v2 rings (HYLO_MLA_STAGES /
+// HYLO_MLA_WARPS), so that the slots wrap many times and one or two row groups
+// consume them.
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -262,10 +273,35 @@ static void test_mla_decode(void **st) {
         {8, 32, 64, 32, 1500, {0, 1, 2, 31, 32, 33, 1000, 1500}, 1.0f},
         {4, 17, 128, 64, 2000, {1999, 5, 64, 128}, 4.0f},
         {1, 32, 128, 64, 40000, {39999}, 4.0f},
+        // B > 1 with lengths that are not multiples of the split or the tile, long
+        // slices (the ring wraps at the default size), a negative scale (v2
+        // negates Q instead), r_kv not a multiple of 16 (zero columns of the tile)
+        {2, 32, 128, 32, 200000, {200000, 150001}, 1.0f},
+        {3, 9, 128, 64, 9000, {8999, 4097, 7}, -1.0f},
+        {2, 5, 136, 16, 3000, {2999, 1234}, 2.0f},
     };
+    static const struct {
+        const char *dec, *stages, *warps;
+    } vars[] = {{"0", NULL, NULL}, {"1", NULL, NULL}, {"2", NULL, NULL}, {"0", "3", NULL}, {"2", "5", "2"}};
     int fails = 0;
-    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
-        fails += run_mla(&cases[i], 500 + 11 * i);
+    for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
+        setenv("HYLO_MLA_DECODE", vars[v].dec, 1);
+        if (vars[v].stages)
+            setenv("HYLO_MLA_STAGES", vars[v].stages, 1);
+        else
+            unsetenv("HYLO_MLA_STAGES");
+        if (vars[v].warps)
+            setenv("HYLO_MLA_WARPS", vars[v].warps, 1);
+        else
+            unsetenv("HYLO_MLA_WARPS");
+        printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s]\n", vars[v].dec,
+               vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-");
+        for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
+            fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v); // fresh inputs per variant
+    }
+    unsetenv("HYLO_MLA_DECODE");
+    unsetenv("HYLO_MLA_STAGES");
+    unsetenv("HYLO_MLA_WARPS");
     printf("mla_decode_attn: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }

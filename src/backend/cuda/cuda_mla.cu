@@ -6,6 +6,9 @@
 // keys = whole rows [c | kpe]) and V = the c part of the same rows. Memory
 // bound: every cache row is read from device memory exactly once.
 //
+// Two versions. v2 (k_mla_decode2 + k_mla_combine2, further down) is the
+// default: a producer warp and a ring of 32-row tiles, described there. v1
+// (HYLO_MLA_DECODE=1, and the fallback for shapes v2 does not lay out):
 // k_mla_decode: grid (n_split, B). A block takes one contiguous slice of the
 // visible rows of its sequence and streams it through shared memory in stages
 // of RS * 32 rows (cp.async, 3 stages in flight). Warp (ht, cc, rs) computes,
@@ -21,6 +24,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
@@ -319,6 +323,407 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
     }
 }
 
+// ---- v2: warp-specialised pipeline (the default) ------------------------------
+//
+// Two numbers (H200, H = 32, r_kv = 128, dr = 32): a cache row is 320 bytes and
+// costs 4.5 mma.sync m16n8k16 (scores 32 x 160, P c 32 x 128), so at 3 TB/s
+// (70% of the 4.3 TB/s copy) an SM must take a row every ~25 clocks while
+// tensor work needs ~7 and shared-memory traffic (row written once, read by the
+// two head tiles) ~12. v1 reached ~8 GB/s per SM (~4.8 us per 128-row stage):
+// its 8 warps load, wait on one __syncthreads and compute in lockstep, so the
+// latency of every phase is exposed. v2 separates the roles:
+//  - one producer warp streams 32-row tiles into a ring of NSTG slots
+//    (TMA bulk copies, one row per lane, completing on an mbarrier with the
+//    byte count; HYLO_MLA_DECODE=2: cp.async with cp.async.mbarrier.arrive);
+//  - HT * CC * RS consumer warps; row group rs takes tiles rs, rs + RS, ...
+//    and each warp waits only for its own tile's "full" barrier and frees the
+//    slot with one arrival on its "empty" barrier: no block-wide barrier in the
+//    loop, so warps drift apart and load, mma, softmax overlap across warps;
+//  - the ring holds NSTG - RS tiles ahead of the consumers (>= ~100 KB per SM
+//    in flight at the shapes above);
+//  - O is rescaled only when a row maximum moves (warp vote): after the first
+//    tiles the maximum rarely changes, so the 64 FMUL per tile mostly go.
+// Prediction: B = 1 and 8 at len >= 256K from 25-30% to 70-85% of the copy
+// bandwidth; 64K at B = 1 is bound by launch + ramp + tail (~10 us against
+// ~5 us of streaming): ~30-40%.
+// The combine is a separate kernel launched with programmatic dependent launch
+// (it starts while the decode drains and waits on griddepcontrol.wait), with
+// float4 loads spread over the splits. A fused "last block combines" was not
+// taken: at B = 1 the last block would read all 132 partials (2 MB) alone,
+// ~15 us on one SM, more than the launch it saves.
+
+enum { MLA2_NR = 32, MLA2_MAXW = 11, MLA2_MAXSTG = 32, MLA2_BAR_BYTES = 2 * MLA2_MAXSTG * 8 };
+
+typedef struct {
+    int H, r_kv, dr, L, Lp;
+    int HT, CC, RS, NCW; // head tiles, column chunks, row groups; NCW = HT * CC * RS consumer warps
+    int SQ, SR;          // shared row strides (elements) of Q and of the ring slots
+    int NSTG;            // ring slots of MLA2_NR rows
+    int n_split;
+    int neg;   // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
+    float sl2; // > 0
+} mla2_args_t;
+
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    while (!mbar_try_wait(bar, parity)) {
+    }
+}
+// 1-D bulk copy global -> shared on the copy engine; completes `bytes` on bar.
+static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+// The barrier receives one arrival once all earlier cp.async of this thread landed.
+static __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+static __device__ __forceinline__ void griddep_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Grid (n_split, B), (NCW + 1) warps; the last warp is the producer. Shared:
+// [barriers 512 B][Q HR x SQ][ring NSTG x 32 x SR]; the ring is reused for the
+// final merge of the RS row groups.
+template <int CW, bool TMA>
+__global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
+    k_mla_decode2(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
+                  const bf16 *__restrict__ q_pe, const bf16 *__restrict__ cache, int64_t cache_rows,
+                  const int32_t *__restrict__ len, mla2_args_t a) {
+    constexpr int NR = MLA2_NR;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int HR = a.HT * 16, SQ = a.SQ, SR = a.SR, L = a.L, RS = a.RS, NCW = a.NCW, NSTG = a.NSTG;
+    const uint32_t bar_full = smem_u32(smem_raw), bar_empty = bar_full + MLA2_MAXSTG * 8;
+    bf16 *sQ = (bf16 *)(smem_raw + MLA2_BAR_BYTES);
+    bf16 *sC = sQ + HR * SQ; // [NSTG][NR][SR]
+
+    griddep_launch_dependents(); // the combine may be scheduled now; it waits for this grid to finish
+
+    const int b = blockIdx.y, split = blockIdx.x;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    int64_t n = len[b];
+    if (n > cache_rows) n = cache_rows;
+    if (n < 0) n = 0;
+    int64_t rps = (n + a.n_split - 1) / a.n_split;
+    rps = (rps + NR - 1) / NR * NR;
+    const int64_t start = (int64_t)split * rps;
+    const int64_t end = start + rps < n ? start + rps : n;
+    const int nrows = end > start ? (int)(end - start) : 0;
+    const int n_tiles = (nrows + NR - 1) / NR;
+    const bf16 *rows_g = cache + ((int64_t)b * cache_rows + start) * L;
+
+    if (tid == 0) {
+        for (int s = 0; s < NSTG; s++) {
+            mbar_init(bar_full + 8 * s, TMA ? 1 : 32);
+            mbar_init(bar_empty + 8 * s, a.HT * a.CC);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    float o[CW / 8][4];
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < CW / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    const int ht = warp % a.HT, cc = (warp / a.HT) % a.CC, rs = warp / (a.HT * a.CC);
+
+    if (warp == NCW) {
+        // ---- producer: tile t -> slot t % NSTG once its previous tile is consumed
+        for (int t = 0; t < n_tiles; t++) {
+            const int slot = t % NSTG, fill = t / NSTG;
+            if (fill > 0) mbar_wait(bar_empty + 8 * slot, (fill - 1) & 1);
+            const int valid = nrows - t * NR < NR ? nrows - t * NR : NR;
+            bf16 *dst = sC + slot * NR * SR;
+            const bf16 *src = rows_g + (int64_t)t * NR * L;
+            if (TMA) {
+                // rows past the slice (last tile only) are zeroed: their weight is 0 and 0 * stale must stay 0
+                if (valid < NR) {
+                    for (int i = lane; i < (NR - valid) * (L / 8); i += 32) {
+                        int r = valid + i / (L / 8), c = (i % (L / 8)) * 8;
+                        *(uint4 *)(dst + r * SR + c) = make_uint4(0, 0, 0, 0);
+                    }
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive_expect_tx(bar_full + 8 * slot, (uint32_t)(valid * L * 2));
+                __syncwarp();
+                if (lane < valid)
+                    bulk_g2s(smem_u32(dst + lane * SR), src + (int64_t)lane * L, (uint32_t)(L * 2),
+                             bar_full + 8 * slot);
+            } else {
+                // 16-byte chunks over the tile's rows; rows past the slice are zero-filled
+                const int cpr = L / 8;
+                int r = lane / cpr, c = lane - r * cpr;
+                for (int i = lane; i < NR * cpr; i += 32) {
+                    bool ok = r < valid;
+                    cp_async16(smem_u32(dst + r * SR + c * 8), ok ? src + (int64_t)r * L + c * 8 : cache, ok);
+                    c += 32;
+                    while (c >= cpr)
+                        c -= cpr, r++;
+                }
+                cp_async_mbar_arrive(bar_full + 8 * slot);
+            }
+        }
+        if (!TMA) cp_async_wait<0>();
+    } else {
+        // ---- consumers
+        const int nct = NCW * 32;
+        for (int i = tid; i < HR * (SQ / 8); i += nct) {
+            int r = i / (SQ / 8), c = (i - r * (SQ / 8)) * 8;
+            uint4 x = make_uint4(0, 0, 0, 0);
+            if (r < a.H && c < L) {
+                x = c < a.r_kv ? *(const uint4 *)(q_lat + ((int64_t)b * a.H + r) * a.r_kv + c)
+                               : *(const uint4 *)(q_pe + ((int64_t)b * a.H + r) * a.dr + (c - a.r_kv));
+                if (a.neg) x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+            }
+            *(uint4 *)(sQ + r * SQ + c) = x;
+        }
+        // columns [L, SR) of every slot row stay zero (the copies write [0, L) only)
+        for (int i = tid; i < NSTG * NR * ((SR - L) / 8); i += nct) {
+            int r = i / ((SR - L) / 8), c = L + (i - r * ((SR - L) / 8)) * 8;
+            *(uint4 *)(sC + r * SR + c) = make_uint4(0, 0, 0, 0);
+        }
+        named_sync(1, nct);
+
+        const uint32_t aQ = smem_u32(sQ) + (uint32_t)(((ht * 16 + (lane & 15)) * SQ + (lane >> 4) * 8) * 2);
+        const uint32_t oB = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SR + ((lane >> 3) & 1) * 8) * 2);
+        const uint32_t oT = (uint32_t)(((lane & 15) * SR + (lane >> 4) * 8 + cc * CW) * 2);
+        const int kchunks = a.Lp / 16;
+        const float sl2 = a.sl2;
+
+        for (int t = rs; t < n_tiles; t += RS) {
+            const int slot = t % NSTG;
+            mbar_wait(bar_full + 8 * slot, (t / NSTG) & 1);
+            const uint32_t stage = smem_u32(sC + slot * NR * SR);
+            const int valid = nrows - t * NR;
+
+            float s[NR / 8][4];
+#pragma unroll
+            for (int j = 0; j < NR / 8; j++)
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll 2
+            for (int kk = 0; kk < kchunks; kk++) {
+                uint32_t qa[4];
+                ldsm_x4(qa, aQ + kk * 32);
+#pragma unroll
+                for (int n2 = 0; n2 < NR / 16; n2++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, stage + oB + (n2 * 16 * SR + kk * 16) * 2);
+                    mma_bf16(s[2 * n2], qa, bb[0], bb[1]);
+                    mma_bf16(s[2 * n2 + 1], qa, bb[2], bb[3]);
+                }
+            }
+            if (valid < NR) { // last tile of the slice
+#pragma unroll
+                for (int nt = 0; nt < NR / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (nt * 8 + 2 * t4 + (e & 1) >= valid) s[nt][e] = -INFINITY;
+            }
+            // online softmax on raw scores (sl2 > 0); heads g (h = 0) and g + 8 (h = 1)
+            float mnew[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < NR / 8; nt++)
+                    mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mnew[h] = fmaxf(mrow[h], mx * sl2); // finite: every tile has a visible row
+            }
+            if (__any_sync(0xffffffffu, mnew[0] > mrow[0] || mnew[1] > mrow[1])) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float alpha = exp2_approx(mrow[h] - mnew[h]); // 0 on the first tile (mrow = -inf)
+                    mrow[h] = mnew[h];
+                    lrow[h] *= alpha;
+#pragma unroll
+                    for (int nt = 0; nt < CW / 8; nt++)
+                        o[nt][2 * h] *= alpha, o[nt][2 * h + 1] *= alpha;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NR / 8; nt++) {
+                    float p0 = exp2_approx(fmaf(s[nt][2 * h], sl2, -mrow[h]));
+                    float p1 = exp2_approx(fmaf(s[nt][2 * h + 1], sl2, -mrow[h]));
+                    s[nt][2 * h] = p0, s[nt][2 * h + 1] = p1;
+                    sum += p0 + p1;
+                }
+                lrow[h] += sum;
+            }
+            // O[:, chunk] += P c
+#pragma unroll
+            for (int kc = 0; kc < NR / 16; kc++) {
+                uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+                for (int d2 = 0; d2 < CW / 16; d2++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, stage + oT + (kc * 16 * SR + d2 * 16) * 2);
+                    mma_bf16(o[2 * d2], pa, bb[0], bb[1]);
+                    mma_bf16(o[2 * d2 + 1], pa, bb[2], bb[3]);
+                }
+            }
+            __syncwarp(); // every lane's reads of the slot are done
+            if (lane == 0) mbar_arrive(bar_empty + 8 * slot);
+        }
+    }
+
+    // ---- merge the RS row groups (the ring is free: every tile was consumed)
+    __syncthreads();
+    const int CCW = a.CC * CW, CCWp = CCW + 4;
+    float *em = (float *)sC;  // [RS][HR] running max (log2 domain)
+    float *el = em + RS * HR; // [RS][HR] sum
+    float *eo = el + RS * HR; // [RS][HR][CCWp] O of each row group, scaled to the block maximum
+    if (warp < NCW) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float l = lrow[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (cc == 0 && t4 == 0) {
+                em[rs * HR + ht * 16 + g + 8 * h] = mrow[h];
+                el[rs * HR + ht * 16 + g + 8 * h] = l;
+            }
+        }
+    }
+    __syncthreads();
+    if (warp < NCW) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int hr = ht * 16 + g + 8 * h;
+            float M = -INFINITY;
+            for (int r = 0; r < RS; r++)
+                M = fmaxf(M, em[r * HR + hr]);
+            float f = mrow[h] == -INFINITY ? 0.f : exp2_approx(mrow[h] - M);
+            float *dst = eo + (rs * HR + hr) * CCWp + cc * CW + 2 * t4;
+#pragma unroll
+            for (int nt = 0; nt < CW / 8; nt++)
+                *(float2 *)(dst + nt * 8) = make_float2(o[nt][2 * h] * f, o[nt][2 * h + 1] * f);
+        }
+    }
+    __syncthreads();
+    const int64_t pidx = (int64_t)b * a.n_split + split;
+    const int cq = a.r_kv / 4;
+    for (int i = tid; i < a.H * cq; i += blockDim.x) {
+        int h = i / cq, c = (i - h * cq) * 4;
+        float4 acc = *(const float4 *)(eo + h * CCWp + c);
+        for (int r = 1; r < RS; r++) {
+            float4 x = *(const float4 *)(eo + (r * HR + h) * CCWp + c);
+            acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+        }
+        *(float4 *)(part_o + (pidx * a.H + h) * a.r_kv + c) = acc;
+    }
+    for (int h = tid; h < a.H; h += blockDim.x) {
+        float M = -INFINITY, S = 0.f;
+        for (int r = 0; r < RS; r++)
+            M = fmaxf(M, em[r * HR + h]);
+        for (int r = 0; r < RS; r++) {
+            float l = el[r * HR + h];
+            if (l > 0.f) S += l * exp2_approx(em[r * HR + h] - M);
+        }
+        part_ml[(pidx * a.H + h) * 2] = M;
+        part_ml[(pidx * a.H + h) * 2 + 1] = S;
+    }
+}
+
+// out[b, h, :] = sum_s w_s O_s / sum_s w_s l_s, w_s = 2^(m_s - max m), as k_mla_combine,
+// but 256 threads per (h, b), each summing float4 columns over a strided subset of
+// the splits (several loads in flight), then a reduction over the subsets. May
+// start before the decode grid finishes (programmatic dependent launch): reads
+// nothing before griddepcontrol.wait.
+__global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, const float *__restrict__ part_o,
+                                                      const float *__restrict__ part_ml, int H, int r_kv, int n_split) {
+    extern __shared__ __align__(16) float cw_s[]; // [n_split] weights, then [G][CQ] float4 partial sums
+    __shared__ float red[32];
+    griddep_wait();
+    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+    const float *ml = part_ml + ((int64_t)b * n_split * H + h) * 2; // split s at ml[s * H * 2]
+    float M = -INFINITY;
+    for (int s = tid; s < n_split; s += blockDim.x)
+        if (ml[(int64_t)s * H * 2 + 1] > 0.f) M = fmaxf(M, ml[(int64_t)s * H * 2]);
+    M = block_reduce(M, true, red);
+    float S = 0.f;
+    for (int s = tid; s < n_split; s += blockDim.x) {
+        float l = ml[(int64_t)s * H * 2 + 1];
+        float ws = l > 0.f ? exp2f(ml[(int64_t)s * H * 2] - M) : 0.f;
+        cw_s[s] = ws;
+        S += ws * l;
+    }
+    S = block_reduce(S, false, red); // its barriers also publish the weights
+    const float inv = S > 0.f ? 1.f / S : 0.f;
+    const int CQ = r_kv / 4;
+    const int64_t sstride = (int64_t)H * CQ; // float4 stride between splits
+    const float4 *po = (const float4 *)(part_o + ((int64_t)b * n_split * H + h) * r_kv);
+    bf16 *orow = out + ((int64_t)b * H + h) * r_kv;
+    if (CQ >= (int)blockDim.x) {
+        for (int q = tid; q < CQ; q += blockDim.x) {
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+            for (int s = 0; s < n_split; s++) {
+                float w = cw_s[s];
+                float4 x = po[s * sstride + q];
+                acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
+                acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
+            }
+            orow[4 * q] = __float2bfloat16_rn(acc.x * inv), orow[4 * q + 1] = __float2bfloat16_rn(acc.y * inv);
+            orow[4 * q + 2] = __float2bfloat16_rn(acc.z * inv), orow[4 * q + 3] = __float2bfloat16_rn(acc.w * inv);
+        }
+        return;
+    }
+    const int G = blockDim.x / CQ, grp = tid / CQ, q = tid - grp * CQ;
+    float4 *part = (float4 *)(cw_s + (n_split + 3) / 4 * 4);
+    if (grp < G) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = grp; s < n_split; s += G) {
+            float w = cw_s[s];
+            float4 x = po[s * sstride + q];
+            acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
+            acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
+        }
+        part[grp * CQ + q] = acc;
+    }
+    __syncthreads();
+    if (tid < CQ) {
+        float4 acc = part[tid];
+        for (int gi = 1; gi < G; gi++) {
+            float4 x = part[gi * CQ + tid];
+            acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+        }
+        orow[4 * tid] = __float2bfloat16_rn(acc.x * inv), orow[4 * tid + 1] = __float2bfloat16_rn(acc.y * inv);
+        orow[4 * tid + 2] = __float2bfloat16_rn(acc.z * inv), orow[4 * tid + 3] = __float2bfloat16_rn(acc.w * inv);
+    }
+}
+
 // ---- host side --------------------------------------------------------------
 
 static void mla_error(be_t *be, const char *fmt, ...) {
@@ -407,6 +812,116 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
     arena_reset(ar, mark); // stream order protects the partials from later users
 }
 
+// Variant override for benchmarks and tests (read on every call):
+//   HYLO_MLA_DECODE = 0 / unset: v2 with bulk copies (TMA); 1: v1, the original
+//   kernel and combine; 2: v2 with a cp.async producer.
+//   HYLO_MLA_WARPS = consumer warps per block for v2 (default 12, at most 12);
+//   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
+static int env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
+// Launches v2; false when the shape does not fit its layout (the caller runs v1).
+template <int CW, bool TMA>
+static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
+                        const int32_t *len, int B, mla2_args_t a) {
+    cuda_impl_t *ci = cuda_impl(be);
+    auto kern = k_mla_decode2<CW, TMA>;
+    const int HR = a.HT * 16, wpr = a.HT * a.CC; // warps per row group
+    if (wpr > MLA2_MAXW) return false;
+    const size_t slot = (size_t)MLA2_NR * a.SR * sizeof(bf16);
+    const size_t fixed = MLA2_BAR_BYTES + (size_t)HR * a.SQ * sizeof(bf16);
+    if (ci->smem_optin < fixed + 3 * slot) return false;
+    int fit = (int)((ci->smem_optin - fixed) / slot);
+    int cap = env_int("HYLO_MLA_STAGES", MLA2_MAXSTG);
+    if (cap > MLA2_MAXSTG) cap = MLA2_MAXSTG;
+    if (cap < 3) cap = 3;
+    a.NSTG = fit < cap ? fit : cap;
+    // row groups: up to the warp target, and at most half the slots so that the
+    // other half can be in flight while every group computes
+    int want = env_int("HYLO_MLA_WARPS", MLA2_MAXW);
+    if (want > MLA2_MAXW) want = MLA2_MAXW;
+    int rs = want / wpr;
+    if (rs > a.NSTG / 2) rs = a.NSTG / 2;
+    a.RS = rs < 1 ? 1 : rs;
+    // the merge area (per row group m, l and O) reuses the ring
+    for (;;) {
+        size_t merge = (size_t)(2 * a.RS * HR + a.RS * HR * (a.CC * CW + 4)) * sizeof(float);
+        if (merge <= (size_t)a.NSTG * slot) break;
+        if (a.RS == 1) return false;
+        a.RS--;
+    }
+    a.NCW = wpr * a.RS;
+    const int threads = (a.NCW + 1) * 32;
+    const size_t smem = fixed + (size_t)a.NSTG * slot;
+    static size_t smem_set;
+    if (smem > smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) {
+            cuda_fail(be, "cudaFuncSetAttribute(k_mla_decode2)", e);
+            return true;
+        }
+        smem_set = smem;
+    }
+    static int occ_threads, occ;
+    static size_t occ_smem;
+    if (occ_threads != threads || occ_smem != smem) {
+        int nb = 0;
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
+        if (e != cudaSuccess) {
+            cuda_fail(be, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(k_mla_decode2)", e);
+            return true;
+        }
+        occ = nb > 0 ? nb : 1;
+        occ_threads = threads, occ_smem = smem;
+    }
+    // one wave of blocks over the whole batch; never more slices than row tiles
+    int64_t ns = (int64_t)occ * ci->sm_count / B;
+    int64_t tiles = (cache_rows + MLA2_NR - 1) / MLA2_NR;
+    if (ns > tiles) ns = tiles;
+    if (ns < 1) ns = 1;
+    a.n_split = (int)ns;
+
+    arena_t *ar = &be->scratch;
+    size_t mark = arena_mark(ar);
+    float *part_o = (float *)arena_alloc(ar, (size_t)B * ns * a.H * a.r_kv * sizeof(float));
+    float *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * a.H * 2 * sizeof(float));
+    if (!part_o || !part_ml) {
+        mla_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
+                  (long long)(B * ns * a.H));
+        arena_reset(ar, mark);
+        return true;
+    }
+    kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
+        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a);
+    cuda_check_launch(be, "k_mla_decode2");
+
+    // the combine, launched early (programmatic dependent launch); plain launch if refused
+    const int CQ = a.r_kv / 4, G = CQ >= 256 ? 1 : 256 / CQ;
+    const size_t csmem = (size_t)(ns + 3) / 4 * 4 * sizeof(float) + (CQ >= 256 ? 0 : (size_t)G * CQ * 16);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)a.H, (unsigned)B);
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = csmem;
+    cfg.stream = cuda_stream(be);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_mla_combine2, (bf16 *)out, (const float *)part_o, (const float *)part_ml,
+                                       a.H, a.r_kv, (int)ns);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        k_mla_combine2<<<cfg.gridDim, 256, csmem, cuda_stream(be)>>>((bf16 *)out, part_o, part_ml, a.H, a.r_kv,
+                                                                     (int)ns);
+    }
+    cuda_check_launch(be, "k_mla_combine2");
+    arena_reset(ar, mark); // stream order protects the partials from later users
+    return true;
+}
+
 static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
                                int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
     if (B <= 0 || H <= 0) return;
@@ -419,13 +934,37 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
         mla_error(be, "cuda mla_decode_attn: q_lat, q_pe and cache must be 16-byte aligned");
         return;
     }
+    const int HT = (H + 15) / 16, CC = (r_kv + 127) / 128;
+    const int per = (r_kv + CC - 1) / CC;
+    const int CW = per <= 32 ? 32 : per <= 64 ? 64 : 128;
+    const int L = r_kv + dr, Lp = (L + 15) / 16 * 16;
+    const int wide = Lp > CC * CW ? Lp : CC * CW;
+    const int var = env_int("HYLO_MLA_DECODE", 0);
+    if (var != 1) {
+        mla2_args_t a;
+        memset(&a, 0, sizeof a);
+        a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = L, a.Lp = Lp, a.HT = HT, a.CC = CC;
+        a.SQ = Lp + 8;                    // (SQ / 8) odd: ldmatrix rows in distinct bank groups
+        a.SR = (wide + 15) / 16 * 16 + 8; // the same for the ring rows
+        float sl2 = fabsf(scale) * 1.4426950408889634f;
+        a.neg = scale < 0.f;
+        a.sl2 = sl2 > 1e-30f ? sl2 : 1e-30f; // scale 0: uniform weights (a zero sl2 would turn -inf * 0 into NaN)
+        bool done;
+        if (var == 2)
+            done = CW == 32   ? launch_mla2<32, false>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
+                   : CW == 64 ? launch_mla2<64, false>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
+                              : launch_mla2<128, false>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        else
+            done = CW == 32   ? launch_mla2<32, true>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
+                   : CW == 64 ? launch_mla2<64, true>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
+                              : launch_mla2<128, true>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        if (done) return;
+    }
     mla_args_t a;
     memset(&a, 0, sizeof a);
-    a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = r_kv + dr, a.Lp = (a.L + 15) / 16 * 16;
-    a.HT = (H + 15) / 16;
-    a.CC = (r_kv + 127) / 128;
-    int per = (r_kv + a.CC - 1) / a.CC;
-    int CW = per <= 32 ? 32 : per <= 64 ? 64 : 128;
+    a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = L, a.Lp = Lp;
+    a.HT = HT;
+    a.CC = CC;
     if (a.HT * a.CC > 16) {
         mla_error(be, "cuda mla_decode_attn: H=%d with r_kv=%d needs more than 16 warps per block", H, r_kv);
         return;
@@ -433,7 +972,6 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     int rs = 8 / (a.HT * a.CC);
     a.RS = rs < 1 ? 1 : rs > 4 ? 4 : rs;
     a.SQ = a.Lp + 8; // (SQ / 8) odd: ldmatrix rows in distinct bank groups
-    int wide = a.Lp > a.CC * CW ? a.Lp : a.CC * CW;
     a.SR = (wide + 15) / 16 * 16 + 8;
     a.sl2 = scale * 1.4426950408889634f;
     if (CW == 32)
