@@ -97,7 +97,8 @@ test: $(BIN) $(TESTBIN)
 	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(TESTBIN)
 
 test-cuda: $(BIN) $(CUDATESTBIN)
-	@HYLO_BIN=$(BIN) scripts/run_tests.sh $(CUDATESTBIN)
+	@scripts/fetch_model.sh >/dev/null
+	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(CUDATESTBIN)
 
 bench: $(BIN) $(BENCHBIN)
 

@@ -97,7 +97,12 @@ static void test_model_logits(void **st) {
         if (et > worst) worst = et;
     }
     printf("  prefill + %d decode steps: worst rel err %.2e\n", T - 37, worst);
-    assert_true(worst < LOGIT_TOL);
+    // The decode path computes the same function by other algorithms (GDN and
+    // SSD recurrences instead of chunks, absorbed MLA over the latent cache),
+    // each in bf16: seen 5.8e-2 at the worst of 64 positions on the H200
+    // (2.2e-2 for the full forward). Bound 1e-1; a wrong cache or state
+    // update gives O(1).
+    assert_true(worst < 1e-1);
     model_state_free(&p.cpu, &sc);
     model_state_free(&p.gpu, &sg);
     free(ids), free(lc), free(lg), free(c1), free(g1);
