@@ -26,6 +26,8 @@ int cli_load_tokenizer(const char *path, void *tok /* tok_t * */);
 // recurrences and fused losses take their temporaries from the arena (up to a
 // few hundred MiB at long contexts); the CPU ops fall back to the heap.
 int cli_backend(const char *device, void *be_out /* be_t ** */);
+// 1 when a model folder has a tokenizer.json.
+int cli_has_tokenizer(const char *dir);
 // "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
 int cli_dtype(const char *s);
 

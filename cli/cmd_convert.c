@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/fs.h"
+#include "base/log.h"
 #include "base/timer.h"
 #include "cli/cli.h"
 #include "io/recipe.h"
@@ -286,11 +288,16 @@ int cmd_convert(int argc, char **argv) {
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
     }
-    if (rc == 0) rc = cli_load_tokenizer(o.teacher, &tok);
+    // A teacher folder without tokenizer files still converts (without them).
+    int have_tok = 0;
+    if (rc == 0 && fs_is_dir(o.teacher) && !cli_has_tokenizer(o.teacher))
+        log_warn("%s has no tokenizer.json: the checkpoint is written without tokenizer files", o.teacher);
+    else if (rc == 0 && (rc = cli_load_tokenizer(o.teacher, &tok)) == 0)
+        have_tok = 1;
     char seed_s[32];
     snprintf(seed_s, sizeof seed_s, "%ld", o.seed);
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
-    if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, &tok, meta);
+    if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta);
     if (rc == 0) {
         int cnt[4] = {0};
         for (int l = 0; l < s.n_layers; l++) cnt[s.kind[l]]++;

@@ -35,3 +35,8 @@ int cli_backend(const char *device, void *be_out) {
     size_t scratch = !strcmp(device, "cuda") ? (size_t)2 << 30 : (size_t)64 << 20;
     return be_create((be_t **)be_out, device, scratch);
 }
+
+int cli_has_tokenizer(const char *dir) {
+    char tj[1100];
+    return fs_join(tj, sizeof tj, dir, "tokenizer.json") == 0 && fs_exists(tj);
+}

@@ -1,0 +1,183 @@
+// hylo convert end to end on a tiny teacher folder built in the test: the
+// stage-1 pure models, the stage-2 assembly from them by a layer plan, the
+// recipe YAML path, reproducible seeds, and the recipe's strictness.
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/fs.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+#include "testutil.h"
+
+static char tmp[256];
+
+static int setup(void **st) {
+    snprintf(tmp, sizeof tmp, "/tmp/hylo_convert_%d", (int)getpid());
+    mkdir(tmp, 0755);
+    return 0;
+}
+
+static int teardown(void **st) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    return system(cmd) == -1;
+}
+
+static int hylo(const char *args) {
+    const char *bin = getenv("HYLO_BIN");
+    if (!bin) {
+        printf("HYLO_BIN is not set (run through make test)\n");
+        skip();
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s > %s/out.txt 2>&1", bin, args, tmp);
+    int rc = system(cmd);
+    char *out, path[400];
+    snprintf(path, sizeof path, "%s/out.txt", tmp);
+    if (fs_read_all(path, &out, NULL) == 0) {
+        printf("  hylo %s -> %d\n%s", args, WEXITSTATUS(rc), out);
+        free(out);
+    }
+    return WEXITSTATUS(rc);
+}
+
+static void teacher(const char *dir) {
+    arch_t a;
+    arch_init(&a);
+    a.d = 32, a.n_layers = 4, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 100, a.tie_embeddings = 1;
+    a.eos_id = 2, a.eos_ids[0] = 2, a.n_eos = 1;
+    for (int l = 0; l < a.n_layers; l++) a.kind[l] = LAYER_ATTN;
+    ptable_t pt;
+    assert_int_equal(ptable_build(&pt, &a), 0);
+    float *w = tu_params(&pt, 5, 0.2f);
+    assert_int_equal(ckpt_write(dir, &a, &pt, w, ST_F32, NULL, NULL), 0);
+    free(w);
+    ptable_free(&pt);
+}
+
+// Reads tensor `name` of the checkpoint in dir (malloc'ed), n elements.
+static float *read_tensor(const char *dir, const char *name, int64_t *n) {
+    st_set_t s;
+    assert_int_equal(st_set_open(&s, dir), 0);
+    const st_tensor_t *t = st_set_find(&s, name, NULL);
+    if (!t) printf("  %s: no tensor %s\n", dir, name);
+    assert_non_null(t);
+    float *p = malloc((size_t)t->numel * sizeof(float));
+    assert_int_equal(st_set_read_f32(&s, name, p), 0);
+    *n = t->numel;
+    st_set_close(&s);
+    return p;
+}
+
+static void same_tensor(const char *d1, const char *d2, const char *name) {
+    int64_t n1, n2;
+    float *a = read_tensor(d1, name, &n1), *b = read_tensor(d2, name, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, (size_t)n1 * sizeof(float));
+    free(a), free(b);
+}
+
+static void test_stage1_and_assembly(void **st) {
+    char T[300], A[300], B[300], H[300], args[1600];
+    snprintf(T, sizeof T, "%s/teacher", tmp), snprintf(A, sizeof A, "%s/mla", tmp);
+    snprintf(B, sizeof B, "%s/gdn", tmp), snprintf(H, sizeof H, "%s/hybrid", tmp);
+    teacher(T);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --all-mla --r-q 16 --r-kv 16", T, A);
+    assert_int_equal(hylo(args), 0);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --all-linear --linear gdn --gdn-heads 2 --gdn-head-dim 16",
+             T, B);
+    assert_int_equal(hylo(args), 0);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers 1,3 --from-mla %s --from-linear %s", T, H,
+             A, B);
+    assert_int_equal(hylo(args), 0);
+    arch_t a;
+    assert_int_equal(cfg_load_dir(H, &a), 0);
+    layer_kind_t want[4] = {LAYER_GDN, LAYER_MLA, LAYER_GDN, LAYER_MLA};
+    for (int l = 0; l < 4; l++) assert_int_equal(a.kind[l], want[l]);
+    assert_int_equal(a.mla.r_kv, 16);
+    assert_int_equal(a.gdn.n_heads, 2);
+    // layer i whole from its stage-1 model; embedding and final norm from the teacher
+    same_tensor(H, A, "model.layers.1.mla.kv_b_proj.weight");
+    same_tensor(H, A, "model.layers.3.mlp.down_proj.weight");
+    same_tensor(H, A, "model.layers.3.input_layernorm.weight");
+    same_tensor(H, B, "model.layers.0.gdn.q_proj.weight");
+    same_tensor(H, B, "model.layers.2.gdn.A_log");
+    same_tensor(H, B, "model.layers.2.mlp.up_proj.weight");
+    same_tensor(H, T, "model.embed_tokens.weight");
+    same_tensor(H, T, "model.norm.weight");
+    // the hybrid runs
+    snprintf(args, sizeof args, "info %s", H);
+    assert_int_equal(hylo(args), 0);
+    // a stage-1 checkpoint of the wrong kind is refused with its name
+    snprintf(args, sizeof args, "convert --teacher %s --out %s/bad --mla-layers 1 --from-mla %s --from-linear %s", T,
+             tmp, B, A);
+    assert_int_equal(hylo(args), 2);
+}
+
+static void test_recipe_and_seed(void **st) {
+    char T[300], R[300], yaml[300], args[1600];
+    snprintf(T, sizeof T, "%s/teacher2", tmp), snprintf(R, sizeof R, "%s/from_recipe", tmp);
+    snprintf(yaml, sizeof yaml, "%s/recipe.yaml", tmp);
+    teacher(T);
+    char text[2048];
+    snprintf(text, sizeof text,
+             "# a HyLo-style stage-1 recipe\n"
+             "model_name_or_path: %s\n"
+             "output_dir: %s\n"
+             "linear_type: mamba\n"
+             "mla_layers: [0, 2]\n"
+             "q_lora_rank: 16\n"
+             "kv_lora_rank: 16\n"
+             "factor: 4.0\n"
+             "original_max_position_embeddings: 64\n"
+             "seed: 7\n"
+             "learning_rate: 2.0e-4\n"
+             "dataset_mixer:\n  JunxiongWang/sftdatasetv3: 1.0\n",
+             T, R);
+    assert_int_equal(fs_write_all(yaml, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "convert --recipe %s", yaml);
+    assert_int_equal(hylo(args), 0);
+    arch_t a;
+    assert_int_equal(cfg_load_dir(R, &a), 0);
+    layer_kind_t want[4] = {LAYER_MLA, LAYER_M2, LAYER_MLA, LAYER_M2};
+    for (int l = 0; l < 4; l++) assert_int_equal(a.kind[l], want[l]);
+    assert_int_equal(a.mla.r_q, 16);
+    assert_int_equal(a.mla.rope.scaling, ROPE_SCALE_YARN);
+    assert_float_equal(a.mla.rope.factor, 4.0f, 0);
+    assert_int_equal(a.mla.rope.orig_max_pos, 64);
+    // the same seed reproduces the random initialisations, another one does not
+    char R2[300], R3[300];
+    snprintf(R2, sizeof R2, "%s/again", tmp), snprintf(R3, sizeof R3, "%s/seed8", tmp);
+    snprintf(args, sizeof args, "convert --recipe %s --out %s", yaml, R2);
+    assert_int_equal(hylo(args), 0);
+    same_tensor(R, R2, "model.layers.1.mamba.in_proj.weight");
+    same_tensor(R, R2, "model.layers.1.mamba.dt_bias");
+    snprintf(args, sizeof args, "convert --recipe %s --out %s --seed 8", yaml, R3);
+    assert_int_equal(hylo(args), 0);
+    int64_t n1, n2;
+    float *x = read_tensor(R, "model.layers.1.mamba.dt_bias", &n1), *y = read_tensor(R3, "model.layers.1.mamba.dt_bias", &n2);
+    assert_true(memcmp(x, y, (size_t)n1 * sizeof(float)) != 0);
+    free(x), free(y);
+    // an unknown key is an error naming it and its line
+    const char *bad = "model_name_or_path: x\nmla_layer: [0]\n";
+    assert_int_equal(fs_write_all(yaml, bad, strlen(bad)), 0);
+    snprintf(args, sizeof args, "convert --recipe %s", yaml);
+    assert_int_equal(hylo(args), 2);
+    char *out, p[400];
+    snprintf(p, sizeof p, "%s/out.txt", tmp);
+    assert_int_equal(fs_read_all(p, &out, NULL), 0);
+    assert_non_null(strstr(out, "recipe.yaml:2: unknown key 'mla_layer'"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stage1_and_assembly),
+        cmocka_unit_test(test_recipe_and_seed),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
