@@ -66,6 +66,7 @@ BENCHSRC := $(shell find bench -name '*.c' | sort)
 BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
 .PHONY: all test test-cuda bench fuzz format format-check clean model demo
+.SECONDARY: $(TESTUTIL)
 all: $(BIN)
 
 $(BUILD)/obj/%.o: %.c

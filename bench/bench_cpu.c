@@ -27,7 +27,8 @@ static double memcpy_gbps(void) {
     for (int r = 0; r < 5; r++) {
         double t0 = time_now();
 #pragma omp parallel for schedule(static)
-        for (int c = 0; c < 64; c++) memcpy(b + (size_t)c * (n / 64), a + (size_t)c * (n / 64), n / 64);
+        for (int c = 0; c < 64; c++)
+            memcpy(b + (size_t)c * (n / 64), a + (size_t)c * (n / 64), n / 64);
         double t = time_now() - t0;
         if (t < best) best = t;
     }
@@ -39,7 +40,8 @@ static double memcpy_gbps(void) {
 static double sgemm_gflops(void) {
     int n = 1024;
     float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *c = malloc(sizeof(float) * n * n);
-    for (int i = 0; i < n * n; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
+    for (int i = 0; i < n * n; i++)
+        a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
@@ -67,7 +69,8 @@ int main(int argc, char **argv) {
     }
     double bw = memcpy_gbps(), gf = sgemm_gflops();
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(P + D));
-    for (int i = 0; i < P + D; i++) ids[i] = (int32_t)((i * 7919 + 13) % m.a.V);
+    for (int i = 0; i < P + D; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % m.a.V);
     float *logits = malloc(sizeof(float) * (size_t)m.a.V);
     model_state_t st;
     if (model_state_alloc(&m, &st, 1, P + D + 1) < 0) {
@@ -84,11 +87,12 @@ int main(int argc, char **argv) {
     }
     double tp = time_now() - t0;
     t0 = time_now();
-    for (int i = 0; i < D; i++) model_step(&m, &st, &ids[P + i], logits);
+    for (int i = 0; i < D; i++)
+        model_step(&m, &st, &ids[P + i], logits);
     double td = time_now() - t0;
     int64_t params = ptable_count(&m.pt);
     double wbytes = (double)params * sizeof(float); // fp32 weights streamed per decode step
-    double flops_tok = 2.0 * (double)params;       // matmul FLOPs per token (attention over a short prompt is small)
+    double flops_tok = 2.0 * (double)params;        // matmul FLOPs per token (attention over a short prompt is small)
     double prefill_tps = P / tp, decode_tps = D / td;
     printf("threads              %d (OpenBLAS kernels %s, OMP_WAIT_POLICY %s)\n", omp_get_max_threads(),
            openblas_get_corename(), getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default");

@@ -14,19 +14,18 @@
 #include "model/model.h"
 #include "tok/tok.h"
 
-static const char *help =
-    "usage: hylo compare TEACHER STUDENT [options]\n"
-    "\n"
-    "Feeds the same token windows to both models (they must share the tokenizer and\n"
-    "vocabulary) and reports, over all positions and at the last position of each\n"
-    "window (the first token the model would generate):\n"
-    "  KL(teacher || student) in nats, top-1 agreement, and teacher-token rank.\n"
-    "\n"
-    "options:\n"
-    "  --text DIR|FILE   text to cut windows from (default ../shared/data/essays)\n"
-    "  --windows N       number of windows (default 16, the start of one file each)\n"
-    "  --tokens T        tokens per window (default 64)\n"
-    "  --device D        cpu or cuda (default cpu)\n";
+static const char *help = "usage: hylo compare TEACHER STUDENT [options]\n"
+                          "\n"
+                          "Feeds the same token windows to both models (they must share the tokenizer and\n"
+                          "vocabulary) and reports, over all positions and at the last position of each\n"
+                          "window (the first token the model would generate):\n"
+                          "  KL(teacher || student) in nats, top-1 agreement, and teacher-token rank.\n"
+                          "\n"
+                          "options:\n"
+                          "  --text DIR|FILE   text to cut windows from (default ../shared/data/essays)\n"
+                          "  --windows N       number of windows (default 16, the start of one file each)\n"
+                          "  --tokens T        tokens per window (default 64)\n"
+                          "  --device D        cpu or cuda (default cpu)\n";
 
 typedef struct {
     double kl, top1, n;
@@ -40,7 +39,8 @@ static void add_position(acc_t *a, const float *lt, const float *ls, int V) {
         if (ls[v] > ms) ms = ls[v], as = v;
     }
     double zt = 0, zs = 0;
-    for (int v = 0; v < V; v++) zt += exp(lt[v] - mt), zs += exp(ls[v] - ms);
+    for (int v = 0; v < V; v++)
+        zt += exp(lt[v] - mt), zs += exp(ls[v] - ms);
     double lzt = mt + log(zt), lzs = ms + log(zs), kl = 0;
     for (int v = 0; v < V; v++) {
         double lpt = lt[v] - lzt;
@@ -134,7 +134,8 @@ int cmd_compare(int argc, char **argv) {
         if (rc == 0 && n >= T) {
             rc = model_logits_all(&mt, ids, 1, (int)T, lt);
             if (rc == 0) rc = model_logits_all(&ms, ids, 1, (int)T, ls);
-            for (int t = 0; rc == 0 && t < T; t++) add_position(&all, lt + (int64_t)t * V, ls + (int64_t)t * V, V);
+            for (int t = 0; rc == 0 && t < T; t++)
+                add_position(&all, lt + (int64_t)t * V, ls + (int64_t)t * V, V);
             if (rc == 0) add_position(&last, lt + (int64_t)(T - 1) * V, ls + (int64_t)(T - 1) * V, V);
             used++;
         }
@@ -148,7 +149,8 @@ int cmd_compare(int argc, char **argv) {
         printf("%-28s %12.4f %11.1f%%\n", "all positions", all.kl / all.n, 100.0 * all.top1 / all.n);
         printf("%-28s %12.4f %11.1f%%\n", "first generated token", last.kl / last.n, 100.0 * last.top1 / last.n);
     }
-    for (int f = 0; f < nf; f++) free(files[f]);
+    for (int f = 0; f < nf; f++)
+        free(files[f]);
     free(files);
     free(lt), free(ls);
     tok_free(&tok);

@@ -18,38 +18,37 @@
 #include "tok/tok.h"
 #include "upcycle/upcycle.h"
 
-static const char *help =
-    "usage: hylo convert --teacher PATH --out DIR PLAN [options]\n"
-    "\n"
-    "Upcycles the teacher (a GGUF file or a Hugging Face folder) into a hybrid\n"
-    "checkpoint folder: MLA layers initialised by truncated SVD of the teacher's\n"
-    "projections, GDN (HyLo: GQA expansion + truncation) or Mamba-2 (MambaInLlama\n"
-    "mapping) for the other layers; MLPs, norms, embedding and head copied.\n"
-    "\n"
-    "plan (one of):\n"
-    "  --mla-layers LIST   MLA at these layer indices, e.g. 0,3,6 (the rest linear)\n"
-    "  --mla-every K       MLA at layers 0, K, 2K, ...\n"
-    "  --all-mla           every layer MLA (the stage-1 pure MLA model)\n"
-    "  --all-linear        every layer linear (the stage-1 pure linear model)\n"
-    "\n"
-    "options:\n"
-    "  --linear gdn|mamba2 the linear block (default gdn)\n"
-    "  --r-q N, --r-kv N, --d-rope N, --d-nope N, --d-v N\n"
-    "                      MLA dimensions (default by the recipe rules, printed)\n"
-    "  --gdn-heads N, --gdn-head-dim N   GDN heads (default floor(0.75 d / 256)) x 256\n"
-    "  --yarn-factor F, --yarn-orig N    YaRN on the MLA RoPE (default none)\n"
-    "  --from-mla DIR --from-linear DIR  assemble the hybrid from two stage-1\n"
-    "                      checkpoints: layer i whole from the MLA one when i is in\n"
-    "                      the plan, else from the linear one; embedding, final norm\n"
-    "                      and head from the teacher\n"
-    "  --recipe FILE.yaml  read model_name_or_path (teacher), mla_layers, linear_type,\n"
-    "                      q_lora_rank, kv_lora_rank, qk_rope_head_dim,\n"
-    "                      qk_nope_head_dim, v_head_dim, factor,\n"
-    "                      original_max_position_embeddings, mla_ILD_path,\n"
-    "                      linear_ILD_path, output_dir, seed; flags override it\n"
-    "  --seed S            seed of the random initialisations (default 42)\n"
-    "  --dtype f32|bf16|f16  matrices' dtype in model.safetensors (default f32)\n"
-    "  --allow-missing     tolerate missing / unknown tensors in the inputs\n";
+static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [options]\n"
+                          "\n"
+                          "Upcycles the teacher (a GGUF file or a Hugging Face folder) into a hybrid\n"
+                          "checkpoint folder: MLA layers initialised by truncated SVD of the teacher's\n"
+                          "projections, GDN (HyLo: GQA expansion + truncation) or Mamba-2 (MambaInLlama\n"
+                          "mapping) for the other layers; MLPs, norms, embedding and head copied.\n"
+                          "\n"
+                          "plan (one of):\n"
+                          "  --mla-layers LIST   MLA at these layer indices, e.g. 0,3,6 (the rest linear)\n"
+                          "  --mla-every K       MLA at layers 0, K, 2K, ...\n"
+                          "  --all-mla           every layer MLA (the stage-1 pure MLA model)\n"
+                          "  --all-linear        every layer linear (the stage-1 pure linear model)\n"
+                          "\n"
+                          "options:\n"
+                          "  --linear gdn|mamba2 the linear block (default gdn)\n"
+                          "  --r-q N, --r-kv N, --d-rope N, --d-nope N, --d-v N\n"
+                          "                      MLA dimensions (default by the recipe rules, printed)\n"
+                          "  --gdn-heads N, --gdn-head-dim N   GDN heads (default floor(0.75 d / 256)) x 256\n"
+                          "  --yarn-factor F, --yarn-orig N    YaRN on the MLA RoPE (default none)\n"
+                          "  --from-mla DIR --from-linear DIR  assemble the hybrid from two stage-1\n"
+                          "                      checkpoints: layer i whole from the MLA one when i is in\n"
+                          "                      the plan, else from the linear one; embedding, final norm\n"
+                          "                      and head from the teacher\n"
+                          "  --recipe FILE.yaml  read model_name_or_path (teacher), mla_layers, linear_type,\n"
+                          "                      q_lora_rank, kv_lora_rank, qk_rope_head_dim,\n"
+                          "                      qk_nope_head_dim, v_head_dim, factor,\n"
+                          "                      original_max_position_embeddings, mla_ILD_path,\n"
+                          "                      linear_ILD_path, output_dir, seed; flags override it\n"
+                          "  --seed S            seed of the random initialisations (default 42)\n"
+                          "  --dtype f32|bf16|f16  matrices' dtype in model.safetensors (default f32)\n"
+                          "  --allow-missing     tolerate missing / unknown tensors in the inputs\n";
 
 typedef struct {
     const char *teacher, *out, *from_mla, *from_lin, *recipe;
@@ -89,26 +88,42 @@ static int int_opt(const char *name, const char *v, int *out) {
 }
 
 static int parse(int argc, char **argv, conv_opts_t *o) {
+    // options taking a string or a positive integer, by table
+    struct {
+        const char *flag;
+        const char **field;
+    } strs[] = {{"--teacher", &o->teacher},
+                {"--out", &o->out},
+                {"--from-mla", &o->from_mla},
+                {"--from-linear", &o->from_lin},
+                {"--recipe", &o->recipe}};
+    struct {
+        const char *flag;
+        int *field;
+    } ints[] = {{"--r-q", &o->dims.r_q},
+                {"--r-kv", &o->dims.r_kv},
+                {"--d-rope", &o->dims.d_rope},
+                {"--d-nope", &o->dims.d_nope},
+                {"--d-v", &o->dims.d_v},
+                {"--gdn-heads", &o->dims.gdn_heads},
+                {"--gdn-head-dim", &o->dims.gdn_head_dim},
+                {"--yarn-orig", &o->dims.yarn_orig},
+                {"--mla-every", &o->every}};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
-        int r = 0;
-#define STR(flag, field)                                                                                   \
-    if ((r = cli_opt(argc, argv, &i, flag, &v))) {                                                          \
-        if (r < 0) return cli_usage("convert", "%s needs a value", flag);                                  \
-        o->field = v;                                                                                      \
-        continue;                                                                                          \
-    }
-#define INT(flag, field)                                                                                   \
-    if ((r = cli_opt(argc, argv, &i, flag, &v))) {                                                          \
-        TRY(int_opt(flag, v, &o->field));                                                                  \
-        continue;                                                                                          \
-    }
-        STR("--teacher", teacher) STR("--out", out) STR("--from-mla", from_mla) STR("--from-linear", from_lin)
-        STR("--recipe", recipe) INT("--r-q", dims.r_q) INT("--r-kv", dims.r_kv) INT("--d-rope", dims.d_rope)
-        INT("--d-nope", dims.d_nope) INT("--d-v", dims.d_v) INT("--gdn-heads", dims.gdn_heads)
-        INT("--gdn-head-dim", dims.gdn_head_dim) INT("--yarn-orig", dims.yarn_orig) INT("--mla-every", every)
-#undef STR
-#undef INT
+        int r = 0, done = 0;
+        for (size_t k = 0; k < sizeof strs / sizeof strs[0] && !done; k++)
+            if ((r = cli_opt(argc, argv, &i, strs[k].flag, &v))) {
+                if (r < 0) return cli_usage("convert", "%s needs a value", strs[k].flag);
+                *strs[k].field = v;
+                done = 1;
+            }
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
+            if ((r = cli_opt(argc, argv, &i, ints[k].flag, &v))) {
+                TRY(int_opt(ints[k].flag, v, ints[k].field));
+                done = 1;
+            }
+        if (done) continue;
         if ((r = cli_opt(argc, argv, &i, "--mla-layers", &v))) {
             if (r < 0) return cli_usage("convert", "--mla-layers needs a value");
             TRY(parse_list(v, &o->mla, &o->n_mla));
@@ -167,7 +182,7 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
     struct {
         const char *key;
         int *field;
-    } ints[] = {{"q_lora_rank", &o->dims.r_q},       {"kv_lora_rank", &o->dims.r_kv},
+    } ints[] = {{"q_lora_rank", &o->dims.r_q},         {"kv_lora_rank", &o->dims.r_kv},
                 {"qk_rope_head_dim", &o->dims.d_rope}, {"qk_nope_head_dim", &o->dims.d_nope},
                 {"v_head_dim", &o->dims.d_v},          {"original_max_position_embeddings", &o->dims.yarn_orig}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
@@ -186,16 +201,20 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
 
 // The layer plan as a list of MLA indices.
 static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
-    if (o->have_plan != 1) return cli_usage("convert", "give exactly one plan: --mla-layers, --mla-every, --all-mla or --all-linear");
+    if (o->have_plan != 1)
+        return cli_usage("convert", "give exactly one plan: --mla-layers, --mla-every, --all-mla or --all-linear");
     *mla = malloc((size_t)t->n_layers * sizeof(int));
     *n = 0;
     if (!*mla) return err_set(ERR_NOMEM, "out of memory");
     if (o->all_mla)
-        for (int l = 0; l < t->n_layers; l++) (*mla)[(*n)++] = l;
+        for (int l = 0; l < t->n_layers; l++)
+            (*mla)[(*n)++] = l;
     else if (o->every)
-        for (int l = 0; l < t->n_layers; l += o->every) (*mla)[(*n)++] = l;
+        for (int l = 0; l < t->n_layers; l += o->every)
+            (*mla)[(*n)++] = l;
     else if (o->mla) {
-        if (o->n_mla > t->n_layers) return err_set(ERR_INPUT, "more MLA layers than the teacher's %d layers", t->n_layers);
+        if (o->n_mla > t->n_layers)
+            return err_set(ERR_INPUT, "more MLA layers than the teacher's %d layers", t->n_layers);
         memcpy(*mla, o->mla, (size_t)o->n_mla * sizeof(int));
         *n = o->n_mla;
     }
@@ -214,9 +233,11 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
         rc = err_set(ERR_INPUT, "%s / %s: the stage-1 checkpoints do not match the teacher's width and depth",
                      o->from_mla, o->from_lin);
     for (int l = 0; rc == 0 && l < t->n_layers; l++) {
-        if (am.kind[l] != LAYER_MLA) rc = err_set(ERR_INPUT, "%s: layer %d is not MLA (expected a pure MLA model)", o->from_mla, l);
+        if (am.kind[l] != LAYER_MLA)
+            rc = err_set(ERR_INPUT, "%s: layer %d is not MLA (expected a pure MLA model)", o->from_mla, l);
         else if (al.kind[l] != al.kind[0] || (al.kind[l] != LAYER_GDN && al.kind[l] != LAYER_M2))
-            rc = err_set(ERR_INPUT, "%s: layer %d is not a linear layer of one kind (expected a pure GDN or Mamba-2 model)",
+            rc = err_set(ERR_INPUT,
+                         "%s: layer %d is not a linear layer of one kind (expected a pure GDN or Mamba-2 model)",
                          o->from_lin, l);
     }
     if (rc == 0) {
@@ -227,8 +248,10 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
         memcpy(s->mla_rank_kv, am.mla_rank_kv, sizeof s->mla_rank_kv);
         s->gdn = al.gdn;
         s->m2 = al.m2;
-        for (int l = 0; l < t->n_layers; l++) s->kind[l] = al.kind[0];
-        for (int i = 0; i < n_mla; i++) s->kind[mla[i]] = LAYER_MLA;
+        for (int l = 0; l < t->n_layers; l++)
+            s->kind[l] = al.kind[0];
+        for (int i = 0; i < n_mla; i++)
+            s->kind[mla[i]] = LAYER_MLA;
         rc = arch_validate(s, "assembled hybrid");
     }
     ptable_t *spt = (ptable_t *)spt_out;
@@ -245,8 +268,10 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
     }
     wsrc_close(wm);
     wsrc_close(wl);
-    if (rc < 0) free(host);
-    else *host_out = host;
+    if (rc < 0)
+        free(host);
+    else
+        *host_out = host;
     return rc;
 }
 
@@ -283,7 +308,8 @@ int cmd_convert(int argc, char **argv) {
         rc = upc_student_arch(&t, mla, n_mla, o.lin, &o.dims, &s);
         if (rc == 0) rc = ptable_build(&tpt, &t);
         if (rc == 0) rc = ptable_build(&spt, &s);
-        if (rc == 0 && (!(tw = malloc((size_t)tpt.total * sizeof(float))) || !(sw = calloc((size_t)spt.total, sizeof(float)))))
+        if (rc == 0 &&
+            (!(tw = malloc((size_t)tpt.total * sizeof(float))) || !(sw = calloc((size_t)spt.total, sizeof(float)))))
             rc = err_set(ERR_NOMEM, "out of memory");
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
@@ -300,9 +326,11 @@ int cmd_convert(int argc, char **argv) {
     if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta);
     if (rc == 0) {
         int cnt[4] = {0};
-        for (int l = 0; l < s.n_layers; l++) cnt[s.kind[l]]++;
+        for (int l = 0; l < s.n_layers; l++)
+            cnt[s.kind[l]]++;
         arch_t tt = s;
-        for (int l = 0; l < tt.n_layers; l++) tt.kind[l] = LAYER_ATTN;
+        for (int l = 0; l < tt.n_layers; l++)
+            tt.kind[l] = LAYER_ATTN;
         int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&tt, 2);
         printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
                time_now() - t0, cnt[LAYER_MLA], cnt[LAYER_GDN], cnt[LAYER_M2], (long long)ptable_count(&spt));
@@ -315,8 +343,7 @@ int cmd_convert(int argc, char **argv) {
             if (s.mla.rope.scaling == ROPE_SCALE_YARN)
                 printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
         }
-        if (cnt[LAYER_GDN])
-            printf("\n  GDN: %d heads x %d (value %d)", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
+        if (cnt[LAYER_GDN]) printf("\n  GDN: %d heads x %d (value %d)", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
         if (cnt[LAYER_M2])
             printf("\n  Mamba-2: %d heads, headdim %d, d_state %d", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
         printf("\n  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,

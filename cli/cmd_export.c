@@ -13,15 +13,14 @@
 #include "model/model.h"
 #include "tok/tok.h"
 
-static const char *help =
-    "usage: hylo export PATH --out DIR [--dtype f32|bf16|f16]\n"
-    "\n"
-    "Writes a Hugging Face folder: model.safetensors (Hugging Face / Zebra-Llama /\n"
-    "HyLo tensor names; GGUF weights dequantised and llama q/k rows un-permuted),\n"
-    "config.json (+ hybrid_config.json for hybrids), generation_config.json,\n"
-    "tokenizer.json, tokenizer_config.json (with the chat template) and\n"
-    "special_tokens_map.json. DIR must not exist or be empty; it appears only\n"
-    "when complete. --dtype applies to matrices (1-D tensors stay f32); default f32.\n";
+static const char *help = "usage: hylo export PATH --out DIR [--dtype f32|bf16|f16]\n"
+                          "\n"
+                          "Writes a Hugging Face folder: model.safetensors (Hugging Face / Zebra-Llama /\n"
+                          "HyLo tensor names; GGUF weights dequantised and llama q/k rows un-permuted),\n"
+                          "config.json (+ hybrid_config.json for hybrids), generation_config.json,\n"
+                          "tokenizer.json, tokenizer_config.json (with the chat template) and\n"
+                          "special_tokens_map.json. DIR must not exist or be empty; it appears only\n"
+                          "when complete. --dtype applies to matrices (1-D tensors stay f32); default f32.\n";
 
 int cmd_export(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {

@@ -13,39 +13,37 @@
 #include "model/model.h"
 #include "tok/tok.h"
 
-static const char *gen_help =
-    "usage: hylo generate PATH --prompt TEXT [options]\n"
-    "\n"
-    "Continues TEXT (no chat template; special tokens in TEXT are recognised),\n"
-    "printing tokens as they are generated.\n"
-    "\n"
-    "options:\n"
-    "  --prompt TEXT     the text to continue (required)\n"
-    "  -n N              new tokens at most (default 128)\n"
-    "  --temp T          temperature, 0 = greedy (default 0)\n"
-    "  --top-k K         keep the K most likely tokens (default 0 = off)\n"
-    "  --top-p P         nucleus sampling mass in (0, 1] (default 1 = off)\n"
-    "  --seed S          sampling seed (default 1)\n"
-    "  --ctx N           context capacity in tokens (default 4096)\n"
-    "  --chunk N         prefill chunk in tokens (default 512)\n"
-    "  --device D        cpu or cuda (default cpu)\n"
-    "  --threads N       CPU threads (default: all)\n"
-    "  --stats           print prefill and decode speed to stderr\n";
+static const char *gen_help = "usage: hylo generate PATH --prompt TEXT [options]\n"
+                              "\n"
+                              "Continues TEXT (no chat template; special tokens in TEXT are recognised),\n"
+                              "printing tokens as they are generated.\n"
+                              "\n"
+                              "options:\n"
+                              "  --prompt TEXT     the text to continue (required)\n"
+                              "  -n N              new tokens at most (default 128)\n"
+                              "  --temp T          temperature, 0 = greedy (default 0)\n"
+                              "  --top-k K         keep the K most likely tokens (default 0 = off)\n"
+                              "  --top-p P         nucleus sampling mass in (0, 1] (default 1 = off)\n"
+                              "  --seed S          sampling seed (default 1)\n"
+                              "  --ctx N           context capacity in tokens (default 4096)\n"
+                              "  --chunk N         prefill chunk in tokens (default 512)\n"
+                              "  --device D        cpu or cuda (default cpu)\n"
+                              "  --threads N       CPU threads (default: all)\n"
+                              "  --stats           print prefill and decode speed to stderr\n";
 
-static const char *chat_help =
-    "usage: hylo chat PATH [options]\n"
-    "\n"
-    "Multi-turn chat with the model's chat template (ChatML for SmolLM2 / Qwen,\n"
-    "Llama-3 headers). Reads one user message per line from standard input;\n"
-    "'/reset' starts a new conversation, '/quit' or end of input stops.\n"
-    "With --prompt, answers that single message and exits.\n"
-    "\n"
-    "options:\n"
-    "  --prompt TEXT     one message, answered non-interactively\n"
-    "  --system TEXT     system message (default: the template's own, if any)\n"
-    "  -n N              new tokens per answer at most (default 512)\n"
-    "  --temp T, --top-k K, --top-p P, --seed S, --ctx N, --chunk N,\n"
-    "  --device D, --threads N, --stats   as for 'hylo generate'\n";
+static const char *chat_help = "usage: hylo chat PATH [options]\n"
+                               "\n"
+                               "Multi-turn chat with the model's chat template (ChatML for SmolLM2 / Qwen,\n"
+                               "Llama-3 headers). Reads one user message per line from standard input;\n"
+                               "'/reset' starts a new conversation, '/quit' or end of input stops.\n"
+                               "With --prompt, answers that single message and exits.\n"
+                               "\n"
+                               "options:\n"
+                               "  --prompt TEXT     one message, answered non-interactively\n"
+                               "  --system TEXT     system message (default: the template's own, if any)\n"
+                               "  -n N              new tokens per answer at most (default 512)\n"
+                               "  --temp T, --top-k K, --top-p P, --seed S, --ctx N, --chunk N,\n"
+                               "  --device D, --threads N, --stats   as for 'hylo generate'\n";
 
 typedef struct {
     const char *path, *prompt, *system, *device;
@@ -323,7 +321,8 @@ int cmd_chat(int argc, char **argv) {
             if (tty) fputs("> ", stderr);
             ssize_t got = getline(&line, &lcap, stdin);
             if (got < 0) break;
-            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
+                line[--got] = 0;
             if (!strcmp(line, "/quit")) break;
             if (!strcmp(line, "/reset")) {
                 convo_clear(&c, keep);

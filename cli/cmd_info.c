@@ -8,13 +8,12 @@
 #include "model/arch.h"
 #include "model/params.h"
 
-static const char *help =
-    "usage: hylo info PATH\n"
-    "\n"
-    "Prints the architecture (per-layer mixer kinds for hybrids), the parameter\n"
-    "count, the bytes of KV / latent cache per token (f16/bf16 elements) and the\n"
-    "fixed recurrent-state bytes per sequence, and a summary of tensor dtypes.\n"
-    "For a hybrid, the cache of its teacher (all layers attention) is shown beside it.\n";
+static const char *help = "usage: hylo info PATH\n"
+                          "\n"
+                          "Prints the architecture (per-layer mixer kinds for hybrids), the parameter\n"
+                          "count, the bytes of KV / latent cache per token (f16/bf16 elements) and the\n"
+                          "fixed recurrent-state bytes per sequence, and a summary of tensor dtypes.\n"
+                          "For a hybrid, the cache of its teacher (all layers attention) is shown beside it.\n";
 
 // 134515008 -> "134,515,008"
 static const char *commas(int64_t v, char *buf) {
@@ -53,7 +52,8 @@ int cmd_info(int argc, char **argv) {
         return cli_fail(rc);
     }
     int counts[4] = {0};
-    for (int l = 0; l < a.n_layers; l++) counts[a.kind[l]]++;
+    for (int l = 0; l < a.n_layers; l++)
+        counts[a.kind[l]]++;
     printf("%-22s %s\n", "path", argv[1]);
     printf("%-22s %s%s\n", "architecture", a.model_type, counts[0] == a.n_layers ? "" : " (hybrid)");
     printf("%-22s %d\n", "layers", a.n_layers);
@@ -61,11 +61,12 @@ int cmd_info(int argc, char **argv) {
            counts[LAYER_GDN], counts[LAYER_M2]);
     if (counts[0] != a.n_layers) {
         printf("%-22s", "layer plan");
-        for (int l = 0; l < a.n_layers; l++) printf(" %d:%s", l, layer_kind_name(a.kind[l]));
+        for (int l = 0; l < a.n_layers; l++)
+            printf(" %d:%s", l, layer_kind_name(a.kind[l]));
         printf("\n");
     }
-    printf("%-22s d %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d\n", "dimensions", a.d, a.H, a.Hkv,
-           a.dh, a.ffn, a.V);
+    printf("%-22s d %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d\n", "dimensions", a.d, a.H, a.Hkv, a.dh,
+           a.ffn, a.V);
     printf("%-22s %g\n", "rms_norm_eps", a.eps);
     print_rope("rope", &a.rope);
     if (counts[LAYER_MLA]) {
@@ -89,7 +90,8 @@ int cmd_info(int argc, char **argv) {
     printf("%-22s %s bytes per token (f16)\n", "KV cache", commas(cache, b1));
     if (counts[0] != a.n_layers) {
         arch_t t = a;
-        for (int l = 0; l < t.n_layers; l++) t.kind[l] = LAYER_ATTN;
+        for (int l = 0; l < t.n_layers; l++)
+            t.kind[l] = LAYER_ATTN;
         int64_t tc = arch_cache_bytes_per_token(&t, 2);
         printf("%-22s %s bytes per token (f16); the hybrid's cache is %.2f%% of it\n", "teacher KV cache",
                commas(tc, b1), tc ? 100.0 * (double)cache / (double)tc : 0.0);

@@ -45,7 +45,8 @@ double tu_max_abs_diff(const float *a, const float *b, int64_t n) {
 
 double tu_dot(const float *a, const float *b, int64_t n) {
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
     return s;
 }
 
@@ -67,25 +68,30 @@ static int judge(const char *what, const char *kind, int64_t idx, double fd, dou
     return 1;
 }
 
-int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps,
-                 float tol, int n_elems) {
+int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps, float tol,
+                 int n_elems) {
     int fails = 0;
     double l1 = 0;
     f(ctx, &l1);
     double noise = 4.0 * 5.96e-8 * l1 / eps;
     float *x0 = malloc((size_t)n * sizeof(float)), *v = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) x0[i] = x[i];
+    for (int64_t i = 0; i < n; i++)
+        x0[i] = x[i];
     rng_t r;
     rng_seed(&r, 1234 + (uint64_t)n);
     for (int dir = 0; dir < 3; dir++) {
         rng_fill_normal(&r, v, n, 0, 1);
         double vn = sqrt(tu_dot(v, v, n));
-        for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] / vn);
-        for (int64_t i = 0; i < n; i++) x[i] = x0[i] + eps * v[i];
+        for (int64_t i = 0; i < n; i++)
+            v[i] = (float)(v[i] / vn);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = x0[i] + eps * v[i];
         double fp = f(ctx, NULL);
-        for (int64_t i = 0; i < n; i++) x[i] = x0[i] - eps * v[i];
+        for (int64_t i = 0; i < n; i++)
+            x[i] = x0[i] - eps * v[i];
         double fm = f(ctx, NULL);
-        for (int64_t i = 0; i < n; i++) x[i] = x0[i];
+        for (int64_t i = 0; i < n; i++)
+            x[i] = x0[i];
         fails += judge(what, "direction", dir, (fp - fm) / (2.0 * eps), tu_dot(g, v, n), tol, noise);
     }
     int64_t m = n <= n_elems ? n : n_elems;
@@ -180,7 +186,8 @@ be_t *tu_cuda(void) {
 }
 
 void tu_round_bf16(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    for (int64_t i = 0; i < n; i++)
+        x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
 void *tu_dev_act(be_t *be, const float *h, int64_t n) {

@@ -41,8 +41,8 @@ double tu_dot_l1(const float *a, const float *b, int64_t n, double *l1);
 // (every output carries a relative rounding error of up to 2^-24, summed with
 // the weights of the loss). Prints every failure; returns the number of
 // failures (0 = pass).
-int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps,
-                 float tol, int n_elems);
+int tu_gradcheck(const char *what, tu_loss_fn f, void *ctx, float *x, const float *g, int64_t n, float eps, float tol,
+                 int n_elems);
 
 // A flat fp32 parameter buffer for table t: weights N(0, std^2), 1-D `no_decay`
 // parameters (norm weights, A_log, dt_bias, D) 1 + N(0, 0.1^2).

@@ -33,7 +33,7 @@ enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
 // RoPE pair conventions.
 enum {
-    ROPE_NEOX = 0,      // HF Llama/Qwen rotate_half: pairs (i, i + dr/2), in place
+    ROPE_NEOX = 0,       // HF Llama/Qwen rotate_half: pairs (i, i + dr/2), in place
     ROPE_INTERLEAVED = 1 // MLA (DeepSeek as in Zebra-Llama): pairs (2j, 2j+1) in the
                          // input, result stored de-interleaved [evens' outputs | odds' outputs]
 };
@@ -77,22 +77,21 @@ struct be {
     void (*scale)(be_t *be, void *y, const void *x, float a, int64_t n);
     // 2-D strided copy of act rows: dst[r*ldd + c] (=|+=) src[r*lds + c], c < cols.
     // Serves every split / concat / broadcast of a projection output.
-    void (*copy2d)(be_t *be, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
-                   int64_t cols, int accumulate);
+    void (*copy2d)(be_t *be, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols,
+                   int accumulate);
 
     // ---- matrix products (row-major; cuBLASLt / OpenBLAS) -------------------
     // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T, all act.
     // lda/ldb/ldc are row strides in elements of the matrices as stored.
-    void (*gemm)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc);
+    void (*gemm)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                 int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc);
     // Same with a float C (weight gradients: beta = 1 accumulates in fp32).
-    void (*gemm_f32out)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-                        const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
-                        int64_t ldc);
+    void (*gemm_f32out)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                        int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc);
     // batch of independent products with constant strides between matrices.
-    void (*gemm_batched)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-                         const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb,
-                         int64_t strideB, float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch);
+    void (*gemm_batched)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                         int64_t lda, int64_t strideA, const void *B, int64_t ldb, int64_t strideB, float beta, void *C,
+                         int64_t ldc, int64_t strideC, int64_t batch);
 
     // ---- embedding ----------------------------------------------------------
     // out[N,d] = table[ids[n]]
@@ -102,8 +101,7 @@ struct be {
 
     // ---- norms --------------------------------------------------------------
     // out[N,d] = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved (may be NULL in inference)
-    void (*rmsnorm_fwd)(be_t *be, void *out, float *rstd, const void *x, const void *w, int64_t N, int d,
-                        float eps);
+    void (*rmsnorm_fwd)(be_t *be, void *out, float *rstd, const void *x, const void *w, int64_t N, int d, float eps);
     // The residual add fused with the next norm: x += y (act, rounded), then
     // out = rmsnorm(x) as rmsnorm_fwd. Same results as add then rmsnorm_fwd.
     void (*add_rmsnorm_fwd)(be_t *be, void *out, float *rstd, void *x, const void *y, const void *w, int64_t N, int d,
@@ -115,40 +113,39 @@ struct be {
     // w has length w_len = gs (shared by the groups, GDN) or G*gs (Mamba-2).
     void (*gated_rmsnorm_fwd)(be_t *be, void *out, float *rstd, const void *x, const void *z, int64_t ldz,
                               const void *w, int64_t w_len, int64_t N, int G, int gs, float eps, int mode);
-    void (*gated_rmsnorm_bwd)(be_t *be, void *dx, void *dz, int64_t lddz, float *dw, const void *dout,
-                              const void *x, const void *z, int64_t ldz, const void *w, int64_t w_len,
-                              const float *rstd, int64_t N, int G, int gs, int mode);
+    void (*gated_rmsnorm_bwd)(be_t *be, void *dx, void *dz, int64_t lddz, float *dw, const void *dout, const void *x,
+                              const void *z, int64_t ldz, const void *w, int64_t w_len, const float *rstd, int64_t N,
+                              int G, int gs, int mode);
     // L2 norm of each of N rows of length dim (row stride ld): y = x / sqrt(sum x^2 + eps); rnorm[N] saved.
     void (*l2norm_fwd)(be_t *be, void *y, float *rnorm, const void *x, int64_t ld, int64_t N, int dim, float eps);
-    void (*l2norm_bwd)(be_t *be, void *dx, int64_t ld, const void *dy, const void *y, const float *rnorm,
-                       int64_t N, int dim);
+    void (*l2norm_bwd)(be_t *be, void *dx, int64_t ld, const void *dy, const void *y, const float *rnorm, int64_t N,
+                       int dim);
 
     // ---- rotary embeddings ---------------------------------------------------
     // Rotates N rows x nh heads x dr dims in place: element (n, h, i) at
     // x[n*ld + h*hs + i]. Row n has position pos[n]. cos/sin tables are float
     // [n_pos, dr/2] (attention scaling such as YaRN's mscale already folded in).
-    void (*rope_fwd)(be_t *be, void *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cos,
-                     const float *sin, int64_t N, int nh, int dr, int style);
+    void (*rope_fwd)(be_t *be, void *x, int64_t ld, int64_t hs, const int32_t *pos, const float *cos, const float *sin,
+                     int64_t N, int nh, int dr, int style);
     // The transpose: gradient w.r.t. the unrotated input, in place.
-    void (*rope_bwd)(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cos,
-                     const float *sin, int64_t N, int nh, int dr, int style);
+    void (*rope_bwd)(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cos, const float *sin,
+                     int64_t N, int nh, int dr, int style);
 
     // ---- attention (causal, flash-style: no Tq x Tk matrix in memory) -------
     // q [B,Tq,H,dqk], k [B,Tk,Hkv,dqk], v [B,Tk,Hkv,dv] -> out [B,Tq,H,dv], lse [B,H,Tq].
     // Query t sits at absolute position Tk - Tq + t and sees keys 0..that position
     // (bottom-right causal; Tq == Tk in training, Tq < Tk when prefilling after a cache).
     // Query head h reads KV head h / (H / Hkv).
-    void (*attn_fwd)(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                     int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale);
+    void (*attn_fwd)(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
+                     int Tk, int H, int Hkv, int dqk, int dv, float scale);
     void (*attn_bwd)(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
-                     const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
-                     int dqk, int dv, float scale);
+                     const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv, int dqk,
+                     int dv, float scale);
 
     // ---- MLP ----------------------------------------------------------------
     // out = silu(gate) * up over n elements
     void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t n);
-    void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
-                       int64_t n);
+    void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
 
     // ---- depthwise causal conv (GDN short convs, Mamba-2 conv1d) -------------
     // x [B,T,C] with row stride ldx; w [C,W] (weight [C,1,W] as stored), bias [C]
@@ -160,8 +157,8 @@ struct be {
     // dx (row stride lddx) =, dw += and dbias += (float; dbias may be NULL); dstate
     // (float [B,C,W] or NULL) receives the gradient of the state's inputs.
     void (*conv1d_bwd)(be_t *be, void *dx, int64_t lddx, float *dw, float *dbias, float *dstate, const void *dy,
-                       const void *x, int64_t ldx, const void *w, const void *bias, const void *state, int B,
-                       int T, int C, int W, int silu);
+                       const void *x, int64_t ldx, const void *w, const void *bias, const void *state, int B, int T,
+                       int C, int W, int silu);
     // Rolls the last W inputs of each sequence into state [B,C,W] after a
     // forward over x [B,T,C] (state on entry = the inputs before x, may be zeros).
     void (*conv1d_update_state)(be_t *be, void *state, const void *x, int64_t ldx, int B, int T, int C, int W);
@@ -172,8 +169,8 @@ struct be {
     void (*gdn_gate_fwd)(be_t *be, float *g, float *beta, const void *a, int64_t lda, const void *b, int64_t ldb,
                          const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg);
     void (*gdn_gate_bwd)(be_t *be, void *da, int64_t ldda, void *db, int64_t lddb, float *dA_log, float *ddt_bias,
-                         const float *dg, const float *dbeta, const void *a, int64_t lda, const void *b,
-                         int64_t ldb, const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg);
+                         const float *dg, const float *dbeta, const void *a, int64_t lda, const void *b, int64_t ldb,
+                         const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg);
     // Gated delta rule, chunked (chunk 64): q, k [B,T,H,K] (L2-normalised), v
     // [B,T,HV,Dv], g, beta float [B,T,HV]; value head h uses q/k head h/(HV/H).
     // o [B,T,HV,Dv]; state float [B,HV,Dv,K] ("V-first" as FLA): read as the
@@ -186,8 +183,8 @@ struct be {
     // incoming gradient of the final state.
     void (*gdn_chunk_bwd)(be_t *be, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dstate0,
                           const void *dout, const float *dstate_final, const void *q, const void *k, const void *v,
-                          const float *g, const float *beta, const float *state0, float scale, int B, int T,
-                          int H, int HV, int K, int Dv);
+                          const float *g, const float *beta, const float *state0, float scale, int B, int T, int H,
+                          int HV, int K, int Dv);
     // Token-by-token recurrence (decode steps; also the oracle on the CPU).
     // state float [B,HV,Dv,K] read and updated in place.
     void (*gdn_recurrent_fwd)(be_t *be, void *o, float *state, const void *q, const void *k, const void *v,
@@ -209,14 +206,13 @@ struct be {
                           int B, int T, int H, int Hx, int GB, int GC, int P, int N, int chunk);
     // dx, dB, dC (act, same strides as the inputs) =; ddt (float [B,T,H]) =;
     // dA_log, dD (float [H]) +=; dstate0 as in gdn.
-    void (*ssd_chunk_bwd)(be_t *be, void *dx, void *dB, void *dC, float *ddt, float *dA_log, float *dD,
-                          float *dstate0, const void *dy, const float *dstate_final, const void *x, int64_t ldx,
-                          const void *Bm, int64_t ldb, const void *Cm, int64_t ldc, const float *dt,
-                          const void *A_log, const void *D, const float *state0, int B, int T, int H, int Hx,
-                          int GB, int GC, int P, int N, int chunk);
-    void (*ssd_recurrent_fwd)(be_t *be, void *y, float *state, const void *x, int64_t ldx, const void *Bm,
-                              int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
-                              const void *D, int B, int T, int H, int Hx, int GB, int GC, int P, int N);
+    void (*ssd_chunk_bwd)(be_t *be, void *dx, void *dB, void *dC, float *ddt, float *dA_log, float *dD, float *dstate0,
+                          const void *dy, const float *dstate_final, const void *x, int64_t ldx, const void *Bm,
+                          int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log, const void *D,
+                          const float *state0, int B, int T, int H, int Hx, int GB, int GC, int P, int N, int chunk);
+    void (*ssd_recurrent_fwd)(be_t *be, void *y, float *state, const void *x, int64_t ldx, const void *Bm, int64_t ldb,
+                              const void *Cm, int64_t ldc, const float *dt, const void *A_log, const void *D, int B,
+                              int T, int H, int Hx, int GB, int GC, int P, int N);
 
     // ---- MLA decode over the latent cache (weight absorption) ----------------
     // For each sequence b and head h: scores over cache rows u < len[b] of

@@ -13,8 +13,7 @@ void arena_init(arena_t *a, void *base, size_t cap, const char *what) {
 void *arena_alloc(arena_t *a, size_t bytes) {
     size_t off = (a->used + 255) & ~(size_t)255;
     if (off + bytes > a->cap || off + bytes < off) {
-        err_set(ERR_NOMEM, "%s: arena full: need %zu more bytes, %zu of %zu used", a->what, bytes,
-                a->used, a->cap);
+        err_set(ERR_NOMEM, "%s: arena full: need %zu more bytes, %zu of %zu used", a->what, bytes, a->used, a->cap);
         return NULL;
     }
     a->used = off + bytes;

@@ -27,10 +27,10 @@ int err_code(void);
 void err_clear(void);
 
 // Propagate a negative return code unchanged.
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int try_rc_ = (expr);                                                                      \
-        if (try_rc_ < 0) return try_rc_;                                                           \
+#define TRY(expr)                                                                                                      \
+    do {                                                                                                               \
+        int try_rc_ = (expr);                                                                                          \
+        if (try_rc_ < 0) return try_rc_;                                                                               \
     } while (0)
 
 #ifdef __cplusplus

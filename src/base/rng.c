@@ -10,7 +10,8 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 void rng_seed(rng_t *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&seed);
 }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -39,9 +40,11 @@ float rng_normal(rng_t *r) {
 }
 
 void rng_fill_uniform(rng_t *r, float *x, long n, float lo, float hi) {
-    for (long i = 0; i < n; i++) x[i] = rng_range(r, lo, hi);
+    for (long i = 0; i < n; i++)
+        x[i] = rng_range(r, lo, hi);
 }
 
 void rng_fill_normal(rng_t *r, float *x, long n, float mean, float std) {
-    for (long i = 0; i < n; i++) x[i] = mean + std * rng_normal(r);
+    for (long i = 0; i < n; i++)
+        x[i] = mean + std * rng_normal(r);
 }

@@ -8,11 +8,11 @@
 #include "model/model.h"
 
 typedef struct {
-    int max_new;           // new tokens at most
+    int max_new; // new tokens at most
     sampler_cfg_t sampler;
-    const int32_t *stop;   // stop ids (not fed back, not counted as output)
+    const int32_t *stop; // stop ids (not fed back, not counted as output)
     int n_stop;
-    int prefill_chunk;     // tokens per prefill step (0 = all at once)
+    int prefill_chunk; // tokens per prefill step (0 = all at once)
 } gen_cfg_t;
 
 typedef struct {

@@ -45,15 +45,18 @@ int sampler_sample(sampler_t *s, const float *logits) {
     int V = s->V;
     if (s->cfg.temperature == 0.0f) return sampler_argmax(logits, V);
     float m = logits[sampler_argmax(logits, V)];
-    for (int v = 0; v < V; v++) s->prob[v] = expf((logits[v] - m) / s->cfg.temperature);
+    for (int v = 0; v < V; v++)
+        s->prob[v] = expf((logits[v] - m) / s->cfg.temperature);
     // Candidates sorted by probability; keep the top k, then the smallest
     // prefix whose mass reaches top_p.
-    for (int v = 0; v < V; v++) s->idx[v] = v;
+    for (int v = 0; v < V; v++)
+        s->idx[v] = v;
     int n = V;
     qsort_r(s->idx, (size_t)V, sizeof(int), cmp_desc, s->prob);
     if (s->cfg.top_k > 0 && s->cfg.top_k < n) n = s->cfg.top_k;
     double kept = 0;
-    for (int i = 0; i < n; i++) kept += s->prob[s->idx[i]];
+    for (int i = 0; i < n; i++)
+        kept += s->prob[s->idx[i]];
     if (s->cfg.top_p < 1.0f) {
         double acc = 0;
         for (int i = 0; i < n; i++) {

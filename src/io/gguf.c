@@ -15,9 +15,8 @@ typedef struct {
 
 static int cur_need(cur_t *c, uint64_t n, const char *what) {
     if (n > c->size - c->off)
-        return err_set(ERR_INPUT, "%s: truncated GGUF: %s at offset %llu needs %llu bytes, file has %llu",
-                       c->path, what, (unsigned long long)c->off, (unsigned long long)n,
-                       (unsigned long long)c->size);
+        return err_set(ERR_INPUT, "%s: truncated GGUF: %s at offset %llu needs %llu bytes, file has %llu", c->path,
+                       what, (unsigned long long)c->off, (unsigned long long)n, (unsigned long long)c->size);
     return 0;
 }
 
@@ -86,7 +85,8 @@ static int skip_value(cur_t *c, uint32_t t, int depth, const char *key) {
             c->off += n * (uint64_t)esz;
             return 0;
         }
-        for (uint64_t i = 0; i < n; i++) TRY(skip_value(c, et, depth + 1, key));
+        for (uint64_t i = 0; i < n; i++)
+            TRY(skip_value(c, et, depth + 1, key));
         return 0;
     }
     return err_set(ERR_INPUT, "%s: key %s: unknown metadata value type %u", c->path, key, t);
@@ -97,14 +97,13 @@ static int parse_kv(gguf_t *g, cur_t *c, gguf_kv_t *kv) {
     uint64_t klen;
     TRY(cur_str(c, &ks, &klen, "metadata key"));
     if (klen == 0 || klen > 65535)
-        return err_set(ERR_INPUT, "%s: metadata key of length %llu at offset %llu", c->path,
-                       (unsigned long long)klen, (unsigned long long)c->off);
+        return err_set(ERR_INPUT, "%s: metadata key of length %llu at offset %llu", c->path, (unsigned long long)klen,
+                       (unsigned long long)c->off);
     kv->key = malloc(klen + 1);
     if (!kv->key) return err_set(ERR_NOMEM, "out of memory");
     memcpy(kv->key, ks, klen);
     kv->key[klen] = 0;
-    if (memchr(kv->key, 0, klen))
-        return err_set(ERR_INPUT, "%s: metadata key contains a NUL byte", c->path);
+    if (memchr(kv->key, 0, klen)) return err_set(ERR_INPUT, "%s: metadata key contains a NUL byte", c->path);
     TRY(cur_u32(c, &kv->type, kv->key));
     if (kv->type == GGUF_STRING) {
         const uint8_t *s;
@@ -119,8 +118,8 @@ static int parse_kv(gguf_t *g, cur_t *c, gguf_kv_t *kv) {
         int esz = vtype_size(kv->arr_type);
         if (esz) {
             if (kv->arr_n > (c->size - c->off) / (uint64_t)esz)
-                return err_set(ERR_INPUT, "%s: key %s: array of %llu elements runs past the end of the file",
-                               c->path, kv->key, (unsigned long long)kv->arr_n);
+                return err_set(ERR_INPUT, "%s: key %s: array of %llu elements runs past the end of the file", c->path,
+                               kv->key, (unsigned long long)kv->arr_n);
             c->off += kv->arr_n * (uint64_t)esz;
             return 0;
         }
@@ -140,7 +139,8 @@ static int parse_kv(gguf_t *g, cur_t *c, gguf_kv_t *kv) {
             }
             return 0;
         }
-        for (uint64_t i = 0; i < kv->arr_n; i++) TRY(skip_value(c, kv->arr_type, 1, kv->key));
+        for (uint64_t i = 0; i < kv->arr_n; i++)
+            TRY(skip_value(c, kv->arr_type, 1, kv->key));
         return 0;
     }
     int sz = vtype_size(kv->type);
@@ -213,7 +213,8 @@ static int parse(gguf_t *g) {
         if (t->n_dims < 1 || t->n_dims > 4)
             return err_set(ERR_INPUT, "%s: tensor %s: %u dimensions (must be 1..4)", c.path, t->name, t->n_dims);
         t->nelem = 1;
-        for (int d = 0; d < 4; d++) t->ne[d] = 1;
+        for (int d = 0; d < 4; d++)
+            t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
             uint64_t v;
             TRY(cur_u64(&c, &v, t->name));
@@ -245,23 +246,24 @@ static int parse(gguf_t *g) {
     }
     g->data_start = c.off + (g->alignment - c.off % g->alignment) % g->alignment;
     if (g->data_start > c.size && nt > 0)
-        return err_set(ERR_INPUT, "%s: truncated GGUF: tensor data would start at %llu, file has %llu bytes",
-                       c.path, (unsigned long long)g->data_start, (unsigned long long)c.size);
+        return err_set(ERR_INPUT, "%s: truncated GGUF: tensor data would start at %llu, file has %llu bytes", c.path,
+                       (unsigned long long)g->data_start, (unsigned long long)c.size);
     uint64_t room = c.size > g->data_start ? c.size - g->data_start : 0;
     for (uint64_t i = 0; i < nt; i++) {
         gguf_tensor_t *t = &g->tensors[i];
         if (t->offset > room || t->nbytes > room - t->offset)
             return err_set(ERR_INPUT,
                            "%s: tensor %s: data [%llu, %llu) lies past the end of the file (%llu bytes of data)",
-                           c.path, t->name, (unsigned long long)t->offset,
-                           (unsigned long long)(t->offset + t->nbytes), (unsigned long long)room);
+                           c.path, t->name, (unsigned long long)t->offset, (unsigned long long)(t->offset + t->nbytes),
+                           (unsigned long long)room);
         t->offset += g->data_start;
     }
     // Overlap check: sort by offset and compare neighbours.
     if (nt > 1) {
         gguf_tensor_t **by = malloc(nt * sizeof *by);
         if (!by) return err_set(ERR_NOMEM, "out of memory");
-        for (uint64_t i = 0; i < nt; i++) by[i] = &g->tensors[i];
+        for (uint64_t i = 0; i < nt; i++)
+            by[i] = &g->tensors[i];
         qsort(by, nt, sizeof *by, cmp_tensor_off);
         int rc = 0;
         for (uint64_t i = 1; i < nt && !rc; i++)
@@ -286,7 +288,8 @@ void gguf_close(gguf_t *g) {
         free(g->kv[i].key);
         free(g->kv[i].str_offs);
     }
-    for (uint64_t i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        free(g->tensors[i].name);
     free(g->kv);
     free(g->tensors);
     mfile_close(&g->mf);
@@ -305,19 +308,49 @@ static int read_int_value(uint32_t type, const uint8_t *p, int64_t *out) {
     case GGUF_UINT8:
     case GGUF_BOOL: *out = *p; return 1;
     case GGUF_INT8: *out = (int8_t)*p; return 1;
-    case GGUF_UINT16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GGUF_INT16: { int16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GGUF_UINT32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GGUF_INT32: { int32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GGUF_UINT64: { uint64_t v; memcpy(&v, p, 8); *out = (int64_t)v; return 1; }
-    case GGUF_INT64: { int64_t v; memcpy(&v, p, 8); *out = v; return 1; }
+    case GGUF_UINT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return 1;
+    }
+    case GGUF_INT16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return 1;
+    }
+    case GGUF_UINT32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 1;
+    }
+    case GGUF_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 1;
+    }
+    case GGUF_UINT64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        *out = (int64_t)v;
+        return 1;
+    }
+    case GGUF_INT64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        *out = v;
+        return 1;
+    }
     default: return 0;
     }
 }
 
 static const char *vtype_name(uint32_t t) {
-    static const char *n[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-                              "bool",  "string", "array", "uint64", "int64", "float64"};
+    static const char *n[] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                              "bool",  "string", "array",  "uint64", "int64",  "float64"};
     return t < 13 ? n[t] : "unknown";
 }
 
@@ -432,6 +465,7 @@ int gguf_read_tensor_f32(const gguf_t *g, const gguf_tensor_t *t, float *out) {
     int64_t rows = t->nelem / t->ne[0];
     uint64_t row_bytes = (uint64_t)(t->ne[0] / blk) * (uint64_t)bytes;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) ggml_dequant(t->type, src + (uint64_t)r * row_bytes, out + r * t->ne[0], t->ne[0]);
+    for (int64_t r = 0; r < rows; r++)
+        ggml_dequant(t->type, src + (uint64_t)r * row_bytes, out + r * t->ne[0], t->ne[0]);
     return 0;
 }

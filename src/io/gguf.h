@@ -49,12 +49,12 @@ enum ggml_type {
 
 typedef struct {
     char *key;
-    uint32_t type;        // enum gguf_vtype
-    uint32_t arr_type;    // element type when type == GGUF_ARRAY
-    uint64_t arr_n;       // element count when type == GGUF_ARRAY
-    const uint8_t *data;  // value bytes in the mapping (array: first element)
-    uint64_t len;         // string length (GGUF_STRING)
-    uint64_t *str_offs;   // string arrays: offset of each element's length field from data
+    uint32_t type;       // enum gguf_vtype
+    uint32_t arr_type;   // element type when type == GGUF_ARRAY
+    uint64_t arr_n;      // element count when type == GGUF_ARRAY
+    const uint8_t *data; // value bytes in the mapping (array: first element)
+    uint64_t len;        // string length (GGUF_STRING)
+    uint64_t *str_offs;  // string arrays: offset of each element's length field from data
 } gguf_kv_t;
 
 typedef struct {

@@ -39,7 +39,8 @@ static void deq_q8_0(const uint8_t *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i += 32, b += 34, y += 32) {
         float d = rd_f16(b);
         const int8_t *qs = (const int8_t *)(b + 2);
-        for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
+        for (int j = 0; j < 32; j++)
+            y[j] = (float)qs[j] * d;
     }
 }
 
@@ -64,8 +65,10 @@ static void deq_q4_k(const uint8_t *b, float *y, int64_t n) {
             float d1 = d * sc, m1 = dmin * m;
             k_scale_min(2 * c + 1, scales, &sc, &m);
             float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(qs[l] & 0xf) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(qs[l] >> 4) - m2;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)(qs[l] & 0xf) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)(qs[l] >> 4) - m2;
             qs += 32;
         }
     }
@@ -101,7 +104,8 @@ void ggml_dequant(uint32_t type, const void *src, float *dst, int64_t n) {
     switch (type) {
     case GGML_F32: memcpy(dst, b, (size_t)n * 4); break;
     case GGML_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = rd_f16(b + 2 * i);
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = rd_f16(b + 2 * i);
         break;
     case GGML_BF16:
         for (int64_t i = 0; i < n; i++) {

@@ -11,20 +11,86 @@
 
 // Keys of the published configs (hylo_recipe.md §7 and hybrid_model.md §11).
 static const char *known_keys[] = {
-    "model_name_or_path", "teacher_model_name_or_path", "linear_type", "linear_ILD_path", "mla_ILD_path",
-    "mamba_ILD_path", "mla_layers", "attn_layers", "ssm_layers", "max_seq_length", "factor",
-    "original_max_position_embeddings", "kl_weight", "ce_weight", "fused_kl_hidden", "per_device_train_batch_size",
-    "per_device_eval_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_ratio",
-    "num_train_epochs", "max_steps", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-    "v_head_dim", "use_lora_layer_norm", "use_full_kv_head", "ILD", "data_ratio", "dataset_mixer", "dataset_splits",
-    "chat_template", "output_dir", "overwrite_output_dir", "seed", "bf16", "torch_dtype", "gradient_checkpointing",
-    "gradient_checkpointing_kwargs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
-    "logging_strategy", "log_level", "report_to", "with_distill", "init_with_svd", "init_with_kqvo", "decontaminate",
-    "use_flash_attention_2", "preprocessing_num_workers", "do_eval", "evaluation_strategy", "eval_steps",
-    "max_grad_norm", "push_to_hub", "hub_model_id", "remove_unused_columns", "freeze_non_mla", "beta", "max_length",
-    "max_prompt_length", "optim", "teacher_load_in_8bit", "prev_checkpoint_path", "layer_rank_list",
-    "q_energy_ratio", "kv_energy_ratio", "mla_num_key_value_heads", "use_fixed_rank_for_first_and_last_block",
-    "repeat_kv_before_conv", "dataset_name", "gdn_num_heads", "gdn_head_dim", "warmup_steps", "weight_decay",
+    "model_name_or_path",
+    "teacher_model_name_or_path",
+    "linear_type",
+    "linear_ILD_path",
+    "mla_ILD_path",
+    "mamba_ILD_path",
+    "mla_layers",
+    "attn_layers",
+    "ssm_layers",
+    "max_seq_length",
+    "factor",
+    "original_max_position_embeddings",
+    "kl_weight",
+    "ce_weight",
+    "fused_kl_hidden",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "num_train_epochs",
+    "max_steps",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "use_lora_layer_norm",
+    "use_full_kv_head",
+    "ILD",
+    "data_ratio",
+    "dataset_mixer",
+    "dataset_splits",
+    "chat_template",
+    "output_dir",
+    "overwrite_output_dir",
+    "seed",
+    "bf16",
+    "torch_dtype",
+    "gradient_checkpointing",
+    "gradient_checkpointing_kwargs",
+    "save_steps",
+    "save_strategy",
+    "save_total_limit",
+    "logging_steps",
+    "logging_strategy",
+    "log_level",
+    "report_to",
+    "with_distill",
+    "init_with_svd",
+    "init_with_kqvo",
+    "decontaminate",
+    "use_flash_attention_2",
+    "preprocessing_num_workers",
+    "do_eval",
+    "evaluation_strategy",
+    "eval_steps",
+    "max_grad_norm",
+    "push_to_hub",
+    "hub_model_id",
+    "remove_unused_columns",
+    "freeze_non_mla",
+    "beta",
+    "max_length",
+    "max_prompt_length",
+    "optim",
+    "teacher_load_in_8bit",
+    "prev_checkpoint_path",
+    "layer_rank_list",
+    "q_energy_ratio",
+    "kv_energy_ratio",
+    "mla_num_key_value_heads",
+    "use_fixed_rank_for_first_and_last_block",
+    "repeat_kv_before_conv",
+    "dataset_name",
+    "gdn_num_heads",
+    "gdn_head_dim",
+    "warmup_steps",
+    "weight_decay",
 };
 
 static int is_known(const char *k) {
@@ -46,7 +112,8 @@ void recipe_free(recipe_t *r) {
     for (int i = 0; i < r->n; i++) {
         free(r->e[i].key);
         free(r->e[i].value);
-        for (int j = 0; j < r->e[i].n_items; j++) free(r->e[i].items[j]);
+        for (int j = 0; j < r->e[i].n_items; j++)
+            free(r->e[i].items[j]);
         free(r->e[i].items);
     }
     free(r->e);
@@ -58,7 +125,8 @@ static int push_item(recipe_entry_t *e, const yaml_event_t *ev) {
     char **it = realloc(e->items, (size_t)(e->n_items + 1) * sizeof *it);
     if (!it) return err_set(ERR_NOMEM, "out of memory");
     e->items = it;
-    if (!(it[e->n_items] = dup_str(ev->data.scalar.value, ev->data.scalar.length))) return err_set(ERR_NOMEM, "out of memory");
+    if (!(it[e->n_items] = dup_str(ev->data.scalar.value, ev->data.scalar.length)))
+        return err_set(ERR_NOMEM, "out of memory");
     e->n_items++;
     return 0;
 }
@@ -105,7 +173,8 @@ int recipe_load(recipe_t *r, const char *path) {
     while (!done && rc == 0) {
         yaml_event_t ev;
         if (!yaml_parser_parse(&p, &ev)) {
-            rc = err_set(ERR_INPUT, "%s:%zu: YAML error: %s", path, p.problem_mark.line + 1, p.problem ? p.problem : "?");
+            rc = err_set(ERR_INPUT, "%s:%zu: YAML error: %s", path, p.problem_mark.line + 1,
+                         p.problem ? p.problem : "?");
             break;
         }
         switch (ev.type) {
@@ -127,10 +196,12 @@ int recipe_load(recipe_t *r, const char *path) {
                 break;
             }
             if (!is_known(e.key)) rc = err_set(ERR_INPUT, "%s:%d: unknown key '%s'", path, e.line, e.key);
-            if (rc == 0 && recipe_find(r, e.key)) rc = err_set(ERR_INPUT, "%s:%d: duplicate key '%s'", path, e.line, e.key);
+            if (rc == 0 && recipe_find(r, e.key))
+                rc = err_set(ERR_INPUT, "%s:%d: duplicate key '%s'", path, e.line, e.key);
             yaml_event_t val;
             if (rc == 0 && !yaml_parser_parse(&p, &val))
-                rc = err_set(ERR_INPUT, "%s:%zu: YAML error: %s", path, p.problem_mark.line + 1, p.problem ? p.problem : "?");
+                rc = err_set(ERR_INPUT, "%s:%zu: YAML error: %s", path, p.problem_mark.line + 1,
+                             p.problem ? p.problem : "?");
             else if (rc == 0) {
                 rc = read_value(r, &p, &val, &e);
                 yaml_event_delete(&val);
@@ -143,7 +214,8 @@ int recipe_load(recipe_t *r, const char *path) {
             } else {
                 free(e.key);
                 free(e.value);
-                for (int j = 0; j < e.n_items; j++) free(e.items[j]);
+                for (int j = 0; j < e.n_items; j++)
+                    free(e.items[j]);
                 free(e.items);
             }
             break;
@@ -208,9 +280,12 @@ int recipe_bool(const recipe_t *r, const char *key, int *out) {
     const recipe_entry_t *e;
     TRY(scalar(r, key, &e));
     if (!e) return 0;
-    if (!strcmp(e->value, "true") || !strcmp(e->value, "True")) *out = 1;
-    else if (!strcmp(e->value, "false") || !strcmp(e->value, "False")) *out = 0;
-    else return err_set(ERR_INPUT, "%s:%d: key %s: expected true or false, found '%s'", r->path, e->line, key, e->value);
+    if (!strcmp(e->value, "true") || !strcmp(e->value, "True"))
+        *out = 1;
+    else if (!strcmp(e->value, "false") || !strcmp(e->value, "False"))
+        *out = 0;
+    else
+        return err_set(ERR_INPUT, "%s:%d: key %s: expected true or false, found '%s'", r->path, e->line, key, e->value);
     return 0;
 }
 
@@ -228,7 +303,8 @@ int recipe_int_list(const recipe_t *r, const char *key, int **out, int *n) {
     for (int i = 0; i < (e->kind == RECIPE_LIST ? e->n_items : 1); i++) {
         const char *s = e->kind == RECIPE_LIST ? e->items[i] : e->value;
         while (*s) {
-            while (*s == ' ' || *s == ',' || *s == '[' || *s == ']') s++;
+            while (*s == ' ' || *s == ',' || *s == '[' || *s == ']')
+                s++;
             if (!*s) break;
             char *end;
             long x = strtol(s, &end, 10);

@@ -13,9 +13,9 @@ struct wsrc {
     char path[1024];
     int is_gguf;
     gguf_t gguf;
-    st_set_t st; // a checkpoint folder
+    st_set_t st;         // a checkpoint folder
     char gdn_prefix[32]; // the module name the folder's GDN tensors use
-    int permute_qk; // llama GGUFs store q/k rows permuted for interleaved RoPE
+    int permute_qk;      // llama GGUFs store q/k rows permuted for interleaved RoPE
     int H, Hkv, dh;
 };
 
@@ -27,7 +27,8 @@ static int arch_int(const gguf_t *g, const arch_t *a, const char *suffix, int re
     snprintf(key, sizeof key, "%s.%s", a->model_type, suffix);
     int64_t v = def;
     TRY(required ? gguf_get_int(g, key, &v) : gguf_opt_int(g, key, &v));
-    if (v < 0 || v > (1 << 30)) return err_set(ERR_INPUT, "%s: %s = %lld is out of range", g->mf.path, key, (long long)v);
+    if (v < 0 || v > (1 << 30))
+        return err_set(ERR_INPUT, "%s: %s = %lld is out of range", g->mf.path, key, (long long)v);
     *out = (int)v;
     return 0;
 }
@@ -101,7 +102,8 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
     TRY(gguf_opt_int(g, "tokenizer.ggml.padding_token_id", &v));
     a->pad_id = (int)v;
     (void)f;
-    for (int l = 0; l < a->n_layers && l < ARCH_MAX_LAYERS; l++) a->kind[l] = LAYER_ATTN;
+    for (int l = 0; l < a->n_layers && l < ARCH_MAX_LAYERS; l++)
+        a->kind[l] = LAYER_ATTN;
     a->mla.rope = a->rope;
     return arch_validate(a, g->mf.path);
 }
@@ -117,16 +119,11 @@ int gguf_name_for(const char *hf, char *out, size_t cap) {
     for (size_t i = 0; i < sizeof global / sizeof global[0]; i++)
         if (!strcmp(hf, global[i][0])) return snprintf(out, cap, "%s", global[i][1]) < (int)cap ? 0 : ERR_INPUT;
     static const char *layer[][2] = {
-        {"input_layernorm.weight", "attn_norm.weight"},
-        {"self_attn.q_proj.weight", "attn_q.weight"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},
-        {"self_attn.v_proj.weight", "attn_v.weight"},
-        {"self_attn.o_proj.weight", "attn_output.weight"},
-        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-        {"post_attention_layernorm.weight", "ffn_norm.weight"},
-        {"mlp.gate_proj.weight", "ffn_gate.weight"},
-        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"input_layernorm.weight", "attn_norm.weight"},    {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},      {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"}, {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},       {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
     };
     int l, n = 0;
@@ -233,7 +230,8 @@ int wsrc_has(const wsrc_t *s, const char *name) {
 
 static void shape_str(char *buf, size_t cap, const int64_t *shape, int nd) {
     size_t n = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < nd && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    for (int i = 0; i < nd && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
@@ -266,7 +264,8 @@ int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *
     if (!t) return err_set(ERR_INPUT, "%s: missing tensor %s (for %s)", s->path, gname, name);
     // GGUF dims are reversed PyTorch dims.
     int64_t gshape[4];
-    for (uint32_t i = 0; i < t->n_dims; i++) gshape[i] = t->ne[t->n_dims - 1 - i];
+    for (uint32_t i = 0; i < t->n_dims; i++)
+        gshape[i] = t->ne[t->n_dims - 1 - i];
     if (!same_shape(gshape, (int)t->n_dims, shape, nd)) {
         shape_str(want, sizeof want, shape, nd);
         shape_str(got, sizeof got, gshape, (int)t->n_dims);
@@ -285,17 +284,20 @@ void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {
     buf[0] = 0;
     if (!s->is_gguf) {
         int64_t c[ST_N_DTYPES] = {0};
-        for (int64_t i = 0; i < s->st.n_index; i++) c[s->st.index[i].t->dtype]++;
+        for (int64_t i = 0; i < s->st.n_index; i++)
+            c[s->st.index[i].t->dtype]++;
         size_t n = 0;
         for (int t = 0; t < ST_N_DTYPES && n < cap; t++)
-            if (c[t]) n += (size_t)snprintf(buf + n, cap - n, "%s%s: %lld", n ? ", " : "", st_dtype_name(t), (long long)c[t]);
+            if (c[t])
+                n += (size_t)snprintf(buf + n, cap - n, "%s%s: %lld", n ? ", " : "", st_dtype_name(t), (long long)c[t]);
         return;
     }
     for (uint64_t i = 0; i < s->gguf.n_tensors; i++)
         if (s->gguf.tensors[i].type < 64) counts[s->gguf.tensors[i].type]++;
     size_t n = 0;
     for (int t = 0; t < 64 && n < cap; t++)
-        if (counts[t]) n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d", n ? ", " : "", ggml_type_name((uint32_t)t), counts[t]);
+        if (counts[t])
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d", n ? ", " : "", ggml_type_name((uint32_t)t), counts[t]);
 }
 
 int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow) {
@@ -315,7 +317,9 @@ int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, i
             found = !strcmp(ours, name);
         }
         if (found) continue;
-        if (!allow) return err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)", s->path, name);
+        if (!allow)
+            return err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)",
+                           s->path, name);
         if (bad++ < 8) fprintf(stderr, "hylo: warning: %s: ignoring unknown tensor %s\n", s->path, name);
     }
     return 0;

@@ -35,9 +35,9 @@ const char *layer_kind_name(layer_kind_t k) {
 int arch_mla_rq(const arch_t *a, int l) { return a->mla_rank_q[l] ? a->mla_rank_q[l] : a->mla.r_q; }
 int arch_mla_rkv(const arch_t *a, int l) { return a->mla_rank_kv[l] ? a->mla_rank_kv[l] : a->mla.r_kv; }
 
-#define NEED(cond, ...)                                                                            \
-    do {                                                                                           \
-        if (!(cond)) return err_set(ERR_INPUT, __VA_ARGS__);                                       \
+#define NEED(cond, ...)                                                                                                \
+    do {                                                                                                               \
+        if (!(cond)) return err_set(ERR_INPUT, __VA_ARGS__);                                                           \
     } while (0)
 
 int arch_validate(const arch_t *a, const char *src) {

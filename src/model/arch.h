@@ -14,27 +14,27 @@ typedef enum { ROPE_SCALE_NONE = 0, ROPE_SCALE_LLAMA3 = 1, ROPE_SCALE_YARN = 2, 
 
 // RoPE frequencies and their scaling (model/rope.c builds the tables).
 typedef struct {
-    float theta;            // base
+    float theta; // base
     rope_scale_t scaling;
-    float factor;           // llama3 / yarn / linear
-    float low_freq_factor;  // llama3
-    float high_freq_factor; // llama3
-    int orig_max_pos;       // llama3 / yarn original_max_position_embeddings
-    float beta_fast, beta_slow; // yarn (defaults 32, 1)
+    float factor;                 // llama3 / yarn / linear
+    float low_freq_factor;        // llama3
+    float high_freq_factor;       // llama3
+    int orig_max_pos;             // llama3 / yarn original_max_position_embeddings
+    float beta_fast, beta_slow;   // yarn (defaults 32, 1)
     float mscale, mscale_all_dim; // yarn DeepSeek-style (defaults 1, 0)
-    float attn_factor;      // HF yarn attention_factor (0 = default 0.1 ln(factor) + 1)
-    int n_freq_div;         // GGUF rope_freqs tensor (Llama 3.1 scaling stored as per-frequency
-    float freq_div[128];    // divisors): inv_freq[i] /= freq_div[i] when n_freq_div == dr/2
+    float attn_factor;            // HF yarn attention_factor (0 = default 0.1 ln(factor) + 1)
+    int n_freq_div;               // GGUF rope_freqs tensor (Llama 3.1 scaling stored as per-frequency
+    float freq_div[128];          // divisors): inv_freq[i] /= freq_div[i] when n_freq_div == dr/2
 } rope_cfg_t;
 
 // Multi-head Latent Attention (DeepSeek-V2/V3 as in Zebra-Llama / X-EcoMLA).
 typedef struct {
-    int r_q;      // q_lora_rank; 0 = plain q_proj [H*(d_nope+d_rope), d]
-    int r_kv;     // kv_lora_rank
-    int d_nope;   // qk_nope_head_dim
-    int d_rope;   // qk_rope_head_dim
-    int d_v;      // v_head_dim
-    int n_kv;     // KV heads G of kv_b_proj (Zebra: teacher's Hkv; X-EcoMLA / use_full_kv_head: H)
+    int r_q;         // q_lora_rank; 0 = plain q_proj [H*(d_nope+d_rope), d]
+    int r_kv;        // kv_lora_rank
+    int d_nope;      // qk_nope_head_dim
+    int d_rope;      // qk_rope_head_dim
+    int d_v;         // v_head_dim
+    int n_kv;        // KV heads G of kv_b_proj (Zebra: teacher's Hkv; X-EcoMLA / use_full_kv_head: H)
     int latent_norm; // use_lora_layer_norm: RMSNorm (eps 1e-6) on the q and kv latents
     rope_cfg_t rope; // the MLA rope part's frequencies (YaRN in HyLo / Zebra)
 } mla_dims_t;
@@ -53,38 +53,38 @@ typedef struct {
 
 // Mamba-2 (Zebra-Llama / MambaInLlama layout: in_proj z | x | B | C | dt).
 typedef struct {
-    int d_inner;  // z and C width (= H * headdim)
-    int d_xb;     // x and B width (= Hkv * headdim)
-    int n_heads;  // SSM heads (= ngroups = teacher's H)
-    int headdim;  // P (= d_state = teacher's head dim)
-    int d_state;  // N
-    int conv;     // W (4)
-    int chunk;    // SSD chunk (256)
+    int d_inner;    // z and C width (= H * headdim)
+    int d_xb;       // x and B width (= Hkv * headdim)
+    int n_heads;    // SSM heads (= ngroups = teacher's H)
+    int headdim;    // P (= d_state = teacher's head dim)
+    int d_state;    // N
+    int conv;       // W (4)
+    int chunk;      // SSD chunk (256)
     float norm_eps; // gated norm eps (1e-5)
 } m2_dims_t;
 
 typedef struct {
     char model_type[32]; // "llama", "qwen3"
-    int d;        // hidden_size
+    int d;               // hidden_size
     int n_layers;
-    int H;        // num_attention_heads
-    int Hkv;      // num_key_value_heads
-    int dh;       // head_dim
-    int ffn;      // intermediate_size
-    int V;        // vocab_size
-    float eps;    // rms_norm_eps
+    int H;     // num_attention_heads
+    int Hkv;   // num_key_value_heads
+    int dh;    // head_dim
+    int ffn;   // intermediate_size
+    int V;     // vocab_size
+    float eps; // rms_norm_eps
     int tie_embeddings;
-    int qk_norm;  // Qwen3: RMSNorm over dh on q and k after the projections
-    int max_pos;  // max_position_embeddings (for reference only)
+    int qk_norm;     // Qwen3: RMSNorm over dh on q and k after the projections
+    int max_pos;     // max_position_embeddings (for reference only)
     rope_cfg_t rope; // the teacher attention's RoPE
     int bos_id, eos_id, pad_id;
-    int n_eos;       // extra end-of-generation ids (Llama-3 instruct has several)
+    int n_eos; // extra end-of-generation ids (Llama-3 instruct has several)
     int eos_ids[8];
 
     // per layer
     layer_kind_t kind[ARCH_MAX_LAYERS];
-    mla_dims_t mla; // shared by all MLA layers (published configs use one set)
-    int mla_rank_q[ARCH_MAX_LAYERS];  // per-layer ranks (X-EcoMLA layer_rank_list); 0 = mla.r_q
+    mla_dims_t mla;                  // shared by all MLA layers (published configs use one set)
+    int mla_rank_q[ARCH_MAX_LAYERS]; // per-layer ranks (X-EcoMLA layer_rank_list); 0 = mla.r_q
     int mla_rank_kv[ARCH_MAX_LAYERS];
     gdn_dims_t gdn;
     m2_dims_t m2;

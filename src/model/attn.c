@@ -58,8 +58,8 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
             be->copy_d2d(be, vb, (char *)v + (size_t)b * T * kw * es, (size_t)T * kw * es);
             be->attn_fwd(be, (char *)att + (size_t)b * T * qw * es, NULL, (char *)q + (size_t)b * T * qw * es,
                          (char *)kc->k + (size_t)b * cache->cap * kw * es,
-                         (char *)kc->v + (size_t)b * cache->cap * kw * es, 1, T, pos0 + T, a->H, a->Hkv, a->dh,
-                         a->dh, scale);
+                         (char *)kc->v + (size_t)b * cache->cap * kw * es, 1, T, pos0 + T, a->H, a->Hkv, a->dh, a->dh,
+                         scale);
         }
     } else {
         be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, scale);

@@ -5,18 +5,18 @@
 #include "model/params.h"
 
 typedef struct {
-    void *q, *k, *v, *o;     // q_proj [H*dh, d], k_proj/v_proj [Hkv*dh, d], o_proj [d, H*dh]
-    void *q_norm, *k_norm;   // [dh], Qwen3 only (NULL otherwise)
+    void *q, *k, *v, *o;   // q_proj [H*dh, d], k_proj/v_proj [Hkv*dh, d], o_proj [d, H*dh]
+    void *q_norm, *k_norm; // [dh], Qwen3 only (NULL otherwise)
 } attn_w_t;
 
 typedef struct {
-    const void *x;           // layer input [N, d] (owned by the caller, kept alive)
-    void *q_raw, *k_raw;     // projections before q/k norm (Qwen3 only)
-    float *q_rstd, *k_rstd;  // [N*H], [N*Hkv] (Qwen3 only)
-    void *q, *k, *v;         // after norm and RoPE: [N, H, dh], [N, Hkv, dh], [N, Hkv, dh]
-    void *att;               // attention output [N, H, dh]
-    float *lse;              // [B, H, T]
-    int32_t *pos;            // [N]
+    const void *x;          // layer input [N, d] (owned by the caller, kept alive)
+    void *q_raw, *k_raw;    // projections before q/k norm (Qwen3 only)
+    float *q_rstd, *k_rstd; // [N*H], [N*Hkv] (Qwen3 only)
+    void *q, *k, *v;        // after norm and RoPE: [N, H, dh], [N, Hkv, dh], [N, Hkv, dh]
+    void *att;              // attention output [N, H, dh]
+    float *lse;             // [B, H, T]
+    int32_t *pos;           // [N]
     int B, T;
 } attn_saved_t;
 

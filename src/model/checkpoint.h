@@ -1,5 +1,5 @@
 // Checkpoint folders in the Hugging Face / Zebra-Llama / HyLo layout:
-// config.json (the base model's), hybrid_config.json (hybrids), 
+// config.json (the base model's), hybrid_config.json (hybrids),
 // generation_config.json, model.safetensors (our parameter names, which are the
 // published ones), tokenizer.json + tokenizer_config.json (+ chat template) +
 // special_tokens_map.json. Reading goes through io/weights (wsrc_open on the folder).

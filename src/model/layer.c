@@ -19,7 +19,8 @@ int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0) {
         return NULL;
     }
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) h[b * T + t] = pos0 + t;
+        for (int t = 0; t < T; t++)
+            h[b * T + t] = pos0 + t;
     int rc = c->be->copy_h2d(c->be, d, h, (size_t)B * T * sizeof(int32_t));
     free(h);
     return rc < 0 ? NULL : d;

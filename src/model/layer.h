@@ -34,8 +34,8 @@ typedef struct {
     arena_t *arena;        // device memory for this step's activations and saved tensors
     const float *rope_cos; // device RoPE tables for this layer kind [rope_npos, dr/2]
     const float *rope_sin;
-    int rope_npos;         // positions covered by the tables
-    const ctx_pos_t *pos;  // prepared position arrays (may be NULL)
+    int rope_npos;        // positions covered by the tables
+    const ctx_pos_t *pos; // prepared position arrays (may be NULL)
     int n_pos;
 } layer_ctx_t;
 
@@ -60,7 +60,7 @@ typedef struct {
 } mla_cache_t;
 
 typedef struct {
-    float *state;                 // [B, HV, Dv, K]
+    float *state;                   // [B, HV, Dv, K]
     void *conv_q, *conv_k, *conv_v; // act [B, C, W] last W pre-conv inputs
 } gdn_cache_t;
 

@@ -4,8 +4,8 @@ void lin_fwd(be_t *be, void *y, const void *x, const void *W, int64_t N, int64_t
     be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
 }
 
-void lin_bwd(be_t *be, void *dx, int acc, void *dW, const void *dy, const void *x, const void *W, int64_t N,
-             int64_t in, int64_t out) {
+void lin_bwd(be_t *be, void *dx, int acc, void *dW, const void *dy, const void *x, const void *W, int64_t N, int64_t in,
+             int64_t out) {
     if (dx) be->gemm(be, 0, 0, N, in, out, 1.0f, dy, out, W, in, acc ? 1.0f : 0.0f, dx, in);
     if (dW) be->gemm_f32out(be, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
 }

@@ -8,8 +8,8 @@ typedef struct {
 } mlp_w_t;
 
 typedef struct {
-    const void *x;        // input [N, d] (kept alive by the caller)
-    void *gate, *up, *h;  // [N, ffn]
+    const void *x;       // input [N, d] (kept alive by the caller)
+    void *gate, *up, *h; // [N, ffn]
     int64_t N;
 } mlp_saved_t;
 

@@ -60,7 +60,8 @@ static int check_ops(const be_t *be, const arch_t *a) {
     };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
         int used = need[i].kind < 0;
-        for (int l = 0; l < a->n_layers && !used; l++) used = a->kind[l] == (layer_kind_t)need[i].kind;
+        for (int l = 0; l < a->n_layers && !used; l++)
+            used = a->kind[l] == (layer_kind_t)need[i].kind;
         if (used && !need[i].fn)
             return err_set(ERR_UNSUP, "the %s backend has no %s op yet, so it cannot run %s layers", be->name,
                            need[i].name, need[i].kind < 0 ? "any" : layer_kind_name((layer_kind_t)need[i].kind));
@@ -131,10 +132,12 @@ static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float
 int model_ensure_positions(model_t *m, int n_pos) {
     if (n_pos <= m->rope_npos) return 0;
     int n = m->rope_npos ? m->rope_npos : 4096;
-    while (n < n_pos) n *= 2;
+    while (n < n_pos)
+        n *= 2;
     const arch_t *a = &m->a;
     int has_mla = 0;
-    for (int l = 0; l < a->n_layers; l++) has_mla |= a->kind[l] == LAYER_MLA;
+    for (int l = 0; l < a->n_layers; l++)
+        has_mla |= a->kind[l] == LAYER_MLA;
     TRY(upload_tables(m->be, &a->rope, a->dh, n, &m->rope_cos, &m->rope_sin));
     if (has_mla) TRY(upload_tables(m->be, &a->mla.rope, a->mla.d_rope, n, &m->mla_cos, &m->mla_sin));
     m->rope_npos = n;
@@ -155,14 +158,16 @@ static int read_param(wsrc_t *src, const param_t *p, int flags, float *out) {
 static int check_unknown(wsrc_t *src, const ptable_t *pt, int flags) {
     const char **names = malloc((size_t)pt->n * sizeof *names);
     if (!names) return err_set(ERR_NOMEM, "out of memory");
-    for (int i = 0; i < pt->n; i++) names[i] = pt->p[i].name;
+    for (int i = 0; i < pt->n; i++)
+        names[i] = pt->p[i].name;
     int rc = wsrc_check_unknown(src, names, pt->n, flags & MODEL_ALLOW_MISSING);
     free(names);
     return rc;
 }
 
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
-    for (int i = 0; i < pt->n; i++) TRY(read_param(src, &pt->p[i], flags, host + pt->p[i].off));
+    for (int i = 0; i < pt->n; i++)
+        TRY(read_param(src, &pt->p[i], flags, host + pt->p[i].off));
     return check_unknown(src, pt, flags);
 }
 
@@ -296,7 +301,8 @@ int model_prepare_positions(model_t *m, int B, int T, int pos0) {
     int32_t *h = malloc((size_t)need * sizeof(int32_t));
     if (!h) return err_set(ERR_NOMEM, "out of memory");
     for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) h[(int64_t)b * T + t] = pos0 + t;
+        for (int t = 0; t < T; t++)
+            h[(int64_t)b * T + t] = pos0 + t;
         h[(int64_t)B * T + b] = pos0 + 1;
     }
     int rc = be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t));
@@ -403,7 +409,8 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
 
 static void set_len(const model_t *m, model_state_t *st, int len) {
     st->len = len;
-    for (int l = 0; l < m->a.n_layers; l++) st->layers[l].len = len;
+    for (int l = 0; l < m->a.n_layers; l++)
+        st->layers[l].len = len;
 }
 
 int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {
@@ -439,7 +446,8 @@ int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits)
     if (st->len + 1 > st->cap) return err_set(ERR_INPUT, "context capacity %d reached", st->cap);
     int64_t rows[256];
     if (st->B > 256) return err_set(ERR_INPUT, "at most 256 sequences per step");
-    for (int b = 0; b < st->B; b++) rows[b] = b;
+    for (int b = 0; b < st->B; b++)
+        rows[b] = b;
     TRY(forward_logits(m, ids, st->B, 1, st, rows, st->B, logits));
     set_len(m, st, st->len + 1);
     return 0;
@@ -449,7 +457,8 @@ int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits
     int64_t N = (int64_t)B * T;
     int64_t *rows = malloc((size_t)N * sizeof(int64_t));
     if (!rows) return err_set(ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i < N; i++) rows[i] = i;
+    for (int64_t i = 0; i < N; i++)
+        rows[i] = i;
     int rc = forward_logits(m, ids, B, T, NULL, rows, N, logits);
     free(rows);
     return rc;

@@ -30,13 +30,13 @@ typedef struct {
     arch_t a;
     ptable_t pt;
     be_t *be;
-    void *w;        // flat weights (act), on the device
-    layer_w_t *lw;  // [n_layers] views into w
+    void *w;                            // flat weights (act), on the device
+    layer_w_t *lw;                      // [n_layers] views into w
     void *embed, *final_norm, *lm_head; // lm_head == embed when tied
-    float *rope_cos, *rope_sin; // attention RoPE tables on the device [rope_npos, dh/2]
-    float *mla_cos, *mla_sin;   // MLA RoPE tables [rope_npos, d_rope/2]
+    float *rope_cos, *rope_sin;         // attention RoPE tables on the device [rope_npos, dh/2]
+    float *mla_cos, *mla_sin;           // MLA RoPE tables [rope_npos, d_rope/2]
     int rope_npos;
-    arena_t arena;  // device memory for one step's activations
+    arena_t arena;    // device memory for one step's activations
     ctx_pos_t pos[2]; // the current step's position arrays (positions; decode: visible lengths)
     int n_pos;
     int32_t *pos_buf; // device memory behind pos[] (outlives arena resets)

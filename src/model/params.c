@@ -117,7 +117,8 @@ int ptable_build(ptable_t *t, const arch_t *a) {
     int rc = 0;
     do {
         if ((rc = add(t, -1, 0, 2, (int64_t[]){a->V, a->d}, "model.embed_tokens.weight")) < 0) break;
-        for (int l = 0; l < a->n_layers && rc == 0; l++) rc = layer_params(t, a, l);
+        for (int l = 0; l < a->n_layers && rc == 0; l++)
+            rc = layer_params(t, a, l);
         if (rc < 0) break;
         if ((rc = add(t, -1, 1, 1, (int64_t[]){a->d}, "model.norm.weight")) < 0) break;
         if (!a->tie_embeddings) rc = add(t, -1, 0, 2, (int64_t[]){a->V, a->d}, "lm_head.weight");
@@ -144,6 +145,7 @@ int64_t ptable_off(const ptable_t *t, const char *name) {
 
 int64_t ptable_count(const ptable_t *t) {
     int64_t n = 0;
-    for (int i = 0; i < t->n; i++) n += t->p[i].numel;
+    for (int i = 0; i < t->n; i++)
+        n += t->p[i].numel;
     return n;
 }

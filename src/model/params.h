@@ -13,9 +13,9 @@ typedef struct {
     int nd;
     int64_t shape[4]; // PyTorch order, e.g. [out_features, in_features]
     int64_t numel;
-    int64_t off;      // element offset in the flat buffer (multiple of 64)
-    int layer;        // -1 for embedding / final norm / head
-    int no_decay;     // norms, A_log, dt_bias, D: no weight decay
+    int64_t off;  // element offset in the flat buffer (multiple of 64)
+    int layer;    // -1 for embedding / final norm / head
+    int no_decay; // norms, A_log, dt_bias, D: no weight decay
 } param_t;
 
 typedef struct {

@@ -14,13 +14,16 @@ static double corr_dim(double rot, int dr, double base, int orig) {
 void rope_inv_freq(const rope_cfg_t *r, int dr, float *inv_freq, float *mscale) {
     int half = dr / 2;
     *mscale = 1.0f;
-    for (int i = 0; i < half; i++) inv_freq[i] = (float)(1.0 / pow((double)r->theta, (2.0 * i) / dr));
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = (float)(1.0 / pow((double)r->theta, (2.0 * i) / dr));
     if (r->n_freq_div == half)
-        for (int i = 0; i < half; i++) inv_freq[i] /= r->freq_div[i];
+        for (int i = 0; i < half; i++)
+            inv_freq[i] /= r->freq_div[i];
     switch (r->scaling) {
     case ROPE_SCALE_NONE: break;
     case ROPE_SCALE_LINEAR:
-        for (int i = 0; i < half; i++) inv_freq[i] = inv_freq[i] / r->factor;
+        for (int i = 0; i < half; i++)
+            inv_freq[i] = inv_freq[i] / r->factor;
         break;
     case ROPE_SCALE_LLAMA3: {
         double lo_wl = r->orig_max_pos / r->low_freq_factor, hi_wl = r->orig_max_pos / r->high_freq_factor;

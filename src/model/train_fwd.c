@@ -118,7 +118,8 @@ int model_backward(model_t *m, const model_acts_t *acts, const void *dh, float *
     if (!g) return err_set(ERR_NOMEM, "out of memory");
     int rc = model_bind(m, grad, sizeof(float), g, &gemb, &gnorm, &ghead);
     size_t mark = arena_mark(&m->arena);
-    void *dx = arena_alloc(&m->arena, (size_t)nd * be->act_size), *dprev = arena_alloc(&m->arena, (size_t)nd * be->act_size);
+    void *dx = arena_alloc(&m->arena, (size_t)nd * be->act_size),
+         *dprev = arena_alloc(&m->arena, (size_t)nd * be->act_size);
     if (rc == 0 && (!dx || !dprev)) rc = ERR_NOMEM;
     if (rc == 0) {
         const void *x_last = a->n_layers ? acts->blocks[a->n_layers - 1].x_out : acts->x0;

@@ -10,7 +10,7 @@
 #include "model/model.h"
 
 typedef struct {
-    const void *x_in; // [N, d] block input (owned by the caller)
+    const void *x_in;                    // [N, d] block input (owned by the caller)
     void *xn1, *a, *x_mid, *xn2, *x_out; // [N, d] each
     float *rstd1, *rstd2;                // [N]
     union {
@@ -33,11 +33,11 @@ int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, con
 
 typedef struct {
     int B, T;
-    int32_t *ids;         // device [N]
-    void *x0;             // embeddings [N, d]
+    int32_t *ids;          // device [N]
+    void *x0;              // embeddings [N, d]
     block_saved_t *blocks; // [n_layers]
-    void *h;              // final normed hidden [N, d]
-    float *rstd_f;        // [N]
+    void *h;               // final normed hidden [N, d]
+    float *rstd_f;         // [N]
 } model_acts_t;
 
 // Whole-model training forward: acts->h = final_norm(blocks(embed(ids))).

@@ -22,7 +22,8 @@ int upc_student_arch(const arch_t *t, const int *mla_layers, int n_mla, layer_ki
                            layer_kind_name(t->kind[l]));
     *s = *t;
     s->is_hybrid = 1;
-    for (int l = 0; l < t->n_layers; l++) s->kind[l] = kind_linear;
+    for (int l = 0; l < t->n_layers; l++)
+        s->kind[l] = kind_linear;
     for (int i = 0; i < n_mla; i++) {
         int l = mla_layers[i];
         if (l < 0 || l >= t->n_layers)
@@ -111,19 +112,24 @@ int upc_svd(const float *A, int m, int n, int r, float *U, float *S, float *Vt, 
     int rc = 0;
     if (!a || !s || !u || !vt) rc = err_set(ERR_NOMEM, "out of memory for a %d x %d SVD", m, n);
     if (rc == 0) {
-        for (int64_t i = 0; i < (int64_t)m * n; i++) a[i] = A[i];
+        for (int64_t i = 0; i < (int64_t)m * n; i++)
+            a[i] = A[i];
         // double precision: the factors are exact to fp32 rounding.
         lapack_int info = LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', m, n, a, n, s, u, k, vt, n);
         if (info != 0) rc = err_set(ERR_RUNTIME, "SVD of a %d x %d matrix failed (LAPACK info %d)", m, n, (int)info);
     }
     if (rc == 0) {
         for (int i = 0; i < m; i++)
-            for (int j = 0; j < r; j++) U[(int64_t)i * r + j] = (float)u[(int64_t)i * k + j];
-        for (int j = 0; j < r; j++) S[j] = (float)s[j];
+            for (int j = 0; j < r; j++)
+                U[(int64_t)i * r + j] = (float)u[(int64_t)i * k + j];
         for (int j = 0; j < r; j++)
-            for (int c = 0; c < n; c++) Vt[(int64_t)j * n + c] = (float)vt[(int64_t)j * n + c];
+            S[j] = (float)s[j];
+        for (int j = 0; j < r; j++)
+            for (int c = 0; c < n; c++)
+                Vt[(int64_t)j * n + c] = (float)vt[(int64_t)j * n + c];
         if (s_all)
-            for (int j = 0; j < k; j++) s_all[j] = (float)s[j];
+            for (int j = 0; j < k; j++)
+                s_all[j] = (float)s[j];
     }
     free(a);
     free(s);
@@ -148,13 +154,14 @@ static void fill_dt_bias(rng_t *r, float *w, int n) {
 }
 
 static void fill_const(float *w, int64_t n, float v) {
-    for (int64_t i = 0; i < n; i++) w[i] = v;
+    for (int64_t i = 0; i < n; i++)
+        w[i] = v;
 }
 
 // ---- MLA (truncated SVD, hybrid_model.md §4) -------------------------------------
 
-int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s,
-                           const ptable_t *spt, float *sw, int l) {
+int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s, const ptable_t *spt,
+                           float *sw, int l) {
     const mla_dims_t *m = &s->mla;
     int d = t->d, H = t->H, Hkv = t->Hkv, dh = t->dh, n = m->d_nope, p = m->d_rope, v = m->d_v, G = m->n_kv;
     int rq = arch_mla_rq(s, l), rkv = arch_mla_rkv(s, l), qd = n + p;
@@ -176,7 +183,8 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
         if (rc == 0) rc = upc_svd(Wq, H * dh, d, rq, U, S, Vt, NULL);
         if (rc == 0) {
             for (int i = 0; i < rq; i++)
-                for (int c = 0; c < d; c++) qa[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
+                for (int c = 0; c < d; c++)
+                    qa[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
             for (int h = 0; h < H; h++)
                 for (int j = 0; j < qd; j++) {
                     int src = h * dh + (j < n ? j : dh - p + (j - n));
@@ -213,11 +221,13 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
         float *kva = P(spt, sw, "model.layers.%d.mla.kv_a_proj_with_mqa.weight", l);
         float *kvb = P(spt, sw, "model.layers.%d.mla.kv_b_proj.weight", l);
         for (int i = 0; i < rkv; i++)
-            for (int c = 0; c < d; c++) kva[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
+            for (int c = 0; c < d; c++)
+                kva[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
         for (int j = 0; j < p; j++)
             for (int c = 0; c < d; c++) {
                 double acc = 0;
-                for (int h = 0; h < Hkv; h++) acc += Wk[((int64_t)h * dh + dh - p + j) * d + c];
+                for (int h = 0; h < Hkv; h++)
+                    acc += Wk[((int64_t)h * dh + dh - p + j) * d + c];
                 kva[(int64_t)(rkv + j) * d + c] = (float)(acc / Hkv);
             }
         for (int g = 0; g < G; g++) {
@@ -243,9 +253,11 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
         const float *tqn = P(tpt, tw, "model.layers.%d.self_attn.q_norm.weight", l);
         const float *tkn = P(tpt, tw, "model.layers.%d.self_attn.k_norm.weight", l);
         if (qn && tqn)
-            for (int j = 0; j < qd; j++) qn[j] = tqn[j < n ? j : dh - p + (j - n)];
+            for (int j = 0; j < qd; j++)
+                qn[j] = tqn[j < n ? j : dh - p + (j - n)];
         if (kn && tkn)
-            for (int j = 0; j < p; j++) kn[j] = tkn[dh - p + j];
+            for (int j = 0; j < p; j++)
+                kn[j] = tkn[dh - p + j];
     }
     free(Wkv);
     free(U);
@@ -275,9 +287,12 @@ static int gdn_from_attention(const arch_t *t, const ptable_t *tpt, const float 
     int64_t nq = kd < qw ? kd : qw, nv = vd < qw ? vd : qw;
     memcpy(q, Wq, (size_t)nq * d * sizeof(float));
     // K and V after GQA expansion: expanded row i is teacher row (i / dh / rep) * dh + i % dh.
-    for (int64_t i = 0; i < nq; i++) memcpy(k + i * d, Wk + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
-    for (int64_t i = 0; i < nv; i++) memcpy(v + i * d, Wv + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
-    for (int rr = 0; rr < d; rr++) memcpy(o + (int64_t)rr * vd, Wo + (int64_t)rr * qw, (size_t)nv * sizeof(float));
+    for (int64_t i = 0; i < nq; i++)
+        memcpy(k + i * d, Wk + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
+    for (int64_t i = 0; i < nv; i++)
+        memcpy(v + i * d, Wv + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
+    for (int rr = 0; rr < d; rr++)
+        memcpy(o + (int64_t)rr * vd, Wo + (int64_t)rr * qw, (size_t)nv * sizeof(float));
     fill_kaiming(r, S_("a_proj.weight"), (int64_t)g->n_v_heads * d, d);
     fill_kaiming(r, S_("b_proj.weight"), (int64_t)g->n_v_heads * d, d);
     if (g->use_gate) fill_kaiming(r, S_("g_proj.weight"), vd * d, d);
@@ -311,16 +326,17 @@ static int m2_from_attention(const arch_t *t, const ptable_t *tpt, const float *
 #define S_(name) P(spt, sw, "model.layers.%d.mamba." name, l)
     float *in = S_("in_proj.weight");
     int64_t di = m->d_inner, dxb = m->d_xb, conv_dim = di + 2 * dxb;
-    fill_kaiming(r, in, di * d, d);                                  // z
-    memcpy(in + di * d, Wv, (size_t)dxb * d * sizeof(float));        // x <- W_V
-    memcpy(in + (di + dxb) * d, Wk, (size_t)dxb * d * sizeof(float)); // B <- W_K
-    memcpy(in + (di + 2 * dxb) * d, Wq, (size_t)di * d * sizeof(float)); // C <- W_Q
+    fill_kaiming(r, in, di * d, d);                                           // z
+    memcpy(in + di * d, Wv, (size_t)dxb * d * sizeof(float));                 // x <- W_V
+    memcpy(in + (di + dxb) * d, Wk, (size_t)dxb * d * sizeof(float));         // B <- W_K
+    memcpy(in + (di + 2 * dxb) * d, Wq, (size_t)di * d * sizeof(float));      // C <- W_Q
     fill_kaiming(r, in + (2 * di + 2 * dxb) * d, (int64_t)m->n_heads * d, d); // dt
     fill_kaiming(r, S_("conv1d.weight"), conv_dim * m->conv, m->conv);
     fill_kaiming(r, S_("conv1d.bias"), conv_dim, m->conv);
     fill_dt_bias(r, S_("dt_bias"), m->n_heads);
     float *A_log = S_("A_log");
-    for (int i = 0; i < m->n_heads; i++) A_log[i] = logf(rng_range(r, 1.0f, 16.0f));
+    for (int i = 0; i < m->n_heads; i++)
+        A_log[i] = logf(rng_range(r, 1.0f, 16.0f));
     fill_const(S_("D"), m->n_heads, 1.0f);
     fill_const(S_("norm.weight"), di, 1.0f);
     memcpy(S_("out_proj.weight"), Wo, (size_t)d * di * sizeof(float));
@@ -335,7 +351,8 @@ int upc_convert(const arch_t *t, const ptable_t *tpt, const float *tw, const arc
     TRY(copy_param(tpt, tw, spt, sw, "model.embed_tokens.weight"));
     TRY(copy_param(tpt, tw, spt, sw, "model.norm.weight"));
     if (ptable_find(spt, "lm_head.weight"))
-        TRY(copy_param(tpt, tw, spt, sw, ptable_find(tpt, "lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight"));
+        TRY(copy_param(tpt, tw, spt, sw,
+                       ptable_find(tpt, "lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight"));
     char name[128];
     static const char *shared[] = {"input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
                                    "mlp.up_proj.weight", "mlp.down_proj.weight"};

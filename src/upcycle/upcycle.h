@@ -15,10 +15,10 @@
 // (hylo_recipe.md §1; docs/CONVERT.md states the rules). kind_linear is
 // LAYER_GDN or LAYER_M2; mla_layers / n_mla the MLA layer plan.
 typedef struct {
-    int r_q, r_kv, d_rope, d_nope, d_v;   // MLA; 0 = recipe default
-    int gdn_heads, gdn_head_dim;          // GDN; 0 = recipe default
-    float yarn_factor;                    // MLA RoPE YaRN factor (<= 1: plain RoPE)
-    int yarn_orig;                        // original_max_position_embeddings for YaRN
+    int r_q, r_kv, d_rope, d_nope, d_v; // MLA; 0 = recipe default
+    int gdn_heads, gdn_head_dim;        // GDN; 0 = recipe default
+    float yarn_factor;                  // MLA RoPE YaRN factor (<= 1: plain RoPE)
+    int yarn_orig;                      // original_max_position_embeddings for YaRN
 } upc_dims_t;
 
 // Fills `student` from `teacher`: the layer kinds (MLA for the listed layers,
@@ -28,12 +28,12 @@ int upc_student_arch(const arch_t *teacher, const int *mla_layers, int n_mla, la
 
 // Converts teacher weights tw (laid out by tpt) into student weights sw
 // (laid out by spt), layer by layer. seed drives every random initialisation.
-int upc_convert(const arch_t *teacher, const ptable_t *tpt, const float *tw, const arch_t *student,
-                const ptable_t *spt, float *sw, uint64_t seed);
+int upc_convert(const arch_t *teacher, const ptable_t *tpt, const float *tw, const arch_t *student, const ptable_t *spt,
+                float *sw, uint64_t seed);
 
 // One MLA layer from one attention layer (exposed for tests).
-int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s,
-                           const ptable_t *spt, float *sw, int layer);
+int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw, const arch_t *s, const ptable_t *spt,
+                           float *sw, int layer);
 
 // Truncated SVD of a row-major [m, n] matrix: U [m, r], S [r], Vt [r, n] (the
 // r largest singular values). Returns the singular values of every rank into

@@ -66,18 +66,37 @@ static double run(void *ctx, double *l1) {
     return tu_dot_l1(c->out, c->R, out_len(c), l1);
 }
 
+// Every buffer of a test is tracked and freed after it (release_buffers).
+static void *tracked[256];
+static int n_tracked;
+
+static float *track(float *p) {
+    assert_true(n_tracked < 256);
+    tracked[n_tracked++] = p;
+    return p;
+}
+
+static int release_buffers(void **st) {
+    for (int i = 0; i < n_tracked; i++)
+        free(tracked[i]);
+    n_tracked = 0;
+    return 0;
+}
+
 static float *buf(int64_t n, uint64_t seed) {
-    float *p = malloc((size_t)n * sizeof(float));
+    float *p = track(malloc((size_t)(n > 0 ? n : 1) * sizeof(float)));
     tu_randn(p, n, seed, 1.0f);
     return p;
 }
+
+static float *zeros(int64_t n) { return track(calloc((size_t)(n > 0 ? n : 1), sizeof(float))); }
 
 static void test_rmsnorm(void **st) {
     op_ctx c = {.be = tu_cpu(), .kind = K_RMS, .N = 5, .d = 24};
     c.x = buf(c.N * c.d, 1), c.w = buf(c.d, 2), c.R = buf(c.N * c.d, 3);
     c.out = buf(c.N * c.d, 0), c.rstd = buf(c.N, 0);
     run(&c, NULL);
-    float *dx = buf(c.N * c.d, 0), *dw = calloc((size_t)c.d, sizeof(float));
+    float *dx = buf(c.N * c.d, 0), *dw = zeros(c.d);
     c.be->rmsnorm_bwd(c.be, dx, dw, c.R, c.x, c.w, c.rstd, c.N, c.d);
     assert_int_equal(tu_gradcheck("rmsnorm dx", run, &c, c.x, dx, c.N * c.d, 1e-2f, 1e-2f, 40), 0);
     assert_int_equal(tu_gradcheck("rmsnorm dw", run, &c, c.w, dw, c.d, 1e-2f, 1e-2f, 40), 0);
@@ -87,7 +106,7 @@ static void test_rmsnorm(void **st) {
 static void test_add_rmsnorm(void **st) {
     be_t *be = tu_cpu();
     int64_t N = 5, d = 24, n = N * d;
-    float *x = buf(n, 81), *y = buf(n, 82), *w = buf(d, 83), *x2 = malloc(n * sizeof(float));
+    float *x = buf(n, 81), *y = buf(n, 82), *w = buf(d, 83), *x2 = zeros(n);
     float *o1 = buf(n, 0), *o2 = buf(n, 0), *r1 = buf(N, 0), *r2 = buf(N, 0);
     memcpy(x2, x, n * sizeof(float));
     be->add_rmsnorm_fwd(be, o1, r1, x, y, w, N, (int)d, 1e-5f);
@@ -104,7 +123,7 @@ static void gnorm_case(int mode) {
     c.x = buf(n, 11), c.z = buf(n, 12), c.w = buf(c.gs, 13), c.R = buf(n, 14), c.out = buf(n, 0);
     c.rstd = buf(c.N * c.G, 0);
     run(&c, NULL);
-    float *dx = buf(n, 0), *dz = buf(n, 0), *dw = calloc((size_t)c.gs, sizeof(float));
+    float *dx = buf(n, 0), *dz = buf(n, 0), *dw = zeros(c.gs);
     c.be->gated_rmsnorm_bwd(c.be, dx, dz, (int64_t)c.G * c.gs, dw, c.R, c.x, c.z, (int64_t)c.G * c.gs, c.w, c.gs,
                             c.rstd, c.N, c.G, c.gs, mode);
     assert_int_equal(tu_gradcheck("gnorm dx", run, &c, c.x, dx, n, 1e-2f, 1e-2f, 40), 0);
@@ -126,7 +145,7 @@ static void test_l2norm(void **st) {
 static void rope_case(int style) {
     op_ctx c = {.be = tu_cpu(), .kind = K_ROPE, .N = 7, .d = 16, .style = style};
     c.x = buf(c.N * c.d, 31), c.R = buf(c.N * c.d, 32), c.out = buf(c.N * c.d, 0);
-    c.cos = malloc(8 * 10 * sizeof(float)), c.sin = malloc(8 * 10 * sizeof(float));
+    c.cos = zeros(8 * 10), c.sin = zeros(8 * 10);
     for (int p = 0; p < 10; p++)
         for (int i = 0; i < 8; i++) {
             float ang = p * powf(100.0f, -i / 8.0f);
@@ -135,7 +154,7 @@ static void rope_case(int style) {
     int32_t pos[7] = {0, 3, 1, 9, 4, 4, 2};
     c.pos = pos;
     run(&c, NULL);
-    float *dx = malloc((size_t)c.N * c.d * sizeof(float));
+    float *dx = zeros(c.N * c.d);
     memcpy(dx, c.R, (size_t)c.N * c.d * sizeof(float));
     c.be->rope_bwd(c.be, dx, c.d, c.d, c.pos, c.cos, c.sin, c.N, 1, c.d, style);
     assert_int_equal(tu_gradcheck("rope dx", run, &c, c.x, dx, c.N * c.d, 1e-2f, 1e-2f, 60), 0);
@@ -180,10 +199,12 @@ static void attn_case(int Tq, int Tk) {
             s[u] /= sqrt((double)c.dqk);
             if (s[u] > m) m = s[u];
         }
-        for (int u = 0; u <= last; u++) sum += exp(s[u] - m);
+        for (int u = 0; u <= last; u++)
+            sum += exp(s[u] - m);
         for (int i = 0; i < c.dv; i++) {
             double o = 0;
-            for (int u = 0; u <= last; u++) o += exp(s[u] - m) / sum * c.v[(((int64_t)b * Tk + u) * c.Hkv + hk) * c.dv + i];
+            for (int u = 0; u <= last; u++)
+                o += exp(s[u] - m) / sum * c.v[(((int64_t)b * Tk + u) * c.Hkv + hk) * c.dv + i];
             assert_float_equal(c.out[(((int64_t)b * Tq + t) * c.H + h) * c.dv + i], o, 1e-5);
         }
     }
@@ -204,8 +225,8 @@ static void conv_case(int silu) {
     int64_t nx = (int64_t)c.B * c.T * c.ldx, ny = (int64_t)c.B * c.T * c.C, ns = (int64_t)c.B * c.C * c.W;
     c.x = buf(nx, 61), c.w = buf((int64_t)c.C * c.W, 62), c.bias = buf(c.C, 63), c.state = buf(ns, 64);
     c.R = buf(ny, 65), c.out = buf(ny, 0);
-    float *dx = calloc((size_t)nx, sizeof(float)), *dw = calloc((size_t)c.C * c.W, sizeof(float));
-    float *db = calloc((size_t)c.C, sizeof(float)), *ds = calloc((size_t)ns, sizeof(float));
+    float *dx = zeros(nx), *dw = zeros((int64_t)c.C * c.W);
+    float *db = zeros(c.C), *ds = zeros(ns);
     c.be->conv1d_bwd(c.be, dx, c.ldx, dw, db, ds, c.R, c.x, c.ldx, c.w, c.bias, c.state, c.B, c.T, c.C, c.W, silu);
     assert_int_equal(tu_gradcheck("conv dx", run, &c, c.x, dx, nx, 1e-2f, 1e-2f, 60), 0);
     assert_int_equal(tu_gradcheck("conv dw", run, &c, c.w, dw, (int64_t)c.C * c.W, 1e-2f, 1e-2f, 40), 0);
@@ -214,7 +235,7 @@ static void conv_case(int silu) {
     // Splitting the sequence at every point, carrying the state, gives the same output.
     run(&c, NULL);
     for (int cut = 1; cut < c.T; cut++) {
-        float *st2 = malloc((size_t)ns * sizeof(float)), *y = malloc((size_t)ny * sizeof(float));
+        float *st2 = zeros(ns), *y = zeros(ny);
         memcpy(st2, c.state, (size_t)ns * sizeof(float));
         // first part: rows [0, cut) of each sequence, processed one sequence at a time
         for (int b = 0; b < c.B; b++) {
@@ -226,8 +247,6 @@ static void conv_case(int silu) {
                              c.T - cut, c.C, c.W, silu);
         }
         assert_true(tu_max_abs_diff(y, c.out, ny) < 1e-6);
-        free(st2);
-        free(y);
     }
 }
 static void test_conv1d_silu(void **st) { conv_case(1); }
@@ -235,12 +254,18 @@ static void test_conv1d_linear(void **st) { conv_case(0); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_add_rmsnorm),          cmocka_unit_test(test_gated_rmsnorm_gdn),
-        cmocka_unit_test(test_gated_rmsnorm_m2), cmocka_unit_test(test_l2norm),
-        cmocka_unit_test(test_rope_neox),        cmocka_unit_test(test_rope_interleaved),
-        cmocka_unit_test(test_swiglu),           cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_after_cache), cmocka_unit_test(test_conv1d_silu),
-        cmocka_unit_test(test_conv1d_linear),
+        cmocka_unit_test_teardown(test_rmsnorm, release_buffers),
+        cmocka_unit_test_teardown(test_add_rmsnorm, release_buffers),
+        cmocka_unit_test_teardown(test_gated_rmsnorm_gdn, release_buffers),
+        cmocka_unit_test_teardown(test_gated_rmsnorm_m2, release_buffers),
+        cmocka_unit_test_teardown(test_l2norm, release_buffers),
+        cmocka_unit_test_teardown(test_rope_neox, release_buffers),
+        cmocka_unit_test_teardown(test_rope_interleaved, release_buffers),
+        cmocka_unit_test_teardown(test_swiglu, release_buffers),
+        cmocka_unit_test_teardown(test_attention, release_buffers),
+        cmocka_unit_test_teardown(test_attention_after_cache, release_buffers),
+        cmocka_unit_test_teardown(test_conv1d_silu, release_buffers),
+        cmocka_unit_test_teardown(test_conv1d_linear, release_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

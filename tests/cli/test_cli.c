@@ -117,7 +117,8 @@ static void tiny_folder(const char *dir) {
     arch_init(&a);
     a.d = 16, a.n_layers = 2, a.H = 2, a.Hkv = 1, a.dh = 8, a.ffn = 24, a.V = 260, a.tie_embeddings = 1;
     a.eos_id = 2, a.eos_ids[0] = 2, a.n_eos = 1;
-    for (int l = 0; l < 2; l++) a.kind[l] = LAYER_ATTN;
+    for (int l = 0; l < 2; l++)
+        a.kind[l] = LAYER_ATTN;
     ptable_t pt;
     assert_int_equal(ptable_build(&pt, &a), 0);
     float *w = tu_params(&pt, 1, 0.1f);
@@ -182,7 +183,8 @@ static void test_no_partial_output(void **st) {
     expect_input_error(args, "full", "not empty");
     DIR *d = opendir(tmp);
     struct dirent *e;
-    while ((e = readdir(d))) assert_null(strstr(e->d_name, ".tmp.")); // no temporary left behind
+    while ((e = readdir(d)))
+        assert_null(strstr(e->d_name, ".tmp.")); // no temporary left behind
     closedir(d);
 }
 
@@ -199,8 +201,8 @@ static void test_usage_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_missing_file),      cmocka_unit_test(test_truncated_and_corrupt),
-        cmocka_unit_test(test_folder_errors),     cmocka_unit_test(test_no_partial_output),
+        cmocka_unit_test(test_missing_file),  cmocka_unit_test(test_truncated_and_corrupt),
+        cmocka_unit_test(test_folder_errors), cmocka_unit_test(test_no_partial_output),
         cmocka_unit_test(test_usage_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

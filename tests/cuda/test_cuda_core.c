@@ -641,7 +641,8 @@ static void test_add_rmsnorm(void **st) {
         void *dx = dact(x, n), *dy = dact(y, n), *dw = dact(w, d), *dout = dact(nan, n);
         float *drs = df32(nan, N);
         // CPU: the sum rounded like the GPU's, then the norm of that
-        for (int64_t k = 0; k < n; k++) x[k] += y[k];
+        for (int64_t k = 0; k < n; k++)
+            x[k] += y[k];
         round_like_gpu(x, n);
         cpu->rmsnorm_fwd(cpu, out, rstd, x, w, N, d, 1e-5f);
         gpu->add_rmsnorm_fwd(gpu, dout, drs, dx, dy, dw, N, d, 1e-5f);
@@ -951,10 +952,11 @@ static void test_conv1d(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_scale), cmocka_unit_test(test_copy2d),        cmocka_unit_test(test_embed),
-        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_f32out),   cmocka_unit_test(test_gemm_batched),
-        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_add_rmsnorm),   cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_l2norm),
-        cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu),        cmocka_unit_test(test_conv1d),
+        cmocka_unit_test(test_add_scale), cmocka_unit_test(test_copy2d),      cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_f32out), cmocka_unit_test(test_gemm_batched),
+        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_gated_rmsnorm),
+        cmocka_unit_test(test_l2norm),    cmocka_unit_test(test_rope),        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_conv1d),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,14 +20,21 @@ static arch_t small_hybrid(void) {
     a.d = 64, a.n_layers = 5, a.H = 4, a.Hkv = 2, a.dh = 16, a.ffn = 96, a.V = 300, a.tie_embeddings = 0;
     a.rope.theta = 10000.0f;
     layer_kind_t plan[5] = {LAYER_MLA, LAYER_GDN, LAYER_ATTN, LAYER_M2, LAYER_MLA};
-    for (int l = 0; l < a.n_layers; l++) a.kind[l] = plan[l];
+    for (int l = 0; l < a.n_layers; l++)
+        a.kind[l] = plan[l];
     a.mla = (mla_dims_t){.r_q = 32, .r_kv = 32, .d_nope = 8, .d_rope = 8, .d_v = 16, .n_kv = 2};
     a.mla.rope = a.rope;
     a.mla.rope.scaling = ROPE_SCALE_YARN, a.mla.rope.factor = 4, a.mla.rope.orig_max_pos = 64;
     a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1, a.mla.rope.mscale = 1;
-    a.gdn = (gdn_dims_t){.n_heads = 2, .n_v_heads = 2, .head_k = 32, .head_v = 32, .conv = 4, .use_gate = 1,
-                         .norm_eps = 1e-6f};
-    a.m2 = (m2_dims_t){.d_inner = 64, .d_xb = 32, .n_heads = 4, .headdim = 16, .d_state = 16, .conv = 4, .chunk = 16,
+    a.gdn = (gdn_dims_t){
+        .n_heads = 2, .n_v_heads = 2, .head_k = 32, .head_v = 32, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
+    a.m2 = (m2_dims_t){.d_inner = 64,
+                       .d_xb = 32,
+                       .n_heads = 4,
+                       .headdim = 16,
+                       .d_state = 16,
+                       .conv = 4,
+                       .chunk = 16,
                        .norm_eps = 1e-5f};
     a.is_hybrid = 1;
     return a;
@@ -52,7 +59,8 @@ static void make_pair(pair_t *p, const arch_t *a) {
     for (int i = 0; i < p->cpu.pt.n; i++) {
         const param_t *q = &p->cpu.pt.p[i];
         if (strstr(q->name, "o_proj") || strstr(q->name, "out_proj") || strstr(q->name, "down_proj"))
-            for (int64_t k = 0; k < q->numel; k++) p->w[q->off + k] *= 0.25f;
+            for (int64_t k = 0; k < q->numel; k++)
+                p->w[q->off + k] *= 0.25f;
     }
     tu_round_bf16(p->w, p->cpu.pt.total);
     memcpy(p->cpu.w, p->w, (size_t)p->cpu.pt.total * sizeof(float));
@@ -75,7 +83,8 @@ static void test_model_logits(void **st) {
     make_pair(&p, &a);
     int B = 2, T = 100;
     int32_t *ids = malloc(sizeof(int32_t) * B * T);
-    for (int i = 0; i < B * T; i++) ids[i] = (i * 37 + 11) % a.V;
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 37 + 11) % a.V;
     float *lc = malloc(sizeof(float) * B * T * a.V), *lg = malloc(sizeof(float) * B * T * a.V);
     assert_int_equal(model_logits_all(&p.cpu, ids, B, T, lc), 0);
     assert_int_equal(model_logits_all(&p.gpu, ids, B, T, lg), 0);
@@ -116,7 +125,8 @@ static void test_model_gradients(void **st) {
     be_t *gbe = p.gpu.be;
     int B = 2, T = 70;
     int32_t *ids = malloc(sizeof(int32_t) * B * T);
-    for (int i = 0; i < B * T; i++) ids[i] = (i * 53 + 5) % a.V;
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 53 + 5) % a.V;
     int64_t nh = (int64_t)B * T * a.d;
     float *R = malloc(sizeof(float) * nh);
     tu_randn(R, nh, 3, 1.0f);
@@ -170,12 +180,14 @@ static void test_smollm2_cuda_vs_cpu(void **st) {
     const cJSON *ids_j = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "prompts"), 1), "ids");
     int T = cJSON_GetArraySize(ids_j);
     int32_t *ids = malloc(sizeof(int32_t) * T);
-    for (int i = 0; i < T; i++) ids[i] = cJSON_GetArrayItem(ids_j, i)->valueint;
+    for (int i = 0; i < T; i++)
+        ids[i] = cJSON_GetArrayItem(ids_j, i)->valueint;
     model_t mc, mg;
     assert_int_equal(model_load(&mc, path, tu_cpu(), (size_t)1 << 30), 0);
     assert_int_equal(model_load(&mg, path, gbe, (size_t)1 << 30), 0);
     int V = mc.a.V;
-    float *lc32 = malloc(sizeof(float) * T * V), *lc = malloc(sizeof(float) * T * V), *lg = malloc(sizeof(float) * T * V);
+    float *lc32 = malloc(sizeof(float) * T * V), *lc = malloc(sizeof(float) * T * V),
+          *lg = malloc(sizeof(float) * T * V);
     assert_int_equal(model_logits_all(&mc, ids, 1, T, lc32), 0);
     tu_round_bf16((float *)mc.w, mc.pt.total);
     assert_int_equal(model_logits_all(&mc, ids, 1, T, lc), 0);

@@ -16,15 +16,16 @@ static arch_t tiny_hybrid(void) {
     a.d = 32, a.n_layers = 6, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = 0;
     a.rope.theta = 1000.0f;
     layer_kind_t plan[6] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_GDN, LAYER_MLA, LAYER_M2};
-    for (int l = 0; l < a.n_layers; l++) a.kind[l] = plan[l];
+    for (int l = 0; l < a.n_layers; l++)
+        a.kind[l] = plan[l];
     a.mla = (mla_dims_t){.r_q = 16, .r_kv = 12, .d_nope = 4, .d_rope = 4, .d_v = 8, .n_kv = 2};
     a.mla.rope = a.rope;
     a.mla.rope.scaling = ROPE_SCALE_YARN, a.mla.rope.factor = 4, a.mla.rope.orig_max_pos = 16;
     a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1, a.mla.rope.mscale = 1;
-    a.m2 = (m2_dims_t){.d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8,
-                       .norm_eps = 1e-5f};
-    a.gdn = (gdn_dims_t){.n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1,
-                         .norm_eps = 1e-6f};
+    a.m2 = (m2_dims_t){
+        .d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8, .norm_eps = 1e-5f};
+    a.gdn = (gdn_dims_t){
+        .n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
     a.is_hybrid = 1;
     return a;
 }
@@ -59,7 +60,8 @@ static void test_model_gradients(void **st) {
     load_random(&m, 3);
     int B = 2, T = 11;
     int32_t ids[22];
-    for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % a.V;
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 7 + 3) % a.V;
     int64_t nh = (int64_t)B * T * a.d;
     float *R = malloc((size_t)nh * sizeof(float));
     tu_randn(R, nh, 9, 1.0f);
@@ -97,7 +99,8 @@ static void test_decode_equals_forward(void **st) {
     load_random(&m, 5);
     int T = 150, P = 13;
     int32_t ids[150];
-    for (int i = 0; i < T; i++) ids[i] = (i * 13 + 1) % a.V;
+    for (int i = 0; i < T; i++)
+        ids[i] = (i * 13 + 1) % a.V;
     float *full = malloc((size_t)T * a.V * sizeof(float)), *lg = malloc((size_t)a.V * sizeof(float));
     assert_int_equal(model_logits_all(&m, ids, 1, T, full), 0);
     model_state_t st_;

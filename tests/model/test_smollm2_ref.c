@@ -22,7 +22,8 @@
 static int *json_ints(const cJSON *arr, int *n) {
     *n = cJSON_GetArraySize(arr);
     int *v = malloc((size_t)(*n ? *n : 1) * sizeof(int));
-    for (int i = 0; i < *n; i++) v[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    for (int i = 0; i < *n; i++)
+        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
     return v;
 }
 

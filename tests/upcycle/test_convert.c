@@ -50,7 +50,8 @@ static void teacher(const char *dir) {
     arch_init(&a);
     a.d = 32, a.n_layers = 4, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 100, a.tie_embeddings = 1;
     a.eos_id = 2, a.eos_ids[0] = 2, a.n_eos = 1;
-    for (int l = 0; l < a.n_layers; l++) a.kind[l] = LAYER_ATTN;
+    for (int l = 0; l < a.n_layers; l++)
+        a.kind[l] = LAYER_ATTN;
     ptable_t pt;
     assert_int_equal(ptable_build(&pt, &a), 0);
     float *w = tu_params(&pt, 5, 0.2f);
@@ -88,8 +89,8 @@ static void test_stage1_and_assembly(void **st) {
     teacher(T);
     snprintf(args, sizeof args, "convert --teacher %s --out %s --all-mla --r-q 16 --r-kv 16", T, A);
     assert_int_equal(hylo(args), 0);
-    snprintf(args, sizeof args, "convert --teacher %s --out %s --all-linear --linear gdn --gdn-heads 2 --gdn-head-dim 16",
-             T, B);
+    snprintf(args, sizeof args,
+             "convert --teacher %s --out %s --all-linear --linear gdn --gdn-heads 2 --gdn-head-dim 16", T, B);
     assert_int_equal(hylo(args), 0);
     snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers 1,3 --from-mla %s --from-linear %s", T, H,
              A, B);
@@ -97,7 +98,8 @@ static void test_stage1_and_assembly(void **st) {
     arch_t a;
     assert_int_equal(cfg_load_dir(H, &a), 0);
     layer_kind_t want[4] = {LAYER_GDN, LAYER_MLA, LAYER_GDN, LAYER_MLA};
-    for (int l = 0; l < 4; l++) assert_int_equal(a.kind[l], want[l]);
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(a.kind[l], want[l]);
     assert_int_equal(a.mla.r_kv, 16);
     assert_int_equal(a.gdn.n_heads, 2);
     // layer i whole from its stage-1 model; embedding and final norm from the teacher
@@ -144,7 +146,8 @@ static void test_recipe_and_seed(void **st) {
     arch_t a;
     assert_int_equal(cfg_load_dir(R, &a), 0);
     layer_kind_t want[4] = {LAYER_MLA, LAYER_M2, LAYER_MLA, LAYER_M2};
-    for (int l = 0; l < 4; l++) assert_int_equal(a.kind[l], want[l]);
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(a.kind[l], want[l]);
     assert_int_equal(a.mla.r_q, 16);
     assert_int_equal(a.mla.rope.scaling, ROPE_SCALE_YARN);
     assert_float_equal(a.mla.rope.factor, 4.0f, 0);
@@ -159,7 +162,8 @@ static void test_recipe_and_seed(void **st) {
     snprintf(args, sizeof args, "convert --recipe %s --out %s --seed 8", yaml, R3);
     assert_int_equal(hylo(args), 0);
     int64_t n1, n2;
-    float *x = read_tensor(R, "model.layers.1.mamba.dt_bias", &n1), *y = read_tensor(R3, "model.layers.1.mamba.dt_bias", &n2);
+    float *x = read_tensor(R, "model.layers.1.mamba.dt_bias", &n1),
+          *y = read_tensor(R3, "model.layers.1.mamba.dt_bias", &n2);
     assert_true(memcmp(x, y, (size_t)n1 * sizeof(float)) != 0);
     free(x), free(y);
     // an unknown key is an error naming it and its line

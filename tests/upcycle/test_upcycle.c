@@ -12,7 +12,8 @@ static arch_t tiny_teacher(void) {
     arch_t a;
     arch_init(&a);
     a.d = 48, a.n_layers = 3, a.H = 4, a.Hkv = 2, a.dh = 12, a.ffn = 64, a.V = 50, a.tie_embeddings = 1;
-    for (int l = 0; l < a.n_layers; l++) a.kind[l] = LAYER_ATTN;
+    for (int l = 0; l < a.n_layers; l++)
+        a.kind[l] = LAYER_ATTN;
     return a;
 }
 
@@ -21,14 +22,16 @@ static void matmul(const float *A, const float *B, float *C, int m, int k, int n
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             double s = 0;
-            for (int t = 0; t < k; t++) s += (double)A[(int64_t)i * k + t] * B[(int64_t)t * n + j];
+            for (int t = 0; t < k; t++)
+                s += (double)A[(int64_t)i * k + t] * B[(int64_t)t * n + j];
             C[(int64_t)i * n + j] = (float)s;
         }
 }
 
 static double frob_diff(const float *a, const float *b, int64_t n) {
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    for (int64_t i = 0; i < n; i++)
+        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
     return sqrt(s);
 }
 
@@ -41,10 +44,12 @@ static void test_svd_truncation(void **st) {
     for (int r = 1; r <= k; r += 7) {
         assert_int_equal(upc_svd(A, m, n, r, U, S, Vt, all), 0);
         for (int i = 0; i < m; i++)
-            for (int j = 0; j < r; j++) US[i * r + j] = U[i * r + j] * S[j];
+            for (int j = 0; j < r; j++)
+                US[i * r + j] = U[i * r + j] * S[j];
         matmul(US, Vt, R, m, r, n);
         double dropped = 0;
-        for (int j = r; j < k; j++) dropped += (double)all[j] * all[j];
+        for (int j = r; j < k; j++)
+            dropped += (double)all[j] * all[j];
         double err = frob_diff(A, R, (int64_t)m * n);
         // Eckart-Young: the error of the best rank-r approximation is the norm of
         // the dropped singular values; the factors are fp32-rounded, so allow
@@ -142,12 +147,14 @@ static void test_mla_truncated(void **st) {
     float *Wq = tp(&p.tpt, p.tw, "model.layers.0.self_attn.q_proj.weight");
     float *qa = tp(&p.spt, p.sw, "model.layers.0.mla.q_a_proj.weight");
     float *qb = tp(&p.spt, p.sw, "model.layers.0.mla.q_b_proj.weight");
-    float *R = malloc(sizeof(float) * rows * d), *U = malloc(sizeof(float) * rows * 48), *S = malloc(sizeof(float) * 48);
+    float *R = malloc(sizeof(float) * rows * d), *U = malloc(sizeof(float) * rows * 48),
+          *S = malloc(sizeof(float) * 48);
     float *Vt = malloc(sizeof(float) * 48 * d), *all = malloc(sizeof(float) * 48);
     matmul(qb, qa, R, rows, 20, d);
     assert_int_equal(upc_svd(Wq, rows, d, 48, U, S, Vt, all), 0);
     double dropped = 0;
-    for (int j = 20; j < 48; j++) dropped += (double)all[j] * all[j];
+    for (int j = 20; j < 48; j++)
+        dropped += (double)all[j] * all[j];
     double err = frob_diff(Wq, R, (int64_t)rows * d);
     printf("  rank-20 query: ||W_q - q_b q_a||_F = %.6f, dropped singular values %.6f\n", err, sqrt(dropped));
     assert_true(fabs(err - sqrt(dropped)) < 1e-4 * sqrt(dropped) + 1e-5);
@@ -172,10 +179,12 @@ static void test_linear_transfers(void **st) {
     assert_memory_equal(k + (int64_t)1 * dh * d, Wk, sizeof(float) * dh * d);
     assert_memory_equal(k + (int64_t)2 * dh * d, Wk + (int64_t)dh * d, sizeof(float) * 8 * d); // rows 24..31
     assert_memory_equal(v + (int64_t)3 * dh * d, Wv + (int64_t)dh * d, sizeof(float) * dh * d);
-    for (int r = 0; r < d; r++) assert_memory_equal(o + (int64_t)r * 64, Wo + (int64_t)r * 48, sizeof(float) * 48);
+    for (int r = 0; r < d; r++)
+        assert_memory_equal(o + (int64_t)r * 64, Wo + (int64_t)r * 48, sizeof(float) * 48);
     // rows of v beyond the teacher's 48 are random, not zero
     double s = 0;
-    for (int i = 48 * d; i < 64 * d; i++) s += fabs(v[i]);
+    for (int i = 48 * d; i < 64 * d; i++)
+        s += fabs(v[i]);
     assert_true(s > 0);
     free_pair(&p);
 
@@ -210,14 +219,14 @@ static void test_recipe_defaults(void **st) {
     assert_int_equal(upc_student_arch(&t, (int[]){1}, 1, LAYER_GDN, &none, &s), 0);
     assert_int_equal(s.mla.r_q, 1344), assert_int_equal(s.mla.r_kv, 128);
     assert_int_equal(s.mla.d_rope, 32), assert_int_equal(s.mla.d_v, 64), assert_int_equal(s.gdn.n_heads, 6);
-    assert_int_not_equal(upc_student_arch(&t, (int[]){16}, 1, LAYER_GDN, &none, &s), 0); // out of range
+    assert_int_not_equal(upc_student_arch(&t, (int[]){16}, 1, LAYER_GDN, &none, &s), 0);   // out of range
     assert_int_not_equal(upc_student_arch(&t, (int[]){3, 3}, 2, LAYER_GDN, &none, &s), 0); // duplicate
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_svd_truncation),   cmocka_unit_test(test_mla_full_rank),
-        cmocka_unit_test(test_mla_truncated),    cmocka_unit_test(test_linear_transfers),
+        cmocka_unit_test(test_svd_truncation),  cmocka_unit_test(test_mla_full_rank),
+        cmocka_unit_test(test_mla_truncated),   cmocka_unit_test(test_linear_transfers),
         cmocka_unit_test(test_recipe_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

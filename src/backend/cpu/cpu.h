@@ -6,17 +6,17 @@
 
 #include "backend/backend.h"
 
-void cpu_register_core(be_t *be);   // cpu_core.c: elementwise, copies, gemm, embedding
-void cpu_register_norm(be_t *be);   // cpu_norm.c: rmsnorm, gated rmsnorm, l2norm
-void cpu_register_rope(be_t *be);   // cpu_rope.c
-void cpu_register_attn(be_t *be);   // cpu_attn.c: causal attention forward/backward
-void cpu_register_mlp(be_t *be);    // cpu_mlp.c: swiglu
-void cpu_register_conv(be_t *be);   // cpu_conv.c: depthwise causal conv
-void cpu_register_gdn(be_t *be);    // cpu_gdn.c: gates, chunked + recurrent gated delta rule
-void cpu_register_ssd(be_t *be);    // cpu_ssd.c: Mamba-2 SSD
-void cpu_register_mla(be_t *be);    // cpu_mla.c: MLA decode over the latent cache
-void cpu_register_loss(be_t *be);   // cpu_loss.c: fused CE / KL over vocabulary tiles
-void cpu_register_optim(be_t *be);  // cpu_optim.c: sumsq, AdamW
+void cpu_register_core(be_t *be);  // cpu_core.c: elementwise, copies, gemm, embedding
+void cpu_register_norm(be_t *be);  // cpu_norm.c: rmsnorm, gated rmsnorm, l2norm
+void cpu_register_rope(be_t *be);  // cpu_rope.c
+void cpu_register_attn(be_t *be);  // cpu_attn.c: causal attention forward/backward
+void cpu_register_mlp(be_t *be);   // cpu_mlp.c: swiglu
+void cpu_register_conv(be_t *be);  // cpu_conv.c: depthwise causal conv
+void cpu_register_gdn(be_t *be);   // cpu_gdn.c: gates, chunked + recurrent gated delta rule
+void cpu_register_ssd(be_t *be);   // cpu_ssd.c: Mamba-2 SSD
+void cpu_register_mla(be_t *be);   // cpu_mla.c: MLA decode over the latent cache
+void cpu_register_loss(be_t *be);  // cpu_loss.c: fused CE / KL over vocabulary tiles
+void cpu_register_optim(be_t *be); // cpu_optim.c: sumsq, AdamW
 
 // Parallel regions cost microseconds to wake; below this much work (elements
 // touched) a loop runs on the calling thread. Decode steps are made of many

@@ -24,7 +24,8 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
                     for (int u = 0; u <= last; u++) {
                         const float *kr = k + (((int64_t)b * Tk + u) * Hkv + hk) * dqk;
                         float s = 0;
-                        for (int i = 0; i < dqk; i++) s += qr[i] * kr[i];
+                        for (int i = 0; i < dqk; i++)
+                            s += qr[i] * kr[i];
                         p[u] = s * scale;
                         if (p[u] > m) m = p[u];
                     }
@@ -39,7 +40,8 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
                     for (int u = 0; u <= last; u++) {
                         const float *vr = v + (((int64_t)b * Tk + u) * Hkv + hk) * dv;
                         float w = p[u] * inv;
-                        for (int i = 0; i < dv; i++) o[i] += w * vr[i];
+                        for (int i = 0; i < dv; i++)
+                            o[i] += w * vr[i];
                     }
                     if (lse) lse[((int64_t)b * H + h) * Tq + t] = m + logf((float)sum);
                 }
@@ -50,9 +52,9 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
 // With P = softmax(S), S = scale q k^T: dV = P^T dO; dP = dO V^T;
 // dS = P (dP - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q.
 // Parallel over (b, kv head) so that dK/dV of a KV head are written by one thread.
-static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *dout_, const void *q_,
-                         const void *k_, const void *v_, const void *out_, const float *lse, int B, int Tq, int Tk,
-                         int H, int Hkv, int dqk, int dv, float scale) {
+static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *dout_, const void *q_, const void *k_,
+                         const void *v_, const void *out_, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
+                         int dqk, int dv, float scale) {
     float *dq = dq_, *dk = dk_, *dvv = dv_;
     const float *dout = dout_, *q = q_, *k = k_, *v = v_, *out = out_;
     int grp = H / Hkv, off = Tk - Tq;
@@ -68,18 +70,22 @@ static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *
                     float *dqr = dq + qi * dqk;
                     float L = lse[((int64_t)b * H + h) * Tq + t];
                     float D = 0;
-                    for (int i = 0; i < dv; i++) D += g[i] * o[i];
+                    for (int i = 0; i < dv; i++)
+                        D += g[i] * o[i];
                     memset(dqr, 0, (size_t)dqk * sizeof(float));
                     for (int u = 0; u <= off + t; u++) {
                         int64_t ki = ((int64_t)b * Tk + u) * Hkv + hk;
                         const float *kr = k + ki * dqk, *vr = v + ki * dv;
                         float s = 0, dp = 0;
-                        for (int i = 0; i < dqk; i++) s += qr[i] * kr[i];
-                        for (int i = 0; i < dv; i++) dp += g[i] * vr[i];
+                        for (int i = 0; i < dqk; i++)
+                            s += qr[i] * kr[i];
+                        for (int i = 0; i < dv; i++)
+                            dp += g[i] * vr[i];
                         float p = expf(s * scale - L);
                         float ds = p * (dp - D) * scale;
                         float *dkr = dk + ki * dqk, *dvr = dvv + ki * dv;
-                        for (int i = 0; i < dv; i++) dvr[i] += p * g[i];
+                        for (int i = 0; i < dv; i++)
+                            dvr[i] += p * g[i];
                         for (int i = 0; i < dqk; i++) {
                             dqr[i] += ds * kr[i];
                             dkr[i] += ds * qr[i];

@@ -23,15 +23,16 @@ static void cpu_conv1d_fwd(be_t *be, void *y_, const void *x_, int64_t ldx, cons
             float *yr = y + ((int64_t)b * T + t) * C;
             for (int c = 0; c < C; c++) {
                 float s = bias ? bias[c] : 0.0f;
-                for (int i = 0; i < W; i++) s += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
+                for (int i = 0; i < W; i++)
+                    s += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
                 yr[c] = silu ? cpu_silu(s) : s;
             }
         }
 }
 
-static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *dbias, float *dstate,
-                           const void *dy_, const void *x_, int64_t ldx, const void *w_, const void *bias_,
-                           const void *state_, int B, int T, int C, int W, int silu) {
+static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *dbias, float *dstate, const void *dy_,
+                           const void *x_, int64_t ldx, const void *w_, const void *bias_, const void *state_, int B,
+                           int T, int C, int W, int silu) {
     float *dx = dx_;
     const float *dy = dy_, *x = x_, *w = w_, *bias = bias_, *state = state_;
     // dp = dy * silu'(p), p the pre-activation, recomputed.
@@ -46,11 +47,12 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
                     continue;
                 }
                 float p = bias ? bias[c] : 0.0f;
-                for (int i = 0; i < W; i++) p += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
+                for (int i = 0; i < W; i++)
+                    p += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
                 float sg = cpu_sigmoid(p);
                 dp[o] = dy[o] * sg * (1.0f + p * (1.0f - sg));
             }
-    // dx_s = sum_i w[c,i] dp_{s+W-1-i}
+            // dx_s = sum_i w[c,i] dp_{s+W-1-i}
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int s = 0; s < T; s++)
@@ -62,14 +64,15 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
                 }
                 dx[((int64_t)b * T + s) * lddx + c] = g;
             }
-    // weights, bias and state: reductions over (b, t), per channel in parallel
+            // weights, bias and state: reductions over (b, t), per channel in parallel
 #pragma omp parallel for schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int c = 0; c < C; c++) {
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < T; t++) {
                 float g = dp[((int64_t)b * T + t) * C + c];
                 if (dbias) dbias[c] += g;
-                for (int i = 0; i < W; i++) dw[(int64_t)c * W + i] += g * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
+                for (int i = 0; i < W; i++)
+                    dw[(int64_t)c * W + i] += g * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
             }
             if (dstate) { // state slot j holds the input at time j - W
                 for (int j = 0; j < W; j++) {

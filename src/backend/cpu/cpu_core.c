@@ -8,18 +8,20 @@ static void cpu_add(be_t *be, void *y_, const void *x_, int64_t n) {
     float *y = y_;
     const float *x = x_;
 #pragma omp parallel for simd schedule(static) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] += x[i];
 }
 
 static void cpu_scale(be_t *be, void *y_, const void *x_, float a, int64_t n) {
     float *y = y_;
     const float *x = x_;
 #pragma omp parallel for simd schedule(static) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) y[i] = a * x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a * x[i];
 }
 
-static void cpu_copy2d(be_t *be, void *dst_, int64_t ldd, const void *src_, int64_t lds, int64_t rows,
-                       int64_t cols, int accumulate) {
+static void cpu_copy2d(be_t *be, void *dst_, int64_t ldd, const void *src_, int64_t lds, int64_t rows, int64_t cols,
+                       int accumulate) {
     float *dst = dst_;
     const float *src = src_;
 #pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
@@ -27,19 +29,21 @@ static void cpu_copy2d(be_t *be, void *dst_, int64_t ldd, const void *src_, int6
         float *d = dst + r * ldd;
         const float *s = src + r * lds;
         if (accumulate)
-            for (int64_t c = 0; c < cols; c++) d[c] += s[c];
+            for (int64_t c = 0; c < cols; c++)
+                d[c] += s[c];
         else
             memmove(d, s, (size_t)cols * sizeof(float));
     }
 }
 
-static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
+static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
     if (K == 0) { // BLAS leaves C untouched for K = 0 only when beta == 1
         float *c = C;
         for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+            for (int64_t j = 0; j < N; j++)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
     if (M == 1) { // one row (decode): a matrix-vector product streams B once, sgemm would pack it first
@@ -50,19 +54,18 @@ static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, alpha, B, (int)ldb, A, (int)inc, beta, C, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M,
-                (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
 static void cpu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
-                            int64_t ldc) {
+                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cpu_gemm(be, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void cpu_gemm_batched(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-                             const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb,
-                             int64_t strideB, float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch) {
+                             const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb, int64_t strideB,
+                             float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch) {
     for (int64_t i = 0; i < batch; i++)
         cpu_gemm(be, transA, transB, M, N, K, alpha, (const float *)A + i * strideA, lda,
                  (const float *)B + i * strideB, ldb, beta, (float *)C + i * strideC, ldc);
@@ -72,7 +75,8 @@ static void cpu_embed_fwd(be_t *be, void *out_, const void *table_, const int32_
     float *out = out_;
     const float *table = table_;
 #pragma omp parallel for schedule(static) if (N * d > CPU_PAR_MIN)
-    for (int64_t n = 0; n < N; n++) memcpy(out + n * d, table + (int64_t)ids[n] * d, (size_t)d * sizeof(float));
+    for (int64_t n = 0; n < N; n++)
+        memcpy(out + n * d, table + (int64_t)ids[n] * d, (size_t)d * sizeof(float));
 }
 
 static void cpu_embed_bwd(be_t *be, float *dtable, const void *dout_, const int32_t *ids, int64_t N, int d) {
@@ -81,7 +85,8 @@ static void cpu_embed_bwd(be_t *be, float *dtable, const void *dout_, const int3
     for (int64_t n = 0; n < N; n++) {
         float *row = dtable + (int64_t)ids[n] * d;
         const float *g = dout + n * d;
-        for (int i = 0; i < d; i++) row[i] += g[i];
+        for (int i = 0; i < d; i++)
+            row[i] += g[i];
     }
 }
 

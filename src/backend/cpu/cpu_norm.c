@@ -13,9 +13,11 @@ static void cpu_rmsnorm_fwd(be_t *be, void *out_, float *rstd, const void *x_, c
         const float *xr = x + n * d;
         float *o = out + n * d;
         double ss = 0;
-        for (int i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+        for (int i = 0; i < d; i++)
+            ss += (double)xr[i] * xr[i];
         float r = 1.0f / sqrtf((float)(ss / d) + eps);
-        for (int i = 0; i < d; i++) o[i] = xr[i] * r * w[i];
+        for (int i = 0; i < d; i++)
+            o[i] = xr[i] * r * w[i];
         if (rstd) rstd[n] = r;
     }
 }
@@ -25,7 +27,8 @@ static void cpu_add_rmsnorm_fwd(be_t *be, void *out, float *rstd, void *x_, cons
     float *x = x_;
     const float *y = y_;
 #pragma omp parallel for simd schedule(static) if (N * d > CPU_PAR_MIN)
-    for (int64_t i = 0; i < N * d; i++) x[i] += y[i];
+    for (int64_t i = 0; i < N * d; i++)
+        x[i] += y[i];
     cpu_rmsnorm_fwd(be, out, rstd, x, w, N, d, eps);
 }
 
@@ -40,13 +43,16 @@ static void cpu_rmsnorm_bwd(be_t *be, void *dx_, float *dw, const void *dout_, c
         const float *xr = x + n * d, *g = dout + n * d;
         float r = rstd[n];
         double dot = 0;
-        for (int i = 0; i < d; i++) dot += (double)g[i] * w[i] * xr[i] * r;
+        for (int i = 0; i < d; i++)
+            dot += (double)g[i] * w[i] * xr[i] * r;
         float m = (float)(dot / d);
-        for (int i = 0; i < d; i++) dx[n * d + i] = r * (g[i] * w[i] - xr[i] * r * m);
+        for (int i = 0; i < d; i++)
+            dx[n * d + i] = r * (g[i] * w[i] - xr[i] * r * m);
     }
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * d, *g = dout + n * d;
-        for (int i = 0; i < d; i++) dw[i] += g[i] * xr[i] * rstd[n];
+        for (int i = 0; i < d; i++)
+            dw[i] += g[i] * xr[i] * rstd[n];
     }
 }
 
@@ -95,7 +101,8 @@ static void cpu_gated_rmsnorm_bwd(be_t *be, void *dx_, void *dz_, int64_t lddz, 
             double dot = 0;
             if (mode == GNORM_NORM_THEN_GATE) {
                 // y = xh w s, xh = x r: e = dy w s; dx = r (e - xh mean(e xh)); dz = dy xh w silu'(z)
-                for (int i = 0; i < gs; i++) dot += (double)dy[i] * wr[i] * cpu_silu(zr[i]) * xr[i] * r;
+                for (int i = 0; i < gs; i++)
+                    dot += (double)dy[i] * wr[i] * cpu_silu(zr[i]) * xr[i] * r;
                 float m = (float)(dot / gs);
                 for (int i = 0; i < gs; i++) {
                     float sg = cpu_sigmoid(zr[i]), s = zr[i] * sg;
@@ -142,9 +149,11 @@ static void cpu_l2norm_fwd(be_t *be, void *y_, float *rnorm, const void *x_, int
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * ld;
         double ss = 0;
-        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
         float r = 1.0f / sqrtf((float)ss + eps);
-        for (int i = 0; i < dim; i++) y[n * ld + i] = xr[i] * r;
+        for (int i = 0; i < dim; i++)
+            y[n * ld + i] = xr[i] * r;
         if (rnorm) rnorm[n] = r;
     }
 }
@@ -158,8 +167,10 @@ static void cpu_l2norm_bwd(be_t *be, void *dx_, int64_t ld, const void *dy_, con
     for (int64_t n = 0; n < N; n++) {
         const float *g = dy + n * ld, *yr = y + n * ld;
         double dot = 0;
-        for (int i = 0; i < dim; i++) dot += (double)g[i] * yr[i];
-        for (int i = 0; i < dim; i++) dx[n * ld + i] = rnorm[n] * (g[i] - (float)dot * yr[i]);
+        for (int i = 0; i < dim; i++)
+            dot += (double)g[i] * yr[i];
+        for (int i = 0; i < dim; i++)
+            dx[n * ld + i] = rnorm[n] * (g[i] - (float)dot * yr[i]);
     }
 }
 

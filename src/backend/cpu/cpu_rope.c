@@ -39,7 +39,8 @@ static void rope_apply(void *x_, int64_t ld, int64_t hs, const int32_t *pos, con
 #pragma omp parallel for schedule(static) if (N * nh * dr > CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *c = cos + (int64_t)pos[n] * half, *s = sin + (int64_t)pos[n] * half;
-        for (int h = 0; h < nh; h++) rope_vec(x + n * ld + h * hs, c, s, dr, style, sign);
+        for (int h = 0; h < nh; h++)
+            rope_vec(x + n * ld + h * hs, c, s, dr, style, sign);
     }
 }
 

@@ -19,8 +19,8 @@ typedef struct {
     void *lt_workspace;
     size_t lt_workspace_size;
     int sm_count;
-    size_t smem_optin;  // max dynamic shared memory per block (opt-in)
-    int first_error;    // first asynchronous/launch error seen (reported by sync)
+    size_t smem_optin; // max dynamic shared memory per block (opt-in)
+    int first_error;   // first asynchronous/launch error seen (reported by sync)
     char first_error_msg[512];
 } cuda_impl_t;
 
@@ -33,10 +33,10 @@ int cuda_fail(be_t *be, const char *what, cudaError_t e);
 void cuda_check_launch(be_t *be, const char *what);
 
 // Runs `call` (a cudaError_t expression); on failure records and returns.
-#define CUDA_TRY(be, call)                                                                         \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) return cuda_fail((be), #call, e_);                                  \
+#define CUDA_TRY(be, call)                                                                                             \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) return cuda_fail((be), #call, e_);                                                      \
     } while (0)
 
 static inline unsigned cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }

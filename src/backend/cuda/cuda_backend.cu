@@ -95,8 +95,8 @@ static int cu_upload_act(be_t *be, void *dst, const float *src, int64_t n) {
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i += chunk) {
         int64_t m = n - i < chunk ? n - i : chunk;
-        cudaError_t e = cudaMemcpyAsync(stage, src + i, (size_t)m * sizeof(float), cudaMemcpyHostToDevice,
-                                        cuda_stream(be));
+        cudaError_t e =
+            cudaMemcpyAsync(stage, src + i, (size_t)m * sizeof(float), cudaMemcpyHostToDevice, cuda_stream(be));
         if (e != cudaSuccess) rc = cuda_fail(be, "upload", e);
         if (rc == 0) cu_f32_to_act(be, (bf16 *)dst + i, stage, m);
         if (rc == 0 && (e = cudaStreamSynchronize(cuda_stream(be))) != cudaSuccess) rc = cuda_fail(be, "upload", e);
@@ -113,8 +113,8 @@ static int cu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
     for (int64_t i = 0; i < n && rc == 0; i += chunk) {
         int64_t m = n - i < chunk ? n - i : chunk;
         cu_act_to_f32(be, stage, (const bf16 *)src + i, m);
-        cudaError_t e = cudaMemcpyAsync(dst + i, stage, (size_t)m * sizeof(float), cudaMemcpyDeviceToHost,
-                                        cuda_stream(be));
+        cudaError_t e =
+            cudaMemcpyAsync(dst + i, stage, (size_t)m * sizeof(float), cudaMemcpyDeviceToHost, cuda_stream(be));
         if (e == cudaSuccess) e = cudaStreamSynchronize(cuda_stream(be));
         if (e != cudaSuccess) rc = cuda_fail(be, "download", e);
     }
@@ -169,7 +169,8 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     be->destroy = cu_destroy;
     int rc = 0;
     cudaDeviceProp prop;
-    if ((e = cudaGetDevice(&ci->device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, ci->device)) != cudaSuccess)
+    if ((e = cudaGetDevice(&ci->device)) != cudaSuccess ||
+        (e = cudaGetDeviceProperties(&prop, ci->device)) != cudaSuccess)
         rc = cuda_fail(be, "cudaGetDeviceProperties", e);
     if (rc == 0 && prop.major < 9)
         rc = err_set(ERR_UNSUP, "cuda: device %s has compute capability %d.%d; hylo's kernels need 9.0 (Hopper)",
@@ -180,7 +181,8 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
         if ((e = cudaStreamCreateWithFlags(&ci->stream, cudaStreamNonBlocking)) != cudaSuccess)
             rc = cuda_fail(be, "cudaStreamCreate", e);
     }
-    if (rc == 0 && cublasLtCreate(&ci->lt) != CUBLAS_STATUS_SUCCESS) rc = err_set(ERR_RUNTIME, "cuda: cublasLtCreate failed");
+    if (rc == 0 && cublasLtCreate(&ci->lt) != CUBLAS_STATUS_SUCCESS)
+        rc = err_set(ERR_RUNTIME, "cuda: cublasLtCreate failed");
     ci->lt_workspace_size = 64u << 20;
     if (rc == 0 && (e = cudaMalloc(&ci->lt_workspace, ci->lt_workspace_size)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(cuBLASLt workspace)", e);
