@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential make pkg-config python3 python3-pip
       libopenblas-dev liblapacke-dev libpcre2-dev libcjson-dev libyaml-dev
-      libmicrohttpd-dev libcmocka-dev)
+      libmicrohttpd-dev libcmocka-dev clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
