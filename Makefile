@@ -88,7 +88,7 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(TESTUTIL)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) $< $(TESTUTIL) $(LIB) $(LDLIBS) -lcmocka -o $@
 
-$(BUILD)/bench/%: bench/%.c $(LIB)
+$(BUILD)/bench/%: bench/%.c bench/bench_util.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) $< $(LIB) $(LDLIBS) -o $@
 

@@ -29,71 +29,8 @@
 #include "base/err.h"
 #include "base/rng.h"
 
-void *cuda_stream_of(be_t *be); // src/backend/cuda/cuda_attn.cu
-
-static be_t *be;
-static cudaStream_t stream;
-static cudaEvent_t ev0, ev1;
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_attn: %s: %s\n", what, err_msg());
-    exit(1);
-}
-
-static void check_sync(const char *what) {
-    if (be->sync(be) < 0) die(what);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        fprintf(stderr, "bench_attn: %s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-
-// Random bf16 (N(0, std^2)), 16M values drawn on the host and repeated on the device.
-static void *dev_rand(int64_t n, uint64_t seed, float std) {
-    void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
-    if (!d) die("alloc");
-    int64_t m = n < (1 << 24) ? n : (1 << 24);
-    float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
-    rng_t r;
-    rng_seed(&r, seed);
-    rng_fill_normal(&r, h, m, 0.0f, std);
-    if (be->upload_act(be, d, h, m) < 0) die("upload");
-    free(h);
-    for (int64_t done = m; done < n;) {
-        int64_t c = done < n - done ? done : n - done;
-        if (be->copy_d2d(be, (char *)d + done * 2, d, (size_t)c * 2) < 0) die("copy_d2d");
-        done += c;
-    }
-    check_sync("dev_rand");
-    return d;
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-typedef void (*op_fn)(void *ctx, int rep);
-
-// Median time in ms of `reps` runs after `warm` warm-up runs.
-static float time_op(op_fn fn, void *ctx, int warm, int reps) {
-    for (int i = 0; i < warm; i++)
-        fn(ctx, i);
-    check_sync("warm-up");
-    float t[64];
-    if (reps > 64) reps = 64;
-    for (int i = 0; i < reps; i++) {
-        cudaEventRecord(ev0, stream);
-        fn(ctx, i);
-        cudaEventRecord(ev1, stream);
-        cudaEventSynchronize(ev1);
-        check_sync("timed run");
-        cudaEventElapsedTime(&t[i], ev0, ev1);
-    }
-    qsort(t, (size_t)reps, sizeof(float), cmp_float);
-    return reps % 2 ? t[reps / 2] : 0.5f * (t[reps / 2 - 1] + t[reps / 2]);
-}
+#define BENCH_NAME "bench_attn"
+#include "bench_util.h"
 
 // ---- attention ----------------------------------------------------------------
 
@@ -139,16 +76,16 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
     attn_ctx_t c = {.s = s, .scale = 1.0f / sqrtf((float)s->dqk)};
     const int64_t nq = (int64_t)s->B * s->T * s->H * s->dqk, nk = (int64_t)s->B * s->T * s->Hkv * s->dqk;
     const int64_t nv = (int64_t)s->B * s->T * s->Hkv * s->dv, no = (int64_t)s->B * s->T * s->H * s->dv;
-    c.q = dev_rand(nq, 1, 1.0f), c.k = dev_rand(nk, 2, 1.0f), c.v = dev_rand(nv, 3, 1.0f);
-    c.dout = dev_rand(no, 4, 1.0f), c.o = dev_rand(no, 5, 1.0f);
+    c.q = dev_rand(nq, 1, 0.0f, 1.0f), c.k = dev_rand(nk, 2, 0.0f, 1.0f), c.v = dev_rand(nv, 3, 0.0f, 1.0f);
+    c.dout = dev_rand(no, 4, 0.0f, 1.0f), c.o = dev_rand(no, 5, 0.0f, 1.0f);
     c.dq = be->alloc(be, (size_t)nq * 2), c.dk = be->alloc(be, (size_t)nk * 2), c.dv = be->alloc(be, (size_t)nv * 2);
     c.lse = be->alloc(be, (size_t)s->B * s->H * s->T * sizeof(float));
     if (!c.dq || !c.dk || !c.dv || !c.lse) die("alloc");
     int reps = s->T <= 8192 ? 20 : 10;
-    float t_f = time_op(run_fwd, &c, 2, reps);
+    float t_f = time_op(run_fwd, &c, 2, reps, 0);
     double flop_f = 2.0 * s->B * s->H * (double)s->T * s->T * (s->dqk + s->dv) / 2.0;
     if (!compare) {
-        float t_fb = time_op(run_fwd_bwd, &c, 2, reps);
+        float t_fb = time_op(run_fwd_bwd, &c, 2, reps, 0);
         snprintf(row->line, sizeof row->line,
                  "| %-12s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %7.1f | %10.3f | %7.1f |", s->name, s->B, s->T,
                  s->H, s->Hkv, s->dqk, s->dv, t_f, flop_f / (t_f * 1e-3) / 1e12, t_fb,
@@ -160,7 +97,7 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
         char *saved = getenv("HYLO_ATTN_BWD") ? strdup(getenv("HYLO_ATTN_BWD")) : NULL; // setenv may move it
         for (int i = 0; i < 3; i++) {
             setenv("HYLO_ATTN_BWD", vars[i], 1);
-            t_fb[i] = time_op(run_fwd_bwd, &c, 2, reps);
+            t_fb[i] = time_op(run_fwd_bwd, &c, 2, reps, 0);
         }
         set_env("HYLO_ATTN_BWD", saved);
         free(saved);
@@ -200,12 +137,12 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
     if (c.n_copies < 2) c.n_copies = 2;
     if (c.n_copies > 48) c.n_copies = 48;
     c.cache = calloc((size_t)c.n_copies, sizeof(void *));
-    c.cache[0] = dev_rand((int64_t)B * len * (r_kv + dr), 11, 1.0f);
+    c.cache[0] = dev_rand((int64_t)B * len * (r_kv + dr), 11, 0.0f, 1.0f);
     for (int i = 1; i < c.n_copies; i++) {
         c.cache[i] = be->alloc(be, (size_t)bytes);
         if (!c.cache[i] || be->copy_d2d(be, c.cache[i], c.cache[0], (size_t)bytes) < 0) die("cache copy");
     }
-    c.q_lat = dev_rand((int64_t)B * H * r_kv, 12, 1.0f), c.q_pe = dev_rand((int64_t)B * H * dr, 13, 1.0f);
+    c.q_lat = dev_rand((int64_t)B * H * r_kv, 12, 0.0f, 1.0f), c.q_pe = dev_rand((int64_t)B * H * dr, 13, 0.0f, 1.0f);
     c.out = be->alloc(be, (size_t)B * H * r_kv * 2);
     c.len_d = be->alloc(be, sizeof(int32_t) * B);
     int32_t lens[64];
@@ -213,7 +150,7 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
         lens[b] = (int32_t)len;
     if (!c.out || !c.len_d || be->copy_h2d(be, c.len_d, lens, sizeof(int32_t) * B) < 0) die("alloc");
     if (!compare) {
-        float t = time_op(run_mla, &c, 3, 30);
+        float t = time_op(run_mla, &c, 3, 30, 0);
         double gbs = bytes / (t * 1e-3) / 1e9;
         snprintf(row->line, sizeof row->line, "| mla_decode | %d | %7lld | %2d | %3d | %2d | %8.4f | %7.1f | %5.1f%% |",
                  B, (long long)len, H, r_kv, dr, t, gbs, 100.0 * gbs / copy_gbs);
@@ -224,7 +161,7 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
         float t[3];
         for (int i = 0; i < 3; i++) {
             setenv("HYLO_MLA_DECODE", vars[i], 1);
-            t[i] = time_op(run_mla, &c, 3, 30);
+            t[i] = time_op(run_mla, &c, 3, 30, 0);
         }
         set_env("HYLO_MLA_DECODE", saved);
         free(saved);
@@ -241,7 +178,7 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
                 for (int si = 0; si < 3; si++) {
                     setenv("HYLO_MLA_WARPS", warps[wi], 1);
                     setenv("HYLO_MLA_STAGES", stages[si], 1);
-                    float ts = time_op(run_mla, &c, 3, 30);
+                    float ts = time_op(run_mla, &c, 3, 30, 0);
                     printf("  sweep B=%d len=%lld H=%d r_kv=%d dr=%d warps=%s stages=%s: %.4f ms, %.1f%% copy\n", B,
                            (long long)len, H, r_kv, dr, warps[wi], stages[si], ts,
                            100.0 * bytes / (ts * 1e-3) / 1e9 / copy_gbs);
@@ -259,38 +196,13 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
     be->free(be, c.q_lat), be->free(be, c.q_pe), be->free(be, c.out), be->free(be, c.len_d);
 }
 
-typedef struct {
-    void *a, *b;
-    size_t n;
-} copy_ctx_t;
-
-static void run_copy(void *p, int rep) {
-    copy_ctx_t *c = p;
-    cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, stream);
-}
-
 int main(int argc, char **argv) {
     int quick = 0, do_attn = 1, do_decode = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = 1;
-        else if (!strcmp(argv[i], "--no-attn"))
-            do_attn = 0;
-        else if (!strcmp(argv[i], "--no-decode"))
-            do_decode = 0;
-        else if (!strcmp(argv[i], "--compare"))
-            compare = 1;
-        else if (!strcmp(argv[i], "--sweep"))
-            compare = 1, sweep = 1;
-        else {
-            fprintf(stderr, "usage: %s [--quick] [--no-attn] [--no-decode] [--compare] [--sweep]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (be_create(&be, "cuda", (size_t)4 << 30) < 0) die("cuda backend");
-    stream = (cudaStream_t)cuda_stream_of(be);
-    cudaEventCreate(&ev0);
-    cudaEventCreate(&ev1);
+    const bench_flag_t flags[] = {{"--quick", &quick, 1},         {"--no-attn", &do_attn, 0},
+                                  {"--no-decode", &do_decode, 0}, {"--compare", &compare, 1},
+                                  {"--sweep", &compare, 1},       {"--sweep", &sweep, 1}};
+    if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
+    bench_init((size_t)4 << 30);
     const char *vf = getenv("HYLO_ATTN_FWD"), *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
     if (compare)
         printf("bench_attn: --compare: every variant (HYLO_ATTN_FWD %s)\n", vf ? vf : "0");
@@ -323,14 +235,7 @@ int main(int argc, char **argv) {
     }
     double copy_gbs = 0;
     if (do_decode) {
-        copy_ctx_t cc = {.n = (size_t)4 << 30};
-        cc.a = be->alloc(be, cc.n), cc.b = be->alloc(be, cc.n);
-        if (!cc.a || !cc.b) die("alloc copy buffers");
-        be->memset0(be, cc.a, cc.n);
-        float t = time_op(run_copy, &cc, 2, 10);
-        copy_gbs = 2.0 * (double)cc.n / (t * 1e-3) / 1e9;
-        printf("device-to-device copy of 4 GiB: %.3f ms, %.1f GB/s (read + write)\n", t, copy_gbs);
-        be->free(be, cc.a), be->free(be, cc.b);
+        copy_gbs = copy_bandwidth_gbs();
         static const int cfg[][4] = {{1, 32, 128, 32}, {8, 32, 128, 32}, {1, 9, 128, 64},
                                      {1, 16, 512, 64}, {1, 32, 128, 64}, {8, 9, 128, 64}};
         const int64_t lens[3] = {65536, 262144, 1048576};
@@ -354,8 +259,6 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_drows; i++)
             printf("%s\n", drows[i].line);
     }
-    cudaEventDestroy(ev0);
-    cudaEventDestroy(ev1);
-    be_destroy(be);
+    bench_finish();
     return 0;
 }

@@ -36,29 +36,13 @@
 #include "base/err.h"
 #include "base/rng.h"
 
-void *cuda_stream_of(be_t *be); // src/backend/cuda/cuda_attn.cu
 // src/backend/cuda/cuda_gdn.cu
 size_t gdn_chunk_scratch_bytes(int B, int T, int H, int HV, int K, int Dv, int bwd);
 void gdn_cuda_timing(int on);
 int gdn_cuda_timing_read(const char **names, double *ms, int *calls, int max);
 
-static be_t *be;
-static cudaStream_t stream;
-static cudaEvent_t ev0, ev1;
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_gdn: %s: %s\n", what, err_msg());
-    exit(1);
-}
-
-static void check_sync(const char *what) {
-    if (be->sync(be) < 0) die(what);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        fprintf(stderr, "bench_gdn: %s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
+#define BENCH_NAME "bench_gdn"
+#include "bench_util.h"
 
 static void *dalloc(size_t bytes) {
     void *p = be->alloc(be, bytes ? bytes : 256);
@@ -66,24 +50,6 @@ static void *dalloc(size_t bytes) {
     return p;
 }
 
-// Random act values N(mean, std^2): 16M values drawn on the host, repeated on the device.
-static void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
-    void *d = dalloc((size_t)n * 2);
-    int64_t m = n < (1 << 24) ? n : (1 << 24);
-    float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
-    rng_t r;
-    rng_seed(&r, seed);
-    rng_fill_normal(&r, h, m, mean, std);
-    if (be->upload_act(be, d, h, m) < 0) die("upload");
-    free(h);
-    for (int64_t done = m; done < n;) {
-        int64_t c = done < n - done ? done : n - done;
-        if (be->copy_d2d(be, (char *)d + done * 2, d, (size_t)c * 2) < 0) die("copy_d2d");
-        done += c;
-    }
-    check_sync("dev_rand");
-    return d;
-}
 static void *dev_unif(int64_t n, uint64_t seed, float lo, float hi) {
     float *h = malloc((size_t)n * sizeof(float));
     rng_t r;
@@ -94,32 +60,6 @@ static void *dev_unif(int64_t n, uint64_t seed, float lo, float hi) {
     if (be->upload_act(be, d, h, n) < 0) die("upload");
     free(h);
     return d;
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-typedef void (*op_fn)(void *ctx, int rep);
-
-// Median time in ms of `reps` runs after `warm` warm-up runs.
-static float time_op(op_fn fn, void *ctx, int warm, int reps) {
-    for (int i = 0; i < warm; i++)
-        fn(ctx, i);
-    check_sync("warm-up");
-    float t[64];
-    if (reps > 64) reps = 64;
-    for (int i = 0; i < reps; i++) {
-        cudaEventRecord(ev0, stream);
-        fn(ctx, i);
-        cudaEventRecord(ev1, stream);
-        cudaEventSynchronize(ev1);
-        check_sync("timed run");
-        cudaEventElapsedTime(&t[i], ev0, ev1);
-    }
-    qsort(t, (size_t)reps, sizeof(float), cmp_float);
-    return reps % 2 ? t[reps / 2] : 0.5f * (t[reps / 2 - 1] + t[reps / 2]);
 }
 
 // ---- chunked rule ----------------------------------------------------------------
@@ -193,9 +133,9 @@ static void bench_chunk(const shape_t *s, int kernels, row_t *row, row_t *krow, 
 
     const int reps = s->T <= 8192 ? 20 : 10;
     c.with_l2 = 1;
-    const float t_f = time_op(run_fwd, &c, 2, reps), t_fb = time_op(run_fwd_bwd, &c, 2, reps);
+    const float t_f = time_op(run_fwd, &c, 2, reps, 0), t_fb = time_op(run_fwd_bwd, &c, 2, reps, 0);
     c.with_l2 = 0;
-    const float t_fc = time_op(run_fwd, &c, 2, reps), t_fbc = time_op(run_fwd_bwd, &c, 2, reps);
+    const float t_fc = time_op(run_fwd, &c, 2, reps, 0), t_fbc = time_op(run_fwd_bwd, &c, 2, reps, 0);
     const double F = fwd_flops(s);
     snprintf(row->line, sizeof row->line,
              "| %-8s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %8.1f | %10.3f | %8.1f | chunk ops alone: fwd %.3f, "
@@ -263,7 +203,7 @@ static void bench_decode(const char *name, int B, int H, int HV, int K, int Dv, 
     c.g = dalloc((size_t)B * HV * 4), c.beta = dalloc((size_t)B * HV * 4);
     be->gdn_gate_fwd(be, c.g, c.beta, a, HV, b, HV, A_log, dt_bias, B, HV, 0);
     check_sync("decode inputs");
-    const float t = time_op(run_decode, &c, 3, 50);
+    const float t = time_op(run_decode, &c, 3, 50, 0);
     const double gbs = 2.0 * sbytes / (t * 1e-3) / 1e9;
     snprintf(row->line, sizeof row->line, "| %-8s | %2d | %2d | %3d | %3d | %9.2f | %7.1f | %5.1f%% |", name, B, HV, K,
              Dv, t * 1e3, gbs, 100.0 * gbs / copy_gbs);
@@ -277,32 +217,13 @@ static void bench_decode(const char *name, int B, int H, int HV, int K, int Dv, 
         be->free(be, bufs[i]);
 }
 
-typedef struct {
-    void *a, *b;
-    size_t n;
-} copy_ctx_t;
-
-static void run_copy(void *p, int rep) {
-    copy_ctx_t *c = p;
-    cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, stream);
-}
-
 int main(int argc, char **argv) {
     int quick = 0, do_chunk = 1, do_decode = 1, kernels = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = 1;
-        else if (!strcmp(argv[i], "--no-chunk"))
-            do_chunk = 0;
-        else if (!strcmp(argv[i], "--no-decode"))
-            do_decode = 0;
-        else if (!strcmp(argv[i], "--kernels"))
-            kernels = 1;
-        else {
-            fprintf(stderr, "usage: %s [--quick] [--no-chunk] [--no-decode] [--kernels]\n", argv[0]);
-            return 2;
-        }
-    }
+    const bench_flag_t flags[] = {{"--quick", &quick, 1},
+                                  {"--no-chunk", &do_chunk, 0},
+                                  {"--no-decode", &do_decode, 0},
+                                  {"--kernels", &kernels, 1}};
+    if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     static const shape_t shapes[] = {
         {"1B GDN", 1, 0, 6, 6, 256, 512},
         {"3B GDN", 1, 0, 9, 9, 256, 512},
@@ -316,10 +237,7 @@ int main(int argc, char **argv) {
             if (n > scratch) scratch = n;
         }
     scratch += (size_t)64 << 20; // gate partials and alignment
-    if (be_create(&be, "cuda", scratch) < 0) die("cuda backend");
-    stream = (cudaStream_t)cuda_stream_of(be);
-    cudaEventCreate(&ev0);
-    cudaEventCreate(&ev1);
+    bench_init(scratch);
     const char *nw = getenv("HYLO_GDN_NW");
     printf("bench_gdn: scratch %.2f GB, state-pass warps per block %s\n", scratch / 1e9, nw ? nw : "4 (default)");
 
@@ -338,13 +256,7 @@ int main(int argc, char **argv) {
     }
     double copy_gbs = 0;
     if (do_decode) {
-        copy_ctx_t cc = {.n = (size_t)4 << 30};
-        cc.a = dalloc(cc.n), cc.b = dalloc(cc.n);
-        be->memset0(be, cc.a, cc.n);
-        const float t = time_op(run_copy, &cc, 2, 10);
-        copy_gbs = 2.0 * (double)cc.n / (t * 1e-3) / 1e9;
-        printf("device-to-device copy of 4 GiB: %.3f ms, %.1f GB/s (read + write)\n", t, copy_gbs);
-        be->free(be, cc.a), be->free(be, cc.b);
+        copy_gbs = copy_bandwidth_gbs();
         const int Bs[3] = {1, 8, 64};
         for (int i = 0; i < 2; i++)
             for (int bi = 0; bi < 3; bi++)
@@ -371,8 +283,6 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_drows; i++)
             printf("%s\n", drows[i].line);
     }
-    cudaEventDestroy(ev0);
-    cudaEventDestroy(ev1);
-    be_destroy(be);
+    bench_finish();
     return 0;
 }

@@ -39,46 +39,10 @@
 #include "base/err.h"
 #include "base/rng.h"
 
-void *cuda_stream_of(be_t *be);                                                            // cuda_attn.cu
 size_t cuda_ssd_scratch_bytes(int B, int T, int H, int P, int N, int chunk, int backward); // cuda_ssd.cu
 
-static be_t *be;
-static cudaStream_t stream;
-static cudaEvent_t ev0, ev1;
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_ssd: %s: %s\n", what, err_msg());
-    exit(1);
-}
-
-static void check_sync(const char *what) {
-    if (be->sync(be) < 0) die(what);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        fprintf(stderr, "bench_ssd: %s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-
-// Random bf16 N(0, std^2): up to 16M values drawn on the host, repeated on the device.
-static void *dev_rand(int64_t n, uint64_t seed, float std) {
-    void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
-    if (!d) die("alloc");
-    int64_t m = n < (1 << 24) ? n : (1 << 24);
-    float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
-    rng_t r;
-    rng_seed(&r, seed);
-    rng_fill_normal(&r, h, m, 0.0f, std);
-    if (be->upload_act(be, d, h, m) < 0) die("upload");
-    free(h);
-    for (int64_t done = m; done < n;) {
-        int64_t c = done < n - done ? done : n - done;
-        if (be->copy_d2d(be, (char *)d + done * 2, d, (size_t)c * 2) < 0) die("copy_d2d");
-        done += c;
-    }
-    check_sync("dev_rand");
-    return d;
-}
+#define BENCH_NAME "bench_ssd"
+#include "bench_util.h"
 
 static float *dev_f32(const float *h, int64_t n) {
     float *d = be->alloc(be, (size_t)(n ? n : 1) * sizeof(float));
@@ -90,32 +54,6 @@ static void *dev_act(const float *h, int64_t n) {
     void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
     if (!d || be->upload_act(be, d, h, n) < 0) die("act upload");
     return d;
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-typedef void (*op_fn)(void *ctx, int rep);
-
-// Median time in ms of `reps` runs after `warm` warm-up runs.
-static float time_op(op_fn fn, void *ctx, int warm, int reps) {
-    for (int i = 0; i < warm; i++)
-        fn(ctx, i);
-    check_sync("warm-up");
-    float t[128];
-    if (reps > 128) reps = 128;
-    for (int i = 0; i < reps; i++) {
-        cudaEventRecord(ev0, stream);
-        fn(ctx, warm + i);
-        cudaEventRecord(ev1, stream);
-        cudaEventSynchronize(ev1);
-        check_sync("timed run");
-        cudaEventElapsedTime(&t[i], ev0, ev1);
-    }
-    qsort(t, (size_t)reps, sizeof(float), cmp_float);
-    return reps % 2 ? t[reps / 2] : 0.5f * (t[reps / 2 - 1] + t[reps / 2]);
 }
 
 typedef struct {
@@ -189,8 +127,8 @@ static void bench_chunk(const ssd_shape_t *s, int T, row_t *row) {
     chunk_ctx_t c = {.s = s, .B = 1, .T = T, .chunk = 256};
     const int64_t rows = (int64_t)c.B * T;
     c.oB = (int64_t)s->Hx * s->P, c.oC = c.oB + (int64_t)s->GB * s->N, c.ld = c.oC + (int64_t)s->GC * s->N;
-    c.xbc = dev_rand(rows * c.ld, 1, 0.7f); // silu(conv) outputs: O(0.5)
-    c.dy = dev_rand(rows * s->H * s->P, 2, 1.0f);
+    c.xbc = dev_rand(rows * c.ld, 1, 0.0f, 0.7f); // silu(conv) outputs: O(0.5)
+    c.dy = dev_rand(rows * s->H * s->P, 2, 0.0f, 1.0f);
     c.y = be->alloc(be, (size_t)rows * s->H * s->P * 2);
     c.dxbc = be->alloc(be, (size_t)rows * c.ld * 2);
     float *dt, *A_log, *D;
@@ -204,8 +142,8 @@ static void bench_chunk(const ssd_shape_t *s, int T, row_t *row) {
     free(dt), free(A_log), free(D);
 
     int reps = T <= 8192 ? 20 : 10;
-    float t_f = time_op(run_fwd, &c, 2, reps);
-    float t_fb = time_op(run_fwd_bwd, &c, 2, reps);
+    float t_f = time_op(run_fwd, &c, 2, reps, 2);
+    float t_fb = time_op(run_fwd_bwd, &c, 2, reps, 2);
     double ff = flops_fwd(s, c.B, T, c.chunk), fb = ff + flops_bwd(s, c.B, T, c.chunk);
     snprintf(row->line, sizeof row->line,
              "| %-10s | %d | %6d | %2d | %3d | %3d | %d/%d/%2d | %9.3f | %7.1f | %10.3f | %7.1f | %7.0f |", s->name,
@@ -256,7 +194,7 @@ static void bench_step(const ssd_shape_t *s, int B, double copy_gbs, row_t *row)
         if (!c.state[i] || be->copy_d2d(be, c.state[i], c.state[0], (size_t)nst * sizeof(float)) < 0) die("state copy");
     }
     free(h);
-    c.xbc = dev_rand((int64_t)B * c.ld, 5, 0.7f);
+    c.xbc = dev_rand((int64_t)B * c.ld, 5, 0.0f, 0.7f);
     c.y = be->alloc(be, (size_t)B * s->H * s->P * 2);
     float *dt, *A_log, *D;
     host_params((int64_t)B * s->H, s->H, 6, &dt, &A_log, &D);
@@ -264,7 +202,7 @@ static void bench_step(const ssd_shape_t *s, int B, double copy_gbs, row_t *row)
     c.A_log = dev_act(A_log, s->H), c.D = dev_act(D, s->H);
     free(dt), free(A_log), free(D);
     if (!c.y) die("alloc");
-    float t = time_op(run_step, &c, 5, 100);
+    float t = time_op(run_step, &c, 5, 100, 5);
     double gbs = bytes / (t * 1e-3) / 1e9;
     snprintf(row->line, sizeof row->line, "| %-10s | %2d | %2d | %3d | %3d | %9.2f | %9.3f | %8.1f | %5.1f%% |",
              s->name, B, s->H, s->P, s->N, t * 1e3, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
@@ -276,34 +214,11 @@ static void bench_step(const ssd_shape_t *s, int B, double copy_gbs, row_t *row)
     be->free(be, c.xbc), be->free(be, c.y), be->free(be, c.dt), be->free(be, c.A_log), be->free(be, c.D);
 }
 
-typedef struct {
-    void *a, *b;
-    size_t n;
-} copy_ctx_t;
-
-static void run_copy(void *p, int rep) {
-    copy_ctx_t *c = p;
-    cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, stream);
-}
-
 int main(int argc, char **argv) {
     int quick = 0, do_chunk = 1, do_decode = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = 1;
-        else if (!strcmp(argv[i], "--no-chunk"))
-            do_chunk = 0;
-        else if (!strcmp(argv[i], "--no-decode"))
-            do_decode = 0;
-        else {
-            fprintf(stderr, "usage: %s [--quick] [--no-chunk] [--no-decode]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (be_create(&be, "cuda", (size_t)4 << 30) < 0) die("cuda backend");
-    stream = (cudaStream_t)cuda_stream_of(be);
-    cudaEventCreate(&ev0);
-    cudaEventCreate(&ev1);
+    const bench_flag_t flags[] = {{"--quick", &quick, 1}, {"--no-chunk", &do_chunk, 0}, {"--no-decode", &do_decode, 0}};
+    if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
+    bench_init((size_t)4 << 30);
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     row_t rows[16], drows[16];
     int n_rows = 0, n_drows = 0;
@@ -319,14 +234,7 @@ int main(int argc, char **argv) {
     double copy_gbs = 0;
     const char *dhdr = "| shape      |  B |  H |   P |   N |  us/step | state MB |     GB/s | % copy |";
     if (do_decode) {
-        copy_ctx_t cc = {.n = (size_t)4 << 30};
-        cc.a = be->alloc(be, cc.n), cc.b = be->alloc(be, cc.n);
-        if (!cc.a || !cc.b) die("alloc copy buffers");
-        be->memset0(be, cc.a, cc.n);
-        float t = time_op(run_copy, &cc, 2, 10);
-        copy_gbs = 2.0 * (double)cc.n / (t * 1e-3) / 1e9;
-        printf("device-to-device copy of 4 GiB: %.3f ms, %.1f GB/s (read + write)\n", t, copy_gbs);
-        be->free(be, cc.a), be->free(be, cc.b);
+        copy_gbs = copy_bandwidth_gbs();
         printf("%s\n", dhdr);
         const int Bs[3] = {1, 8, 64};
         for (int i = 0; i < n_shapes; i++)
@@ -346,8 +254,6 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_drows; i++)
             printf("%s\n", drows[i].line);
     }
-    cudaEventDestroy(ev0);
-    cudaEventDestroy(ev1);
-    be_destroy(be);
+    bench_finish();
     return 0;
 }

@@ -254,6 +254,12 @@ struct be {
 int be_create(be_t **out, const char *name, size_t scratch_bytes);
 void be_destroy(be_t *be);
 
+#ifdef HYLO_CUDA
+// The CUDA backend's stream (a cudaStream_t), for timing ops with CUDA events
+// from C (bench/); be must be a CUDA backend. src/backend/cuda/cuda_backend.cu.
+void *cuda_stream_of(be_t *be);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

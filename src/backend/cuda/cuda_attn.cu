@@ -28,60 +28,16 @@
 // that are multiples of 16 up to 256 run on the smallest pair that holds them
 // (columns past the true size are zero-filled on load and never stored).
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_vec.cuh"
 
 // ---- device helpers ---------------------------------------------------------
-
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes
-// are zero-filled (src must still be a valid address; callers pass the base).
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// c += a b, a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate.
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> bf16x2 (round to nearest even); lo in the low half, as the
-// fragments expect the lower column index there.
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-static __device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 static __device__ __forceinline__ void red_add_v2(float *p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
@@ -944,41 +900,26 @@ __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ a
 
 // ---- host side --------------------------------------------------------------
 
-// Records a usage error so that sync() reports it (the ops return void).
-static void attn_error(be_t *be, const char *fmt, ...) {
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cuda_impl_t *ci = cuda_impl(be);
-    if (!ci->first_error) {
-        ci->first_error = ERR_INPUT;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_INPUT, "%s", msg);
-}
-
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 static bool attn_check(be_t *be, const char *op, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale,
                        const void *const *ptrs, int n_ptrs) {
     if (B < 0 || Tq < 0 || Tk < Tq || H <= 0 || Hkv <= 0 || H % Hkv) {
-        attn_error(be, "cuda %s: bad shape B=%d Tq=%d Tk=%d H=%d Hkv=%d (need Tk >= Tq, H a multiple of Hkv)", op, B,
-                   Tq, Tk, H, Hkv);
+        cu_op_error(be, "cuda %s: bad shape B=%d Tq=%d Tk=%d H=%d Hkv=%d (need Tk >= Tq, H a multiple of Hkv)", op, B,
+                    Tq, Tk, H, Hkv);
         return false;
     }
     if (dqk <= 0 || dv <= 0 || dqk % 16 || dv % 16 || dqk > 256 || dv > 256) {
-        attn_error(be, "cuda %s: head dims dqk=%d dv=%d not supported (multiples of 16 up to 256)", op, dqk, dv);
+        cu_op_error(be, "cuda %s: head dims dqk=%d dv=%d not supported (multiples of 16 up to 256)", op, dqk, dv);
         return false;
     }
     if (!(scale > 0.f)) {
-        attn_error(be, "cuda %s: scale %g must be positive", op, (double)scale);
+        cu_op_error(be, "cuda %s: scale %g must be positive", op, (double)scale);
         return false;
     }
     for (int i = 0; i < n_ptrs; i++)
         if (!aligned16(ptrs[i])) {
-            attn_error(be, "cuda %s: tensor argument %d is not 16-byte aligned", op, i);
+            cu_op_error(be, "cuda %s: tensor argument %d is not 16-byte aligned", op, i);
             return false;
         }
     return true;
@@ -1069,15 +1010,15 @@ static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int 
     size_t avail = ar->cap > ar->used + 1024 ? ar->cap - ar->used - 1024 : 0;
     int upc = unit_bytes ? (int)(avail / unit_bytes < (size_t)units ? avail / unit_bytes : (size_t)units) : units;
     if (upc < 1) {
-        attn_error(be,
-                   "cuda attn_bwd: scratch arena too small: %zu bytes free, the dQ accumulator of one kv head "
-                   "needs %zu",
-                   avail, unit_bytes);
+        cu_op_error(be,
+                    "cuda attn_bwd: scratch arena too small: %zu bytes free, the dQ accumulator of one kv head "
+                    "needs %zu",
+                    avail, unit_bytes);
         return;
     }
     float *acc = (float *)arena_alloc(ar, unit_bytes * (size_t)upc);
     if (!acc) {
-        attn_error(be, "cuda attn_bwd: cannot take %zu bytes from the scratch arena", unit_bytes * (size_t)upc);
+        cu_op_error(be, "cuda attn_bwd: cannot take %zu bytes from the scratch arena", unit_bytes * (size_t)upc);
         return;
     }
     for (int u0 = 0; u0 < units; u0 += upc) {
@@ -1134,7 +1075,7 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
     float *Dd = (float *)arena_alloc(ar, nD * sizeof(float));
     float *lse2 = (float *)arena_alloc(ar, nD * sizeof(float));
     if (!Dd || !lse2) {
-        attn_error(be, "cuda attn_bwd: scratch arena too small for D and lse (%zu bytes)", 2 * nD * sizeof(float));
+        cu_op_error(be, "cuda attn_bwd: scratch arena too small for D and lse (%zu bytes)", 2 * nD * sizeof(float));
         arena_reset(ar, mark);
         return;
     }
@@ -1177,10 +1118,6 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 #undef BWD
     arena_reset(ar, mark); // later work on the stream may reuse the memory: stream order protects it
 }
-
-// The backend's stream, for benchmarks that time ops with CUDA events from C
-// (backend/cuda/cuda.h is C++ only).
-extern "C" void *cuda_stream_of(be_t *be) { return (void *)cuda_stream(be); }
 
 extern "C" void cuda_register_attn(be_t *be) {
     be->attn_fwd = cu_attn_fwd;

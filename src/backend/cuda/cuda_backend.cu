@@ -24,6 +24,10 @@ void cuda_check_launch(be_t *be, const char *what) {
     if (e != cudaSuccess) cuda_fail(be, what, e);
 }
 
+// The backend's stream, for benchmarks that time ops with CUDA events from C
+// (backend/cuda/cuda.h is C++ only; declared in backend/backend.h).
+extern "C" void *cuda_stream_of(be_t *be) { return (void *)cuda_stream(be); }
+
 static void *cu_alloc(be_t *be, size_t bytes) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);

@@ -322,13 +322,6 @@ static __device__ __forceinline__ void vec_async(float *s, const float *g, int n
     if (tid < BT) cp_async4(s + tid, tid < n ? g + tid : g, tid < n);
 }
 
-// Sum over the 4 lanes that share an accumulator row.
-static __device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    return v;
-}
-
 // ==== gates =======================================================================
 
 static __device__ __forceinline__ float dev_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -21,50 +21,14 @@
 // block writes one partial (m, l, unnormalised O) for its slice.
 // k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
-
-// ---- device helpers (the same small set as cuda_attn.cu) --------------------
-
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-static __device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_vec.cuh"
 
 // ---- kernels -----------------------------------------------------------------
 
@@ -726,20 +690,6 @@ __global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, co
 
 // ---- host side --------------------------------------------------------------
 
-static void mla_error(be_t *be, const char *fmt, ...) {
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cuda_impl_t *ci = cuda_impl(be);
-    if (!ci->first_error) {
-        ci->first_error = ERR_INPUT;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_INPUT, "%s", msg);
-}
-
 template <int CW>
 static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
                        const int32_t *len, int B, mla_args_t a) {
@@ -759,8 +709,8 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
         a.RS /= 2;
     }
     if (smem > ci->smem_optin) {
-        mla_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d H=%d needs %zu bytes of shared memory (%zu available)",
-                  a.r_kv, a.dr, a.H, smem, ci->smem_optin);
+        cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d H=%d needs %zu bytes of shared memory (%zu available)",
+                    a.r_kv, a.dr, a.H, smem, ci->smem_optin);
         return;
     }
     // raise the kernel's dynamic shared memory limit when a larger shape comes
@@ -798,8 +748,8 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
     float *part_o = (float *)arena_alloc(ar, (size_t)B * ns * a.H * a.r_kv * sizeof(float));
     float *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * a.H * 2 * sizeof(float));
     if (!part_o || !part_ml) {
-        mla_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
-                  (long long)(B * ns * a.H));
+        cu_op_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
+                    (long long)(B * ns * a.H));
         arena_reset(ar, mark);
         return;
     }
@@ -888,8 +838,8 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     float *part_o = (float *)arena_alloc(ar, (size_t)B * ns * a.H * a.r_kv * sizeof(float));
     float *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * a.H * 2 * sizeof(float));
     if (!part_o || !part_ml) {
-        mla_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
-                  (long long)(B * ns * a.H));
+        cu_op_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
+                    (long long)(B * ns * a.H));
         arena_reset(ar, mark);
         return true;
     }
@@ -926,12 +876,12 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
                                int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
     if (B <= 0 || H <= 0) return;
     if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || cache_rows < 0) {
-        mla_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d cache_rows=%lld not supported (r_kv, dr multiples of 8)",
-                  r_kv, dr, (long long)cache_rows);
+        cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d cache_rows=%lld not supported (r_kv, dr multiples of 8)",
+                    r_kv, dr, (long long)cache_rows);
         return;
     }
     if (((uintptr_t)q_lat | (uintptr_t)q_pe | (uintptr_t)cache) & 15) {
-        mla_error(be, "cuda mla_decode_attn: q_lat, q_pe and cache must be 16-byte aligned");
+        cu_op_error(be, "cuda mla_decode_attn: q_lat, q_pe and cache must be 16-byte aligned");
         return;
     }
     const int HT = (H + 15) / 16, CC = (r_kv + 127) / 128;
@@ -966,7 +916,7 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     a.HT = HT;
     a.CC = CC;
     if (a.HT * a.CC > 16) {
-        mla_error(be, "cuda mla_decode_attn: H=%d with r_kv=%d needs more than 16 warps per block", H, r_kv);
+        cu_op_error(be, "cuda mla_decode_attn: H=%d with r_kv=%d needs more than 16 warps per block", H, r_kv);
         return;
     }
     int rs = 8 / (a.HT * a.CC);

@@ -73,6 +73,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
 
 #define SSD_LOG2E 1.4426950408889634f
@@ -89,48 +90,9 @@
 // the fragments the compiler hoists (registers), the accumulators do not depend on k.
 static constexpr int ssd_kunroll = SSD_KUNROLL;
 
-// ---- device helpers ---------------------------------------------------------
+// ---- device helpers (the PTX wrappers are in cuda_mma.cuh) -------------------
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes are zero-filled.
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// c += a b, a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate.
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> bf16x2 (round to nearest even), lo in the low half.
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-static __device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 static __device__ __forceinline__ float bf(bf16 v) { return __bfloat162float(v); }
 
@@ -224,13 +186,6 @@ template <int KS> static __device__ __forceinline__ void to_afrag(uint32_t (&a)[
         a[k][2] = pack_bf16(s[2 * k + 1][0], s[2 * k + 1][1]);
         a[k][3] = pack_bf16(s[2 * k + 1][2], s[2 * k + 1][3]);
     }
-}
-
-// Sum over the 4 lanes of a quad (the lanes that hold one accumulator row).
-static __device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(FULL_MASK, v, 1);
-    v += __shfl_xor_sync(FULL_MASK, v, 2);
-    return v;
 }
 
 // Rows [0, ROWS) of a tile whose row 0 is at g (row stride gs elements) into

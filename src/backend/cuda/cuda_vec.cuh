@@ -1,7 +1,8 @@
-// Device helpers shared by the elementwise, norm, MLP and conv kernels
-// (cuda_core.cu, cuda_norm.cu, cuda_mlp.cu, cuda_conv.cu): bf16 vector
-// loads/stores converted to and from fp32, warp sums, the choice of vector
-// width on the host, grid sizing, scratch-arena partials and op argument errors.
+// Device helpers shared by the elementwise, norm, MLP, conv, rope, GDN and SSD
+// kernels (cuda_core.cu, cuda_norm.cu, cuda_mlp.cu, cuda_conv.cu, cuda_rope.cu,
+// cuda_gdn.cu, cuda_ssd.cu): bf16 vector loads/stores converted to and from
+// fp32, warp and quad sums, the choice of vector width on the host, grid
+// sizing, scratch-arena partials and op argument errors.
 #pragma once
 #include <stdarg.h>
 #include <stdint.h>
@@ -53,6 +54,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the 4 lanes of a quad (the lanes that hold one mma accumulator row).
+static __device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
     return v;
 }
 
