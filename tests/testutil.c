@@ -1,11 +1,15 @@
 #include "testutil.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "base/err.h"
+#include "base/fs.h"
 #include "base/rng.h"
 #include "base/half.h"
 #include "model/rope.h"
@@ -125,6 +129,83 @@ const char *tu_model_path(void) {
         skip();
     }
     return p;
+}
+
+static char tu_tmp[256]; // empty while there is no folder
+
+int tu_tmpdir_setup(void **state) {
+    (void)state;
+    snprintf(tu_tmp, sizeof tu_tmp, "/tmp/hylo_%s_XXXXXX", program_invocation_short_name);
+    if (mkdtemp(tu_tmp)) return 0;
+    tu_tmp[0] = 0;
+    return -1;
+}
+
+static int tu_rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+int tu_tmpdir_teardown(void **state) {
+    (void)state;
+    if (!tu_tmp[0]) return 0;
+    int rc = nftw(tu_tmp, tu_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    tu_tmp[0] = 0;
+    return rc;
+}
+
+const char *tu_tmpdir(void) {
+    if (!tu_tmp[0]) assert_int_equal(tu_tmpdir_setup(NULL), 0);
+    return tu_tmp;
+}
+
+const char *tu_tmp_path(const char *name) {
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, 512, "%s/%s", tu_tmpdir(), name);
+    return p;
+}
+
+void tu_corpus_save(const char *path) {
+    const char *dir = getenv("HYLO_CORPUS_OUT");
+    if (!dir || !*dir) return;
+    char *data;
+    size_t n;
+    if (fs_read_all(path, &data, &n) < 0) return;
+    const char *base = strrchr(path, '/');
+    char out[1024];
+    snprintf(out, sizeof out, "%s/%s", dir, base ? base + 1 : path);
+    if (n <= 65536) fs_write_all(out, data, n);
+    free(data);
+}
+
+int tu_run_hylo(const char *args, char **err) {
+    const char *bin = getenv("HYLO_BIN");
+    if (!bin) {
+        printf("HYLO_BIN is not set (run through make test)\n");
+        skip();
+    }
+    char cmd[4096], path[300];
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), err ? "stderr.txt" : "out.txt");
+    if (err)
+        snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", bin, args, path);
+    else
+        snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", bin, args, path);
+    int rc = system(cmd);
+    if (err) {
+        assert_true(WIFEXITED(rc)); // never killed by a signal
+        size_t n;
+        assert_int_equal(fs_read_all(path, err, &n), 0);
+        printf("  hylo %s\n    -> exit %d: %s", args, WEXITSTATUS(rc), *err);
+    } else {
+        char *out;
+        if (fs_read_all(path, &out, NULL) == 0) {
+            printf("  hylo %s -> %d\n%s", args, WEXITSTATUS(rc), out);
+            free(out);
+        }
+    }
+    return WEXITSTATUS(rc);
 }
 
 float *tu_params(const ptable_t *t, uint64_t seed, float std) {

@@ -71,3 +71,25 @@ float *tu_host_f32(be_t *be, const float *d, int64_t n); // malloc'ed host copy
 be_t *tu_cpu(void);
 // Path of the default model (HYLO_MODEL), or skip the test when it is unset.
 const char *tu_model_path(void);
+
+// ---- a temporary folder per test binary, /tmp/hylo_<program>_XXXXXX ----
+// Group setup / teardown for cmocka_run_group_tests: tu_tmpdir_setup creates the
+// folder, tu_tmpdir_teardown removes it with everything in it (nothing when it
+// was never created). tu_tmpdir() is its path, creating it on first use.
+int tu_tmpdir_setup(void **state);
+int tu_tmpdir_teardown(void **state);
+const char *tu_tmpdir(void);
+// tu_tmpdir()/name in one of 4 rotating static buffers (up to 4 in use at once).
+const char *tu_tmp_path(const char *name);
+// Seed corpus for the fuzz targets: with HYLO_CORPUS_OUT set, a file a test
+// built is also copied there when it is at most 64 KiB (docs/FUZZING.md).
+void tu_corpus_save(const char *path);
+
+// Runs `$HYLO_BIN ARGS` (the test is skipped when HYLO_BIN is unset) and
+// returns its exit status. The output is captured in tu_tmpdir():
+//  - err != NULL: stdout is discarded and stderr returned in *err (malloc'ed);
+//    the run must end by exit, not by a signal. Prints
+//    "  hylo ARGS\n    -> exit N: STDERR".
+//  - err == NULL: stdout and stderr go together to tu_tmpdir()/out.txt, which
+//    is printed after "  hylo ARGS -> N".
+int tu_run_hylo(const char *args, char **err);

@@ -10,6 +10,7 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/strbuf.h"
 
 // ---- reading helpers ----------------------------------------------------------
 // Every getter names the file and the field ("rope_scaling.factor") when the
@@ -689,31 +690,6 @@ int cfg_load_dir(const char *dir, arch_t *a) {
 // rather than its double expansion) and print it the way Python's json.dumps
 // with indent does, so the files look like the ones transformers writes.
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sb_t;
-
-static void sb_put(sb_t *b, const char *s) {
-    size_t n = strlen(s);
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n + 1);
-    b->n += n;
-}
-
 // Python's repr of a float: the shortest digits that read back to the same
 // value (compared in fp32 when `single`), fixed notation for decimal exponents
 // -4..15, and ".0" on whole numbers.
@@ -739,66 +715,66 @@ static void fmt_num(double v, int single, char *out, size_t cap) {
     }
 }
 
-static void put_json_string(sb_t *b, const char *s) {
-    sb_put(b, "\"");
+static void put_json_string(strbuf_t *b, const char *s) {
+    strbuf_puts(b, "\"");
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         char t[8] = {0};
         if (c == '"')
-            sb_put(b, "\\\"");
+            strbuf_puts(b, "\\\"");
         else if (c == '\\')
-            sb_put(b, "\\\\");
+            strbuf_puts(b, "\\\\");
         else if (c == '\n')
-            sb_put(b, "\\n");
+            strbuf_puts(b, "\\n");
         else if (c < 0x20) {
             snprintf(t, sizeof t, "\\u%04x", c);
-            sb_put(b, t);
+            strbuf_puts(b, t);
         } else {
             t[0] = (char)c;
-            sb_put(b, t);
+            strbuf_puts(b, t);
         }
     }
-    sb_put(b, "\"");
+    strbuf_puts(b, "\"");
 }
 
-static void put_indent(sb_t *b, int n) {
+static void put_indent(strbuf_t *b, int n) {
     for (int i = 0; i < n; i++)
-        sb_put(b, " ");
+        strbuf_puts(b, " ");
 }
 
-static void put_value(sb_t *b, const cJSON *j, int indent, int level) {
+static void put_value(strbuf_t *b, const cJSON *j, int indent, int level) {
     char t[64];
     if (cJSON_IsRaw(j))
-        sb_put(b, j->valuestring);
+        strbuf_puts(b, j->valuestring);
     else if (cJSON_IsNull(j))
-        sb_put(b, "null");
+        strbuf_puts(b, "null");
     else if (cJSON_IsTrue(j))
-        sb_put(b, "true");
+        strbuf_puts(b, "true");
     else if (cJSON_IsFalse(j))
-        sb_put(b, "false");
+        strbuf_puts(b, "false");
     else if (cJSON_IsString(j))
         put_json_string(b, j->valuestring);
     else if (cJSON_IsNumber(j)) {
         snprintf(t, sizeof t, "%lld", (long long)j->valuedouble); // the writers make integers only
-        sb_put(b, t);
+        strbuf_puts(b, t);
     } else {
         int obj = cJSON_IsObject(j);
         if (!j->child) {
-            sb_put(b, obj ? "{}" : "[]");
+            strbuf_puts(b, obj ? "{}" : "[]");
             return;
         }
-        sb_put(b, obj ? "{\n" : "[\n");
+        strbuf_puts(b, obj ? "{\n" : "[\n");
         for (const cJSON *e = j->child; e; e = e->next) {
             put_indent(b, indent * (level + 1));
             if (obj) {
                 put_json_string(b, e->string);
-                sb_put(b, ": ");
+                strbuf_puts(b, ": ");
             }
             put_value(b, e, indent, level + 1);
-            sb_put(b, e->next ? ",\n" : "\n");
+            strbuf_puts(b, e->next ? ",\n" : "\n");
         }
         put_indent(b, indent * level);
-        sb_put(b, obj ? "}" : "]");
+        strbuf_puts(b, obj ? "}" : "]");
     }
 }
 
@@ -876,10 +852,10 @@ static void add_ids(jb_t *jb, cJSON *o, const char *key, const int *ids, int n) 
 static int write_tree(cJSON *root, jb_t *jb, int indent, int sorted, const char *path) {
     int rc = jb->oom ? err_set(ERR_NOMEM, "%s: out of memory", path) : 0;
     if (rc == 0 && sorted) rc = sort_keys(root);
-    sb_t b = {0};
+    strbuf_t b = {0};
     if (rc == 0) {
         put_value(&b, root, indent, 0);
-        sb_put(&b, "\n");
+        strbuf_puts(&b, "\n");
         if (b.oom) rc = err_set(ERR_NOMEM, "%s: out of memory", path);
     }
     if (rc == 0) rc = fs_write_all(path, b.s, b.n);

@@ -10,6 +10,7 @@
 #include "base/err.h"
 #include "base/half.h"
 #include "base/log.h"
+#include "base/strbuf.h"
 
 // Tensor data is little-endian; we read and write it with memcpy.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -737,63 +738,35 @@ int st_writer_add(st_writer_t *w, const char *name, int dtype, int ndim, const i
     return 0;
 }
 
-// A growable text buffer for the header.
-typedef struct {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sb_t;
-
-static void sb_put(sb_t *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-static void sb_str(sb_t *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_fmt_u64(sb_t *b, uint64_t v) {
+static void sb_fmt_u64(strbuf_t *b, uint64_t v) {
     char t[32];
     int n = snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    sb_put(b, t, (size_t)n);
+    strbuf_putn(b, t, (size_t)n);
 }
 
 // A JSON string literal (quotes, backslashes and control characters escaped).
-static void sb_json_str(sb_t *b, const char *s) {
-    sb_put(b, "\"", 1);
+static void sb_json_str(strbuf_t *b, const char *s) {
+    strbuf_putn(b, "\"", 1);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         char esc[8];
         if (c == '"')
-            sb_put(b, "\\\"", 2);
+            strbuf_putn(b, "\\\"", 2);
         else if (c == '\\')
-            sb_put(b, "\\\\", 2);
+            strbuf_putn(b, "\\\\", 2);
         else if (c == '\n')
-            sb_put(b, "\\n", 2);
+            strbuf_putn(b, "\\n", 2);
         else if (c == '\t')
-            sb_put(b, "\\t", 2);
+            strbuf_putn(b, "\\t", 2);
         else if (c == '\r')
-            sb_put(b, "\\r", 2);
+            strbuf_putn(b, "\\r", 2);
         else if (c < 0x20) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
-            sb_put(b, esc, 6);
+            strbuf_putn(b, esc, 6);
         } else
-            sb_put(b, (const char *)&c, 1);
+            strbuf_putn(b, (const char *)&c, 1);
     }
-    sb_put(b, "\"", 1);
+    strbuf_putn(b, "\"", 1);
 }
 
 static uint64_t wbytes(const st_wtensor_t *t) { return (uint64_t)t->numel * (t->dtype == ST_F32 ? 4 : 2); }
@@ -834,12 +807,12 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
 
     // Header: __metadata__ first, then the tensors in data order, compact JSON
     // as the reference writer produces it, padded with spaces to a multiple of 8.
-    sb_t h = {0};
+    strbuf_t h = {0};
     int rc = 0;
-    sb_str(&h, "{");
+    strbuf_puts(&h, "{");
     int first = 1;
     if (meta && meta[0]) {
-        sb_str(&h, "\"__metadata__\":{");
+        strbuf_puts(&h, "\"__metadata__\":{");
         for (int i = 0; meta[i]; i += 2) {
             if (!meta[i + 1]) {
                 rc = err_set(ERR_INPUT, "%s: metadata key %s has no value", path, meta[i]);
@@ -850,37 +823,37 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
                 rc = err_set(ERR_INPUT, "%s: metadata key %s: not valid UTF-8", path, meta[i]);
                 break;
             }
-            if (i) sb_str(&h, ",");
+            if (i) strbuf_puts(&h, ",");
             sb_json_str(&h, meta[i]);
-            sb_str(&h, ":");
+            strbuf_puts(&h, ":");
             sb_json_str(&h, meta[i + 1]);
         }
-        sb_str(&h, "}");
+        strbuf_puts(&h, "}");
         first = 0;
     }
     uint64_t off = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const st_wtensor_t *t = order[i];
-        if (!first) sb_str(&h, ",");
+        if (!first) strbuf_puts(&h, ",");
         first = 0;
         sb_json_str(&h, t->name);
-        sb_str(&h, ":{\"dtype\":\"");
-        sb_str(&h, st_dtype_name(t->dtype));
-        sb_str(&h, "\",\"shape\":[");
+        strbuf_puts(&h, ":{\"dtype\":\"");
+        strbuf_puts(&h, st_dtype_name(t->dtype));
+        strbuf_puts(&h, "\",\"shape\":[");
         for (int k = 0; k < t->ndim; k++) {
-            if (k) sb_str(&h, ",");
+            if (k) strbuf_puts(&h, ",");
             sb_fmt_u64(&h, (uint64_t)t->shape[k]);
         }
-        sb_str(&h, "],\"data_offsets\":[");
+        strbuf_puts(&h, "],\"data_offsets\":[");
         sb_fmt_u64(&h, off);
-        sb_str(&h, ",");
+        strbuf_puts(&h, ",");
         off += wbytes(t);
         sb_fmt_u64(&h, off);
-        sb_str(&h, "]}");
+        strbuf_puts(&h, "]}");
     }
-    sb_str(&h, "}");
+    strbuf_puts(&h, "}");
     while (h.n % 8)
-        sb_str(&h, " ");
+        strbuf_puts(&h, " ");
     if (rc == 0 && h.oom) rc = err_set(ERR_NOMEM, "%s: out of memory for the header", path);
     if (rc == 0 && h.n > ST_MAX_HEADER)
         rc = err_set(ERR_INPUT, "%s: header of %zu bytes exceeds the format's limit", path, h.n);

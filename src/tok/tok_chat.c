@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/strbuf.h"
 #include "tok/tok_internal.h"
 
 const char *tok_chat_name(tok_chat_t c) {
@@ -98,41 +99,15 @@ int tok_set_chat_template(tok_t *t, const char *tmpl) {
 
 // ---------------------------------------------------------------------------
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sb_t;
-
-static void sb_addn(sb_t *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np, b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_add(sb_t *b, const char *s) { sb_addn(b, s, strlen(s)); }
-
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-static void sb_add_trim(sb_t *b, const char *s) {
+static void sb_add_trim(strbuf_t *b, const char *s) {
     size_t n = strlen(s);
     while (n && is_ws(*s))
         s++, n--;
     while (n && is_ws(s[n - 1]))
         n--;
-    sb_addn(b, s, n);
+    strbuf_putn(b, s, n);
 }
 
 int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out) {
@@ -144,52 +119,52 @@ int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_genera
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return err_set(ERR_INPUT, "chat: messages[%d]: %s is NULL", i, msgs[i].role ? "content" : "role");
-    sb_t b = {0};
-    sb_add(&b, ""); // an empty conversation still yields a string
+    strbuf_t b = {0};
+    strbuf_puts(&b, ""); // an empty conversation still yields a string
     if (t->chat == TOK_CHAT_CHATML) {
         if (t->chat_system && n > 0 && strcmp(msgs[0].role, "system") != 0) {
-            sb_add(&b, "<|im_start|>system\n");
-            sb_add(&b, t->chat_system);
-            sb_add(&b, "<|im_end|>\n");
+            strbuf_puts(&b, "<|im_start|>system\n");
+            strbuf_puts(&b, t->chat_system);
+            strbuf_puts(&b, "<|im_end|>\n");
         }
         for (int i = 0; i < n; i++) {
-            sb_add(&b, "<|im_start|>");
-            sb_add(&b, msgs[i].role);
-            sb_add(&b, "\n");
-            sb_add(&b, msgs[i].content);
-            sb_add(&b, "<|im_end|>\n");
+            strbuf_puts(&b, "<|im_start|>");
+            strbuf_puts(&b, msgs[i].role);
+            strbuf_puts(&b, "\n");
+            strbuf_puts(&b, msgs[i].content);
+            strbuf_puts(&b, "<|im_end|>\n");
         }
-        if (add_generation_prompt) sb_add(&b, "<|im_start|>assistant\n");
+        if (add_generation_prompt) strbuf_puts(&b, "<|im_start|>assistant\n");
     } else { // TOK_CHAT_LLAMA3
         size_t bl = 0;
         const char *bos = t->bos >= 0 ? tok_text(t, t->bos, &bl) : NULL;
         if (bos)
-            sb_addn(&b, bos, bl);
+            strbuf_putn(&b, bos, bl);
         else
-            sb_add(&b, "<|begin_of_text|>");
+            strbuf_puts(&b, "<|begin_of_text|>");
         int first = 0;
         if (t->chat_date) {
-            sb_add(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
-            sb_add(&b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+            strbuf_puts(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
+            strbuf_puts(&b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
             if (n > 0 && !strcmp(msgs[0].role, "system")) {
                 sb_add_trim(&b, msgs[0].content);
                 first = 1;
             }
-            sb_add(&b, "<|eot_id|>");
+            strbuf_puts(&b, "<|eot_id|>");
         }
         for (int i = first; i < n; i++) {
-            sb_add(&b, "<|start_header_id|>");
-            sb_add(&b, msgs[i].role);
-            sb_add(&b, "<|end_header_id|>\n\n");
+            strbuf_puts(&b, "<|start_header_id|>");
+            strbuf_puts(&b, msgs[i].role);
+            strbuf_puts(&b, "<|end_header_id|>\n\n");
             sb_add_trim(&b, msgs[i].content);
-            sb_add(&b, "<|eot_id|>");
+            strbuf_puts(&b, "<|eot_id|>");
         }
-        if (add_generation_prompt) sb_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation_prompt) strbuf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     }
     if (b.oom) {
-        free(b.p);
+        free(b.s);
         return err_set(ERR_NOMEM, "chat: out of memory");
     }
-    *out = b.p;
+    *out = b.s;
     return 0;
 }

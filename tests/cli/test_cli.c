@@ -5,50 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "base/fs.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "testutil.h"
 
-static char tmp[256];
-
-static int setup(void **st) {
-    snprintf(tmp, sizeof tmp, "/tmp/hylo_cli_%d", (int)getpid());
-    mkdir(tmp, 0755);
-    return 0;
-}
-
-static int teardown(void **st) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    return system(cmd) == -1;
-}
-
-// Runs `hylo ARGS`, returns the exit status; stderr into *err (malloc'ed).
-static int run(const char *args, char **err) {
-    const char *bin = getenv("HYLO_BIN");
-    if (!bin) {
-        printf("HYLO_BIN is not set (run through make test)\n");
-        skip();
-    }
-    char cmd[4096], errf[300];
-    snprintf(errf, sizeof errf, "%s/stderr.txt", tmp);
-    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", bin, args, errf);
-    int rc = system(cmd);
-    assert_true(WIFEXITED(rc)); // never killed by a signal
-    size_t n;
-    assert_int_equal(fs_read_all(errf, err, &n), 0);
-    printf("  hylo %s\n    -> exit %d: %s", args, WEXITSTATUS(rc), *err);
-    return WEXITSTATUS(rc);
-}
-
 // Exit 2 and a single error line containing every `want` string.
 static void expect_input_error(const char *args, const char *want1, const char *want2) {
     char *err;
-    int rc = run(args, &err);
+    int rc = tu_run_hylo(args, &err);
     assert_int_equal(rc, 2);
     assert_true(!strncmp(err, "hylo: error: ", 13));
     assert_non_null(strstr(err, want1));
@@ -59,7 +25,7 @@ static void expect_input_error(const char *args, const char *want1, const char *
 // A copy of the first n bytes of the model (n = -1: all) with patches applied.
 static const char *model_copy(const char *name, long n, long patch_at, const void *patch, size_t plen) {
     static char path[400];
-    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
     char *data;
     size_t len;
     assert_int_equal(fs_read_all(tu_model_path(), &data, &len), 0);
@@ -145,19 +111,19 @@ static void replace_in_file(const char *path, const char *from, const char *to) 
 
 static void test_folder_errors(void **st) {
     char dir[400], cfg[500], args[1200];
-    snprintf(dir, sizeof dir, "%s/tiny", tmp);
+    snprintf(dir, sizeof dir, "%s/tiny", tu_tmpdir());
     tiny_folder(dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     snprintf(args, sizeof args, "info %s", dir);
     char *err;
-    assert_int_equal(run(args, &err), 0); // the intact folder is fine
+    assert_int_equal(tu_run_hylo(args, &err), 0); // the intact folder is fine
     free(err);
     // shape mismatch: the config says intermediate_size 23, the tensors have 24
     replace_in_file(cfg, "\"intermediate_size\": 24", "\"intermediate_size\": 23");
-    snprintf(args, sizeof args, "export %s --out %s/out1", dir, tmp);
+    snprintf(args, sizeof args, "export %s --out %s/out1", dir, tu_tmpdir());
     expect_input_error(args, "mlp.gate_proj.weight", "expected [23, 16]");
     char out1[500];
-    snprintf(out1, sizeof out1, "%s/out1", tmp);
+    snprintf(out1, sizeof out1, "%s/out1", tu_tmpdir());
     assert_false(fs_exists(out1)); // no partial output
     replace_in_file(cfg, "\"intermediate_size\": 23", "\"intermediate_size\": 24");
     // unsupported architecture field
@@ -169,19 +135,19 @@ static void test_folder_errors(void **st) {
 static void test_no_partial_output(void **st) {
     char args[1200], out[400];
     // convert with a teacher that cannot be read: nothing appears at --out
-    snprintf(out, sizeof out, "%s/conv_out", tmp);
-    snprintf(args, sizeof args, "convert --teacher %s/missing.gguf --out %s --mla-every 3", tmp, out);
+    snprintf(out, sizeof out, "%s/conv_out", tu_tmpdir());
+    snprintf(args, sizeof args, "convert --teacher %s/missing.gguf --out %s --mla-every 3", tu_tmpdir(), out);
     expect_input_error(args, "missing.gguf", NULL);
     assert_false(fs_exists(out));
     // export into a folder that exists and is not empty: refused, untouched
-    snprintf(out, sizeof out, "%s/full", tmp);
+    snprintf(out, sizeof out, "%s/full", tu_tmpdir());
     mkdir(out, 0755);
     char keep[500];
     snprintf(keep, sizeof keep, "%s/keep.txt", out);
     assert_int_equal(fs_write_all(keep, "x", 1), 0);
     snprintf(args, sizeof args, "export %s --out %s", tu_model_path(), out);
     expect_input_error(args, "full", "not empty");
-    DIR *d = opendir(tmp);
+    DIR *d = opendir(tu_tmpdir());
     struct dirent *e;
     while ((e = readdir(d)))
         assert_null(strstr(e->d_name, ".tmp.")); // no temporary left behind
@@ -205,5 +171,5 @@ int main(void) {
         cmocka_unit_test(test_folder_errors), cmocka_unit_test(test_no_partial_output),
         cmocka_unit_test(test_usage_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

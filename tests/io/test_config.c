@@ -4,7 +4,6 @@
 // the field, and write -> read round trips that give back the same arch.
 // Fixtures: tests/fixtures/io (README there).
 #include <dirent.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,22 +18,6 @@
 #include "io/config.h"
 
 #define FIX "tests/fixtures/io/"
-
-static char tmpdir[256];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-static int setup(void **state) {
-    (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hylo_test_cfg_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    return nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 // noinline: once inlined, gcc 12 mistakes the returned buffer for the local pointer holding it.
 __attribute__((noinline)) static char *slurp(const char *path) {
@@ -504,7 +487,7 @@ static void roundtrip(const char *config, const char *hybrid, const char *name) 
     arch_t a, b;
     load(&a, config, hybrid);
     char dir[512], p[600];
-    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    snprintf(dir, sizeof dir, "%s/%s", tu_tmpdir(), name);
     assert_int_equal(fs_mkdir_p(dir), 0);
     snprintf(p, sizeof p, "%s/config.json", dir);
     if (cfg_write_config_json(&a, p) < 0) fail_msg("%s", err_msg());
@@ -558,7 +541,7 @@ static void test_roundtrip(void **state) {
                          .norm_eps = 1e-5f};
     assert_int_equal(arch_validate(&a, "built"), 0);
     char dir[512], p[600];
-    snprintf(dir, sizeof dir, "%s/built", tmpdir);
+    snprintf(dir, sizeof dir, "%s/built", tu_tmpdir());
     assert_int_equal(fs_mkdir_p(dir), 0);
     snprintf(p, sizeof p, "%s/config.json", dir);
     assert_int_equal(cfg_write_config_json(&a, p), 0);
@@ -574,7 +557,7 @@ static void test_written_text(void **state) {
     arch_t a;
     load(&a, FIX "smollm2_135m_instruct_config.json", NULL);
     char p[600];
-    snprintf(p, sizeof p, "%s/smol_config.json", tmpdir);
+    snprintf(p, sizeof p, "%s/smol_config.json", tu_tmpdir());
     assert_int_equal(cfg_write_config_json(&a, p), 0);
     char *t = slurp(p);
     static const char *const frags[] = {
@@ -617,7 +600,7 @@ static void test_written_text(void **state) {
 
     // hybrid_config.json: Zebra's keys in the dataclass order, then ours.
     load(&a, FIX "llama32_1b_instruct_config.json", FIX "hylo_1b_4mla12gdn_hybrid_config.json");
-    snprintf(p, sizeof p, "%s/hyb.json", tmpdir);
+    snprintf(p, sizeof p, "%s/hyb.json", tu_tmpdir());
     assert_int_equal(cfg_write_hybrid_config(&a, p), 0);
     t = slurp(p);
     j = cJSON_Parse(t);
@@ -687,7 +670,7 @@ static void test_write_fails_cleanly(void **state) {
     arch_t a;
     load(&a, FIX "smollm2_135m_instruct_config.json", NULL);
     char p[600];
-    snprintf(p, sizeof p, "%s/missing/config.json", tmpdir);
+    snprintf(p, sizeof p, "%s/missing/config.json", tu_tmpdir());
     err_clear();
     assert_true(cfg_write_config_json(&a, p) < 0);
     assert_non_null(strstr(err_msg(), "missing/config.json"));
@@ -695,11 +678,11 @@ static void test_write_fails_cleanly(void **state) {
     // A plan mixing GDN and Mamba-2 has no hybrid_config.json form.
     a.kind[0] = LAYER_GDN;
     a.kind[1] = LAYER_M2;
-    snprintf(p, sizeof p, "%s/mixed.json", tmpdir);
+    snprintf(p, sizeof p, "%s/mixed.json", tu_tmpdir());
     assert_int_equal(cfg_write_hybrid_config(&a, p), ERR_UNSUP);
     assert_false(fs_exists(p));
     // Nothing but the files written by the tests is in the folder (no temporaries).
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(tu_tmpdir());
     struct dirent *e;
     while ((e = readdir(d)))
         if (strstr(e->d_name, ".tmp.")) fail_msg("leftover temporary %s", e->d_name);
@@ -722,5 +705,5 @@ int main(void) {
         cmocka_unit_test(test_written_text),
         cmocka_unit_test(test_write_fails_cleanly),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

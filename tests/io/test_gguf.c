@@ -8,7 +8,6 @@
 //    so the decoded values are known exactly.
 //  - Corrupted variants of the synthetic file: each must fail with a message
 //    naming the problem (run under ASan too: make MODE=asan).
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,22 +18,6 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "io/gguf.h"
-
-static char tmpdir[256];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-static int setup(void **state) {
-    (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hylo_test_gguf_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    return nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 // IEEE half -> double, written from the definition (not base/half.h).
 static double ref_half(const uint8_t *p) {
@@ -329,21 +312,6 @@ static buf_t build(const gspec_t *s, const gt_t *t, int nt) {
     return b;
 }
 
-// Seed corpus for the fuzz targets: with HYLO_CORPUS_OUT set, every small file
-// a test builds is also copied there (docs/FUZZING.md).
-static void corpus_save(const char *path) {
-    const char *dir = getenv("HYLO_CORPUS_OUT");
-    if (!dir || !*dir) return;
-    char *data;
-    size_t n;
-    if (fs_read_all(path, &data, &n) < 0) return;
-    const char *base = strrchr(path, '/');
-    char out[1024];
-    snprintf(out, sizeof out, "%s/%s", dir, base ? base + 1 : path);
-    if (n <= 65536) fs_write_all(out, data, n);
-    free(data);
-}
-
 // Plain stdio: fs_write_all's fsync would make the hundreds of files below slow.
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -354,9 +322,9 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 
 static const char *write_file(const char *name, const buf_t *b) {
     static char path[600];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
     write_bytes(path, b->b, b->n);
-    corpus_save(path);
+    tu_corpus_save(path);
     return path;
 }
 
@@ -647,7 +615,7 @@ static void test_corrupt(void **state) {
     synth_tensors(s, t);
     buf_t b = build(&SPEC0, t, NT);
     char path[600];
-    snprintf(path, sizeof path, "%s/prefix.gguf", tmpdir);
+    snprintf(path, sizeof path, "%s/prefix.gguf", tu_tmpdir());
     for (size_t n = 0; n < b.n; n += n < 400 ? 1 : 97) {
         write_bytes(path, b.b, n);
         gguf_t g;
@@ -664,5 +632,5 @@ int main(void) {
         cmocka_unit_test(test_synthetic),
         cmocka_unit_test(test_corrupt),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

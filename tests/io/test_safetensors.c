@@ -4,7 +4,6 @@
 // the file and tensor named in the message), and writes that fail leaving no
 // file behind. All files live in a fresh temporary folder.
 #include <dirent.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,47 +19,6 @@
 
 // ---- helpers -------------------------------------------------------------------
 
-static char tmpdir[256];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hylo_test_st_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static const char *tpath(const char *name) {
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
-
-// Seed corpus for the fuzz targets: with HYLO_CORPUS_OUT set, every small file
-// a test builds is also copied there (docs/FUZZING.md).
-static void corpus_save(const char *path) {
-    const char *dir = getenv("HYLO_CORPUS_OUT");
-    if (!dir || !*dir) return;
-    char *data;
-    size_t n;
-    if (fs_read_all(path, &data, &n) < 0) return;
-    const char *base = strrchr(path, '/');
-    char out[1024];
-    snprintf(out, sizeof out, "%s/%s", dir, base ? base + 1 : path);
-    if (n <= 65536) fs_write_all(out, data, n);
-    free(data);
-}
-
 // Writes a raw file: u64 header length (given, or the real one when hlen < 0),
 // the header text, then nd bytes of data.
 static void write_raw_len(const char *path, long long hlen, const char *header, const void *data, size_t nd) {
@@ -74,14 +32,14 @@ static void write_raw_len(const char *path, long long hlen, const char *header, 
     if (header[0]) assert_int_equal(fwrite(header, 1, strlen(header), f), strlen(header));
     if (nd) assert_int_equal(fwrite(data, 1, nd, f), nd);
     fclose(f);
-    corpus_save(path);
+    tu_corpus_save(path);
 }
 
 static void write_raw(const char *path, const char *header, const void *data, size_t nd) {
     write_raw_len(path, -1, header, data, nd);
 }
 
-// Number of entries in tmpdir whose name contains `part`.
+// Number of entries in dir whose name contains `part`.
 static int count_files(const char *dir, const char *part) {
     DIR *d = opendir(dir);
     assert_non_null(d);
@@ -138,10 +96,10 @@ static void test_roundtrip(void **state) {
     assert_int_equal(st_writer_add(&wr, "scalar", ST_F32, 0, NULL, s), 0);
     assert_int_equal(st_writer_add(&wr, "empty", ST_BF16, 2, (int64_t[]){0, 5}, NULL), 0);
     const char *meta[] = {"format", "pt", "note", "quote \" back\\slash\nnewline", NULL};
-    const char *path = tpath("rt.safetensors");
+    const char *path = tu_tmp_path("rt.safetensors");
     assert_int_equal(st_writer_write(&wr, path, meta), 0);
     st_writer_free(&wr);
-    corpus_save(path);
+    tu_corpus_save(path);
 
     st_file_t f;
     assert_int_equal(st_open(&f, path), 0);
@@ -226,10 +184,10 @@ static void test_header_bytes(void **state) {
     st_writer_t wr;
     st_writer_init(&wr);
     assert_int_equal(st_writer_add(&wr, "x", ST_F32, 1, (int64_t[]){1}, &x), 0);
-    const char *path = tpath("one.safetensors");
+    const char *path = tu_tmp_path("one.safetensors");
     assert_int_equal(st_writer_write(&wr, path, (const char *[]){"format", "pt", NULL}), 0);
     st_writer_free(&wr);
-    corpus_save(path);
+    tu_corpus_save(path);
     const char *want =
         "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
     size_t wl = strlen(want), padded = (wl + 7) / 8 * 8;
@@ -267,7 +225,7 @@ static void test_large_streamed(void **state) {
     st_writer_t wr;
     st_writer_init(&wr);
     assert_int_equal(st_writer_add(&wr, "big", ST_BF16, 2, (int64_t[]){n / 3, 3}, x), 0);
-    const char *path = tpath("big.safetensors");
+    const char *path = tu_tmp_path("big.safetensors");
     assert_int_equal(st_writer_write(&wr, path, NULL), 0);
     st_writer_free(&wr);
     st_file_t f;
@@ -288,7 +246,7 @@ static void test_large_streamed(void **state) {
 static void test_other_dtypes(void **state) {
     (void)state;
     double d[3] = {1.5, -1e300, 0.1};
-    const char *path = tpath("f64.safetensors");
+    const char *path = tu_tmp_path("f64.safetensors");
     write_raw(path, "{\"d\":{\"dtype\":\"F64\",\"shape\":[3],\"data_offsets\":[0,24]}}", d, sizeof d);
     st_file_t f;
     assert_int_equal(st_open(&f, path), 0);
@@ -298,7 +256,7 @@ static void test_other_dtypes(void **state) {
     st_close(&f);
 
     int32_t ints[2] = {1, 2};
-    path = tpath("i32.safetensors");
+    path = tu_tmp_path("i32.safetensors");
     write_raw(path, "{\"ids\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", ints, sizeof ints);
     assert_int_equal(st_open(&f, path), 0);
     err_clear();
@@ -310,13 +268,13 @@ static void test_other_dtypes(void **state) {
 
     // Sub-byte dtype with a whole number of bytes; unaligned data start (header 57 bytes).
     uint8_t nib[2] = {0x12, 0x34};
-    path = tpath("f4.safetensors");
+    path = tu_tmp_path("f4.safetensors");
     write_raw(path, "{\"q\":{\"dtype\":\"F4\",\"shape\":[2,2],\"data_offsets\":[0,2]}}", nib, 2);
     assert_int_equal(st_open(&f, path), 0);
     assert_int_equal(st_find(&f, "q")->nbytes, 2);
     st_close(&f);
     // Header padded with trailing whitespace and an empty file (no tensors) are valid.
-    path = tpath("empty.safetensors");
+    path = tu_tmp_path("empty.safetensors");
     write_raw(path, "{}      ", NULL, 0);
     assert_int_equal(st_open(&f, path), 0);
     assert_int_equal(f.n_tensors, 0);
@@ -335,119 +293,119 @@ static void test_corrupt(void **state) {
     const char *p;
 #define T1 "\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}"
 
-    p = tpath("short.safetensors");
+    p = tu_tmp_path("short.safetensors");
     FILE *f = fopen(p, "wb"); // 5 bytes: shorter than the length field
     fwrite("abcde", 1, 5, f);
     fclose(f);
     expect_open_error(p, ERR_INPUT, "too short", NULL);
 
-    p = tpath("huge_header.safetensors");
+    p = tu_tmp_path("huge_header.safetensors");
     write_raw_len(p, 100000001LL, "{" T1 "}", data, 8);
     expect_open_error(p, ERR_INPUT, "exceeds the limit", "100000000");
 
-    p = tpath("past_end.safetensors");
+    p = tu_tmp_path("past_end.safetensors");
     write_raw_len(p, 4096, "{" T1 "}", data, 8);
     expect_open_error(p, ERR_INPUT, "runs past the end", NULL);
 
-    p = tpath("not_json.safetensors");
+    p = tu_tmp_path("not_json.safetensors");
     write_raw(p, "{\"t\": {\"dtype\": ", data, 8);
     expect_open_error(p, ERR_INPUT, "not valid JSON", NULL);
 
-    p = tpath("not_object.safetensors");
+    p = tu_tmp_path("not_object.safetensors");
     write_raw(p, "[1, 2, 3]", NULL, 0);
     expect_open_error(p, ERR_INPUT, "does not start with '{'", NULL);
 
-    p = tpath("trailing.safetensors");
+    p = tu_tmp_path("trailing.safetensors");
     write_raw(p, "{" T1 "} x", data, 8);
     expect_open_error(p, ERR_INPUT, "trailing bytes", NULL);
 
-    p = tpath("utf8.safetensors");
+    p = tu_tmp_path("utf8.safetensors");
     write_raw(p, "{\"t\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "UTF-8", NULL);
 
-    p = tpath("out_of_range.safetensors");
+    p = tu_tmp_path("out_of_range.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "past the end");
 
-    p = tpath("reversed.safetensors");
+    p = tu_tmp_path("reversed.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "end before they begin");
 
-    p = tpath("overlap.safetensors");
+    p = tu_tmp_path("overlap.safetensors");
     write_raw(p,
               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
               data, 12);
     expect_open_error(p, ERR_INPUT, "overlap", "tensor b");
 
-    p = tpath("hole.safetensors");
+    p = tu_tmp_path("hole.safetensors");
     write_raw(p,
               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
               "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
               data, 12);
     expect_open_error(p, ERR_INPUT, "hole", "tensor b");
 
-    p = tpath("hole_end.safetensors");
+    p = tu_tmp_path("hole_end.safetensors");
     write_raw(p, "{" T1 "}", data, 12); // 4 bytes nobody owns at the end
     expect_open_error(p, ERR_INPUT, "hole", "[8, 12)");
 
-    p = tpath("size_mismatch.safetensors");
+    p = tu_tmp_path("size_mismatch.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", data, 20);
     expect_open_error(p, ERR_INPUT, "tensor t", "needs 24 bytes");
 
-    p = tpath("bf16_mismatch.safetensors");
+    p = tu_tmp_path("bf16_mismatch.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "needs 4 bytes");
 
-    p = tpath("dup.safetensors");
+    p = tu_tmp_path("dup.safetensors");
     write_raw(p,
               "{" T1 ","
               "\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
               data, 16);
     expect_open_error(p, ERR_INPUT, "duplicate tensor name t", NULL);
 
-    p = tpath("dtype.safetensors");
+    p = tu_tmp_path("dtype.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F17\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "unknown dtype \"F17\"");
 
-    p = tpath("dtype_type.safetensors");
+    p = tu_tmp_path("dtype_type.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "dtype");
 
-    p = tpath("no_offsets.safetensors");
+    p = tu_tmp_path("no_offsets.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "missing data_offsets");
 
-    p = tpath("neg_shape.safetensors");
+    p = tu_tmp_path("neg_shape.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "shape[0]");
 
-    p = tpath("frac_offset.safetensors");
+    p = tu_tmp_path("frac_offset.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8.5]}}", data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "data_offsets");
 
-    p = tpath("overflow.safetensors");
+    p = tu_tmp_path("overflow.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}",
               data, 8);
     expect_open_error(p, ERR_INPUT, "tensor t", "overflows");
 
-    p = tpath("nibble.safetensors");
+    p = tu_tmp_path("nibble.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", data, 2);
     expect_open_error(p, ERR_INPUT, "tensor t", "whole number of bytes");
 
-    p = tpath("meta.safetensors");
+    p = tu_tmp_path("meta.safetensors");
     write_raw(p, "{\"__metadata__\":{\"format\":1}," T1 "}", data, 8);
     expect_open_error(p, ERR_INPUT, "__metadata__", "format");
 
-    p = tpath("rank.safetensors");
+    p = tu_tmp_path("rank.safetensors");
     write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", data, 8);
     expect_open_error(p, ERR_UNSUP, "tensor t", "9 dimensions");
 
-    p = tpath("tensor_not_obj.safetensors");
+    p = tu_tmp_path("tensor_not_obj.safetensors");
     write_raw(p, "{\"t\":[1,2]}", NULL, 0);
     expect_open_error(p, ERR_INPUT, "tensor t", "expected an object");
 
-    expect_open_error(tpath("does_not_exist.safetensors"), ERR_INPUT, "cannot open", NULL); // ENOENT is ERR_INPUT
+    expect_open_error(tu_tmp_path("does_not_exist.safetensors"), ERR_INPUT, "cannot open", NULL); // ENOENT is ERR_INPUT
 #undef T1
 }
 
@@ -462,7 +420,7 @@ static void write_one(const char *path, const char *name, int n, float base) {
     assert_int_equal(st_writer_add(&wr, name, ST_F32, 1, (int64_t[]){n}, x), 0);
     assert_int_equal(st_writer_write(&wr, path, NULL), 0);
     st_writer_free(&wr);
-    corpus_save(path);
+    tu_corpus_save(path);
 }
 
 static void write_two(const char *path, const char *n1, const char *n2) {
@@ -473,7 +431,7 @@ static void write_two(const char *path, const char *n1, const char *n2) {
     assert_int_equal(st_writer_add(&wr, n2, ST_F32, 1, (int64_t[]){2}, y), 0);
     assert_int_equal(st_writer_write(&wr, path, NULL), 0);
     st_writer_free(&wr);
-    corpus_save(path);
+    tu_corpus_save(path);
 }
 
 static void write_text(const char *path, const char *text) {
@@ -481,7 +439,7 @@ static void write_text(const char *path, const char *text) {
 }
 
 static const char *mkdir_t(const char *name) {
-    const char *d = tpath(name);
+    const char *d = tu_tmp_path(name);
     assert_int_equal(fs_mkdir_p(d), 0);
     return d;
 }
@@ -562,7 +520,7 @@ static void test_folder_scan(void **state) {
     snprintf(p3, sizeof p3, "%s/model.safetensors", d);
     write_one(p1, "x", 2, 1.0f);
     write_one(p2, "y", 2, 3.0f);
-    write_text(tpath("scan/notes.txt"), "not a model");
+    write_text(tu_tmp_path("scan/notes.txt"), "not a model");
     st_set_t s;
     assert_int_equal(st_set_open(&s, d), 0);
     assert_int_equal(s.n_files, 2);
@@ -581,7 +539,7 @@ static void test_folder_scan(void **state) {
     st_set_close(&s);
 
     expect_set_error(mkdir_t("nothing"), "no model.safetensors", NULL);
-    expect_set_error(tpath("missing_dir"), "not a folder", NULL);
+    expect_set_error(tu_tmp_path("missing_dir"), "not a folder", NULL);
 }
 
 // ---- failing writes ------------------------------------------------------------
@@ -603,11 +561,11 @@ static void test_write_failures(void **state) {
 
     // A missing folder: error, nothing created.
     err_clear();
-    assert_true(st_writer_write(&wr, tpath("no/such/dir/m.safetensors"), NULL) < 0);
+    assert_true(st_writer_write(&wr, tu_tmp_path("no/such/dir/m.safetensors"), NULL) < 0);
     assert_non_null(strstr(err_msg(), "no/such/dir/m.safetensors"));
     // A "folder" that is a file.
-    write_text(tpath("plainfile"), "x");
-    assert_true(st_writer_write(&wr, tpath("plainfile/m.safetensors"), NULL) < 0);
+    write_text(tu_tmp_path("plainfile"), "x");
+    assert_true(st_writer_write(&wr, tu_tmp_path("plainfile/m.safetensors"), NULL) < 0);
     st_writer_free(&wr);
 
     // A write that fails midway (file size limit): error, neither the file nor
@@ -646,5 +604,5 @@ int main(void) {
         cmocka_unit_test(test_corrupt),        cmocka_unit_test(test_sharded_index),
         cmocka_unit_test(test_folder_scan),    cmocka_unit_test(test_write_failures),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

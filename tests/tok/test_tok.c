@@ -10,7 +10,6 @@
 // for scripts/ref/tok_fixture.py --tokenizer-json DIR/tokenizer.json.
 #include <cjson/cJSON.h>
 #include <dirent.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -714,16 +713,6 @@ static const char *LLAMA3_TMPL =
     "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
-static char g_tmp[256];
-
-static const char *tmpdir(void) {
-    if (!g_tmp[0]) {
-        snprintf(g_tmp, sizeof g_tmp, "/tmp/hylo_test_tok_XXXXXX");
-        assert_non_null(mkdtemp(g_tmp));
-    }
-    return g_tmp;
-}
-
 static void byte_char(int b, char *out) {
     // GPT-2 mapping, written independently of src/tok
     int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
@@ -834,7 +823,7 @@ static cJSON *mini_config(const char *tmpl) {
 
 static void load_mini(tok_t *t, const char *tmpl) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/mini", tmpdir());
+    snprintf(dir, sizeof dir, "%s/mini", tu_tmpdir());
     assert_int_equal(fs_mkdir_p(dir), 0);
     write_json(dir, "tokenizer.json", mini_tokenizer());
     write_json(dir, "tokenizer_config.json", mini_config(tmpl));
@@ -918,7 +907,7 @@ static void test_llama3_json(void **state) {
 
     // write -> load keeps everything that matters
     char dir[512], a[600], b[600];
-    snprintf(dir, sizeof dir, "%s/mini_out", tmpdir());
+    snprintf(dir, sizeof dir, "%s/mini_out", tu_tmpdir());
     assert_int_equal(tok_write_hf(&t, dir), 0);
     snprintf(a, sizeof a, "%s/tokenizer.json", dir);
     snprintf(b, sizeof b, "%s/tokenizer_config.json", dir);
@@ -946,7 +935,7 @@ static void test_llama3_json(void **state) {
 static void test_write_hf_roundtrip(void **state) {
     tok_t *t = smol();
     char dir[512], a[600], b[600], c[600];
-    snprintf(dir, sizeof dir, "%s/smol", tmpdir());
+    snprintf(dir, sizeof dir, "%s/smol", tu_tmpdir());
     if (tok_write_hf(t, dir) < 0) fail_msg("tok_write_hf: %s", err_msg());
     snprintf(a, sizeof a, "%s/tokenizer.json", dir);
     snprintf(b, sizeof b, "%s/tokenizer_config.json", dir);
@@ -1004,7 +993,7 @@ static void test_write_hf_roundtrip(void **state) {
 // with code and a message containing both the file name and `field`.
 static void expect_json_error(void (*edit)(cJSON *tj, cJSON *cfg), int code, const char *field) {
     char dir[512], a[600], b[600];
-    snprintf(dir, sizeof dir, "%s/bad", tmpdir());
+    snprintf(dir, sizeof dir, "%s/bad", tu_tmpdir());
     assert_int_equal(fs_mkdir_p(dir), 0);
     cJSON *tj = mini_tokenizer(), *cfg = mini_config(LLAMA3_TMPL);
     edit(tj, cfg);
@@ -1080,13 +1069,13 @@ static void test_json_errors(void **state) {
 
     // not JSON at all, and a missing file
     char p[600];
-    snprintf(p, sizeof p, "%s/bad/tokenizer.json", tmpdir());
+    snprintf(p, sizeof p, "%s/bad/tokenizer.json", tu_tmpdir());
     assert_int_equal(fs_write_all(p, "{\"model\": {\"vocab\": ", 20), 0);
     tok_t t;
     assert_int_equal(tok_load_json(&t, p, NULL), ERR_INPUT);
     assert_non_null(strstr(err_msg(), "invalid JSON"));
     assert_non_null(strstr(err_msg(), "/bad/tokenizer.json"));
-    snprintf(p, sizeof p, "%s/none/tokenizer.json", tmpdir());
+    snprintf(p, sizeof p, "%s/none/tokenizer.json", tu_tmpdir());
     assert_true(tok_load_json(&t, p, NULL) < 0);
     assert_non_null(strstr(err_msg(), "none/tokenizer.json"));
 }
@@ -1109,7 +1098,7 @@ static void write_gguf(const char *path, const char *kv[][2], int n) {
 
 static void test_gguf_errors(void **state) {
     char p[600];
-    snprintf(p, sizeof p, "%s/spm.gguf", tmpdir());
+    snprintf(p, sizeof p, "%s/spm.gguf", tu_tmpdir());
     const char *spm[][2] = {{"general.architecture", "llama"}, {"tokenizer.ggml.model", "llama"}};
     write_gguf(p, spm, 2);
     gguf_t g;
@@ -1140,14 +1129,9 @@ static void test_gguf_errors(void **state) {
 
 // ---------------------------------------------------------------------------
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static int teardown(void **state) {
     if (g_smol_ok) tok_free(&g_smol);
-    if (g_tmp[0]) nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tu_tmpdir_teardown(state); // the folder exists only if a test used it
     return 0;
 }
 

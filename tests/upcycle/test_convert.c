@@ -3,47 +3,12 @@
 // recipe YAML path, reproducible seeds, and the recipe's strictness.
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "base/fs.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "testutil.h"
-
-static char tmp[256];
-
-static int setup(void **st) {
-    snprintf(tmp, sizeof tmp, "/tmp/hylo_convert_%d", (int)getpid());
-    mkdir(tmp, 0755);
-    return 0;
-}
-
-static int teardown(void **st) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    return system(cmd) == -1;
-}
-
-static int hylo(const char *args) {
-    const char *bin = getenv("HYLO_BIN");
-    if (!bin) {
-        printf("HYLO_BIN is not set (run through make test)\n");
-        skip();
-    }
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s > %s/out.txt 2>&1", bin, args, tmp);
-    int rc = system(cmd);
-    char *out, path[400];
-    snprintf(path, sizeof path, "%s/out.txt", tmp);
-    if (fs_read_all(path, &out, NULL) == 0) {
-        printf("  hylo %s -> %d\n%s", args, WEXITSTATUS(rc), out);
-        free(out);
-    }
-    return WEXITSTATUS(rc);
-}
 
 static void teacher(const char *dir) {
     arch_t a;
@@ -84,17 +49,17 @@ static void same_tensor(const char *d1, const char *d2, const char *name) {
 
 static void test_stage1_and_assembly(void **st) {
     char T[300], A[300], B[300], H[300], args[1600];
-    snprintf(T, sizeof T, "%s/teacher", tmp), snprintf(A, sizeof A, "%s/mla", tmp);
-    snprintf(B, sizeof B, "%s/gdn", tmp), snprintf(H, sizeof H, "%s/hybrid", tmp);
+    snprintf(T, sizeof T, "%s/teacher", tu_tmpdir()), snprintf(A, sizeof A, "%s/mla", tu_tmpdir());
+    snprintf(B, sizeof B, "%s/gdn", tu_tmpdir()), snprintf(H, sizeof H, "%s/hybrid", tu_tmpdir());
     teacher(T);
     snprintf(args, sizeof args, "convert --teacher %s --out %s --all-mla --r-q 16 --r-kv 16", T, A);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     snprintf(args, sizeof args,
              "convert --teacher %s --out %s --all-linear --linear gdn --gdn-heads 2 --gdn-head-dim 16", T, B);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers 1,3 --from-mla %s --from-linear %s", T, H,
              A, B);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     arch_t a;
     assert_int_equal(cfg_load_dir(H, &a), 0);
     layer_kind_t want[4] = {LAYER_GDN, LAYER_MLA, LAYER_GDN, LAYER_MLA};
@@ -113,17 +78,17 @@ static void test_stage1_and_assembly(void **st) {
     same_tensor(H, T, "model.norm.weight");
     // the hybrid runs
     snprintf(args, sizeof args, "info %s", H);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     // a stage-1 checkpoint of the wrong kind is refused with its name
     snprintf(args, sizeof args, "convert --teacher %s --out %s/bad --mla-layers 1 --from-mla %s --from-linear %s", T,
-             tmp, B, A);
-    assert_int_equal(hylo(args), 2);
+             tu_tmpdir(), B, A);
+    assert_int_equal(tu_run_hylo(args, NULL), 2);
 }
 
 static void test_recipe_and_seed(void **st) {
     char T[300], R[300], yaml[300], args[1600];
-    snprintf(T, sizeof T, "%s/teacher2", tmp), snprintf(R, sizeof R, "%s/from_recipe", tmp);
-    snprintf(yaml, sizeof yaml, "%s/recipe.yaml", tmp);
+    snprintf(T, sizeof T, "%s/teacher2", tu_tmpdir()), snprintf(R, sizeof R, "%s/from_recipe", tu_tmpdir());
+    snprintf(yaml, sizeof yaml, "%s/recipe.yaml", tu_tmpdir());
     teacher(T);
     char text[2048];
     snprintf(text, sizeof text,
@@ -142,7 +107,7 @@ static void test_recipe_and_seed(void **st) {
              T, R);
     assert_int_equal(fs_write_all(yaml, text, strlen(text)), 0);
     snprintf(args, sizeof args, "convert --recipe %s", yaml);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     arch_t a;
     assert_int_equal(cfg_load_dir(R, &a), 0);
     layer_kind_t want[4] = {LAYER_MLA, LAYER_M2, LAYER_MLA, LAYER_M2};
@@ -154,13 +119,13 @@ static void test_recipe_and_seed(void **st) {
     assert_int_equal(a.mla.rope.orig_max_pos, 64);
     // the same seed reproduces the random initialisations, another one does not
     char R2[300], R3[300];
-    snprintf(R2, sizeof R2, "%s/again", tmp), snprintf(R3, sizeof R3, "%s/seed8", tmp);
+    snprintf(R2, sizeof R2, "%s/again", tu_tmpdir()), snprintf(R3, sizeof R3, "%s/seed8", tu_tmpdir());
     snprintf(args, sizeof args, "convert --recipe %s --out %s", yaml, R2);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     same_tensor(R, R2, "model.layers.1.mamba.in_proj.weight");
     same_tensor(R, R2, "model.layers.1.mamba.dt_bias");
     snprintf(args, sizeof args, "convert --recipe %s --out %s --seed 8", yaml, R3);
-    assert_int_equal(hylo(args), 0);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
     int64_t n1, n2;
     float *x = read_tensor(R, "model.layers.1.mamba.dt_bias", &n1),
           *y = read_tensor(R3, "model.layers.1.mamba.dt_bias", &n2);
@@ -170,9 +135,9 @@ static void test_recipe_and_seed(void **st) {
     const char *bad = "model_name_or_path: x\nmla_layer: [0]\n";
     assert_int_equal(fs_write_all(yaml, bad, strlen(bad)), 0);
     snprintf(args, sizeof args, "convert --recipe %s", yaml);
-    assert_int_equal(hylo(args), 2);
+    assert_int_equal(tu_run_hylo(args, NULL), 2);
     char *out, p[400];
-    snprintf(p, sizeof p, "%s/out.txt", tmp);
+    snprintf(p, sizeof p, "%s/out.txt", tu_tmpdir());
     assert_int_equal(fs_read_all(p, &out, NULL), 0);
     assert_non_null(strstr(out, "recipe.yaml:2: unknown key 'mla_layer'"));
     free(out);
@@ -183,5 +148,5 @@ int main(void) {
         cmocka_unit_test(test_stage1_and_assembly),
         cmocka_unit_test(test_recipe_and_seed),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

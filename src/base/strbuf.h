@@ -1,0 +1,24 @@
+// A growable NUL-terminated text buffer for the writers that build a file in
+// memory (config JSON, safetensors headers, chat prompts). Start from {0}; s
+// stays NULL until the first append. A failed allocation sets oom and drops
+// that append and every later one, so callers check oom once at the end; the
+// caller frees s.
+#pragma once
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    char *s;
+    size_t n, cap; // text length (s[n] is the NUL), bytes allocated
+    int oom;
+} strbuf_t;
+
+void strbuf_putn(strbuf_t *b, const char *s, size_t n);
+void strbuf_puts(strbuf_t *b, const char *s);
+
+#ifdef __cplusplus
+}
+#endif
