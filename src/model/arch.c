@@ -86,28 +86,43 @@ int arch_validate(const arch_t *a, const char *src) {
     return 0;
 }
 
-int64_t arch_cache_bytes_per_token(const arch_t *a, int elt) {
-    int64_t n = 0;
-    for (int l = 0; l < a->n_layers; l++) {
-        if (a->kind[l] == LAYER_ATTN) n += 2LL * a->Hkv * a->dh;
-        if (a->kind[l] == LAYER_MLA) n += arch_mla_rkv(a, l) + a->mla.d_rope;
+int arch_cache_parts(const arch_t *a, int l, int64_t B, int64_t cap, int elt_state, int elt, int64_t part[4]) {
+    switch (a->kind[l]) {
+    case LAYER_ATTN: part[0] = part[1] = B * cap * a->Hkv * a->dh * elt; return 2;
+    case LAYER_MLA: part[0] = B * cap * (arch_mla_rkv(a, l) + a->mla.d_rope) * elt; return 1;
+    case LAYER_GDN: {
+        const gdn_dims_t *g = &a->gdn;
+        int64_t kd = (int64_t)g->n_heads * g->head_k, vd = (int64_t)g->n_v_heads * g->head_v;
+        part[0] = B * g->n_v_heads * g->head_v * g->head_k * elt_state;
+        part[1] = part[2] = B * kd * g->conv * elt;
+        part[3] = B * vd * g->conv * elt;
+        return 4;
     }
-    return n * elt;
+    case LAYER_M2: {
+        const m2_dims_t *m = &a->m2;
+        part[0] = B * m->n_heads * m->headdim * m->d_state * elt_state;
+        part[1] = B * (m->d_inner + 2 * m->d_xb) * m->conv * elt;
+        return 2;
+    }
+    default: return 0;
+    }
 }
 
-int64_t arch_state_bytes(const arch_t *a, int elt_state, int elt_conv) {
-    int64_t n = 0;
+// Sum of the parts of the layers whose cache grows with the tokens (grows = 1)
+// or stays fixed (grows = 0), for one sequence of one token.
+static int64_t cache_bytes(const arch_t *a, int grows, int elt_state, int elt) {
+    int64_t n = 0, part[4];
     for (int l = 0; l < a->n_layers; l++) {
-        if (a->kind[l] == LAYER_GDN) {
-            const gdn_dims_t *g = &a->gdn;
-            n += (int64_t)g->n_v_heads * g->head_v * g->head_k * elt_state;
-            n += (int64_t)(2 * g->n_heads * g->head_k + g->n_v_heads * g->head_v) * g->conv * elt_conv;
-        }
-        if (a->kind[l] == LAYER_M2) {
-            const m2_dims_t *m = &a->m2;
-            n += (int64_t)m->n_heads * m->headdim * m->d_state * elt_state;
-            n += (int64_t)(m->d_inner + 2 * m->d_xb) * m->conv * elt_conv;
-        }
+        if ((a->kind[l] == LAYER_ATTN || a->kind[l] == LAYER_MLA) != grows) continue;
+        int np = arch_cache_parts(a, l, 1, 1, elt_state, elt, part);
+        for (int i = 0; i < np; i++)
+            n += part[i];
     }
     return n;
+}
+
+int64_t arch_cache_bytes_per_token(const arch_t *a, int elt) { return cache_bytes(a, 1, elt, elt); }
+
+int64_t arch_state_bytes(const arch_t *a, int elt_state, int elt_conv) {
+    return cache_bytes(a, 0, elt_state, elt_conv);
 }

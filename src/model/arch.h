@@ -99,6 +99,13 @@ int arch_validate(const arch_t *a, const char *src);
 int arch_mla_rq(const arch_t *a, int layer);
 int arch_mla_rkv(const arch_t *a, int layer);
 
+// The buffers of layer l's inference cache for B sequences of cap tokens, in
+// bytes, in the order the model lays them out: attention K, V; MLA latent +
+// rope key; GDN state, conv q, conv k, conv v; Mamba-2 state, conv [x|B|C].
+// Recurrent states take elt_state bytes an element, everything else elt.
+// Returns how many buffers (0 for none). The one layout serves the allocation
+// and the byte counts below, so what `hylo info` reports is what is allocated.
+int arch_cache_parts(const arch_t *a, int l, int64_t B, int64_t cap, int elt_state, int elt, int64_t part[4]);
 // Cache bytes per token (element size `elt` bytes) for the growing caches only
 // (attention K+V, MLA latent + rope key); fixed-size states reported apart.
 int64_t arch_cache_bytes_per_token(const arch_t *a, int elt);

@@ -71,7 +71,6 @@ typedef struct {
 
 typedef struct {
     int B, cap, len; // sequences, capacity in tokens, tokens cached so far
-    int32_t *d_len;  // device [B] copy of len for kernels that take per-sequence lengths
     union {
         attn_cache_t attn;
         mla_cache_t mla;

@@ -84,6 +84,6 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
 
 // One token per sequence, x [B, d] -> out [B, d], at position cache->len:
 // appends its cache row and attends over rows 0 .. len with the absorbed
-// weights (spec §3.3). Does not advance cache->len nor touch cache->d_len
-// (the visible lengths len + 1 go to the kernel from the arena).
+// weights (spec §3.3). Does not advance cache->len (the visible lengths
+// len + 1 come from the prepared positions, ctx_positions).
 int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, layer_cache_t *cache);

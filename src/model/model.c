@@ -200,6 +200,9 @@ int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
 
 // ---- inference state -----------------------------------------------------------
 
+// Rounds each cache buffer up so the next one starts 256-byte aligned.
+static int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
+
 int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
     const arch_t *a = &m->a;
     be_t *be = m->be;
@@ -209,65 +212,34 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
     st->layers = calloc((size_t)a->n_layers, sizeof *st->layers);
     if (!st->layers) return err_set(ERR_NOMEM, "out of memory");
     // Sizes first, then one block.
-    size_t es = be->act_size, total = 0, off[ARCH_MAX_LAYERS];
+    int64_t part[4], total = 0;
     for (int l = 0; l < a->n_layers; l++) {
-        off[l] = total;
-        size_t n = 0;
-        switch (a->kind[l]) {
-        case LAYER_ATTN: n = 2 * (size_t)B * cap * a->Hkv * a->dh * es; break;
-        case LAYER_MLA: n = (size_t)B * cap * (arch_mla_rkv(a, l) + a->mla.d_rope) * es; break;
-        case LAYER_GDN: {
-            const gdn_dims_t *g = &a->gdn;
-            size_t kd = (size_t)g->n_heads * g->head_k, vd = (size_t)g->n_v_heads * g->head_v;
-            n = (((size_t)B * g->n_v_heads * g->head_v * g->head_k * sizeof(float) + 255) & ~(size_t)255) +
-                3 * ((((size_t)B * vd * g->conv * es) + 255) & ~(size_t)255);
-            (void)kd;
-            break;
-        }
-        case LAYER_M2:
-            n = (size_t)B * a->m2.n_heads * a->m2.headdim * a->m2.d_state * sizeof(float) +
-                (size_t)B * (a->m2.d_inner + 2 * a->m2.d_xb) * a->m2.conv * es + 256;
-            break;
-        default: break;
-        }
-        total += (n + 255) & ~(size_t)255;
+        int np = arch_cache_parts(a, l, B, cap, sizeof(float), (int)be->act_size, part);
+        for (int i = 0; i < np; i++)
+            total += round256(part[i]);
     }
-    total += 256 * (size_t)a->n_layers; // per-layer device length arrays
-    st->mem = be->alloc(be, total ? total : 256);
+    st->bytes = (size_t)(total ? total : 256);
+    st->mem = be->alloc(be, st->bytes);
     if (!st->mem) {
-        free(st->layers);
+        model_state_free(m, st);
         return err_wrap(ERR_NOMEM, "cache for %d sequences of %d tokens: ", B, cap);
     }
-    be->memset0(be, st->mem, total);
-    char *base = st->mem;
+    be->memset0(be, st->mem, st->bytes);
+    char *p = st->mem;
     for (int l = 0; l < a->n_layers; l++) {
         layer_cache_t *c = &st->layers[l];
         c->B = B, c->cap = cap, c->len = 0;
-        c->d_len = (int32_t *)(base + total - 256 * (size_t)(a->n_layers - l));
+        void *buf[4];
+        int np = arch_cache_parts(a, l, B, cap, sizeof(float), (int)be->act_size, part);
+        for (int i = 0; i < np; i++)
+            buf[i] = p, p += round256(part[i]);
         switch (a->kind[l]) {
-        case LAYER_ATTN:
-            c->u.attn.k = base + off[l];
-            c->u.attn.v = base + off[l] + (size_t)B * cap * a->Hkv * a->dh * es;
+        case LAYER_ATTN: c->u.attn.k = buf[0], c->u.attn.v = buf[1]; break;
+        case LAYER_MLA: c->u.mla.kv = buf[0]; break;
+        case LAYER_GDN:
+            c->u.gdn.state = buf[0], c->u.gdn.conv_q = buf[1], c->u.gdn.conv_k = buf[2], c->u.gdn.conv_v = buf[3];
             break;
-        case LAYER_MLA: c->u.mla.kv = base + off[l]; break;
-        case LAYER_GDN: {
-            const gdn_dims_t *g = &a->gdn;
-            size_t kd = (size_t)g->n_heads * g->head_k, vd = (size_t)g->n_v_heads * g->head_v;
-            size_t ns = ((size_t)B * g->n_v_heads * g->head_v * g->head_k * sizeof(float) + 255) & ~(size_t)255;
-            size_t nc = (((size_t)B * vd * g->conv * es) + 255) & ~(size_t)255; // the largest of the three
-            c->u.gdn.state = (float *)(base + off[l]);
-            c->u.gdn.conv_q = base + off[l] + ns;
-            c->u.gdn.conv_k = base + off[l] + ns + nc;
-            c->u.gdn.conv_v = base + off[l] + ns + 2 * nc;
-            (void)kd;
-            break;
-        }
-        case LAYER_M2: {
-            size_t ns = (size_t)B * a->m2.n_heads * a->m2.headdim * a->m2.d_state * sizeof(float);
-            c->u.m2.state = (float *)(base + off[l]);
-            c->u.m2.conv = base + off[l] + ((ns + 255) & ~(size_t)255);
-            break;
-        }
+        case LAYER_M2: c->u.m2.state = buf[0], c->u.m2.conv = buf[1]; break;
         default: break;
         }
     }
@@ -280,10 +252,16 @@ void model_state_free(const model_t *m, model_state_t *st) {
     memset(st, 0, sizeof *st);
 }
 
+static void set_len(const model_t *m, model_state_t *st, int len) {
+    st->len = len;
+    for (int l = 0; l < m->a.n_layers; l++)
+        st->layers[l].len = len;
+}
+
+// A fresh sequence: every state and conv window back to zero, nothing cached.
 void model_state_reset(const model_t *m, model_state_t *st) {
-    int B = st->B, cap = st->cap;
-    model_state_free(m, st);
-    model_state_alloc(m, st, B, cap);
+    m->be->memset0(m->be, st->mem, st->bytes);
+    set_len(m, st, 0);
 }
 
 // ---- forward (inference) ---------------------------------------------------------
@@ -405,12 +383,6 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
         TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
     }
     return be->sync(be);
-}
-
-static void set_len(const model_t *m, model_state_t *st, int len) {
-    st->len = len;
-    for (int l = 0; l < m->a.n_layers; l++)
-        st->layers[l].len = len;
 }
 
 int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {

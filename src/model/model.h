@@ -72,6 +72,7 @@ typedef struct {
     int B, cap, len;       // sequences, capacity (tokens), tokens consumed
     layer_cache_t *layers; // [n_layers]
     void *mem;             // one device block holding every cache
+    size_t bytes;          // its size
 } model_state_t;
 
 int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap);
