@@ -1,0 +1,162 @@
+// The sampler against an independent computation of the distribution it must
+// draw from: temperature softmax, top-k (ties by token id), top-p (smallest
+// prefix reaching the mass), then empirical frequencies of many seeded draws.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "infer/sampler.h"
+#include "testutil.h"
+
+#define V 64
+
+static const float *g_logits;
+static int by_logit_desc(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_logits[i], y = g_logits[j];
+    return x < y ? 1 : x > y ? -1 : i - j;
+}
+
+// The target distribution, in double, from the definition.
+static void expected(const float *logits, float temp, int top_k, float top_p, double *p) {
+    int idx[V];
+    for (int v = 0; v < V; v++)
+        idx[v] = v;
+    g_logits = logits;
+    qsort(idx, V, sizeof(int), by_logit_desc);
+    int n = top_k > 0 && top_k < V ? top_k : V;
+    double w[V], kept = 0;
+    for (int i = 0; i < n; i++)
+        kept += w[i] = exp(((double)logits[idx[i]] - logits[idx[0]]) / temp);
+    if (top_p < 1) {
+        double acc = 0;
+        for (int i = 0; i < n; i++)
+            if ((acc += w[i]) >= top_p * kept) {
+                n = i + 1, kept = acc;
+                break;
+            }
+    }
+    memset(p, 0, V * sizeof(double));
+    for (int i = 0; i < n; i++)
+        p[idx[i]] = w[i] / kept;
+}
+
+// Draws `draws` tokens and checks every frequency against p within 5 standard
+// deviations of a binomial count (seeded, so the outcome is fixed; a wrong
+// kept set or a wrong renormalisation moves frequencies by far more); tokens
+// with p = 0 must never come.
+static void check_frequencies(const float *logits, float temp, int top_k, float top_p) {
+    double p[V];
+    expected(logits, temp, top_k, top_p, p);
+    sampler_t s;
+    sampler_cfg_t cfg = {.temperature = temp, .top_k = top_k, .top_p = top_p, .seed = 7};
+    assert_int_equal(sampler_init(&s, &cfg, V), 0);
+    const int draws = 200000;
+    int count[V] = {0};
+    for (int i = 0; i < draws; i++) {
+        int t = sampler_sample(&s, logits);
+        assert_true(t >= 0 && t < V);
+        count[t]++;
+    }
+    int support = 0;
+    double worst = 0;
+    for (int v = 0; v < V; v++) {
+        if (p[v] == 0) {
+            if (count[v]) printf("  token %d drawn %d times, outside the kept set\n", v, count[v]);
+            assert_int_equal(count[v], 0);
+            continue;
+        }
+        support++;
+        double f = (double)count[v] / draws, sd = sqrt(p[v] * (1 - p[v]) / draws);
+        double z = fabs(f - p[v]) / fmax(sd, 1.0 / draws); // p = 1 (top-k 1): sd 0
+        if (z > worst) worst = z;
+    }
+    printf("  temp %.2f top-k %d top-p %.2f: %d tokens kept, worst |freq - p| = %.2f sd\n", temp, top_k, top_p, support,
+           worst);
+    assert_true(worst < 5);
+    sampler_free(&s);
+}
+
+static void random_logits(float *x, uint64_t seed) { tu_randn(x, V, seed, 2.0f); }
+
+static void test_distributions(void **st) {
+    float x[V];
+    random_logits(x, 1);
+    check_frequencies(x, 1.0f, 0, 1.0f);  // plain softmax
+    check_frequencies(x, 0.5f, 0, 1.0f);  // sharper
+    check_frequencies(x, 1.0f, 10, 1.0f); // top-k
+    check_frequencies(x, 1.0f, 0, 0.6f);  // top-p
+    check_frequencies(x, 0.8f, 20, 0.9f); // both
+    check_frequencies(x, 1.0f, 1, 1.0f);  // top-k 1 = greedy
+    check_frequencies(x, 1.0f, V, 1.0f);  // top-k = V = off
+}
+
+// Equal logits across the top-k boundary: the lower token ids are kept.
+static void test_ties(void **st) {
+    float x[V];
+    for (int v = 0; v < V; v++)
+        x[v] = (v % 8 == 3) ? 1.0f : -1.0f; // tokens 3, 11, 19, ... tie for first
+    double p[V];
+    expected(x, 1.0f, 3, 1.0f, p);
+    assert_true(p[3] > 0 && p[11] > 0 && p[19] > 0 && p[27] == 0);
+    check_frequencies(x, 1.0f, 3, 1.0f);
+    check_frequencies(x, 1.0f, 12, 1.0f); // all 8 tied tokens + the 4 lowest others
+}
+
+static void test_greedy(void **st) {
+    float x[V];
+    random_logits(x, 2);
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (x[v] > x[best]) best = v;
+    x[40] = x[best]; // a tie: the first index wins
+    int want = best < 40 ? best : 40;
+    assert_int_equal(sampler_argmax(x, V), want);
+    sampler_t s;
+    sampler_cfg_t cfg = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1};
+    assert_int_equal(sampler_init(&s, &cfg, V), 0);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(sampler_sample(&s, x), want);
+    sampler_free(&s);
+}
+
+static void draw(uint64_t seed, int *out, int n, const float *x) {
+    sampler_t s;
+    sampler_cfg_t cfg = {.temperature = 1, .top_k = 0, .top_p = 1, .seed = seed};
+    assert_int_equal(sampler_init(&s, &cfg, V), 0);
+    for (int i = 0; i < n; i++)
+        out[i] = sampler_sample(&s, x);
+    sampler_free(&s);
+}
+
+static void test_seed(void **st) {
+    float x[V];
+    random_logits(x, 3);
+    int a[100], b[100], c[100];
+    draw(5, a, 100, x), draw(5, b, 100, x), draw(6, c, 100, x);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_not_equal(a, c, sizeof a);
+}
+
+static void test_bad_config(void **st) {
+    sampler_cfg_t bad[] = {{.temperature = -1, .top_p = 1},
+                           {.temperature = 1, .top_p = 0},
+                           {.temperature = 1, .top_p = 1.5f},
+                           {.temperature = 1, .top_p = 1, .top_k = -2}};
+    const char *flag[] = {"--temp", "--top-p", "--top-p", "--top-k"};
+    for (int i = 0; i < 4; i++) {
+        sampler_t s;
+        assert_int_equal(sampler_init(&s, &bad[i], V), ERR_INPUT);
+        printf("  %s\n", err_msg());
+        assert_non_null(strstr(err_msg(), flag[i]));
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_distributions), cmocka_unit_test(test_ties),       cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_seed),          cmocka_unit_test(test_bad_config),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
