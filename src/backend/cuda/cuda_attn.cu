@@ -249,9 +249,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            float l = lrow[mt][i];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float l = quad_sum(lrow[mt][i]);
             int row = wrow0 + mt * 16 + g + 8 * i;
             if (row >= Tq) continue;
             float inv = l > 0.f ? 1.f / l : 0.f;
@@ -291,9 +289,7 @@ __global__ void k_attn_bwd_pre(float *__restrict__ Dd, float *__restrict__ lse2,
                 s += xf.x * yf.x + xf.y * yf.y;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
+        s = warp_sum(s);
     }
     if (lane == 0) {
         Dd[w] = s;

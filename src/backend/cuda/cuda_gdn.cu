@@ -96,30 +96,16 @@
 // (the running S and dS never leave fp32 registers), fp32 G, beta, dg, dbeta,
 // final state and dstate0. Expected relative L2 error against the fp32 CPU
 // reference: ~3e-3 (o, state), ~5e-3 (dq, dk, dv), ~1e-2 (dg).
-//
-// GDN_EMU builds this file for a host emulator of the CUDA subset it uses (a
-// verification harness kept outside the repository); it changes no device code.
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef GDN_EMU
-#include "gdn_emu.h"
-#endif
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
-
-#ifdef GDN_EMU
-#define GDN_SMEM(name) unsigned char *name = emu::smem
-#define GDN_LAUNCH(kfn, grid, block, smem_bytes, stream, ...)                                                          \
-    emu::launch((grid), (block), (smem_bytes), [=]() { kfn(__VA_ARGS__); })
-#else
-#define GDN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#define GDN_LAUNCH(kfn, grid, block, smem_bytes, stream, ...)                                                          \
-    kfn<<<(grid), (block), (smem_bytes), (stream)>>>(__VA_ARGS__)
-#endif
 
 enum { BT = 64 };      // chunk length
 enum { LDT = BT + 8 }; // row stride (elements) of a padded 64-column bf16 tile
@@ -127,108 +113,38 @@ enum { LDF = BT + 4 }; // row stride of a 64 x 64 fp32 matrix in shared memory
 
 // ==== device helpers =================================================================
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-#ifdef GDN_EMU
-    return 0;
-#else
-    return (uint32_t)__cvta_generic_to_shared(p);
-#endif
-}
-
-// 16-byte global -> shared copy; !valid: nothing is read, 16 zero bytes written.
+// Pointer-taking forms of cuda_mma.cuh's cp.async and ldmatrix wrappers.
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-#ifdef GDN_EMU
-    emu_cp_async(dst, src, 16, valid ? 16 : 0);
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
-#endif
+    cp_async16(smem_u32(dst), src, valid);
 }
 // 4-byte variant (the per-chunk gate vectors).
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
-#ifdef GDN_EMU
-    emu_cp_async(dst, src, 4, valid ? 4 : 0);
-#else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
-#endif
 }
-static __device__ __forceinline__ void cp_async_commit() {
-#ifdef GDN_EMU
-    emu_cp_commit();
-#else
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-#ifdef GDN_EMU
-    emu_cp_wait(N);
-#else
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// ldmatrix x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register
-// i receives matrix i (.trans: transposed).
-static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
-#ifdef GDN_EMU
-    emu_ldsm_x4(r, p, false);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-#endif
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
-#ifdef GDN_EMU
-    emu_ldsm_x4(r, p, true);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-#endif
-}
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) { ldsm_x4(r, smem_u32(p)); }
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) { ldsm_x4_t(r, smem_u32(p)); }
 
 // c += a b: a 16x16 bf16 (row), b 16x8 bf16 (col), fp32 accumulate. Fragments
 // (g = lane/4, t = lane%4): a[0] (g, 2t..2t+1), a[1] (g+8, 2t..), a[2] (g,
 // 2t+8..), a[3] (g+8, 2t+8..); b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g);
 // c[0..1] (g, 2t..2t+1), c[2..3] (g+8, 2t..2t+1). The accumulator layout of
 // two adjacent n-tiles is the A layout of one k-step (used throughout).
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-#ifdef GDN_EMU
-    emu_mma(c, a, b0, b1, false);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 // m16n8k8 tf32: a[0] (g, t), a[1] (g+8, t), a[2] (g, t+4), a[3] (g+8, t+4);
 // b0 (k t, n g), b1 (k t+4, n g); c as above.
 static __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-#ifdef GDN_EMU
-    emu_mma(c, a, b0, b1, true);
-#else
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
 }
 static __device__ __forceinline__ uint32_t to_tf32(float x) {
-#ifdef GDN_EMU
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u; // round half away from zero on the magnitude
-    return u & 0xffffe000u;
-#else
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return r;
-#endif
 }
 
 // Two floats -> bf16x2 (round to nearest even), lo in the low half.
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+static __device__ __forceinline__ uint32_t gdn_pack_bf16(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     uint32_t u;
     memcpy(&u, &h, 4);
@@ -258,18 +174,18 @@ static __device__ __forceinline__ void ldb_kn(uint32_t b[4], const bf16 *s, int 
 }
 // Accumulators of n-tiles 2kk, 2kk+1 (times f) as the A fragment of k-step kk.
 static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4], float f) {
-    a[0] = pack_bf16(c0[0] * f, c0[1] * f);
-    a[1] = pack_bf16(c0[2] * f, c0[3] * f);
-    a[2] = pack_bf16(c1[0] * f, c1[1] * f);
-    a[3] = pack_bf16(c1[2] * f, c1[3] * f);
+    a[0] = gdn_pack_bf16(c0[0] * f, c0[1] * f);
+    a[1] = gdn_pack_bf16(c0[2] * f, c0[3] * f);
+    a[2] = gdn_pack_bf16(c1[0] * f, c1[1] * f);
+    a[3] = gdn_pack_bf16(c1[2] * f, c1[3] * f);
 }
 // Same with a factor per column: f[0..1] columns 2t, 2t+1 of n-tile 2kk, f[2..3] of n-tile 2kk+1.
 static __device__ __forceinline__ void acc_to_a_cols(uint32_t a[4], const float c0[4], const float c1[4],
                                                      const float f[4]) {
-    a[0] = pack_bf16(c0[0] * f[0], c0[1] * f[1]);
-    a[1] = pack_bf16(c0[2] * f[0], c0[3] * f[1]);
-    a[2] = pack_bf16(c1[0] * f[2], c1[1] * f[3]);
-    a[3] = pack_bf16(c1[2] * f[2], c1[3] * f[3]);
+    a[0] = gdn_pack_bf16(c0[0] * f[0], c0[1] * f[1]);
+    a[1] = gdn_pack_bf16(c0[2] * f[0], c0[3] * f[1]);
+    a[2] = gdn_pack_bf16(c1[0] * f[2], c1[1] * f[3]);
+    a[3] = gdn_pack_bf16(c1[2] * f[2], c1[3] * f[3]);
 }
 
 // Warp tf32 product: acc (16 x 8 NTL) += A (16 x 8 KS) B (8 KS x 8 NTL) with
@@ -324,8 +240,6 @@ static __device__ __forceinline__ void vec_async(float *s, const float *g, int n
 
 // ==== gates =======================================================================
 
-static __device__ __forceinline__ float dev_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 __global__ void k_gate_fwd(float *g, float *beta, const bf16 *a, int64_t lda, const bf16 *b, int64_t ldb,
                            const bf16 *A_log, const bf16 *dt_bias, int64_t N, int HV, float s) {
     GRID_STRIDE(i, N * HV) {
@@ -344,7 +258,7 @@ __global__ void __launch_bounds__(GATE_THREADS)
     k_gate_bwd1(bf16 *da, int64_t ldda, bf16 *db, int64_t lddb, double *part, const float *dg, const float *dbeta,
                 const bf16 *a, int64_t lda, const bf16 *b, int64_t ldb, const bf16 *A_log, const bf16 *dt_bias,
                 int64_t N, int HV, float s, int64_t R) {
-    GDN_SMEM(smem_raw);
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     double *red = (double *)smem_raw; // [2][GATE_THREADS]
     const int h = blockIdx.y, tid = threadIdx.x;
     const int64_t n0 = (int64_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
@@ -497,7 +411,7 @@ enum {
 __global__ void __launch_bounds__(128)
     k_prep(const bf16 *q, const bf16 *k, const bf16 *v, const float *gin, const float *betain, float *Gs, float *EGo,
            float *GMo, bf16 *Wo, bf16 *Uo, bf16 *Po, bf16 *TAo, float scale, int T, int H, int HV, int K, int Dv) {
-    GDN_SMEM(smem);
+    extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sA = (bf16 *)smem; // 4 tiles [64][LDT]
     float *sM = (float *)(smem + PREP_M), *sTA = (float *)(smem + PREP_TA), *sXw = (float *)(smem + PREP_X);
     float *sG = (float *)(smem + PREP_VEC), *sBeta = sG + BT, *sEG = sBeta + BT;
@@ -585,7 +499,7 @@ __global__ void __launch_bounds__(128)
                 sM[i * LDF + j + e] = j + e < i ? sBeta[i] * kk[nt][2 * hr + e] * gam : 0.0f;
                 pv[e] = scale * qk[nt][2 * hr + e] * gam;
             }
-            if (i < L) *(uint32_t *)(Po + (orow0 + i) * BT + j) = pack_bf16(pv[0], pv[1]);
+            if (i < L) *(uint32_t *)(Po + (orow0 + i) * BT + j) = gdn_pack_bf16(pv[0], pv[1]);
         }
     // zero the strictly upper 16x16 blocks of T_A
     for (int e = tid; e < 6 * 256; e += 128) {
@@ -643,7 +557,7 @@ __global__ void __launch_bounds__(128)
         for (int e = tid; e < L * 32; e += 128) {
             const int i = e >> 5, jp = e & 31;
             *(uint32_t *)(TAo + (orow0 + i) * BT + 2 * jp) =
-                pack_bf16(sTA[i * LDF + 2 * jp], sTA[i * LDF + 2 * jp + 1]);
+                gdn_pack_bf16(sTA[i * LDF + 2 * jp], sTA[i * LDF + 2 * jp + 1]);
         }
 
     // F2b: W = T_A diag(beta e^G) K, U = T_A diag(beta) V. The diagonal scaling
@@ -655,14 +569,14 @@ __global__ void __launch_bounds__(128)
         const float *r0 = sTA + i0 * LDF, *r1 = sTA + (i0 + 8) * LDF;
         float fu[4] = {sBeta[j0], sBeta[j0 + 1], sBeta[j0 + 8], sBeta[j0 + 9]};
         float fw[4] = {fu[0] * sEG[j0], fu[1] * sEG[j0 + 1], fu[2] * sEG[j0 + 8], fu[3] * sEG[j0 + 9]};
-        aU[kk2][0] = pack_bf16(r0[j0] * fu[0], r0[j0 + 1] * fu[1]);
-        aU[kk2][1] = pack_bf16(r1[j0] * fu[0], r1[j0 + 1] * fu[1]);
-        aU[kk2][2] = pack_bf16(r0[j0 + 8] * fu[2], r0[j0 + 9] * fu[3]);
-        aU[kk2][3] = pack_bf16(r1[j0 + 8] * fu[2], r1[j0 + 9] * fu[3]);
-        aW[kk2][0] = pack_bf16(r0[j0] * fw[0], r0[j0 + 1] * fw[1]);
-        aW[kk2][1] = pack_bf16(r1[j0] * fw[0], r1[j0 + 1] * fw[1]);
-        aW[kk2][2] = pack_bf16(r0[j0 + 8] * fw[2], r0[j0 + 9] * fw[3]);
-        aW[kk2][3] = pack_bf16(r1[j0 + 8] * fw[2], r1[j0 + 9] * fw[3]);
+        aU[kk2][0] = gdn_pack_bf16(r0[j0] * fu[0], r0[j0 + 1] * fu[1]);
+        aU[kk2][1] = gdn_pack_bf16(r1[j0] * fu[0], r1[j0 + 1] * fu[1]);
+        aU[kk2][2] = gdn_pack_bf16(r0[j0 + 8] * fu[2], r0[j0 + 9] * fu[3]);
+        aU[kk2][3] = gdn_pack_bf16(r1[j0 + 8] * fu[2], r1[j0 + 9] * fu[3]);
+        aW[kk2][0] = gdn_pack_bf16(r0[j0] * fw[0], r0[j0 + 1] * fw[1]);
+        aW[kk2][1] = gdn_pack_bf16(r1[j0] * fw[0], r1[j0 + 1] * fw[1]);
+        aW[kk2][2] = gdn_pack_bf16(r0[j0 + 8] * fw[2], r0[j0 + 9] * fw[3]);
+        aW[kk2][3] = gdn_pack_bf16(r1[j0 + 8] * fw[2], r1[j0 + 9] * fw[3]);
     }
     // right-hand sides: tiles 0..nks-1 are 64-column slices of K (-> W), then
     // slices of V (-> U); double-buffered in region A tiles 0 and 1
@@ -711,7 +625,7 @@ __global__ void __launch_bounds__(128)
             for (int hr = 0; hr < 2; hr++) {
                 const int i = 16 * warp + gq + 8 * hr, col = col0 + 8 * nt + 2 * t4;
                 if (i < L && col < ld)
-                    *(uint32_t *)(out + (orow0 + i) * ld + col) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                    *(uint32_t *)(out + (orow0 + i) * ld + col) = gdn_pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
             }
     }
 }
@@ -1016,10 +930,10 @@ static __device__ __forceinline__ void state_bwd(unsigned char *smem, const bf16
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 f[e] = scale * sEG[i0 + (e & 1) + 8 * (e >> 1)];
-            ao[0] = pack_bf16(bf_lo(ao[0]) * f[0], bf_hi(ao[0]) * f[1]);
-            ao[1] = pack_bf16(bf_lo(ao[1]) * f[0], bf_hi(ao[1]) * f[1]);
-            ao[2] = pack_bf16(bf_lo(ao[2]) * f[2], bf_hi(ao[2]) * f[3]);
-            ao[3] = pack_bf16(bf_lo(ao[3]) * f[2], bf_hi(ao[3]) * f[3]);
+            ao[0] = gdn_pack_bf16(bf_lo(ao[0]) * f[0], bf_hi(ao[0]) * f[1]);
+            ao[1] = gdn_pack_bf16(bf_lo(ao[1]) * f[0], bf_hi(ao[1]) * f[1]);
+            ao[2] = gdn_pack_bf16(bf_lo(ao[2]) * f[2], bf_hi(ao[2]) * f[3]);
+            ao[3] = gdn_pack_bf16(bf_lo(ao[3]) * f[2], bf_hi(ao[3]) * f[3]);
             acc_to_a(ad, acc[2 * ki], acc[2 * ki + 1], -1.0f);
 #pragma unroll
             for (int xp = 0; xp < KP / 16; xp++) {
@@ -1064,7 +978,7 @@ typedef struct {
 } state_args;
 
 template <int KP, int NW> __global__ void __launch_bounds__(NW * 32, 1) k_state(state_args a) {
-    GDN_SMEM(smem);
+    extern __shared__ __align__(128) unsigned char smem[];
     if ((int)blockIdx.z == a.rev_z)
         state_bwd<KP, NW>(smem, a.k, a.q, a.W, a.P, a.dO, a.EG, a.GM, a.dhst, a.dDl, a.dstate0, a.dstate_final, a.scale,
                           a.T, a.H, a.HV, a.K, a.Dv, a.NT);
@@ -1091,7 +1005,7 @@ __global__ void __launch_bounds__(256)
           int H, int HV, int K, int Dv, int NT) {
     typedef out_cfg<KP> C;
     constexpr int LDK = C::LDK;
-    GDN_SMEM(smem);
+    extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sQ = (bf16 *)(smem + C::Q_OFF), *sP = (bf16 *)(smem + C::P_OFF);
     float *sG = (float *)(smem + C::G_OFF);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
@@ -1168,7 +1082,7 @@ __global__ void __launch_bounds__(256)
                 const int i = 16 * mi + gq + 8 * hr, col = 64 * vt + 32 * vh + 8 * nt + 2 * t4;
                 if (i < L && col < Dv)
                     *(uint32_t *)(o + ((row0 + i) * HV + h) * Dv + col) =
-                        pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                        gdn_pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
             }
     }
 }
@@ -1199,7 +1113,7 @@ __global__ void __launch_bounds__(128)
     k_dqkw(const bf16 *q, const bf16 *k, const bf16 *hst, const bf16 *dhst, const bf16 *Dl, const bf16 *dO,
            const bf16 *dDl, const float *Gs, bf16 *dq, float *dk5, bf16 *dWo, float *dGp, float scale, int T, int H,
            int HV, int K, int Dv, int NT) {
-    GDN_SMEM(smem);
+    extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sQ = (bf16 *)(smem + DQ_Q), *sK = (bf16 *)(smem + DQ_K);
     bf16 *sH = (bf16 *)(smem + DQ_H), *sdH = sH + BT * LDT, *sDel = sdH + BT * LDT, *sdO = sDel + BT * LDT,
          *sdD = sdO + BT * LDT, *sDs = (bf16 *)(smem + DQ_DS);
@@ -1302,7 +1216,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++)
                 *(uint32_t *)(sDs + (16 * warp + gq + 8 * hr) * LDT + 8 * nt + 2 * t4) =
-                    pack_bf16(as[nt][2 * hr], as[nt][2 * hr + 1]);
+                    gdn_pack_bf16(as[nt][2 * hr], as[nt][2 * hr + 1]);
         // dk state part: gamma_j (dS' Delta_j); its k . dk^state for the last row
         float kstate = 0.0f;
 #pragma unroll
@@ -1345,9 +1259,9 @@ __global__ void __launch_bounds__(128)
                 if (i < L && x < K) {
                     const int64_t rq = (row0 + i) * H + hq;
                     *(uint32_t *)(dWo + ((int64_t)bh * T + t0 + i) * K + x) =
-                        pack_bf16(-aw[nt][2 * hr], -aw[nt][2 * hr + 1]);
+                        gdn_pack_bf16(-aw[nt][2 * hr], -aw[nt][2 * hr + 1]);
                     if (grp == 1) {
-                        *(uint32_t *)(dq + rq * K + x) = pack_bf16(aq[nt][2 * hr], aq[nt][2 * hr + 1]);
+                        *(uint32_t *)(dq + rq * K + x) = gdn_pack_bf16(aq[nt][2 * hr], aq[nt][2 * hr + 1]);
                         *(float2 *)(dk5 + rq * K + x) = make_float2(ak[nt][2 * hr], ak[nt][2 * hr + 1]);
                     }
                 }
@@ -1383,7 +1297,7 @@ __global__ void __launch_bounds__(128)
                 const int i = 16 * warp + gq + 8 * hr, col = 8 * nt + 2 * t4, x = x0 + col;
                 if (i < L && x < K) {
                     const int64_t rq = (row0 + i) * H + hq;
-                    *(uint32_t *)(dq + rq * K + x) = pack_bf16(sAq[i * LDF + col], sAq[i * LDF + col + 1]);
+                    *(uint32_t *)(dq + rq * K + x) = gdn_pack_bf16(sAq[i * LDF + col], sAq[i * LDF + col + 1]);
                     *(float2 *)(dk5 + rq * K + x) = make_float2(sAk[i * LDF + col], sAk[i * LDF + col + 1]);
                 }
             }
@@ -1413,7 +1327,7 @@ __global__ void __launch_bounds__(128)
     k_wy(const bf16 *k, const bf16 *v, const float *betain, const float *Gs, const bf16 *TA, const bf16 *dDl,
          const bf16 *dWs, const float *dGp, float *dk5, bf16 *dk, bf16 *dv, float *dbeta, float *dg, int T, int H,
          int HV, int K, int Dv) {
-    GDN_SMEM(smem);
+    extern __shared__ __align__(128) unsigned char smem[];
     float *sKK = (float *)(smem + WY_KK), *sTAf = (float *)(smem + WY_TAF);
     bf16 *sTAb = (bf16 *)(smem + WY_TAB);
     bf16 *bufA = (bf16 *)(smem + WY_R1), *bufB = bufA + BT * LDT;
@@ -1527,7 +1441,7 @@ __global__ void __launch_bounds__(128)
                     rb[hr] += at[nt][2 * hr] * bf_lo(vv) + at[nt][2 * hr + 1] * bf_hi(vv);
                     if (j < L && col < Dv)
                         *(uint32_t *)(dv + ((row0 + j) * HV + h) * Dv + col) =
-                            pack_bf16(bj * at[nt][2 * hr], bj * at[nt][2 * hr + 1]);
+                            gdn_pack_bf16(bj * at[nt][2 * hr], bj * at[nt][2 * hr + 1]);
                 }
             }
 #pragma unroll
@@ -1665,8 +1579,8 @@ __global__ void __launch_bounds__(128)
             for (int hr = 0; hr < 2; hr++) {
                 const int a = 16 * warp + gq + 8 * hr, m = 8 * nt + 2 * t4;
                 const float ba = sBeta[a];
-                *(uint32_t *)(sDMg + a * LDT + m) = pack_bf16(am[nt][2 * hr], am[nt][2 * hr + 1]);
-                *(uint32_t *)(sDMb + a * LDT + m) = pack_bf16(am[nt][2 * hr] * ba, am[nt][2 * hr + 1] * ba);
+                *(uint32_t *)(sDMg + a * LDT + m) = gdn_pack_bf16(am[nt][2 * hr], am[nt][2 * hr + 1]);
+                *(uint32_t *)(sDMb + a * LDT + m) = gdn_pack_bf16(am[nt][2 * hr] * ba, am[nt][2 * hr + 1] * ba);
                 sdTA[a * 72 + m] = am[nt][2 * hr] * ba * sKK[a * LDF + m];
                 sdTA[a * 72 + m + 1] = am[nt][2 * hr + 1] * ba * sKK[a * LDF + m + 1];
             }
@@ -1752,16 +1666,12 @@ __global__ void __launch_bounds__(128)
         const int i = e / kp, x = 2 * (e - i * kp);
         const int64_t off = ((row0 + i) * H + hq) * K + x;
         const float2 d = *(const float2 *)(dk5 + off);
-        *(uint32_t *)(dk + off) = pack_bf16(d.x, d.y);
+        *(uint32_t *)(dk + off) = gdn_pack_bf16(d.x, d.y);
     }
 }
 
 // ==== host side =====================================================================
 
-#ifdef GDN_EMU
-#define GDN_SET_SMEM(be, kfn, bytes) 0
-#else
-#define GDN_SET_SMEM(be, kfn, bytes) gdn_set_smem((be), (const void *)(kfn), (bytes))
 // Raises a kernel's dynamic shared-memory limit (once per kernel, device and size).
 static int gdn_set_smem(be_t *be, const void *fn, size_t bytes) {
     static const void *done_fn[128];
@@ -1781,7 +1691,6 @@ static int gdn_set_smem(be_t *be, const void *fn, size_t bytes) {
     if (n_done < 128) done_fn[n_done] = fn, done_bytes[n_done] = bytes, done_dev[n_done] = dev, n_done++;
     return 0;
 }
-#endif
 
 // ---- optional per-kernel timing (bench/bench_gdn.c) ------------------------------
 // gdn_cuda_timing(1): every chunked op records a CUDA event after each of its
@@ -1795,21 +1704,16 @@ static struct {
     double ms;
     int calls;
 } tm_tab[TM_MAX];
-#ifndef GDN_EMU
 static cudaEvent_t tm_ev[TM_MAX];
 static const char *tm_evname[TM_MAX];
 static int tm_nev;
-#endif
 static void tm_mark(be_t *be, const char *name) { // name: the kernel that ends here (NULL: start)
-#ifndef GDN_EMU
     if (!tm_on || tm_nev >= TM_MAX) return;
     if (!tm_ev[tm_nev] && cudaEventCreate(&tm_ev[tm_nev]) != cudaSuccess) return;
     cudaEventRecord(tm_ev[tm_nev], cuda_stream(be));
     tm_evname[tm_nev++] = name;
-#endif
 }
 static void tm_finish(void) {
-#ifndef GDN_EMU
     if (!tm_on || tm_nev < 2) {
         tm_nev = 0;
         return;
@@ -1827,7 +1731,6 @@ static void tm_finish(void) {
         tm_tab[j].calls++;
     }
     tm_nev = 0;
-#endif
 }
 extern "C" void gdn_cuda_timing(int on) { tm_on = on; }
 extern "C" int gdn_cuda_timing_read(const char **names, double *ms, int *calls, int max) {
@@ -1842,11 +1745,7 @@ extern "C" int gdn_cuda_timing_read(const char **names, double *ms, int *calls, 
 // Marks outputs as failed (NaN: 0xFF bytes are NaN in bf16 and fp32).
 static void gdn_poison(be_t *be, void *p, size_t bytes) {
     if (!p || !bytes) return;
-#ifdef GDN_EMU
-    memset(p, 0xff, bytes);
-#else
     cudaMemsetAsync(p, 0xff, bytes, cuda_stream(be));
-#endif
 }
 
 static int gdn_check(be_t *be, const char *op, int B, int T, int H, int HV, int K, int Dv, uintptr_t ptr_or) {
@@ -1928,8 +1827,8 @@ static int gdn_nw(int B, int HV, int Dv) {
 template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const state_args &a) {
     auto kfn = k_state<KP, NW>;
     const size_t sm = state_cfg<KP, NW>::SMEM;
-    if (GDN_SET_SMEM(be, kfn, sm) < 0) return;
-    GDN_LAUNCH(kfn, grid, dim3(NW * 32), sm, cuda_stream(be), a);
+    if (gdn_set_smem(be, (const void *)kfn, sm) < 0) return;
+    kfn<<<grid, dim3(NW * 32), sm, cuda_stream(be)>>>(a);
     cuda_check_launch(be, "gdn k_state");
 }
 
@@ -1951,10 +1850,11 @@ static void launch_state(be_t *be, int B, int passes, const state_args &a) {
 static void launch_prep(be_t *be, const void *q, const void *k, const void *v, const float *g, const float *beta,
                         const gdn_tmp_t *t, float scale, int B, int T, int H, int HV, int K, int Dv) {
     auto kfn = k_prep;
-    if (GDN_SET_SMEM(be, kfn, PREP_SMEM) < 0) return;
+    if (gdn_set_smem(be, (const void *)kfn, PREP_SMEM) < 0) return;
     const dim3 grid((unsigned)((T + BT - 1) / BT), (unsigned)(B * HV));
-    GDN_LAUNCH(kfn, grid, dim3(128), PREP_SMEM, cuda_stream(be), (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g,
-               beta, t->G, t->EG, t->GM, t->W, t->U, t->P, t->TA, scale, T, H, HV, K, Dv);
+    kfn<<<grid, dim3(128), PREP_SMEM, cuda_stream(be)>>>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta,
+                                                         t->G, t->EG, t->GM, t->W, t->U, t->P, t->TA, scale, T, H, HV,
+                                                         K, Dv);
     cuda_check_launch(be, "gdn k_prep");
 }
 
@@ -1963,10 +1863,10 @@ static void launch_out_t(be_t *be, void *o, const void *q, const gdn_tmp_t *t, f
                          int K, int Dv) {
     auto kfn = k_out<KP>;
     const size_t sm = out_cfg<KP>::SMEM;
-    if (GDN_SET_SMEM(be, kfn, sm) < 0) return;
+    if (gdn_set_smem(be, (const void *)kfn, sm) < 0) return;
     const int NT = (T + BT - 1) / BT;
-    GDN_LAUNCH(kfn, dim3((unsigned)NT, (unsigned)(B * HV)), dim3(256), sm, cuda_stream(be), (bf16 *)o, (const bf16 *)q,
-               t->h, t->Dl, t->P, t->G, scale, T, H, HV, K, Dv, NT);
+    kfn<<<dim3((unsigned)NT, (unsigned)(B * HV)), dim3(256), sm, cuda_stream(be)>>>(
+        (bf16 *)o, (const bf16 *)q, t->h, t->Dl, t->P, t->G, scale, T, H, HV, K, Dv, NT);
     cuda_check_launch(be, "gdn k_out");
 }
 
@@ -2050,10 +1950,10 @@ static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, 
     {
         auto kfn = k_dqkw;
         const size_t sm = HV > H ? DQ_SMEM_GVA : DQ_SMEM;
-        if (GDN_SET_SMEM(be, kfn, sm) == 0) {
-            GDN_LAUNCH(kfn, dim3((unsigned)NK, (unsigned)NT, (unsigned)(B * H)), dim3(128), sm, cuda_stream(be),
-                       (const bf16 *)q, (const bf16 *)k, t.h, t.dh, t.Dl, (const bf16 *)dout, t.dD, t.G, (bf16 *)dq,
-                       t.dk5, t.W, t.dGp, scale, T, H, HV, K, Dv, NT);
+        if (gdn_set_smem(be, (const void *)kfn, sm) == 0) {
+            kfn<<<dim3((unsigned)NK, (unsigned)NT, (unsigned)(B * H)), dim3(128), sm, cuda_stream(be)>>>(
+                (const bf16 *)q, (const bf16 *)k, t.h, t.dh, t.Dl, (const bf16 *)dout, t.dD, t.G, (bf16 *)dq, t.dk5,
+                t.W, t.dGp, scale, T, H, HV, K, Dv, NT);
             cuda_check_launch(be, "gdn k_dqkw");
         }
     }
@@ -2061,10 +1961,10 @@ static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, 
     // B6 + B7: dv, dbeta, dg, dk
     {
         auto kfn = k_wy;
-        if (GDN_SET_SMEM(be, kfn, WY_SMEM) == 0) {
-            GDN_LAUNCH(kfn, dim3((unsigned)NT, (unsigned)(B * H)), dim3(128), WY_SMEM, cuda_stream(be), (const bf16 *)k,
-                       (const bf16 *)v, beta, t.G, t.TA, t.dD, t.W, t.dGp, t.dk5, (bf16 *)dk, (bf16 *)dv, dbeta, dg, T,
-                       H, HV, K, Dv);
+        if (gdn_set_smem(be, (const void *)kfn, WY_SMEM) == 0) {
+            kfn<<<dim3((unsigned)NT, (unsigned)(B * H)), dim3(128), WY_SMEM, cuda_stream(be)>>>(
+                (const bf16 *)k, (const bf16 *)v, beta, t.G, t.TA, t.dD, t.W, t.dGp, t.dk5, (bf16 *)dk, (bf16 *)dv,
+                dbeta, dg, T, H, HV, K, Dv);
             cuda_check_launch(be, "gdn k_wy");
         }
     }
@@ -2090,13 +1990,13 @@ static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q,
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     if (K <= 64) {
         auto kfn = k_recurrent<2>;
-        GDN_LAUNCH(kfn, grid, block, 0, cuda_stream(be), ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
     } else if (K <= 128) {
         auto kfn = k_recurrent<4>;
-        GDN_LAUNCH(kfn, grid, block, 0, cuda_stream(be), ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
     } else {
         auto kfn = k_recurrent<8>;
-        GDN_LAUNCH(kfn, grid, block, 0, cuda_stream(be), ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
     }
     cuda_check_launch(be, "gdn k_recurrent");
 }
@@ -2105,8 +2005,9 @@ static void cu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a, int6
                             const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg) {
     if (N < 1 || HV < 1) return;
     auto kfn = k_gate_fwd;
-    GDN_LAUNCH(kfn, dim3(cu_grid(be, N * HV, 256)), dim3(256), 0, cuda_stream(be), g, beta, (const bf16 *)a, lda,
-               (const bf16 *)b, ldb, (const bf16 *)A_log, (const bf16 *)dt_bias, N, HV, allow_neg ? 2.0f : 1.0f);
+    kfn<<<dim3(cu_grid(be, N * HV, 256)), dim3(256), 0, cuda_stream(be)>>>(
+        g, beta, (const bf16 *)a, lda, (const bf16 *)b, ldb, (const bf16 *)A_log, (const bf16 *)dt_bias, N, HV,
+        allow_neg ? 2.0f : 1.0f);
     cuda_check_launch(be, "gdn k_gate_fwd");
 }
 
@@ -2128,13 +2029,13 @@ static void cu_gdn_gate_bwd(be_t *be, void *da, int64_t ldda, void *db, int64_t 
         return;
     }
     auto k1 = k_gate_bwd1;
-    GDN_LAUNCH(k1, dim3((unsigned)nblk, (unsigned)HV), dim3(GATE_THREADS), 2 * GATE_THREADS * sizeof(double),
-               cuda_stream(be), (bf16 *)da, ldda, (bf16 *)db, lddb, part, dg, dbeta, (const bf16 *)a, lda,
-               (const bf16 *)b, ldb, (const bf16 *)A_log, (const bf16 *)dt_bias, N, HV, allow_neg ? 2.0f : 1.0f, R);
+    k1<<<dim3((unsigned)nblk, (unsigned)HV), dim3(GATE_THREADS), 2 * GATE_THREADS * sizeof(double), cuda_stream(be)>>>(
+        (bf16 *)da, ldda, (bf16 *)db, lddb, part, dg, dbeta, (const bf16 *)a, lda, (const bf16 *)b, ldb,
+        (const bf16 *)A_log, (const bf16 *)dt_bias, N, HV, allow_neg ? 2.0f : 1.0f, R);
     cuda_check_launch(be, "gdn k_gate_bwd1");
     auto k2 = k_gate_bwd2;
-    GDN_LAUNCH(k2, dim3((unsigned)((HV + 63) / 64)), dim3(64), 0, cuda_stream(be), dA_log, ddt_bias,
-               (const double *)part, (int)nblk, HV);
+    k2<<<dim3((unsigned)((HV + 63) / 64)), dim3(64), 0, cuda_stream(be)>>>(dA_log, ddt_bias, (const double *)part,
+                                                                           (int)nblk, HV);
     cuda_check_launch(be, "gdn k_gate_bwd2");
     arena_reset(&be->scratch, mark);
 }

@@ -20,7 +20,7 @@
 #include <float.h>
 #include <stdio.h>
 
-#include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_vec.cuh"
 
 enum {
     LOSS_THREADS = 512, // one block per row
@@ -103,25 +103,6 @@ static void lt_gemm(be_t *be, const char *what, int ta, int tb, int64_t M, int64
 }
 
 // ---- row kernels ------------------------------------------------------------
-
-static __device__ __forceinline__ void unpack8(uint4 u, float *v) {
-    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f = __bfloat1622float2(p[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-
-static __device__ __forceinline__ uint4 pack8(const float *v) {
-    uint4 u;
-    __nv_bfloat162 *p = reinterpret_cast<__nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        p[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    return u;
-}
 
 // Running (max m, sum s of exp(x - m)); m starts at -FLT_MAX (not -inf) so that
 // exp(m_old - m_new) is 0, never NaN. A NaN logit makes s NaN.
@@ -229,7 +210,7 @@ static __global__ void __launch_bounds__(LOSS_THREADS)
     float m = -FLT_MAX, s = 0.0f;
     for (int64_t i = (int64_t)threadIdx.x * 8; i < V8; i += (int64_t)blockDim.x * 8) {
         float v[8];
-        unpack8(*(const uint4 *)(x + i), v);
+        ld_bf16<8>(x + i, v);
         ms_fold8(m, s, v);
     }
     for (int64_t i = V8 + threadIdx.x; i < V; i += blockDim.x)
@@ -239,11 +220,11 @@ static __global__ void __launch_bounds__(LOSS_THREADS)
     if (grad) {
         for (int64_t i = (int64_t)threadIdx.x * 8; i < V8; i += (int64_t)blockDim.x * 8) {
             float v[8];
-            unpack8(*(const uint4 *)(x + i), v);
+            ld_bf16<8>(x + i, v);
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 v[k] = __expf(v[k] - lse) - (i + k == y ? 1.0f : 0.0f);
-            *(uint4 *)(x + i) = pack8(v);
+            st_bf16<8>(x + i, v);
         }
         for (int64_t i = V8 + threadIdx.x; i < V; i += blockDim.x)
             x[i] = __float2bfloat16_rn(__expf(__bfloat162float(x[i]) - lse) - (i == y ? 1.0f : 0.0f));
@@ -267,8 +248,8 @@ static __global__ void __launch_bounds__(LOSS_THREADS)
     float ms = -FLT_MAX, ss = 0.0f, mt = -FLT_MAX, st = 0.0f;
     for (int64_t i = (int64_t)threadIdx.x * 8; i < V8; i += (int64_t)blockDim.x * 8) {
         float a[8], b[8];
-        unpack8(*(const uint4 *)(xs + i), a);
-        unpack8(*(const uint4 *)(xt + i), b);
+        ld_bf16<8>(xs + i, a);
+        ld_bf16<8>(xt + i, b);
         ms_fold8(ms, ss, a);
         ms_fold8(mt, st, b);
     }
@@ -282,15 +263,15 @@ static __global__ void __launch_bounds__(LOSS_THREADS)
     float kl = 0.0f;
     for (int64_t i = (int64_t)threadIdx.x * 8; i < V8; i += (int64_t)blockDim.x * 8) {
         float a[8], b[8];
-        unpack8(*(const uint4 *)(xs + i), a);
-        unpack8(*(const uint4 *)(xt + i), b);
+        ld_bf16<8>(xs + i, a);
+        ld_bf16<8>(xt + i, b);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             const float ls = a[k] - lse_s, lt = b[k] - lse_t, pt = __expf(lt);
             kl += pt * (lt - ls);
             a[k] = __expf(ls) - pt;
         }
-        if (grad) *(uint4 *)(xs + i) = pack8(a);
+        if (grad) st_bf16<8>(xs + i, a);
     }
     for (int64_t i = V8 + threadIdx.x; i < V; i += blockDim.x) {
         const float ls = __bfloat162float(xs[i]) - lse_s, lt = __bfloat162float(xt[i]) - lse_t, pt = __expf(lt);

@@ -196,9 +196,7 @@ __global__ void __launch_bounds__(512, 1)
         co[i] = 0.f;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float l = quad_sum(lrow[h]);
         lrow[h] = l;
         if (cc == 0 && t4 == 0) {
             cm[rs * HR + ht * 16 + g + 8 * h] = mrow[h];
@@ -239,22 +237,6 @@ __global__ void __launch_bounds__(512, 1)
         part_ml[(pidx * a.H + h) * 2] = M;
         part_ml[(pidx * a.H + h) * 2 + 1] = S;
     }
-}
-
-static __device__ float block_reduce(float v, bool is_max, float *red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? fmaxf(v, w) : v + w;
-    }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads(); // red may still be read from a previous call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = is_max ? -INFINITY : 0.f;
-    for (int i = 0; i < nw; i++)
-        v = is_max ? fmaxf(v, red[i]) : v + red[i];
-    return v;
 }
 
 // out[b, h, :] = sum_s w_s O_s / sum_s w_s l_s, w_s = 2^(m_s - max m); zero when
@@ -570,9 +552,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     if (warp < NCW) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float l = lrow[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float l = quad_sum(lrow[h]);
             if (cc == 0 && t4 == 0) {
                 em[rs * HR + ht * 16 + g + 8 * h] = mrow[h];
                 el[rs * HR + ht * 16 + g + 8 * h] = l;

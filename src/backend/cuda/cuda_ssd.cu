@@ -92,8 +92,6 @@ static constexpr int ssd_kunroll = SSD_KUNROLL;
 
 // ---- device helpers (the PTX wrappers are in cuda_mma.cuh) -------------------
 
-static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 static __device__ __forceinline__ float bf(bf16 v) { return __bfloat162float(v); }
 
 // Two consecutive bf16 (4-byte aligned) as floats.
@@ -229,17 +227,7 @@ static __device__ __forceinline__ void state_load(bf16 *s, int ss, const float *
 }
 
 // Deterministic block reductions (fixed shuffle tree, then the warps' totals in order).
-static __device__ float block_sum(float v, float *sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads(); // sh free
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < nw; w++)
-        t += sh[w];
-    return t;
-}
+static __device__ float block_sum(float v, float *sh) { return block_reduce(v, false, sh); }
 // Exclusive prefix sum over the block in thread order; *tot = the block's total.
 static __device__ float block_excl_scan(float v, float *sh, float *tot) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -308,7 +296,7 @@ __global__ void k_softplus_bias_fwd(float *__restrict__ out, const bf16 *__restr
         const int64_t n = i / H;
         const int h = (int)(i - n * H);
         const float v = bf(dt[n * ld + h]) + bf(bias[h]);
-        out[i] = v > 20.f ? v : log1pf(expf(v)); // cpu_softplus
+        out[i] = dev_softplus(v);
     }
 }
 
@@ -431,7 +419,7 @@ __global__ void __launch_bounds__(DP * 2) k_ssd_chunk_state(float *__restrict__ 
             }
             st_bf16<8>(sV + r * SN + cc, f);
         }
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < SSD_KT / 16; kk++) {
@@ -586,7 +574,7 @@ __global__ void __launch_bounds__(128)
     cp_async_commit();
     state_load<DP, DN, NT>(sS, SN, prev + ((int64_t)bh * a.nc + c) * a.P * a.N, a.P, a.N, tid);
     chunk_load(cs2, dts, a, row0, h, 0, s_end, tid, NT);
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
 
     const int l0 = r0 + warp * 16 + g, l1 = l0 + 8; // this thread's rows (chunk-local)
@@ -608,7 +596,7 @@ __global__ void __launch_bounds__(128)
     // intra-chunk over source tiles s <= l
     for (int j = 0; j < ns; j++) {
         if (j > 0) {
-            cp_async_wait_all();
+            cp_async_wait<0>();
             __syncthreads(); // tile j visible; everyone done with tile j-1
         }
         if (j + 1 < ns) {
@@ -713,7 +701,7 @@ __global__ void __launch_bounds__(128)
         cp_async_commit();
         state_load<DP, DN, NT>(sD, SN, dst + (bh * a.nc + c) * a.P * a.N, a.P, a.N, tid);
         chunk_load(cs2, dts, a, row0, h, r0, len, tid, NT);
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
 
         const float cl = cs2[len - 1];
@@ -744,7 +732,7 @@ __global__ void __launch_bounds__(128)
         float dI0 = 0.f, dI1 = 0.f, R0 = 0.f, R1 = 0.f;
         for (int j = 0; j < nl; j++) {
             if (j > 0) {
-                cp_async_wait_all();
+                cp_async_wait<0>();
                 __syncthreads();
             }
             if (j + 1 < nl) {
@@ -882,7 +870,7 @@ __global__ void __launch_bounds__(128)
         cp_async_commit();
         state_load<DP, DN, NT>(sD, SN, dst + (bh * a.nc + c) * a.P * a.N, a.P, a.N, tid);
         chunk_load(cs2, dts, a, row0, h, r0, len, tid, NT);
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
 
         const float cl = cs2[len - 1];
@@ -904,7 +892,7 @@ __global__ void __launch_bounds__(128)
 
         for (int j = 0; j < nl; j++) {
             if (j > 0) {
-                cp_async_wait_all();
+                cp_async_wait<0>();
                 __syncthreads();
             }
             if (j + 1 < nl) {
@@ -999,7 +987,7 @@ __global__ void __launch_bounds__(128)
         cp_async_commit();
         state_load<DP, DN, NT>(sS, SN, prev + (bh * a.nc + c) * a.P * a.N, a.P, a.N, tid);
         chunk_load(cs2, dts, a, row0, h, 0, s_end, tid, NT);
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
 
         const float c0 = v0 ? cs2[lr0] : 0.f, c1 = v1 ? cs2[lr1] : 0.f;
@@ -1024,7 +1012,7 @@ __global__ void __launch_bounds__(128)
         float Cs0 = 0.f, Cs1 = 0.f;
         for (int j = 0; j < ns; j++) {
             if (j > 0) {
-                cp_async_wait_all();
+                cp_async_wait<0>();
                 __syncthreads();
             }
             if (j + 1 < ns) {

@@ -64,9 +64,28 @@ static __device__ __forceinline__ float quad_sum(float v) {
     return v;
 }
 
+// Block-wide sum (is_max: maximum) in a fixed order, every thread gets it: the
+// warp's shuffle tree, then the warps' values in warp order. red holds 32 floats.
+static __device__ float block_reduce(float v, bool is_max, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads(); // red may still be read from a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = is_max ? -INFINITY : 0.f;
+    for (int i = 0; i < nw; i++)
+        v = is_max ? fmaxf(v, red[i]) : v + red[i];
+    return v;
+}
+
 // Same formulas as the CPU twins (cpu.h) so both sides compute one function.
 __device__ __forceinline__ float dev_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float dev_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float dev_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // Grid-stride loop over i in [0, n), 64-bit indices.
 #define GRID_STRIDE(i, n)                                                                                              \
