@@ -580,9 +580,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 //  - dQ = dS K: warps 2 (queries) x 4 (columns), 32 x d/4 each, added to the
 //    fp32 accumulator with red.global.add.v2.f32 as before.
 // ldmatrix traffic per pair at d = 128: S 16 + dP 16 + P/dS stores 4 + dV 12 +
-// dK 12 + dQ 16 + tile loads 2 = ~78 bytes (-29%). Prediction for 64K 128/128:
-// backward 276 -> ~205-220 ms, forward + backward 360 -> ~290-305 ms (0.94-0.99x
-// SDPA). At d = 64 no gain is expected (v1 holds K, V in registers there: ~48
+// dK 12 + dQ 16 + tile loads 2 = ~78 bytes (-29%). Predicted for 64K 128/128:
+// forward + backward 360 -> ~290-305 ms (0.94-0.99x SDPA); measured (run 7):
+// 334.8 ms, 0.85x SDPA. At d = 64 no gain is expected (v1 holds K, V in registers there: ~48
 // bytes per pair against v2's ~50), so v1 stays the default at d <= 64.
 // Registers: dK, dV 2 x 32 x (d/2) / 32 = 64 + 64 floats, S, dP 32 + 32: 255,
 // no spill at d = 128 (ptxas), 8 bytes at d = 64.

@@ -84,6 +84,9 @@
 //   forward 0.29 / 2.2 ms, backward 0.55 / 4.3 ms, fwd+bwd 0.84 / 6.5 ms
 //   (H = 9: the backward's two passes need 144 blocks > 132 SMs: ~+15%;
 //   fwd+bwd ~1.2 / 8.5 ms).
+// Measured (run 5, docs/PERFORMANCE.md), about 3x these: forward 0.788 /
+// 5.888 ms, fwd+bwd 2.503 / 19.123 ms (H = 6); the per-kernel estimates above
+// undercount (bench_gdn --kernels gives the measured split).
 // The largest lever left is the 16-row warp tile of mma.sync: wgmma's 64-row
 // warpgroup tiles read each B operand once per 64 rows (4x less shared-memory
 // traffic in the state passes and k_dqkw); next, TMA multicast of the W/K/Q

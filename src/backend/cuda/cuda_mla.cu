@@ -289,9 +289,11 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 //    in flight at the shapes above);
 //  - O is rescaled only when a row maximum moves (warp vote): after the first
 //    tiles the maximum rarely changes, so the 64 FMUL per tile mostly go.
-// Prediction: B = 1 and 8 at len >= 256K from 25-30% to 70-85% of the copy
-// bandwidth; 64K at B = 1 is bound by launch + ramp + tail (~10 us against
-// ~5 us of streaming): ~30-40%.
+// Predicted: 70-85% of the copy bandwidth at len >= 256K. Measured (run 7,
+// docs/PERFORMANCE.md): 21-31% at r_kv 128 (below v1 at B = 8, 1M: 25.8% vs
+// 29.4%), 74.8% only at r_kv 512, 1M. The prediction missed: at r_kv 128 the
+// kernel is bound by mma.sync on half-empty head tiles and shared-memory
+// traffic, not by the bytes streamed.
 // The combine is a separate kernel launched with programmatic dependent launch
 // (it starts while the decode drains and waits on griddepcontrol.wait), with
 // float4 loads spread over the splits. A fused "last block combines" was not
