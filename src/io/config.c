@@ -715,28 +715,6 @@ static void fmt_num(double v, int single, char *out, size_t cap) {
     }
 }
 
-static void put_json_string(strbuf_t *b, const char *s) {
-    strbuf_puts(b, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char t[8] = {0};
-        if (c == '"')
-            strbuf_puts(b, "\\\"");
-        else if (c == '\\')
-            strbuf_puts(b, "\\\\");
-        else if (c == '\n')
-            strbuf_puts(b, "\\n");
-        else if (c < 0x20) {
-            snprintf(t, sizeof t, "\\u%04x", c);
-            strbuf_puts(b, t);
-        } else {
-            t[0] = (char)c;
-            strbuf_puts(b, t);
-        }
-    }
-    strbuf_puts(b, "\"");
-}
-
 static void put_indent(strbuf_t *b, int n) {
     for (int i = 0; i < n; i++)
         strbuf_puts(b, " ");
@@ -753,7 +731,7 @@ static void put_value(strbuf_t *b, const cJSON *j, int indent, int level) {
     else if (cJSON_IsFalse(j))
         strbuf_puts(b, "false");
     else if (cJSON_IsString(j))
-        put_json_string(b, j->valuestring);
+        strbuf_json_str(b, j->valuestring);
     else if (cJSON_IsNumber(j)) {
         snprintf(t, sizeof t, "%lld", (long long)j->valuedouble); // the writers make integers only
         strbuf_puts(b, t);
@@ -767,7 +745,7 @@ static void put_value(strbuf_t *b, const cJSON *j, int indent, int level) {
         for (const cJSON *e = j->child; e; e = e->next) {
             put_indent(b, indent * (level + 1));
             if (obj) {
-                put_json_string(b, e->string);
+                strbuf_json_str(b, e->string);
                 strbuf_puts(b, ": ");
             }
             put_value(b, e, indent, level + 1);

@@ -744,31 +744,6 @@ static void sb_fmt_u64(strbuf_t *b, uint64_t v) {
     strbuf_putn(b, t, (size_t)n);
 }
 
-// A JSON string literal (quotes, backslashes and control characters escaped).
-static void sb_json_str(strbuf_t *b, const char *s) {
-    strbuf_putn(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[8];
-        if (c == '"')
-            strbuf_putn(b, "\\\"", 2);
-        else if (c == '\\')
-            strbuf_putn(b, "\\\\", 2);
-        else if (c == '\n')
-            strbuf_putn(b, "\\n", 2);
-        else if (c == '\t')
-            strbuf_putn(b, "\\t", 2);
-        else if (c == '\r')
-            strbuf_putn(b, "\\r", 2);
-        else if (c < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            strbuf_putn(b, esc, 6);
-        } else
-            strbuf_putn(b, (const char *)&c, 1);
-    }
-    strbuf_putn(b, "\"", 1);
-}
-
 static uint64_t wbytes(const st_wtensor_t *t) { return (uint64_t)t->numel * (t->dtype == ST_F32 ? 4 : 2); }
 
 static int cmp_wtensor(const void *a, const void *b) {
@@ -824,9 +799,9 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
                 break;
             }
             if (i) strbuf_puts(&h, ",");
-            sb_json_str(&h, meta[i]);
+            strbuf_json_str(&h, meta[i]);
             strbuf_puts(&h, ":");
-            sb_json_str(&h, meta[i + 1]);
+            strbuf_json_str(&h, meta[i + 1]);
         }
         strbuf_puts(&h, "}");
         first = 0;
@@ -836,7 +811,7 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
         const st_wtensor_t *t = order[i];
         if (!first) strbuf_puts(&h, ",");
         first = 0;
-        sb_json_str(&h, t->name);
+        strbuf_json_str(&h, t->name);
         strbuf_puts(&h, ":{\"dtype\":\"");
         strbuf_puts(&h, st_dtype_name(t->dtype));
         strbuf_puts(&h, "\",\"shape\":[");

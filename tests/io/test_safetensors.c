@@ -15,6 +15,7 @@
 #include "testutil.h"
 
 #include "base/err.h"
+#include "base/strbuf.h"
 #include "io/safetensors.h"
 
 // ---- helpers -------------------------------------------------------------------
@@ -214,6 +215,45 @@ static void test_header_bytes(void **state) {
     assert_int_equal(sf.n_meta, 0);
     assert_memory_equal(sf.buf + 8, "{\"x\":", 5);
     st_close(&sf);
+}
+
+// The JSON string escaper of every writer (base/strbuf): its bytes are what
+// Python's json.dumps(s, ensure_ascii=False) gives (and serde_json, the
+// reference safetensors writer): short escapes where JSON has them, \u00xx for
+// the other control characters, '/', DEL and UTF-8 as they are. A tensor name
+// and metadata made of such text come back byte for byte.
+static void test_json_escapes(void **state) {
+    (void)state;
+    const char *s = "q\"b\\s/\b\f\n\r\t\x01\x1f\x7f \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
+    const char *want = "\"q\\\"b\\\\s/\\b\\f\\n\\r\\t\\u0001\\u001f\x7f \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"";
+    strbuf_t b = {0};
+    strbuf_json_str(&b, s);
+    assert_false(b.oom);
+    assert_string_equal(b.s, want);
+    free(b.s);
+    b = (strbuf_t){0};
+    strbuf_json_str(&b, "");
+    assert_string_equal(b.s, "\"\"");
+    free(b.s);
+
+    float x = 1.0f;
+    st_writer_t wr;
+    st_writer_init(&wr);
+    assert_int_equal(st_writer_add(&wr, s, ST_F32, 1, (int64_t[]){1}, &x), 0);
+    const char *path = tu_tmp_path("escapes.safetensors");
+    assert_int_equal(st_writer_write(&wr, path, (const char *[]){s, s, NULL}), 0);
+    st_writer_free(&wr);
+    tu_corpus_save(path);
+    char head[512];
+    snprintf(head, sizeof head,
+             "{\"__metadata__\":{%s:%s},%s:{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", want, want,
+             want);
+    st_file_t f;
+    assert_int_equal(st_open(&f, path), 0);
+    assert_memory_equal(f.buf + 8, head, strlen(head));
+    assert_string_equal(st_meta(&f, s), s);
+    assert_non_null(st_find(&f, s));
+    st_close(&f);
 }
 
 // A bigger tensor crosses the writer's 1 Mi-element conversion pieces.
@@ -600,9 +640,10 @@ static void test_write_failures(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),      cmocka_unit_test(test_header_bytes),
-        cmocka_unit_test(test_large_streamed), cmocka_unit_test(test_other_dtypes),
-        cmocka_unit_test(test_corrupt),        cmocka_unit_test(test_sharded_index),
-        cmocka_unit_test(test_folder_scan),    cmocka_unit_test(test_write_failures),
+        cmocka_unit_test(test_json_escapes),   cmocka_unit_test(test_large_streamed),
+        cmocka_unit_test(test_other_dtypes),   cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_sharded_index),  cmocka_unit_test(test_folder_scan),
+        cmocka_unit_test(test_write_failures),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
