@@ -11,6 +11,7 @@
 #include "base/half.h"
 #include "base/log.h"
 #include "base/strbuf.h"
+#include "base/utf8.h"
 
 // Tensor data is little-endian; we read and write it with memcpy.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -58,38 +59,6 @@ int st_dtype_from_name(const char *name) {
 }
 
 // ---- reader -----------------------------------------------------------------
-
-// Strict UTF-8 (no overlong forms, no surrogates, <= U+10FFFF), as the
-// reference reader requires of the header. Returns the offset of the first bad
-// byte, or n when the text is valid.
-static size_t utf8_check(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int len;
-        uint32_t cp, min;
-        if ((c & 0xe0) == 0xc0)
-            len = 2, cp = c & 0x1f, min = 0x80;
-        else if ((c & 0xf0) == 0xe0)
-            len = 3, cp = c & 0x0f, min = 0x800;
-        else if ((c & 0xf8) == 0xf0)
-            len = 4, cp = c & 0x07, min = 0x10000;
-        else
-            return i;
-        if ((size_t)len > n - i) return i;
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-        i += (size_t)len;
-    }
-    return n;
-}
 
 static const char *json_type_name(const cJSON *j) {
     if (cJSON_IsNull(j)) return "null";
