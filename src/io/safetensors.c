@@ -378,6 +378,9 @@ const char *st_meta(const st_file_t *f, const char *key) {
     return NULL;
 }
 
+// Conversions run in pieces of this many elements, in parallel.
+#define ST_PIECE ((int64_t)1 << 16)
+
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, float *out) {
     const uint8_t *src = t->data;
     int64_t n = t->numel;
@@ -385,23 +388,18 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, float *out) {
     switch (t->dtype) {
     case ST_F32: memcpy(out, src, (size_t)n * 4); return 0;
     case ST_F16:
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            out[i] = f16_to_f32(h);
-        }
-        return 0;
     case ST_BF16:
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            out[i] = bf16_to_f32(h);
+#pragma omp parallel for schedule(static) if (n > ST_PIECE)
+        for (int64_t i = 0; i < n; i += ST_PIECE) {
+            int64_t m = n - i < ST_PIECE ? n - i : ST_PIECE;
+            if (t->dtype == ST_F16)
+                f16_row_to_f32(src + 2 * i, out + i, m);
+            else
+                bf16_row_to_f32(src + 2 * i, out + i, m);
         }
         return 0;
     case ST_F64:
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > ST_PIECE)
         for (int64_t i = 0; i < n; i++) {
             double v;
             memcpy(&v, src + 8 * i, 8);
@@ -727,14 +725,13 @@ static int write_tensor(afile_t *af, const st_wtensor_t *t, uint16_t *tmp, int64
     for (int64_t i0 = 0; i0 < t->numel; i0 += chunk) {
         int64_t n = t->numel - i0 < chunk ? t->numel - i0 : chunk;
         const float *x = t->data + i0;
-        if (t->dtype == ST_BF16) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++)
-                tmp[i] = f32_to_bf16(x[i]);
-        } else {
-#pragma omp parallel for schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++)
-                tmp[i] = f32_to_f16(x[i]);
+#pragma omp parallel for schedule(static) if (n > ST_PIECE)
+        for (int64_t i = 0; i < n; i += ST_PIECE) {
+            int64_t m = n - i < ST_PIECE ? n - i : ST_PIECE;
+            if (t->dtype == ST_BF16)
+                f32_row_to_bf16(x + i, tmp + i, m);
+            else
+                f32_row_to_f16(x + i, tmp + i, m);
         }
         TRY(fs_write(af, tmp, (size_t)n * 2));
     }

@@ -256,15 +256,17 @@ static void test_json_escapes(void **state) {
     st_close(&f);
 }
 
-// A bigger tensor crosses the writer's 1 Mi-element conversion pieces.
+// Bigger tensors cross the writer's 1 Mi-element pieces and the 64 Ki-element
+// conversion pieces, in BF16 and F16.
 static void test_large_streamed(void **state) {
     (void)state;
-    int64_t n = 3 * 700001; // 2.1 Mi elements, not a multiple of the piece size
+    int64_t n = 3 * 700001; // 2.1 Mi elements, not a multiple of either piece size
     float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
     tu_randn(x, n, 7, 1.0f);
     st_writer_t wr;
     st_writer_init(&wr);
     assert_int_equal(st_writer_add(&wr, "big", ST_BF16, 2, (int64_t[]){n / 3, 3}, x), 0);
+    assert_int_equal(st_writer_add(&wr, "big16", ST_F16, 1, &n, x), 0);
     const char *path = tu_tmp_path("big.safetensors");
     assert_int_equal(st_writer_write(&wr, path, NULL), 0);
     st_writer_free(&wr);
@@ -277,6 +279,13 @@ static void test_large_streamed(void **state) {
     // ulp, i.e. 2^-8 relative (the unit roundoff of an 8-bit significand).
     for (int64_t i = 0; i < n; i++)
         if (fabsf(y[i] - x[i]) > fabsf(x[i]) * 0x1p-8f) fail_msg("element %lld: %g vs %g", (long long)i, y[i], x[i]);
+    // fp16: 11 significant bits, so 2^-11 relative; below 2^-14 the spacing is
+    // the subnormal step 2^-24, half of which bounds the error.
+    t = st_find(&f, "big16");
+    assert_int_equal(st_read_f32(&f, t, y), 0);
+    for (int64_t i = 0; i < n; i++)
+        if (fabsf(y[i] - x[i]) > fmaxf(fabsf(x[i]) * 0x1p-11f, 0x1p-25f))
+            fail_msg("f16 element %lld: %g vs %g", (long long)i, y[i], x[i]);
     st_close(&f);
     free(x);
     free(y);
@@ -312,6 +321,19 @@ static void test_other_dtypes(void **state) {
     write_raw(path, "{\"q\":{\"dtype\":\"F4\",\"shape\":[2,2],\"data_offsets\":[0,2]}}", nib, 2);
     assert_int_equal(st_open(&f, path), 0);
     assert_int_equal(st_find(&f, "q")->nbytes, 2);
+    st_close(&f);
+    // F16 and BF16 at an odd byte offset (header 109 bytes): 1, -2 and 1, -3.
+    uint8_t halves[8] = {0x00, 0x3c, 0x00, 0xc0, 0x80, 0x3f, 0x40, 0xc0};
+    const char *hh = "{\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+                     "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]}} ";
+    assert_int_equal(strlen(hh) % 2, 1);
+    path = tu_tmp_path("halves.safetensors");
+    write_raw(path, hh, halves, sizeof halves);
+    assert_int_equal(st_open(&f, path), 0);
+    assert_int_equal(st_read_f32(&f, st_find(&f, "h"), out), 0);
+    assert_true(out[0] == 1.0f && out[1] == -2.0f);
+    assert_int_equal(st_read_f32(&f, st_find(&f, "b"), out), 0);
+    assert_true(out[0] == 1.0f && out[1] == -3.0f);
     st_close(&f);
     // Header padded with trailing whitespace and an empty file (no tensors) are valid.
     path = tu_tmp_path("empty.safetensors");
