@@ -90,11 +90,12 @@ static int j_str(const char *src, const cJSON *o, const char *pre, const char *k
 }
 
 // Python's json keeps the last of duplicate keys, cJSON the first: refuse them.
-static int no_dup_keys(const char *src, const char *what, const cJSON *o) {
+// pre is the object's path ("gdn_cfg."), so the message names the key in full.
+static int no_dup_keys(const char *src, const char *pre, const cJSON *o) {
     for (const cJSON *a = o ? o->child : NULL; a; a = a->next)
         for (const cJSON *b = a->next; b; b = b->next)
             if (a->string && b->string && !strcmp(a->string, b->string))
-                return err_set(ERR_INPUT, "%s: %sduplicate key %s", src, what, a->string);
+                return err_set(ERR_INPUT, "%s: duplicate key %s%s", src, pre, a->string);
     return 0;
 }
 
@@ -118,29 +119,33 @@ static int parse_root(const char *text, const char *src, cJSON **root) {
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-// The scaling type of a rope dict: "rope_type", or "type" (older transformers,
-// X-EcoMLA). NULL when neither is present.
-static int rope_type_of(const char *src, const char *pre, const cJSON *rs, const char **type) {
+// What every rope dict starts with: absent or null (*type stays NULL), else an
+// object without duplicate keys whose scaling type is given as "rope_type" or
+// "type" (older transformers, X-EcoMLA), the two agreeing when both are there.
+// p receives "<name>." for the field names in messages.
+static int rope_dict(const char *src, const char *name, const cJSON *rs, char *p, size_t cap, const char **type) {
+    *type = NULL;
+    snprintf(p, cap, "%s.", name);
+    if (!present(rs)) return 0;
+    if (!cJSON_IsObject(rs)) return bad(src, "", name, "an object or null", rs);
+    TRY(no_dup_keys(src, p, rs));
     const char *t1 = NULL, *t2 = NULL;
-    TRY(j_str(src, rs, pre, "rope_type", 0, &t1));
-    TRY(j_str(src, rs, pre, "type", 0, &t2));
+    TRY(j_str(src, rs, p, "rope_type", 0, &t1));
+    TRY(j_str(src, rs, p, "type", 0, &t2));
     if (t1 && t2 && strcmp(t1, t2))
-        return err_set(ERR_INPUT, "%s: field %srope_type \"%s\" and %stype \"%s\" disagree", src, pre, t1, pre, t2);
+        return err_set(ERR_INPUT, "%s: field %srope_type \"%s\" and %stype \"%s\" disagree", src, p, t1, p, t2);
     *type = t1 ? t1 : t2;
+    if (!*type) return missing(src, p, "rope_type");
     return 0;
 }
 
 // transformers' rope dict (rope_scaling, or v5 rope_parameters) for the teacher
 // attention. max_pos is the default of yarn's original_max_position_embeddings.
 static int parse_rope_hf(const char *src, const char *pre, const cJSON *rs, int max_pos, rope_cfg_t *r) {
-    if (!present(rs)) return 0;
-    if (!cJSON_IsObject(rs)) return bad(src, "", pre, "an object or null", rs);
     char p[64];
-    snprintf(p, sizeof p, "%s.", pre);
-    TRY(no_dup_keys(src, p, rs));
-    const char *type = NULL;
-    TRY(rope_type_of(src, p, rs, &type));
-    if (!type) return missing(src, p, "rope_type");
+    const char *type;
+    TRY(rope_dict(src, pre, rs, p, sizeof p, &type));
+    if (!type) return 0;
     if (!strcmp(type, "default")) {
         r->scaling = ROPE_SCALE_NONE;
     } else if (!strcmp(type, "linear")) {
@@ -189,13 +194,10 @@ static int parse_rope_hf(const char *src, const char *pre, const cJSON *rs, int 
 // X-EcoMLA, whose configs omit it).
 static int parse_rope_mla(const char *src, const cJSON *rs, rope_cfg_t *r) {
     r->scaling = ROPE_SCALE_NONE;
-    if (!present(rs)) return 0;
-    const char *p = "rope_scaling.";
-    if (!cJSON_IsObject(rs)) return bad(src, "", "rope_scaling", "an object or null", rs);
-    TRY(no_dup_keys(src, p, rs));
-    const char *type = NULL;
-    TRY(rope_type_of(src, p, rs, &type));
-    if (!type) return missing(src, p, "rope_type");
+    char p[64];
+    const char *type;
+    TRY(rope_dict(src, "rope_scaling", rs, p, sizeof p, &type));
+    if (!type) return 0;
     if (!strcmp(type, "yarn")) {
         r->scaling = ROPE_SCALE_YARN;
         r->orig_max_pos = 4096;
@@ -479,7 +481,7 @@ static int parse_ranks(const char *src, const cJSON *root, arch_t *a) {
     const cJSON *lr = jget(root, "layer_rank_list");
     if (!present(lr)) return 0;
     if (!cJSON_IsObject(lr)) return bad(src, "", "layer_rank_list", "an object", lr);
-    TRY(no_dup_keys(src, "layer_rank_list: ", lr));
+    TRY(no_dup_keys(src, "layer_rank_list.", lr));
     const cJSON *e;
     cJSON_ArrayForEach(e, lr) {
         char *end;

@@ -353,6 +353,42 @@ static void expect_hyb_err(const char *extra, int code, const char *f1, const ch
     expect_err("{" BASE "}", buf, code, f1, f2);
 }
 
+// The checks every rope dict starts with, the same in config.json's
+// rope_scaling and rope_parameters and in hybrid_config.json's (MLA) rope_scaling.
+static void test_rope_dict(void **state) {
+    (void)state;
+    static const struct {
+        const char *dict;
+        const char *f1, *f2; // %s: the dict's field name
+    } cases[] = {
+        {"[1]", "field %s", "expected an object"},
+        {"{\"rope_theta\": 1e4, \"factor\": 2.0}", "missing field %s.rope_type", NULL},
+        {"{\"rope_theta\": 1e4, \"rope_type\": \"linear\", \"type\": \"yarn\", \"factor\": 2.0}", "%s.rope_type",
+         "disagree"},
+        {"{\"rope_theta\": 1e4, \"rope_type\": \"linear\", \"factor\": 2.0, \"factor\": 3.0}",
+         "duplicate key %s.factor", NULL},
+    };
+    const char *hyb_null = strstr(hyb_min, "\"rope_scaling\": null");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int where = 0; where < 3; where++) {
+            const char *name = where == 1 ? "rope_parameters" : "rope_scaling";
+            char cfg[1024], hyb[2048], f1[96], f2[96];
+            if (where < 2) {
+                snprintf(cfg, sizeof cfg, "{" BASE ", \"%s\": %s}", name, cases[i].dict);
+            } else {
+                snprintf(cfg, sizeof cfg, "{" BASE "}");
+                char tmpl[2048];
+                snprintf(tmpl, sizeof tmpl, "%.*s\"rope_scaling\": %s%s", (int)(hyb_null - hyb_min), hyb_min,
+                         cases[i].dict, hyb_null + strlen("\"rope_scaling\": null"));
+                snprintf(hyb, sizeof hyb, tmpl, "");
+            }
+            snprintf(f1, sizeof f1, cases[i].f1, name);
+            snprintf(f2, sizeof f2, "%s", cases[i].f2 ? cases[i].f2 : "");
+            expect_err(cfg, where == 2 ? hyb : NULL, ERR_INPUT, f1, f2);
+        }
+    }
+}
+
 static void test_hybrid_errors(void **state) {
     (void)state;
     arch_t a;
@@ -696,6 +732,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_defaults_and_variants),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_rope_dict),
         cmocka_unit_test(test_zebra),
         cmocka_unit_test(test_hylo_gdn),
         cmocka_unit_test(test_xecomla),
