@@ -3,7 +3,8 @@
 // in tests/fixtures/tok/strings.json against tests/fixtures/tok/smollm2_ids.json
 // (made by Hugging Face `tokenizers` through scripts/ref/tok_fixture.py),
 // streaming decode, chat templates of the three families, tok_write_hf ->
-// tok_load_json equivalence, loader errors; the strict UTF-8 helpers (base/utf8)
+// tok_load_json equivalence, tok_write_hf failing cleanly on every allocation
+// failure, loader errors; the strict UTF-8 helpers (base/utf8)
 // the tokenizer decodes with.
 //
 //   build-tok/tests/tok/test_tok --write-hf DIR [MODEL.gguf]
@@ -1045,6 +1046,42 @@ static void test_write_hf_roundtrip(void **state) {
     tok_free(&u);
 }
 
+// cJSON's allocations go through this hook in test_write_hf_oom: it counts
+// them and fails the g_fail_at-th (1-based; 0 fails none).
+static long g_allocs, g_fail_at;
+static void *failing_malloc(size_t n) { return ++g_allocs == g_fail_at ? NULL : malloc(n); }
+
+// tok_write_hf with each of its cJSON allocations failing in turn: an error
+// and no file every time. (A failed vocabulary, merge or special-token entry
+// used to be left out and the files written as a success.)
+static void test_write_hf_oom(void **state) {
+    (void)state;
+    tok_t t;
+    load_mini(&t, LLAMA3_TMPL);
+    cJSON_Hooks hooks = {failing_malloc, free};
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/oom_none", tu_tmpdir());
+    g_allocs = 0, g_fail_at = 0;
+    cJSON_InitHooks(&hooks);
+    int rc = tok_write_hf(&t, dir);
+    cJSON_InitHooks(NULL);
+    assert_int_equal(rc, 0);
+    long total = g_allocs;
+    printf("  %ld cJSON allocations, each failed once\n", total);
+    assert_true(total > 500);
+    for (long k = 1; k <= total; k++) {
+        snprintf(dir, sizeof dir, "%s/oom_%ld", tu_tmpdir(), k);
+        g_allocs = 0, g_fail_at = k;
+        err_clear();
+        cJSON_InitHooks(&hooks);
+        rc = tok_write_hf(&t, dir);
+        cJSON_InitHooks(NULL);
+        if (rc != ERR_NOMEM) fail_msg("allocation %ld of %ld failing: rc %d (%s)", k, total, rc, err_msg());
+        if (fs_exists(dir)) fail_msg("allocation %ld of %ld failing: %s was created", k, total, dir);
+    }
+    tok_free(&t);
+}
+
 // ---------------------------------------------------------------------------
 // Loader errors
 
@@ -1305,6 +1342,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_chat_qwen),
         cmocka_unit_test(test_llama3_json),
         cmocka_unit_test(test_write_hf_roundtrip),
+        cmocka_unit_test(test_write_hf_oom),
         cmocka_unit_test(test_json_errors),
         cmocka_unit_test(test_gguf_errors),
     };
