@@ -351,124 +351,82 @@ static void test_other_dtypes(void **state) {
 
 static void test_corrupt(void **state) {
     (void)state;
-    uint8_t data[64] = {0};
-    const char *p;
+    static const uint8_t data[64]; // zeros: the tensor data of every case
 #define T1 "\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}"
+    static const struct {
+        const char *name;   // the file is <name>.safetensors
+        long long hlen;     // the header length field; -1: the header's own length
+        const char *header; // then nd bytes of data
+        size_t nd;
+        int code;
+        const char *f1, *f2; // fragments the message must contain (besides the path)
+    } cases[] = {
+        {"huge_header", 100000001LL, "{" T1 "}", 8, ERR_INPUT, "exceeds the limit", "100000000"},
+        {"past_end", 4096, "{" T1 "}", 8, ERR_INPUT, "runs past the end", NULL},
+        {"not_json", -1, "{\"t\": {\"dtype\": ", 8, ERR_INPUT, "not valid JSON", NULL},
+        {"not_object", -1, "[1, 2, 3]", 0, ERR_INPUT, "does not start with '{'", NULL},
+        {"trailing", -1, "{" T1 "} x", 8, ERR_INPUT, "trailing bytes", NULL},
+        {"utf8", -1, "{\"t\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, ERR_INPUT, "UTF-8",
+         "byte 3 of the header"},
+        {"utf8_overlong", -1, "{\"t\xc0\xaf\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, ERR_INPUT,
+         "UTF-8", "byte 3 of the header"},
+        {"utf8_surrogate", -1, "{\"t\xed\xa0\x80\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         ERR_INPUT, "UTF-8", "byte 3 of the header"},
+        {"out_of_range", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, ERR_INPUT,
+         "tensor t", "past the end"},
+        {"reversed", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, ERR_INPUT, "tensor t",
+         "end before they begin"},
+        {"overlap", -1,
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, ERR_INPUT, "overlap", "tensor b"},
+        {"hole", -1,
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+         12, ERR_INPUT, "hole", "tensor b"},
+        {"hole_end", -1, "{" T1 "}", 12, ERR_INPUT, "hole", "[8, 12)"}, // 4 bytes nobody owns at the end
+        {"size_mismatch", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20, ERR_INPUT,
+         "tensor t", "needs 24 bytes"},
+        {"bf16_mismatch", -1, "{\"t\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, ERR_INPUT,
+         "tensor t", "needs 4 bytes"},
+        {"dup", -1, "{" T1 ",\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16, ERR_INPUT,
+         "duplicate tensor name t", NULL},
+        {"dtype", -1, "{\"t\":{\"dtype\":\"F17\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, ERR_INPUT, "tensor t",
+         "unknown dtype \"F17\""},
+        {"dtype_type", -1, "{\"t\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, ERR_INPUT, "tensor t",
+         "dtype"},
+        {"no_offsets", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, ERR_INPUT, "tensor t",
+         "missing data_offsets"},
+        {"neg_shape", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, ERR_INPUT, "tensor t",
+         "shape[0]"},
+        {"frac_offset", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8.5]}}", 8, ERR_INPUT,
+         "tensor t", "data_offsets"},
+        {"overflow", -1,
+         "{\"t\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
+         ERR_INPUT, "tensor t", "overflows"},
+        {"nibble", -1, "{\"t\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", 2, ERR_INPUT, "tensor t",
+         "whole number of bytes"},
+        {"meta", -1, "{\"__metadata__\":{\"format\":1}," T1 "}", 8, ERR_INPUT, "__metadata__", "format"},
+        {"rank", -1, "{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8, ERR_UNSUP,
+         "tensor t", "9 dimensions"},
+        {"tensor_not_obj", -1, "{\"t\":[1,2]}", 0, ERR_INPUT, "tensor t", "expected an object"},
+    };
+#undef T1
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.safetensors", cases[i].name);
+        const char *p = tu_tmp_path(name);
+        write_raw_len(p, cases[i].hlen, cases[i].header, data, cases[i].nd);
+        expect_open_error(p, cases[i].code, cases[i].f1, cases[i].f2);
+    }
 
-    p = tu_tmp_path("short.safetensors");
+    const char *p = tu_tmp_path("short.safetensors");
     FILE *f = fopen(p, "wb"); // 5 bytes: shorter than the length field
     fwrite("abcde", 1, 5, f);
     fclose(f);
     expect_open_error(p, ERR_INPUT, "too short", NULL);
 
-    p = tu_tmp_path("huge_header.safetensors");
-    write_raw_len(p, 100000001LL, "{" T1 "}", data, 8);
-    expect_open_error(p, ERR_INPUT, "exceeds the limit", "100000000");
-
-    p = tu_tmp_path("past_end.safetensors");
-    write_raw_len(p, 4096, "{" T1 "}", data, 8);
-    expect_open_error(p, ERR_INPUT, "runs past the end", NULL);
-
-    p = tu_tmp_path("not_json.safetensors");
-    write_raw(p, "{\"t\": {\"dtype\": ", data, 8);
-    expect_open_error(p, ERR_INPUT, "not valid JSON", NULL);
-
-    p = tu_tmp_path("not_object.safetensors");
-    write_raw(p, "[1, 2, 3]", NULL, 0);
-    expect_open_error(p, ERR_INPUT, "does not start with '{'", NULL);
-
-    p = tu_tmp_path("trailing.safetensors");
-    write_raw(p, "{" T1 "} x", data, 8);
-    expect_open_error(p, ERR_INPUT, "trailing bytes", NULL);
-
-    p = tu_tmp_path("utf8.safetensors");
-    write_raw(p, "{\"t\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "UTF-8", NULL);
-
-    p = tu_tmp_path("out_of_range.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "past the end");
-
-    p = tu_tmp_path("reversed.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "end before they begin");
-
-    p = tu_tmp_path("overlap.safetensors");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-              "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-              data, 12);
-    expect_open_error(p, ERR_INPUT, "overlap", "tensor b");
-
-    p = tu_tmp_path("hole.safetensors");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-              "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
-              data, 12);
-    expect_open_error(p, ERR_INPUT, "hole", "tensor b");
-
-    p = tu_tmp_path("hole_end.safetensors");
-    write_raw(p, "{" T1 "}", data, 12); // 4 bytes nobody owns at the end
-    expect_open_error(p, ERR_INPUT, "hole", "[8, 12)");
-
-    p = tu_tmp_path("size_mismatch.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", data, 20);
-    expect_open_error(p, ERR_INPUT, "tensor t", "needs 24 bytes");
-
-    p = tu_tmp_path("bf16_mismatch.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "needs 4 bytes");
-
-    p = tu_tmp_path("dup.safetensors");
-    write_raw(p,
-              "{" T1 ","
-              "\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
-              data, 16);
-    expect_open_error(p, ERR_INPUT, "duplicate tensor name t", NULL);
-
-    p = tu_tmp_path("dtype.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F17\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "unknown dtype \"F17\"");
-
-    p = tu_tmp_path("dtype_type.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "dtype");
-
-    p = tu_tmp_path("no_offsets.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "missing data_offsets");
-
-    p = tu_tmp_path("neg_shape.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "shape[0]");
-
-    p = tu_tmp_path("frac_offset.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8.5]}}", data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "data_offsets");
-
-    p = tu_tmp_path("overflow.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}",
-              data, 8);
-    expect_open_error(p, ERR_INPUT, "tensor t", "overflows");
-
-    p = tu_tmp_path("nibble.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", data, 2);
-    expect_open_error(p, ERR_INPUT, "tensor t", "whole number of bytes");
-
-    p = tu_tmp_path("meta.safetensors");
-    write_raw(p, "{\"__metadata__\":{\"format\":1}," T1 "}", data, 8);
-    expect_open_error(p, ERR_INPUT, "__metadata__", "format");
-
-    p = tu_tmp_path("rank.safetensors");
-    write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_error(p, ERR_UNSUP, "tensor t", "9 dimensions");
-
-    p = tu_tmp_path("tensor_not_obj.safetensors");
-    write_raw(p, "{\"t\":[1,2]}", NULL, 0);
-    expect_open_error(p, ERR_INPUT, "tensor t", "expected an object");
-
     expect_open_error(tu_tmp_path("does_not_exist.safetensors"), ERR_INPUT, "cannot open", NULL); // ENOENT is ERR_INPUT
-#undef T1
 }
 
 // ---- folders -------------------------------------------------------------------
