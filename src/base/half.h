@@ -1,4 +1,5 @@
-// IEEE fp16 and bfloat16 <-> fp32 conversions (round to nearest even).
+// IEEE fp16 and bfloat16 <-> fp32 conversions (round to nearest even), one
+// value at a time and in rows.
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -67,4 +68,41 @@ static inline uint16_t f32_to_f16(float f) {
     uint32_t rem = mant & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
     return (uint16_t)h;
+}
+
+// Rows of n values. The 16-bit side may sit at any byte offset (file data:
+// safetensors tensors, GGUF rows), so it is read and written with memcpy. The
+// callers parallelise over rows.
+static inline void f16_row_to_f32(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = (const uint8_t *)src;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        dst[i] = f16_to_f32(h);
+    }
+}
+
+static inline void bf16_row_to_f32(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = (const uint8_t *)src;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+    }
+}
+
+static inline void f32_row_to_f16(const float *src, void *dst, int64_t n) {
+    uint8_t *p = (uint8_t *)dst;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = f32_to_f16(src[i]);
+        memcpy(p + 2 * i, &h, 2);
+    }
+}
+
+static inline void f32_row_to_bf16(const float *src, void *dst, int64_t n) {
+    uint8_t *p = (uint8_t *)dst;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = f32_to_bf16(src[i]);
+        memcpy(p + 2 * i, &h, 2);
+    }
 }

@@ -1,5 +1,6 @@
 #include "base/strbuf.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,3 +24,28 @@ void strbuf_putn(strbuf_t *b, const char *s, size_t n) {
 }
 
 void strbuf_puts(strbuf_t *b, const char *s) { strbuf_putn(b, s, strlen(s)); }
+
+void strbuf_json_str(strbuf_t *b, const char *s) {
+    strbuf_puts(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        switch (c) {
+        case '"': strbuf_puts(b, "\\\""); break;
+        case '\\': strbuf_puts(b, "\\\\"); break;
+        case '\b': strbuf_puts(b, "\\b"); break;
+        case '\f': strbuf_puts(b, "\\f"); break;
+        case '\n': strbuf_puts(b, "\\n"); break;
+        case '\r': strbuf_puts(b, "\\r"); break;
+        case '\t': strbuf_puts(b, "\\t"); break;
+        default:
+            if (c < 0x20) {
+                char u[8];
+                snprintf(u, sizeof u, "\\u%04x", c);
+                strbuf_puts(b, u);
+            } else {
+                strbuf_putn(b, s, 1);
+            }
+        }
+    }
+    strbuf_puts(b, "\"");
+}

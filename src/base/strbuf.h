@@ -18,6 +18,12 @@ typedef struct {
 
 void strbuf_putn(strbuf_t *b, const char *s, size_t n);
 void strbuf_puts(strbuf_t *b, const char *s);
+// s as a JSON string literal (the one escaper of the JSON writers), escaped as Python's json.dumps(ensure_ascii=False)
+// and serde_json (the safetensors reference writer) both escape: '"' and '\\'
+// backslashed, \b \f \n \r \t in their short forms, the other control
+// characters below 0x20 as \u00xx (lower-case hex); every other byte, UTF-8
+// included, is copied as it is (the callers check UTF-8 where it matters).
+void strbuf_json_str(strbuf_t *b, const char *s);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 
 #include "base/err.h"
 #include "base/fs.h"
+#include "base/jsonb.h"
 #include "base/log.h"
 #include "base/strbuf.h"
 
@@ -90,11 +91,12 @@ static int j_str(const char *src, const cJSON *o, const char *pre, const char *k
 }
 
 // Python's json keeps the last of duplicate keys, cJSON the first: refuse them.
-static int no_dup_keys(const char *src, const char *what, const cJSON *o) {
+// pre is the object's path ("gdn_cfg."), so the message names the key in full.
+static int no_dup_keys(const char *src, const char *pre, const cJSON *o) {
     for (const cJSON *a = o ? o->child : NULL; a; a = a->next)
         for (const cJSON *b = a->next; b; b = b->next)
             if (a->string && b->string && !strcmp(a->string, b->string))
-                return err_set(ERR_INPUT, "%s: %sduplicate key %s", src, what, a->string);
+                return err_set(ERR_INPUT, "%s: duplicate key %s%s", src, pre, a->string);
     return 0;
 }
 
@@ -118,29 +120,33 @@ static int parse_root(const char *text, const char *src, cJSON **root) {
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-// The scaling type of a rope dict: "rope_type", or "type" (older transformers,
-// X-EcoMLA). NULL when neither is present.
-static int rope_type_of(const char *src, const char *pre, const cJSON *rs, const char **type) {
+// What every rope dict starts with: absent or null (*type stays NULL), else an
+// object without duplicate keys whose scaling type is given as "rope_type" or
+// "type" (older transformers, X-EcoMLA), the two agreeing when both are there.
+// p receives "<name>." for the field names in messages.
+static int rope_dict(const char *src, const char *name, const cJSON *rs, char *p, size_t cap, const char **type) {
+    *type = NULL;
+    snprintf(p, cap, "%s.", name);
+    if (!present(rs)) return 0;
+    if (!cJSON_IsObject(rs)) return bad(src, "", name, "an object or null", rs);
+    TRY(no_dup_keys(src, p, rs));
     const char *t1 = NULL, *t2 = NULL;
-    TRY(j_str(src, rs, pre, "rope_type", 0, &t1));
-    TRY(j_str(src, rs, pre, "type", 0, &t2));
+    TRY(j_str(src, rs, p, "rope_type", 0, &t1));
+    TRY(j_str(src, rs, p, "type", 0, &t2));
     if (t1 && t2 && strcmp(t1, t2))
-        return err_set(ERR_INPUT, "%s: field %srope_type \"%s\" and %stype \"%s\" disagree", src, pre, t1, pre, t2);
+        return err_set(ERR_INPUT, "%s: field %srope_type \"%s\" and %stype \"%s\" disagree", src, p, t1, p, t2);
     *type = t1 ? t1 : t2;
+    if (!*type) return missing(src, p, "rope_type");
     return 0;
 }
 
 // transformers' rope dict (rope_scaling, or v5 rope_parameters) for the teacher
 // attention. max_pos is the default of yarn's original_max_position_embeddings.
 static int parse_rope_hf(const char *src, const char *pre, const cJSON *rs, int max_pos, rope_cfg_t *r) {
-    if (!present(rs)) return 0;
-    if (!cJSON_IsObject(rs)) return bad(src, "", pre, "an object or null", rs);
     char p[64];
-    snprintf(p, sizeof p, "%s.", pre);
-    TRY(no_dup_keys(src, p, rs));
-    const char *type = NULL;
-    TRY(rope_type_of(src, p, rs, &type));
-    if (!type) return missing(src, p, "rope_type");
+    const char *type;
+    TRY(rope_dict(src, pre, rs, p, sizeof p, &type));
+    if (!type) return 0;
     if (!strcmp(type, "default")) {
         r->scaling = ROPE_SCALE_NONE;
     } else if (!strcmp(type, "linear")) {
@@ -189,13 +195,10 @@ static int parse_rope_hf(const char *src, const char *pre, const cJSON *rs, int 
 // X-EcoMLA, whose configs omit it).
 static int parse_rope_mla(const char *src, const cJSON *rs, rope_cfg_t *r) {
     r->scaling = ROPE_SCALE_NONE;
-    if (!present(rs)) return 0;
-    const char *p = "rope_scaling.";
-    if (!cJSON_IsObject(rs)) return bad(src, "", "rope_scaling", "an object or null", rs);
-    TRY(no_dup_keys(src, p, rs));
-    const char *type = NULL;
-    TRY(rope_type_of(src, p, rs, &type));
-    if (!type) return missing(src, p, "rope_type");
+    char p[64];
+    const char *type;
+    TRY(rope_dict(src, "rope_scaling", rs, p, sizeof p, &type));
+    if (!type) return 0;
     if (!strcmp(type, "yarn")) {
         r->scaling = ROPE_SCALE_YARN;
         r->orig_max_pos = 4096;
@@ -479,7 +482,7 @@ static int parse_ranks(const char *src, const cJSON *root, arch_t *a) {
     const cJSON *lr = jget(root, "layer_rank_list");
     if (!present(lr)) return 0;
     if (!cJSON_IsObject(lr)) return bad(src, "", "layer_rank_list", "an object", lr);
-    TRY(no_dup_keys(src, "layer_rank_list: ", lr));
+    TRY(no_dup_keys(src, "layer_rank_list.", lr));
     const cJSON *e;
     cJSON_ArrayForEach(e, lr) {
         char *end;
@@ -715,28 +718,6 @@ static void fmt_num(double v, int single, char *out, size_t cap) {
     }
 }
 
-static void put_json_string(strbuf_t *b, const char *s) {
-    strbuf_puts(b, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char t[8] = {0};
-        if (c == '"')
-            strbuf_puts(b, "\\\"");
-        else if (c == '\\')
-            strbuf_puts(b, "\\\\");
-        else if (c == '\n')
-            strbuf_puts(b, "\\n");
-        else if (c < 0x20) {
-            snprintf(t, sizeof t, "\\u%04x", c);
-            strbuf_puts(b, t);
-        } else {
-            t[0] = (char)c;
-            strbuf_puts(b, t);
-        }
-    }
-    strbuf_puts(b, "\"");
-}
-
 static void put_indent(strbuf_t *b, int n) {
     for (int i = 0; i < n; i++)
         strbuf_puts(b, " ");
@@ -753,7 +734,7 @@ static void put_value(strbuf_t *b, const cJSON *j, int indent, int level) {
     else if (cJSON_IsFalse(j))
         strbuf_puts(b, "false");
     else if (cJSON_IsString(j))
-        put_json_string(b, j->valuestring);
+        strbuf_json_str(b, j->valuestring);
     else if (cJSON_IsNumber(j)) {
         snprintf(t, sizeof t, "%lld", (long long)j->valuedouble); // the writers make integers only
         strbuf_puts(b, t);
@@ -767,7 +748,7 @@ static void put_value(strbuf_t *b, const cJSON *j, int indent, int level) {
         for (const cJSON *e = j->child; e; e = e->next) {
             put_indent(b, indent * (level + 1));
             if (obj) {
-                put_json_string(b, e->string);
+                strbuf_json_str(b, e->string);
                 strbuf_puts(b, ": ");
             }
             put_value(b, e, indent, level + 1);
@@ -803,49 +784,24 @@ static int sort_keys(cJSON *o) {
     return 0;
 }
 
-// Tree building that remembers an allocation failure instead of checking each call.
-typedef struct {
-    int oom;
-} jb_t;
-
-static cJSON *add(jb_t *jb, cJSON *o, const char *key, cJSON *v) {
-    if (!v || !o) {
-        jb->oom = 1;
-        cJSON_Delete(v);
-        return NULL;
-    }
-    if (!(cJSON_IsArray(o) ? cJSON_AddItemToArray(o, v) : cJSON_AddItemToObject(o, key, v))) {
-        jb->oom = 1;
-        cJSON_Delete(v);
-        return NULL;
-    }
-    return v;
-}
-static cJSON *add_int(jb_t *jb, cJSON *o, const char *key, long long v) {
-    return add(jb, o, key, cJSON_CreateNumber((double)v));
-}
+// A number as Python prints it, written as raw text.
 static cJSON *add_num(jb_t *jb, cJSON *o, const char *key, double v, int single) {
     char t[64];
     fmt_num(v, single, t, sizeof t);
-    return add(jb, o, key, cJSON_CreateRaw(t));
+    return jb_add(jb, o, key, cJSON_CreateRaw(t));
 }
 static cJSON *add_flt(jb_t *jb, cJSON *o, const char *key, float v) { return add_num(jb, o, key, v, 1); }
-static cJSON *add_bool(jb_t *jb, cJSON *o, const char *key, int v) { return add(jb, o, key, cJSON_CreateBool(v)); }
-static cJSON *add_str(jb_t *jb, cJSON *o, const char *key, const char *v) {
-    return add(jb, o, key, cJSON_CreateString(v));
-}
-static cJSON *add_null(jb_t *jb, cJSON *o, const char *key) { return add(jb, o, key, cJSON_CreateNull()); }
 
 // An id list as transformers writes it: one integer, or a list when several.
 static void add_ids(jb_t *jb, cJSON *o, const char *key, const int *ids, int n) {
     if (n == 0) {
-        add_null(jb, o, key);
+        jb_null(jb, o, key);
     } else if (n == 1) {
-        add_int(jb, o, key, ids[0]);
+        jb_int(jb, o, key, ids[0]);
     } else {
-        cJSON *l = add(jb, o, key, cJSON_CreateArray());
+        cJSON *l = jb_arr(jb, o, key);
         for (int i = 0; i < n; i++)
-            add_int(jb, l, NULL, ids[i]);
+            jb_int(jb, l, NULL, ids[i]);
     }
 }
 
@@ -867,62 +823,62 @@ static int write_tree(cJSON *root, jb_t *jb, int indent, int sorted, const char 
 // The teacher rope as a transformers rope_scaling dict (or null).
 static void add_rope_hf(jb_t *jb, cJSON *o, const char *key, const rope_cfg_t *r) {
     if (r->scaling == ROPE_SCALE_NONE) {
-        add_null(jb, o, key);
+        jb_null(jb, o, key);
         return;
     }
-    cJSON *s = add(jb, o, key, cJSON_CreateObject());
+    cJSON *s = jb_obj(jb, o, key);
     add_flt(jb, s, "factor", r->factor);
     if (r->scaling == ROPE_SCALE_LINEAR) {
-        add_str(jb, s, "rope_type", "linear");
+        jb_str(jb, s, "rope_type", "linear");
     } else if (r->scaling == ROPE_SCALE_LLAMA3) {
         add_flt(jb, s, "low_freq_factor", r->low_freq_factor);
         add_flt(jb, s, "high_freq_factor", r->high_freq_factor);
-        add_int(jb, s, "original_max_position_embeddings", r->orig_max_pos);
-        add_str(jb, s, "rope_type", "llama3");
+        jb_int(jb, s, "original_max_position_embeddings", r->orig_max_pos);
+        jb_str(jb, s, "rope_type", "llama3");
     } else {
-        add_int(jb, s, "original_max_position_embeddings", r->orig_max_pos);
+        jb_int(jb, s, "original_max_position_embeddings", r->orig_max_pos);
         if (r->beta_fast != 32.0f) add_flt(jb, s, "beta_fast", r->beta_fast);
         if (r->beta_slow != 1.0f) add_flt(jb, s, "beta_slow", r->beta_slow);
         if (r->attn_factor > 0) add_flt(jb, s, "attention_factor", r->attn_factor);
-        add_str(jb, s, "rope_type", "yarn");
+        jb_str(jb, s, "rope_type", "yarn");
     }
 }
 
 int cfg_write_config_json(const arch_t *a, const char *path) {
     jb_t jb = {0};
     int qwen3 = !strcmp(a->model_type, "qwen3");
-    cJSON *o = cJSON_CreateObject();
-    cJSON *arr = add(&jb, o, "architectures", cJSON_CreateArray());
-    add_str(&jb, arr, NULL, qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
-    add_str(&jb, o, "model_type", qwen3 ? "qwen3" : "llama");
-    add_bool(&jb, o, "attention_bias", 0);
+    cJSON *o = jb_root(&jb);
+    cJSON *arr = jb_arr(&jb, o, "architectures");
+    jb_str(&jb, arr, NULL, qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+    jb_str(&jb, o, "model_type", qwen3 ? "qwen3" : "llama");
+    jb_bool(&jb, o, "attention_bias", 0);
     add_num(&jb, o, "attention_dropout", 0.0, 0);
     add_ids(&jb, o, "bos_token_id", &a->bos_id, a->bos_id >= 0);
     add_ids(&jb, o, "eos_token_id", a->eos_ids, a->n_eos);
-    if (a->pad_id >= 0) add_int(&jb, o, "pad_token_id", a->pad_id);
-    add_int(&jb, o, "head_dim", a->dh);
-    add_str(&jb, o, "hidden_act", "silu");
-    add_int(&jb, o, "hidden_size", a->d);
+    if (a->pad_id >= 0) jb_int(&jb, o, "pad_token_id", a->pad_id);
+    jb_int(&jb, o, "head_dim", a->dh);
+    jb_str(&jb, o, "hidden_act", "silu");
+    jb_int(&jb, o, "hidden_size", a->d);
     add_num(&jb, o, "initializer_range", 0.02, 0);
-    add_int(&jb, o, "intermediate_size", a->ffn);
-    add_int(&jb, o, "max_position_embeddings", a->max_pos);
-    add_int(&jb, o, "num_attention_heads", a->H);
-    add_int(&jb, o, "num_hidden_layers", a->n_layers);
-    add_int(&jb, o, "num_key_value_heads", a->Hkv);
+    jb_int(&jb, o, "intermediate_size", a->ffn);
+    jb_int(&jb, o, "max_position_embeddings", a->max_pos);
+    jb_int(&jb, o, "num_attention_heads", a->H);
+    jb_int(&jb, o, "num_hidden_layers", a->n_layers);
+    jb_int(&jb, o, "num_key_value_heads", a->Hkv);
     add_flt(&jb, o, "rms_norm_eps", a->eps);
     add_rope_hf(&jb, o, "rope_scaling", &a->rope);
     add_flt(&jb, o, "rope_theta", a->rope.theta);
-    add_bool(&jb, o, "tie_word_embeddings", a->tie_embeddings);
-    add_str(&jb, o, "torch_dtype", "bfloat16");
-    add_bool(&jb, o, "use_cache", 1);
-    add_int(&jb, o, "vocab_size", a->V);
+    jb_bool(&jb, o, "tie_word_embeddings", a->tie_embeddings);
+    jb_str(&jb, o, "torch_dtype", "bfloat16");
+    jb_bool(&jb, o, "use_cache", 1);
+    jb_int(&jb, o, "vocab_size", a->V);
     if (qwen3) {
-        add_int(&jb, o, "max_window_layers", a->n_layers);
-        add_null(&jb, o, "sliding_window");
-        add_bool(&jb, o, "use_sliding_window", 0);
+        jb_int(&jb, o, "max_window_layers", a->n_layers);
+        jb_null(&jb, o, "sliding_window");
+        jb_bool(&jb, o, "use_sliding_window", 0);
     } else {
-        add_bool(&jb, o, "mlp_bias", 0);
-        add_int(&jb, o, "pretraining_tp", 1);
+        jb_bool(&jb, o, "mlp_bias", 0);
+        jb_int(&jb, o, "pretraining_tp", 1);
     }
     return write_tree(o, &jb, 2, 1, path);
 }
@@ -948,90 +904,90 @@ int cfg_write_hybrid_config(const arch_t *a, const char *path) {
         m2.d_inner = a->H * a->dh;
         m2.d_xb = a->Hkv * a->dh;
     }
-    cJSON *o = cJSON_CreateObject();
-    add_int(&jb, o, "hidden_size", a->d);
-    add_int(&jb, o, "intermediate_size", a->ffn);
-    add_str(&jb, o, "hidden_act", "silu");
-    add_int(&jb, o, "n_layer", a->n_layers);
-    cJSON *ml = add(&jb, o, "mla_layers", cJSON_CreateArray());
+    cJSON *o = jb_root(&jb);
+    jb_int(&jb, o, "hidden_size", a->d);
+    jb_int(&jb, o, "intermediate_size", a->ffn);
+    jb_str(&jb, o, "hidden_act", "silu");
+    jb_int(&jb, o, "n_layer", a->n_layers);
+    cJSON *ml = jb_arr(&jb, o, "mla_layers");
     for (int l = 0; l < a->n_layers; l++)
-        if (a->kind[l] == LAYER_MLA) add_int(&jb, ml, NULL, l);
+        if (a->kind[l] == LAYER_MLA) jb_int(&jb, ml, NULL, l);
     add_flt(&jb, o, "rms_norm_eps", a->eps);
-    add_int(&jb, o, "num_attention_heads", a->H);
-    add_int(&jb, o, "num_key_value_heads", m->n_kv);
-    add_int(&jb, o, "kv_lora_rank", m->r_kv);
+    jb_int(&jb, o, "num_attention_heads", a->H);
+    jb_int(&jb, o, "num_key_value_heads", m->n_kv);
+    jb_int(&jb, o, "kv_lora_rank", m->r_kv);
     if (m->r_q > 0)
-        add_int(&jb, o, "q_lora_rank", m->r_q);
+        jb_int(&jb, o, "q_lora_rank", m->r_q);
     else
-        add_null(&jb, o, "q_lora_rank");
-    add_bool(&jb, o, "use_lora_layer_norm", m->latent_norm);
-    add_bool(&jb, o, "use_full_kv_head", m->n_kv == a->H && a->Hkv != a->H);
-    add_int(&jb, o, "qk_rope_head_dim", m->d_rope);
-    add_int(&jb, o, "v_head_dim", m->d_v);
-    add_int(&jb, o, "qk_nope_head_dim", m->d_nope);
-    add_int(&jb, o, "qkv_rank_divisor", 8);
-    add_int(&jb, o, "max_position_embeddings", a->max_pos);
+        jb_null(&jb, o, "q_lora_rank");
+    jb_bool(&jb, o, "use_lora_layer_norm", m->latent_norm);
+    jb_bool(&jb, o, "use_full_kv_head", m->n_kv == a->H && a->Hkv != a->H);
+    jb_int(&jb, o, "qk_rope_head_dim", m->d_rope);
+    jb_int(&jb, o, "v_head_dim", m->d_v);
+    jb_int(&jb, o, "qk_nope_head_dim", m->d_nope);
+    jb_int(&jb, o, "qkv_rank_divisor", 8);
+    jb_int(&jb, o, "max_position_embeddings", a->max_pos);
     add_flt(&jb, o, "rope_theta", m->rope.theta);
     if (m->rope.scaling == ROPE_SCALE_NONE) {
-        add_null(&jb, o, "rope_scaling");
+        jb_null(&jb, o, "rope_scaling");
     } else {
         const rope_cfg_t *r = &m->rope;
-        cJSON *s = add(&jb, o, "rope_scaling", cJSON_CreateObject());
+        cJSON *s = jb_obj(&jb, o, "rope_scaling");
         add_flt(&jb, s, "factor", r->factor);
         if (r->scaling == ROPE_SCALE_YARN) {
-            add_int(&jb, s, "original_max_position_embeddings", r->orig_max_pos);
-            add_str(&jb, s, "rope_type", "yarn");
+            jb_int(&jb, s, "original_max_position_embeddings", r->orig_max_pos);
+            jb_str(&jb, s, "rope_type", "yarn");
             if (r->beta_fast != 32.0f) add_flt(&jb, s, "beta_fast", r->beta_fast);
             if (r->beta_slow != 1.0f) add_flt(&jb, s, "beta_slow", r->beta_slow);
             if (r->mscale != 1.0f) add_flt(&jb, s, "mscale", r->mscale);
             if (r->mscale_all_dim != 0.0f) add_flt(&jb, s, "mscale_all_dim", r->mscale_all_dim);
         } else if (r->scaling == ROPE_SCALE_LINEAR) {
-            add_str(&jb, s, "rope_type", "linear");
+            jb_str(&jb, s, "rope_type", "linear");
         } else {
             cJSON_Delete(o);
             return err_set(ERR_UNSUP, "%s: MLA rope scaling llama3 has no hybrid_config.json form", path);
         }
     }
-    add_bool(&jb, o, "attention_bias", 0);
+    jb_bool(&jb, o, "attention_bias", 0);
     add_num(&jb, o, "attention_dropout", 0.0, 0);
-    add_str(&jb, o, "rope_type", "yarn");
-    add_int(&jb, o, "d_model", a->d);
-    cJSON *sc = add(&jb, o, "ssm_cfg", cJSON_CreateObject());
-    add_int(&jb, sc, "expand", 1);
-    add_int(&jb, sc, "ngroups", m2.n_heads);
-    add_int(&jb, sc, "d_state", m2.d_state);
-    add_bool(&jb, sc, "repeat_kv_before_conv", 0);
-    add_int(&jb, o, "d_inner", m2.d_inner);
-    add_int(&jb, o, "d_xb", m2.d_xb);
-    add_str(&jb, o, "linear_type", n_gdn ? "gdn" : "mamba");
+    jb_str(&jb, o, "rope_type", "yarn");
+    jb_int(&jb, o, "d_model", a->d);
+    cJSON *sc = jb_obj(&jb, o, "ssm_cfg");
+    jb_int(&jb, sc, "expand", 1);
+    jb_int(&jb, sc, "ngroups", m2.n_heads);
+    jb_int(&jb, sc, "d_state", m2.d_state);
+    jb_bool(&jb, sc, "repeat_kv_before_conv", 0);
+    jb_int(&jb, o, "d_inner", m2.d_inner);
+    jb_int(&jb, o, "d_xb", m2.d_xb);
+    jb_str(&jb, o, "linear_type", n_gdn ? "gdn" : "mamba");
     if (n_gdn) {
         const gdn_dims_t *g = &a->gdn;
-        cJSON *gc = add(&jb, o, "gdn_cfg", cJSON_CreateObject());
-        add_int(&jb, gc, "num_heads", g->n_heads);
-        add_int(&jb, gc, "num_v_heads", g->n_v_heads);
-        add_int(&jb, gc, "head_dim", g->head_k);
+        cJSON *gc = jb_obj(&jb, o, "gdn_cfg");
+        jb_int(&jb, gc, "num_heads", g->n_heads);
+        jb_int(&jb, gc, "num_v_heads", g->n_v_heads);
+        jb_int(&jb, gc, "head_dim", g->head_k);
         add_num(&jb, gc, "expand_v", (double)g->head_v / g->head_k, 0);
-        add_int(&jb, gc, "conv_size", g->conv);
-        add_bool(&jb, gc, "use_gate", g->use_gate);
+        jb_int(&jb, gc, "conv_size", g->conv);
+        jb_bool(&jb, gc, "use_gate", g->use_gate);
         add_flt(&jb, gc, "norm_eps", g->norm_eps);
-        add_bool(&jb, gc, "allow_neg_eigval", g->allow_neg_eigval);
+        jb_bool(&jb, gc, "allow_neg_eigval", g->allow_neg_eigval);
     }
     if (n_attn) {
-        cJSON *al = add(&jb, o, "attn_layers", cJSON_CreateArray());
+        cJSON *al = jb_arr(&jb, o, "attn_layers");
         for (int l = 0; l < a->n_layers; l++)
-            if (a->kind[l] == LAYER_ATTN) add_int(&jb, al, NULL, l);
+            if (a->kind[l] == LAYER_ATTN) jb_int(&jb, al, NULL, l);
     }
     if (ranks) {
         // Every MLA layer listed: the reader's inheritance rule would otherwise
         // give an unlisted layer its predecessor's ranks.
-        cJSON *lr = add(&jb, o, "layer_rank_list", cJSON_CreateObject());
+        cJSON *lr = jb_obj(&jb, o, "layer_rank_list");
         for (int l = 0; l < a->n_layers; l++) {
             if (a->kind[l] != LAYER_MLA) continue;
             char key[16];
             snprintf(key, sizeof key, "%d", l);
-            cJSON *e = add(&jb, lr, key, cJSON_CreateObject());
-            add_int(&jb, e, "q_rank", arch_mla_rq(a, l));
-            add_int(&jb, e, "kv_rank", arch_mla_rkv(a, l));
+            cJSON *e = jb_obj(&jb, lr, key);
+            jb_int(&jb, e, "q_rank", arch_mla_rq(a, l));
+            jb_int(&jb, e, "kv_rank", arch_mla_rkv(a, l));
         }
     }
     return write_tree(o, &jb, 4, 0, path);
@@ -1039,9 +995,9 @@ int cfg_write_hybrid_config(const arch_t *a, const char *path) {
 
 int cfg_write_generation_config(const arch_t *a, const char *path) {
     jb_t jb = {0};
-    cJSON *o = cJSON_CreateObject();
-    if (a->bos_id >= 0) add_int(&jb, o, "bos_token_id", a->bos_id);
+    cJSON *o = jb_root(&jb);
+    if (a->bos_id >= 0) jb_int(&jb, o, "bos_token_id", a->bos_id);
     if (a->n_eos) add_ids(&jb, o, "eos_token_id", a->eos_ids, a->n_eos);
-    if (a->pad_id >= 0) add_int(&jb, o, "pad_token_id", a->pad_id);
+    if (a->pad_id >= 0) jb_int(&jb, o, "pad_token_id", a->pad_id);
     return write_tree(o, &jb, 2, 1, path);
 }

@@ -103,17 +103,8 @@ void ggml_dequant(uint32_t type, const void *src, float *dst, int64_t n) {
     const uint8_t *b = src;
     switch (type) {
     case GGML_F32: memcpy(dst, b, (size_t)n * 4); break;
-    case GGML_F16:
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = rd_f16(b + 2 * i);
-        break;
-    case GGML_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, b + 2 * i, 2);
-            dst[i] = bf16_to_f32(h);
-        }
-        break;
+    case GGML_F16: f16_row_to_f32(b, dst, n); break;
+    case GGML_BF16: bf16_row_to_f32(b, dst, n); break;
     case GGML_Q4_0: deq_q4_0(b, dst, n); break;
     case GGML_Q4_1: deq_q4_1(b, dst, n); break;
     case GGML_Q8_0: deq_q8_0(b, dst, n); break;

@@ -11,6 +11,7 @@
 #include "base/half.h"
 #include "base/log.h"
 #include "base/strbuf.h"
+#include "base/utf8.h"
 
 // Tensor data is little-endian; we read and write it with memcpy.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -58,38 +59,6 @@ int st_dtype_from_name(const char *name) {
 }
 
 // ---- reader -----------------------------------------------------------------
-
-// Strict UTF-8 (no overlong forms, no surrogates, <= U+10FFFF), as the
-// reference reader requires of the header. Returns the offset of the first bad
-// byte, or n when the text is valid.
-static size_t utf8_check(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int len;
-        uint32_t cp, min;
-        if ((c & 0xe0) == 0xc0)
-            len = 2, cp = c & 0x1f, min = 0x80;
-        else if ((c & 0xf0) == 0xe0)
-            len = 3, cp = c & 0x0f, min = 0x800;
-        else if ((c & 0xf8) == 0xf0)
-            len = 4, cp = c & 0x07, min = 0x10000;
-        else
-            return i;
-        if ((size_t)len > n - i) return i;
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-        i += (size_t)len;
-    }
-    return n;
-}
 
 static const char *json_type_name(const cJSON *j) {
     if (cJSON_IsNull(j)) return "null";
@@ -409,6 +378,9 @@ const char *st_meta(const st_file_t *f, const char *key) {
     return NULL;
 }
 
+// Conversions run in pieces of this many elements, in parallel.
+#define ST_PIECE ((int64_t)1 << 16)
+
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, float *out) {
     const uint8_t *src = t->data;
     int64_t n = t->numel;
@@ -416,23 +388,18 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, float *out) {
     switch (t->dtype) {
     case ST_F32: memcpy(out, src, (size_t)n * 4); return 0;
     case ST_F16:
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            out[i] = f16_to_f32(h);
-        }
-        return 0;
     case ST_BF16:
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            out[i] = bf16_to_f32(h);
+#pragma omp parallel for schedule(static) if (n > ST_PIECE)
+        for (int64_t i = 0; i < n; i += ST_PIECE) {
+            int64_t m = n - i < ST_PIECE ? n - i : ST_PIECE;
+            if (t->dtype == ST_F16)
+                f16_row_to_f32(src + 2 * i, out + i, m);
+            else
+                bf16_row_to_f32(src + 2 * i, out + i, m);
         }
         return 0;
     case ST_F64:
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > ST_PIECE)
         for (int64_t i = 0; i < n; i++) {
             double v;
             memcpy(&v, src + 8 * i, 8);
@@ -744,31 +711,6 @@ static void sb_fmt_u64(strbuf_t *b, uint64_t v) {
     strbuf_putn(b, t, (size_t)n);
 }
 
-// A JSON string literal (quotes, backslashes and control characters escaped).
-static void sb_json_str(strbuf_t *b, const char *s) {
-    strbuf_putn(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[8];
-        if (c == '"')
-            strbuf_putn(b, "\\\"", 2);
-        else if (c == '\\')
-            strbuf_putn(b, "\\\\", 2);
-        else if (c == '\n')
-            strbuf_putn(b, "\\n", 2);
-        else if (c == '\t')
-            strbuf_putn(b, "\\t", 2);
-        else if (c == '\r')
-            strbuf_putn(b, "\\r", 2);
-        else if (c < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            strbuf_putn(b, esc, 6);
-        } else
-            strbuf_putn(b, (const char *)&c, 1);
-    }
-    strbuf_putn(b, "\"", 1);
-}
-
 static uint64_t wbytes(const st_wtensor_t *t) { return (uint64_t)t->numel * (t->dtype == ST_F32 ? 4 : 2); }
 
 static int cmp_wtensor(const void *a, const void *b) {
@@ -783,14 +725,13 @@ static int write_tensor(afile_t *af, const st_wtensor_t *t, uint16_t *tmp, int64
     for (int64_t i0 = 0; i0 < t->numel; i0 += chunk) {
         int64_t n = t->numel - i0 < chunk ? t->numel - i0 : chunk;
         const float *x = t->data + i0;
-        if (t->dtype == ST_BF16) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++)
-                tmp[i] = f32_to_bf16(x[i]);
-        } else {
-#pragma omp parallel for schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++)
-                tmp[i] = f32_to_f16(x[i]);
+#pragma omp parallel for schedule(static) if (n > ST_PIECE)
+        for (int64_t i = 0; i < n; i += ST_PIECE) {
+            int64_t m = n - i < ST_PIECE ? n - i : ST_PIECE;
+            if (t->dtype == ST_BF16)
+                f32_row_to_bf16(x + i, tmp + i, m);
+            else
+                f32_row_to_f16(x + i, tmp + i, m);
         }
         TRY(fs_write(af, tmp, (size_t)n * 2));
     }
@@ -824,9 +765,9 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
                 break;
             }
             if (i) strbuf_puts(&h, ",");
-            sb_json_str(&h, meta[i]);
+            strbuf_json_str(&h, meta[i]);
             strbuf_puts(&h, ":");
-            sb_json_str(&h, meta[i + 1]);
+            strbuf_json_str(&h, meta[i + 1]);
         }
         strbuf_puts(&h, "}");
         first = 0;
@@ -836,7 +777,7 @@ int st_writer_write(const st_writer_t *w, const char *path, const char *const *m
         const st_wtensor_t *t = order[i];
         if (!first) strbuf_puts(&h, ",");
         first = 0;
-        sb_json_str(&h, t->name);
+        strbuf_json_str(&h, t->name);
         strbuf_puts(&h, ":{\"dtype\":\"");
         strbuf_puts(&h, st_dtype_name(t->dtype));
         strbuf_puts(&h, "\",\"shape\":[");

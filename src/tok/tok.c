@@ -7,6 +7,7 @@
 
 #include "base/err.h"
 #include "base/log.h"
+#include "base/utf8.h"
 #include "tok/tok_internal.h"
 
 // ---------------------------------------------------------------------------
@@ -62,81 +63,6 @@ uint32_t tok_byte_to_cp(uint8_t b) {
 int tok_cp_to_byte(uint32_t cp) {
     pthread_once(&g_map_once, byte_map_init);
     return cp < 256 + 68 ? g_c2b[cp] : -1;
-}
-
-int tok_utf8_put(uint32_t cp, char *o) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-// Allowed range of the second byte for a lead byte (Unicode Table 3-7: no
-// overlongs, no surrogates, nothing above U+10FFFF); *need = sequence length.
-static int utf8_lead(uint8_t b, int *need, uint8_t *lo, uint8_t *hi) {
-    *lo = 0x80, *hi = 0xBF;
-    if (b < 0x80) return *need = 1, 1;
-    if (b >= 0xC2 && b <= 0xDF) return *need = 2, 1;
-    if (b >= 0xE0 && b <= 0xEF) {
-        if (b == 0xE0) *lo = 0xA0;
-        if (b == 0xED) *hi = 0x9F;
-        return *need = 3, 1;
-    }
-    if (b >= 0xF0 && b <= 0xF4) {
-        if (b == 0xF0) *lo = 0x90;
-        if (b == 0xF4) *hi = 0x8F;
-        return *need = 4, 1;
-    }
-    return 0;
-}
-
-int tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
-    int need;
-    uint8_t lo, hi;
-    if (n == 0 || !utf8_lead(s[0], &need, &lo, &hi) || (size_t)need > n) return 0;
-    if (need == 1) return *cp = s[0], 1;
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (int i = 2; i < need; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    uint32_t c = s[0] & (0x7F >> need);
-    for (int i = 1; i < need; i++)
-        c = (c << 6) | (s[i] & 0x3F);
-    *cp = c;
-    return need;
-}
-
-// Length of the maximal prefix of s[0..n) that could still become one valid
-// sequence (0 if s[0] cannot start one); *complete says whether it is whole.
-static int utf8_prefix(const uint8_t *s, size_t n, int *complete) {
-    int need;
-    uint8_t lo, hi;
-    *complete = 0;
-    if (!utf8_lead(s[0], &need, &lo, &hi)) return 0;
-    int k = 1;
-    while (k < need && (size_t)k < n) {
-        uint8_t c = s[k];
-        int ok = k == 1 ? (c >= lo && c <= hi) : ((c & 0xC0) == 0x80);
-        if (!ok) return k; // broken: s[0..k) is a maximal invalid subpart
-        k++;
-    }
-    *complete = k == need;
-    return k;
 }
 
 // ---------------------------------------------------------------------------
@@ -198,7 +124,7 @@ int tok_build_vocab(tok_t *t, const char *src) {
         int raw = t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER;
         for (size_t k = 0; k < n;) {
             uint32_t cp;
-            int l = tok_utf8_next((const uint8_t *)s + k, n - k, &cp);
+            int l = utf8_next((const uint8_t *)s + k, n - k, &cp);
             int b = (!raw && l > 0) ? tok_cp_to_byte(cp) : -1;
             if (b >= 0) {
                 t->dec[d++] = (char)b;
@@ -404,7 +330,7 @@ int tok_build(tok_t *t, const char *src) {
 
     for (int b = 0; b < 256; b++) {
         char u[4];
-        int l = tok_utf8_put(tok_byte_to_cp((uint8_t)b), u);
+        int l = utf8_put(tok_byte_to_cp((uint8_t)b), u);
         t->byte_tok[b] = vmap_find(t, u, (size_t)l);
     }
 
@@ -621,7 +547,7 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
         char tmp[512];
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
-            m += (size_t)tok_utf8_put(tok_byte_to_cp((uint8_t)p[i]), tmp + m);
+            m += (size_t)utf8_put(tok_byte_to_cp((uint8_t)p[i]), tmp + m);
         int32_t id = vmap_find(t, tmp, m);
         if (id >= 0) {
             rc = push_ids(out, no, cap_o, &id, 1);
@@ -707,7 +633,7 @@ static int run_pass(const tok_t *t, enc_t *e, int k, const char *p, size_t n) {
         size_t ms = ov[0], me = ov[1];
         if (me == ms) { // empty match: skip one character, the gap goes on
             uint32_t cp;
-            int l = tok_utf8_next((const uint8_t *)p + ms, n - ms, &cp);
+            int l = utf8_next((const uint8_t *)p + ms, n - ms, &cp);
             at = ms + (size_t)(l > 0 ? l : 1);
             continue;
         }

@@ -163,10 +163,9 @@ typedef struct {
 // what each family does). *out malloc'ed. No template or an unrecognised one:
 // ERR_UNSUP naming it (the caller may fall back to plain text).
 int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out);
-const char *tok_chat_name(tok_chat_t c);
 
 // Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json into
-// dir (created if missing), each atomically.
+// dir (created if missing), each atomically; out of memory: ERR_NOMEM and no file.
 int tok_write_hf(const tok_t *t, const char *dir);
 const char *tok_pre_name(tok_pre_t p);
 

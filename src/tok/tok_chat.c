@@ -24,15 +24,6 @@
 #include "base/strbuf.h"
 #include "tok/tok_internal.h"
 
-const char *tok_chat_name(tok_chat_t c) {
-    switch (c) {
-    case TOK_CHAT_NONE: return "none";
-    case TOK_CHAT_CHATML: return "chatml";
-    case TOK_CHAT_LLAMA3: return "llama3";
-    default: return "unknown";
-    }
-}
-
 // The literal text after "<|im_start|>system" + newline up to "<|im_end|>",
 // when it is plain text in a Jinja string literal (no quotes, no expressions).
 // The newline may be a real one or the escape "\n".

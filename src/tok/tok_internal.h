@@ -23,12 +23,6 @@
 uint32_t tok_byte_to_cp(uint8_t b);
 int tok_cp_to_byte(uint32_t cp); // -1 if cp is not the image of a byte
 
-// UTF-8: encodes cp into out (4 bytes room), returns the length.
-int tok_utf8_put(uint32_t cp, char *out);
-// Length of the valid UTF-8 sequence starting at s (1..4) with its code point,
-// or 0 when s[0..n) does not start with one.
-int tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
-
 uint64_t tok_hash(const void *p, size_t n);
 
 // Loader helpers (tok.c). Before tok_build: n_vocab, blob/off/len, type filled;

@@ -3,7 +3,9 @@
 // in tests/fixtures/tok/strings.json against tests/fixtures/tok/smollm2_ids.json
 // (made by Hugging Face `tokenizers` through scripts/ref/tok_fixture.py),
 // streaming decode, chat templates of the three families, tok_write_hf ->
-// tok_load_json equivalence, loader errors.
+// tok_load_json equivalence, tok_write_hf failing cleanly on every allocation
+// failure, loader errors; the strict UTF-8 helpers (base/utf8)
+// the tokenizer decodes with.
 //
 //   build-tok/tests/tok/test_tok --write-hf DIR [MODEL.gguf]
 // writes our HF tokenizer files for the model (default $HYLO_MODEL) into DIR,
@@ -18,6 +20,7 @@
 
 #include "base/err.h"
 #include "base/fs.h"
+#include "base/utf8.h"
 #include "testutil.h"
 #include "tok/tok.h"
 
@@ -171,25 +174,76 @@ static uint64_t ids_hash(const int32_t *ids, int n) {
 }
 
 // Whether s[0..n) is entirely valid UTF-8.
-static int valid_utf8(const char *s, size_t n) {
-    const uint8_t *p = (const uint8_t *)s;
-    for (size_t i = 0; i < n;) {
-        uint8_t c = p[i];
-        int need = c < 0x80                 ? 1
-                   : c >= 0xC2 && c <= 0xDF ? 2
-                   : c >= 0xE0 && c <= 0xEF ? 3
-                   : c >= 0xF0 && c <= 0xF4 ? 4
-                                            : 0;
-        if (!need || i + (size_t)need > n) return 0;
-        for (int k = 1; k < need; k++)
-            if ((p[i + k] & 0xC0) != 0x80) return 0;
-        if (c == 0xE0 && p[i + 1] < 0xA0) return 0;
-        if (c == 0xED && p[i + 1] > 0x9F) return 0;
-        if (c == 0xF0 && p[i + 1] < 0x90) return 0;
-        if (c == 0xF4 && p[i + 1] > 0x8F) return 0;
-        i += (size_t)need;
+static int valid_utf8(const char *s, size_t n) { return utf8_check((const uint8_t *)s, n) == n; }
+
+// ---------------------------------------------------------------------------
+// UTF-8 (base/utf8, shared with the safetensors reader): the edges of every
+// range in Unicode Table 3-7, overlong forms, surrogates, past U+10FFFF,
+// truncated and broken sequences.
+
+static void test_utf8(void **state) {
+    (void)state;
+    static const struct {
+        const char *s;
+        int len;     // utf8_next: sequence length, 0 when invalid
+        uint32_t cp; // its code point
+        int prefix;  // utf8_prefix: longest prefix that is or may become valid
+    } cases[] = {
+        {"A", 1, 0x41, 1},
+        {"\x7f", 1, 0x7f, 1},
+        {"\xc2\x80", 2, 0x80, 2},
+        {"\xc3\xa9", 2, 0xe9, 2},
+        {"\xdf\xbf", 2, 0x7ff, 2},
+        {"\xe0\xa0\x80", 3, 0x800, 3},
+        {"\xed\x9f\xbf", 3, 0xd7ff, 3},
+        {"\xee\x80\x80", 3, 0xe000, 3},
+        {"\xef\xbf\xbf", 3, 0xffff, 3},
+        {"\xf0\x90\x80\x80", 4, 0x10000, 4},
+        {"\xf0\x9f\x98\x80", 4, 0x1f600, 4},
+        {"\xf4\x8f\xbf\xbf", 4, 0x10ffff, 4},
+        {"\x80", 0, 0, 0},             // a lone continuation byte
+        {"\xc0\x80", 0, 0, 0},         // overlong NUL
+        {"\xc1\xbf", 0, 0, 0},         // overlong U+7F
+        {"\xe0\x9f\xbf", 0, 0, 1},     // overlong U+7FF
+        {"\xed\xa0\x80", 0, 0, 1},     // surrogate U+D800
+        {"\xed\xbf\xbf", 0, 0, 1},     // surrogate U+DFFF
+        {"\xf0\x8f\xbf\xbf", 0, 0, 1}, // overlong U+FFFF
+        {"\xf4\x90\x80\x80", 0, 0, 1}, // U+110000
+        {"\xf5\x80\x80\x80", 0, 0, 0}, // lead byte past U+10FFFF
+        {"\xff", 0, 0, 0},             // never in UTF-8
+        {"\xc3\x28", 0, 0, 1},         // broken continuation
+        {"\xe2\x82\x28", 0, 0, 2},     // broken third byte
+        {"\xe2\x82", 0, 0, 2},         // truncated: may still complete
+        {"\xf0\x9f\x98", 0, 0, 3},     // truncated
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const uint8_t *s = (const uint8_t *)cases[i].s;
+        size_t n = strlen(cases[i].s);
+        uint32_t cp = 0;
+        int l = utf8_next(s, n, &cp);
+        if (l != cases[i].len || (l && cp != cases[i].cp))
+            fail_msg("case %zu: utf8_next %d U+%04X, expected %d U+%04X", i, l, (unsigned)cp, cases[i].len,
+                     (unsigned)cases[i].cp);
+        // utf8_check: the offset of the bad sequence, after a valid prefix.
+        char buf[16];
+        snprintf(buf, sizeof buf, "ab%s", cases[i].s);
+        size_t want = l ? 2 + n : 2;
+        assert_int_equal(utf8_check((const uint8_t *)buf, strlen(buf)), want);
+        int complete = -1;
+        assert_int_equal(utf8_prefix(s, n, &complete), cases[i].prefix);
+        assert_int_equal(complete, l > 0);
+        if (l) { // the encoder gives the same bytes back
+            char out[4];
+            assert_int_equal(utf8_put(cp, out), l);
+            assert_memory_equal(out, s, (size_t)l);
+        }
     }
-    return 1;
+    uint32_t cp;
+    assert_int_equal(utf8_next((const uint8_t *)"", 0, &cp), 0);
+    assert_int_equal(utf8_check((const uint8_t *)"", 0), 0);
+    // Only the first n bytes count: a sequence cut by n is invalid.
+    assert_int_equal(utf8_next((const uint8_t *)"\xc3\xa9", 1, &cp), 0);
+    assert_int_equal(utf8_check((const uint8_t *)"x\xc3\xa9", 2), 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -992,6 +1046,42 @@ static void test_write_hf_roundtrip(void **state) {
     tok_free(&u);
 }
 
+// cJSON's allocations go through this hook in test_write_hf_oom: it counts
+// them and fails the g_fail_at-th (1-based; 0 fails none).
+static long g_allocs, g_fail_at;
+static void *failing_malloc(size_t n) { return ++g_allocs == g_fail_at ? NULL : malloc(n); }
+
+// tok_write_hf with each of its cJSON allocations failing in turn: an error
+// and no file every time. (A failed vocabulary, merge or special-token entry
+// used to be left out and the files written as a success.)
+static void test_write_hf_oom(void **state) {
+    (void)state;
+    tok_t t;
+    load_mini(&t, LLAMA3_TMPL);
+    cJSON_Hooks hooks = {failing_malloc, free};
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/oom_none", tu_tmpdir());
+    g_allocs = 0, g_fail_at = 0;
+    cJSON_InitHooks(&hooks);
+    int rc = tok_write_hf(&t, dir);
+    cJSON_InitHooks(NULL);
+    assert_int_equal(rc, 0);
+    long total = g_allocs;
+    printf("  %ld cJSON allocations, each failed once\n", total);
+    assert_true(total > 500);
+    for (long k = 1; k <= total; k++) {
+        snprintf(dir, sizeof dir, "%s/oom_%ld", tu_tmpdir(), k);
+        g_allocs = 0, g_fail_at = k;
+        err_clear();
+        cJSON_InitHooks(&hooks);
+        rc = tok_write_hf(&t, dir);
+        cJSON_InitHooks(NULL);
+        if (rc != ERR_NOMEM) fail_msg("allocation %ld of %ld failing: rc %d (%s)", k, total, rc, err_msg());
+        if (fs_exists(dir)) fail_msg("allocation %ld of %ld failing: %s was created", k, total, dir);
+    }
+    tok_free(&t);
+}
+
 // ---------------------------------------------------------------------------
 // Loader errors
 
@@ -1241,6 +1331,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_eot_ids),
         cmocka_unit_test(test_roundtrip_essays),
+        cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_roundtrip_invalid_utf8),
         cmocka_unit_test(test_fixture_strings),
         cmocka_unit_test(test_fixture_essays),
@@ -1251,6 +1342,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_chat_qwen),
         cmocka_unit_test(test_llama3_json),
         cmocka_unit_test(test_write_hf_roundtrip),
+        cmocka_unit_test(test_write_hf_oom),
         cmocka_unit_test(test_json_errors),
         cmocka_unit_test(test_gguf_errors),
     };
