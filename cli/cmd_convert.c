@@ -174,9 +174,9 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
     if (s && !o->lin) o->lin = !strcmp(s, "gdn") ? LAYER_GDN : LAYER_M2;
     if (s && strcmp(s, "gdn") && strcmp(s, "mamba") && strcmp(s, "mamba2"))
         return err_set(ERR_INPUT, "%s: linear_type must be gdn or mamba (found '%s')", r->path, s);
-    if (!o->have_plan && recipe_find(r, "mla_layers")) {
+    if (!o->have_plan) {
         TRY(recipe_int_list(r, "mla_layers", &o->mla, &o->n_mla));
-        o->have_plan = 1;
+        if (o->mla) o->have_plan = 1; // a list, possibly empty (all linear); null is no plan
     }
     int64_t v;
     struct {

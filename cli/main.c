@@ -1,6 +1,5 @@
 // hylo: convert a pretrained Transformer into a long-context hybrid, train,
 // evaluate and serve it. This file dispatches to the subcommands.
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +7,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/parse.h"
 #include "cli/cli.h"
 
 static const char *usage =
@@ -58,24 +58,18 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
 int cli_flag(char **argv, int i, const char *name) { return !strcmp(argv[i], name); }
 
 int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || !*s || *end || errno || v < lo || v > hi)
+    int64_t v;
+    if (!parse_int(s, lo, hi, &v))
         return err_set(ERR_INPUT, "%s expects an integer in [%ld, %ld], got '%s' (see 'hylo %s --help')", name, lo, hi,
                        s ? s : "", cmd);
-    *out = v;
+    *out = (long)v;
     return 0;
 }
 
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = s ? strtod(s, &end) : 0;
-    if (!s || !*s || *end || errno || !(v >= lo && v <= hi))
+    if (!parse_double(s, lo, hi, out))
         return err_set(ERR_INPUT, "%s expects a number in [%g, %g], got '%s' (see 'hylo %s --help')", name, lo, hi,
                        s ? s : "", cmd);
-    *out = v;
     return 0;
 }
 

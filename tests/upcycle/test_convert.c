@@ -1,11 +1,15 @@
 // hylo convert end to end on a tiny teacher folder built in the test: the
 // stage-1 pure models, the stage-2 assembly from them by a layer plan, the
-// recipe YAML path, reproducible seeds, and the recipe's strictness.
+// recipe YAML path, reproducible seeds, and the recipe's strictness; and the
+// recipe reader's typed getters on their own (these are the recipe tests).
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "base/fs.h"
+#include "base/parse.h"
 #include "io/config.h"
+#include "io/recipe.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "testutil.h"
@@ -143,10 +147,81 @@ static void test_recipe_and_seed(void **st) {
     free(out);
 }
 
+// The recipe getters: YAML null (~, null, nothing) is an absent key for every
+// type; the number and list spellings are those of the command line.
+static void test_recipe_getters(void **st) {
+    const char *yaml = tu_tmp_path("getters.yaml");
+    const char *text = "seed: ~\n"
+                       "factor:\n"
+                       "q_lora_rank: null\n"
+                       "output_dir: ~\n"
+                       "mla_layers: ~\n"
+                       "kv_lora_rank: 16\n"
+                       "learning_rate: 2.0e-4\n"
+                       "attn_layers: \"[0, 2, 4]\"\n"
+                       "ssm_layers: [1, 3]\n"
+                       "max_steps: 12x\n"
+                       "warmup_ratio: .\n"
+                       "layer_rank_list: [1, x]\n";
+    assert_int_equal(fs_write_all(yaml, text, strlen(text)), 0);
+    recipe_t r;
+    assert_int_equal(recipe_load(&r, yaml), 0);
+    int64_t v = -7;
+    double f = -7;
+    const char *s = "unset";
+    int *l = (int *)&v, n = -1;
+    assert_int_equal(recipe_int(&r, "seed", &v), 0); // was: "expected an integer, found '~'"
+    assert_int_equal(v, -7);
+    assert_int_equal(recipe_float(&r, "factor", &f), 0);
+    assert_float_equal(f, -7, 0);
+    assert_int_equal(recipe_int(&r, "q_lora_rank", &v), 0);
+    assert_int_equal(v, -7);
+    assert_int_equal(recipe_str(&r, "output_dir", &s), 0);
+    assert_string_equal(s, "unset");
+    assert_int_equal(recipe_int_list(&r, "mla_layers", &l, &n), 0);
+    assert_null(l);
+    assert_int_equal(n, 0);
+    assert_int_equal(recipe_int(&r, "save_steps", &v), 0); // absent
+    assert_int_equal(v, -7);
+    // present values
+    assert_int_equal(recipe_int(&r, "kv_lora_rank", &v), 0);
+    assert_int_equal(v, 16);
+    assert_int_equal(recipe_float(&r, "learning_rate", &f), 0);
+    assert_float_equal(f, 2.0e-4, 0);
+    assert_int_equal(recipe_int_list(&r, "attn_layers", &l, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(l[2], 4);
+    free(l);
+    assert_int_equal(recipe_int_list(&r, "ssm_layers", &l, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(l[1], 3);
+    free(l);
+    // wrong forms name the file, line and key
+    assert_int_equal(recipe_int(&r, "max_steps", &v), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "getters.yaml:10: key max_steps: expected an integer, found '12x'"));
+    assert_int_equal(recipe_float(&r, "warmup_ratio", &f), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "getters.yaml:11: key warmup_ratio"));
+    assert_int_equal(recipe_int_list(&r, "layer_rank_list", &l, &n), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "'x' is not a list"));
+    assert_int_equal(v, 16); // unchanged by the failures
+    recipe_free(&r);
+    // the list grammar shared with --mla-layers
+    int out[8];
+    assert_int_equal(parse_int_list("0,3,6", 0, 100, out, 8), 3);
+    assert_int_equal(parse_int_list(" [ 1 , 2 ] ", 0, 100, out, 8), 2);
+    assert_int_equal(out[1], 2);
+    assert_int_equal(parse_int_list("[]", 0, 100, out, 8), 0);
+    const char *bad[] = {"", "0,x", "0,", ",0", "0 1", "[0", "0]", "-1", "101", "1,,2", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(parse_int_list(bad[i], 0, 100, out, 8), -1);
+    assert_int_equal(parse_int_list("1,2,3", 0, 100, out, 2), -1); // over cap
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stage1_and_assembly),
         cmocka_unit_test(test_recipe_and_seed),
+        cmocka_unit_test(test_recipe_getters),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
