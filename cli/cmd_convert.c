@@ -1,6 +1,7 @@
 // hylo convert: a teacher Transformer -> an MLA + GDN / Mamba-2 hybrid
 // checkpoint, either upcycled from the teacher directly or assembled from two
 // stage-1 (layer-wise distilled) checkpoints by a layer plan.
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/parse.h"
 #include "base/timer.h"
 #include "cli/cli.h"
 #include "io/recipe.h"
@@ -60,23 +62,14 @@ typedef struct {
     int dtype, flags;
 } conv_opts_t;
 
-static int parse_list(const char *s, int **out, int *n) {
-    int cap = 16, k = 0;
-    int *v = malloc(cap * sizeof(int));
-    while (v && *s) {
-        char *end;
-        long x = strtol(s, &end, 10);
-        if (end == s || x < 0 || x > 100000 || (*end && *end != ',')) {
-            free(v);
-            return cli_usage("convert", "--mla-layers expects comma-separated layer indices, got '%s'", s);
-        }
-        if (k == cap) v = realloc(v, (size_t)(cap *= 2) * sizeof(int));
-        if (v) v[k++] = (int)x;
-        s = *end ? end + 1 : end;
-    }
-    if (!v) return cli_fail(err_set(ERR_NOMEM, "out of memory"));
-    *out = v;
-    *n = k;
+// --mla-layers LIST into o->mla: ERR_INPUT when LIST is not a list of indices.
+static int parse_mla_layers(const char *s, conv_opts_t *o) {
+    int cap = (int)(strlen(s) / 2 + 1);
+    free(o->mla); // a second --mla-layers is refused later as a second plan
+    if (!(o->mla = malloc((size_t)cap * sizeof(int)))) return err_set(ERR_NOMEM, "out of memory");
+    if ((o->n_mla = parse_int_list(s, 0, INT_MAX, o->mla, cap)) < 0)
+        return err_set(ERR_INPUT,
+                       "--mla-layers expects comma-separated layer indices, got '%s' (see 'hylo convert --help')", s);
     return 0;
 }
 
@@ -126,7 +119,7 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         if (done) continue;
         if ((r = cli_opt(argc, argv, &i, "--mla-layers", &v))) {
             if (r < 0) return cli_usage("convert", "--mla-layers needs a value");
-            TRY(parse_list(v, &o->mla, &o->n_mla));
+            TRY(parse_mla_layers(v, o));
             o->have_plan++;
         } else if ((r = cli_opt(argc, argv, &i, "--linear", &v))) {
             if (r < 0 || (strcmp(v, "gdn") && strcmp(v, "mamba2") && strcmp(v, "mamba")))
@@ -199,10 +192,20 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
     return 0;
 }
 
-// The layer plan as a list of MLA indices.
-static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
+// What the flags and the recipe together must give; a usage error (printed,
+// status 2) otherwise.
+static int usage_check(const conv_opts_t *o) {
+    if (!o->teacher) return cli_usage("convert", "missing --teacher PATH");
+    if (!o->out) return cli_usage("convert", "missing --out DIR");
+    if (!o->from_mla != !o->from_lin) return cli_usage("convert", "--from-mla and --from-linear go together");
     if (o->have_plan != 1)
         return cli_usage("convert", "give exactly one plan: --mla-layers, --mla-every, --all-mla or --all-linear");
+    return 0;
+}
+
+// The layer plan as a list of MLA indices, each a layer of the teacher and
+// listed once: checked here for the upcycling and the assembly alike.
+static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
     *mla = malloc((size_t)t->n_layers * sizeof(int));
     *n = 0;
     if (!*mla) return err_set(ERR_NOMEM, "out of memory");
@@ -212,11 +215,13 @@ static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n)
     else if (o->every)
         for (int l = 0; l < t->n_layers; l += o->every)
             (*mla)[(*n)++] = l;
-    else if (o->mla) {
-        if (o->n_mla > t->n_layers)
-            return err_set(ERR_INPUT, "more MLA layers than the teacher's %d layers", t->n_layers);
-        memcpy(*mla, o->mla, (size_t)o->n_mla * sizeof(int));
-        *n = o->n_mla;
+    for (int i = 0; !o->all_mla && !o->every && i < o->n_mla; i++) {
+        int l = o->mla[i];
+        if (l >= t->n_layers)
+            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, t->n_layers);
+        for (int j = 0; j < *n; j++)
+            if ((*mla)[j] == l) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
+        (*mla)[(*n)++] = l;
     }
     return 0;
 }
@@ -283,14 +288,15 @@ int cmd_convert(int argc, char **argv) {
     conv_opts_t o = {.seed = -1, .dtype = ST_F32};
     recipe_t rec = {0};
     int rc = parse(argc, argv, &o);
-    if (rc) return rc < 0 ? cli_fail(rc) : rc;
-    if (o.recipe && (rc = recipe_load(&rec, o.recipe)) == 0) rc = apply_recipe(&o, &rec);
-    if (rc < 0) return cli_fail(rc);
+    if (rc == 0 && o.recipe && (rc = recipe_load(&rec, o.recipe)) == 0) rc = apply_recipe(&o, &rec);
+    if (rc == 0) rc = usage_check(&o);
+    if (rc) {
+        free(o.mla);
+        recipe_free(&rec);
+        return rc < 0 ? cli_fail(rc) : rc;
+    }
     if (!o.lin) o.lin = LAYER_GDN;
     if (o.seed < 0) o.seed = 42;
-    if (!o.teacher) return cli_usage("convert", "missing --teacher PATH");
-    if (!o.out) return cli_usage("convert", "missing --out DIR");
-    if (!o.from_mla != !o.from_lin) return cli_usage("convert", "--from-mla and --from-linear go together");
     double t0 = time_now();
     arch_t t, s;
     wsrc_t *src = NULL;
@@ -300,11 +306,9 @@ int cmd_convert(int argc, char **argv) {
     tok_t tok = {0};
     rc = wsrc_open(&src, o.teacher, &t);
     if (rc == 0) rc = plan_layers(&o, &t, &mla, &n_mla);
-    if (rc > 0) goto done; // usage error already printed
     if (rc == 0 && o.from_mla) {
         rc = assemble(&o, &t, mla, n_mla, &s, src, &spt, &sw);
     } else if (rc == 0) {
-        if (o.all_lin) n_mla = 0;
         rc = upc_student_arch(&t, mla, n_mla, o.lin, &o.dims, &s);
         if (rc == 0) rc = ptable_build(&tpt, &t);
         if (rc == 0) rc = ptable_build(&spt, &s);
@@ -349,11 +353,10 @@ int cmd_convert(int argc, char **argv) {
         printf("\n  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
                tc ? 100.0 * hc / tc : 0.0);
     }
-done:
     tok_free(&tok);
     free(tw), free(sw), free(mla), free(o.mla);
     ptable_free(&tpt), ptable_free(&spt);
     wsrc_close(src);
     recipe_free(&rec);
-    return rc < 0 ? cli_fail(rc) : rc;
+    return rc < 0 ? cli_fail(rc) : 0;
 }

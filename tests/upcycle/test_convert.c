@@ -83,6 +83,24 @@ static void test_stage1_and_assembly(void **st) {
     // the hybrid runs
     snprintf(args, sizeof args, "info %s", H);
     assert_int_equal(tu_run_hylo(args, NULL), 0);
+    // MLA layer indices must be layers of the teacher, each listed once, on both
+    // paths (the assembly used to write kind[100000]: a crash; kind[5] of a
+    // 4-layer teacher: a hybrid with one MLA layer instead of two)
+    const char *plans[][2] = {{"1,5", "index 5 is out of range (the teacher has 4 layers)"},
+                              {"1,100000", "index 100000 is out of range"},
+                              {"3,1,3", "index 3 is listed twice"}};
+    char bad[400];
+    snprintf(bad, sizeof bad, "%s/bad_plan", tu_tmpdir());
+    for (int i = 0; i < 3; i++)
+        for (int assembly = 0; assembly < 2; assembly++) {
+            int n = snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers %s", T, bad, plans[i][0]);
+            if (assembly) snprintf(args + n, sizeof args - (size_t)n, " --from-mla %s --from-linear %s", A, B);
+            char *err;
+            assert_int_equal(tu_run_hylo(args, &err), 2);
+            assert_non_null(strstr(err, plans[i][1]));
+            free(err);
+            assert_false(fs_exists(bad));
+        }
     // a stage-1 checkpoint of the wrong kind is refused with its name
     snprintf(args, sizeof args, "convert --teacher %s --out %s/bad --mla-layers 1 --from-mla %s --from-linear %s", T,
              tu_tmpdir(), B, A);
