@@ -50,7 +50,9 @@ static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [op
                           "                      linear_ILD_path, output_dir, seed; flags override it\n"
                           "  --seed S            seed of the random initialisations (default 42)\n"
                           "  --dtype f32|bf16|f16  matrices' dtype in model.safetensors (default f32)\n"
-                          "  --allow-missing     tolerate missing / unknown tensors in the inputs\n";
+                          "  --allow-missing     a tensor missing from the teacher or a stage-1 checkpoint\n"
+                          "                      is left at zero, an unknown one ignored, each with a\n"
+                          "                      warning (default: an error naming it)\n";
 
 typedef struct {
     const char *teacher, *out, *from_mla, *from_lin, *recipe;
@@ -226,10 +228,37 @@ static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n)
     return 0;
 }
 
+// Reads a whole model source (the teacher or a stage-1 checkpoint, architecture
+// a) as model_load does: every tensor of its own table, missing or unknown ones
+// an error unless --allow-missing. Then copies into sw the student parameters
+// it supplies: the global ones (embedding, final norm, head) for kind -1, else
+// those of the student's layers of that kind. Holds one source at a time in
+// host memory beside the student, as the upcycling holds the teacher.
+static int take_params(wsrc_t *src, const arch_t *a, int flags, int kind, const arch_t *s, const ptable_t *spt,
+                       float *sw) {
+    ptable_t pt = {0};
+    float *w = NULL;
+    int rc = ptable_build(&pt, a);
+    if (rc == 0 && !(w = malloc((size_t)pt.total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    if (rc == 0) rc = model_read_host(src, &pt, w, flags);
+    for (int i = 0; rc == 0 && i < spt->n; i++) {
+        const param_t *p = &spt->p[i];
+        if (p->layer < 0 ? kind != -1 : (int)s->kind[p->layer] != kind) continue;
+        const param_t *q = ptable_find(&pt, p->name);
+        if (!q || q->nd != p->nd || memcmp(q->shape, p->shape, (size_t)p->nd * sizeof p->shape[0]))
+            rc = err_set(ERR_INPUT, "%s: %s does not have the assembled hybrid's shape", wsrc_path(src), p->name);
+        else
+            memcpy(sw + p->off, w + q->off, (size_t)p->numel * sizeof(float));
+    }
+    free(w);
+    ptable_free(&pt);
+    return rc;
+}
+
 // Stage-1 assembly: student layer l comes whole from the MLA checkpoint when
 // it is an MLA layer, else from the linear one; the rest from the teacher.
 static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n_mla, arch_t *s, wsrc_t *teacher,
-                    const ptable_t *spt_out, float **host_out) {
+                    ptable_t *spt, float **host_out) {
     arch_t am, al;
     wsrc_t *wm = NULL, *wl = NULL;
     TRY(wsrc_open(&wm, o->from_mla, &am));
@@ -259,18 +288,12 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
             s->kind[mla[i]] = LAYER_MLA;
         rc = arch_validate(s, "assembled hybrid");
     }
-    ptable_t *spt = (ptable_t *)spt_out;
     float *host = NULL;
     if (rc == 0) rc = ptable_build(spt, s);
     if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
-    for (int i = 0; rc == 0 && i < spt->n; i++) {
-        const param_t *p = &spt->p[i];
-        wsrc_t *src = p->layer < 0 ? teacher : s->kind[p->layer] == LAYER_MLA ? wm : wl;
-        if (p->layer < 0 && !strcmp(p->name, "lm_head.weight") && !wsrc_has(teacher, p->name))
-            rc = wsrc_read(teacher, "model.embed_tokens.weight", p->shape, p->nd, host + p->off);
-        else
-            rc = wsrc_read(src, p->name, p->shape, p->nd, host + p->off);
-    }
+    if (rc == 0) rc = take_params(teacher, t, o->flags, -1, s, spt, host);
+    if (rc == 0) rc = take_params(wm, &am, o->flags, LAYER_MLA, s, spt, host);
+    if (rc == 0) rc = take_params(wl, &al, o->flags, al.kind[0], s, spt, host);
     wsrc_close(wm);
     wsrc_close(wl);
     if (rc < 0)

@@ -2,6 +2,7 @@
 // stage-1 pure models, the stage-2 assembly from them by a layer plan, the
 // recipe YAML path, reproducible seeds, and the recipe's strictness; and the
 // recipe reader's typed getters on their own (these are the recipe tests).
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,11 +236,79 @@ static void test_recipe_getters(void **st) {
     assert_int_equal(parse_int_list("1,2,3", 0, 100, out, 2), -1); // over cap
 }
 
+// Renames a tensor inside a safetensors file (names of equal length, so the
+// header keeps its size): the old name goes missing and the new one is unknown.
+static void rename_tensor(const char *path, const char *from, const char *to) {
+    char *data;
+    size_t len;
+    assert_int_equal(fs_read_all(path, &data, &len), 0);
+    char *at = strstr(data + 8, from); // the JSON header follows its 8-byte length
+    assert_non_null(at);
+    assert_int_equal(strlen(from), strlen(to));
+    memcpy(at, to, strlen(to));
+    assert_int_equal(fs_write_all(path, data, len), 0);
+    free(data);
+}
+
+// The assembly reads its stage-1 checkpoints as strictly as model_load does:
+// a missing or unknown tensor is an error naming it, or with --allow-missing a
+// warning (missing ones left at zero). It used to read only the tensors it
+// took, never looked for unknown ones, and ignored --allow-missing.
+static void test_assembly_strictness(void **st) {
+    char T[300], A[300], B[300], H[300], part1[400], part2[400], args[1600], *err;
+    snprintf(T, sizeof T, "%s/teacher3", tu_tmpdir()), snprintf(A, sizeof A, "%s/mla3", tu_tmpdir());
+    snprintf(B, sizeof B, "%s/gdn3", tu_tmpdir()), snprintf(H, sizeof H, "%s/hybrid3", tu_tmpdir());
+    teacher(T);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --all-mla --r-q 16 --r-kv 16", T, A);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --all-linear --gdn-heads 2 --gdn-head-dim 16", T, B);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    // the MLA checkpoint as two files (a folder without model.safetensors is
+    // read from all its *.safetensors), the second holding an unknown tensor
+    snprintf(part1, sizeof part1, "%s/model.safetensors", A);
+    snprintf(part2, sizeof part2, "%s/part1.safetensors", A);
+    assert_int_equal(rename(part1, part2), 0);
+    snprintf(part1, sizeof part1, "%s/part1.safetensors", A);
+    snprintf(part2, sizeof part2, "%s/part2.safetensors", A);
+    st_writer_t w;
+    st_writer_init(&w);
+    float extra[2] = {1, 2};
+    assert_int_equal(st_writer_add(&w, "model.layers.0.mla.extra.weight", ST_F32, 1, (int64_t[]){2}, extra), 0);
+    assert_int_equal(st_writer_write(&w, part2, NULL), 0);
+    st_writer_free(&w);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers 1,3 --from-mla %s --from-linear %s", T, H,
+             A, B);
+    assert_int_equal(tu_run_hylo(args, &err), 2);
+    assert_non_null(strstr(err, "unknown tensor model.layers.0.mla.extra.weight"));
+    free(err);
+    assert_false(fs_exists(H));
+    // a missing tensor of a layer the plan takes
+    rename_tensor(part1, "model.layers.1.mla.kv_b_proj.weight", "model.layers.1.mla.kv_b_prxj.weight");
+    assert_int_equal(tu_run_hylo(args, &err), 2);
+    assert_non_null(strstr(err, "missing tensor model.layers.1.mla.kv_b_proj.weight"));
+    free(err);
+    assert_false(fs_exists(H));
+    strcat(args, " --allow-missing");
+    assert_int_equal(tu_run_hylo(args, &err), 0);
+    assert_non_null(strstr(err, "missing tensor model.layers.1.mla.kv_b_proj.weight: left at zero"));
+    assert_non_null(strstr(err, "ignoring unknown tensor model.layers.0.mla.extra.weight"));
+    assert_non_null(strstr(err, "ignoring unknown tensor model.layers.1.mla.kv_b_prxj.weight"));
+    free(err);
+    int64_t n;
+    float *kv = read_tensor(H, "model.layers.1.mla.kv_b_proj.weight", &n);
+    for (int64_t i = 0; i < n; i++)
+        assert_true(kv[i] == 0.0f);
+    free(kv);
+    same_tensor(H, A, "model.layers.3.mla.kv_b_proj.weight");
+    same_tensor(H, B, "model.layers.0.gdn.q_proj.weight");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stage1_and_assembly),
         cmocka_unit_test(test_recipe_and_seed),
         cmocka_unit_test(test_recipe_getters),
+        cmocka_unit_test(test_assembly_strictness),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
