@@ -8,10 +8,12 @@ int cli_fail(int rc);
 // Usage error: prints "hylo: error: <msg>" plus a hint to --help; returns 2.
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// Option scanning: `cli_opt(argc, argv, &i, "--temp", &val)` matches argv[i] as
-// "--temp VALUE" or "--temp=VALUE", advancing i past the value. Flags without
+// Option scanning: `cli_opt(cmd, argc, argv, &i, "--temp", &val)` matches
+// argv[i] as "--temp VALUE" or "--temp=VALUE", advancing i past the value: 1
+// when it matched, 0 when it did not, ERR_INPUT with the message set when the
+// value is missing (the caller returns it, as for cli_int). Flags without
 // value: cli_flag.
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val);
 int cli_flag(char **argv, int i, const char *name);
 // Numeric option values: 0, or ERR_INPUT with the message set (the caller
 // returns it; the command then exits through cli_fail with status 2).

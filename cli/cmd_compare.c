@@ -87,16 +87,16 @@ int cmd_compare(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--text", &v))) {
-            if (r < 0) return cli_usage("compare", "--text needs a value");
+        if ((r = cli_opt("compare", argc, argv, &i, "--text", &v))) {
+            if (r < 0) return cli_fail(r);
             text = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--device", &v))) {
-            if (r < 0) return cli_usage("compare", "--device needs a value");
+        } else if ((r = cli_opt("compare", argc, argv, &i, "--device", &v))) {
+            if (r < 0) return cli_fail(r);
             device = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--windows", &v))) {
-            if ((r = cli_int("compare", "--windows", v, 1, 100000, &windows)) < 0) return cli_fail(r);
-        } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
-            if ((r = cli_int("compare", "--tokens", v, 2, 1 << 20, &T)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("compare", argc, argv, &i, "--windows", &v))) {
+            if (r < 0 || (r = cli_int("compare", "--windows", v, 1, 100000, &windows)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("compare", argc, argv, &i, "--tokens", &v))) {
+            if (r < 0 || (r = cli_int("compare", "--tokens", v, 2, 1 << 20, &T)) < 0) return cli_fail(r);
         } else if (argv[i][0] == '-') {
             return cli_usage("compare", "unknown option '%s'", argv[i]);
         } else if (np < 2) {

@@ -108,33 +108,38 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         const char *v = NULL;
         int r = 0, done = 0;
         for (size_t k = 0; k < sizeof strs / sizeof strs[0] && !done; k++)
-            if ((r = cli_opt(argc, argv, &i, strs[k].flag, &v))) {
-                if (r < 0) return cli_usage("convert", "%s needs a value", strs[k].flag);
+            if ((r = cli_opt("convert", argc, argv, &i, strs[k].flag, &v))) {
+                TRY(r);
                 *strs[k].field = v;
                 done = 1;
             }
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
-            if ((r = cli_opt(argc, argv, &i, ints[k].flag, &v))) {
+            if ((r = cli_opt("convert", argc, argv, &i, ints[k].flag, &v))) {
+                TRY(r);
                 TRY(int_opt(ints[k].flag, v, ints[k].field));
                 done = 1;
             }
         if (done) continue;
-        if ((r = cli_opt(argc, argv, &i, "--mla-layers", &v))) {
-            if (r < 0) return cli_usage("convert", "--mla-layers needs a value");
+        if ((r = cli_opt("convert", argc, argv, &i, "--mla-layers", &v))) {
+            TRY(r);
             TRY(parse_mla_layers(v, o));
             o->have_plan++;
-        } else if ((r = cli_opt(argc, argv, &i, "--linear", &v))) {
-            if (r < 0 || (strcmp(v, "gdn") && strcmp(v, "mamba2") && strcmp(v, "mamba")))
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--linear", &v))) {
+            TRY(r);
+            if (strcmp(v, "gdn") && strcmp(v, "mamba2") && strcmp(v, "mamba"))
                 return cli_usage("convert", "--linear must be gdn or mamba2");
             o->lin = strcmp(v, "gdn") ? LAYER_M2 : LAYER_GDN;
-        } else if ((r = cli_opt(argc, argv, &i, "--yarn-factor", &v))) {
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--yarn-factor", &v))) {
+            TRY(r);
             double f;
             TRY(cli_float("convert", "--yarn-factor", v, 1, 1024, &f));
             o->dims.yarn_factor = (float)f;
-        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--seed", &v))) {
+            TRY(r);
             TRY(cli_int("convert", "--seed", v, 0, 0x7fffffffL, &o->seed));
-        } else if ((r = cli_opt(argc, argv, &i, "--dtype", &v))) {
-            if (r < 0 || (o->dtype = cli_dtype(v)) < 0) return cli_usage("convert", "--dtype must be f32, bf16 or f16");
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--dtype", &v))) {
+            TRY(r);
+            if ((o->dtype = cli_dtype(v)) < 0) return cli_usage("convert", "--dtype must be f32, bf16 or f16");
         } else if (cli_flag(argv, i, "--all-mla")) {
             o->all_mla = 1, o->have_plan++;
         } else if (cli_flag(argv, i, "--all-linear")) {

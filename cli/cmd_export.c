@@ -31,11 +31,11 @@ int cmd_export(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--out", &v))) {
-            if (r < 0) return cli_usage("export", "--out needs a value");
+        if ((r = cli_opt("export", argc, argv, &i, "--out", &v))) {
+            if (r < 0) return cli_fail(r);
             out = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--dtype", &v))) {
-            if (r < 0) return cli_usage("export", "--dtype needs a value");
+        } else if ((r = cli_opt("export", argc, argv, &i, "--dtype", &v))) {
+            if (r < 0) return cli_fail(r);
             dt = v;
         } else if (argv[i][0] == '-') {
             return cli_usage("export", "unknown option '%s'", argv[i]);

@@ -58,30 +58,38 @@ static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--prompt", &v))) {
-            if (r < 0) return cli_usage(cmd, "--prompt needs a value");
+        if ((r = cli_opt(cmd, argc, argv, &i, "--prompt", &v))) {
+            TRY(r);
             o->prompt = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--system", &v))) {
-            if (r < 0) return cli_usage(cmd, "--system needs a value");
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--system", &v))) {
+            TRY(r);
             o->system = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--device", &v))) {
-            if (r < 0) return cli_usage(cmd, "--device needs a value");
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--device", &v))) {
+            TRY(r);
             o->device = v;
-        } else if ((r = cli_opt(argc, argv, &i, "-n", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "-n", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "-n", v, 1, 1 << 24, &o->n));
-        } else if ((r = cli_opt(argc, argv, &i, "--top-k", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--top-k", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--top-k", v, 0, 1 << 24, &o->top_k));
-        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--seed", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--seed", v, 0, 0x7fffffffL, &o->seed));
-        } else if ((r = cli_opt(argc, argv, &i, "--ctx", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--ctx", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--ctx", v, 16, 1 << 30, &o->ctx));
-        } else if ((r = cli_opt(argc, argv, &i, "--chunk", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--chunk", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk));
-        } else if ((r = cli_opt(argc, argv, &i, "--threads", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--threads", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--threads", v, 1, 1024, &o->threads));
-        } else if ((r = cli_opt(argc, argv, &i, "--temp", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--temp", &v))) {
+            TRY(r);
             TRY(cli_float(cmd, "--temp", v, 0, 100, &o->temp));
-        } else if ((r = cli_opt(argc, argv, &i, "--top-p", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--top-p", &v))) {
+            TRY(r);
             TRY(cli_float(cmd, "--top-p", v, 1e-6, 1, &o->top_p));
         } else if (cli_flag(argv, i, "--stats")) {
             o->stats = 1;

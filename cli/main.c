@@ -39,7 +39,7 @@ int cli_usage(const char *cmd, const char *fmt, ...) {
     return 2;
 }
 
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val) {
     size_t n = strlen(name);
     if (strncmp(argv[*i], name, n)) return 0;
     if (argv[*i][n] == '=') {
@@ -47,10 +47,7 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
         return 1;
     }
     if (argv[*i][n] != 0) return 0;
-    if (*i + 1 >= argc) {
-        *val = NULL;
-        return -1;
-    }
+    if (*i + 1 >= argc) return err_set(ERR_INPUT, "%s needs a value (see 'hylo %s --help')", name, cmd);
     *val = argv[++*i];
     return 1;
 }

@@ -162,6 +162,14 @@ static void test_usage_errors(void **st) {
     snprintf(args, sizeof args, "generate %s --prompt hi --temp -1", tu_model_path());
     expect_input_error(args, "--temp", NULL);
     expect_input_error("frobnicate", "unknown command", NULL);
+    // an option without its value: one message, from every command
+    const char *novalue[][2] = {{"export x --out", "--out needs a value (see 'hylo export --help')"},
+                                {"compare a b --windows", "--windows needs a value (see 'hylo compare --help')"},
+                                {"generate x -n", "-n needs a value (see 'hylo generate --help')"},
+                                {"chat x --system", "--system needs a value (see 'hylo chat --help')"},
+                                {"convert --r-kv", "--r-kv needs a value (see 'hylo convert --help')"}};
+    for (size_t i = 0; i < sizeof novalue / sizeof novalue[0]; i++)
+        expect_input_error(novalue[i][0], novalue[i][1], NULL);
     snprintf(args, sizeof args, "generate %s --prompt hi --device tpu", tu_model_path());
     expect_input_error(args, "unknown device 'tpu'", NULL);
     // a bad --mla-layers stops convert before it writes anything (it used to be
