@@ -2,6 +2,10 @@
 #pragma once
 #include <stdint.h>
 
+#include "backend/backend.h"
+#include "io/weights.h"
+#include "tok/tok.h"
+
 // Prints "hylo: error: <err_msg()>" and returns the exit status for an ERR_* code:
 // 2 for bad input / unsupported, 1 for runtime failures.
 int cli_fail(int rc);
@@ -21,15 +25,18 @@ int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, 
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 int cli_wants_help(int argc, char **argv);
 
-// The tokenizer that belongs with a model source: GGUF metadata, or a folder's
+// The tokenizer that belongs with a model path: GGUF metadata, or a folder's
 // tokenizer.json + tokenizer_config.json.
-int cli_load_tokenizer(const char *path, void *tok /* tok_t * */);
+int cli_load_tokenizer(const char *path, tok_t *tok);
+// The tokenizer to write beside a checkpoint made from an open source (export,
+// convert): from the open GGUF's metadata or the folder's tokenizer files. 1
+// when loaded; 0 when the folder has none (a warning says the output is written
+// without tokenizer files); or an error.
+int cli_source_tokenizer(const wsrc_t *src, tok_t *tok);
 // A backend by name with a scratch arena sized for it: the CUDA chunked
 // recurrences and fused losses take their temporaries from the arena (up to a
 // few hundred MiB at long contexts); the CPU ops fall back to the heap.
-int cli_backend(const char *device, void *be_out /* be_t ** */);
-// 1 when a model folder has a tokenizer.json.
-int cli_has_tokenizer(const char *dir);
+int cli_backend(const char *device, be_t **be);
 // "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
 int cli_dtype(const char *s);
 

@@ -7,8 +7,6 @@
 #include <string.h>
 
 #include "base/err.h"
-#include "base/fs.h"
-#include "base/log.h"
 #include "base/parse.h"
 #include "base/timer.h"
 #include "cli/cli.h"
@@ -346,12 +344,8 @@ int cmd_convert(int argc, char **argv) {
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
     }
-    // A teacher folder without tokenizer files still converts (without them).
-    int have_tok = 0;
-    if (rc == 0 && fs_is_dir(o.teacher) && !cli_has_tokenizer(o.teacher))
-        log_warn("%s has no tokenizer.json: the checkpoint is written without tokenizer files", o.teacher);
-    else if (rc == 0 && (rc = cli_load_tokenizer(o.teacher, &tok)) == 0)
-        have_tok = 1;
+    int have_tok = 0; // a teacher folder without tokenizer files still converts (without them)
+    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
     char seed_s[32];
     snprintf(seed_s, sizeof seed_s, "%ld", o.seed);
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
@@ -360,10 +354,7 @@ int cmd_convert(int argc, char **argv) {
         int cnt[4] = {0};
         for (int l = 0; l < s.n_layers; l++)
             cnt[s.kind[l]]++;
-        arch_t tt = s;
-        for (int l = 0; l < tt.n_layers; l++)
-            tt.kind[l] = LAYER_ATTN;
-        int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&tt, 2);
+        int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&t, 2);
         printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
                time_now() - t0, cnt[LAYER_MLA], cnt[LAYER_GDN], cnt[LAYER_M2], (long long)ptable_count(&spt));
         if (cnt[LAYER_MLA]) {
