@@ -1,5 +1,6 @@
-// hylo: convert a pretrained Transformer into a long-context hybrid, train,
-// evaluate and serve it. This file dispatches to the subcommands.
+// hylo: convert a pretrained Transformer into a long-context hybrid, run it
+// and compare it with its teacher (training and serving are the next steps).
+// This file dispatches to the subcommands.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
