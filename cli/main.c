@@ -85,7 +85,8 @@ int cli_wants_help(int argc, char **argv) {
 //  - OpenMP threads spin between parallel regions by default; with OpenBLAS's
 //    own threads on a few cores the spinning starves them (decode of SmolLM2 on
 //    2 cores: 2.1 tok/s spinning, 9.3 tok/s with passive waiting).
-// An explicit setting in the environment always wins.
+// An explicit setting in the environment always wins. scripts/run_tests.sh
+// applies the same rule to the test binaries (keep the two in step).
 char *openblas_get_corename(void);
 static void tune_runtime(char **argv) {
     if (getenv("HYLO_TUNED")) return;
