@@ -2,16 +2,22 @@
 #pragma once
 #include <stdint.h>
 
+#include "backend/backend.h"
+#include "io/weights.h"
+#include "tok/tok.h"
+
 // Prints "hylo: error: <err_msg()>" and returns the exit status for an ERR_* code:
 // 2 for bad input / unsupported, 1 for runtime failures.
 int cli_fail(int rc);
 // Usage error: prints "hylo: error: <msg>" plus a hint to --help; returns 2.
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// Option scanning: `cli_opt(argc, argv, &i, "--temp", &val)` matches argv[i] as
-// "--temp VALUE" or "--temp=VALUE", advancing i past the value. Flags without
+// Option scanning: `cli_opt(cmd, argc, argv, &i, "--temp", &val)` matches
+// argv[i] as "--temp VALUE" or "--temp=VALUE", advancing i past the value: 1
+// when it matched, 0 when it did not, ERR_INPUT with the message set when the
+// value is missing (the caller returns it, as for cli_int). Flags without
 // value: cli_flag.
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val);
 int cli_flag(char **argv, int i, const char *name);
 // Numeric option values: 0, or ERR_INPUT with the message set (the caller
 // returns it; the command then exits through cli_fail with status 2).
@@ -19,15 +25,18 @@ int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, 
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 int cli_wants_help(int argc, char **argv);
 
-// The tokenizer that belongs with a model source: GGUF metadata, or a folder's
+// The tokenizer that belongs with a model path: GGUF metadata, or a folder's
 // tokenizer.json + tokenizer_config.json.
-int cli_load_tokenizer(const char *path, void *tok /* tok_t * */);
+int cli_load_tokenizer(const char *path, tok_t *tok);
+// The tokenizer to write beside a checkpoint made from an open source (export,
+// convert): from the open GGUF's metadata or the folder's tokenizer files. 1
+// when loaded; 0 when the folder has none (a warning says the output is written
+// without tokenizer files); or an error.
+int cli_source_tokenizer(const wsrc_t *src, tok_t *tok);
 // A backend by name with a scratch arena sized for it: the CUDA chunked
 // recurrences and fused losses take their temporaries from the arena (up to a
 // few hundred MiB at long contexts); the CPU ops fall back to the heap.
-int cli_backend(const char *device, void *be_out /* be_t ** */);
-// 1 when a model folder has a tokenizer.json.
-int cli_has_tokenizer(const char *dir);
+int cli_backend(const char *device, be_t **be);
 // "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
 int cli_dtype(const char *s);
 

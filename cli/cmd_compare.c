@@ -19,7 +19,8 @@ static const char *help = "usage: hylo compare TEACHER STUDENT [options]\n"
                           "Feeds the same token windows to both models (they must share the tokenizer and\n"
                           "vocabulary) and reports, over all positions and at the last position of each\n"
                           "window (the first token the model would generate):\n"
-                          "  KL(teacher || student) in nats, top-1 agreement, and teacher-token rank.\n"
+                          "  KL(teacher || student) in nats, and top-1 agreement (how often both models'\n"
+                          "  most likely next token is the same).\n"
                           "\n"
                           "options:\n"
                           "  --text DIR|FILE   text to cut windows from (default ../shared/data/essays)\n"
@@ -87,16 +88,16 @@ int cmd_compare(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--text", &v))) {
-            if (r < 0) return cli_usage("compare", "--text needs a value");
+        if ((r = cli_opt("compare", argc, argv, &i, "--text", &v))) {
+            if (r < 0) return cli_fail(r);
             text = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--device", &v))) {
-            if (r < 0) return cli_usage("compare", "--device needs a value");
+        } else if ((r = cli_opt("compare", argc, argv, &i, "--device", &v))) {
+            if (r < 0) return cli_fail(r);
             device = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--windows", &v))) {
-            if ((r = cli_int("compare", "--windows", v, 1, 100000, &windows)) < 0) return cli_fail(r);
-        } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
-            if ((r = cli_int("compare", "--tokens", v, 2, 1 << 20, &T)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("compare", argc, argv, &i, "--windows", &v))) {
+            if (r < 0 || (r = cli_int("compare", "--windows", v, 1, 100000, &windows)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("compare", argc, argv, &i, "--tokens", &v))) {
+            if (r < 0 || (r = cli_int("compare", "--tokens", v, 2, 1 << 20, &T)) < 0) return cli_fail(r);
         } else if (argv[i][0] == '-') {
             return cli_usage("compare", "unknown option '%s'", argv[i]);
         } else if (np < 2) {

@@ -1,13 +1,13 @@
 // hylo convert: a teacher Transformer -> an MLA + GDN / Mamba-2 hybrid
 // checkpoint, either upcycled from the teacher directly or assembled from two
 // stage-1 (layer-wise distilled) checkpoints by a layer plan.
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
-#include "base/fs.h"
-#include "base/log.h"
+#include "base/parse.h"
 #include "base/timer.h"
 #include "cli/cli.h"
 #include "io/recipe.h"
@@ -48,7 +48,9 @@ static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [op
                           "                      linear_ILD_path, output_dir, seed; flags override it\n"
                           "  --seed S            seed of the random initialisations (default 42)\n"
                           "  --dtype f32|bf16|f16  matrices' dtype in model.safetensors (default f32)\n"
-                          "  --allow-missing     tolerate missing / unknown tensors in the inputs\n";
+                          "  --allow-missing     a tensor missing from the teacher or a stage-1 checkpoint\n"
+                          "                      is left at zero, an unknown one ignored, each with a\n"
+                          "                      warning (default: an error naming it)\n";
 
 typedef struct {
     const char *teacher, *out, *from_mla, *from_lin, *recipe;
@@ -60,23 +62,14 @@ typedef struct {
     int dtype, flags;
 } conv_opts_t;
 
-static int parse_list(const char *s, int **out, int *n) {
-    int cap = 16, k = 0;
-    int *v = malloc(cap * sizeof(int));
-    while (v && *s) {
-        char *end;
-        long x = strtol(s, &end, 10);
-        if (end == s || x < 0 || x > 100000 || (*end && *end != ',')) {
-            free(v);
-            return cli_usage("convert", "--mla-layers expects comma-separated layer indices, got '%s'", s);
-        }
-        if (k == cap) v = realloc(v, (size_t)(cap *= 2) * sizeof(int));
-        if (v) v[k++] = (int)x;
-        s = *end ? end + 1 : end;
-    }
-    if (!v) return cli_fail(err_set(ERR_NOMEM, "out of memory"));
-    *out = v;
-    *n = k;
+// --mla-layers LIST into o->mla: ERR_INPUT when LIST is not a list of indices.
+static int parse_mla_layers(const char *s, conv_opts_t *o) {
+    int cap = (int)(strlen(s) / 2 + 1);
+    free(o->mla); // a second --mla-layers is refused later as a second plan
+    if (!(o->mla = malloc((size_t)cap * sizeof(int)))) return err_set(ERR_NOMEM, "out of memory");
+    if ((o->n_mla = parse_int_list(s, 0, INT_MAX, o->mla, cap)) < 0)
+        return err_set(ERR_INPUT,
+                       "--mla-layers expects comma-separated layer indices, got '%s' (see 'hylo convert --help')", s);
     return 0;
 }
 
@@ -113,33 +106,38 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         const char *v = NULL;
         int r = 0, done = 0;
         for (size_t k = 0; k < sizeof strs / sizeof strs[0] && !done; k++)
-            if ((r = cli_opt(argc, argv, &i, strs[k].flag, &v))) {
-                if (r < 0) return cli_usage("convert", "%s needs a value", strs[k].flag);
+            if ((r = cli_opt("convert", argc, argv, &i, strs[k].flag, &v))) {
+                TRY(r);
                 *strs[k].field = v;
                 done = 1;
             }
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
-            if ((r = cli_opt(argc, argv, &i, ints[k].flag, &v))) {
+            if ((r = cli_opt("convert", argc, argv, &i, ints[k].flag, &v))) {
+                TRY(r);
                 TRY(int_opt(ints[k].flag, v, ints[k].field));
                 done = 1;
             }
         if (done) continue;
-        if ((r = cli_opt(argc, argv, &i, "--mla-layers", &v))) {
-            if (r < 0) return cli_usage("convert", "--mla-layers needs a value");
-            TRY(parse_list(v, &o->mla, &o->n_mla));
+        if ((r = cli_opt("convert", argc, argv, &i, "--mla-layers", &v))) {
+            TRY(r);
+            TRY(parse_mla_layers(v, o));
             o->have_plan++;
-        } else if ((r = cli_opt(argc, argv, &i, "--linear", &v))) {
-            if (r < 0 || (strcmp(v, "gdn") && strcmp(v, "mamba2") && strcmp(v, "mamba")))
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--linear", &v))) {
+            TRY(r);
+            if (strcmp(v, "gdn") && strcmp(v, "mamba2") && strcmp(v, "mamba"))
                 return cli_usage("convert", "--linear must be gdn or mamba2");
             o->lin = strcmp(v, "gdn") ? LAYER_M2 : LAYER_GDN;
-        } else if ((r = cli_opt(argc, argv, &i, "--yarn-factor", &v))) {
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--yarn-factor", &v))) {
+            TRY(r);
             double f;
             TRY(cli_float("convert", "--yarn-factor", v, 1, 1024, &f));
             o->dims.yarn_factor = (float)f;
-        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--seed", &v))) {
+            TRY(r);
             TRY(cli_int("convert", "--seed", v, 0, 0x7fffffffL, &o->seed));
-        } else if ((r = cli_opt(argc, argv, &i, "--dtype", &v))) {
-            if (r < 0 || (o->dtype = cli_dtype(v)) < 0) return cli_usage("convert", "--dtype must be f32, bf16 or f16");
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--dtype", &v))) {
+            TRY(r);
+            if ((o->dtype = cli_dtype(v)) < 0) return cli_usage("convert", "--dtype must be f32, bf16 or f16");
         } else if (cli_flag(argv, i, "--all-mla")) {
             o->all_mla = 1, o->have_plan++;
         } else if (cli_flag(argv, i, "--all-linear")) {
@@ -174,9 +172,9 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
     if (s && !o->lin) o->lin = !strcmp(s, "gdn") ? LAYER_GDN : LAYER_M2;
     if (s && strcmp(s, "gdn") && strcmp(s, "mamba") && strcmp(s, "mamba2"))
         return err_set(ERR_INPUT, "%s: linear_type must be gdn or mamba (found '%s')", r->path, s);
-    if (!o->have_plan && recipe_find(r, "mla_layers")) {
+    if (!o->have_plan) {
         TRY(recipe_int_list(r, "mla_layers", &o->mla, &o->n_mla));
-        o->have_plan = 1;
+        if (o->mla) o->have_plan = 1; // a list, possibly empty (all linear); null is no plan
     }
     int64_t v;
     struct {
@@ -199,10 +197,20 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
     return 0;
 }
 
-// The layer plan as a list of MLA indices.
-static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
+// What the flags and the recipe together must give; a usage error (printed,
+// status 2) otherwise.
+static int usage_check(const conv_opts_t *o) {
+    if (!o->teacher) return cli_usage("convert", "missing --teacher PATH");
+    if (!o->out) return cli_usage("convert", "missing --out DIR");
+    if (!o->from_mla != !o->from_lin) return cli_usage("convert", "--from-mla and --from-linear go together");
     if (o->have_plan != 1)
         return cli_usage("convert", "give exactly one plan: --mla-layers, --mla-every, --all-mla or --all-linear");
+    return 0;
+}
+
+// The layer plan as a list of MLA indices, each a layer of the teacher and
+// listed once: checked here for the upcycling and the assembly alike.
+static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
     *mla = malloc((size_t)t->n_layers * sizeof(int));
     *n = 0;
     if (!*mla) return err_set(ERR_NOMEM, "out of memory");
@@ -212,19 +220,48 @@ static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n)
     else if (o->every)
         for (int l = 0; l < t->n_layers; l += o->every)
             (*mla)[(*n)++] = l;
-    else if (o->mla) {
-        if (o->n_mla > t->n_layers)
-            return err_set(ERR_INPUT, "more MLA layers than the teacher's %d layers", t->n_layers);
-        memcpy(*mla, o->mla, (size_t)o->n_mla * sizeof(int));
-        *n = o->n_mla;
+    for (int i = 0; !o->all_mla && !o->every && i < o->n_mla; i++) {
+        int l = o->mla[i];
+        if (l >= t->n_layers)
+            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, t->n_layers);
+        for (int j = 0; j < *n; j++)
+            if ((*mla)[j] == l) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
+        (*mla)[(*n)++] = l;
     }
     return 0;
+}
+
+// Reads a whole model source (the teacher or a stage-1 checkpoint, architecture
+// a) as model_load does: every tensor of its own table, missing or unknown ones
+// an error unless --allow-missing. Then copies into sw the student parameters
+// it supplies: the global ones (embedding, final norm, head) for kind -1, else
+// those of the student's layers of that kind. Holds one source at a time in
+// host memory beside the student, as the upcycling holds the teacher.
+static int take_params(wsrc_t *src, const arch_t *a, int flags, int kind, const arch_t *s, const ptable_t *spt,
+                       float *sw) {
+    ptable_t pt = {0};
+    float *w = NULL;
+    int rc = ptable_build(&pt, a);
+    if (rc == 0 && !(w = malloc((size_t)pt.total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    if (rc == 0) rc = model_read_host(src, &pt, w, flags);
+    for (int i = 0; rc == 0 && i < spt->n; i++) {
+        const param_t *p = &spt->p[i];
+        if (p->layer < 0 ? kind != -1 : (int)s->kind[p->layer] != kind) continue;
+        const param_t *q = ptable_find(&pt, p->name);
+        if (!q || q->nd != p->nd || memcmp(q->shape, p->shape, (size_t)p->nd * sizeof p->shape[0]))
+            rc = err_set(ERR_INPUT, "%s: %s does not have the assembled hybrid's shape", wsrc_path(src), p->name);
+        else
+            memcpy(sw + p->off, w + q->off, (size_t)p->numel * sizeof(float));
+    }
+    free(w);
+    ptable_free(&pt);
+    return rc;
 }
 
 // Stage-1 assembly: student layer l comes whole from the MLA checkpoint when
 // it is an MLA layer, else from the linear one; the rest from the teacher.
 static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n_mla, arch_t *s, wsrc_t *teacher,
-                    const ptable_t *spt_out, float **host_out) {
+                    ptable_t *spt, float **host_out) {
     arch_t am, al;
     wsrc_t *wm = NULL, *wl = NULL;
     TRY(wsrc_open(&wm, o->from_mla, &am));
@@ -254,18 +291,12 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
             s->kind[mla[i]] = LAYER_MLA;
         rc = arch_validate(s, "assembled hybrid");
     }
-    ptable_t *spt = (ptable_t *)spt_out;
     float *host = NULL;
     if (rc == 0) rc = ptable_build(spt, s);
     if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
-    for (int i = 0; rc == 0 && i < spt->n; i++) {
-        const param_t *p = &spt->p[i];
-        wsrc_t *src = p->layer < 0 ? teacher : s->kind[p->layer] == LAYER_MLA ? wm : wl;
-        if (p->layer < 0 && !strcmp(p->name, "lm_head.weight") && !wsrc_has(teacher, p->name))
-            rc = wsrc_read(teacher, "model.embed_tokens.weight", p->shape, p->nd, host + p->off);
-        else
-            rc = wsrc_read(src, p->name, p->shape, p->nd, host + p->off);
-    }
+    if (rc == 0) rc = take_params(teacher, t, o->flags, -1, s, spt, host);
+    if (rc == 0) rc = take_params(wm, &am, o->flags, LAYER_MLA, s, spt, host);
+    if (rc == 0) rc = take_params(wl, &al, o->flags, al.kind[0], s, spt, host);
     wsrc_close(wm);
     wsrc_close(wl);
     if (rc < 0)
@@ -283,14 +314,15 @@ int cmd_convert(int argc, char **argv) {
     conv_opts_t o = {.seed = -1, .dtype = ST_F32};
     recipe_t rec = {0};
     int rc = parse(argc, argv, &o);
-    if (rc) return rc < 0 ? cli_fail(rc) : rc;
-    if (o.recipe && (rc = recipe_load(&rec, o.recipe)) == 0) rc = apply_recipe(&o, &rec);
-    if (rc < 0) return cli_fail(rc);
+    if (rc == 0 && o.recipe && (rc = recipe_load(&rec, o.recipe)) == 0) rc = apply_recipe(&o, &rec);
+    if (rc == 0) rc = usage_check(&o);
+    if (rc) {
+        free(o.mla);
+        recipe_free(&rec);
+        return rc < 0 ? cli_fail(rc) : rc;
+    }
     if (!o.lin) o.lin = LAYER_GDN;
     if (o.seed < 0) o.seed = 42;
-    if (!o.teacher) return cli_usage("convert", "missing --teacher PATH");
-    if (!o.out) return cli_usage("convert", "missing --out DIR");
-    if (!o.from_mla != !o.from_lin) return cli_usage("convert", "--from-mla and --from-linear go together");
     double t0 = time_now();
     arch_t t, s;
     wsrc_t *src = NULL;
@@ -300,11 +332,9 @@ int cmd_convert(int argc, char **argv) {
     tok_t tok = {0};
     rc = wsrc_open(&src, o.teacher, &t);
     if (rc == 0) rc = plan_layers(&o, &t, &mla, &n_mla);
-    if (rc > 0) goto done; // usage error already printed
     if (rc == 0 && o.from_mla) {
         rc = assemble(&o, &t, mla, n_mla, &s, src, &spt, &sw);
     } else if (rc == 0) {
-        if (o.all_lin) n_mla = 0;
         rc = upc_student_arch(&t, mla, n_mla, o.lin, &o.dims, &s);
         if (rc == 0) rc = ptable_build(&tpt, &t);
         if (rc == 0) rc = ptable_build(&spt, &s);
@@ -314,12 +344,8 @@ int cmd_convert(int argc, char **argv) {
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
     }
-    // A teacher folder without tokenizer files still converts (without them).
-    int have_tok = 0;
-    if (rc == 0 && fs_is_dir(o.teacher) && !cli_has_tokenizer(o.teacher))
-        log_warn("%s has no tokenizer.json: the checkpoint is written without tokenizer files", o.teacher);
-    else if (rc == 0 && (rc = cli_load_tokenizer(o.teacher, &tok)) == 0)
-        have_tok = 1;
+    int have_tok = 0; // a teacher folder without tokenizer files still converts (without them)
+    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
     char seed_s[32];
     snprintf(seed_s, sizeof seed_s, "%ld", o.seed);
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
@@ -328,10 +354,7 @@ int cmd_convert(int argc, char **argv) {
         int cnt[4] = {0};
         for (int l = 0; l < s.n_layers; l++)
             cnt[s.kind[l]]++;
-        arch_t tt = s;
-        for (int l = 0; l < tt.n_layers; l++)
-            tt.kind[l] = LAYER_ATTN;
-        int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&tt, 2);
+        int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&t, 2);
         printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
                time_now() - t0, cnt[LAYER_MLA], cnt[LAYER_GDN], cnt[LAYER_M2], (long long)ptable_count(&spt));
         if (cnt[LAYER_MLA]) {
@@ -349,11 +372,10 @@ int cmd_convert(int argc, char **argv) {
         printf("\n  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
                tc ? 100.0 * hc / tc : 0.0);
     }
-done:
     tok_free(&tok);
     free(tw), free(sw), free(mla), free(o.mla);
     ptable_free(&tpt), ptable_free(&spt);
     wsrc_close(src);
     recipe_free(&rec);
-    return rc < 0 ? cli_fail(rc) : rc;
+    return rc < 0 ? cli_fail(rc) : 0;
 }

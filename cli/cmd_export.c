@@ -4,8 +4,6 @@
 #include <string.h>
 
 #include "base/err.h"
-#include "base/fs.h"
-#include "base/log.h"
 #include "cli/cli.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
@@ -31,11 +29,11 @@ int cmd_export(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--out", &v))) {
-            if (r < 0) return cli_usage("export", "--out needs a value");
+        if ((r = cli_opt("export", argc, argv, &i, "--out", &v))) {
+            if (r < 0) return cli_fail(r);
             out = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--dtype", &v))) {
-            if (r < 0) return cli_usage("export", "--dtype needs a value");
+        } else if ((r = cli_opt("export", argc, argv, &i, "--dtype", &v))) {
+            if (r < 0) return cli_fail(r);
             dt = v;
         } else if (argv[i][0] == '-') {
             return cli_usage("export", "unknown option '%s'", argv[i]);
@@ -60,12 +58,8 @@ int cmd_export(int argc, char **argv) {
     if (rc == 0 && !(host = malloc((size_t)pt.total * sizeof(float))))
         rc = err_set(ERR_NOMEM, "out of memory for %lld parameters", (long long)pt.total);
     if (rc == 0) rc = model_read_host(src, &pt, host, 0);
-    // A source folder without tokenizer files still exports (without them).
-    int have_tok = 0;
-    if (rc == 0 && fs_is_dir(path) && !cli_has_tokenizer(path))
-        log_warn("%s has no tokenizer.json: the folder is written without tokenizer files", path);
-    else if (rc == 0 && (rc = cli_load_tokenizer(path, &tok)) == 0)
-        have_tok = 1;
+    int have_tok = 0; // a source folder without tokenizer files still exports (without them)
+    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
     const char *meta[] = {"format", "pt", "exported_by", "hylo export", NULL};
     if (rc == 0) rc = ckpt_write(out, &a, &pt, host, dtype, have_tok ? &tok : NULL, meta);
     if (rc == 0) printf("hylo: wrote %s (%lld parameters, %s)\n", out, (long long)ptable_count(&pt), dt);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "base/err.h"
-#include "base/log.h"
+#include "base/strbuf.h"
 #include "cli/cli.h"
 #include "infer/gen.h"
 #include "io/weights.h"
@@ -58,30 +58,38 @@ static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--prompt", &v))) {
-            if (r < 0) return cli_usage(cmd, "--prompt needs a value");
+        if ((r = cli_opt(cmd, argc, argv, &i, "--prompt", &v))) {
+            TRY(r);
             o->prompt = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--system", &v))) {
-            if (r < 0) return cli_usage(cmd, "--system needs a value");
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--system", &v))) {
+            TRY(r);
             o->system = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--device", &v))) {
-            if (r < 0) return cli_usage(cmd, "--device needs a value");
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--device", &v))) {
+            TRY(r);
             o->device = v;
-        } else if ((r = cli_opt(argc, argv, &i, "-n", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "-n", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "-n", v, 1, 1 << 24, &o->n));
-        } else if ((r = cli_opt(argc, argv, &i, "--top-k", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--top-k", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--top-k", v, 0, 1 << 24, &o->top_k));
-        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--seed", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--seed", v, 0, 0x7fffffffL, &o->seed));
-        } else if ((r = cli_opt(argc, argv, &i, "--ctx", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--ctx", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--ctx", v, 16, 1 << 30, &o->ctx));
-        } else if ((r = cli_opt(argc, argv, &i, "--chunk", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--chunk", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk));
-        } else if ((r = cli_opt(argc, argv, &i, "--threads", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--threads", &v))) {
+            TRY(r);
             TRY(cli_int(cmd, "--threads", v, 1, 1024, &o->threads));
-        } else if ((r = cli_opt(argc, argv, &i, "--temp", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--temp", &v))) {
+            TRY(r);
             TRY(cli_float(cmd, "--temp", v, 0, 100, &o->temp));
-        } else if ((r = cli_opt(argc, argv, &i, "--top-p", &v))) {
+        } else if ((r = cli_opt(cmd, argc, argv, &i, "--top-p", &v))) {
+            TRY(r);
             TRY(cli_float(cmd, "--top-p", v, 1e-6, 1, &o->top_p));
         } else if (cli_flag(argv, i, "--stats")) {
             o->stats = 1;
@@ -130,25 +138,17 @@ static void session_close(session_t *s) {
 
 typedef struct {
     tok_stream_t ts;
-    char *text; // everything emitted (chat keeps it as the assistant message)
-    size_t len, cap;
+    strbuf_t text; // everything emitted (chat keeps it as the assistant message)
 } printer_t;
 
-// Prints and keeps n bytes; nonzero on allocation failure.
+// Prints and keeps n bytes; nonzero (stopping the generation) when the copy
+// could not grow: the caller reports text.oom.
 static int emit(printer_t *p, const char *s, size_t n) {
     if (n == 0) return 0;
     fwrite(s, 1, n, stdout);
     fflush(stdout);
-    if (p->len + n + 1 > p->cap) {
-        size_t cap = (p->len + n + 1) * 2;
-        char *t = realloc(p->text, cap);
-        if (!t) return 1;
-        p->text = t, p->cap = cap;
-    }
-    memcpy(p->text + p->len, s, n);
-    p->len += n;
-    p->text[p->len] = 0;
-    return 0;
+    strbuf_putn(&p->text, s, n);
+    return p->text.oom;
 }
 
 static int print_token(void *user, int32_t id) {
@@ -159,10 +159,15 @@ static int print_token(void *user, int32_t id) {
     return emit(p, s, n);
 }
 
-static void print_flush(printer_t *p) {
+// Prints what the stream still holds and ends the line; ERR_NOMEM when the
+// emitted text could not be kept.
+static int print_finish(printer_t *p) {
     const char *s;
     size_t n;
     if (tok_stream_flush(&p->ts, &s, &n) == 0) emit(p, s, n);
+    fputc('\n', stdout);
+    fflush(stdout);
+    return p->text.oom ? err_set(ERR_NOMEM, "out of memory keeping the generated text") : 0;
 }
 
 static void report(const gen_opts_t *o, const gen_stats_t *st) {
@@ -204,14 +209,13 @@ int cmd_generate(int argc, char **argv) {
         fflush(stdout);
         gen_cfg_t c = gen_cfg(&o, &s);
         rc = gen_run(&s.m, &s.st, ids, n, &c, print_token, &p, &st);
-        print_flush(&p);
-        fputc('\n', stdout);
-        fflush(stdout);
+        int frc = print_finish(&p);
+        if (rc == 0) rc = frc;
         if (rc == 0) report(&o, &st);
     }
     tok_stream_free(&p.ts);
     free(ids);
-    free(p.text);
+    free(p.text.s);
     session_close(&s);
     return rc < 0 ? cli_fail(rc) : 0;
 }
@@ -249,13 +253,12 @@ static void convo_clear(convo_t *c, int keep) {
 // model is a prefix of it, only the new suffix is encoded and fed (the hybrid
 // cache cannot be rewound: recurrent states only move forward); otherwise the
 // cache is reset and the conversation re-fed.
-static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, char **fed, printer_t *p) {
+static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fed, printer_t *p) {
     char *text = NULL;
     TRY(tok_chat_render(&s->tok, c->msgs, c->n, 1, &text));
-    size_t fl = *fed ? strlen(*fed) : 0;
     const char *suffix = text;
-    if (*fed && !strncmp(text, *fed, fl)) {
-        suffix = text + fl;
+    if (fed->s && !strncmp(text, fed->s, fed->n)) {
+        suffix = text + fed->n;
     } else {
         model_state_reset(&s->m, &s->st);
     }
@@ -264,32 +267,27 @@ static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, char **fed, 
     int rc = tok_encode_ex(&s->tok, suffix, strlen(suffix), TOK_SPECIAL, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "nothing to feed");
     gen_stats_t st;
-    p->len = 0;
-    if (p->text) p->text[0] = 0;
+    p->text.n = 0;
+    if (p->text.s) p->text.s[0] = 0;
     tok_stream_free(&p->ts);
     tok_stream_init(&p->ts, &s->tok, TOK_SKIP_SPECIAL);
     if (rc == 0) {
         gen_cfg_t cfg = gen_cfg(o, s);
         rc = gen_run(&s->m, &s->st, ids, n, &cfg, print_token, p, &st);
-        print_flush(p);
-        fputc('\n', stdout);
-        fflush(stdout);
+        int frc = print_finish(p);
+        if (rc == 0) rc = frc;
     }
     free(ids);
+    const char *answer = p->text.s ? p->text.s : "";
     if (rc == 0) {
         report(o, &st);
         // What the cache now holds: the rendered text plus the answer.
-        size_t tl = strlen(text), al = p->len;
-        char *f = realloc(*fed, tl + al + 1);
-        if (!f) rc = err_set(ERR_NOMEM, "out of memory");
-        if (rc == 0) {
-            memcpy(f, text, tl);
-            memcpy(f + tl, p->text ? p->text : "", al);
-            f[tl + al] = 0;
-            *fed = f;
-            rc = convo_add(c, "assistant", p->text ? p->text : "");
-        }
+        fed->n = 0;
+        strbuf_puts(fed, text);
+        strbuf_putn(fed, answer, p->text.n);
+        if (fed->oom) rc = err_set(ERR_NOMEM, "out of memory");
     }
+    if (rc == 0) rc = convo_add(c, "assistant", answer);
     free(text);
     return rc;
 }
@@ -309,7 +307,8 @@ int cmd_chat(int argc, char **argv) {
     convo_t c = {0};
     int keep = 0;
     if (rc == 0 && o.system) rc = convo_add(&c, "system", o.system), keep = 1;
-    char *fed = NULL, *line = NULL;
+    strbuf_t fed = {0};
+    char *line = NULL;
     size_t lcap = 0;
     printer_t p = {0};
     if (rc == 0 && o.prompt) {
@@ -326,8 +325,8 @@ int cmd_chat(int argc, char **argv) {
             if (!strcmp(line, "/quit")) break;
             if (!strcmp(line, "/reset")) {
                 convo_clear(&c, keep);
-                free(fed);
-                fed = NULL;
+                free(fed.s);
+                fed = (strbuf_t){0};
                 model_state_reset(&s.m, &s.st);
                 continue;
             }
@@ -337,9 +336,9 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     free(line);
-    free(fed);
+    free(fed.s);
     tok_stream_free(&p.ts);
-    free(p.text);
+    free(p.text.s);
     convo_clear(&c, 0);
     free(c.msgs);
     session_close(&s);

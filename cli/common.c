@@ -3,14 +3,14 @@
 
 #include "base/err.h"
 #include "base/fs.h"
+#include "base/log.h"
 #include "cli/cli.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "backend/backend.h"
 #include "tok/tok.h"
 
-int cli_load_tokenizer(const char *path, void *tok_) {
-    tok_t *tok = tok_;
+int cli_load_tokenizer(const char *path, tok_t *tok) {
     if (fs_is_dir(path)) {
         char tj[1100], tc[1100];
         TRY(fs_join(tj, sizeof tj, path, "tokenizer.json"));
@@ -24,6 +24,21 @@ int cli_load_tokenizer(const char *path, void *tok_) {
     return rc;
 }
 
+int cli_source_tokenizer(const wsrc_t *src, tok_t *tok) {
+    const gguf_t *g = wsrc_gguf(src);
+    const char *path = wsrc_path(src);
+    char tj[1100];
+    if (g)
+        TRY(tok_load_gguf(tok, g));
+    else if (fs_join(tj, sizeof tj, path, "tokenizer.json") == 0 && fs_exists(tj))
+        TRY(cli_load_tokenizer(path, tok));
+    else {
+        log_warn("%s has no tokenizer.json: the output is written without tokenizer files", path);
+        return 0;
+    }
+    return 1;
+}
+
 int cli_dtype(const char *s) {
     if (!strcmp(s, "f32") || !strcmp(s, "float32")) return ST_F32;
     if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) return ST_BF16;
@@ -31,12 +46,7 @@ int cli_dtype(const char *s) {
     return -1;
 }
 
-int cli_backend(const char *device, void *be_out) {
+int cli_backend(const char *device, be_t **be) {
     size_t scratch = !strcmp(device, "cuda") ? (size_t)2 << 30 : (size_t)64 << 20;
-    return be_create((be_t **)be_out, device, scratch);
-}
-
-int cli_has_tokenizer(const char *dir) {
-    char tj[1100];
-    return fs_join(tj, sizeof tj, dir, "tokenizer.json") == 0 && fs_exists(tj);
+    return be_create(be, device, scratch);
 }

@@ -1,6 +1,6 @@
-// hylo: convert a pretrained Transformer into a long-context hybrid, train,
-// evaluate and serve it. This file dispatches to the subcommands.
-#include <errno.h>
+// hylo: convert a pretrained Transformer into a long-context hybrid, run it
+// and compare it with its teacher (training and serving are the next steps).
+// This file dispatches to the subcommands.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/parse.h"
 #include "cli/cli.h"
 
 static const char *usage =
@@ -39,7 +40,7 @@ int cli_usage(const char *cmd, const char *fmt, ...) {
     return 2;
 }
 
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val) {
     size_t n = strlen(name);
     if (strncmp(argv[*i], name, n)) return 0;
     if (argv[*i][n] == '=') {
@@ -47,10 +48,7 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
         return 1;
     }
     if (argv[*i][n] != 0) return 0;
-    if (*i + 1 >= argc) {
-        *val = NULL;
-        return -1;
-    }
+    if (*i + 1 >= argc) return err_set(ERR_INPUT, "%s needs a value (see 'hylo %s --help')", name, cmd);
     *val = argv[++*i];
     return 1;
 }
@@ -58,24 +56,18 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
 int cli_flag(char **argv, int i, const char *name) { return !strcmp(argv[i], name); }
 
 int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || !*s || *end || errno || v < lo || v > hi)
+    int64_t v;
+    if (!parse_int(s, lo, hi, &v))
         return err_set(ERR_INPUT, "%s expects an integer in [%ld, %ld], got '%s' (see 'hylo %s --help')", name, lo, hi,
                        s ? s : "", cmd);
-    *out = v;
+    *out = (long)v;
     return 0;
 }
 
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = s ? strtod(s, &end) : 0;
-    if (!s || !*s || *end || errno || !(v >= lo && v <= hi))
+    if (!parse_double(s, lo, hi, out))
         return err_set(ERR_INPUT, "%s expects a number in [%g, %g], got '%s' (see 'hylo %s --help')", name, lo, hi,
                        s ? s : "", cmd);
-    *out = v;
     return 0;
 }
 
@@ -93,7 +85,8 @@ int cli_wants_help(int argc, char **argv) {
 //  - OpenMP threads spin between parallel regions by default; with OpenBLAS's
 //    own threads on a few cores the spinning starves them (decode of SmolLM2 on
 //    2 cores: 2.1 tok/s spinning, 9.3 tok/s with passive waiting).
-// An explicit setting in the environment always wins.
+// An explicit setting in the environment always wins. scripts/run_tests.sh
+// applies the same rule to the test binaries (keep the two in step).
 char *openblas_get_corename(void);
 static void tune_runtime(char **argv) {
     if (getenv("HYLO_TUNED")) return;

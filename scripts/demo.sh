@@ -5,11 +5,14 @@
 # show the hybrid's cache next to the teacher's, let the untrained hybrid
 # generate, and measure how far its next-token distributions are from the
 # teacher's before any training (the gap distillation closes).
-# BIN may point at another hylo build (default build/hylo); DEMO_OUT is where
+# BIN may point at another hylo build (default: the one a plain 'make' builds,
+# build/hylo when nvcc is on the PATH, else build-cpu/hylo); DEMO_OUT is where
 # the hybrid goes (default a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="${BIN:-build/hylo}"
+if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then bin=build/hylo; else bin=build-cpu/hylo; fi
+bin="${BIN:-$bin}"
+[ -x "$bin" ] || { echo "hylo: error: demo: $bin does not exist (run 'make demo', or set BIN)" >&2; exit 1; }
 model=$(scripts/fetch_model.sh)
 out="${DEMO_OUT:-$(mktemp -d /tmp/hylo-demo.XXXXXX)}/smollm2-10mla20gdn"
 echo "== hylo info $model"

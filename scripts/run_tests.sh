@@ -3,12 +3,17 @@
 # skipped, e.g. for a missing GPU or fixture) and a summary; exits non-zero if
 # any failed. Output of failing binaries is shown in full.
 set -u
-# The runtime settings hylo chooses for itself (cli/main.c: OpenBLAS kernels on
-# CPUs it cannot identify, passive OpenMP waiting), for the test binaries too.
+# The runtime settings hylo chooses for itself (cli/main.c, tune_runtime), for
+# the test binaries too, by the same rule: passive OpenMP waiting; and, only
+# when OpenBLAS falls back to its generic "Prescott" kernels, the AVX-512 or
+# AVX2 ones the CPU has. OpenBLAS names the kernels it picked when
+# OPENBLAS_VERBOSE=2; hylo is asked with HYLO_TUNED=1 so that it does not tune
+# and re-run itself. An explicit setting in the environment wins, as in hylo.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=SkylakeX
-    elif grep -q avx2 /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=Haswell; fi
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "${HYLO_BIN:-}" ] &&
+    OPENBLAS_VERBOSE=2 HYLO_TUNED=1 "$HYLO_BIN" --help 2>&1 >/dev/null | grep -qx "Core: Prescott"; then
+    if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 fi
 pass=0; fail=0; skipped=0
 t0=$(date +%s)

@@ -1,6 +1,7 @@
 #include "io/recipe.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include <yaml.h>
 
 #include "base/err.h"
+#include "base/parse.h"
 
 // Keys of the published configs (hylo_recipe.md §7 and hybrid_model.md §11).
 static const char *known_keys[] = {
@@ -236,56 +238,40 @@ const recipe_entry_t *recipe_find(const recipe_t *r, const char *key) {
     return NULL;
 }
 
+// YAML's null spellings: a key written as "seed: ~" or "seed:" is absent.
+static int is_null(const char *v) {
+    return !*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") || !strcmp(v, "NULL");
+}
+
+// The scalar value of key, or NULL when the key is absent or null.
 static int scalar(const recipe_t *r, const char *key, const recipe_entry_t **e) {
     *e = recipe_find(r, key);
     if (*e && (*e)->kind != RECIPE_SCALAR)
         return err_set(ERR_INPUT, "%s:%d: key %s must be a single value", r->path, (*e)->line, key);
+    if (*e && is_null((*e)->value)) *e = NULL;
     return 0;
 }
 
 int recipe_str(const recipe_t *r, const char *key, const char **out) {
     const recipe_entry_t *e;
     TRY(scalar(r, key, &e));
-    if (e && strcmp(e->value, "null") && strcmp(e->value, "~") && *e->value) *out = e->value;
+    if (e) *out = e->value;
     return 0;
 }
 
 int recipe_int(const recipe_t *r, const char *key, int64_t *out) {
     const recipe_entry_t *e;
     TRY(scalar(r, key, &e));
-    if (!e || !strcmp(e->value, "null")) return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(e->value, &end, 10);
-    if (!*e->value || *end || errno)
+    if (e && !parse_int(e->value, INT64_MIN, INT64_MAX, out))
         return err_set(ERR_INPUT, "%s:%d: key %s: expected an integer, found '%s'", r->path, e->line, key, e->value);
-    *out = v;
     return 0;
 }
 
 int recipe_float(const recipe_t *r, const char *key, double *out) {
     const recipe_entry_t *e;
     TRY(scalar(r, key, &e));
-    if (!e || !strcmp(e->value, "null")) return 0;
-    char *end;
-    errno = 0;
-    double v = strtod(e->value, &end);
-    if (!*e->value || *end || errno || !isfinite(v))
+    if (e && !parse_double(e->value, -HUGE_VAL, HUGE_VAL, out))
         return err_set(ERR_INPUT, "%s:%d: key %s: expected a number, found '%s'", r->path, e->line, key, e->value);
-    *out = v;
-    return 0;
-}
-
-int recipe_bool(const recipe_t *r, const char *key, int *out) {
-    const recipe_entry_t *e;
-    TRY(scalar(r, key, &e));
-    if (!e) return 0;
-    if (!strcmp(e->value, "true") || !strcmp(e->value, "True"))
-        *out = 1;
-    else if (!strcmp(e->value, "false") || !strcmp(e->value, "False"))
-        *out = 0;
-    else
-        return err_set(ERR_INPUT, "%s:%d: key %s: expected true or false, found '%s'", r->path, e->line, key, e->value);
     return 0;
 }
 
@@ -293,37 +279,25 @@ int recipe_int_list(const recipe_t *r, const char *key, int **out, int *n) {
     *out = NULL;
     *n = 0;
     const recipe_entry_t *e = recipe_find(r, key);
-    if (!e) return 0;
+    if (!e || (e->kind == RECIPE_SCALAR && is_null(e->value))) return 0;
     if (e->kind == RECIPE_MAP) return err_set(ERR_INPUT, "%s:%d: key %s must be a list", r->path, e->line, key);
-    // A scalar "0,2,4" or "[0, 2, 4]" is accepted too.
-    int cap = e->kind == RECIPE_LIST ? e->n_items : 1 + (int)strlen(e->value) / 2;
-    int *v = malloc((size_t)(cap ? cap : 1) * sizeof(int));
+    // A YAML sequence holds one integer per item; a scalar "0,2,4" or "[0, 2, 4]" is accepted too.
+    int cap = e->kind == RECIPE_LIST ? e->n_items : (int)(strlen(e->value) / 2 + 1);
+    int *v = malloc((size_t)(cap ? cap : 1) * sizeof(int)), count = 0;
     if (!v) return err_set(ERR_NOMEM, "out of memory");
-    int count = 0;
-    for (int i = 0; i < (e->kind == RECIPE_LIST ? e->n_items : 1); i++) {
-        const char *s = e->kind == RECIPE_LIST ? e->items[i] : e->value;
-        while (*s) {
-            while (*s == ' ' || *s == ',' || *s == '[' || *s == ']')
-                s++;
-            if (!*s) break;
-            char *end;
-            long x = strtol(s, &end, 10);
-            if (end == s || x < 0 || x > 100000) {
-                free(v);
-                return err_set(ERR_INPUT, "%s:%d: key %s: '%s' is not a list of layer indices", r->path, e->line, key,
-                               e->kind == RECIPE_LIST ? e->items[i] : e->value);
-            }
-            if (count == cap) {
-                int *nv = realloc(v, (size_t)(cap *= 2) * sizeof(int));
-                if (!nv) {
-                    free(v);
-                    return err_set(ERR_NOMEM, "out of memory");
-                }
-                v = nv;
-            }
+    const char *bad = NULL;
+    if (e->kind == RECIPE_SCALAR && (count = parse_int_list(e->value, 0, INT_MAX, v, cap)) < 0) bad = e->value;
+    for (int i = 0; e->kind == RECIPE_LIST && i < e->n_items && !bad; i++) {
+        int64_t x;
+        if (parse_int(e->items[i], 0, INT_MAX, &x))
             v[count++] = (int)x;
-            s = end;
-        }
+        else
+            bad = e->items[i];
+    }
+    if (bad) {
+        free(v);
+        return err_set(ERR_INPUT, "%s:%d: key %s: '%s' is not a list of non-negative integers", r->path, e->line, key,
+                       bad);
     }
     *out = v;
     *n = count;

@@ -6,6 +6,7 @@
 
 #include "base/err.h"
 #include "base/fs.h"
+#include "base/log.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 
@@ -16,7 +17,7 @@ struct wsrc {
     st_set_t st;         // a checkpoint folder
     char gdn_prefix[32]; // the module name the folder's GDN tensors use
     int permute_qk;      // llama GGUFs store q/k rows permuted for interleaved RoPE
-    int H, Hkv, dh;
+    int H, Hkv;          // the head counts of the q/k rows to un-permute
 };
 
 // ---- GGUF metadata -> arch ------------------------------------------------
@@ -54,7 +55,6 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
         return err_set(ERR_UNSUP, "%s: general.architecture '%s' is not supported (llama, qwen3)", g->mf.path,
                        a->model_type);
     int64_t v;
-    double f;
     TRY(arch_int(g, a, "block_count", 1, 0, &a->n_layers));
     TRY(arch_int(g, a, "embedding_length", 1, 0, &a->d));
     TRY(arch_int(g, a, "feed_forward_length", 1, 0, &a->ffn));
@@ -101,7 +101,6 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
     v = -1;
     TRY(gguf_opt_int(g, "tokenizer.ggml.padding_token_id", &v));
     a->pad_id = (int)v;
-    (void)f;
     for (int l = 0; l < a->n_layers && l < ARCH_MAX_LAYERS; l++)
         a->kind[l] = LAYER_ATTN;
     a->mla.rope = a->rope;
@@ -195,7 +194,7 @@ int wsrc_open(wsrc_t **out, const char *path, arch_t *arch) {
     }
     s->is_gguf = 1;
     s->permute_qk = !strcmp(arch->model_type, "llama");
-    s->H = arch->H, s->Hkv = arch->Hkv, s->dh = arch->dh;
+    s->H = arch->H, s->Hkv = arch->Hkv;
     *out = s;
     return 0;
 }
@@ -320,7 +319,7 @@ int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, i
         if (!allow)
             return err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)",
                            s->path, name);
-        if (bad++ < 8) fprintf(stderr, "hylo: warning: %s: ignoring unknown tensor %s\n", s->path, name);
+        if (bad++ < 8) log_warn("%s: ignoring unknown tensor %s", s->path, name);
     }
     return 0;
 }

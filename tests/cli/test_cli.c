@@ -17,6 +17,7 @@ static void expect_input_error(const char *args, const char *want1, const char *
     int rc = tu_run_hylo(args, &err);
     assert_int_equal(rc, 2);
     assert_true(!strncmp(err, "hylo: error: ", 13));
+    assert_null(strstr(err + 13, "hylo: error: ")); // one error, reported once
     assert_non_null(strstr(err, want1));
     if (want2) assert_non_null(strstr(err, want2));
     free(err);
@@ -161,8 +162,31 @@ static void test_usage_errors(void **st) {
     snprintf(args, sizeof args, "generate %s --prompt hi --temp -1", tu_model_path());
     expect_input_error(args, "--temp", NULL);
     expect_input_error("frobnicate", "unknown command", NULL);
+    // an option without its value: one message, from every command
+    const char *novalue[][2] = {{"export x --out", "--out needs a value (see 'hylo export --help')"},
+                                {"compare a b --windows", "--windows needs a value (see 'hylo compare --help')"},
+                                {"generate x -n", "-n needs a value (see 'hylo generate --help')"},
+                                {"chat x --system", "--system needs a value (see 'hylo chat --help')"},
+                                {"convert --r-kv", "--r-kv needs a value (see 'hylo convert --help')"}};
+    for (size_t i = 0; i < sizeof novalue / sizeof novalue[0]; i++)
+        expect_input_error(novalue[i][0], novalue[i][1], NULL);
     snprintf(args, sizeof args, "generate %s --prompt hi --device tpu", tu_model_path());
     expect_input_error(args, "unknown device 'tpu'", NULL);
+    // a bad --mla-layers stops convert before it writes anything (it used to be
+    // reported, then ignored: an all-GDN model and exit 0)
+    char out[400];
+    snprintf(out, sizeof out, "%s/conv_bad_list", tu_tmpdir());
+    const char *lists[] = {"0,x", "0,", "", "-1", "1,,2"};
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers '%s'", tu_model_path(), out, lists[i]);
+        expect_input_error(args, "--mla-layers", lists[i]);
+        assert_false(fs_exists(out));
+    }
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers", tu_model_path(), out);
+    expect_input_error(args, "--mla-layers needs a value", NULL);
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers 1 --all-mla", tu_model_path(), out);
+    expect_input_error(args, "exactly one plan", NULL);
+    assert_false(fs_exists(out));
 }
 
 int main(void) {
