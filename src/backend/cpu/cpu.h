@@ -26,6 +26,13 @@ void cpu_register_optim(be_t *be); // cpu_optim.c: sumsq, AdamW
 static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float cpu_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// d silu(x)/dx = sigmoid(x) (1 + x (1 - sigmoid(x)))
+static inline float cpu_dsilu(float x) {
+    float s = cpu_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+// d softplus(x)/dx = sigmoid(x), and 1 in cpu_softplus's identity branch above 20
+static inline float cpu_dsoftplus(float x) { return x > 20.0f ? 1.0f : cpu_sigmoid(x); }
 
 // Temporaries of one op call (all of them in one block): from the scratch
 // arena when it has room (the caller resets it), else from the heap, so an op

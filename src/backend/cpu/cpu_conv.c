@@ -54,8 +54,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
                 float p = bias ? bias[c] : 0.0f;
                 for (int i = 0; i < W; i++)
                     p += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
-                float sg = cpu_sigmoid(p);
-                dp[o] = dy[o] * sg * (1.0f + p * (1.0f - sg));
+                dp[o] = dy[o] * cpu_dsilu(p);
             }
             // dx_s = sum_i w[c,i] dp_{s+W-1-i}
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)

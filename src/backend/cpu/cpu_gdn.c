@@ -63,7 +63,7 @@ static void cpu_gdn_gate_bwd(be_t *be, void *da_, int64_t ldda, void *db_, int64
             float c = a[n * lda + h] + dt_bias[h];
             float gg = -A * cpu_softplus(c);
             float dgi = dg[n * HV + h];
-            float dc = dgi * -A * (c > 20.0f ? 1.0f : cpu_sigmoid(c));
+            float dc = dgi * -A * cpu_dsoftplus(c);
             da[n * ldda + h] = dc;
             sum_dc += dc;
             sum_dA += (double)dgi * gg;

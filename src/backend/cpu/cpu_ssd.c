@@ -39,7 +39,6 @@ static void cpu_softplus_bias_fwd(be_t *be, float *out, const void *dt_, int64_t
             out[n * H + h] = cpu_softplus(dt[n * ld + h] + bias[h]);
 }
 
-// softplus'(v) = sigmoid(v), and 1 in the identity branch above 20.
 static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_bias, const float *dout,
                                   const void *dt_, int64_t ld, const void *dt_bias_, int64_t N, int H) {
     float *ddt = ddt_;
@@ -48,7 +47,7 @@ static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_
     for (int64_t n = 0; n < N; n++)
         for (int h = 0; h < H; h++) {
             float v = dt[n * ld + h] + bias[h], g = dout[n * H + h];
-            ddt[n * ldd + h] = v > 20.0f ? g : g * cpu_sigmoid(v);
+            ddt[n * ldd + h] = g * cpu_dsoftplus(v);
         }
         // One sum per head, each owned by one thread: no race, fixed order.
 #pragma omp parallel for schedule(static) if (N * H > CPU_PAR_MIN)
