@@ -4,7 +4,6 @@
 
 #include "base/err.h"
 
-void *ctx_alloc(const layer_ctx_t *c, size_t bytes) { return arena_alloc(c->arena, bytes); }
 void *ctx_act(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * c->be->act_size); }
 float *ctx_f32(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * sizeof(float)); }
 

@@ -39,9 +39,7 @@ typedef struct {
     int n_pos;
 } layer_ctx_t;
 
-// Allocates n bytes from the ctx arena (NULL + error slot when full).
-void *ctx_alloc(const layer_ctx_t *c, size_t bytes);
-// act buffer of n elements
+// n act / float elements from the ctx arena (NULL + error slot when full).
 void *ctx_act(const layer_ctx_t *c, int64_t n);
 float *ctx_f32(const layer_ctx_t *c, int64_t n);
 // Device int32 positions [B*T]: pos0 + t for each of B rows (a prepared array
