@@ -45,6 +45,8 @@ float *ctx_f32(const layer_ctx_t *c, int64_t n);
 // Device int32 positions [B*T]: pos0 + t for each of B rows (a prepared array
 // from ctx->pos when one matches, else uploaded into the arena).
 int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0);
+// The array among pos[0..n_pos) prepared for (B, T, pos0), or NULL.
+const ctx_pos_t *ctx_pos_find(const ctx_pos_t *pos, int n_pos, int B, int T, int pos0);
 
 // ---- inference caches (one per layer, by kind) ------------------------------
 // All sequences of a batch share the cached length `len` (prefill and decode

@@ -268,6 +268,9 @@ void model_state_reset(const model_t *m, model_state_t *st) {
 
 int model_prepare_positions(model_t *m, int B, int T, int pos0) {
     be_t *be = m->be;
+    // pos[0] only: pos[1] is the visible lengths of a step, which a later step
+    // at pos0 + 1 reads as positions but then needs its own lengths too.
+    if (ctx_pos_find(m->pos, m->n_pos ? 1 : 0, B, T, pos0)) return 0;
     int64_t need = (int64_t)B * T + B;
     if (need > m->pos_cap) {
         int64_t cap = need > 4096 ? need : 4096;
@@ -292,10 +295,45 @@ int model_prepare_positions(model_t *m, int B, int T, int pos0) {
     return 0;
 }
 
-static layer_ctx_t layer_ctx(model_t *m, int l) {
+layer_ctx_t model_layer_ctx(model_t *m, int l) {
     layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos, m->pos, m->n_pos};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
+}
+
+int model_embed(model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x) {
+    for (int64_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= m->a.V)
+            return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
+    TRY(m->be->copy_h2d(m->be, d_ids, ids, (size_t)N * sizeof(int32_t)));
+    m->be->embed_fwd(m->be, x, m->embed, d_ids, N, m->a.d);
+    return 0;
+}
+
+int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                        layer_cache_t *cache, mixer_saved_t *sv) {
+    int step = cache && T == 1, rc;
+    switch (w->kind) {
+    case LAYER_ATTN:
+        rc = step ? attn_step(c, &w->attn, out, x, B, cache)
+                  : attn_forward(c, &w->attn, out, x, B, T, pos0, cache, sv ? &sv->attn : NULL);
+        break;
+    case LAYER_MLA:
+        rc = step ? mla_step(c, &w->mla, out, x, B, cache)
+                  : mla_forward(c, &w->mla, out, x, B, T, pos0, cache, sv ? &sv->mla : NULL);
+        break;
+    case LAYER_GDN:
+        rc = step ? gdn_step(c, &w->gdn, out, x, B, cache)
+                  : gdn_forward(c, &w->gdn, out, x, B, T, pos0, cache, sv ? &sv->gdn : NULL);
+        break;
+    case LAYER_M2:
+        rc = step ? m2_step(c, &w->m2, out, x, B, cache)
+                  : m2_forward(c, &w->m2, out, x, B, T, pos0, cache, sv ? &sv->m2 : NULL);
+        break;
+    default: rc = err_set(ERR_UNSUP, "unknown layer kind %d", (int)w->kind);
+    }
+    if (rc < 0) return err_wrap(rc, "layer %d (%s): ", c->layer, layer_kind_name(w->kind));
+    return 0;
 }
 
 // Runs every layer over x [B*T, d] (the residual stream, updated in place).
@@ -312,30 +350,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
     if (!xn || !y) return ERR_NOMEM;
     if (a->n_layers) be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
     for (int l = 0; l < a->n_layers; l++) {
-        layer_ctx_t c = layer_ctx(m, l);
+        layer_ctx_t c = model_layer_ctx(m, l);
         const layer_w_t *w = &m->lw[l];
         size_t mark = arena_mark(&m->arena);
-        layer_cache_t *cache = st ? &st->layers[l] : NULL;
-        int rc = 0;
-        switch (w->kind) {
-        case LAYER_ATTN:
-            rc = cache && T == 1 ? attn_step(&c, &w->attn, y, xn, B, cache)
-                                 : attn_forward(&c, &w->attn, y, xn, B, T, pos0, cache, NULL);
-            break;
-        case LAYER_MLA:
-            rc = cache && T == 1 ? mla_step(&c, &w->mla, y, xn, B, cache)
-                                 : mla_forward(&c, &w->mla, y, xn, B, T, pos0, cache, NULL);
-            break;
-        case LAYER_GDN:
-            rc = cache && T == 1 ? gdn_step(&c, &w->gdn, y, xn, B, cache)
-                                 : gdn_forward(&c, &w->gdn, y, xn, B, T, pos0, cache, NULL);
-            break;
-        case LAYER_M2:
-            rc = cache && T == 1 ? m2_step(&c, &w->m2, y, xn, B, cache)
-                                 : m2_forward(&c, &w->m2, y, xn, B, T, pos0, cache, NULL);
-            break;
-        }
-        if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
+        TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, st ? &st->layers[l] : NULL, NULL));
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
         if (l + 1 < a->n_layers)
@@ -360,10 +378,7 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
     int32_t *d_ids = arena_alloc(&m->arena, (size_t)N * sizeof(int32_t));
     void *x = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
     if (!d_ids || !x) return ERR_NOMEM;
-    for (int64_t i = 0; i < N; i++)
-        if (ids[i] < 0 || ids[i] >= a->V) return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], a->V);
-    TRY(be->copy_h2d(be, d_ids, ids, (size_t)N * sizeof(int32_t)));
-    be->embed_fwd(be, x, m->embed, d_ids, N, a->d);
+    TRY(model_embed(m, ids, N, d_ids, x));
     TRY(model_prepare_positions(m, B, T, st ? st->len : 0));
     TRY(run_layers(m, x, B, T, st));
     if (!logits) return be->sync(be);
