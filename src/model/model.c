@@ -100,6 +100,7 @@ void model_free(model_t *m) {
         be->free(be, m->mla_sin);
         be->free(be, m->pos_buf);
     }
+    free(m->pos_host);
     free(m->lw);
     ptable_free(&m->pt);
     memset(m, 0, sizeof *m);
@@ -272,24 +273,27 @@ int model_prepare_positions(model_t *m, int B, int T, int pos0) {
     // at pos0 + 1 reads as positions but then needs its own lengths too.
     if (ctx_pos_find(m->pos, m->n_pos ? 1 : 0, B, T, pos0)) return 0;
     int64_t need = (int64_t)B * T + B;
-    if (need > m->pos_cap) {
+    if (need > m->pos_cap) { // grown, never shrunk: a decode token allocates nothing
         int64_t cap = need > 4096 ? need : 4096;
         int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
-        if (!buf) return ERR_NOMEM;
+        int32_t *host = malloc((size_t)cap * sizeof(int32_t));
+        if (!buf || !host) {
+            be->free(be, buf);
+            free(host);
+            return err_set(ERR_NOMEM, "position arrays for %lld tokens", (long long)need);
+        }
         be->free(be, m->pos_buf);
-        m->pos_buf = buf, m->pos_cap = cap;
+        free(m->pos_host);
+        m->pos_buf = buf, m->pos_host = host, m->pos_cap = cap;
     }
-    int32_t *h = malloc((size_t)need * sizeof(int32_t));
-    if (!h) return err_set(ERR_NOMEM, "out of memory");
+    int32_t *h = m->pos_host;
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
         h[(int64_t)B * T + b] = pos0 + 1;
     }
-    int rc = be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t));
-    free(h);
-    TRY(rc);
-    m->n_pos = 0;
+    m->n_pos = 0; // a failed upload leaves nothing prepared
+    TRY(be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t)));
     m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf, B, T, pos0};
     if (T == 1) m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf + B, B, 1, pos0 + 1};
     return 0;
@@ -365,11 +369,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
     return 0;
 }
 
-// Embeds ids (host [N]), runs the layers, final norm, and returns logits for
-// the rows selected by `rows` (host indices into [0, N), n_rows of them) into
-// host `logits` [n_rows, V].
-static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_state_t *st, const int64_t *rows,
-                          int64_t n_rows, float *logits) {
+// Embeds ids (host [N]), runs the layers, final norm, and returns into host
+// `logits` [n_rows, V] the logits of rows first + i * stride, i < n_rows.
+static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
+                          int64_t stride, int64_t n_rows, float *logits) {
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
@@ -382,18 +385,22 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
     TRY(model_prepare_positions(m, B, T, st ? st->len : 0));
     TRY(run_layers(m, x, B, T, st));
     if (!logits) return be->sync(be);
-    // Gather the wanted rows, normalise, project (in slices to bound memory).
+    // Normalise and project the wanted rows, in slices to bound memory.
+    // Consecutive rows (decode steps, every position) are read in place; others
+    // (each sequence's last token of a prefill) are gathered by one strided copy.
     int64_t slice = 64;
-    void *h = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
+    void *h = stride != 1 ? arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size) : NULL;
     void *hn = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
     void *lg = arena_alloc(&m->arena, (size_t)slice * a->V * be->act_size);
-    if (!h || !hn || !lg) return ERR_NOMEM;
+    if ((stride != 1 && !h) || !hn || !lg) return ERR_NOMEM;
     for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
         int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
-        for (int64_t i = 0; i < n; i++)
-            be->copy_d2d(be, (char *)h + (size_t)i * a->d * be->act_size,
-                         (char *)x + (size_t)rows[r0 + i] * a->d * be->act_size, (size_t)a->d * be->act_size);
-        be->rmsnorm_fwd(be, hn, NULL, h, m->final_norm, n, a->d, a->eps);
+        const void *rows = (char *)x + (size_t)(first + r0 * stride) * a->d * be->act_size;
+        if (stride != 1) {
+            be->copy2d(be, h, a->d, rows, stride * a->d, n, a->d, 0);
+            rows = h;
+        }
+        be->rmsnorm_fwd(be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
         lin_fwd(be, lg, hn, m->lm_head, n, a->d, a->V);
         TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
     }
@@ -407,46 +414,28 @@ int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int 
                        st->cap);
     if (chunk <= 0) chunk = T;
     int32_t *part = malloc((size_t)B * chunk * sizeof(int32_t));
-    int64_t *rows = malloc((size_t)B * sizeof(int64_t));
-    if (!part || !rows) {
-        free(part);
-        free(rows);
-        return err_set(ERR_NOMEM, "out of memory");
-    }
+    if (!part) return err_set(ERR_NOMEM, "out of memory");
     int rc = 0;
     for (int t0 = 0; t0 < T && rc == 0; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
-        for (int b = 0; b < B; b++) {
+        for (int b = 0; b < B; b++)
             memcpy(part + (size_t)b * n, ids + (size_t)b * T + t0, (size_t)n * sizeof(int32_t));
-            rows[b] = (int64_t)b * n + n - 1;
-        }
         int last = t0 + n == T;
-        rc = forward_logits(m, part, B, n, st, rows, B, last ? logits : NULL);
+        // each sequence's last token: rows n - 1, 2n - 1, ...
+        rc = forward_logits(m, part, B, n, st, n - 1, n, B, last ? logits : NULL);
         if (rc == 0) set_len(m, st, st->len + n);
     }
     free(part);
-    free(rows);
     return rc;
 }
 
 int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits) {
     if (st->len + 1 > st->cap) return err_set(ERR_INPUT, "context capacity %d reached", st->cap);
-    int64_t rows[256];
-    if (st->B > 256) return err_set(ERR_INPUT, "at most 256 sequences per step");
-    for (int b = 0; b < st->B; b++)
-        rows[b] = b;
-    TRY(forward_logits(m, ids, st->B, 1, st, rows, st->B, logits));
+    TRY(forward_logits(m, ids, st->B, 1, st, 0, 1, st->B, logits));
     set_len(m, st, st->len + 1);
     return 0;
 }
 
 int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits) {
-    int64_t N = (int64_t)B * T;
-    int64_t *rows = malloc((size_t)N * sizeof(int64_t));
-    if (!rows) return err_set(ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i < N; i++)
-        rows[i] = i;
-    int rc = forward_logits(m, ids, B, T, NULL, rows, N, logits);
-    free(rows);
-    return rc;
+    return forward_logits(m, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
 }

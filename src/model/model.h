@@ -39,8 +39,9 @@ typedef struct {
     arena_t arena;    // device memory for one step's activations
     ctx_pos_t pos[2]; // the current step's position arrays (positions; decode: visible lengths)
     int n_pos;
-    int32_t *pos_buf; // device memory behind pos[] (outlives arena resets)
-    int64_t pos_cap;
+    int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
+    int32_t *pos_host; // its host staging buffer
+    int64_t pos_cap;   // elements of each
 } model_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.
