@@ -78,6 +78,13 @@ int arch_validate(const arch_t *a, const char *src) {
             NEED(a->m2.d_xb >= a->m2.headdim && a->m2.d_xb % a->m2.headdim == 0 && a->m2.d_xb % a->m2.d_state == 0 &&
                      a->m2.n_heads % (a->m2.d_xb / a->m2.headdim) == 0,
                  "%s: Mamba-2 d_xb %d must be a whole number of heads dividing n_heads", src, a->m2.d_xb);
+            // B groups (d_xb / d_state) and C groups (d_inner / d_state) of the
+            // SSD must each serve an equal share of the heads too: a check of
+            // their own when d_state != headdim.
+            NEED(a->m2.d_inner % a->m2.d_state == 0 && a->m2.n_heads % (a->m2.d_xb / a->m2.d_state) == 0 &&
+                     a->m2.n_heads % (a->m2.d_inner / a->m2.d_state) == 0,
+                 "%s: Mamba-2 B and C groups (d_xb %d, d_inner %d over d_state %d) must divide n_heads %d", src,
+                 a->m2.d_xb, a->m2.d_inner, a->m2.d_state, a->m2.n_heads);
             NEED(a->m2.conv >= 1 && a->m2.conv <= 8, "%s: Mamba-2 d_conv %d out of range 1..8", src, a->m2.conv);
             break;
         default: return err_set(ERR_INPUT, "%s: layer %d: unknown kind %d", src, l, (int)a->kind[l]);

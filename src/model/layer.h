@@ -39,6 +39,9 @@ typedef struct {
     int n_pos;
 } layer_ctx_t;
 
+// Element i of an act buffer (i elements of be->act_size bytes past p).
+static inline void *act_at(const be_t *be, const void *p, int64_t i) { return (char *)p + i * (int64_t)be->act_size; }
+
 // n act / float elements from the ctx arena (NULL + error slot when full).
 void *ctx_act(const layer_ctx_t *c, int64_t n);
 float *ctx_f32(const layer_ctx_t *c, int64_t n);

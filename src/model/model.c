@@ -186,7 +186,7 @@ int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, in
     for (int i = 0; rc == 0 && i < m->pt.n; i++) {
         const param_t *p = &m->pt.p[i];
         rc = read_param(src, p, flags, host);
-        if (rc == 0) rc = be->upload_act(be, (char *)m->w + (size_t)p->off * be->act_size, host, p->numel);
+        if (rc == 0) rc = be->upload_act(be, act_at(be, m->w, p->off), host, p->numel);
     }
     if (rc == 0) rc = check_unknown(src, &m->pt, flags);
     free(host);
@@ -395,7 +395,7 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
     if ((stride != 1 && !h) || !hn || !lg) return ERR_NOMEM;
     for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
         int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
-        const void *rows = (char *)x + (size_t)(first + r0 * stride) * a->d * be->act_size;
+        const void *rows = act_at(be, x, (first + r0 * stride) * a->d);
         if (stride != 1) {
             be->copy2d(be, h, a->d, rows, stride * a->d, n, a->d, 0);
             rows = h;

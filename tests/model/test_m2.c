@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "model/m2.h"
 #include "testutil.h"
 
@@ -351,11 +352,32 @@ static void test_m2_prefill_pieces(void **st) {
     fix_free(&f);
 }
 
+// d_state != headdim: the SSD's B groups (d_xb / d_state) and C groups
+// (d_inner / d_state) must each serve a whole share of the heads, which
+// arch_validate checks (the layer used to check it on every call).
+static void test_m2_arch_groups(void **st) {
+    arch_t a;
+    arch_init(&a);
+    a.d = 32, a.n_layers = 1, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 8, a.V = 16;
+    a.kind[0] = LAYER_M2;
+    a.m2 = (m2_dims_t){.d_inner = 32,
+                       .d_xb = 16,
+                       .n_heads = 4,
+                       .headdim = 8,
+                       .d_state = 16,
+                       .conv = 4,
+                       .chunk = 16,
+                       .norm_eps = 1e-5f};
+    assert_int_equal(arch_validate(&a, "test"), 0); // 1 B group, 2 C groups of 4 heads
+    a.m2.d_state = 4;                               // 8 C groups for 4 heads
+    assert_int_equal(arch_validate(&a, "test"), ERR_INPUT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_m2_gradcheck),      cmocka_unit_test(test_m2_gradcheck_cached),
         cmocka_unit_test(test_m2_reference),      cmocka_unit_test(test_m2_decode),
-        cmocka_unit_test(test_m2_prefill_pieces),
+        cmocka_unit_test(test_m2_prefill_pieces), cmocka_unit_test(test_m2_arch_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
