@@ -35,6 +35,26 @@ const char *layer_kind_name(layer_kind_t k) {
 int arch_mla_rq(const arch_t *a, int l) { return a->mla_rank_q[l] ? a->mla_rank_q[l] : a->mla.r_q; }
 int arch_mla_rkv(const arch_t *a, int l) { return a->mla_rank_kv[l] ? a->mla_rank_kv[l] : a->mla.r_kv; }
 
+gdn_dims_t arch_gdn_hylo(int d, int head_k) {
+    gdn_dims_t g = {.head_k = head_k > 0 ? head_k : 256, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
+    g.n_heads = (int)((int64_t)3 * d / 4) / g.head_k;
+    if (g.n_heads < 1) g.n_heads = 1;
+    g.n_v_heads = g.n_heads;
+    g.head_v = 2 * g.head_k;
+    return g;
+}
+
+m2_dims_t arch_m2_from_attention(const arch_t *t) {
+    return (m2_dims_t){.d_inner = t->H * t->dh,
+                       .d_xb = t->Hkv * t->dh,
+                       .n_heads = t->H,
+                       .headdim = t->dh,
+                       .d_state = t->dh,
+                       .conv = 4,
+                       .chunk = 256,
+                       .norm_eps = 1e-5f};
+}
+
 #define NEED(cond, ...)                                                                                                \
     do {                                                                                                               \
         if (!(cond)) return err_set(ERR_INPUT, __VA_ARGS__);                                                           \
