@@ -298,3 +298,13 @@ float *tu_host_f32(be_t *be, const float *d, int64_t n) {
     assert_int_equal(be->copy_d2h(be, h, d, (size_t)n * sizeof(float)), 0);
     return h;
 }
+
+void tu_rows_gather(float *dst, const float *x, int B, int T, int t0, int n, int d) {
+    for (int b = 0; b < B; b++)
+        memcpy(dst + (int64_t)b * n * d, x + ((int64_t)b * T + t0) * d, (size_t)n * d * sizeof(float));
+}
+
+void tu_rows_scatter(float *x, const float *src, int B, int T, int t0, int n, int d) {
+    for (int b = 0; b < B; b++)
+        memcpy(x + ((int64_t)b * T + t0) * d, src + (int64_t)b * n * d, (size_t)n * d * sizeof(float));
+}

@@ -93,3 +93,9 @@ void tu_corpus_save(const char *path);
 //  - err == NULL: stdout and stderr go together to tu_tmpdir()/out.txt, which
 //    is printed after "  hylo ARGS -> N".
 int tu_run_hylo(const char *args, char **err);
+
+// ---- rows of [B, T, d] sequences (decode / prefill-in-pieces tests) ----
+// dst [B, n, d] = rows [t0, t0 + n) of each of the B sequences of x [B, T, d].
+void tu_rows_gather(float *dst, const float *x, int B, int T, int t0, int n, int d);
+// The reverse: rows [t0, t0 + n) of each sequence of x [B, T, d] = src [B, n, d].
+void tu_rows_scatter(float *x, const float *src, int B, int T, int t0, int n, int d);

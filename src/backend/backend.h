@@ -64,9 +64,6 @@ struct be {
     // host fp32 <-> device act (conversion happens on the way)
     int (*upload_act)(be_t *be, void *dst, const float *src, int64_t n);
     int (*download_act)(be_t *be, float *dst, const void *src, int64_t n);
-    // device act -> device float and back
-    void (*act_to_f32)(be_t *be, float *dst, const void *src, int64_t n);
-    void (*f32_to_act)(be_t *be, void *dst, const float *src, int64_t n);
     int (*sync)(be_t *be); // waits for queued work; reports asynchronous errors
     void (*destroy)(be_t *be);
 
@@ -249,8 +246,9 @@ struct be {
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 };
 
-// Creates a backend by name ("cpu" or "cuda"); threads: CPU threads (0 = all).
-// scratch_bytes: size of the per-op scratch arena.
+// Creates a backend by name ("cpu" or "cuda"); scratch_bytes: size of the
+// per-op scratch arena (be->scratch). The CPU backend takes its thread count
+// from OpenMP (OMP_NUM_THREADS, or omp_set_num_threads before this call).
 int be_create(be_t **out, const char *name, size_t scratch_bytes);
 void be_destroy(be_t *be);
 

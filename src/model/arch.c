@@ -35,6 +35,26 @@ const char *layer_kind_name(layer_kind_t k) {
 int arch_mla_rq(const arch_t *a, int l) { return a->mla_rank_q[l] ? a->mla_rank_q[l] : a->mla.r_q; }
 int arch_mla_rkv(const arch_t *a, int l) { return a->mla_rank_kv[l] ? a->mla_rank_kv[l] : a->mla.r_kv; }
 
+gdn_dims_t arch_gdn_hylo(int d, int head_k) {
+    gdn_dims_t g = {.head_k = head_k > 0 ? head_k : 256, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
+    g.n_heads = (int)((int64_t)3 * d / 4) / g.head_k;
+    if (g.n_heads < 1) g.n_heads = 1;
+    g.n_v_heads = g.n_heads;
+    g.head_v = 2 * g.head_k;
+    return g;
+}
+
+m2_dims_t arch_m2_from_attention(const arch_t *t) {
+    return (m2_dims_t){.d_inner = t->H * t->dh,
+                       .d_xb = t->Hkv * t->dh,
+                       .n_heads = t->H,
+                       .headdim = t->dh,
+                       .d_state = t->dh,
+                       .conv = 4,
+                       .chunk = 256,
+                       .norm_eps = 1e-5f};
+}
+
 #define NEED(cond, ...)                                                                                                \
     do {                                                                                                               \
         if (!(cond)) return err_set(ERR_INPUT, __VA_ARGS__);                                                           \
@@ -78,6 +98,13 @@ int arch_validate(const arch_t *a, const char *src) {
             NEED(a->m2.d_xb >= a->m2.headdim && a->m2.d_xb % a->m2.headdim == 0 && a->m2.d_xb % a->m2.d_state == 0 &&
                      a->m2.n_heads % (a->m2.d_xb / a->m2.headdim) == 0,
                  "%s: Mamba-2 d_xb %d must be a whole number of heads dividing n_heads", src, a->m2.d_xb);
+            // B groups (d_xb / d_state) and C groups (d_inner / d_state) of the
+            // SSD must each serve an equal share of the heads too: a check of
+            // their own when d_state != headdim.
+            NEED(a->m2.d_inner % a->m2.d_state == 0 && a->m2.n_heads % (a->m2.d_xb / a->m2.d_state) == 0 &&
+                     a->m2.n_heads % (a->m2.d_inner / a->m2.d_state) == 0,
+                 "%s: Mamba-2 B and C groups (d_xb %d, d_inner %d over d_state %d) must divide n_heads %d", src,
+                 a->m2.d_xb, a->m2.d_inner, a->m2.d_state, a->m2.n_heads);
             NEED(a->m2.conv >= 1 && a->m2.conv <= 8, "%s: Mamba-2 d_conv %d out of range 1..8", src, a->m2.conv);
             break;
         default: return err_set(ERR_INPUT, "%s: layer %d: unknown kind %d", src, l, (int)a->kind[l]);

@@ -95,6 +95,15 @@ typedef struct {
 void arch_init(arch_t *a);
 // Consistency checks with messages naming the field (src names the file).
 int arch_validate(const arch_t *a, const char *src);
+// The HyLo recipe's GDN dims for a model of width d (FLA's rule): q/k heads of
+// head_k (0 = 256) covering floor(0.75 d) (at least one head), as many value
+// heads of 2 head_k, conv 4, the output gate, norm eps 1e-6, no negative
+// eigenvalues. The defaults of a hybrid config without gdn_cfg, and of upcycling.
+gdn_dims_t arch_gdn_hylo(int d, int head_k);
+// MambaInLlama's Mamba-2 dims derived from a teacher's attention: one SSM head
+// per attention head (n_heads = H, headdim = d_state = dh, d_inner = H dh), x
+// and B at KV width (d_xb = Hkv dh), conv 4, chunk 256, norm eps 1e-5.
+m2_dims_t arch_m2_from_attention(const arch_t *t);
 // Per-layer MLA ranks (falls back to the shared ones).
 int arch_mla_rq(const arch_t *a, int layer);
 int arch_mla_rkv(const arch_t *a, int layer);

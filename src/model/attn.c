@@ -50,16 +50,14 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
         attn_cache_t *kc = &cache->u.attn;
         if (pos0 + T > cache->cap)
             return err_set(ERR_INPUT, "context of %d tokens exceeds the cache capacity %d", pos0 + T, cache->cap);
-        size_t es = be->act_size;
+        size_t rows = (size_t)T * kw * be->act_size; // this call's rows of one sequence
         for (int b = 0; b < B; b++) {
-            char *kb = (char *)kc->k + ((size_t)b * cache->cap + pos0) * kw * es;
-            char *vb = (char *)kc->v + ((size_t)b * cache->cap + pos0) * kw * es;
-            be->copy_d2d(be, kb, (char *)k + (size_t)b * T * kw * es, (size_t)T * kw * es);
-            be->copy_d2d(be, vb, (char *)v + (size_t)b * T * kw * es, (size_t)T * kw * es);
-            be->attn_fwd(be, (char *)att + (size_t)b * T * qw * es, NULL, (char *)q + (size_t)b * T * qw * es,
-                         (char *)kc->k + (size_t)b * cache->cap * kw * es,
-                         (char *)kc->v + (size_t)b * cache->cap * kw * es, 1, T, pos0 + T, a->H, a->Hkv, a->dh, a->dh,
-                         scale);
+            int64_t seq = (int64_t)b * cache->cap; // the sequence's first cache row
+            be->copy_d2d(be, act_at(be, kc->k, (seq + pos0) * kw), act_at(be, k, (int64_t)b * T * kw), rows);
+            be->copy_d2d(be, act_at(be, kc->v, (seq + pos0) * kw), act_at(be, v, (int64_t)b * T * kw), rows);
+            be->attn_fwd(be, act_at(be, att, (int64_t)b * T * qw), NULL, act_at(be, q, (int64_t)b * T * qw),
+                         act_at(be, kc->k, seq * kw), act_at(be, kc->v, seq * kw), 1, T, pos0 + T, a->H, a->Hkv, a->dh,
+                         a->dh, scale);
         }
     } else {
         be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, scale);

@@ -15,40 +15,28 @@
 #include "model/gdn.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "base/err.h"
+#include "model/bind.h"
+#include "model/linear.h"
 
 // ---- weight views ------------------------------------------------------------
 
 int gdn_w_bind(gdn_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int layer) {
-    static const struct {
-        const char *name;
-        size_t off;
-        int optional;
-    } fields[] = {
-        {"q_proj.weight", offsetof(gdn_w_t, q_proj), 0},   {"k_proj.weight", offsetof(gdn_w_t, k_proj), 0},
-        {"v_proj.weight", offsetof(gdn_w_t, v_proj), 0},   {"a_proj.weight", offsetof(gdn_w_t, a_proj), 0},
-        {"b_proj.weight", offsetof(gdn_w_t, b_proj), 0},   {"A_log", offsetof(gdn_w_t, A_log), 0},
-        {"dt_bias", offsetof(gdn_w_t, dt_bias), 0},        {"q_conv1d.weight", offsetof(gdn_w_t, q_conv), 0},
-        {"k_conv1d.weight", offsetof(gdn_w_t, k_conv), 0}, {"v_conv1d.weight", offsetof(gdn_w_t, v_conv), 0},
-        {"g_proj.weight", offsetof(gdn_w_t, g_proj), 1},   {"o_norm.weight", offsetof(gdn_w_t, o_norm), 0},
-        {"o_proj.weight", offsetof(gdn_w_t, o_proj), 0},
-    };
-    memset(w, 0, sizeof *w);
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.%d.gdn.%s", layer, fields[i].name);
-        const param_t *p = ptable_find(pt, name);
-        void **slot = (void **)((char *)w + fields[i].off);
-        if (!p) {
-            if (fields[i].optional) continue;
-            return err_set(ERR_INPUT, "gdn layer %d: parameter %s: expected in the parameter table, not found", layer,
-                           name);
-        }
-        *slot = (char *)flat + (size_t)p->off * elt_size;
-    }
+    TRY(bind_param(&w->q_proj, pt, flat, elt_size, layer, "gdn.q_proj.weight", 0));
+    TRY(bind_param(&w->k_proj, pt, flat, elt_size, layer, "gdn.k_proj.weight", 0));
+    TRY(bind_param(&w->v_proj, pt, flat, elt_size, layer, "gdn.v_proj.weight", 0));
+    TRY(bind_param(&w->a_proj, pt, flat, elt_size, layer, "gdn.a_proj.weight", 0));
+    TRY(bind_param(&w->b_proj, pt, flat, elt_size, layer, "gdn.b_proj.weight", 0));
+    TRY(bind_param(&w->A_log, pt, flat, elt_size, layer, "gdn.A_log", 0));
+    TRY(bind_param(&w->dt_bias, pt, flat, elt_size, layer, "gdn.dt_bias", 0));
+    TRY(bind_param(&w->q_conv, pt, flat, elt_size, layer, "gdn.q_conv1d.weight", 0));
+    TRY(bind_param(&w->k_conv, pt, flat, elt_size, layer, "gdn.k_conv1d.weight", 0));
+    TRY(bind_param(&w->v_conv, pt, flat, elt_size, layer, "gdn.v_conv1d.weight", 0));
+    TRY(bind_param(&w->g_proj, pt, flat, elt_size, layer, "gdn.g_proj.weight", 1));
+    TRY(bind_param(&w->o_norm, pt, flat, elt_size, layer, "gdn.o_norm.weight", 0));
+    TRY(bind_param(&w->o_proj, pt, flat, elt_size, layer, "gdn.o_proj.weight", 0));
     return 0;
 }
 
@@ -75,18 +63,6 @@ static dims_t dims(const layer_ctx_t *c) {
     m.vd = (int64_t)m.HV * m.Dv;
     m.scale = 1.0f / sqrtf((float)m.K);
     return m;
-}
-
-// y [N, out] = x [N, in] W^T, W [out, in] (PyTorch Linear)
-static void linear(be_t *be, void *y, const void *x, const void *W, int64_t N, int64_t out, int64_t in) {
-    be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
-}
-
-// Linear backward: dx [N, in] (+)= dy W, dW [out, in] += dy^T x (float).
-static void linear_bwd(be_t *be, void *dx, int accumulate, float *dW, const void *dy, const void *x, const void *W,
-                       int64_t N, int64_t out, int64_t in) {
-    be->gemm(be, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx, in);
-    be->gemm_f32out(be, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
 }
 
 // A copy of a cache tensor in the arena (the backward needs the initial
@@ -124,14 +100,14 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
     NEED(s->vpre = ctx_act(c, N * m.vd));
     NEED(s->a = ctx_act(c, N * m.HV));
     NEED(s->b = ctx_act(c, N * m.HV));
-    linear(be, s->qpre, x, w->q_proj, N, m.kd, m.d);
-    linear(be, s->kpre, x, w->k_proj, N, m.kd, m.d);
-    linear(be, s->vpre, x, w->v_proj, N, m.vd, m.d);
-    linear(be, s->a, x, w->a_proj, N, m.HV, m.d);
-    linear(be, s->b, x, w->b_proj, N, m.HV, m.d);
+    lin_fwd(be, s->qpre, x, w->q_proj, N, m.d, m.kd);
+    lin_fwd(be, s->kpre, x, w->k_proj, N, m.d, m.kd);
+    lin_fwd(be, s->vpre, x, w->v_proj, N, m.d, m.vd);
+    lin_fwd(be, s->a, x, w->a_proj, N, m.d, m.HV);
+    lin_fwd(be, s->b, x, w->b_proj, N, m.d, m.HV);
     if (m.use_gate) {
         NEED(s->z = ctx_act(c, N * m.vd));
-        linear(be, s->z, x, w->g_proj, N, m.vd, m.d);
+        lin_fwd(be, s->z, x, w->g_proj, N, m.d, m.vd);
     }
 
     // short convs + SiLU, three separate depthwise convs; with a cache they
@@ -189,7 +165,7 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
                               GNORM_NORM_THEN_GATE);
     else
         be->rmsnorm_fwd(be, s->y, s->rstd, s->o, w->o_norm, N * m.HV, m.Dv, m.eps);
-    linear(be, out, s->y, w->o_proj, N, m.d, m.vd);
+    lin_fwd(be, out, s->y, w->o_proj, N, m.vd, m.d);
     return 0;
 }
 
@@ -212,8 +188,7 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
     // o_proj
     void *dy;
     NEED(dy = ctx_act(c, N * m.vd));
-    be->gemm(be, 0, 0, N, m.vd, m.d, 1.0f, dout, m.d, w->o_proj, m.vd, 0.0f, dy, m.vd);
-    be->gemm_f32out(be, 1, 0, m.d, m.vd, N, 1.0f, dout, m.d, s->y, m.vd, 1.0f, g->o_proj, m.vd);
+    lin_bwd(be, dy, 0, g->o_proj, dout, s->y, w->o_proj, N, m.vd, m.d);
 
     // output norm (+ gate)
     void *dO, *dz = NULL;
@@ -264,12 +239,12 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
                    (int)m.vd, m.W, 1);
 
     // projections: dx = sum of the six input gradients
-    linear_bwd(be, dx, 0, g->q_proj, dq, s->x, w->q_proj, N, m.kd, m.d);
-    linear_bwd(be, dx, 1, g->k_proj, dk, s->x, w->k_proj, N, m.kd, m.d);
-    linear_bwd(be, dx, 1, g->v_proj, dvpre, s->x, w->v_proj, N, m.vd, m.d);
-    linear_bwd(be, dx, 1, g->a_proj, da, s->x, w->a_proj, N, m.HV, m.d);
-    linear_bwd(be, dx, 1, g->b_proj, db, s->x, w->b_proj, N, m.HV, m.d);
-    if (m.use_gate) linear_bwd(be, dx, 1, g->g_proj, dz, s->x, w->g_proj, N, m.vd, m.d);
+    lin_bwd(be, dx, 0, g->q_proj, dq, s->x, w->q_proj, N, m.d, m.kd);
+    lin_bwd(be, dx, 1, g->k_proj, dk, s->x, w->k_proj, N, m.d, m.kd);
+    lin_bwd(be, dx, 1, g->v_proj, dvpre, s->x, w->v_proj, N, m.d, m.vd);
+    lin_bwd(be, dx, 1, g->a_proj, da, s->x, w->a_proj, N, m.d, m.HV);
+    lin_bwd(be, dx, 1, g->b_proj, db, s->x, w->b_proj, N, m.d, m.HV);
+    if (m.use_gate) lin_bwd(be, dx, 1, g->g_proj, dz, s->x, w->g_proj, N, m.d, m.vd);
     return 0;
 }
 

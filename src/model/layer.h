@@ -39,14 +39,17 @@ typedef struct {
     int n_pos;
 } layer_ctx_t;
 
-// Allocates n bytes from the ctx arena (NULL + error slot when full).
-void *ctx_alloc(const layer_ctx_t *c, size_t bytes);
-// act buffer of n elements
+// Element i of an act buffer (i elements of be->act_size bytes past p).
+static inline void *act_at(const be_t *be, const void *p, int64_t i) { return (char *)p + i * (int64_t)be->act_size; }
+
+// n act / float elements from the ctx arena (NULL + error slot when full).
 void *ctx_act(const layer_ctx_t *c, int64_t n);
 float *ctx_f32(const layer_ctx_t *c, int64_t n);
 // Device int32 positions [B*T]: pos0 + t for each of B rows (a prepared array
 // from ctx->pos when one matches, else uploaded into the arena).
 int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0);
+// The array among pos[0..n_pos) prepared for (B, T, pos0), or NULL.
+const ctx_pos_t *ctx_pos_find(const ctx_pos_t *pos, int n_pos, int B, int T, int pos0);
 
 // ---- inference caches (one per layer, by kind) ------------------------------
 // All sequences of a batch share the cached length `len` (prefill and decode

@@ -46,33 +46,17 @@ static m2_shape_t m2_shape(const arch_t *a) {
                     .W = m->conv,
                     .chunk = m->chunk,
                     .eps = m->norm_eps};
-    if (s.P > 0 && s.Ns > 0) { // else m2_check reports it
-        s.Hx = s.dxb / s.P;    // MambaInLlama: x at KV width, one x head per KV head
-        s.GB = s.dxb / s.Ns;   // B likewise (P = N = teacher head dim)
-        s.GC = s.di / s.Ns;    // C per head
-    }
+    // Whole x heads and B, C groups that each serve an equal share of the heads
+    // (arch_validate checks it).
+    s.Hx = s.dxb / s.P;  // MambaInLlama: x at KV width, one x head per KV head
+    s.GB = s.dxb / s.Ns; // B likewise (P = N = teacher head dim)
+    s.GC = s.di / s.Ns;  // C per head
     s.cd = (int64_t)s.di + 2 * (int64_t)s.dxb;
     s.din = s.cd + s.di + s.H;
     s.o_xbc = s.di;
     s.o_dt = s.di + s.cd;
     return s;
 }
-
-// The SSD needs whole x heads, B and C groups that each serve an equal share of
-// the heads (arch_validate checks x; B and C matter when d_state != headdim).
-static int m2_check(const layer_ctx_t *c, const m2_shape_t *s) {
-    if (s->P > 0 && s->Ns > 0 && s->di == s->H * s->P && s->dxb % s->P == 0 && s->dxb % s->Ns == 0 &&
-        s->di % s->Ns == 0 && s->Hx > 0 && s->GB > 0 && s->GC > 0 && s->H % s->Hx == 0 && s->H % s->GB == 0 &&
-        s->H % s->GC == 0)
-        return 0;
-    return err_set(ERR_UNSUP,
-                   "Mamba-2 layer %d: d_inner %d, d_xb %d, %d heads, headdim %d, d_state %d: x heads (d_xb / headdim) "
-                   "and B, C groups (d_xb / d_state, d_inner / d_state) must divide the heads",
-                   c->layer, s->di, s->dxb, s->H, s->P, s->Ns);
-}
-
-// Element offset into an act buffer.
-static inline void *at(const be_t *be, const void *p, int64_t off) { return (char *)p + off * (int64_t)be->act_size; }
 
 // The mixer over T tokens per sequence. recurrent: SSD token by token (decode
 // steps), else chunked.
@@ -81,7 +65,6 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
     be_t *be = c->be;
     m2_shape_t s = m2_shape(c->a);
     int64_t N = (int64_t)B * T, n_conv = (int64_t)B * s.cd * s.W, n_state = (int64_t)B * s.H * s.P * s.Ns;
-    TRY(m2_check(c, &s));
     if (recurrent && !cache) return err_set(ERR_INPUT, "Mamba-2 layer %d: a decode step needs a cache", c->layer);
     size_t mark = arena_mark(c->arena);
 
@@ -112,13 +95,13 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
 
     // in_proj, conv + SiLU over x | B | C (the conv state rolls forward), dt'
     lin_fwd(be, zxbcdt, x, w->in_proj, N, s.d, s.din);
-    const void *xbc_in = at(be, zxbcdt, s.o_xbc);
+    const void *xbc_in = act_at(be, zxbcdt, s.o_xbc);
     be->conv1d_fwd(be, xbc, xbc_in, s.din, w->conv_w, w->conv_b, conv_state, B, T, (int)s.cd, s.W, 1);
     if (cache) be->conv1d_update_state(be, conv_state, xbc_in, s.din, B, T, (int)s.cd, s.W);
-    be->softplus_bias_fwd(be, dt, at(be, zxbcdt, s.o_dt), s.din, w->dt_bias, N, s.H);
+    be->softplus_bias_fwd(be, dt, act_at(be, zxbcdt, s.o_dt), s.din, w->dt_bias, N, s.H);
 
     // SSD over the column slices of the conv output; the cache state is read and replaced.
-    const void *xs = xbc, *Bs = at(be, xbc, s.dxb), *Cs = at(be, xbc, 2 * (int64_t)s.dxb);
+    const void *xs = xbc, *Bs = act_at(be, xbc, s.dxb), *Cs = act_at(be, xbc, 2 * (int64_t)s.dxb);
     if (recurrent)
         be->ssd_recurrent_fwd(be, y, ssm_state, xs, s.cd, Bs, s.cd, Cs, s.cd, dt, w->A_log, w->D, B, T, s.H, s.Hx, s.GB,
                               s.GC, s.P, s.Ns);
@@ -152,7 +135,6 @@ int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, cons
     m2_shape_t s = m2_shape(c->a);
     int B = sv->B, T = sv->T;
     int64_t N = (int64_t)B * T;
-    TRY(m2_check(c, &s));
     size_t mark = arena_mark(c->arena);
     void *yn = ctx_act(c, N * s.di), *dyn = ctx_act(c, N * s.di), *dy = ctx_act(c, N * s.di);
     void *xbc = ctx_act(c, N * s.cd), *dxbc = ctx_act(c, N * s.cd), *dzxbcdt = ctx_act(c, N * s.din);
@@ -167,17 +149,17 @@ int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, cons
     be->gated_rmsnorm_bwd(be, dy, dzxbcdt, s.din, g->norm, dyn, sv->y, sv->zxbcdt, s.din, w->norm, s.di, sv->rstd, N,
                           s.H, s.P, GNORM_GATE_THEN_NORM);
     // SSD (its inputs, the conv output, recomputed): dx | dB | dC into d(xBC'), ddt'
-    const void *xbc_in = at(be, sv->zxbcdt, s.o_xbc);
+    const void *xbc_in = act_at(be, sv->zxbcdt, s.o_xbc);
     be->conv1d_fwd(be, xbc, xbc_in, s.din, w->conv_w, w->conv_b, sv->conv0, B, T, (int)s.cd, s.W, 1);
     int64_t oB = s.dxb, oC = 2 * (int64_t)s.dxb;
-    be->ssd_chunk_bwd(be, dxbc, at(be, dxbc, oB), at(be, dxbc, oC), ddt, g->A_log, g->D, NULL, dy, NULL, xbc, s.cd,
-                      at(be, xbc, oB), s.cd, at(be, xbc, oC), s.cd, sv->dt, w->A_log, w->D, sv->state0, B, T, s.H, s.Hx,
-                      s.GB, s.GC, s.P, s.Ns, s.chunk);
+    be->ssd_chunk_bwd(be, dxbc, act_at(be, dxbc, oB), act_at(be, dxbc, oC), ddt, g->A_log, g->D, NULL, dy, NULL, xbc,
+                      s.cd, act_at(be, xbc, oB), s.cd, act_at(be, xbc, oC), s.cd, sv->dt, w->A_log, w->D, sv->state0, B,
+                      T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
     // dt' = softplus(dt + dt_bias): into the dt columns of d(zxbcdt)
-    be->softplus_bias_bwd(be, at(be, dzxbcdt, s.o_dt), s.din, g->dt_bias, ddt, at(be, sv->zxbcdt, s.o_dt), s.din,
-                          w->dt_bias, N, s.H);
+    be->softplus_bias_bwd(be, act_at(be, dzxbcdt, s.o_dt), s.din, g->dt_bias, ddt, act_at(be, sv->zxbcdt, s.o_dt),
+                          s.din, w->dt_bias, N, s.H);
     // conv + SiLU: into the xBC columns of d(zxbcdt)
-    be->conv1d_bwd(be, at(be, dzxbcdt, s.o_xbc), s.din, g->conv_w, g->conv_b, NULL, dxbc, xbc_in, s.din, w->conv_w,
+    be->conv1d_bwd(be, act_at(be, dzxbcdt, s.o_xbc), s.din, g->conv_w, g->conv_b, NULL, dxbc, xbc_in, s.din, w->conv_w,
                    w->conv_b, sv->conv0, B, T, (int)s.cd, s.W, 1);
     // zxbcdt = x W_in^T
     lin_bwd(be, dx, 0, g->in_proj, dzxbcdt, sv->x, w->in_proj, N, s.d, s.din);

@@ -22,7 +22,6 @@ typedef struct {
     int latent_norm, qk_norm;
     float eps;   // Qwen3 q/k norm eps (rms_norm_eps)
     float scale; // softmax scale
-    size_t es;   // act element size
 } dims_t;
 
 static const float LATENT_EPS = 1e-6f; // q_a_layernorm / kv_a_layernorm (spec §2.3)
@@ -40,12 +39,8 @@ static dims_t dims(const layer_ctx_t *c) {
     // qd^-1/2, times mscale(F, mscale_all_dim)^2 when a DeepSeek-style config asks
     // for it (1 in every shipped model: the YaRN mscale lives in the cos/sin tables).
     D.scale = (float)(1.0 / sqrt((double)D.qd) * rope_softmax_mult(&m->rope));
-    D.es = c->be->act_size;
     return D;
 }
-
-// Element i of an act buffer.
-static inline void *at(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
 
 #define ACT(p, n)                                                                                                      \
     do {                                                                                                               \
@@ -68,8 +63,6 @@ int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int 
     TRY(bind_param(&w->o, pt, flat, elt_size, layer, "mla.out_proj.weight", 0));
     TRY(bind_param(&w->q_norm, pt, flat, elt_size, layer, "mla.q_norm.weight", 1));
     TRY(bind_param(&w->k_norm, pt, flat, elt_size, layer, "mla.k_norm.weight", 1));
-    if (!w->q_proj && !(w->q_a && w->q_b))
-        return err_set(ERR_INPUT, "MLA layer %d: neither q_proj nor q_a_proj + q_b_proj in the model's layout", layer);
     return 0;
 }
 
@@ -85,7 +78,6 @@ typedef struct {
 static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const void *x, int64_t N,
                    const int32_t *pos, int save, proj_t *p) {
     be_t *be = c->be;
-    size_t es = D->es;
     *p = (proj_t){0};
     // query: q_a -> latent norm -> q_b, or one q_proj
     ACT(p->q, N * D->H * D->qd);
@@ -121,7 +113,7 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
         be->rmsnorm_fwd(be, p->cn, p->rstd_c, p->c, w->kv_a_norm, N, D->rkv, LATENT_EPS);
     }
     ACT(p->kpe, N * D->dr);
-    be->copy2d(be, p->kpe, D->dr, at(ckv, D->rkv, es), D->L, N, D->dr, 0);
+    be->copy2d(be, p->kpe, D->dr, act_at(be, ckv, D->rkv), D->L, N, D->dr, 0);
     if (D->qk_norm) { // Qwen3 k_norm on the shared rope key only (absorption stays exact)
         p->kpe_raw = p->kpe;
         ACT(p->kpe, N * D->dr);
@@ -130,8 +122,8 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     }
     // RoPE: q_pe of every head (head stride qd, after the d_nope values) and the
     // one shared k_pe. Interleaved pairs, results stored de-interleaved (§2.1).
-    be->rope_fwd(be, at(p->q, D->dn, es), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H, D->dr,
-                 ROPE_INTERLEAVED);
+    be->rope_fwd(be, act_at(be, p->q, D->dn), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H,
+                 D->dr, ROPE_INTERLEAVED);
     be->rope_fwd(be, p->kpe, D->dr, D->dr, pos, c->rope_cos, c->rope_sin, N, 1, D->dr, ROPE_INTERLEAVED);
     return 0;
 }
@@ -150,7 +142,6 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
                 layer_cache_t *cache, mla_saved_t *sv) {
     be_t *be = c->be;
     dims_t D = dims(c);
-    size_t es = D.es;
     int64_t N = (int64_t)B * T;
     int Tk = cache ? pos0 + T : T; // keys visible to the last query
     TRY(check_weights(c, &D, w));
@@ -176,11 +167,11 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
         void *kv = cache->u.mla.kv;
         int64_t cap = cache->cap;
         for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
-            void *row0 = at(kv, ((int64_t)b * cap + pos0) * D.L, es);
-            be->copy2d(be, row0, D.L, at(p.cn, (int64_t)b * T * D.rkv, es), D.rkv, T, D.rkv, 0);
-            be->copy2d(be, at(row0, D.rkv, es), D.L, at(p.kpe, (int64_t)b * T * D.dr, es), D.dr, T, D.dr, 0);
+            void *row0 = act_at(be, kv, ((int64_t)b * cap + pos0) * D.L);
+            be->copy2d(be, row0, D.L, act_at(be, p.cn, (int64_t)b * T * D.rkv), D.rkv, T, D.rkv, 0);
+            be->copy2d(be, act_at(be, row0, D.rkv), D.L, act_at(be, p.kpe, (int64_t)b * T * D.dr), D.dr, T, D.dr, 0);
         }
-        lat = kv, kr = at(kv, D.rkv, es);
+        lat = kv, kr = act_at(be, kv, D.rkv);
         ld_lat = ld_kr = D.L, seq = cap;
     }
 
@@ -192,22 +183,22 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
         lin_fwd(be, kvd, lat, w->kv_b, NK, D.rkv, kvw);
     else
         for (int b = 0; b < B; b++)
-            be->gemm(be, 0, 1, Tk, kvw, D.rkv, 1.0f, at(lat, (int64_t)b * seq * ld_lat, es), ld_lat, w->kv_b, D.rkv,
-                     0.0f, at(kvd, (int64_t)b * Tk * kvw, es), kvw);
+            be->gemm(be, 0, 1, Tk, kvw, D.rkv, 1.0f, act_at(be, lat, (int64_t)b * seq * ld_lat), ld_lat, w->kv_b, D.rkv,
+                     0.0f, act_at(be, kvd, (int64_t)b * Tk * kvw), kvw);
 
     // k [B, Tk, G, qd] = [k_nope | k_pe broadcast to every KV head], v [B, Tk, G, d_v]
     ACT(k, NK * D.G * D.qd);
     ACT(v, NK * D.G * D.dv);
     if (D.dn > 0) be->copy2d(be, k, D.qd, kvd, D.kvh, NK * D.G, D.dn, 0);
-    be->copy2d(be, v, D.dv, at(kvd, D.dn, es), D.kvh, NK * D.G, D.dv, 0);
+    be->copy2d(be, v, D.dv, act_at(be, kvd, D.dn), D.kvh, NK * D.G, D.dv, 0);
     // Without a cache the rope keys are contiguous across sequences: one copy per
     // KV head; from the cache, one per sequence and KV head.
     int nb = cache ? B : 1;
     int64_t rows = cache ? Tk : NK;
     for (int b = 0; b < nb; b++)
         for (int g = 0; g < D.G; g++)
-            be->copy2d(be, at(k, ((int64_t)b * Tk * D.G + g) * D.qd + D.dn, es), (int64_t)D.G * D.qd,
-                       at(kr, (int64_t)b * seq * ld_kr, es), ld_kr, rows, D.dr, 0);
+            be->copy2d(be, act_at(be, k, ((int64_t)b * Tk * D.G + g) * D.qd + D.dn), (int64_t)D.G * D.qd,
+                       act_at(be, kr, (int64_t)b * seq * ld_kr), ld_kr, rows, D.dr, 0);
 
     // Attention (bottom-right causal: query t sits at Tk - T + t), GQA H / G.
     float *lse;
@@ -246,7 +237,6 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
                  const mla_saved_t *sv) {
     be_t *be = c->be;
     dims_t D = dims(c);
-    size_t es = D.es;
     int B = sv->B, T = sv->T;
     int64_t N = (int64_t)B * T, kvw = (int64_t)D.G * D.kvh, Hqd = (int64_t)D.H * D.qd, Hdv = (int64_t)D.H * D.dv;
     TRY(check_weights(c, &D, w));
@@ -269,14 +259,15 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
     void *dkvd, *dkpe;
     ACT(dkvd, N * kvw);
     if (D.dn > 0) be->copy2d(be, dkvd, D.kvh, dk, D.qd, N * D.G, D.dn, 0);
-    be->copy2d(be, at(dkvd, D.dn, es), D.kvh, dv, D.dv, N * D.G, D.dv, 0);
+    be->copy2d(be, act_at(be, dkvd, D.dn), D.kvh, dv, D.dv, N * D.G, D.dv, 0);
     ACT(dkpe, N * D.dr);
     for (int gg = 0; gg < D.G; gg++)
-        be->copy2d(be, dkpe, D.dr, at(dk, (int64_t)gg * D.qd + D.dn, es), (int64_t)D.G * D.qd, N, D.dr, gg > 0);
+        be->copy2d(be, dkpe, D.dr, act_at(be, dk, (int64_t)gg * D.qd + D.dn), (int64_t)D.G * D.qd, N, D.dr, gg > 0);
 
     // RoPE is a rotation: its backward rotates the gradients back (in place).
     be->rope_bwd(be, dkpe, D.dr, D.dr, sv->pos, c->rope_cos, c->rope_sin, N, 1, D.dr, ROPE_INTERLEAVED);
-    be->rope_bwd(be, at(dq, D.dn, es), Hqd, D.qd, sv->pos, c->rope_cos, c->rope_sin, N, D.H, D.dr, ROPE_INTERLEAVED);
+    be->rope_bwd(be, act_at(be, dq, D.dn), Hqd, D.qd, sv->pos, c->rope_cos, c->rope_sin, N, D.H, D.dr,
+                 ROPE_INTERLEAVED);
 
     // Qwen3 norms (before RoPE in the forward, so after it here)
     if (D.qk_norm) {
@@ -302,7 +293,7 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
     // kv_a: its output gradient is [dc | dk_pe]; this product sets dx
     ACT(dckv, N * D.L);
     be->copy2d(be, dckv, D.L, dc, D.rkv, N, D.rkv, 0);
-    be->copy2d(be, at(dckv, D.rkv, es), D.L, dkpe, D.dr, N, D.dr, 0);
+    be->copy2d(be, act_at(be, dckv, D.rkv), D.L, dkpe, D.dr, N, D.dr, 0);
     lin_bwd(be, dx, 0, g->kv_a, dckv, sv->x, w->kv_a, N, D.d, D.L);
 
     // query path; adds to dx
@@ -333,7 +324,6 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
 int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
     be_t *be = c->be;
     dims_t D = dims(c);
-    size_t es = D.es;
     int len = cache->len;
     int64_t cap = cache->cap;
     TRY(check_weights(c, &D, w));
@@ -352,9 +342,9 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     TRY(project(c, &D, w, x, B, pos, 0, &p));
 
     // append row len of every sequence: sequences are cap rows apart
-    void *row = at(cache->u.mla.kv, (int64_t)len * D.L, es);
+    void *row = act_at(be, cache->u.mla.kv, (int64_t)len * D.L);
     be->copy2d(be, row, cap * D.L, p.cn, D.rkv, B, D.rkv, 0);
-    be->copy2d(be, at(row, D.rkv, es), cap * D.L, p.kpe, D.dr, B, D.dr, 0);
+    be->copy2d(be, act_at(be, row, D.rkv), cap * D.L, p.kpe, D.dr, B, D.dr, 0);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
     // batch over the G groups (A steps hpg heads, B steps one KV head's rows).
@@ -363,14 +353,14 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     ACT(qlat, B * Hr);
     if (D.dn > 0)
         for (int j = 0; j < D.hpg; j++)
-            be->gemm_batched(be, 0, 0, B, D.rkv, D.dn, 1.0f, at(p.q, (int64_t)j * D.qd, es), (int64_t)D.H * D.qd,
+            be->gemm_batched(be, 0, 0, B, D.rkv, D.dn, 1.0f, act_at(be, p.q, (int64_t)j * D.qd), (int64_t)D.H * D.qd,
                              (int64_t)D.hpg * D.qd, w->kv_b, D.rkv, (int64_t)D.kvh * D.rkv, 0.0f,
-                             at(qlat, (int64_t)j * D.rkv, es), Hr, (int64_t)D.hpg * D.rkv, D.G);
+                             act_at(be, qlat, (int64_t)j * D.rkv), Hr, (int64_t)D.hpg * D.rkv, D.G);
     else
-        be->memset0(be, qlat, (size_t)(B * Hr) * es);
+        be->memset0(be, qlat, (size_t)(B * Hr) * be->act_size);
     // the kernel reads q_pe as [B, H, d_rope]
     ACT(qpe, (int64_t)B * D.H * D.dr);
-    be->copy2d(be, qpe, D.dr, at(p.q, D.dn, es), D.qd, (int64_t)B * D.H, D.dr, 0);
+    be->copy2d(be, qpe, D.dr, act_at(be, p.q, D.dn), D.qd, (int64_t)B * D.H, D.dr, 0);
 
     ACT(olat, B * Hr);
     be->mla_decode_attn(be, olat, qlat, qpe, cache->u.mla.kv, cap, vis, B, D.H, D.rkv, D.dr, D.scale);
@@ -379,9 +369,10 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     int64_t Hdv = (int64_t)D.H * D.dv;
     ACT(att, B * Hdv);
     for (int j = 0; j < D.hpg; j++)
-        be->gemm_batched(be, 0, 1, B, D.dv, D.rkv, 1.0f, at(olat, (int64_t)j * D.rkv, es), Hr, (int64_t)D.hpg * D.rkv,
-                         at(w->kv_b, (int64_t)D.dn * D.rkv, es), D.rkv, (int64_t)D.kvh * D.rkv, 0.0f,
-                         at(att, (int64_t)j * D.dv, es), Hdv, (int64_t)D.hpg * D.dv, D.G);
+        be->gemm_batched(be, 0, 1, B, D.dv, D.rkv, 1.0f, act_at(be, olat, (int64_t)j * D.rkv), Hr,
+                         (int64_t)D.hpg * D.rkv, act_at(be, w->kv_b, (int64_t)D.dn * D.rkv), D.rkv,
+                         (int64_t)D.kvh * D.rkv, 0.0f, act_at(be, att, (int64_t)j * D.dv), Hdv, (int64_t)D.hpg * D.dv,
+                         D.G);
     lin_fwd(be, out, att, w->o, B, Hdv, D.d);
     return 0;
 }

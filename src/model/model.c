@@ -100,6 +100,7 @@ void model_free(model_t *m) {
         be->free(be, m->mla_sin);
         be->free(be, m->pos_buf);
     }
+    free(m->pos_host);
     free(m->lw);
     ptable_free(&m->pt);
     memset(m, 0, sizeof *m);
@@ -185,7 +186,7 @@ int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, in
     for (int i = 0; rc == 0 && i < m->pt.n; i++) {
         const param_t *p = &m->pt.p[i];
         rc = read_param(src, p, flags, host);
-        if (rc == 0) rc = be->upload_act(be, (char *)m->w + (size_t)p->off * be->act_size, host, p->numel);
+        if (rc == 0) rc = be->upload_act(be, act_at(be, m->w, p->off), host, p->numel);
     }
     if (rc == 0) rc = check_unknown(src, &m->pt, flags);
     free(host);
@@ -268,34 +269,75 @@ void model_state_reset(const model_t *m, model_state_t *st) {
 
 int model_prepare_positions(model_t *m, int B, int T, int pos0) {
     be_t *be = m->be;
+    // pos[0] only: pos[1] is the visible lengths of a step, which a later step
+    // at pos0 + 1 reads as positions but then needs its own lengths too.
+    if (ctx_pos_find(m->pos, m->n_pos ? 1 : 0, B, T, pos0)) return 0;
     int64_t need = (int64_t)B * T + B;
-    if (need > m->pos_cap) {
+    if (need > m->pos_cap) { // grown, never shrunk: a decode token allocates nothing
         int64_t cap = need > 4096 ? need : 4096;
         int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
-        if (!buf) return ERR_NOMEM;
+        int32_t *host = malloc((size_t)cap * sizeof(int32_t));
+        if (!buf || !host) {
+            be->free(be, buf);
+            free(host);
+            return err_set(ERR_NOMEM, "position arrays for %lld tokens", (long long)need);
+        }
         be->free(be, m->pos_buf);
-        m->pos_buf = buf, m->pos_cap = cap;
+        free(m->pos_host);
+        m->pos_buf = buf, m->pos_host = host, m->pos_cap = cap;
     }
-    int32_t *h = malloc((size_t)need * sizeof(int32_t));
-    if (!h) return err_set(ERR_NOMEM, "out of memory");
+    int32_t *h = m->pos_host;
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
         h[(int64_t)B * T + b] = pos0 + 1;
     }
-    int rc = be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t));
-    free(h);
-    TRY(rc);
-    m->n_pos = 0;
+    m->n_pos = 0; // a failed upload leaves nothing prepared
+    TRY(be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t)));
     m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf, B, T, pos0};
     if (T == 1) m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf + B, B, 1, pos0 + 1};
     return 0;
 }
 
-static layer_ctx_t layer_ctx(model_t *m, int l) {
+layer_ctx_t model_layer_ctx(model_t *m, int l) {
     layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos, m->pos, m->n_pos};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
+}
+
+int model_embed(model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x) {
+    for (int64_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= m->a.V)
+            return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
+    TRY(m->be->copy_h2d(m->be, d_ids, ids, (size_t)N * sizeof(int32_t)));
+    m->be->embed_fwd(m->be, x, m->embed, d_ids, N, m->a.d);
+    return 0;
+}
+
+int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                        layer_cache_t *cache, mixer_saved_t *sv) {
+    int step = cache && T == 1, rc;
+    switch (w->kind) {
+    case LAYER_ATTN:
+        rc = step ? attn_step(c, &w->attn, out, x, B, cache)
+                  : attn_forward(c, &w->attn, out, x, B, T, pos0, cache, sv ? &sv->attn : NULL);
+        break;
+    case LAYER_MLA:
+        rc = step ? mla_step(c, &w->mla, out, x, B, cache)
+                  : mla_forward(c, &w->mla, out, x, B, T, pos0, cache, sv ? &sv->mla : NULL);
+        break;
+    case LAYER_GDN:
+        rc = step ? gdn_step(c, &w->gdn, out, x, B, cache)
+                  : gdn_forward(c, &w->gdn, out, x, B, T, pos0, cache, sv ? &sv->gdn : NULL);
+        break;
+    case LAYER_M2:
+        rc = step ? m2_step(c, &w->m2, out, x, B, cache)
+                  : m2_forward(c, &w->m2, out, x, B, T, pos0, cache, sv ? &sv->m2 : NULL);
+        break;
+    default: rc = err_set(ERR_UNSUP, "unknown layer kind %d", (int)w->kind);
+    }
+    if (rc < 0) return err_wrap(rc, "layer %d (%s): ", c->layer, layer_kind_name(w->kind));
+    return 0;
 }
 
 // Runs every layer over x [B*T, d] (the residual stream, updated in place).
@@ -312,30 +354,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
     if (!xn || !y) return ERR_NOMEM;
     if (a->n_layers) be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
     for (int l = 0; l < a->n_layers; l++) {
-        layer_ctx_t c = layer_ctx(m, l);
+        layer_ctx_t c = model_layer_ctx(m, l);
         const layer_w_t *w = &m->lw[l];
         size_t mark = arena_mark(&m->arena);
-        layer_cache_t *cache = st ? &st->layers[l] : NULL;
-        int rc = 0;
-        switch (w->kind) {
-        case LAYER_ATTN:
-            rc = cache && T == 1 ? attn_step(&c, &w->attn, y, xn, B, cache)
-                                 : attn_forward(&c, &w->attn, y, xn, B, T, pos0, cache, NULL);
-            break;
-        case LAYER_MLA:
-            rc = cache && T == 1 ? mla_step(&c, &w->mla, y, xn, B, cache)
-                                 : mla_forward(&c, &w->mla, y, xn, B, T, pos0, cache, NULL);
-            break;
-        case LAYER_GDN:
-            rc = cache && T == 1 ? gdn_step(&c, &w->gdn, y, xn, B, cache)
-                                 : gdn_forward(&c, &w->gdn, y, xn, B, T, pos0, cache, NULL);
-            break;
-        case LAYER_M2:
-            rc = cache && T == 1 ? m2_step(&c, &w->m2, y, xn, B, cache)
-                                 : m2_forward(&c, &w->m2, y, xn, B, T, pos0, cache, NULL);
-            break;
-        }
-        if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
+        TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, st ? &st->layers[l] : NULL, NULL));
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
         if (l + 1 < a->n_layers)
@@ -347,11 +369,10 @@ static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
     return 0;
 }
 
-// Embeds ids (host [N]), runs the layers, final norm, and returns logits for
-// the rows selected by `rows` (host indices into [0, N), n_rows of them) into
-// host `logits` [n_rows, V].
-static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_state_t *st, const int64_t *rows,
-                          int64_t n_rows, float *logits) {
+// Embeds ids (host [N]), runs the layers, final norm, and returns into host
+// `logits` [n_rows, V] the logits of rows first + i * stride, i < n_rows.
+static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
+                          int64_t stride, int64_t n_rows, float *logits) {
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
@@ -360,25 +381,26 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
     int32_t *d_ids = arena_alloc(&m->arena, (size_t)N * sizeof(int32_t));
     void *x = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
     if (!d_ids || !x) return ERR_NOMEM;
-    for (int64_t i = 0; i < N; i++)
-        if (ids[i] < 0 || ids[i] >= a->V) return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], a->V);
-    TRY(be->copy_h2d(be, d_ids, ids, (size_t)N * sizeof(int32_t)));
-    be->embed_fwd(be, x, m->embed, d_ids, N, a->d);
+    TRY(model_embed(m, ids, N, d_ids, x));
     TRY(model_prepare_positions(m, B, T, st ? st->len : 0));
     TRY(run_layers(m, x, B, T, st));
     if (!logits) return be->sync(be);
-    // Gather the wanted rows, normalise, project (in slices to bound memory).
+    // Normalise and project the wanted rows, in slices to bound memory.
+    // Consecutive rows (decode steps, every position) are read in place; others
+    // (each sequence's last token of a prefill) are gathered by one strided copy.
     int64_t slice = 64;
-    void *h = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
+    void *h = stride != 1 ? arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size) : NULL;
     void *hn = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
     void *lg = arena_alloc(&m->arena, (size_t)slice * a->V * be->act_size);
-    if (!h || !hn || !lg) return ERR_NOMEM;
+    if ((stride != 1 && !h) || !hn || !lg) return ERR_NOMEM;
     for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
         int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
-        for (int64_t i = 0; i < n; i++)
-            be->copy_d2d(be, (char *)h + (size_t)i * a->d * be->act_size,
-                         (char *)x + (size_t)rows[r0 + i] * a->d * be->act_size, (size_t)a->d * be->act_size);
-        be->rmsnorm_fwd(be, hn, NULL, h, m->final_norm, n, a->d, a->eps);
+        const void *rows = act_at(be, x, (first + r0 * stride) * a->d);
+        if (stride != 1) {
+            be->copy2d(be, h, a->d, rows, stride * a->d, n, a->d, 0);
+            rows = h;
+        }
+        be->rmsnorm_fwd(be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
         lin_fwd(be, lg, hn, m->lm_head, n, a->d, a->V);
         TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
     }
@@ -392,46 +414,28 @@ int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int 
                        st->cap);
     if (chunk <= 0) chunk = T;
     int32_t *part = malloc((size_t)B * chunk * sizeof(int32_t));
-    int64_t *rows = malloc((size_t)B * sizeof(int64_t));
-    if (!part || !rows) {
-        free(part);
-        free(rows);
-        return err_set(ERR_NOMEM, "out of memory");
-    }
+    if (!part) return err_set(ERR_NOMEM, "out of memory");
     int rc = 0;
     for (int t0 = 0; t0 < T && rc == 0; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
-        for (int b = 0; b < B; b++) {
+        for (int b = 0; b < B; b++)
             memcpy(part + (size_t)b * n, ids + (size_t)b * T + t0, (size_t)n * sizeof(int32_t));
-            rows[b] = (int64_t)b * n + n - 1;
-        }
         int last = t0 + n == T;
-        rc = forward_logits(m, part, B, n, st, rows, B, last ? logits : NULL);
+        // each sequence's last token: rows n - 1, 2n - 1, ...
+        rc = forward_logits(m, part, B, n, st, n - 1, n, B, last ? logits : NULL);
         if (rc == 0) set_len(m, st, st->len + n);
     }
     free(part);
-    free(rows);
     return rc;
 }
 
 int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits) {
     if (st->len + 1 > st->cap) return err_set(ERR_INPUT, "context capacity %d reached", st->cap);
-    int64_t rows[256];
-    if (st->B > 256) return err_set(ERR_INPUT, "at most 256 sequences per step");
-    for (int b = 0; b < st->B; b++)
-        rows[b] = b;
-    TRY(forward_logits(m, ids, st->B, 1, st, rows, st->B, logits));
+    TRY(forward_logits(m, ids, st->B, 1, st, 0, 1, st->B, logits));
     set_len(m, st, st->len + 1);
     return 0;
 }
 
 int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits) {
-    int64_t N = (int64_t)B * T;
-    int64_t *rows = malloc((size_t)N * sizeof(int64_t));
-    if (!rows) return err_set(ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i < N; i++)
-        rows[i] = i;
-    int rc = forward_logits(m, ids, B, T, NULL, rows, N, logits);
-    free(rows);
-    return rc;
+    return forward_logits(m, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
 }

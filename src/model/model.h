@@ -39,8 +39,9 @@ typedef struct {
     arena_t arena;    // device memory for one step's activations
     ctx_pos_t pos[2]; // the current step's position arrays (positions; decode: visible lengths)
     int n_pos;
-    int32_t *pos_buf; // device memory behind pos[] (outlives arena resets)
-    int64_t pos_cap;
+    int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
+    int32_t *pos_host; // its host staging buffer
+    int64_t pos_cap;   // elements of each
 } model_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.
@@ -57,8 +58,9 @@ int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, in
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
 void model_free(model_t *m);
 // Uploads a step's position arrays for every layer to share: pos0 + t for B
-// rows of T tokens and, when T == 1, the visible lengths pos0 + 1. They stay
-// valid (arena resets do not touch them) until the next call.
+// rows of T tokens and, when T == 1, the visible lengths pos0 + 1 (nothing to
+// do when the last call prepared the same). They stay valid (arena resets do
+// not touch them) until the next call.
 int model_prepare_positions(model_t *m, int B, int T, int pos0);
 // Grows the RoPE tables to cover positions [0, n_pos).
 int model_ensure_positions(model_t *m, int n_pos);
@@ -86,3 +88,25 @@ int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int 
 int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits);
 // Logits of every position of B sequences of T tokens without a cache (host [B*T, V]).
 int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits);
+
+// ---- pieces shared by inference and the training forward (train_fwd.c) --------
+// What a mixer saves for its backward, by layer kind.
+typedef union {
+    attn_saved_t attn;
+    mla_saved_t mla;
+    gdn_saved_t gdn;
+    m2_saved_t m2;
+} mixer_saved_t;
+
+// The context layer l runs in: the model's arena and prepared positions, and
+// the RoPE tables of the layer's kind.
+layer_ctx_t model_layer_ctx(model_t *m, int l);
+// Checks the token ids (host [N]) against the vocabulary, uploads them to
+// d_ids (device [N], kept for the embedding backward) and embeds them into x
+// (act [N, d]).
+int model_embed(model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x);
+// The token mixer of layer c->layer with weights w over x [B*T, d] (normed)
+// -> out: its kind's X_step for one token per sequence with a cache, else
+// X_forward (layer.h contract). sv (training) NULL, or filled for the backward.
+int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                        layer_cache_t *cache, mixer_saved_t *sv);

@@ -5,38 +5,23 @@
 
 #include "base/err.h"
 
-// Positions: block_forward prepares the step's (B, T, 0) array once; the
-// backward reads the same array through the layers' saved pointers.
-static layer_ctx_t train_ctx(model_t *m, int l) {
-    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos, m->pos, m->n_pos};
-    if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
-    return c;
-}
-
 int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved_t *sv) {
     be_t *be = m->be;
     const arch_t *a = &m->a;
     const layer_w_t *w = &m->lw[l];
-    layer_ctx_t c = train_ctx(m, l);
+    layer_ctx_t c = model_layer_ctx(m, l);
     int64_t N = (int64_t)B * T, nd = N * a->d;
     memset(sv, 0, sizeof *sv);
     sv->x_in = x_in, sv->B = B, sv->T = T;
-    if (!(m->n_pos && m->pos[0].B == B && m->pos[0].T == T && m->pos[0].pos0 == 0))
-        TRY(model_prepare_positions(m, B, T, 0));
+    // The step's (B, T, 0) positions, uploaded by the first block only; the
+    // backward reads the same array through the layers' saved pointers.
+    TRY(model_prepare_positions(m, B, T, 0));
     sv->xn1 = ctx_act(&c, nd), sv->a = ctx_act(&c, nd), sv->x_mid = ctx_act(&c, nd);
     sv->xn2 = ctx_act(&c, nd), sv->x_out = ctx_act(&c, nd);
     sv->rstd1 = ctx_f32(&c, N), sv->rstd2 = ctx_f32(&c, N);
     if (!sv->xn1 || !sv->a || !sv->x_mid || !sv->xn2 || !sv->x_out || !sv->rstd1 || !sv->rstd2) return ERR_NOMEM;
     be->rmsnorm_fwd(be, sv->xn1, sv->rstd1, x_in, w->norm1, N, a->d, a->eps);
-    int rc;
-    switch (w->kind) {
-    case LAYER_ATTN: rc = attn_forward(&c, &w->attn, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.attn); break;
-    case LAYER_MLA: rc = mla_forward(&c, &w->mla, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.mla); break;
-    case LAYER_GDN: rc = gdn_forward(&c, &w->gdn, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.gdn); break;
-    case LAYER_M2: rc = m2_forward(&c, &w->m2, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix.m2); break;
-    default: rc = err_set(ERR_UNSUP, "training %s layers", layer_kind_name(w->kind));
-    }
-    if (rc < 0) return err_wrap(rc, "layer %d (%s): ", l, layer_kind_name(w->kind));
+    TRY(model_mixer_forward(&c, w, sv->a, sv->xn1, B, T, 0, NULL, &sv->mix));
     be->copy_d2d(be, sv->x_mid, x_in, (size_t)nd * be->act_size);
     be->add_rmsnorm_fwd(be, sv->xn2, sv->rstd2, sv->x_mid, sv->a, w->norm2, N, a->d, a->eps);
     TRY(mlp_forward(&c, &w->mlp, sv->x_out, sv->xn2, N, &sv->mlp));
@@ -49,7 +34,7 @@ int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, con
     be_t *be = m->be;
     const arch_t *a = &m->a;
     const layer_w_t *w = &m->lw[l];
-    layer_ctx_t c = train_ctx(m, l);
+    layer_ctx_t c = model_layer_ctx(m, l);
     int64_t N = (int64_t)sv->B * sv->T, nd = N * a->d;
     size_t mark = arena_mark(&m->arena);
     void *dxn = ctx_act(&c, nd), *dmid = ctx_act(&c, nd), *tmp = ctx_act(&c, nd);
@@ -96,10 +81,7 @@ int model_forward_train(model_t *m, const int32_t *ids, int B, int T, model_acts
     acts->h = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
     acts->rstd_f = arena_alloc(&m->arena, (size_t)N * sizeof(float));
     if (!acts->ids || !acts->x0 || !acts->h || !acts->rstd_f) return ERR_NOMEM;
-    for (int64_t i = 0; i < N; i++)
-        if (ids[i] < 0 || ids[i] >= a->V) return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], a->V);
-    TRY(be->copy_h2d(be, acts->ids, ids, (size_t)N * sizeof(int32_t)));
-    be->embed_fwd(be, acts->x0, m->embed, acts->ids, N, a->d);
+    TRY(model_embed(m, ids, N, acts->ids, acts->x0));
     const void *x = acts->x0;
     for (int l = 0; l < a->n_layers; l++) {
         TRY(block_forward(m, l, x, B, T, &acts->blocks[l]));

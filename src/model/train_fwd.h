@@ -13,12 +13,7 @@ typedef struct {
     const void *x_in;                    // [N, d] block input (owned by the caller)
     void *xn1, *a, *x_mid, *xn2, *x_out; // [N, d] each
     float *rstd1, *rstd2;                // [N]
-    union {
-        attn_saved_t attn;
-        mla_saved_t mla;
-        gdn_saved_t gdn;
-        m2_saved_t m2;
-    } mix;
+    mixer_saved_t mix;
     mlp_saved_t mlp;
     int B, T;
 } block_saved_t;

@@ -2,13 +2,16 @@
 
 #include <lapacke.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
 #include "base/rng.h"
+#include "model/attn.h"
+#include "model/gdn.h"
+#include "model/m2.h"
+#include "model/mla.h"
 
 // ---- student architecture ----------------------------------------------------
 
@@ -61,39 +64,28 @@ int upc_student_arch(const arch_t *t, const int *mla_layers, int n_mla, layer_ki
     memset(s->mla_rank_q, 0, sizeof s->mla_rank_q);
     memset(s->mla_rank_kv, 0, sizeof s->mla_rank_kv);
     // GDN (FLA rule used by HyLo): H*K = floor(0.75 d) in heads of 256, Dv = 2K.
-    gdn_dims_t *g = &s->gdn;
-    g->head_k = dims->gdn_head_dim ? dims->gdn_head_dim : 256;
-    g->n_heads = dims->gdn_heads ? dims->gdn_heads : (int)(0.75 * t->d) / g->head_k;
-    if (g->n_heads < 1) g->n_heads = 1;
-    g->n_v_heads = g->n_heads;
-    g->head_v = 2 * g->head_k;
-    g->conv = 4;
-    g->use_gate = 1;
-    g->allow_neg_eigval = 0;
-    g->norm_eps = 1e-6f;
+    s->gdn = arch_gdn_hylo(t->d, dims->gdn_head_dim);
+    if (dims->gdn_heads) s->gdn.n_heads = s->gdn.n_v_heads = dims->gdn_heads;
     // Mamba-2 (Zebra-Llama / MambaInLlama): one SSM head per attention head.
-    m2_dims_t *m2 = &s->m2;
-    m2->d_inner = t->H * t->dh;
-    m2->d_xb = t->Hkv * t->dh;
-    m2->n_heads = t->H;
-    m2->headdim = t->dh;
-    m2->d_state = t->dh;
-    m2->conv = 4;
-    m2->chunk = 256;
-    m2->norm_eps = 1e-5f;
+    s->m2 = arch_m2_from_attention(t);
     return arch_validate(s, "student");
 }
 
 // ---- helpers -------------------------------------------------------------------
 
-static float *P(const ptable_t *pt, const float *buf, const char *fmt, ...) {
-    char name[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    const param_t *p = ptable_find(pt, name);
-    return p ? (float *)buf + p->off : NULL;
+// The teacher's attention weights of layer l, fp32 views into tw (read only):
+// q, k, v, o, and q_norm, k_norm when it has them (Qwen3). An error names a
+// missing tensor.
+static int teacher_attn(const ptable_t *tpt, const float *tw, int l, attn_w_t *w) {
+    int rc = attn_w_bind(w, tpt, (void *)tw, sizeof(float), l);
+    return rc < 0 ? err_wrap(rc, "teacher: ") : 0;
+}
+
+// The teacher row (of W_q, or of a q_norm over one head when h = 0) of row j
+// of MLA query head h: the nope part (j < d_nope) takes the head's first rows,
+// the rope part its last d_rope rows.
+static int q_src_row(int dh, const mla_dims_t *m, int h, int j) {
+    return h * dh + (j < m->d_nope ? j : dh - m->d_rope + (j - m->d_nope));
 }
 
 static int copy_param(const ptable_t *tpt, const float *tw, const ptable_t *spt, float *sw, const char *name) {
@@ -166,19 +158,20 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
     int d = t->d, H = t->H, Hkv = t->Hkv, dh = t->dh, n = m->d_nope, p = m->d_rope, v = m->d_v, G = m->n_kv;
     int rq = arch_mla_rq(s, l), rkv = arch_mla_rkv(s, l), qd = n + p;
     if (G % Hkv) return err_set(ERR_INPUT, "MLA kv heads %d must be a multiple of the teacher's %d", G, Hkv);
-    const float *Wq = P(tpt, tw, "model.layers.%d.self_attn.q_proj.weight", l);
-    const float *Wk = P(tpt, tw, "model.layers.%d.self_attn.k_proj.weight", l);
-    const float *Wv = P(tpt, tw, "model.layers.%d.self_attn.v_proj.weight", l);
-    const float *Wo = P(tpt, tw, "model.layers.%d.self_attn.o_proj.weight", l);
-    if (!Wq || !Wk || !Wv || !Wo) return err_set(ERR_INPUT, "upcycle: teacher layer %d has no attention weights", l);
+    attn_w_t ta;
+    mla_w_t st; // the student's views (float)
+    TRY(teacher_attn(tpt, tw, l, &ta));
+    TRY(mla_w_bind(&st, spt, sw, sizeof(float), l));
+    if (rq > 0 ? !(st.q_a && st.q_b) : !st.q_proj)
+        return err_set(ERR_INPUT, "MLA layer %d: the student has no %s", l, rq > 0 ? "q_a_proj + q_b_proj" : "q_proj");
+    const float *Wq = ta.q, *Wk = ta.k, *Wv = ta.v, *Wo = ta.o;
     int rc = 0;
     // Query: W_q = U S V^T; q_a = S_r V_r^T; q_b rows per head: the first n and
     // the last p rows of that head's block of U_r.
     if (rq > 0) {
         float *U = malloc((size_t)H * dh * rq * sizeof(float)), *S = malloc((size_t)rq * sizeof(float));
         float *Vt = malloc((size_t)rq * d * sizeof(float));
-        float *qa = P(spt, sw, "model.layers.%d.mla.q_a_proj.weight", l);
-        float *qb = P(spt, sw, "model.layers.%d.mla.q_b_proj.weight", l);
+        float *qa = st.q_a, *qb = st.q_b;
         if (!U || !S || !Vt) rc = err_set(ERR_NOMEM, "out of memory");
         if (rc == 0) rc = upc_svd(Wq, H * dh, d, rq, U, S, Vt, NULL);
         if (rc == 0) {
@@ -186,22 +179,20 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
                 for (int c = 0; c < d; c++)
                     qa[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
             for (int h = 0; h < H; h++)
-                for (int j = 0; j < qd; j++) {
-                    int src = h * dh + (j < n ? j : dh - p + (j - n));
-                    memcpy(qb + ((int64_t)h * qd + j) * rq, U + (int64_t)src * rq, (size_t)rq * sizeof(float));
-                }
+                for (int j = 0; j < qd; j++)
+                    memcpy(qb + ((int64_t)h * qd + j) * rq, U + (int64_t)q_src_row(dh, m, h, j) * rq,
+                           (size_t)rq * sizeof(float));
         }
         free(U);
         free(S);
         free(Vt);
         if (rc < 0) return rc;
     } else {
-        float *q = P(spt, sw, "model.layers.%d.mla.q_proj.weight", l);
+        float *q = st.q_proj;
         for (int h = 0; h < H; h++)
-            for (int j = 0; j < qd; j++) {
-                int src = h * dh + (j < n ? j : dh - p + (j - n));
-                memcpy(q + ((int64_t)h * qd + j) * d, Wq + (int64_t)src * d, (size_t)d * sizeof(float));
-            }
+            for (int j = 0; j < qd; j++)
+                memcpy(q + ((int64_t)h * qd + j) * d, Wq + (int64_t)q_src_row(dh, m, h, j) * d,
+                       (size_t)d * sizeof(float));
     }
     // Keys and values share one latent: W_kv = [K'; V'] with the teacher's KV
     // heads repeated to G heads; kv_a = [S_r V_r^T ; head-mean of K's last p rows].
@@ -218,8 +209,7 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
         rc = upc_svd(Wkv, rows, d, rkv, U, S, Vt, NULL);
     }
     if (rc == 0) {
-        float *kva = P(spt, sw, "model.layers.%d.mla.kv_a_proj_with_mqa.weight", l);
-        float *kvb = P(spt, sw, "model.layers.%d.mla.kv_b_proj.weight", l);
+        float *kva = st.kv_a, *kvb = st.kv_b;
         for (int i = 0; i < rkv; i++)
             for (int c = 0; c < d; c++)
                 kva[(int64_t)i * d + c] = S[i] * Vt[(int64_t)i * d + c];
@@ -239,22 +229,18 @@ int upc_mla_from_attention(const arch_t *t, const ptable_t *tpt, const float *tw
                        (size_t)rkv * sizeof(float));
         }
         // out_proj from o_proj: the first v input columns of each head.
-        float *o = P(spt, sw, "model.layers.%d.mla.out_proj.weight", l);
+        float *o = st.o;
         for (int r = 0; r < d; r++)
             for (int h = 0; h < H; h++)
                 memcpy(o + (int64_t)r * H * v + (int64_t)h * v, Wo + (int64_t)r * H * dh + (int64_t)h * dh,
                        (size_t)v * sizeof(float));
-        float *qan = P(spt, sw, "model.layers.%d.mla.q_a_layernorm.weight", l);
-        float *kvn = P(spt, sw, "model.layers.%d.mla.kv_a_layernorm.weight", l);
-        if (qan) fill_const(qan, rq, 1.0f);
-        if (kvn) fill_const(kvn, rkv, 1.0f);
-        float *qn = P(spt, sw, "model.layers.%d.mla.q_norm.weight", l);
-        float *kn = P(spt, sw, "model.layers.%d.mla.k_norm.weight", l);
-        const float *tqn = P(tpt, tw, "model.layers.%d.self_attn.q_norm.weight", l);
-        const float *tkn = P(tpt, tw, "model.layers.%d.self_attn.k_norm.weight", l);
+        if (st.q_a_norm) fill_const(st.q_a_norm, rq, 1.0f);
+        if (st.kv_a_norm) fill_const(st.kv_a_norm, rkv, 1.0f);
+        float *qn = st.q_norm, *kn = st.k_norm;
+        const float *tqn = ta.q_norm, *tkn = ta.k_norm;
         if (qn && tqn)
             for (int j = 0; j < qd; j++)
-                qn[j] = tqn[j < n ? j : dh - p + (j - n)];
+                qn[j] = tqn[q_src_row(dh, m, 0, j)];
         if (kn && tkn)
             for (int j = 0; j < p; j++)
                 kn[j] = tkn[dh - p + j];
@@ -273,12 +259,13 @@ static int gdn_from_attention(const arch_t *t, const ptable_t *tpt, const float 
     const gdn_dims_t *g = &s->gdn;
     int d = t->d, H = t->H, Hkv = t->Hkv, dh = t->dh, rep = H / Hkv;
     int64_t kd = (int64_t)g->n_heads * g->head_k, vd = (int64_t)g->n_v_heads * g->head_v, qw = (int64_t)H * dh;
-    const float *Wq = P(tpt, tw, "model.layers.%d.self_attn.q_proj.weight", l);
-    const float *Wk = P(tpt, tw, "model.layers.%d.self_attn.k_proj.weight", l);
-    const float *Wv = P(tpt, tw, "model.layers.%d.self_attn.v_proj.weight", l);
-    const float *Wo = P(tpt, tw, "model.layers.%d.self_attn.o_proj.weight", l);
-#define S_(name) P(spt, sw, "model.layers.%d.gdn." name, l)
-    float *q = S_("q_proj.weight"), *k = S_("k_proj.weight"), *v = S_("v_proj.weight"), *o = S_("o_proj.weight");
+    attn_w_t ta;
+    gdn_w_t st; // the student's views (float)
+    TRY(teacher_attn(tpt, tw, l, &ta));
+    TRY(gdn_w_bind(&st, spt, sw, sizeof(float), l));
+    if (g->use_gate && !st.g_proj) return err_set(ERR_INPUT, "GDN layer %d: use_gate without g_proj", l);
+    const float *Wq = ta.q, *Wk = ta.k, *Wv = ta.v, *Wo = ta.o;
+    float *q = st.q_proj, *k = st.k_proj, *v = st.v_proj, *o = st.o_proj;
     // Rows with no teacher counterpart keep the default init; then the overlap is copied.
     fill_kaiming(r, q, kd * d, d);
     fill_kaiming(r, k, kd * d, d);
@@ -293,20 +280,19 @@ static int gdn_from_attention(const arch_t *t, const ptable_t *tpt, const float 
         memcpy(v + i * d, Wv + ((i / dh) / rep * dh + i % dh) * d, (size_t)d * sizeof(float));
     for (int rr = 0; rr < d; rr++)
         memcpy(o + (int64_t)rr * vd, Wo + (int64_t)rr * qw, (size_t)nv * sizeof(float));
-    fill_kaiming(r, S_("a_proj.weight"), (int64_t)g->n_v_heads * d, d);
-    fill_kaiming(r, S_("b_proj.weight"), (int64_t)g->n_v_heads * d, d);
-    if (g->use_gate) fill_kaiming(r, S_("g_proj.weight"), vd * d, d);
-    float *A_log = S_("A_log");
+    fill_kaiming(r, st.a_proj, (int64_t)g->n_v_heads * d, d);
+    fill_kaiming(r, st.b_proj, (int64_t)g->n_v_heads * d, d);
+    if (g->use_gate) fill_kaiming(r, st.g_proj, vd * d, d);
+    float *A_log = st.A_log;
     for (int i = 0; i < g->n_v_heads; i++) { // A ~ U(0, 16) (FLA), A_log = ln A
         float u = rng_uniform(r) * 16.0f;
         A_log[i] = logf(u > 1e-6f ? u : 1e-6f);
     }
-    fill_dt_bias(r, S_("dt_bias"), g->n_v_heads);
-    fill_kaiming(r, S_("q_conv1d.weight"), kd * g->conv, g->conv);
-    fill_kaiming(r, S_("k_conv1d.weight"), kd * g->conv, g->conv);
-    fill_kaiming(r, S_("v_conv1d.weight"), vd * g->conv, g->conv);
-    fill_const(S_("o_norm.weight"), g->head_v, 1.0f);
-#undef S_
+    fill_dt_bias(r, st.dt_bias, g->n_v_heads);
+    fill_kaiming(r, st.q_conv, kd * g->conv, g->conv);
+    fill_kaiming(r, st.k_conv, kd * g->conv, g->conv);
+    fill_kaiming(r, st.v_conv, vd * g->conv, g->conv);
+    fill_const(st.o_norm, g->head_v, 1.0f);
     return 0;
 }
 
@@ -319,28 +305,26 @@ static int m2_from_attention(const arch_t *t, const ptable_t *tpt, const float *
     if (m->d_inner != t->H * t->dh || m->d_xb != t->Hkv * t->dh)
         return err_set(ERR_INPUT, "Mamba-2 init needs d_inner = H*dh (%d) and d_xb = Hkv*dh (%d)", t->H * t->dh,
                        t->Hkv * t->dh);
-    const float *Wq = P(tpt, tw, "model.layers.%d.self_attn.q_proj.weight", l);
-    const float *Wk = P(tpt, tw, "model.layers.%d.self_attn.k_proj.weight", l);
-    const float *Wv = P(tpt, tw, "model.layers.%d.self_attn.v_proj.weight", l);
-    const float *Wo = P(tpt, tw, "model.layers.%d.self_attn.o_proj.weight", l);
-#define S_(name) P(spt, sw, "model.layers.%d.mamba." name, l)
-    float *in = S_("in_proj.weight");
+    attn_w_t ta;
+    m2_w_t st; // the student's views (float)
+    TRY(teacher_attn(tpt, tw, l, &ta));
+    TRY(m2_w_bind(&st, spt, sw, sizeof(float), l));
+    float *in = st.in_proj;
     int64_t di = m->d_inner, dxb = m->d_xb, conv_dim = di + 2 * dxb;
     fill_kaiming(r, in, di * d, d);                                           // z
-    memcpy(in + di * d, Wv, (size_t)dxb * d * sizeof(float));                 // x <- W_V
-    memcpy(in + (di + dxb) * d, Wk, (size_t)dxb * d * sizeof(float));         // B <- W_K
-    memcpy(in + (di + 2 * dxb) * d, Wq, (size_t)di * d * sizeof(float));      // C <- W_Q
+    memcpy(in + di * d, ta.v, (size_t)dxb * d * sizeof(float));               // x <- W_V
+    memcpy(in + (di + dxb) * d, ta.k, (size_t)dxb * d * sizeof(float));       // B <- W_K
+    memcpy(in + (di + 2 * dxb) * d, ta.q, (size_t)di * d * sizeof(float));    // C <- W_Q
     fill_kaiming(r, in + (2 * di + 2 * dxb) * d, (int64_t)m->n_heads * d, d); // dt
-    fill_kaiming(r, S_("conv1d.weight"), conv_dim * m->conv, m->conv);
-    fill_kaiming(r, S_("conv1d.bias"), conv_dim, m->conv);
-    fill_dt_bias(r, S_("dt_bias"), m->n_heads);
-    float *A_log = S_("A_log");
+    fill_kaiming(r, st.conv_w, conv_dim * m->conv, m->conv);
+    fill_kaiming(r, st.conv_b, conv_dim, m->conv);
+    fill_dt_bias(r, st.dt_bias, m->n_heads);
+    float *A_log = st.A_log;
     for (int i = 0; i < m->n_heads; i++)
         A_log[i] = logf(rng_range(r, 1.0f, 16.0f));
-    fill_const(S_("D"), m->n_heads, 1.0f);
-    fill_const(S_("norm.weight"), di, 1.0f);
-    memcpy(S_("out_proj.weight"), Wo, (size_t)d * di * sizeof(float));
-#undef S_
+    fill_const(st.D, m->n_heads, 1.0f);
+    fill_const(st.norm, di, 1.0f);
+    memcpy(st.out_proj, ta.o, (size_t)d * di * sizeof(float));
     return 0;
 }
 

@@ -304,6 +304,51 @@ static void test_chunk_split(void **st) {
     rule_free(&r);
 }
 
+// Temporaries come from the scratch arena, or the heap when it is too small
+// (as cpu_ssd and cpu_loss do): same results bit for bit (each (b, head) is
+// computed by one thread in a fixed order either way), and the arena is left
+// as it was found. A scratch arena too small for the per-thread tiles used to
+// give NaN outputs.
+static void test_chunk_scratch(void **st) {
+    be_t *be = tu_cpu(), *small = NULL;
+    assert_int_equal(be_create(&small, "cpu", 4096), 0);
+    rule_in r;
+    int B = 2, T = 70, H = 2, HV = 4, K = 16, Dv = 24;
+    rule_make(&r, B, T, H, HV, K, Dv, 555, 1.0f);
+    int64_t nq = (int64_t)B * T * H * K, nv = (int64_t)B * T * HV * Dv, ng = (int64_t)B * T * HV;
+    int64_t ns = (int64_t)B * HV * Dv * K;
+    float *o[2], *S[2], *orec[2], *dq[2], *dk[2], *dv[2], *dg[2], *db[2], *ds[2];
+    be_t *bes[2] = {be, small};
+    size_t used = be->scratch.used;
+    for (int i = 0; i < 2; i++) {
+        be_t *e = bes[i];
+        o[i] = zeros(nv), S[i] = copy(r.state0, ns), orec[i] = zeros(nv);
+        dq[i] = zeros(nq), dk[i] = zeros(nq), dv[i] = zeros(nv), dg[i] = zeros(ng), db[i] = zeros(ng);
+        ds[i] = zeros(ns);
+        e->gdn_chunk_fwd(e, o[i], S[i], 1, r.q, r.k, r.v, r.g, r.beta, r.scale, B, T, H, HV, K, Dv);
+        e->gdn_recurrent_fwd(e, orec[i], NULL, r.q, r.k, r.v, r.g, r.beta, r.scale, B, T, H, HV, K, Dv);
+        e->gdn_chunk_bwd(e, dq[i], dk[i], dv[i], dg[i], db[i], ds[i], r.dout, r.dstate_final, r.q, r.k, r.v, r.g,
+                         r.beta, r.state0, r.scale, B, T, H, HV, K, Dv);
+    }
+    assert_int_equal(be->scratch.used, used);
+    assert_int_equal(small->scratch.used, 0);
+    assert_memory_equal(o[0], o[1], (size_t)nv * sizeof(float));
+    assert_memory_equal(S[0], S[1], (size_t)ns * sizeof(float));
+    assert_memory_equal(orec[0], orec[1], (size_t)nv * sizeof(float));
+    assert_memory_equal(dq[0], dq[1], (size_t)nq * sizeof(float));
+    assert_memory_equal(dk[0], dk[1], (size_t)nq * sizeof(float));
+    assert_memory_equal(dv[0], dv[1], (size_t)nv * sizeof(float));
+    assert_memory_equal(dg[0], dg[1], (size_t)ng * sizeof(float));
+    assert_memory_equal(db[0], db[1], (size_t)ng * sizeof(float));
+    assert_memory_equal(ds[0], ds[1], (size_t)ns * sizeof(float));
+    assert_false(isnan(o[1][0]) || isnan(dq[1][0]));
+    for (int i = 0; i < 2; i++)
+        free(o[i]), free(S[i]), free(orec[i]), free(dq[i]), free(dk[i]), free(dv[i]), free(dg[i]), free(db[i]),
+            free(ds[i]);
+    be_destroy(small);
+    rule_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gate),
@@ -311,6 +356,7 @@ int main(void) {
         cmocka_unit_test(test_recurrent_bwd_fd),
         cmocka_unit_test(test_chunk_vs_recurrent),
         cmocka_unit_test(test_chunk_split),
+        cmocka_unit_test(test_chunk_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

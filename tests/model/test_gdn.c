@@ -174,18 +174,6 @@ static void test_gradcheck_from_cache(void **st) { gradcheck_case(2, 2, 1, 0, 1)
 // Inference: decode steps and prefill in pieces equal one forward
 // ---------------------------------------------------------------------------
 
-// rows [t0, t0+n) of every sequence of x [B,T,d] into y [B,n,d] (or back)
-static void slice(float *y, const float *x, int B, int T, int t0, int n, int d, int back) {
-    for (int b = 0; b < B; b++) {
-        float *ys = y + (int64_t)b * n * d;
-        float *xs = (float *)x + ((int64_t)b * T + t0) * d;
-        if (back)
-            memcpy(xs, ys, (size_t)n * d * sizeof(float));
-        else
-            memcpy(ys, xs, (size_t)n * d * sizeof(float));
-    }
-}
-
 // The chunked rule vs the recurrence and chunk boundaries in other places:
 // fp32 rounding in different orders only (measured ~1e-7 .. 1e-6 relative
 // at the op level); 1e-5 still catches any state or conv-cache mistake, which
@@ -219,15 +207,15 @@ static void test_decode(void **st) {
     assert_int_equal(gdn_forward(&f.c, &f.w, ref, x, B, T, 0, &cref, NULL), 0);
     tu_ctx_reset(&f.c);
     // prefill 50 tokens, then 30 decode steps
-    slice(xp, x, B, T, 0, Tp, d, 0);
+    tu_rows_gather(xp, x, B, T, 0, Tp, d);
     assert_int_equal(gdn_forward(&f.c, &f.w, op, xp, B, Tp, 0, &cache, NULL), 0);
-    slice(op, got, B, T, 0, Tp, d, 1);
+    tu_rows_scatter(got, op, B, T, 0, Tp, d);
     tu_ctx_reset(&f.c);
     for (int t = Tp; t < T; t++) {
         float xt[2 * 32], ot[2 * 32];
-        slice(xt, x, B, T, t, 1, d, 0);
+        tu_rows_gather(xt, x, B, T, t, 1, d);
         assert_int_equal(gdn_step(&f.c, &f.w, ot, xt, B, &cache), 0);
-        slice(ot, got, B, T, t, 1, d, 1);
+        tu_rows_scatter(got, ot, B, T, t, 1, d);
         tu_ctx_reset(&f.c);
     }
     double e = tu_rel_err(got, ref, (int64_t)B * T * d), es = cache_rel_err(&cache, &cref, &f.a);
@@ -259,9 +247,9 @@ static void test_prefill_pieces(void **st) {
     int t0 = 0;
     for (int p = 0; p < 3; p++) {
         int n = pieces[p];
-        slice(xs, x, B, T, t0, n, d, 0);
+        tu_rows_gather(xs, x, B, T, t0, n, d);
         assert_int_equal(gdn_forward(&f.c, &f.w, os, xs, B, n, t0, &cache, NULL), 0);
-        slice(os, got, B, T, t0, n, d, 1);
+        tu_rows_scatter(got, os, B, T, t0, n, d);
         tu_ctx_reset(&f.c);
         t0 += n;
     }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "model/m2.h"
 #include "testutil.h"
 
@@ -270,16 +271,6 @@ static void test_m2_reference(void **st) {
 
 // ---- inference consistency -----------------------------------------------------
 
-// Rows [t0, t0 + n) of each of B sequences of x [B, T, d] into dst [B, n, d].
-static void gather(float *dst, const float *x, int B, int T, int t0, int n, int d) {
-    for (int b = 0; b < B; b++)
-        memcpy(dst + (int64_t)b * n * d, x + ((int64_t)b * T + t0) * d, (size_t)n * d * sizeof(float));
-}
-static void scatter(float *y, const float *src, int B, int T, int t0, int n, int d) {
-    for (int b = 0; b < B; b++)
-        memcpy(y + ((int64_t)b * T + t0) * d, src + (int64_t)b * n * d, (size_t)n * d * sizeof(float));
-}
-
 // Chunked and recurrent SSD, one forward and pieces all sum the same terms in
 // different fp32 orders: measured differences are ~1e-7 relative; 1e-5 leaves
 // a margin while a lost state (conv or SSM) changes outputs by O(1).
@@ -300,21 +291,21 @@ static void test_m2_decode(void **st) {
         cache.lc.u.m2.state[i] = 7.0f;
     for (int64_t i = 0; i < cache.n_conv; i++)
         ((float *)cache.lc.u.m2.conv)[i] = -3.0f;
-    gather(xp, x, B, T, 0, T0, d);
+    tu_rows_gather(xp, x, B, T, 0, T0, d);
     assert_int_equal(m2_forward(&f.c, &f.w, yp, xp, B, T0, 0, &cache.lc, NULL), 0);
-    scatter(y, yp, B, T, 0, T0, d);
+    tu_rows_scatter(y, yp, B, T, 0, T0, d);
     cache.lc.len = T0;
     for (int t = T0; t < T; t++) {
-        gather(xp, x, B, T, t, 1, d);
+        tu_rows_gather(xp, x, B, T, t, 1, d);
         assert_int_equal(m2_step(&f.c, &f.w, yp, xp, B, &cache.lc), 0);
-        scatter(y, yp, B, T, t, 1, d);
+        tu_rows_scatter(y, yp, B, T, t, 1, d);
         cache.lc.len++;
     }
     double e = tu_rel_err(y, ref, (int64_t)B * T * d), e_steps = 0;
     { // the decoded part alone (the prefill part is the same chunked math)
         int64_t n = (int64_t)(T - T0) * d;
         float *a = buf((int64_t)B * n, 0), *r = buf((int64_t)B * n, 0);
-        gather(a, y, B, T, T0, T - T0, d), gather(r, ref, B, T, T0, T - T0, d);
+        tu_rows_gather(a, y, B, T, T0, T - T0, d), tu_rows_gather(r, ref, B, T, T0, T - T0, d);
         e_steps = tu_rel_err(a, r, (int64_t)B * n);
         free(a), free(r);
     }
@@ -338,9 +329,9 @@ static void test_m2_prefill_pieces(void **st) {
     cache_t cache;
     cache_init(&cache, &f.a, B);
     for (int i = 0, t0 = 0; i < 5; t0 += pieces[i++]) {
-        gather(xp, x, B, T, t0, pieces[i], d);
+        tu_rows_gather(xp, x, B, T, t0, pieces[i], d);
         assert_int_equal(m2_forward(&f.c, &f.w, yp, xp, B, pieces[i], t0, &cache.lc, NULL), 0);
-        scatter(y, yp, B, T, t0, pieces[i], d);
+        tu_rows_scatter(y, yp, B, T, t0, pieces[i], d);
         cache.lc.len += pieces[i];
     }
     double e = tu_rel_err(y, ref, (int64_t)B * T * d);
@@ -351,11 +342,32 @@ static void test_m2_prefill_pieces(void **st) {
     fix_free(&f);
 }
 
+// d_state != headdim: the SSD's B groups (d_xb / d_state) and C groups
+// (d_inner / d_state) must each serve a whole share of the heads, which
+// arch_validate checks (the layer used to check it on every call).
+static void test_m2_arch_groups(void **st) {
+    arch_t a;
+    arch_init(&a);
+    a.d = 32, a.n_layers = 1, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 8, a.V = 16;
+    a.kind[0] = LAYER_M2;
+    a.m2 = (m2_dims_t){.d_inner = 32,
+                       .d_xb = 16,
+                       .n_heads = 4,
+                       .headdim = 8,
+                       .d_state = 16,
+                       .conv = 4,
+                       .chunk = 16,
+                       .norm_eps = 1e-5f};
+    assert_int_equal(arch_validate(&a, "test"), 0); // 1 B group, 2 C groups of 4 heads
+    a.m2.d_state = 4;                               // 8 C groups for 4 heads
+    assert_int_equal(arch_validate(&a, "test"), ERR_INPUT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_m2_gradcheck),      cmocka_unit_test(test_m2_gradcheck_cached),
         cmocka_unit_test(test_m2_reference),      cmocka_unit_test(test_m2_decode),
-        cmocka_unit_test(test_m2_prefill_pieces),
+        cmocka_unit_test(test_m2_prefill_pieces), cmocka_unit_test(test_m2_arch_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

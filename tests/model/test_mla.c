@@ -270,18 +270,6 @@ static void test_grad_full_kv(void **st) { grad_case(V_FULL_KV, 5); }
 
 // ---- absorbed decode == decompressed prefill ------------------------------------
 
-// x rows [t0, t0 + n) of each sequence of t->x into a contiguous [B, n, d] buffer.
-static void gather(const lt_t *t, float *dst, int t0, int n) {
-    int d = t->a.d;
-    for (int b = 0; b < t->B; b++)
-        memcpy(dst + (int64_t)b * n * d, t->x + ((int64_t)b * t->T + t0) * d, sizeof(float) * n * d);
-}
-static void scatter(const lt_t *t, float *dst, const float *src, int t0, int n) {
-    int d = t->a.d;
-    for (int b = 0; b < t->B; b++)
-        memcpy(dst + ((int64_t)b * t->T + t0) * d, src + (int64_t)b * n * d, sizeof(float) * n * d);
-}
-
 // Prefill the chunks given (lengths summing to < 32) with a cache, then decode
 // one token at a time up to 32; compare each position with one cache-less
 // forward over all 32 tokens.
@@ -302,17 +290,17 @@ static void decode_case(int variant, const int *chunks, int n_chunks) {
     cache.u.mla.kv = calloc((size_t)B * CAP * L, sizeof(float));
     for (int k = 0; k < n_chunks; k++) {
         int len = chunks[k];
-        gather(&t, xc, cache.len, len);
+        tu_rows_gather(xc, t.x, B, T, cache.len, len, d);
         tu_ctx_reset(&t.c);
         assert_int_equal(mla_forward(&t.c, &t.w, oc, xc, B, len, cache.len, &cache, NULL), 0);
-        scatter(&t, got, oc, cache.len, len);
+        tu_rows_scatter(got, oc, B, T, cache.len, len, d);
         cache.len += len; // the model advances len after all layers
     }
     while (cache.len < T) {
-        gather(&t, xc, cache.len, 1);
+        tu_rows_gather(xc, t.x, B, T, cache.len, 1, d);
         tu_ctx_reset(&t.c);
         assert_int_equal(mla_step(&t.c, &t.w, oc, xc, B, &cache), 0);
-        scatter(&t, got, oc, cache.len, 1);
+        tu_rows_scatter(got, oc, B, T, cache.len, 1, d);
         cache.len++;
     }
     double worst = 0;

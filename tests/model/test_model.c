@@ -147,11 +147,50 @@ static void test_decode_equals_forward_wide_keys(void **st) {
     check_decode_equals_forward(&a);
 }
 
+// Several sequences at once: prefill in chunks, then decode steps, each
+// sequence's logits equal to those of one forward over all of them (the
+// logits of a prefill are gathered from every sequence's last row).
+static void test_batch_decode_equals_forward(void **st) {
+    arch_t a = tiny_hybrid();
+    model_t m;
+    assert_int_equal(model_create(&m, &a, tu_cpu(), 64u << 20), 0);
+    load_random(&m, 7);
+    enum { B = 3, T = 40, P = 11 };
+    int32_t ids[B * T], step[B];
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 17 + 5) % a.V;
+    float *full = malloc((size_t)B * T * a.V * sizeof(float)), *lg = malloc((size_t)B * a.V * sizeof(float));
+    assert_int_equal(model_logits_all(&m, ids, B, T, full), 0);
+    model_state_t st_;
+    assert_int_equal(model_state_alloc(&m, &st_, B, T), 0);
+    int32_t prompt[B * P];
+    for (int b = 0; b < B; b++)
+        memcpy(prompt + b * P, ids + b * T, P * sizeof(int32_t));
+    assert_int_equal(model_prefill(&m, &st_, prompt, P, 4, lg), 0); // chunks 4 + 4 + 3
+    double worst = 0;
+    for (int t = P - 1; t < T; t++) {
+        if (t >= P) {
+            for (int b = 0; b < B; b++)
+                step[b] = ids[b * T + t];
+            assert_int_equal(model_step(&m, &st_, step, lg), 0);
+        }
+        for (int b = 0; b < B; b++)
+            worst = fmax(worst, tu_rel_err(lg + (int64_t)b * a.V, full + ((int64_t)b * T + t) * a.V, a.V));
+    }
+    printf("  %d sequences, prefill + decode vs full forward: worst rel err %.2e\n", B, worst);
+    assert_true(worst < 5e-4); // as check_decode_equals_forward
+    model_state_free(&m, &st_);
+    free(full);
+    free(lg);
+    model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_gradients),
         cmocka_unit_test(test_decode_equals_forward),
         cmocka_unit_test(test_decode_equals_forward_wide_keys),
+        cmocka_unit_test(test_batch_decode_equals_forward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "testutil.h"
 #include "upcycle/upcycle.h"
 
@@ -223,11 +224,35 @@ static void test_recipe_defaults(void **st) {
     assert_int_not_equal(upc_student_arch(&t, (int[]){3, 3}, 2, LAYER_GDN, &none, &s), 0); // duplicate
 }
 
+// A teacher whose layer 1 has no attention weights (its table holds a GDN
+// layer there): converting that layer to MLA, GDN or Mamba-2 fails naming the
+// tensor. Only the MLA conversion checked; GDN and Mamba-2 read through NULL.
+static void test_missing_teacher_tensor(void **st) {
+    static const layer_kind_t kinds[3] = {LAYER_MLA, LAYER_GDN, LAYER_M2};
+    upc_dims_t dims = {.r_q = 20, .r_kv = 16, .d_rope = 4, .d_nope = 8, .d_v = 12};
+    for (int i = 0; i < 3; i++) {
+        arch_t t = tiny_teacher(), s;
+        int is_mla = kinds[i] == LAYER_MLA;
+        assert_int_equal(upc_student_arch(&t, (int[]){1}, is_mla, is_mla ? LAYER_GDN : kinds[i], &dims, &s), 0);
+        arch_t broken = t;
+        broken.kind[1] = LAYER_GDN, broken.gdn = s.gdn;
+        ptable_t tpt, spt;
+        assert_int_equal(ptable_build(&tpt, &broken), 0);
+        assert_int_equal(ptable_build(&spt, &s), 0);
+        float *tw = tu_params(&tpt, 3, 0.5f), *sw = calloc((size_t)spt.total, sizeof(float));
+        assert_int_equal(upc_convert(&t, &tpt, tw, &s, &spt, sw, 5), ERR_INPUT);
+        printf("  %s: %s\n", layer_kind_name(kinds[i]), err_msg());
+        assert_non_null(strstr(err_msg(), "model.layers.1.self_attn.q_proj.weight"));
+        free(tw), free(sw);
+        ptable_free(&tpt), ptable_free(&spt);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_svd_truncation),  cmocka_unit_test(test_mla_full_rank),
         cmocka_unit_test(test_mla_truncated),   cmocka_unit_test(test_linear_transfers),
-        cmocka_unit_test(test_recipe_defaults),
+        cmocka_unit_test(test_recipe_defaults), cmocka_unit_test(test_missing_teacher_tensor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

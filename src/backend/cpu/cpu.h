@@ -26,3 +26,31 @@ void cpu_register_optim(be_t *be); // cpu_optim.c: sumsq, AdamW
 static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float cpu_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// d silu(x)/dx = sigmoid(x) (1 + x (1 - sigmoid(x)))
+static inline float cpu_dsilu(float x) {
+    float s = cpu_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+// d softplus(x)/dx = sigmoid(x), and 1 in cpu_softplus's identity branch above 20
+static inline float cpu_dsoftplus(float x) { return x > 20.0f ? 1.0f : cpu_sigmoid(x); }
+
+// Temporaries of one op call (all of them in one block): from the scratch
+// arena when it has room (the caller resets it), else from the heap, so an op
+// never fails for want of scratch, whatever the sequence length. Taken and
+// given back by the calling thread, outside parallel regions (the arena is not
+// thread-safe); per-thread slices are carved from the block by thread number.
+typedef struct {
+    float *p;
+    size_t mark;
+    int heap;
+} cpu_tmp_t;
+
+// n floats, or NULL with the error slot set (naming `what`) when even the heap
+// has none. Ops return void: on NULL they fill their outputs with NaN
+// (cpu_fill_nan), so the failure cannot pass unnoticed.
+float *cpu_tmp_take(be_t *be, cpu_tmp_t *t, int64_t n, const char *what);
+void cpu_tmp_give(be_t *be, cpu_tmp_t *t);
+// p[0..n) = NaN; nothing when p is NULL (an optional output).
+void cpu_fill_nan(float *p, int64_t n);
+// The same on `cols` columns of `rows` rows ld apart (a strided output).
+void cpu_fill_nan_rows(float *p, int64_t ld, int64_t rows, int64_t cols);

@@ -1,7 +1,7 @@
 // Causal attention, the plain reference: one query row at a time, scores over
 // the visible keys, softmax, weighted sum. Saves lse for the backward.
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -10,10 +10,17 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
                          int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
     float *out = out_;
     const float *q = q_, *k = k_, *v = v_;
-    int grp = H / Hkv, off = Tk - Tq;
-#pragma omp parallel if ((int64_t)B * H * Tq * Tk * (dqk + dv) > CPU_PAR_MIN)
+    int grp = H / Hkv, off = Tk - Tq, nthr = omp_get_max_threads();
+    cpu_tmp_t tmp; // one row of scores per thread
+    float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * (Tk > 0 ? Tk : 1), "attention forward");
+    if (!scores) {
+        cpu_fill_nan(out, (int64_t)B * Tq * H * dv);
+        cpu_fill_nan(lse, (int64_t)B * H * Tq);
+        return;
+    }
+#pragma omp parallel num_threads(nthr) if ((int64_t)B * H * Tq * Tk * (dqk + dv) > CPU_PAR_MIN)
     {
-        float *p = malloc((size_t)Tk * sizeof(float));
+        float *p = scores + (int64_t)omp_get_thread_num() * (Tk > 0 ? Tk : 1);
 #pragma omp for collapse(3) schedule(dynamic, 4)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
@@ -45,8 +52,8 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
                     }
                     if (lse) lse[((int64_t)b * H + h) * Tq + t] = m + logf((float)sum);
                 }
-        free(p);
     }
+    cpu_tmp_give(be, &tmp);
 }
 
 // With P = softmax(S), S = scale q k^T: dV = P^T dO; dP = dO V^T;

@@ -31,12 +31,6 @@ static int cpu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
     memmove(dst, src, (size_t)n * sizeof(float));
     return 0;
 }
-static void cpu_act_to_f32(be_t *be, float *dst, const void *src, int64_t n) {
-    memmove(dst, src, (size_t)n * sizeof(float));
-}
-static void cpu_f32_to_act(be_t *be, void *dst, const float *src, int64_t n) {
-    memmove(dst, src, (size_t)n * sizeof(float));
-}
 static int cpu_sync(be_t *be) { return 0; }
 static void cpu_destroy(be_t *be) {
     free(be->scratch.base);
@@ -58,8 +52,6 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_d2d = cpu_copy;
     be->upload_act = cpu_upload_act;
     be->download_act = cpu_download_act;
-    be->act_to_f32 = cpu_act_to_f32;
-    be->f32_to_act = cpu_f32_to_act;
     be->sync = cpu_sync;
     be->destroy = cpu_destroy;
     void *scratch = scratch_bytes ? cpu_alloc(be, scratch_bytes) : NULL;

@@ -1,7 +1,6 @@
 // Depthwise causal conv1d (+ optional SiLU) with an optional state holding the
 // inputs that precede the sequence: GDN's short convs and Mamba-2's conv1d.
 // y_t[c] = bias[c] + sum_i w[c,i] x_{t-W+1+i}[c]; the last tap multiplies x_t.
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -36,7 +35,13 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
     float *dx = dx_;
     const float *dy = dy_, *x = x_, *w = w_, *bias = bias_, *state = state_;
     // dp = dy * silu'(p), p the pre-activation, recomputed.
-    float *dp = malloc((size_t)B * T * C * sizeof(float));
+    cpu_tmp_t tmp;
+    float *dp = cpu_tmp_take(be, &tmp, (int64_t)B * T * C, "conv1d backward");
+    if (!dp) {
+        cpu_fill_nan_rows(dx, lddx, (int64_t)B * T, C);
+        cpu_fill_nan(dw, (int64_t)C * W), cpu_fill_nan(dbias, C), cpu_fill_nan(dstate, (int64_t)B * C * W);
+        return;
+    }
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
@@ -49,8 +54,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
                 float p = bias ? bias[c] : 0.0f;
                 for (int i = 0; i < W; i++)
                     p += w[(int64_t)c * W + i] * conv_in(x, ldx, state, b, T, C, W, t - W + 1 + i, c);
-                float sg = cpu_sigmoid(p);
-                dp[o] = dy[o] * sg * (1.0f + p * (1.0f - sg));
+                dp[o] = dy[o] * cpu_dsilu(p);
             }
             // dx_s = sum_i w[c,i] dp_{s+W-1-i}
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * C * W > CPU_PAR_MIN)
@@ -86,7 +90,7 @@ static void cpu_conv1d_bwd(be_t *be, void *dx_, int64_t lddx, float *dw, float *
             }
         }
     }
-    free(dp);
+    cpu_tmp_give(be, &tmp);
 }
 
 static void cpu_conv1d_update_state(be_t *be, void *state_, const void *x_, int64_t ldx, int B, int T, int C, int W) {

@@ -1,8 +1,41 @@
-// Elementwise ops, strided copies, GEMM through OpenBLAS, embedding.
+// Elementwise ops, strided copies, GEMM through OpenBLAS, embedding; the
+// temporaries every CPU op takes (cpu_tmp_take).
 #include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "base/err.h"
+
+float *cpu_tmp_take(be_t *be, cpu_tmp_t *t, int64_t n, const char *what) {
+    arena_t *a = &be->scratch;
+    size_t bytes = (size_t)n * sizeof(float), off = (a->used + 255) & ~(size_t)255;
+    t->mark = a->used;
+    t->heap = !(a->base && off + bytes <= a->cap); // checked first: arena_alloc would set the error slot
+    t->p = t->heap ? malloc(bytes ? bytes : 4) : arena_alloc(a, bytes);
+    if (!t->p) err_set(ERR_NOMEM, "cpu %s: cannot allocate %zu bytes of temporaries", what, bytes);
+    return t->p;
+}
+
+void cpu_tmp_give(be_t *be, cpu_tmp_t *t) {
+    if (t->heap)
+        free(t->p);
+    else
+        arena_reset(&be->scratch, t->mark);
+    t->p = NULL;
+}
+
+void cpu_fill_nan(float *p, int64_t n) {
+    if (p)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = NAN;
+}
+
+void cpu_fill_nan_rows(float *p, int64_t ld, int64_t rows, int64_t cols) {
+    if (p)
+        for (int64_t r = 0; r < rows; r++)
+            cpu_fill_nan(p + r * ld, cols);
+}
 
 static void cpu_add(be_t *be, void *y_, const void *x_, int64_t n) {
     float *y = y_;

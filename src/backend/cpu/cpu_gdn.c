@@ -63,7 +63,7 @@ static void cpu_gdn_gate_bwd(be_t *be, void *da_, int64_t ldda, void *db_, int64
             float c = a[n * lda + h] + dt_bias[h];
             float gg = -A * cpu_softplus(c);
             float dgi = dg[n * HV + h];
-            float dc = dgi * -A * (c > 20.0f ? 1.0f : cpu_sigmoid(c));
+            float dc = dgi * -A * cpu_dsoftplus(c);
             da[n * ldda + h] = dc;
             sum_dc += dc;
             sum_dA += (double)dgi * gg;
@@ -79,21 +79,12 @@ static void cpu_gdn_gate_bwd(be_t *be, void *da_, int64_t ldda, void *db_, int64
 // Per-thread workspaces
 // ---------------------------------------------------------------------------
 
-// Taken from the scratch arena by the calling thread before the parallel
-// region (the arena is not thread-safe), one slice per thread, and given back
-// on return. On failure the error slot is set and the caller fills its
-// outputs with NaN so the failure cannot pass unnoticed (ops return void).
-static float *ws_take(be_t *be, size_t floats_per_thread, int *nthreads, size_t *mark) {
+// One block of per-thread tiles, taken by the calling thread before the
+// parallel region (cpu_tmp_take: scratch arena, else heap); thread i uses
+// floats [i * per, (i + 1) * per).
+static float *ws_take(be_t *be, cpu_tmp_t *t, size_t per, int *nthreads, const char *what) {
     *nthreads = omp_get_max_threads();
-    *mark = arena_mark(&be->scratch);
-    return arena_alloc(&be->scratch, (size_t)*nthreads * floats_per_thread * sizeof(float));
-}
-
-static void fill_nan(void *p, int64_t n) {
-    float *f = p;
-    if (f)
-        for (int64_t i = 0; i < n; i++)
-            f[i] = NAN;
+    return cpu_tmp_take(be, t, (int64_t)*nthreads * (int64_t)per, what);
 }
 
 // Small problems (the layer tests, one decode token) run on the calling
@@ -142,22 +133,21 @@ static void cpu_gdn_recurrent_fwd(be_t *be, void *o_, float *state, const void *
     float *o = o_;
     const float *q = q_, *k = k_, *v = v_;
     int64_t SS = (int64_t)Dv * K;
-    float *zero_states = NULL; // only when the caller passes no state
-    size_t mark = arena_mark(&be->scratch);
-    if (!state) {
-        zero_states = arena_alloc(&be->scratch, (size_t)B * HV * SS * sizeof(float));
-        if (!zero_states) {
-            fill_nan(o, (int64_t)B * T * HV * Dv);
+    cpu_tmp_t tmp = {0};
+    float *S = state;
+    if (!S) { // zero initial states the caller does not keep
+        S = cpu_tmp_take(be, &tmp, (int64_t)B * HV * SS, "gdn recurrent forward");
+        if (!S) {
+            cpu_fill_nan(o, (int64_t)B * T * HV * Dv);
             return;
         }
-        memset(zero_states, 0, (size_t)B * HV * SS * sizeof(float));
+        memset(S, 0, (size_t)B * HV * SS * sizeof(float));
     }
-    float *S = state ? state : zero_states;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads(B, T, HV, K, Dv))
     for (int b = 0; b < B; b++)
         for (int h = 0; h < HV; h++)
             recurrent_head(S + ((int64_t)b * HV + h) * SS, o, q, k, v, g, beta, scale, b, h, T, H, HV, K, Dv);
-    arena_reset(&be->scratch, mark);
+    if (!state) cpu_tmp_give(be, &tmp);
 }
 
 // Backpropagation through time over the stored states (test oracle).
@@ -425,11 +415,12 @@ static void cpu_gdn_chunk_fwd(be_t *be, void *o_, float *state, int init, const 
     const float *q = q_, *k = k_, *v = v_;
     int64_t SS = (int64_t)Dv * K;
     int NT = (T + BT - 1) / BT, nth;
-    size_t per = ws_floats(K, Dv, NT, 0), mark;
-    float *pool = ws_take(be, per, &nth, &mark);
+    size_t per = ws_floats(K, Dv, NT, 0);
+    cpu_tmp_t tmp;
+    float *pool = ws_take(be, &tmp, per, &nth, "gdn chunk forward");
     if (!pool) {
-        fill_nan(o, (int64_t)B * T * HV * Dv);
-        if (state) fill_nan(state, (int64_t)B * HV * SS);
+        cpu_fill_nan(o, (int64_t)B * T * HV * Dv);
+        if (state) cpu_fill_nan(state, (int64_t)B * HV * SS);
         return;
     }
 #pragma omp parallel num_threads(nth) if (worth_threads(B, T, HV, K, Dv))
@@ -455,7 +446,7 @@ static void cpu_gdn_chunk_fwd(be_t *be, void *o_, float *state, int init, const 
                 if (sh) memcpy(sh, w.St, (size_t)SS * sizeof(float));
             }
     }
-    arena_reset(&be->scratch, mark);
+    cpu_tmp_give(be, &tmp);
 }
 
 // ---------------------------------------------------------------------------
@@ -616,12 +607,13 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
     const float *dout = dout_, *q = q_, *k = k_, *v = v_;
     int64_t SS = (int64_t)Dv * K;
     int NT = (T + BT - 1) / BT, nth, grp = HV / H;
-    size_t per = ws_floats(K, Dv, NT, 1), mark;
-    float *pool = ws_take(be, per, &nth, &mark);
+    size_t per = ws_floats(K, Dv, NT, 1);
+    cpu_tmp_t tmp;
+    float *pool = ws_take(be, &tmp, per, &nth, "gdn chunk backward");
     if (!pool) {
-        fill_nan(dq, (int64_t)B * T * H * K), fill_nan(dk, (int64_t)B * T * H * K);
-        fill_nan(dv, (int64_t)B * T * HV * Dv), fill_nan(dg, (int64_t)B * T * HV);
-        fill_nan(dbeta, (int64_t)B * T * HV), fill_nan(dstate0, (int64_t)B * HV * SS);
+        cpu_fill_nan(dq, (int64_t)B * T * H * K), cpu_fill_nan(dk, (int64_t)B * T * H * K);
+        cpu_fill_nan(dv, (int64_t)B * T * HV * Dv), cpu_fill_nan(dg, (int64_t)B * T * HV);
+        cpu_fill_nan(dbeta, (int64_t)B * T * HV), cpu_fill_nan(dstate0, (int64_t)B * HV * SS);
         return;
     }
     // Parallel over (batch, q/k head); the value heads of a q/k head run in
@@ -687,7 +679,7 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
                 }
             }
     }
-    arena_reset(&be->scratch, mark);
+    cpu_tmp_give(be, &tmp);
 }
 
 void cpu_register_gdn(be_t *be) {

@@ -6,41 +6,14 @@
 // overwritten in place by the gradient of the loss w.r.t. the logits, and two
 // GEMMs give dh = scale * G W and dW += scale * G^T h.
 #include <float.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
-#include "base/err.h"
 
 enum {
     LOSS_ROWS = 64,  // token rows per chunk
     LOSS_VTILE = 256 // vocabulary tile of the online log-sum-exp
 };
-
-// Temporaries: from the scratch arena when it has room (the caller resets it),
-// else from the heap, so the reference never fails for want of scratch.
-typedef struct {
-    float *p;
-    size_t mark;
-    int heap;
-} loss_tmp_t;
-
-static float *tmp_take(be_t *be, loss_tmp_t *t, int64_t n) {
-    arena_t *a = &be->scratch;
-    size_t bytes = (size_t)n * sizeof(float), off = (a->used + 255) & ~(size_t)255;
-    t->mark = a->used;
-    t->heap = !(a->base && off + bytes <= a->cap);
-    t->p = t->heap ? malloc(bytes ? bytes : 4) : arena_alloc(a, bytes);
-    if (!t->p) err_set(ERR_NOMEM, "cpu fused loss: cannot allocate %zu bytes of logits", bytes);
-    return t->p;
-}
-
-static void tmp_give(be_t *be, loss_tmp_t *t) {
-    if (t->heap)
-        free(t->p);
-    else
-        arena_reset(&be->scratch, t->mark);
-}
 
 // Folds x[0..n) into the running max m and sum s of exp(x - m).
 static void lse_fold(double *m, double *s, const float *x, int64_t n) {
@@ -60,12 +33,6 @@ static void logits_tile(be_t *be, float *L, int64_t V, const float *X, const flo
     be->gemm(be, 0, 1, rows, vt, d, 1.0f, X, d, Wm + v0 * d, d, 0.0f, L + v0, V);
 }
 
-static void fill_nan(float *p, int64_t n) {
-    if (p)
-        for (int64_t i = 0; i < n; i++)
-            p[i] = NAN;
-}
-
 static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void *h_, const void *W_,
                          const int32_t *targets, int64_t N, int d, int64_t V, float scale) {
     const float *h = h_, *W = W_;
@@ -74,11 +41,11 @@ static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void
     const int64_t R = N < LOSS_ROWS ? N : LOSS_ROWS;
     *loss = 0.0f;
     if (N <= 0) return;
-    loss_tmp_t tl;
-    float *L = tmp_take(be, &tl, R * V);
+    cpu_tmp_t tl;
+    float *L = cpu_tmp_take(be, &tl, R * V, "fused CE logits");
     if (!L) {
         *loss = NAN;
-        fill_nan(dh, N * d);
+        cpu_fill_nan(dh, N * d);
         return;
     }
     double total = 0.0;
@@ -117,7 +84,7 @@ static void cpu_fused_ce(be_t *be, float *loss, void *dh_, float *dW, const void
         if (dW) be->gemm_f32out(be, 1, 0, V, d, c, scale, L, V, h + r0 * d, d, 1.0f, dW, d);
     }
     *loss = (float)(total * scale);
-    tmp_give(be, &tl);
+    cpu_tmp_give(be, &tl);
 }
 
 static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const void *hs_, const void *Ws_,
@@ -129,11 +96,11 @@ static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const vo
     const int64_t R = N < LOSS_ROWS ? N : LOSS_ROWS;
     *loss = 0.0f;
     if (N <= 0) return;
-    loss_tmp_t tl;
-    float *S = tmp_take(be, &tl, 2 * R * V); // student then teacher logits
+    cpu_tmp_t tl;
+    float *S = cpu_tmp_take(be, &tl, 2 * R * V, "fused KL logits"); // student then teacher logits
     if (!S) {
         *loss = NAN;
-        fill_nan(dhs, N * ds);
+        cpu_fill_nan(dhs, N * ds);
         return;
     }
     float *T = S + R * V;
@@ -179,7 +146,7 @@ static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const vo
         if (dWs) be->gemm_f32out(be, 1, 0, V, ds, c, scale, S, V, hs + r0 * ds, ds, 1.0f, dWs, ds);
     }
     *loss = (float)(total * scale);
-    tmp_give(be, &tl);
+    cpu_tmp_give(be, &tl);
 }
 
 void cpu_register_loss(be_t *be) {

@@ -4,7 +4,7 @@
 // The caller has folded wk_b into q_lat and applies wv_b to the output, so the
 // attention never leaves the r_kv-dimensional latent space.
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -19,9 +19,16 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
     int maxlen = 0;
     for (int b = 0; b < B; b++)
         if (len[b] > maxlen) maxlen = len[b];
-#pragma omp parallel if ((int64_t)B * H * maxlen * L > CPU_PAR_MIN)
+    int nthr = omp_get_max_threads(), per = maxlen > 0 ? maxlen : 1;
+    cpu_tmp_t tmp; // one row of scores per thread
+    float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * per, "MLA decode attention");
+    if (!scores) {
+        cpu_fill_nan(out, (int64_t)B * H * r_kv);
+        return;
+    }
+#pragma omp parallel num_threads(nthr) if ((int64_t)B * H * maxlen * L > CPU_PAR_MIN)
     {
-        float *p = malloc((size_t)(maxlen > 0 ? maxlen : 1) * sizeof(float));
+        float *p = scores + (int64_t)omp_get_thread_num() * per;
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
@@ -55,8 +62,8 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
                         o[i] += wgt * row[i];
                 }
             }
-        free(p);
     }
+    cpu_tmp_give(be, &tmp);
 }
 
 void cpu_register_mla(be_t *be) { be->mla_decode_attn = cpu_mla_decode_attn; }

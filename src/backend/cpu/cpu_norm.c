@@ -105,10 +105,9 @@ static void cpu_gated_rmsnorm_bwd(be_t *be, void *dx_, void *dz_, int64_t lddz, 
                     dot += (double)dy[i] * wr[i] * cpu_silu(zr[i]) * xr[i] * r;
                 float m = (float)(dot / gs);
                 for (int i = 0; i < gs; i++) {
-                    float sg = cpu_sigmoid(zr[i]), s = zr[i] * sg;
-                    float e = dy[i] * wr[i] * s;
+                    float e = dy[i] * wr[i] * cpu_silu(zr[i]);
                     dx[o + i] = r * (e - xr[i] * r * m);
-                    dz[n * lddz + (int64_t)g * gs + i] = dy[i] * xr[i] * r * wr[i] * (sg + zr[i] * sg * (1 - sg));
+                    dz[n * lddz + (int64_t)g * gs + i] = dy[i] * xr[i] * r * wr[i] * cpu_dsilu(zr[i]);
                 }
             } else {
                 // u = x s, y = u r w: du = r (dy w - uh mean(dy w uh)); dx = du s; dz = du x silu'(z)
@@ -118,11 +117,10 @@ static void cpu_gated_rmsnorm_bwd(be_t *be, void *dx_, void *dz_, int64_t lddz, 
                 }
                 float m = (float)(dot / gs);
                 for (int i = 0; i < gs; i++) {
-                    float sg = cpu_sigmoid(zr[i]), s = zr[i] * sg;
-                    float u = xr[i] * s;
+                    float s = cpu_silu(zr[i]), u = xr[i] * s;
                     float du = r * (dy[i] * wr[i] - u * r * m);
                     dx[o + i] = du * s;
-                    dz[n * lddz + (int64_t)g * gs + i] = du * xr[i] * (sg + zr[i] * sg * (1 - sg));
+                    dz[n * lddz + (int64_t)g * gs + i] = du * xr[i] * cpu_dsilu(zr[i]);
                 }
             }
         }

@@ -39,7 +39,6 @@ static void cpu_softplus_bias_fwd(be_t *be, float *out, const void *dt_, int64_t
             out[n * H + h] = cpu_softplus(dt[n * ld + h] + bias[h]);
 }
 
-// softplus'(v) = sigmoid(v), and 1 in the identity branch above 20.
 static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_bias, const float *dout,
                                   const void *dt_, int64_t ld, const void *dt_bias_, int64_t N, int H) {
     float *ddt = ddt_;
@@ -48,7 +47,7 @@ static void cpu_softplus_bias_bwd(be_t *be, void *ddt_, int64_t ldd, float *ddt_
     for (int64_t n = 0; n < N; n++)
         for (int h = 0; h < H; h++) {
             float v = dt[n * ld + h] + bias[h], g = dout[n * H + h];
-            ddt[n * ldd + h] = v > 20.0f ? g : g * cpu_sigmoid(v);
+            ddt[n * ldd + h] = g * cpu_dsoftplus(v);
         }
         // One sum per head, each owned by one thread: no race, fixed order.
 #pragma omp parallel for schedule(static) if (N * H > CPU_PAR_MIN)
@@ -109,32 +108,6 @@ static inline float dot(const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++)
         s += a[i] * b[i];
     return s;
-}
-
-// Temporaries of one op call: from the backend's scratch arena (the caller
-// resets it) when it has room, else from the heap, so the reference never
-// fails on a long sequence for want of scratch.
-typedef struct {
-    float *p;
-    size_t mark;
-    int heap;
-} ssd_tmp_t;
-
-static float *tmp_alloc(be_t *be, ssd_tmp_t *t, int64_t n) {
-    arena_t *a = &be->scratch;
-    size_t bytes = (size_t)n * sizeof(float), off = (a->used + 255) & ~(size_t)255;
-    t->mark = a->used;
-    t->heap = !(a->base && off + bytes <= a->cap);
-    t->p = t->heap ? malloc(bytes ? bytes : 4) : arena_alloc(a, bytes);
-    if (!t->p) err_set(ERR_NOMEM, "cpu ssd: cannot allocate %zu bytes of temporaries", bytes);
-    return t->p;
-}
-
-static void tmp_free(be_t *be, ssd_tmp_t *t) {
-    if (t->heap)
-        free(t->p);
-    else
-        arena_reset(&be->scratch, t->mark);
 }
 
 // ---- S1-S3: cumsums, chunk states, state passing (forward and backward) ------
@@ -233,9 +206,13 @@ static void cpu_ssd_chunk_fwd(be_t *be, void *y_, float *state, int init, const 
     }
     int nthr = omp_get_max_threads();
     int64_t ws_n = fwd_ws_floats(&s);
-    ssd_tmp_t tmp;
-    float *ws = tmp_alloc(be, &tmp, nthr * ws_n);
-    if (!ws) return;
+    cpu_tmp_t tmp;
+    float *ws = cpu_tmp_take(be, &tmp, nthr * ws_n, "ssd chunk forward");
+    if (!ws) {
+        cpu_fill_nan(y, (int64_t)B * T * H * P);
+        if (state) cpu_fill_nan(state, (int64_t)B * H * PN);
+        return;
+    }
 #pragma omp parallel num_threads(nthr)
     {
         float *w = ws + omp_get_thread_num() * ws_n;
@@ -247,7 +224,7 @@ static void cpu_ssd_chunk_fwd(be_t *be, void *y_, float *state, int init, const 
                 head_fwd(&s, &v, init ? st : NULL, y + ((int64_t)b * T * H + h) * P, (int64_t)H * P, st, w);
             }
     }
-    tmp_free(be, &tmp);
+    cpu_tmp_give(be, &tmp);
 }
 
 // ---- chunked backward --------------------------------------------------------
@@ -460,9 +437,16 @@ static void cpu_ssd_chunk_bwd(be_t *be, void *dx_, void *dB_, void *dC_, float *
     int nthr = omp_get_max_threads();
     int64_t ws_n = bwd_ws_floats(&s);
     int64_t nx = share_x ? rows * H * P : 0, nb = share_b ? rows * H * N : 0, ncg = share_c ? rows * H * N : 0;
-    ssd_tmp_t tmp;
-    float *dxh = tmp_alloc(be, &tmp, nx + nb + ncg + 2 * (int64_t)B * H + nthr * ws_n);
-    if (!dxh) return;
+    cpu_tmp_t tmp;
+    float *dxh = cpu_tmp_take(be, &tmp, nx + nb + ncg + 2 * (int64_t)B * H + nthr * ws_n, "ssd chunk backward");
+    if (!dxh) {
+        cpu_fill_nan_rows((float *)dx_, ldx, rows, (int64_t)Hx * P);
+        cpu_fill_nan_rows((float *)dB_, ldb, rows, (int64_t)GB * N);
+        cpu_fill_nan_rows((float *)dC_, ldc, rows, (int64_t)GC * N);
+        cpu_fill_nan(ddt, rows * H), cpu_fill_nan(dA_log, H), cpu_fill_nan(dD, H);
+        cpu_fill_nan(dstate0, (int64_t)B * H * PN);
+        return;
+    }
     float *dBh = dxh + nx, *dCh = dBh + nb, *pdA = dCh + ncg, *pdD = pdA + (int64_t)B * H, *ws = pdD + (int64_t)B * H;
     float *dx = dx_, *dBo = dB_, *dCo = dC_;
 #pragma omp parallel num_threads(nthr)
@@ -493,7 +477,7 @@ static void cpu_ssd_chunk_bwd(be_t *be, void *dx_, void *dB_, void *dC_, float *
         dA_log[h] += a * -expf(A_log[h]); // dA/dA_log = A
         dD[h] += d;
     }
-    tmp_free(be, &tmp);
+    cpu_tmp_give(be, &tmp);
 }
 
 // ---- recurrence: decode steps and the oracle ----------------------------------
@@ -528,11 +512,11 @@ static void cpu_ssd_recurrent_fwd(be_t *be, void *y_, float *state, const void *
 // Naive backward through time (the test oracle). Serial and in double, with
 // every state S_0..S_T of a (b, h) recomputed and kept: slow, but each line is
 // the chain rule of one line of the recurrence.
-void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *dA_log, float *dD, float *dstate0,
-                           const float *dy, const float *dstate_final, const float *x, int64_t ldx, const float *Bm,
-                           int64_t ldb, const float *Cm, int64_t ldc, const float *dt, const float *A_log,
-                           const float *D, const float *state0, int B, int T, int H, int Hx, int GB, int GC, int P,
-                           int N) {
+int cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *dA_log, float *dD, float *dstate0,
+                          const float *dy, const float *dstate_final, const float *x, int64_t ldx, const float *Bm,
+                          int64_t ldb, const float *Cm, int64_t ldc, const float *dt, const float *A_log,
+                          const float *D, const float *state0, int B, int T, int H, int Hx, int GB, int GC, int P,
+                          int N) {
     ssd_shape_t s = make_shape(B, T, H, Hx, GB, GC, P, N, 1, ldx, ldb, ldc);
     int64_t PN = (int64_t)P * N;
     for (int64_t r = 0; r < (int64_t)B * T; r++) { // the shared-group gradients accumulate below
@@ -541,6 +525,10 @@ void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *d
         memset(dC + r * ldc, 0, (size_t)GC * N * sizeof(float));
     }
     double *S = malloc((size_t)(T + 1) * PN * sizeof(double)), *G = malloc((size_t)PN * sizeof(double));
+    if (!S || !G) {
+        free(S), free(G);
+        return err_set(ERR_NOMEM, "ssd recurrent bwd: out of memory (T %d, P %d, N %d)", T, P, N);
+    }
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             ssd_head_t v = head_view(&s, b, h, x, Bm, Cm, dt, A_log, D);
@@ -611,6 +599,7 @@ void cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *d
         }
     free(S);
     free(G);
+    return 0;
 }
 
 void cpu_register_ssd(be_t *be) {

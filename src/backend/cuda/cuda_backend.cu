@@ -206,8 +206,6 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_d2d = cu_copy_d2d;
     be->upload_act = cu_upload_act;
     be->download_act = cu_download_act;
-    be->act_to_f32 = cu_act_to_f32;
-    be->f32_to_act = cu_f32_to_act;
     be->sync = cu_sync;
     cuda_register_core(be);
     cuda_register_norm(be);
