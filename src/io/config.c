@@ -411,15 +411,10 @@ static int same_int(const char *src, const cJSON *root, const char *key, int hav
 static int parse_gdn(const char *src, const cJSON *root, arch_t *a) {
     gdn_dims_t *g = &a->gdn;
     const cJSON *gc = jget(root, "gdn_cfg");
-    // Defaults: the HyLo recipe (d_k = 0.75 d in heads of 256, d_v = 2 d_k,
-    // gate, conv 4) and FLA's model-level norm eps.
-    g->head_k = 256;
-    g->n_heads = (3 * a->d / 4) / 256 > 0 ? (3 * a->d / 4) / 256 : 1;
+    // Defaults: the HyLo recipe (arch_gdn_hylo: d_k = 0.75 d in heads of 256,
+    // d_v = 2 d_k, gate, conv 4, FLA's model-level norm eps).
+    *g = arch_gdn_hylo(a->d, 0);
     double expand_v = 2.0;
-    g->conv = 4;
-    g->use_gate = 1;
-    g->norm_eps = 1e-6f;
-    g->allow_neg_eigval = 0;
     if (!present(gc)) {
         log_warn("%s: no gdn_cfg: using the HyLo defaults (%d heads of 256, expand_v 2, conv 4, gate)", src,
                  g->n_heads);
@@ -437,7 +432,6 @@ static int parse_gdn(const char *src, const cJSON *root, arch_t *a) {
         TRY(j_float(src, gc, p, "norm_eps", 0, &g->norm_eps));
         TRY(j_bool(src, gc, p, "allow_neg_eigval", &g->allow_neg_eigval));
     }
-    if (!present(gc)) g->n_v_heads = g->n_heads;
     // FLA: head_v_dim = int(head_dim * expand_v), which must be (close to) integral.
     double hv = g->head_k * expand_v;
     if (!(hv >= 1 && hv < INT_MAX) || fabs(hv - floor(hv)) > 1e-5 * hv)
@@ -898,12 +892,7 @@ int cfg_write_hybrid_config(const arch_t *a, const char *path) {
     const mla_dims_t *m = &a->mla;
     // Without Mamba-2 layers, write the MambaInLlama dims Zebra derives from the teacher.
     m2_dims_t m2 = a->m2;
-    if (!n_m2 && m2.n_heads == 0) {
-        m2.n_heads = a->H;
-        m2.d_state = a->dh;
-        m2.d_inner = a->H * a->dh;
-        m2.d_xb = a->Hkv * a->dh;
-    }
+    if (!n_m2 && m2.n_heads == 0) m2 = arch_m2_from_attention(a);
     cJSON *o = jb_root(&jb);
     jb_int(&jb, o, "hidden_size", a->d);
     jb_int(&jb, o, "intermediate_size", a->ffn);
