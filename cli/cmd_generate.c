@@ -123,7 +123,7 @@ static int session_open(session_t *s, const gen_opts_t *o) {
     if (s->tok.n_vocab > s->m.a.V)
         return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
                        s->tok.n_vocab, s->m.a.V);
-    s->n_stop = tok_eot_ids(&s->tok, s->stop, 16);
+    s->n_stop = gen_stop_ids(&s->tok, &s->m.a, s->stop, 16);
     return model_state_alloc(&s->m, &s->st, 1, (int)o->ctx);
 }
 

@@ -6,6 +6,19 @@
 #include "base/err.h"
 #include "base/timer.h"
 
+int gen_stop_ids(const tok_t *t, const arch_t *a, int32_t *ids, int cap) {
+    int n = tok_eot_ids(t, ids, cap);
+    if (n > cap) n = cap;
+    for (int i = 0; i < a->n_eos; i++) {
+        int32_t id = a->eos_ids[i];
+        int seen = id < 0 || id >= a->V;
+        for (int j = 0; j < n; j++)
+            seen |= ids[j] == id;
+        if (!seen && n < cap) ids[n++] = id;
+    }
+    return n;
+}
+
 static int is_stop(const gen_cfg_t *cfg, int32_t id) {
     for (int i = 0; i < cfg->n_stop; i++)
         if (cfg->stop[i] == id) return 1;

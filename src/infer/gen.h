@@ -6,6 +6,7 @@
 
 #include "infer/sampler.h"
 #include "model/model.h"
+#include "tok/tok.h"
 
 typedef struct {
     int max_new; // new tokens at most
@@ -21,6 +22,12 @@ typedef struct {
     int stopped;                // 1 when a stop id ended generation
     int32_t stop_id;
 } gen_stats_t;
+
+// The ids that end generation: the tokenizer's end-of-turn ids (tok_eot_ids)
+// and every eos id of the model's config (generation_config.json may list
+// more, as Llama-3.1's <|end_of_text|> beside <|eot_id|>), as transformers'
+// generate stops on them; deduplicated, at most cap. Returns the count.
+int gen_stop_ids(const tok_t *t, const arch_t *a, int32_t *ids, int cap);
 
 // Called for every generated token; return nonzero to stop early.
 typedef int (*gen_token_fn)(void *user, int32_t id);

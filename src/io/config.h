@@ -16,9 +16,8 @@
 //
 // eos ids: a->eos_id is the first end-of-sequence id and a->eos_ids[0..n_eos)
 // holds all of them (eos_ids[0] == eos_id): config.json's, then the others
-// generation_config.json lists. They are carried so that the config writers
-// give them back; generation does not read them: it stops on the tokenizer's
-// end ids (tok_eot_ids), so an id listed only here does not end generation.
+// generation_config.json lists. The config writers give them back, and
+// generation stops on them beside the tokenizer's end ids (gen_stop_ids).
 #pragma once
 #include "model/arch.h"
 

@@ -78,7 +78,7 @@ typedef struct {
     int max_pos;     // max_position_embeddings (for reference only)
     rope_cfg_t rope; // the teacher attention's RoPE
     int bos_id, eos_id, pad_id;
-    int n_eos; // extra end-of-generation ids (Llama-3 instruct has several)
+    int n_eos; // eos_ids[0..n_eos): every end-of-sequence id of the config (eos_ids[0] == eos_id)
     int eos_ids[8];
 
     // per layer
