@@ -262,7 +262,11 @@ be_t *tu_cuda(void) {
             be = NULL;
         }
     }
-    if (!be) skip();
+    if (!be) {
+        const char *req = getenv("HYLO_REQUIRE_GPU");
+        if (req && *req == '1') fail_msg("HYLO_REQUIRE_GPU=1 and there is no CUDA backend");
+        skip();
+    }
     return be;
 }
 

@@ -56,7 +56,9 @@ void tu_ctx_free(layer_ctx_t *c);
 
 // ---- CUDA-vs-CPU tests (tests/cuda/, run on the GPU machine) ----
 // The CUDA backend, created once per binary; the test is skipped (not passed)
-// when hylo was built without CUDA or no GPU is present.
+// when hylo was built without CUDA or no GPU is present, and fails instead
+// under HYLO_REQUIRE_GPU=1 (make test-cuda, scripts/gpu/tests.sh), so a GPU
+// machine whose backend cannot start never reports green.
 be_t *tu_cuda(void);
 // Rounds host values to bf16 in place, so the CPU reference and the GPU see
 // the same inputs and differences come only from the computation.
