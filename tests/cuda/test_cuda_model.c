@@ -52,7 +52,7 @@ typedef struct {
 // and 1e-1..5e-1 on gradients (seen on the H200), which hides what the test is
 // for: whether the composed GPU forward/backward computes the same function.
 static void make_pair(pair_t *p, const arch_t *a) {
-    be_t *gbe = tu_cuda();
+    be_t *gbe = tu_gpu();
     assert_int_equal(model_create(&p->cpu, a, tu_cpu(), 256u << 20), 0);
     assert_int_equal(model_create(&p->gpu, a, gbe, 256u << 20), 0);
     p->w = tu_params(&p->cpu.pt, 77, 0.15f);
@@ -173,7 +173,7 @@ static void test_model_gradients(void **st) {
 // bf16-rounded weights, so differences come from bf16 activations alone.
 static void test_smollm2_cuda_vs_cpu(void **st) {
     const char *path = tu_model_path();
-    be_t *gbe = tu_cuda();
+    be_t *gbe = tu_gpu();
     char *text;
     assert_int_equal(fs_read_all("tests/fixtures/model/smollm2_ref.json", &text, NULL), 0);
     cJSON *root = cJSON_Parse(text);

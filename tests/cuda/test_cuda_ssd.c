@@ -56,39 +56,18 @@
 #include "testutil.h"
 
 static be_t *cpu, *gpu;
-static int fake_gpu;
 static uint64_t g_seed = 0x55d0;
 
+// tu_gpu(): the GPU, or the fake one under HYLO_TEST_CPU_AS_GPU=1 (testutil.h).
 static void setup_backends(void) {
-    static be_t *fake;
-    const char *e = getenv("HYLO_TEST_CPU_AS_GPU");
-    if (e && *e == '1') {
-        if (!fake && be_create(&fake, "cpu", 256u << 20) < 0) abort();
-        gpu = fake;
-        fake_gpu = 1;
-    } else {
-        gpu = tu_cuda(); // skips the test when there is no GPU
-    }
+    gpu = tu_gpu();
     cpu = tu_cpu();
 }
 
 // ---- host buffers ------------------------------------------------------------------
-
-static float *hbuf(int64_t n) { return malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
-static float *hdup(const float *h, int64_t n) {
-    float *p = hbuf(n);
-    if (n > 0) memcpy(p, h, (size_t)n * sizeof(float));
-    return p;
-}
-static float *nans(int64_t n) {
-    float *p = hbuf(n);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = NAN;
-    return p;
-}
 // N(mean, std^2), rounded to bf16 when `round`
 static float *rndn(int64_t n, float mean, float std, int round) {
-    float *p = hbuf(n);
+    float *p = tu_hbuf(n);
     if (n > 0) {
         tu_randn(p, n, g_seed++, std);
         for (int64_t i = 0; i < n; i++)
@@ -99,56 +78,7 @@ static float *rndn(int64_t n, float mean, float std, int round) {
 }
 static float softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
-// ---- device buffers ----------------------------------------------------------------
-
-static void *dact(const float *h, int64_t n) { return tu_dev_act(gpu, h, n); }
-static float *df32(const float *h, int64_t n) { return tu_dev_f32(gpu, h, n); }
-static void *gat(void *d, int64_t off) { return (char *)d + (size_t)off * gpu->act_size; }
-static void dfree(void *d) {
-    if (d) gpu->free(gpu, d);
-}
-
-static int gsync(const char *label, const char *op) {
-    int rc = gpu->sync(gpu);
-    if (rc != 0) printf("FAIL %s: %s: cuda error: %s\n", label, op, err_msg());
-    fflush(stdout);
-    return rc == 0;
-}
-
 // ---- comparison -----------------------------------------------------------------------
-
-// Relative L2 error of got vs ref (n values; NaN or inf anywhere -> +inf).
-static double rel_err(const float *got, const float *ref, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(got[i])) return INFINITY;
-    return n > 0 ? tu_rel_err(got, ref, n) : 0.0;
-}
-
-// Prints the first element off by more than 8 tol rms(ref) and the worst one,
-// with coordinates (dims[0..3] named by the 4 letters of axes).
-static void show_bad(const char *what, const float *got, const float *ref, int64_t n, const int64_t dims[4],
-                     const char *axes, double tol) {
-    double ss = 0, worst = -1;
-    int64_t first = -1, iw = 0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)ref[i] * ref[i];
-    double rms = n ? sqrt(ss / (double)n) : 0, thr = 8 * tol * rms + 1e-30;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        if (!isfinite(got[i]) || isnan(d)) d = INFINITY;
-        if (d > worst) worst = d, iw = i;
-        if (first < 0 && d > thr) first = i;
-    }
-    int64_t show[2] = {first >= 0 ? first : iw, iw};
-    for (int s = 0; s < 2; s++) {
-        int64_t i = show[s], c[4];
-        for (int k = 3; k >= 0; k--)
-            c[k] = i % dims[k], i /= dims[k];
-        printf("      %-7s %s [%c=%lld %c=%lld %c=%lld %c=%lld]: gpu %.6g cpu %.6g (rms %.3g)\n", what,
-               s == 0 ? "first bad" : "worst    ", axes[0], (long long)c[0], axes[1], (long long)c[1], axes[2],
-               (long long)c[2], axes[3], (long long)c[3], got[show[s]], ref[show[s]], rms);
-    }
-}
 
 // One named output of a case.
 typedef struct {
@@ -162,10 +92,12 @@ typedef struct {
 // Checks every output; one line per case ("ok" or "FAIL" with all errors),
 // details for the failing ones. Returns the number of failing outputs.
 static int report(const char *label, const out_t *o, int n_out) {
+    tu_cmp_t c[16];
     double err[16];
     int fails = 0;
     for (int i = 0; i < n_out; i++) {
-        err[i] = rel_err(o[i].got, o[i].ref, o[i].n);
+        c[i] = tu_compare(o[i].got, o[i].ref, o[i].n, 0.0, 8 * o[i].tol, 0.0);
+        err[i] = c[i].rel;
         fails += !(err[i] <= o[i].tol);
     }
     printf("%s %-52s", fails ? "FAIL" : "ok  ", label);
@@ -174,8 +106,14 @@ static int report(const char *label, const out_t *o, int n_out) {
     printf("\n");
     for (int i = 0; i < n_out; i++)
         if (!(err[i] <= o[i].tol)) {
+            // the first element off by more than 8 tol rms(ref), and the worst one
+            char first[64], worst[64];
+            snprintf(first, sizeof first, "      %-7s first bad", o[i].what);
+            snprintf(worst, sizeof worst, "      %-7s worst    ", o[i].what);
             printf("    %s: rel %.3e > tol %.0e\n", o[i].what, err[i], o[i].tol);
-            show_bad(o[i].what, o[i].got, o[i].ref, o[i].n, o[i].dims, o[i].axes, o[i].tol);
+            tu_print_elem(first, o[i].got, o[i].ref, c[i].first >= 0 ? c[i].first : c[i].worst, o[i].dims, o[i].axes,
+                          c[i].rms);
+            tu_print_elem(worst, o[i].got, o[i].ref, c[i].worst, o[i].dims, o[i].axes, c[i].rms);
         }
     fflush(stdout);
     return fails;
@@ -213,7 +151,7 @@ static void make_inputs(const ssd_case_t *k, ssd_in_t *in) {
     in->dt = rndn(in->ndt, k->slow ? -5.0f : -3.0f, k->slow ? 0.5f : 1.0f, 0);
     for (int64_t i = 0; i < in->ndt; i++)
         in->dt[i] = softplusf(in->dt[i]);
-    in->A_log = hbuf(k->H);
+    in->A_log = tu_hbuf(k->H);
     tu_randu(in->A_log, k->H, g_seed++, 1.0f, k->slow ? 2.0f : 16.0f);
     for (int h = 0; h < k->H; h++)
         in->A_log[h] = logf(in->A_log[h]);
@@ -230,7 +168,7 @@ static void free_inputs(ssd_in_t *in) {
 
 // Columns [c0, c0 + w) of the rows of a [rows, ld] buffer, packed.
 static float *cols(const float *src, int64_t rows, int64_t ld, int64_t c0, int64_t w) {
-    float *p = hbuf(rows * w);
+    float *p = tu_hbuf(rows * w);
     for (int64_t r = 0; r < rows; r++)
         memcpy(p + r * w, src + r * ld + c0, (size_t)w * sizeof(float));
     return p;
@@ -251,19 +189,19 @@ static int run_ssd(const ssd_case_t *k, int do_bwd) {
     const int64_t rows = in.rows, ld = in.ld;
 
     // CPU reference
-    float *y_c = hbuf(in.ny), *st_c = in.s0 ? hdup(in.s0, in.ns) : hbuf(in.ns);
+    float *y_c = tu_hbuf(in.ny), *st_c = in.s0 ? tu_hdup(in.s0, in.ns) : tu_hbuf(in.ns);
     cpu->ssd_chunk_fwd(cpu, y_c, st_c, k->init, in.xbc, ld, in.xbc + in.oB, ld, in.xbc + in.oC, ld, in.dt, in.A_log,
                        in.D, B, T, H, Hx, GB, GC, P, N, k->chunk);
 
     // GPU
-    float *poison = nans(in.ny > in.ns ? in.ny : in.ns);
-    void *xbc_d = dact(in.xbc, in.nxbc), *y_d = dact(poison, in.ny);
-    void *Al_d = dact(in.A_log, H), *D_d = dact(in.D, H);
-    float *dt_d = df32(in.dt, in.ndt), *st_d = df32(in.s0 ? in.s0 : poison, in.ns);
-    gpu->ssd_chunk_fwd(gpu, y_d, st_d, k->init, xbc_d, ld, gat(xbc_d, in.oB), ld, gat(xbc_d, in.oC), ld, dt_d, Al_d,
-                       D_d, B, T, H, Hx, GB, GC, P, N, k->chunk);
+    float *poison = tu_nans(in.ny > in.ns ? in.ny : in.ns);
+    void *xbc_d = tu_dev_act(gpu, in.xbc, in.nxbc), *y_d = tu_dev_act(gpu, poison, in.ny);
+    void *Al_d = tu_dev_act(gpu, in.A_log, H), *D_d = tu_dev_act(gpu, in.D, H);
+    float *dt_d = tu_dev_f32(gpu, in.dt, in.ndt), *st_d = tu_dev_f32(gpu, in.s0 ? in.s0 : poison, in.ns);
+    gpu->ssd_chunk_fwd(gpu, y_d, st_d, k->init, xbc_d, ld, tu_gat(gpu, xbc_d, in.oB), ld, tu_gat(gpu, xbc_d, in.oC), ld,
+                       dt_d, Al_d, D_d, B, T, H, Hx, GB, GC, P, N, k->chunk);
     int fails = 0;
-    if (!gsync(label, "ssd_chunk_fwd")) {
+    if (!tu_sync(gpu, label, "ssd_chunk_fwd")) {
         fails++;
     } else {
         float *y_g = tu_host_act(gpu, y_d, in.ny), *st_g = tu_host_f32(gpu, st_d, in.ns);
@@ -275,26 +213,27 @@ static int run_ssd(const ssd_case_t *k, int do_bwd) {
 
     if (do_bwd) { // also after a failed forward: the backward recomputes what it needs
         // gradient buffer of xBC: random bf16 background, written regions NaN on the GPU
-        float *bg = rndn(in.nxbc, 0.0f, 1.0f, 1), *dxbc_c = hdup(bg, in.nxbc), *dxbc_g0 = hdup(bg, in.nxbc);
+        float *bg = rndn(in.nxbc, 0.0f, 1.0f, 1), *dxbc_c = tu_hdup(bg, in.nxbc), *dxbc_g0 = tu_hdup(bg, in.nxbc);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < in.oC + (int64_t)GC * N; c++)
                 dxbc_g0[r * ld + c] = NAN;
         float *dAl0 = rndn(H, 0.0f, 1.0f, 0), *dD0 = rndn(H, 0.0f, 1.0f, 0);
-        float *ddt_c = hbuf(in.ndt), *dAl_c = hdup(dAl0, H), *dD_c = hdup(dD0, H), *ds0_c = hbuf(in.ns);
+        float *ddt_c = tu_hbuf(in.ndt), *dAl_c = tu_hdup(dAl0, H), *dD_c = tu_hdup(dD0, H), *ds0_c = tu_hbuf(in.ns);
         cpu->ssd_chunk_bwd(cpu, dxbc_c, dxbc_c + in.oB, dxbc_c + in.oC, ddt_c, dAl_c, dD_c, ds0_c, in.dy, in.dfin,
                            in.xbc, ld, in.xbc + in.oB, ld, in.xbc + in.oC, ld, in.dt, in.A_log, in.D, in.s0, B, T, H,
                            Hx, GB, GC, P, N, k->chunk);
 
-        void *dxbc_d = dact(dxbc_g0, in.nxbc), *dy_d = dact(in.dy, in.ny);
-        float *ddt_d = df32(poison, in.ndt), *dAl_d = df32(dAl0, H), *dD_d = df32(dD0, H);
-        float *ds0_d = df32(poison, in.ns), *dfin_d = in.dfin ? df32(in.dfin, in.ns) : NULL;
-        float *s0_d = in.s0 ? df32(in.s0, in.ns) : NULL;
-        gpu->ssd_chunk_bwd(gpu, dxbc_d, gat(dxbc_d, in.oB), gat(dxbc_d, in.oC), ddt_d, dAl_d, dD_d, ds0_d, dy_d, dfin_d,
-                           xbc_d, ld, gat(xbc_d, in.oB), ld, gat(xbc_d, in.oC), ld, dt_d, Al_d, D_d, s0_d, B, T, H, Hx,
-                           GB, GC, P, N, k->chunk);
+        void *dxbc_d = tu_dev_act(gpu, dxbc_g0, in.nxbc), *dy_d = tu_dev_act(gpu, in.dy, in.ny);
+        float *ddt_d = tu_dev_f32(gpu, poison, in.ndt), *dAl_d = tu_dev_f32(gpu, dAl0, H),
+              *dD_d = tu_dev_f32(gpu, dD0, H);
+        float *ds0_d = tu_dev_f32(gpu, poison, in.ns), *dfin_d = in.dfin ? tu_dev_f32(gpu, in.dfin, in.ns) : NULL;
+        float *s0_d = in.s0 ? tu_dev_f32(gpu, in.s0, in.ns) : NULL;
+        gpu->ssd_chunk_bwd(gpu, dxbc_d, tu_gat(gpu, dxbc_d, in.oB), tu_gat(gpu, dxbc_d, in.oC), ddt_d, dAl_d, dD_d,
+                           ds0_d, dy_d, dfin_d, xbc_d, ld, tu_gat(gpu, xbc_d, in.oB), ld, tu_gat(gpu, xbc_d, in.oC), ld,
+                           dt_d, Al_d, D_d, s0_d, B, T, H, Hx, GB, GC, P, N, k->chunk);
         char lb[160];
         snprintf(lb, sizeof lb, "%s bwd", label);
-        if (!gsync(lb, "ssd_chunk_bwd")) {
+        if (!tu_sync(gpu, lb, "ssd_chunk_bwd")) {
             fails++;
         } else {
             float *dxbc_g = tu_host_act(gpu, dxbc_d, in.nxbc), *ddt_g = tu_host_f32(gpu, ddt_d, in.ndt);
@@ -327,10 +266,12 @@ static int run_ssd(const ssd_case_t *k, int do_bwd) {
             free(dxbc_g), free(ddt_g), free(dAl_g), free(dD_g), free(ds0_g);
             free(dx_g), free(dx_c), free(dB_g), free(dB_c), free(dC_g), free(dC_c);
         }
-        dfree(dxbc_d), dfree(dy_d), dfree(ddt_d), dfree(dAl_d), dfree(dD_d), dfree(ds0_d), dfree(dfin_d), dfree(s0_d);
+        tu_dev_free(gpu, dxbc_d), tu_dev_free(gpu, dy_d), tu_dev_free(gpu, ddt_d), tu_dev_free(gpu, dAl_d),
+            tu_dev_free(gpu, dD_d), tu_dev_free(gpu, ds0_d), tu_dev_free(gpu, dfin_d), tu_dev_free(gpu, s0_d);
         free(bg), free(dxbc_c), free(dxbc_g0), free(dAl0), free(dD0), free(ddt_c), free(dAl_c), free(dD_c), free(ds0_c);
     }
-    dfree(xbc_d), dfree(y_d), dfree(Al_d), dfree(D_d), dfree(dt_d), dfree(st_d);
+    tu_dev_free(gpu, xbc_d), tu_dev_free(gpu, y_d), tu_dev_free(gpu, Al_d), tu_dev_free(gpu, D_d),
+        tu_dev_free(gpu, dt_d), tu_dev_free(gpu, st_d);
     free(y_c), free(st_c), free(poison);
     free_inputs(&in);
     return fails;
@@ -399,9 +340,10 @@ static void test_ssd_chunk_extra(void **st) {
     {
         const int B = 2, H = 4, P = 64, N = 64;
         const int64_t ns = (int64_t)B * H * P * N;
-        float *s0 = rndn(ns, 0.0f, 1.0f, 0), *poison = nans(ns), *zero = calloc((size_t)ns, sizeof(float));
-        float *st_d = df32(s0, ns), *st2_d = df32(poison, ns), *ds_d = df32(poison, ns), *df_d = df32(s0, ns);
-        float *ds2_d = df32(poison, ns), *dummy = df32(zero, 64);
+        float *s0 = rndn(ns, 0.0f, 1.0f, 0), *poison = tu_nans(ns), *zero = calloc((size_t)ns, sizeof(float));
+        float *st_d = tu_dev_f32(gpu, s0, ns), *st2_d = tu_dev_f32(gpu, poison, ns),
+              *ds_d = tu_dev_f32(gpu, poison, ns), *df_d = tu_dev_f32(gpu, s0, ns);
+        float *ds2_d = tu_dev_f32(gpu, poison, ns), *dummy = tu_dev_f32(gpu, zero, 64);
         gpu->ssd_chunk_fwd(gpu, dummy, st_d, 1, dummy, 8, dummy, 8, dummy, 8, dummy, dummy, dummy, B, 0, H, 2, 2, 4, P,
                            N, 256);
         gpu->ssd_chunk_fwd(gpu, dummy, st2_d, 0, dummy, 8, dummy, 8, dummy, 8, dummy, dummy, dummy, B, 0, H, 2, 2, 4, P,
@@ -410,7 +352,7 @@ static void test_ssd_chunk_extra(void **st) {
                            8, dummy, dummy, dummy, NULL, B, 0, H, 2, 2, 4, P, N, 256);
         gpu->ssd_chunk_bwd(gpu, dummy, dummy, dummy, dummy, dummy, dummy, ds2_d, dummy, NULL, dummy, 8, dummy, 8, dummy,
                            8, dummy, dummy, dummy, NULL, B, 0, H, 2, 2, 4, P, N, 256);
-        int ok = gsync("T=0", "ssd_chunk_fwd/bwd");
+        int ok = tu_sync(gpu, "T=0", "ssd_chunk_fwd/bwd");
         if (ok) {
             float *a = tu_host_f32(gpu, st_d, ns), *b = tu_host_f32(gpu, st2_d, ns), *c = tu_host_f32(gpu, ds_d, ns);
             float *d = tu_host_f32(gpu, ds2_d, ns);
@@ -420,7 +362,8 @@ static void test_ssd_chunk_extra(void **st) {
         }
         printf("%s T=0: state kept / zeroed, dstate0 = dstate_final / zeros\n", ok ? "ok  " : "FAIL");
         fails += !ok;
-        dfree(st_d), dfree(st2_d), dfree(ds_d), dfree(df_d), dfree(ds2_d), dfree(dummy);
+        tu_dev_free(gpu, st_d), tu_dev_free(gpu, st2_d), tu_dev_free(gpu, ds_d), tu_dev_free(gpu, df_d),
+            tu_dev_free(gpu, ds2_d), tu_dev_free(gpu, dummy);
         free(s0), free(poison), free(zero);
     }
     printf("ssd_chunk extra: %d case(s) failed\n", fails);
@@ -435,21 +378,26 @@ static void test_ssd_deterministic(void **st) {
     ssd_in_t in;
     make_inputs(&k, &in);
     const int B = k.B, T = k.T, H = k.H;
-    void *xbc_d = dact(in.xbc, in.nxbc), *dy_d = dact(in.dy, in.ny), *Al_d = dact(in.A_log, H), *D_d = dact(in.D, H);
-    float *dt_d = df32(in.dt, in.ndt), *s0_d = df32(in.s0, in.ns), *dfin_d = df32(in.dfin, in.ns);
+    void *xbc_d = tu_dev_act(gpu, in.xbc, in.nxbc), *dy_d = tu_dev_act(gpu, in.dy, in.ny),
+         *Al_d = tu_dev_act(gpu, in.A_log, H), *D_d = tu_dev_act(gpu, in.D, H);
+    float *dt_d = tu_dev_f32(gpu, in.dt, in.ndt), *s0_d = tu_dev_f32(gpu, in.s0, in.ns),
+          *dfin_d = tu_dev_f32(gpu, in.dfin, in.ns);
     float *zero = calloc((size_t)(in.nxbc > in.ns ? in.nxbc : in.ns), sizeof(float));
     float *res[2][5];
     for (int run = 0; run < 2; run++) {
-        void *dxbc_d = dact(zero, in.nxbc);
-        float *ddt_d = df32(zero, in.ndt), *dAl_d = df32(zero, H), *dD_d = df32(zero, H), *ds0_d = df32(zero, in.ns);
-        gpu->ssd_chunk_bwd(gpu, dxbc_d, gat(dxbc_d, in.oB), gat(dxbc_d, in.oC), ddt_d, dAl_d, dD_d, ds0_d, dy_d, dfin_d,
-                           xbc_d, in.ld, gat(xbc_d, in.oB), in.ld, gat(xbc_d, in.oC), in.ld, dt_d, Al_d, D_d, s0_d, B,
-                           T, H, k.Hx, k.GB, k.GC, k.P, k.N, k.chunk);
-        assert_true(gsync("deterministic", "ssd_chunk_bwd"));
+        void *dxbc_d = tu_dev_act(gpu, zero, in.nxbc);
+        float *ddt_d = tu_dev_f32(gpu, zero, in.ndt), *dAl_d = tu_dev_f32(gpu, zero, H),
+              *dD_d = tu_dev_f32(gpu, zero, H), *ds0_d = tu_dev_f32(gpu, zero, in.ns);
+        gpu->ssd_chunk_bwd(gpu, dxbc_d, tu_gat(gpu, dxbc_d, in.oB), tu_gat(gpu, dxbc_d, in.oC), ddt_d, dAl_d, dD_d,
+                           ds0_d, dy_d, dfin_d, xbc_d, in.ld, tu_gat(gpu, xbc_d, in.oB), in.ld,
+                           tu_gat(gpu, xbc_d, in.oC), in.ld, dt_d, Al_d, D_d, s0_d, B, T, H, k.Hx, k.GB, k.GC, k.P, k.N,
+                           k.chunk);
+        assert_true(tu_sync(gpu, "deterministic", "ssd_chunk_bwd"));
         res[run][0] = tu_host_act(gpu, dxbc_d, in.nxbc), res[run][1] = tu_host_f32(gpu, ddt_d, in.ndt);
         res[run][2] = tu_host_f32(gpu, dAl_d, H), res[run][3] = tu_host_f32(gpu, dD_d, H);
         res[run][4] = tu_host_f32(gpu, ds0_d, in.ns);
-        dfree(dxbc_d), dfree(ddt_d), dfree(dAl_d), dfree(dD_d), dfree(ds0_d);
+        tu_dev_free(gpu, dxbc_d), tu_dev_free(gpu, ddt_d), tu_dev_free(gpu, dAl_d), tu_dev_free(gpu, dD_d),
+            tu_dev_free(gpu, ds0_d);
     }
     const int64_t len[5] = {in.nxbc, in.ndt, H, H, in.ns};
     const char *names[5] = {"dxBC", "ddt", "dA_log", "dD", "dstate0"};
@@ -460,7 +408,8 @@ static void test_ssd_deterministic(void **st) {
         fails += !same;
         free(res[0][i]), free(res[1][i]);
     }
-    dfree(xbc_d), dfree(dy_d), dfree(Al_d), dfree(D_d), dfree(dt_d), dfree(s0_d), dfree(dfin_d);
+    tu_dev_free(gpu, xbc_d), tu_dev_free(gpu, dy_d), tu_dev_free(gpu, Al_d), tu_dev_free(gpu, D_d),
+        tu_dev_free(gpu, dt_d), tu_dev_free(gpu, s0_d), tu_dev_free(gpu, dfin_d);
     free(zero);
     free_inputs(&in);
     assert_int_equal(fails, 0);
@@ -470,7 +419,7 @@ static void test_ssd_deterministic(void **st) {
 // bytes needed, reported by sync(); nothing is written out of bounds.
 static void test_ssd_small_scratch(void **st) {
     setup_backends();
-    if (fake_gpu) skip(); // the CPU falls back to the heap
+    if (tu_fake_gpu()) skip(); // the CPU falls back to the heap
     be_t *small = NULL;
     if (be_create(&small, "cuda", 64u << 10) < 0) {
         printf("cannot create a second CUDA backend: %s\n", err_msg());
@@ -481,15 +430,17 @@ static void test_ssd_small_scratch(void **st) {
     const ssd_case_t k = {1, 600, 4, 2, 2, 4, 64, 64, 16, 0, 0, 0, 0};
     ssd_in_t in;
     make_inputs(&k, &in);
-    void *xbc_d = dact(in.xbc, in.nxbc), *y_d = dact(in.dy, in.ny), *Al_d = dact(in.A_log, k.H), *D_d = dact(in.D, k.H);
-    float *dt_d = df32(in.dt, in.ndt);
-    small->ssd_chunk_fwd(small, y_d, NULL, 0, xbc_d, in.ld, gat(xbc_d, in.oB), in.ld, gat(xbc_d, in.oC), in.ld, dt_d,
-                         Al_d, D_d, k.B, k.T, k.H, k.Hx, k.GB, k.GC, k.P, k.N, k.chunk);
+    void *xbc_d = tu_dev_act(gpu, in.xbc, in.nxbc), *y_d = tu_dev_act(gpu, in.dy, in.ny),
+         *Al_d = tu_dev_act(gpu, in.A_log, k.H), *D_d = tu_dev_act(gpu, in.D, k.H);
+    float *dt_d = tu_dev_f32(gpu, in.dt, in.ndt);
+    small->ssd_chunk_fwd(small, y_d, NULL, 0, xbc_d, in.ld, tu_gat(gpu, xbc_d, in.oB), in.ld, tu_gat(gpu, xbc_d, in.oC),
+                         in.ld, dt_d, Al_d, D_d, k.B, k.T, k.H, k.Hx, k.GB, k.GC, k.P, k.N, k.chunk);
     int rc = small->sync(small);
     const char *msg = err_msg();
     printf("%s small scratch: rc %d, message: %s\n", rc < 0 && strstr(msg, "scratch") ? "ok  " : "FAIL", rc, msg);
     int ok = rc < 0 && strstr(msg, "scratch") != NULL && small->scratch.used == 0;
-    dfree(xbc_d), dfree(y_d), dfree(Al_d), dfree(D_d), dfree(dt_d);
+    tu_dev_free(gpu, xbc_d), tu_dev_free(gpu, y_d), tu_dev_free(gpu, Al_d), tu_dev_free(gpu, D_d),
+        tu_dev_free(gpu, dt_d);
     gpu = keep;
     be_destroy(small);
     free_inputs(&in);
@@ -525,15 +476,17 @@ static void test_ssd_recurrent(void **st) {
                  k.N);
         ssd_in_t in;
         make_inputs(&k, &in);
-        float *y_c = hbuf(in.ny), *st_c = hdup(in.s0, in.ns), *poison = nans(in.ny);
+        float *y_c = tu_hbuf(in.ny), *st_c = tu_hdup(in.s0, in.ns), *poison = tu_nans(in.ny);
         cpu->ssd_recurrent_fwd(cpu, y_c, st_c, in.xbc, in.ld, in.xbc + in.oB, in.ld, in.xbc + in.oC, in.ld, in.dt,
                                in.A_log, in.D, k.B, k.T, k.H, k.Hx, k.GB, k.GC, k.P, k.N);
-        void *xbc_d = dact(in.xbc, in.nxbc), *y_d = dact(poison, in.ny), *Al_d = dact(in.A_log, k.H);
-        void *D_d = dact(in.D, k.H);
-        float *dt_d = df32(in.dt, in.ndt), *st_d = df32(in.s0, in.ns);
-        gpu->ssd_recurrent_fwd(gpu, y_d, st_d, xbc_d, in.ld, gat(xbc_d, in.oB), in.ld, gat(xbc_d, in.oC), in.ld, dt_d,
-                               Al_d, D_d, k.B, k.T, k.H, k.Hx, k.GB, k.GC, k.P, k.N);
-        if (!gsync(label, "ssd_recurrent_fwd")) {
+        void *xbc_d = tu_dev_act(gpu, in.xbc, in.nxbc), *y_d = tu_dev_act(gpu, poison, in.ny),
+             *Al_d = tu_dev_act(gpu, in.A_log, k.H);
+        void *D_d = tu_dev_act(gpu, in.D, k.H);
+        float *dt_d = tu_dev_f32(gpu, in.dt, in.ndt), *st_d = tu_dev_f32(gpu, in.s0, in.ns);
+        gpu->ssd_recurrent_fwd(gpu, y_d, st_d, xbc_d, in.ld, tu_gat(gpu, xbc_d, in.oB), in.ld,
+                               tu_gat(gpu, xbc_d, in.oC), in.ld, dt_d, Al_d, D_d, k.B, k.T, k.H, k.Hx, k.GB, k.GC, k.P,
+                               k.N);
+        if (!tu_sync(gpu, label, "ssd_recurrent_fwd")) {
             fails++;
         } else {
             float *y_g = tu_host_act(gpu, y_d, in.ny), *st_g = tu_host_f32(gpu, st_d, in.ns);
@@ -542,7 +495,8 @@ static void test_ssd_recurrent(void **st) {
             fails += report(label, o, 2) > 0;
             free(y_g), free(st_g);
         }
-        dfree(xbc_d), dfree(y_d), dfree(Al_d), dfree(D_d), dfree(dt_d), dfree(st_d);
+        tu_dev_free(gpu, xbc_d), tu_dev_free(gpu, y_d), tu_dev_free(gpu, Al_d), tu_dev_free(gpu, D_d),
+            tu_dev_free(gpu, dt_d), tu_dev_free(gpu, st_d);
         free(y_c), free(st_c), free(poison);
         free_inputs(&in);
     }
@@ -564,20 +518,22 @@ static void test_softplus_bias(void **st) {
         float *dt = rndn(N * ld, -3.0f, 4.0f, 1), *bias = rndn(H, 0.0f, 1.0f, 1), *dout = rndn(N * H, 0.0f, 1.0f, 0);
         dt[0] = 25.0f; // identity branch
         if (N * ld > 5) dt[5] = 19.5f;
-        float *out_c = hbuf(N * H), *ddt_c = rndn(N * ld, 0.0f, 1.0f, 1), *db0 = rndn(H, 0.0f, 1.0f, 0);
-        float *ddt_g0 = hdup(ddt_c, N * ld), *db_c = hdup(db0, H);
+        float *out_c = tu_hbuf(N * H), *ddt_c = rndn(N * ld, 0.0f, 1.0f, 1), *db0 = rndn(H, 0.0f, 1.0f, 0);
+        float *ddt_g0 = tu_hdup(ddt_c, N * ld), *db_c = tu_hdup(db0, H);
         for (int64_t n = 0; n < N; n++)
             for (int h = 0; h < H; h++)
                 ddt_g0[n * ld + h] = NAN;
         cpu->softplus_bias_fwd(cpu, out_c, dt, ld, bias, N, H);
         cpu->softplus_bias_bwd(cpu, ddt_c, ld, db_c, dout, dt, ld, bias, N, H);
         if (gpu->act_dtype == DT_BF16) tu_round_bf16(ddt_c, N * ld); // the GPU stores ddt in bf16
-        float *poison = nans(N * H);
-        void *dt_d = dact(dt, N * ld), *bias_d = dact(bias, H), *ddt_d = dact(ddt_g0, N * ld);
-        float *out_d = df32(poison, N * H), *dout_d = df32(dout, N * H), *db_d = df32(db0, H);
+        float *poison = tu_nans(N * H);
+        void *dt_d = tu_dev_act(gpu, dt, N * ld), *bias_d = tu_dev_act(gpu, bias, H),
+             *ddt_d = tu_dev_act(gpu, ddt_g0, N * ld);
+        float *out_d = tu_dev_f32(gpu, poison, N * H), *dout_d = tu_dev_f32(gpu, dout, N * H),
+              *db_d = tu_dev_f32(gpu, db0, H);
         gpu->softplus_bias_fwd(gpu, out_d, dt_d, ld, bias_d, N, H);
         gpu->softplus_bias_bwd(gpu, ddt_d, ld, db_d, dout_d, dt_d, ld, bias_d, N, H);
-        if (!gsync(label, "softplus_bias")) {
+        if (!tu_sync(gpu, label, "softplus_bias")) {
             fails++;
         } else {
             float *out_g = tu_host_f32(gpu, out_d, N * H), *ddt_g = tu_host_act(gpu, ddt_d, N * ld);
@@ -590,7 +546,8 @@ static void test_softplus_bias(void **st) {
             fails += report(label, o, 3) > 0;
             free(out_g), free(ddt_g), free(db_g);
         }
-        dfree(dt_d), dfree(bias_d), dfree(ddt_d), dfree(out_d), dfree(dout_d), dfree(db_d);
+        tu_dev_free(gpu, dt_d), tu_dev_free(gpu, bias_d), tu_dev_free(gpu, ddt_d), tu_dev_free(gpu, out_d),
+            tu_dev_free(gpu, dout_d), tu_dev_free(gpu, db_d);
         free(dt), free(bias), free(dout), free(out_c), free(ddt_c), free(db0), free(ddt_g0), free(db_c), free(poison);
     }
     assert_int_equal(fails, 0);
@@ -650,15 +607,15 @@ static void test_m2_layer(void **st) {
     tu_ctx(&cc, &a, 0);
     const int64_t n = (int64_t)B * T * d;
     float *x = rndn(n, 0.0f, 1.0f, 1), *dout = rndn(n, 0.0f, 1.0f, 1);
-    float *out_c = hbuf(n), *dx_c = hbuf(n);
+    float *out_c = tu_hbuf(n), *dx_c = tu_hbuf(n);
     m2_saved_t svc;
     assert_int_equal(m2_forward(&cc, &wc, out_c, x, B, T, 0, NULL, &svc), 0);
     assert_int_equal(m2_backward(&cc, &wc, &gc, dx_c, dout, &svc), 0);
 
     // GPU: weights as act, gradients float, activations from a device arena
-    float *zero = calloc((size_t)pt.total, sizeof(float)), *poison = nans(n);
-    void *w_d = dact(w, pt.total);
-    float *g_d = df32(zero, pt.total);
+    float *zero = calloc((size_t)pt.total, sizeof(float)), *poison = tu_nans(n);
+    void *w_d = tu_dev_act(gpu, w, pt.total);
+    float *g_d = tu_dev_f32(gpu, zero, pt.total);
     m2_w_t wg, gg;
     assert_int_equal(m2_w_bind(&wg, &pt, w_d, gpu->act_size, 0), 0);
     assert_int_equal(m2_w_bind(&gg, &pt, g_d, sizeof(float), 0), 0);
@@ -668,7 +625,8 @@ static void test_m2_layer(void **st) {
     assert_non_null(base);
     arena_init(&arena, base, cap, "test gpu layer arena");
     layer_ctx_t cg = {.be = gpu, .a = &a, .layer = 0, .arena = &arena};
-    void *x_d = dact(x, n), *dout_d = dact(dout, n), *out_d = dact(poison, n), *dx_d = dact(poison, n);
+    void *x_d = tu_dev_act(gpu, x, n), *dout_d = tu_dev_act(gpu, dout, n), *out_d = tu_dev_act(gpu, poison, n),
+         *dx_d = tu_dev_act(gpu, poison, n);
     m2_saved_t svg;
     int rc = m2_forward(&cg, &wg, out_d, x_d, B, T, 0, NULL, &svg);
     if (rc == 0) rc = m2_backward(&cg, &wg, &gg, dx_d, dout_d, &svg);
@@ -691,7 +649,8 @@ static void test_m2_layer(void **st) {
 #undef PARAM
     int fails = report("m2 layer d576 H9/3 P=N=64 T300 L256", o, 10);
 
-    dfree(w_d), dfree(g_d), dfree(x_d), dfree(dout_d), dfree(out_d), dfree(dx_d), gpu->free(gpu, base);
+    tu_dev_free(gpu, w_d), tu_dev_free(gpu, g_d), tu_dev_free(gpu, x_d), tu_dev_free(gpu, dout_d),
+        tu_dev_free(gpu, out_d), tu_dev_free(gpu, dx_d), gpu->free(gpu, base);
     free(w), free(gflat_c), free(x), free(dout), free(out_c), free(dx_c), free(zero), free(poison);
     free(out_g), free(dx_g), free(gflat_g);
     tu_ctx_free(&cc);
