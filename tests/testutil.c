@@ -357,6 +357,12 @@ void tu_dev_free(be_t *be, void *d) {
     if (d) be->free(be, d);
 }
 
+void tu_upload_act(be_t *be, void *d, const float *h, int64_t n) { assert_int_equal(be->upload_act(be, d, h, n), 0); }
+
+void tu_upload_f32(be_t *be, float *d, const float *h, int64_t n) {
+    assert_int_equal(be->copy_h2d(be, d, h, (size_t)n * sizeof(float)), 0);
+}
+
 int tu_sync(be_t *be, const char *op, const char *shape) {
     int rc = be->sync(be);
     if (rc != 0) printf("FAIL %s %s: cuda error: %s\n", op, shape, err_msg());

@@ -121,6 +121,10 @@ float *tu_rnd(int64_t n, uint64_t seed, float std);
 void *tu_gat(be_t *be, void *d, int64_t off);
 int32_t *tu_dev_i32(be_t *be, const int32_t *h, int64_t n);
 void tu_dev_free(be_t *be, void *d);
+// Uploads n host values into an existing device buffer (act, or float): how a
+// test re-poisons an output with NaN before calling an op a second time.
+void tu_upload_act(be_t *be, void *d, const float *h, int64_t n);
+void tu_upload_f32(be_t *be, float *d, const float *h, int64_t n);
 // Waits for the backend; on an error (asynchronous or from an argument check)
 // prints "FAIL OP SHAPE: cuda error: ..." and returns 0; 1 when all is well.
 int tu_sync(be_t *be, const char *op, const char *shape);

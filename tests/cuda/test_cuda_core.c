@@ -171,7 +171,8 @@ static void test_add_scale(void **st) {
             float *sc = tu_hdup(y0, len);
             cpu->scale(cpu, sc + off, x + off, a, n);
             want = rounded(sc, len);
-            void *ds = tu_dev_act(gpu, y0, len);
+            float *sinit = poisoned(y0, len, off, 1, n, n);
+            void *ds = tu_dev_act(gpu, sinit, len);
             gpu->scale(gpu, tu_gat(gpu, ds, off), tu_gat(gpu, dx, off), a, n);
             fails += !tu_sync(gpu, "scale", shape) || !check_act("scale", shape, ds, want, len, EXACT);
             free(want);
@@ -183,7 +184,7 @@ static void test_add_scale(void **st) {
                 !tu_sync(gpu, "scale in place", shape) || !check_act("scale in place", shape, dx, want, len, EXACT);
             free(want);
 
-            free(y0), free(x), free(yc), free(sc), free(xi);
+            free(y0), free(x), free(yc), free(sc), free(xi), free(sinit);
             tu_dev_free(gpu, dy), tu_dev_free(gpu, dx), tu_dev_free(gpu, ds);
         }
     assert_int_equal(fails, 0);
@@ -538,9 +539,10 @@ static int rmsnorm_case(int64_t N, int d, int no_scratch) {
     void *dg = tu_dev_act(gpu, g, n), *ddx = tu_dev_act(gpu, nan, n);
     float *drstd = tu_dev_f32(gpu, rstd, N), *ddw = tu_dev_f32(gpu, dw0, d);
     size_t mark = no_scratch ? scratch_fill(gpu) : 0;
-    for (int call = 1; call <= 2; call++) { // dw += : twice is twice the gradient
+    for (int call = 1; call <= 2; call++) { // dw += : twice is twice the gradient; dx = : NaN before each call
         char s2[128];
         snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        tu_upload_act(gpu, ddx, nan, n);
         cpu->rmsnorm_bwd(cpu, dx, dw, g, x, w, rstd, N, d);
         gpu->rmsnorm_bwd(gpu, ddx, ddw, dg, dxx, dw_, drstd, N, d);
         fails += !tu_sync(gpu, "rmsnorm_bwd", s2) || !check_act("rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
@@ -631,9 +633,11 @@ static int gnorm_case(gncase_t c, int mode, int no_scratch) {
     void *dg = tu_dev_act(gpu, g, n), *ddx = tu_dev_act(gpu, nan, n), *ddz = tu_dev_act(gpu, dzinit, dzlen);
     float *drstd = tu_dev_f32(gpu, rstd, c.N * c.G), *ddw = tu_dev_f32(gpu, dw0, wlen);
     size_t mark = no_scratch ? scratch_fill(gpu) : 0;
-    for (int call = 1; call <= 2; call++) {
+    for (int call = 1; call <= 2; call++) { // dw += ; dx, dz = : poisoned again before each call
         char s2[160];
         snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        tu_upload_act(gpu, ddx, nan, n);
+        tu_upload_act(gpu, ddz, dzinit, dzlen);
         cpu->gated_rmsnorm_bwd(cpu, dx, dz + c.dzoff, lddz, dw, g, x, z + c.zoff, ldz, w, wlen, rstd, c.N, c.G, c.gs,
                                mode);
         gpu->gated_rmsnorm_bwd(gpu, ddx, tu_gat(gpu, ddz, c.dzoff), lddz, ddw, dg, dxx, tu_gat(gpu, dz_, c.zoff), ldz,
@@ -835,9 +839,11 @@ static int conv_case(ccase_t c, int no_scratch) {
     float *ddw = tu_dev_f32(gpu, dw0, wlen), *ddb = c.bias ? tu_dev_f32(gpu, dbias0, c.C) : NULL,
           *dds = c.dstate ? tu_dev_f32(gpu, nan, slen) : NULL;
     size_t mark = no_scratch ? scratch_fill(gpu) : 0;
-    for (int call = 1; call <= 2; call++) { // dw, dbias += ; dx, dstate =
+    for (int call = 1; call <= 2; call++) { // dw, dbias += ; dx, dstate = (poisoned again before each call)
         char s2[200];
         snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        tu_upload_act(gpu, ddx, dxinit, dxlen);
+        if (dds) tu_upload_f32(gpu, dds, nan, slen);
         cpu->conv1d_bwd(cpu, dx, lddx, dwr, c.bias ? dbias : NULL, c.dstate ? dstate : NULL, g, x, ldx, w, bias, state,
                         c.B, c.T, c.C, c.W, c.silu);
         gpu->conv1d_bwd(gpu, ddx, lddx, ddw, ddb, dds, dg, dxx, ldx, dw_, db, dst, c.B, c.T, c.C, c.W, c.silu);

@@ -160,13 +160,14 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
         cpu->fused_kl(cpu, &loss_c, dh_c, dW_c, c->hs, c->Ws, c->ht, c->Wt, c->tgt, N, (int)ds, c->dt, V, c->scale);
     double loss_e = emulate(c, dh_e, dW_e);
 
-    // GPU: dh poisoned with NaN (every element must be written), dW = dW0.
+    // GPU: the loss and dh poisoned with NaN (every element must be written,
+    // also before each rerun below), dW = dW0.
     void *hs = tu_dev_act(gpu, c->hs, N * ds), *Ws = tu_dev_act(gpu, c->Ws, V * ds);
     void *ht = c->kind ? tu_dev_act(gpu, c->ht, N * c->dt) : NULL,
          *Wt = c->kind ? tu_dev_act(gpu, c->Wt, V * c->dt) : NULL;
     float *nanbuf = tu_nans(N * ds);
     void *dh = tu_dev_act(gpu, nanbuf, N * ds);
-    float *dW = tu_dev_f32(gpu, dW0, V * ds), *dloss = tu_dev_f32(gpu, &loss_c, 1);
+    float *dW = tu_dev_f32(gpu, dW0, V * ds), *dloss = tu_dev_f32(gpu, nanbuf, 1);
     int32_t *tgt = c->tgt ? tu_dev_i32(gpu, c->tgt, N) : NULL;
     size_t mark = arena_mark(&gpu->scratch);
     if (squeeze_rows > 0) {
@@ -205,8 +206,10 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
 
     // Loss only: the same loss, bit for bit. Again with gradients: the same
     // loss, dh, and dW increment, bit for bit (deterministic: no atomics).
+    // The loss and dh hold NaN again before each call, dW its start value.
     if (squeeze_rows == 0) {
         float *l2;
+        tu_upload_f32(gpu, dloss, nanbuf, 1);
         if (c->kind == 0)
             gpu->fused_ce(gpu, dloss, NULL, NULL, hs, Ws, tgt, N, (int)ds, V, c->scale);
         else
@@ -214,7 +217,9 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
         l2 = tu_host_f32(gpu, dloss, 1);
         assert_true(l2[0] == lg[0]);
         free(l2);
-        assert_int_equal(gpu->copy_h2d(gpu, dW, dW0, (size_t)(V * ds) * sizeof(float)), 0);
+        tu_upload_f32(gpu, dW, dW0, V * ds);
+        tu_upload_f32(gpu, dloss, nanbuf, 1);
+        tu_upload_act(gpu, dh, nanbuf, N * ds);
         if (c->kind == 0)
             gpu->fused_ce(gpu, dloss, dh, dW, hs, Ws, tgt, N, (int)ds, V, c->scale);
         else
@@ -297,59 +302,60 @@ static void test_kl_chunks(void **st) { kl_case(300, 576, 960, 1000, 1, 5); }
 
 // Student == teacher: both logit GEMMs are the same call on the same data, so
 // KL and its gradient are exactly 0 (bounds leave room for nothing but that).
+// The loss and dhs start as NaN and dWs (+=) at random values, so an op that
+// writes nothing or overwrites dWs fails; the maxima are +inf on a NaN.
 static void test_kl_self_zero(void **st) {
     be_t *gpu = tu_gpu();
     enum { N = 37, d = 576, V = 49152 };
-    float *h = tu_rnd(N * d, 71, 1.0f), *W = tu_rnd((int64_t)V * d, 72, 3.0f / sqrtf((float)d)), zero = 0.0f;
-    float *nanb = tu_nans(N * d);
+    float *h = tu_rnd(N * d, 71, 1.0f), *W = tu_rnd((int64_t)V * d, 72, 3.0f / sqrtf((float)d));
+    float *dW0 = tu_rnd((int64_t)V * d, 73, 0.01f), *nanb = tu_nans(N * d),
+          *zero = calloc((size_t)N * d, sizeof(float));
     void *dh_d = tu_dev_act(gpu, nanb, N * d), *h_d = tu_dev_act(gpu, h, N * d),
          *W_d = tu_dev_act(gpu, W, (int64_t)V * d);
-    float *dW_d = gpu->alloc(gpu, (size_t)V * d * sizeof(float)), *l_d = tu_dev_f32(gpu, &zero, 1);
-    assert_int_equal(gpu->memset0(gpu, dW_d, (size_t)V * d * sizeof(float)), 0);
+    float *dW_d = tu_dev_f32(gpu, dW0, (int64_t)V * d), *l_d = tu_dev_f32(gpu, nanb, 1);
     gpu->fused_kl(gpu, l_d, dh_d, dW_d, h_d, W_d, h_d, W_d, NULL, N, d, d, V, 1.0f);
     float *l = tu_host_f32(gpu, l_d, 1), *dh = tu_host_act(gpu, dh_d, N * d),
           *dW = tu_host_f32(gpu, dW_d, (int64_t)V * d);
-    double mh = 0, mw = 0;
-    for (int64_t i = 0; i < N * d; i++)
-        mh = fmax(mh, fabs(dh[i]));
-    for (int64_t i = 0; i < (int64_t)V * d; i++)
-        mw = fmax(mw, fabs(dW[i]));
-    printf("  kl(p || p) = %.3e, max |dhs| %.3e, max |dWs| %.3e\n", l[0], mh, mw);
+    double mh = tu_max_abs_diff(dh, zero, N * d), mw = tu_max_abs_diff(dW, dW0, (int64_t)V * d);
+    printf("  kl(p || p) = %.3e, max |dhs| %.3e, max |dWs increment| %.3e\n", l[0], mh, mw);
     assert_true(fabsf(l[0]) <= 1e-6f);
     assert_true(mh <= 1e-7 && mw <= 1e-7);
     gpu->free(gpu, dh_d), gpu->free(gpu, h_d), gpu->free(gpu, W_d), gpu->free(gpu, dW_d), gpu->free(gpu, l_d);
-    free(h), free(W), free(nanb), free(l), free(dh), free(dW);
+    free(h), free(W), free(dW0), free(nanb), free(zero), free(l), free(dh), free(dW);
 }
 
-// N = 0 gives loss 0; every target ignored gives loss 0 and dh 0; a target
-// >= V gives a NaN loss.
+// N = 0 gives loss 0; every target ignored gives loss 0, dh 0 and dW
+// unchanged (+= 0: it starts at random values, never at the expected 0); a
+// target >= V gives a NaN loss. The loss buffer holds NaN before the calls
+// that must give 0, and 1 before the one that must give NaN.
 static void test_ce_edge(void **st) {
     be_t *gpu = tu_gpu();
     enum { N = 3, d = 64, V = 1000 };
     float *h = tu_rnd(N * d, 81, 1.0f), *W = tu_rnd(V * d, 82, 0.3f), *nanb = tu_nans(N * d), one = 1.0f;
+    float *dW0 = tu_rnd(V * d, 83, 0.01f);
     int32_t none[N] = {-100, -1, -100}, bad[N] = {3, V, 4};
     void *h_d = tu_dev_act(gpu, h, N * d), *W_d = tu_dev_act(gpu, W, V * d), *dh_d = tu_dev_act(gpu, nanb, N * d);
-    float *dW_d = gpu->alloc(gpu, (size_t)V * d * sizeof(float)), *l_d = tu_dev_f32(gpu, &one, 1);
+    float *dW_d = tu_dev_f32(gpu, dW0, V * d), *l_d = tu_dev_f32(gpu, nanb, 1);
     int32_t *none_d = tu_dev_i32(gpu, none, N), *bad_d = tu_dev_i32(gpu, bad, N);
-    assert_int_equal(gpu->memset0(gpu, dW_d, (size_t)V * d * sizeof(float)), 0);
     gpu->fused_ce(gpu, l_d, dh_d, dW_d, h_d, W_d, none_d, N, d, V, 1.0f);
     float *l = tu_host_f32(gpu, l_d, 1), *dh = tu_host_act(gpu, dh_d, N * d), *dW = tu_host_f32(gpu, dW_d, V * d);
     assert_true(l[0] == 0.0f);
     for (int i = 0; i < N * d; i++)
         assert_true(dh[i] == 0.0f);
-    for (int i = 0; i < V * d; i++)
-        assert_true(dW[i] == 0.0f);
+    assert_memory_equal(dW, dW0, (size_t)V * d * sizeof(float));
     free(l);
+    tu_upload_f32(gpu, l_d, &one, 1);
     gpu->fused_ce(gpu, l_d, NULL, NULL, h_d, W_d, bad_d, N, d, V, 1.0f);
     l = tu_host_f32(gpu, l_d, 1);
     assert_true(isnan(l[0]));
     free(l);
+    tu_upload_f32(gpu, l_d, nanb, 1);
     gpu->fused_ce(gpu, l_d, dh_d, dW_d, h_d, W_d, none_d, 0, d, V, 1.0f);
     l = tu_host_f32(gpu, l_d, 1);
     assert_true(l[0] == 0.0f);
     gpu->free(gpu, h_d), gpu->free(gpu, W_d), gpu->free(gpu, dh_d), gpu->free(gpu, dW_d), gpu->free(gpu, l_d);
     gpu->free(gpu, none_d), gpu->free(gpu, bad_d);
-    free(h), free(W), free(nanb), free(l), free(dh), free(dW);
+    free(h), free(W), free(dW0), free(nanb), free(l), free(dh), free(dW);
 }
 
 // ---- optimizer ---------------------------------------------------------------
@@ -359,13 +365,17 @@ static void test_ce_edge(void **st) {
 // bound allows 2 ulps in case a compiler contracts anyway. The work copy is
 // bf16(master): within half a bf16 ulp (2^-8 relative) of the CPU master.
 // Run on an aligned buffer (16-byte vector path + scalar tail) and on one
-// offset by one float (scalar path).
+// offset by one float (scalar path), whose first element the op must leave
+// alone. The work copy starts as NaN (it is written, never read), and a NaN
+// anywhere counts as out of bounds.
 static void adamw_case(int64_t n, int offset) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int64_t nn = n + offset;
     float *p = tu_rnd(nn, 91, 1.0f), *g1 = tu_rnd(nn, 92, 0.1f), *g2 = tu_rnd(nn, 93, 0.3f),
           *m = calloc((size_t)nn, sizeof(float));
-    float *v = calloc((size_t)nn, sizeof(float)), *w = calloc((size_t)nn, sizeof(float));
+    float *v = calloc((size_t)nn, sizeof(float)), *w = tu_nans(nn);
+    for (int i = 0; i < offset; i++)
+        w[i] = 7.0f; // outside the op: must survive
     float *p_d = tu_dev_f32(gpu, p, nn), *m_d = tu_dev_f32(gpu, m, nn), *v_d = tu_dev_f32(gpu, v, nn);
     float *g1_d = tu_dev_f32(gpu, g1, nn), *g2_d = tu_dev_f32(gpu, g2, nn);
     void *w_d = tu_dev_act(gpu, w, nn);
@@ -381,11 +391,13 @@ static void adamw_case(int64_t n, int offset) {
     float *wg = tu_host_act(gpu, w_d, nn);
     int64_t bad = 0;
     for (int64_t i = offset; i < nn; i++) {
-        bad += fabsf(pg[i] - p[i]) > 2.4e-7f * fabsf(p[i]);
-        bad += fabsf(mg[i] - m[i]) > 2.4e-7f * fabsf(m[i]);
-        bad += fabsf(vg[i] - v[i]) > 2.4e-7f * fabsf(v[i]);
-        bad += fabsf(wg[i] - p[i]) > 0x1p-8f * fabsf(p[i]);
+        bad += !(fabsf(pg[i] - p[i]) <= 2.4e-7f * fabsf(p[i]));
+        bad += !(fabsf(mg[i] - m[i]) <= 2.4e-7f * fabsf(m[i]));
+        bad += !(fabsf(vg[i] - v[i]) <= 2.4e-7f * fabsf(v[i]));
+        bad += !(fabsf(wg[i] - p[i]) <= 0x1p-8f * fabsf(p[i]));
     }
+    for (int i = 0; i < offset; i++) // the CPU left these as they were too
+        bad += pg[i] != p[i] || mg[i] != m[i] || vg[i] != v[i] || wg[i] != w[i];
     printf("  adamw n=%lld offset %d: master max diff %.2e, work max diff %.2e, %lld elements out of bounds\n",
            (long long)n, offset, tu_max_abs_diff(pg + offset, p + offset, n),
            tu_max_abs_diff(wg + offset, p + offset, n), (long long)bad);
@@ -406,11 +418,12 @@ static void test_sumsq(void **st) {
     const int64_t ns[3] = {1, 4097, 10000019};
     for (int k = 0; k < 3; k++) {
         const int64_t n = ns[k];
-        float *x = tu_rnd(n + 1, 95 + (uint64_t)k, 2.0f), ref = 0;
+        float *x = tu_rnd(n + 1, 95 + (uint64_t)k, 2.0f), ref = 0, nan = NAN;
         tu_cpu()->sumsq(tu_cpu(), &ref, x + 1, n);
-        float *x_d = tu_dev_f32(gpu, x, n + 1), *o_d = tu_dev_f32(gpu, &ref, 1);
-        gpu->sumsq(gpu, o_d, x_d + 1, n); // x + 1: not 16-byte aligned
+        float *x_d = tu_dev_f32(gpu, x, n + 1), *o_d = tu_dev_f32(gpu, &nan, 1); // NaN: must be written
+        gpu->sumsq(gpu, o_d, x_d + 1, n);                                        // x + 1: not 16-byte aligned
         float *o = tu_host_f32(gpu, o_d, 1);
+        tu_upload_f32(gpu, o_d, &nan, 1);
         gpu->sumsq(gpu, o_d, x_d, n);
         float *o2 = tu_host_f32(gpu, o_d, 1), ref2 = 0;
         tu_cpu()->sumsq(tu_cpu(), &ref2, x, n);

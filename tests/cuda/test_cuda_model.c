@@ -85,7 +85,7 @@ static void test_model_logits(void **st) {
     int32_t *ids = malloc(sizeof(int32_t) * B * T);
     for (int i = 0; i < B * T; i++)
         ids[i] = (i * 37 + 11) % a.V;
-    float *lc = malloc(sizeof(float) * B * T * a.V), *lg = malloc(sizeof(float) * B * T * a.V);
+    float *lc = malloc(sizeof(float) * B * T * a.V), *lg = tu_nans((int64_t)B * T * a.V); // NaN: must be written
     assert_int_equal(model_logits_all(&p.cpu, ids, B, T, lc), 0);
     assert_int_equal(model_logits_all(&p.gpu, ids, B, T, lg), 0);
     double e = tu_rel_err(lg, lc, (int64_t)B * T * a.V);
@@ -95,7 +95,7 @@ static void test_model_logits(void **st) {
     model_state_t sc, sg;
     assert_int_equal(model_state_alloc(&p.cpu, &sc, 1, T), 0);
     assert_int_equal(model_state_alloc(&p.gpu, &sg, 1, T), 0);
-    float *c1 = malloc(sizeof(float) * a.V), *g1 = malloc(sizeof(float) * a.V);
+    float *c1 = malloc(sizeof(float) * a.V), *g1 = tu_nans(a.V);
     assert_int_equal(model_prefill(&p.cpu, &sc, ids, 37, 16, c1), 0);
     assert_int_equal(model_prefill(&p.gpu, &sg, ids, 37, 16, g1), 0);
     double worst = tu_rel_err(g1, c1, a.V);
