@@ -73,9 +73,10 @@ static void free_pair(pair_t *p) {
     free(p->w);
 }
 
-// bf16 activations through 5 layers with norms: a few 1e-3 per layer; the real
-// SmolLM2 (30 layers) shows 3.4e-2 (test below).
-#define LOGIT_TOL 5e-2
+// bf16 activations through 5 layers with norms: a few 1e-3 per layer. This
+// test's full forward measured 2.2e-2 on the H200 (run 7, with the output
+// projections scaled down as in make_pair); bound 3e-2 (1.4x that).
+static const double LOGIT_TOL = 3e-2;
 
 static void test_model_logits(void **st) {
     arch_t a = small_hybrid();
@@ -89,7 +90,18 @@ static void test_model_logits(void **st) {
     assert_int_equal(model_logits_all(&p.cpu, ids, B, T, lc), 0);
     assert_int_equal(model_logits_all(&p.gpu, ids, B, T, lg), 0);
     double e = tu_rel_err(lg, lc, (int64_t)B * T * a.V);
-    printf("  full forward logits, B=%d T=%d: rel err %.2e\n", B, T, e);
+    // The decode below is judged by its worst single position; the full
+    // forward's worst single position is the like-for-like figure (over all
+    // rows, and over the positions 36..T-1 of sequence 0 that decode covers).
+    double pos_worst = 0, pos_worst_dec = 0;
+    for (int r = 0; r < B * T; r++) {
+        double er = tu_rel_err(lg + (int64_t)r * a.V, lc + (int64_t)r * a.V, a.V);
+        if (!(er <= pos_worst)) pos_worst = er;
+        if (r >= 36 && r < T && !(er <= pos_worst_dec)) pos_worst_dec = er;
+    }
+    printf("  full forward logits, B=%d T=%d: rel err %.2e; worst single position %.2e (%.2e over the decoded "
+           "positions)\n",
+           B, T, e, pos_worst, pos_worst_dec);
     assert_true(e < LOGIT_TOL);
     // prefill 37 tokens in chunks of 16, then decode steps
     model_state_t sc, sg;
@@ -108,8 +120,11 @@ static void test_model_logits(void **st) {
     printf("  prefill + %d decode steps: worst rel err %.2e\n", T - 37, worst);
     // The decode path computes the same function by other algorithms (GDN and
     // SSD recurrences instead of chunks, absorbed MLA over the latent cache),
-    // each in bf16: seen 5.8e-2 at the worst of 64 positions on the H200
-    // (2.2e-2 for the full forward). Bound 1e-1; a wrong cache or state
+    // each in bf16. The bound 1e-1 is not derived: it was set after one
+    // failing H200 run (run 7: 5.82e-2 at the worst of these 64 positions,
+    // against the then bound LOGIT_TOL, and 2.2e-2 for the full forward over
+    // all positions, a different measure). To be re-derived from the two
+    // worst-position figures printed above and here. A wrong cache or state
     // update gives O(1).
     assert_true(worst < 1e-1);
     model_state_free(&p.cpu, &sc);
@@ -210,7 +225,8 @@ static void test_smollm2_cuda_vs_cpu(void **st) {
     printf("  SmolLM2, %d tokens: cuda vs cpu (bf16 weights) rel err %.2e, argmax agree %d/%d\n", T, e, agree, T);
     printf("  cuda vs cpu fp32 weights rel err %.2e (argmax agree %d/%d); bf16 weight rounding alone %.2e\n", e32,
            agree32, T, ew);
-    // bf16 activations through 30 layers: ~1e-2 relative on the logits.
+    // bf16 activations through 30 layers: seen 3.35e-2 relative on the logits
+    // on the H200 (run 4; argmax agreeing at 36 of 37 positions).
     assert_true(e < 5e-2);
     model_free(&mc);
     model_free(&mg);
