@@ -41,13 +41,11 @@ enum { EMU_ROWS = 64 };
 static const double TOL_LOSS_CPU = 1e-2, TOL_CE_GRAD_CPU = 2e-2, TOL_KL_GRAD_CPU = 4e-2;
 static const double TOL_LOSS_EMU = 1e-4, TOL_GRAD_EMU = 1e-2;
 
-// What the backend under test stores for an act value: bf16 on the GPU, the
-// fp32 value itself on the fake GPU (tu_gpu()).
-static float act_round(double x) {
-    return tu_gpu()->act_dtype == DT_BF16 ? bf16_to_f32(f32_to_bf16((float)x)) : (float)x;
-}
-static void act_round_all(float *x, int64_t n) {
-    if (tu_gpu()->act_dtype == DT_BF16) tu_round_bf16(x, n);
+// What the backend under test stores for an act value: bf16 on the GPU
+// (bf16 = 1), the fp32 value itself on the fake GPU (tu_gpu(), bf16 = 0).
+static float act_round(double x, int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16((float)x)) : (float)x; }
+static void act_round_all(float *x, int64_t n, int bf16) {
+    if (bf16) tu_round_bf16(x, n);
 }
 
 // N(0, std^2) quantised to multiples of 1/q, clamped to |x| <= lim/q: exact in
@@ -102,15 +100,16 @@ static double lse_d(const float *z, int64_t V) {
 static double emulate(const lcase_t *c, float *dh, float *dW) {
     be_t *cpu = tu_cpu();
     const int64_t V = c->V;
+    const int bf16 = tu_gpu()->act_dtype == DT_BF16;
     float *S = malloc((size_t)(EMU_ROWS * V) * sizeof(float)), *T = malloc((size_t)(EMU_ROWS * V) * sizeof(float));
     double loss = 0;
     for (int64_t r0 = 0; r0 < c->N; r0 += EMU_ROWS) {
         int64_t rows = c->N - r0 < EMU_ROWS ? c->N - r0 : EMU_ROWS;
         cpu->gemm(cpu, 0, 1, rows, V, c->ds, 1.0f, c->hs + r0 * c->ds, c->ds, c->Ws, c->ds, 0.0f, S, V);
-        act_round_all(S, rows * V);
+        act_round_all(S, rows * V, bf16);
         if (c->kind == 1) {
             cpu->gemm(cpu, 0, 1, rows, V, c->dt, 1.0f, c->ht + r0 * c->dt, c->dt, c->Wt, c->dt, 0.0f, T, V);
-            act_round_all(T, rows * V);
+            act_round_all(T, rows * V, bf16);
         }
         for (int64_t r = 0; r < rows; r++) {
             float *s = S + r * V;
@@ -123,21 +122,21 @@ static double emulate(const lcase_t *c, float *dh, float *dW) {
             if (c->kind == 0) {
                 loss += ls - s[y];
                 for (int64_t v = 0; v < V; v++)
-                    s[v] = act_round(exp(s[v] - ls) - (v == y ? 1.0 : 0.0));
+                    s[v] = act_round(exp(s[v] - ls) - (v == y ? 1.0 : 0.0), bf16);
             } else {
                 const float *t = T + r * V;
                 const double lt = lse_d(t, V);
                 for (int64_t v = 0; v < V; v++) {
                     double a = s[v] - ls, b = t[v] - lt;
                     loss += exp(b) * (b - a);
-                    s[v] = act_round(exp(a) - exp(b));
+                    s[v] = act_round(exp(a) - exp(b), bf16);
                 }
             }
         }
         cpu->gemm(cpu, 0, 0, rows, c->ds, V, c->scale, S, V, c->Ws, c->ds, 0.0f, dh + r0 * c->ds, c->ds);
         cpu->gemm(cpu, 1, 0, V, c->ds, rows, c->scale, S, V, c->hs + r0 * c->ds, c->ds, 1.0f, dW, c->ds);
     }
-    act_round_all(dh, c->N * c->ds);
+    act_round_all(dh, c->N * c->ds, bf16);
     free(S);
     free(T);
     return loss * c->scale;
