@@ -97,9 +97,10 @@ test: $(BIN) $(TESTBIN)
 	@scripts/fetch_model.sh >/dev/null
 	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(TESTBIN)
 
+# HYLO_REQUIRE_GPU=1: a missing GPU fails the tests instead of skipping them.
 test-cuda: $(BIN) $(CUDATESTBIN)
 	@scripts/fetch_model.sh >/dev/null
-	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(CUDATESTBIN)
+	@HYLO_REQUIRE_GPU=1 HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(CUDATESTBIN)
 
 bench: $(BIN) $(BENCHBIN)
 

@@ -1,74 +1,51 @@
 // Timings of the CUDA shared ops (cuda_core / norm / rope / mlp / conv) at
 // training sizes, against the two ceilings of METHOD.md: bytes moved over
 // memory bandwidth (memory-bound ops) or FLOPs over the bf16 matrix rate
-// (GEMMs). Prints one line per op: median time of `reps` back-to-back
-// launches (host clock around a synchronised batch, after a warm-up), the
-// effective GB/s or TFLOP/s. Inputs are random (never zeros).
+// (GEMMs). Prints one line per op: the time per call of `reps` back-to-back
+// launches (CUDA events around the batch; a warm-up batch, then the median of
+// 5), the effective GB/s or TFLOP/s. Inputs are random (never zeros).
 //
 //   build-*/bench/bench_cuda_core [reps]
+#include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/backend.h"
 #include "base/err.h"
-#include "base/rng.h"
 
-static be_t *be;
+#define BENCH_NAME "bench_cuda_core"
+#include "bench_util.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void *act(int64_t n) {
-    float *h = malloc((size_t)n * sizeof(float));
-    rng_t r;
-    rng_seed(&r, (uint64_t)n * 7919u + 1);
-    rng_fill_normal(&r, h, n, 0.0f, 1.0f);
-    void *d = be->alloc(be, (size_t)n * be->act_size);
-    if (!d || be->upload_act(be, d, h, n) < 0) {
-        fprintf(stderr, "bench: %s\n", err_msg());
-        exit(1);
-    }
-    free(h);
-    return d;
-}
+// n act values N(0, 1), a seed per size
+static void *act(int64_t n) { return dev_rand(n, (uint64_t)n * 7919u + 1, 0.0f, 1.0f); }
 
 static float *f32(int64_t n) {
     float *d = be->alloc(be, (size_t)n * sizeof(float));
-    if (!d || be->memset0(be, d, (size_t)n * sizeof(float)) < 0) {
-        fprintf(stderr, "bench: %s\n", err_msg());
-        exit(1);
-    }
+    if (!d || be->memset0(be, d, (size_t)n * sizeof(float)) < 0) die("f32 buffer");
     return d;
 }
 
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+// `reps` launches of one op back to back, timed as one unit, so the launch
+// gaps are hidden as they are in training.
+typedef struct {
+    void (*op)(void *ctx);
+    void *ctx;
+    int reps;
+} batch_t;
+
+static void run_batch(void *p, int rep) {
+    batch_t *b = p;
+    for (int i = 0; i < b->reps; i++)
+        b->op(b->ctx);
 }
 
-// Median over 5 batches of `reps` calls, seconds per call.
-typedef void (*op_fn)(void *ctx);
-static double timeit(op_fn f, void *ctx, int reps) {
-    f(ctx); // warm-up: plan creation, module load
-    if (be->sync(be) < 0) {
-        fprintf(stderr, "bench: %s\n", err_msg());
-        exit(1);
-    }
-    double t[5];
-    for (int k = 0; k < 5; k++) {
-        double t0 = now();
-        for (int i = 0; i < reps; i++)
-            f(ctx);
-        be->sync(be);
-        t[k] = (now() - t0) / reps;
-    }
-    qsort(t, 5, sizeof t[0], cmp);
-    return t[2];
+// Seconds per call: the median of 5 batches after a warm-up batch (plan
+// creation, module load).
+static double timeit(void (*op)(void *ctx), void *ctx, int reps) {
+    batch_t b = {op, ctx, reps};
+    return time_op(run_batch, &b, 1, 5, 0) * 1e-3 / reps;
 }
 
 typedef struct {
@@ -137,10 +114,8 @@ static void row(const char *name, const char *shape, double s, double bytes, dou
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
-    if (be_create(&be, "cuda", 512u << 20) < 0) {
-        fprintf(stderr, "bench_cuda_core: %s\n", err_msg());
-        return 1;
-    }
+    if (reps < 1) reps = 1;
+    bench_init(512u << 20);
     const double es = 2.0;
     char shape[64];
     {
@@ -213,8 +188,7 @@ int main(int argc, char **argv) {
         row("conv1d bwd", shape, timeit(op_conv_bwd, &c, reps), 3 * n * es, 0);
         be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d), be->free(be, c.f);
     }
-    int rc = be->sync(be);
-    if (rc < 0) fprintf(stderr, "bench_cuda_core: %s\n", err_msg());
-    be_destroy(be);
-    return rc < 0;
+    check_sync("end");
+    bench_finish();
+    return 0;
 }

@@ -1,8 +1,10 @@
-// Shared pieces of the GPU benchmarks bench_attn, bench_gdn and bench_ssd (each
-// bench/*.c is its own program, so these are static): the CUDA backend with its
-// stream and a pair of timing events, random device inputs, CUDA-event timing
-// (warm-up runs, then the median of the timed runs), the device-to-device copy
-// bandwidth the decode tables compare against, and flag parsing.
+// Shared pieces of the GPU benchmarks bench_attn, bench_cuda_core, bench_gdn,
+// bench_loss and bench_ssd (each bench/*.c is its own program, so these are
+// static, the functions inline: not every program uses all of them): the
+// CUDA backend with its stream and a pair of timing events, random device
+// inputs, CUDA-event timing (warm-up runs, then the median of the timed
+// runs), the device-to-device copy bandwidth the decode tables compare
+// against, and flag parsing.
 //
 // Define BENCH_NAME (the program's name, the prefix of its error messages)
 // before including this file.
@@ -25,12 +27,12 @@ static be_t *be;
 static cudaStream_t stream; // the backend's stream: every op and event goes on it
 static cudaEvent_t ev0, ev1;
 
-static void die(const char *what) {
+static inline void die(const char *what) {
     fprintf(stderr, BENCH_NAME ": %s: %s\n", what, err_msg());
     exit(1);
 }
 
-static void check_sync(const char *what) {
+static inline void check_sync(const char *what) {
     if (be->sync(be) < 0) die(what);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
@@ -40,14 +42,14 @@ static void check_sync(const char *what) {
 }
 
 // The CUDA backend with a scratch arena of `scratch` bytes, its stream, the events.
-static void bench_init(size_t scratch) {
+static inline void bench_init(size_t scratch) {
     if (be_create(&be, "cuda", scratch) < 0) die("cuda backend");
     stream = (cudaStream_t)cuda_stream_of(be);
     cudaEventCreate(&ev0);
     cudaEventCreate(&ev1);
 }
 
-static void bench_finish(void) {
+static inline void bench_finish(void) {
     cudaEventDestroy(ev0);
     cudaEventDestroy(ev1);
     be_destroy(be);
@@ -55,7 +57,7 @@ static void bench_finish(void) {
 
 // Random act values N(mean, std^2): up to 16M values drawn on the host,
 // repeated on the device.
-static void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
+static inline void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
     void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
     if (!d) die("alloc");
     int64_t m = n < (1 << 24) ? n : (1 << 24);
@@ -74,7 +76,7 @@ static void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
     return d;
 }
 
-static int cmp_float(const void *a, const void *b) {
+static inline int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
 }
@@ -85,7 +87,7 @@ typedef void (*op_fn)(void *ctx, int rep);
 // The warm-ups get rep = 0..warm-1 and timed run i gets rep = rep0 + i (the
 // ops that rotate buffer copies by rep: rep0 = 0 starts the timed runs on the
 // warm-ups' copies again, rep0 = warm continues after them).
-static float time_op(op_fn fn, void *ctx, int warm, int reps, int rep0) {
+static inline float time_op(op_fn fn, void *ctx, int warm, int reps, int rep0) {
     for (int i = 0; i < warm; i++)
         fn(ctx, i);
     check_sync("warm-up");
@@ -108,14 +110,14 @@ typedef struct {
     size_t n;
 } copy_ctx_t;
 
-static void run_copy(void *p, int rep) {
+static inline void run_copy(void *p, int rep) {
     copy_ctx_t *c = p;
     cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, stream);
 }
 
 // GB/s (bytes read + written) of a device-to-device copy of a 4 GiB buffer
 // (2 warm-ups, median of 10), printed as a line of its own.
-static double copy_bandwidth_gbs(void) {
+static inline double copy_bandwidth_gbs(void) {
     copy_ctx_t cc = {.n = (size_t)4 << 30};
     cc.a = be->alloc(be, cc.n), cc.b = be->alloc(be, cc.n);
     if (!cc.a || !cc.b) die("alloc copy buffers");
@@ -136,7 +138,7 @@ typedef struct {
 
 // Applies the flags named in argv; on anything else prints the usage ("usage:
 // PROGRAM [--a] [--b] ...", each name once) and returns -1 (exit status 2).
-static int bench_flags(int argc, char **argv, const bench_flag_t *flags, int n) {
+static inline int bench_flags(int argc, char **argv, const bench_flag_t *flags, int n) {
     for (int i = 1; i < argc; i++) {
         int found = 0;
         for (int k = 0; k < n; k++)

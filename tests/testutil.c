@@ -262,7 +262,11 @@ be_t *tu_cuda(void) {
             be = NULL;
         }
     }
-    if (!be) skip();
+    if (!be) {
+        const char *req = getenv("HYLO_REQUIRE_GPU");
+        if (req && *req == '1') fail_msg("HYLO_REQUIRE_GPU=1 and there is no CUDA backend");
+        skip();
+    }
     return be;
 }
 
@@ -307,4 +311,104 @@ void tu_rows_gather(float *dst, const float *x, int B, int T, int t0, int n, int
 void tu_rows_scatter(float *x, const float *src, int B, int T, int t0, int n, int d) {
     for (int b = 0; b < B; b++)
         memcpy(x + ((int64_t)b * T + t0) * d, src + (int64_t)b * n * d, (size_t)n * d * sizeof(float));
+}
+
+int tu_fake_gpu(void) {
+    const char *e = getenv("HYLO_TEST_CPU_AS_GPU");
+    return e && *e == '1';
+}
+
+be_t *tu_gpu(void) {
+    static be_t *fake;
+    if (!tu_fake_gpu()) return tu_cuda();
+    if (!fake && be_create(&fake, "cpu", 256u << 20) < 0) {
+        printf("cannot create the fake GPU (a CPU backend): %s\n", err_msg());
+        abort();
+    }
+    return fake;
+}
+
+float *tu_hbuf(int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    assert_non_null(p);
+    return p;
+}
+
+float *tu_hdup(const float *h, int64_t n) {
+    float *p = tu_hbuf(n);
+    if (n > 0) memcpy(p, h, (size_t)n * sizeof(float));
+    return p;
+}
+
+float *tu_nans(int64_t n) {
+    float *p = tu_hbuf(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+float *tu_rnd(int64_t n, uint64_t seed, float std) {
+    float *p = tu_hbuf(n);
+    tu_randn(p, n, seed, std);
+    tu_round_bf16(p, n);
+    return p;
+}
+
+void *tu_gat(be_t *be, void *d, int64_t off) { return (char *)d + (size_t)off * be->act_size; }
+
+int32_t *tu_dev_i32(be_t *be, const int32_t *h, int64_t n) {
+    int32_t *d = be->alloc(be, (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    assert_non_null(d);
+    assert_int_equal(be->copy_h2d(be, d, h, (size_t)n * sizeof(int32_t)), 0);
+    return d;
+}
+
+void tu_dev_free(be_t *be, void *d) {
+    if (d) be->free(be, d);
+}
+
+void tu_upload_act(be_t *be, void *d, const float *h, int64_t n) { assert_int_equal(be->upload_act(be, d, h, n), 0); }
+
+void tu_upload_f32(be_t *be, float *d, const float *h, int64_t n) {
+    assert_int_equal(be->copy_h2d(be, d, h, (size_t)n * sizeof(float)), 0);
+}
+
+int tu_sync(be_t *be, const char *op, const char *shape) {
+    int rc = be->sync(be);
+    if (rc != 0) printf("FAIL %s %s: cuda error: %s\n", op, shape, err_msg());
+    fflush(stdout);
+    return rc == 0;
+}
+
+tu_cmp_t tu_compare(const float *got, const float *ref, int64_t n, double rtol, double rms_tol, double abs_tol) {
+    tu_cmp_t c = {.first = -1};
+    for (int64_t i = 0; i < n; i++) {
+        double e = (double)got[i] - ref[i];
+        c.ss += (double)ref[i] * ref[i];
+        c.se += e * e;
+        if (!isfinite(got[i])) c.nonfinite = 1;
+    }
+    c.rms = n > 0 ? sqrt(c.ss / (double)n) : 0.0;
+    double worst = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!isfinite(got[i]) || isnan(d)) d = INFINITY;
+        if (d > worst) worst = d, c.worst = i;
+        if (!(d <= rtol * fabs((double)ref[i]) + rms_tol * c.rms + abs_tol)) {
+            if (c.first < 0) c.first = i;
+            c.n_off++;
+        }
+    }
+    c.max_abs = n > 0 ? worst : 0.0;
+    c.rel = c.nonfinite ? INFINITY : n > 0 ? tu_rel_err(got, ref, n) : 0.0;
+    return c;
+}
+
+void tu_print_elem(const char *prefix, const float *got, const float *ref, int64_t i, const int64_t dims[4],
+                   const char *axes, double rms) {
+    int64_t c[4], r = i;
+    for (int k = 3; k >= 0; k--)
+        c[k] = r % dims[k], r /= dims[k];
+    printf("%s [%c=%lld %c=%lld %c=%lld %c=%lld]: gpu %.6g cpu %.6g (rms %.3g)\n", prefix, axes[0], (long long)c[0],
+           axes[1], (long long)c[1], axes[2], (long long)c[2], axes[3], (long long)c[3], got[i], ref[i], rms);
 }

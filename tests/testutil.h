@@ -56,7 +56,9 @@ void tu_ctx_free(layer_ctx_t *c);
 
 // ---- CUDA-vs-CPU tests (tests/cuda/, run on the GPU machine) ----
 // The CUDA backend, created once per binary; the test is skipped (not passed)
-// when hylo was built without CUDA or no GPU is present.
+// when hylo was built without CUDA or no GPU is present, and fails instead
+// under HYLO_REQUIRE_GPU=1 (make test-cuda, scripts/gpu/tests.sh), so a GPU
+// machine whose backend cannot start never reports green.
 be_t *tu_cuda(void);
 // Rounds host values to bf16 in place, so the CPU reference and the GPU see
 // the same inputs and differences come only from the computation.
@@ -99,3 +101,54 @@ int tu_run_hylo(const char *args, char **err);
 void tu_rows_gather(float *dst, const float *x, int B, int T, int t0, int n, int d);
 // The reverse: rows [t0, t0 + n) of each sequence of x [B, T, d] = src [B, n, d].
 void tu_rows_scatter(float *x, const float *src, int B, int T, int t0, int n, int d);
+
+// ---- the CUDA-vs-CPU test harness (tests/cuda/) ----
+// HYLO_TEST_CPU_AS_GPU=1 puts a second CPU backend in the GPU's place (the
+// "fake GPU"): a self-check of a test file's buffers, poisoning, bindings and
+// comparisons on a machine without a GPU (try it under MODE=asan too); every
+// difference is then that of two CPU runs. Cases that need the real device
+// (a second CUDA backend, a CUDA-only error path) skip themselves.
+int tu_fake_gpu(void);
+// The backend under test: the fake GPU under HYLO_TEST_CPU_AS_GPU=1, else
+// tu_cuda() (skips without a GPU, or fails under HYLO_REQUIRE_GPU=1).
+be_t *tu_gpu(void);
+
+// Host buffers, malloc'ed, room for at least one float.
+float *tu_hbuf(int64_t n);
+float *tu_hdup(const float *h, int64_t n);
+// n NaNs: what output buffers hold before the op under test, so that an
+// element it does not write fails the comparison.
+float *tu_nans(int64_t n);
+// N(0, std^2) from `seed`, rounded to bf16 (tu_round_bf16).
+float *tu_rnd(int64_t n, uint64_t seed, float std);
+
+// Device buffers: element `off` of an act buffer, an int32 copy of h, a free
+// that takes NULL.
+void *tu_gat(be_t *be, void *d, int64_t off);
+int32_t *tu_dev_i32(be_t *be, const int32_t *h, int64_t n);
+void tu_dev_free(be_t *be, void *d);
+// Uploads n host values into an existing device buffer (act, or float): how a
+// test re-poisons an output with NaN before calling an op a second time.
+void tu_upload_act(be_t *be, void *d, const float *h, int64_t n);
+void tu_upload_f32(be_t *be, float *d, const float *h, int64_t n);
+// Waits for the backend; on an error (asynchronous or from an argument check)
+// prints "FAIL OP SHAPE: cuda error: ..." and returns 0; 1 when all is well.
+int tu_sync(be_t *be, const char *op, const char *shape);
+
+// got against ref over n values. An element is "off" when |got - ref| >
+// rtol |ref| + rms_tol rms(ref) + abs_tol, or when either is NaN.
+typedef struct {
+    double rel;     // ||got - ref|| / ||ref|| as tu_rel_err; +inf when got holds a NaN or inf
+    double max_abs; // max |got - ref|; +inf when got holds a NaN or inf
+    double rms;     // rms(ref)
+    double se, ss;  // sum (got - ref)^2 and sum ref^2 (for another normalisation)
+    int64_t n_off;  // elements off
+    int64_t first;  // the first one off, -1 when none
+    int64_t worst;  // the largest |got - ref| (a NaN or inf counts as the largest)
+    int nonfinite;  // got holds a NaN or inf: an element was not written or blew up
+} tu_cmp_t;
+tu_cmp_t tu_compare(const float *got, const float *ref, int64_t n, double rtol, double rms_tol, double abs_tol);
+// Prints "PREFIX [a=.. b=.. c=.. d=..]: gpu G cpu R (rms S)" for element i of
+// a tensor of dims[0..3] named by the 4 letters of axes (unused leading dims 1).
+void tu_print_elem(const char *prefix, const float *got, const float *ref, int64_t i, const int64_t dims[4],
+                   const char *axes, double rms);

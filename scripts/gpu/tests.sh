@@ -3,6 +3,7 @@
 # Logs go to $OUT (one file per test binary); a summary is printed last.
 source scripts/gpu/env.sh
 export HYLO_MODEL="${HYLO_MODEL:-/tmp/smol.gguf}"
+export HYLO_REQUIRE_GPU=1 # a backend that cannot start fails the tests instead of skipping them
 summary=""
 for t in build/tests/cuda/test_*; do
     n=$(basename "$t")

@@ -173,23 +173,23 @@ static void chunk_bwd(const ssd_case *c, ssd_grads *g) {
                          c->GC, c->P, c->N, c->chunk);
 }
 
+// The gradient dx of the loss of c with respect to the n inputs at x
+// against finite differences; the number of failures.
+static int fd_one(const char *tag, const char *what, ssd_case *c, float *x, const float *dx, int64_t n) {
+    char name[96];
+    snprintf(name, sizeof name, "%s %s", tag, what);
+    return tu_gradcheck(name, ssd_loss, c, x, dx, n, 1e-2f, 1e-2f, 40);
+}
+
 // Every gradient of g against finite differences of the loss of c.
 static int fd_all(const char *tag, ssd_case *c, const ssd_grads *g) {
-    char name[96];
-    int fails = 0;
-#define FD(what, x, dx, n)                                                                                             \
-    do {                                                                                                               \
-        snprintf(name, sizeof name, "%s %s", tag, what);                                                               \
-        fails += tu_gradcheck(name, ssd_loss, c, x, dx, n, 1e-2f, 1e-2f, 40);                                          \
-    } while (0)
-    FD("dx", c->x, g->dx, c->nx);
-    FD("dB", c->Bm, g->dB, c->nb);
-    FD("dC", c->Cm, g->dC, c->nc);
-    FD("ddt", c->dt, g->ddt, c->ndt);
-    FD("dA_log", c->A_log, g->dA_log, c->H);
-    FD("dD", c->D, g->dD, c->H);
-    if (c->state0) FD("dstate0", c->state0, g->dstate0, c->ns);
-#undef FD
+    int fails = fd_one(tag, "dx", c, c->x, g->dx, c->nx);
+    fails += fd_one(tag, "dB", c, c->Bm, g->dB, c->nb);
+    fails += fd_one(tag, "dC", c, c->Cm, g->dC, c->nc);
+    fails += fd_one(tag, "ddt", c, c->dt, g->ddt, c->ndt);
+    fails += fd_one(tag, "dA_log", c, c->A_log, g->dA_log, c->H);
+    fails += fd_one(tag, "dD", c, c->D, g->dD, c->H);
+    if (c->state0) fails += fd_one(tag, "dstate0", c, c->state0, g->dstate0, c->ns);
     return fails;
 }
 
@@ -228,8 +228,11 @@ static void test_chunk_bwd_fd(void **st) {
 // by one) gives errors of 4e-2 .. 1 (seen when such bugs were injected).
 #define TOL_CHUNK 2e-5
 
+// The worst error seen of each output, in ERR_NAMES order.
+enum { N_ERRS = 9 };
+static const char *const ERR_NAMES[N_ERRS] = {"y", "state", "dx", "dB", "dC", "ddt", "dA_log", "dD", "dstate0"};
 typedef struct {
-    double y, state, dx, dB, dC, ddt, dA_log, dD, dstate0;
+    double e[N_ERRS];
 } errs_t;
 
 static void worst(double *w, double e) {
@@ -250,22 +253,20 @@ static void compare_case(int B, int T, int H, int Hx, int GB, int GC, int P, int
     ssd_grads gn = grads_alloc(&c), gc = grads_alloc(&c);
     naive_bwd(&c, &gn);
     chunk_bwd(&c, &gc);
-    double e[9] = {ey,
-                   es,
-                   tu_rel_err(gc.dx, gn.dx, c.nx),
-                   tu_rel_err(gc.dB, gn.dB, c.nb),
-                   tu_rel_err(gc.dC, gn.dC, c.nc),
-                   tu_rel_err(gc.ddt, gn.ddt, c.ndt),
-                   tu_rel_err(gc.dA_log, gn.dA_log, c.H),
-                   tu_rel_err(gc.dD, gn.dD, c.H),
-                   init ? tu_rel_err(gc.dstate0, gn.dstate0, c.ns) : 0};
-    const char *names[9] = {"y", "state", "dx", "dB", "dC", "ddt", "dA_log", "dD", "dstate0"};
-    double *slots[9] = {&w->y, &w->state, &w->dx, &w->dB, &w->dC, &w->ddt, &w->dA_log, &w->dD, &w->dstate0};
-    for (int i = 0; i < 9; i++) {
-        worst(slots[i], e[i]);
+    double e[N_ERRS] = {ey,
+                        es,
+                        tu_rel_err(gc.dx, gn.dx, c.nx),
+                        tu_rel_err(gc.dB, gn.dB, c.nb),
+                        tu_rel_err(gc.dC, gn.dC, c.nc),
+                        tu_rel_err(gc.ddt, gn.ddt, c.ndt),
+                        tu_rel_err(gc.dA_log, gn.dA_log, c.H),
+                        tu_rel_err(gc.dD, gn.dD, c.H),
+                        init ? tu_rel_err(gc.dstate0, gn.dstate0, c.ns) : 0};
+    for (int i = 0; i < N_ERRS; i++) {
+        worst(&w->e[i], e[i]);
         if (!(e[i] < TOL_CHUNK))
             printf("  B %d T %d H %d Hx %d GB %d GC %d P %d N %d chunk %d init %d dfinal %d: %s rel err %.3e\n", B, T,
-                   H, Hx, GB, GC, P, N, chunk, init, final_grad, names[i], e[i]);
+                   H, Hx, GB, GC, P, N, chunk, init, final_grad, ERR_NAMES[i], e[i]);
     }
     free(y_ref), free(s_ref);
     grads_free(&gn), grads_free(&gc);
@@ -273,14 +274,15 @@ static void compare_case(int B, int T, int H, int Hx, int GB, int GC, int P, int
 }
 
 static void print_errs(const char *what, const errs_t *w) {
-    printf("  %s worst rel err: y %.2e state %.2e dx %.2e dB %.2e dC %.2e ddt %.2e dA_log %.2e dD %.2e dstate0 %.2e\n",
-           what, w->y, w->state, w->dx, w->dB, w->dC, w->ddt, w->dA_log, w->dD, w->dstate0);
+    printf("  %s worst rel err:", what);
+    for (int i = 0; i < N_ERRS; i++)
+        printf(" %s %.2e", ERR_NAMES[i], w->e[i]);
+    printf("\n");
 }
 
 static void check_errs(const errs_t *w) {
-    const double *v = &w->y;
-    for (int i = 0; i < 9; i++)
-        assert_true(v[i] < TOL_CHUNK);
+    for (int i = 0; i < N_ERRS; i++)
+        assert_true(w->e[i] < TOL_CHUNK);
 }
 
 // B = 2, H = 4, MambaInLlama GQA (Hx = GB = 2, GC = 4), P = N and P != N,
@@ -360,6 +362,7 @@ static void test_chunk_scratch(void **st) {
     assert_memory_equal(g1.dC, g2.dC, (size_t)c.nc * sizeof(float));
     assert_memory_equal(g1.ddt, g2.ddt, (size_t)c.ndt * sizeof(float));
     assert_memory_equal(g1.dA_log, g2.dA_log, (size_t)c.H * sizeof(float));
+    assert_memory_equal(g1.dD, g2.dD, (size_t)c.H * sizeof(float));
     assert_memory_equal(g1.dstate0, g2.dstate0, (size_t)c.ns * sizeof(float));
     be_destroy(small);
     free(y1);

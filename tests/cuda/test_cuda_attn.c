@@ -33,55 +33,24 @@ typedef struct {
     float qstd; // std of q (scores have std ~ qstd with scale 1/sqrt(dqk)); large = peaky softmax
 } shape_t;
 
-static float *fill(int64_t n, uint64_t seed, float std) {
-    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
-    tu_randn(x, n, seed, std);
-    tu_round_bf16(x, n);
-    return x;
-}
-
-static float *nan_buf(int64_t n) {
-    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        x[i] = NAN;
-    return x;
-}
-
 // Compares gpu against ref (n elements of a tensor with dims[0..3] named by
 // the 4 letters of `axes`); prints one line, and on failure the first bad
 // element. Returns 1 on failure.
 static int cmp(const char *label, const char *what, const float *gpu, const float *ref, int64_t n,
                const int64_t dims[4], const char *axes, double tol, int abs_mode) {
-    double ss = 0, worst = -1;
-    int64_t first = -1, iworst = 0;
-    int nan = 0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)ref[i] * ref[i];
-    double rms = n ? sqrt(ss / (double)n) : 0;
-    double thr = abs_mode ? tol : 8 * tol * rms + 1e-30;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)gpu[i] - ref[i]);
-        if (isnan(gpu[i]) || isnan(d)) {
-            nan = 1;
-            d = INFINITY;
-        }
-        if (d > worst) worst = d, iworst = i;
-        if (first < 0 && d > thr) first = i;
-    }
-    double err = abs_mode ? worst : tu_rel_err(gpu, ref, n);
-    int fail = nan || !(err <= tol);
+    // located on failure: the first element off by more than tol (abs_mode) or
+    // 8 tol rms(ref), and the worst one
+    tu_cmp_t c = tu_compare(gpu, ref, n, 0.0, abs_mode ? 0.0 : 8 * tol, abs_mode ? tol : 0.0);
+    double err = abs_mode ? c.max_abs : c.rel;
+    int fail = c.nonfinite || !(err <= tol);
     printf("  %-44s %-3s %s %.3e (tol %.0e)%s\n", label, what, abs_mode ? "max|d|" : "rel", err, tol,
            fail ? "  FAIL" : "");
     if (fail) {
-        int64_t show[2] = {first >= 0 ? first : iworst, iworst};
-        for (int s = 0; s < 2; s++) {
-            int64_t i = show[s], c[4];
-            for (int d = 3; d >= 0; d--)
-                c[d] = i % dims[d], i /= dims[d];
-            printf("    %s %s element [%c=%lld %c=%lld %c=%lld %c=%lld]: gpu %.6g cpu %.6g (rms %.3g)\n",
-                   s == 0 ? "first bad" : "worst    ", what, axes[0], (long long)c[0], axes[1], (long long)c[1],
-                   axes[2], (long long)c[2], axes[3], (long long)c[3], gpu[show[s]], ref[show[s]], rms);
-        }
+        char first[64], worst[64];
+        snprintf(first, sizeof first, "    first bad %s element", what);
+        snprintf(worst, sizeof worst, "    worst     %s element", what);
+        tu_print_elem(first, gpu, ref, c.first >= 0 ? c.first : c.worst, dims, axes, c.rms);
+        tu_print_elem(worst, gpu, ref, c.worst, dims, axes, c.rms);
     }
     return fail;
 }
@@ -98,8 +67,8 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
     snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s%s", B, Tq, Tk, H, Hkv, dqk, dv,
              s->qstd > 1.5f ? " peaky" : "", tag);
 
-    float *q = fill(nq, seed, s->qstd), *k = fill(nk, seed + 1, 1.0f), *v = fill(nv, seed + 2, 1.0f);
-    float *dout = fill(no, seed + 3, 1.0f);
+    float *q = tu_rnd(nq, seed, s->qstd), *k = tu_rnd(nk, seed + 1, 1.0f), *v = tu_rnd(nv, seed + 2, 1.0f);
+    float *dout = tu_rnd(no, seed + 3, 1.0f);
     // CPU reference (fp32 on the bf16-rounded inputs)
     float *o_c = malloc(no * sizeof(float) + 4), *lse_c = malloc(nl * sizeof(float) + 4);
     float *dq_c = malloc(nq * sizeof(float) + 4), *dk_c = malloc(nk * sizeof(float) + 4);
@@ -114,7 +83,7 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
     const int64_t sizes[4] = {nk, nv, no, nl};
     for (int i = 0; i < 4; i++)
         nmax = sizes[i] > nmax ? sizes[i] : nmax;
-    float *poison = nan_buf(nmax);
+    float *poison = tu_nans(nmax);
     void *o_d = tu_dev_act(gpu, poison, no), *dq_d = tu_dev_act(gpu, poison, nq), *dk_d = tu_dev_act(gpu, poison, nk);
     void *dv_d = tu_dev_act(gpu, poison, nv);
     float *lse_d = tu_dev_f32(gpu, poison, nl);
@@ -176,7 +145,7 @@ static const shape_t attn_shapes[] = {
 // configurations (HYLO_ATTN_FWD = 1, HYLO_ATTN_BWD = 1, 2, 3, where they exist:
 // backward 2 is v1 with its default tiles, 3 is k_attn_bwd2 at d <= 64 too).
 static void test_attn(void **st) {
-    be_t *gpu = tu_cuda();
+    be_t *gpu = tu_gpu();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
     static const char *fwd_var[4] = {"0", "1", "0", "0"}, *bwd_var[4] = {"0", "1", "2", "3"};
     static const char *tags[4] = {"", " [variant 1]", " [bwd variant 2]", " [bwd variant 3]"};
@@ -195,7 +164,8 @@ static void test_attn(void **st) {
 // The backward with a scratch arena that holds the fp32 dQ accumulator of only
 // some (b, kv head) units, so it runs in several passes.
 static void test_attn_bwd_small_arena(void **st) {
-    (void)tu_cuda(); // skips without a GPU
+    (void)tu_gpu();            // skips without a GPU
+    if (tu_fake_gpu()) skip(); // a second CUDA backend
     be_t *small = NULL;
     // D and lse2: 2 x 8 x 320 x 4 x 2 = 40 KB; one unit: 4 x 257 x 64 x 4 = 263 KB -> 3 of 4 units per pass
     if (be_create(&small, "cuda", 1u << 20) < 0) {
@@ -223,7 +193,7 @@ typedef struct {
 } mla_case_t;
 
 static int run_mla(const mla_case_t *c, uint64_t seed) {
-    be_t *gpu = tu_cuda(), *cpu = tu_cpu();
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int B = c->B, H = c->H, R = c->r_kv, DR = c->dr, L = R + DR;
     const int64_t ncache = (int64_t)B * c->cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
     const float scale = c->scale_mul / sqrtf((float)L);
@@ -232,7 +202,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed) {
     for (int b = 0; b < B && n < (int)sizeof label - 12; b++)
         n += snprintf(label + n, sizeof label - n, " %d", c->len[b]);
 
-    float *cache = fill(ncache, seed, 1.0f), *ql = fill(nq, seed + 1, 1.0f), *qp = fill(np, seed + 2, 1.0f);
+    float *cache = tu_rnd(ncache, seed, 1.0f), *ql = tu_rnd(nq, seed + 1, 1.0f), *qp = tu_rnd(np, seed + 2, 1.0f);
     for (int b = 0; b < B; b++)
         for (int64_t u = c->len[b]; u < c->cap; u++)
             for (int i = 0; i < L; i++)
@@ -241,7 +211,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed) {
     cpu->mla_decode_attn(cpu, out_c, ql, qp, cache, c->cap, c->len, B, H, R, DR, scale);
 
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
-    float *poison = nan_buf(nq);
+    float *poison = tu_nans(nq);
     void *out_d = tu_dev_act(gpu, poison, nq);
     int32_t *len_d = gpu->alloc(gpu, sizeof(int32_t) * 8);
     assert_non_null(len_d);

@@ -35,9 +35,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "base/err.h"
 #include "testutil.h"
 
 // ---- tolerances: see the header comment ----------------------------------------
@@ -55,18 +53,9 @@ static const tol_t BF16_ACC = {"bf16-acc", 1e-2, 1.0 / 64, 1e-3};
 static be_t *cpu, *gpu;
 static uint64_t g_seed = 0x5eed;
 
-// HYLO_TEST_CPU_AS_GPU=1 runs the whole file with a second CPU backend in the
-// GPU's place: a self-check of this harness (buffer sizes, poisoning,
-// comparisons; try it under MODE=asan) on a machine without a GPU.
+// tu_gpu(): the GPU, or the fake one under HYLO_TEST_CPU_AS_GPU=1 (testutil.h).
 static void setup_backends(void) {
-    static be_t *fake;
-    const char *e = getenv("HYLO_TEST_CPU_AS_GPU");
-    if (e && *e == '1') {
-        if (!fake && be_create(&fake, "cpu", 256u << 20) < 0) abort();
-        gpu = fake;
-    } else {
-        gpu = tu_cuda(); // skips the test when there is no GPU
-    }
+    gpu = tu_gpu();
     cpu = tu_cpu();
 }
 // The GPU stores act in bf16: what it holds is the fp32 result rounded.
@@ -75,16 +64,8 @@ static void round_like_gpu(float *p, int64_t n) {
 }
 
 // ---- host buffers ------------------------------------------------------------------
-static float *hbuf(int64_t n) { return malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
 // N(0, std^2) rounded to bf16, from a seed never used before.
-static float *rnd(int64_t n, float std) {
-    float *p = hbuf(n);
-    if (n > 0) {
-        tu_randn(p, n, g_seed++, std);
-        tu_round_bf16(p, n);
-    }
-    return p;
-}
+static float *rnd(int64_t n, float std) { return tu_rnd(n, g_seed++, std); }
 // 1 + N(0, 0.1^2), rounded: norm weights
 static float *rnd_w(int64_t n) {
     float *p = rnd(n, 0.1f);
@@ -95,22 +76,13 @@ static float *rnd_w(int64_t n) {
 }
 // fp32 values that are not bf16-exact (float accumulators start from these)
 static float *rnd_f32(int64_t n, float std) {
-    float *p = hbuf(n);
+    float *p = tu_hbuf(n);
     if (n > 0) tu_randn(p, n, g_seed++, std);
     return p;
 }
-static float *hdup(const float *h, int64_t n) {
-    float *p = hbuf(n);
-    if (n > 0) memcpy(p, h, (size_t)n * sizeof(float));
-    return p;
-}
-static void fill(float *p, int64_t n, float v) {
-    for (int64_t i = 0; i < n; i++)
-        p[i] = v;
-}
 static int32_t *rnd_ids(int64_t n, int range) {
     int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    float *u = hbuf(n);
+    float *u = tu_hbuf(n);
     tu_randu(u, n, g_seed++, 0.0f, (float)range);
     for (int64_t i = 0; i < n; i++) {
         ids[i] = (int32_t)u[i];
@@ -120,48 +92,15 @@ static int32_t *rnd_ids(int64_t n, int range) {
     return ids;
 }
 
-// ---- device buffers --------------------------------------------------------------
-static void *dact(const float *h, int64_t n) { return tu_dev_act(gpu, h, n); }
-static float *df32(const float *h, int64_t n) { return tu_dev_f32(gpu, h, n); }
-static int32_t *dint(const int32_t *h, int64_t n) {
-    int32_t *d = gpu->alloc(gpu, (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    assert_non_null(d);
-    assert_int_equal(gpu->copy_h2d(gpu, d, h, (size_t)n * sizeof(int32_t)), 0);
-    return d;
-}
-// element `off` of a device act buffer
-static void *gat(void *d, int64_t off) { return (char *)d + (size_t)off * gpu->act_size; }
-static void dfree(void *d) { gpu->free(gpu, d); }
-
-// Waits for the GPU and reports (and counts) an asynchronous or argument error.
-static int gsync(const char *op, const char *shape) {
-    int rc = gpu->sync(gpu);
-    if (rc != 0) printf("FAIL %-24s %-56s cuda error: %s\n", op, shape, err_msg());
-    fflush(stdout);
-    return rc == 0;
-}
-
 // Compares got with ref (n values) under tolerance t; prints one line. Returns 1 on pass.
 static int check(const char *op, const char *shape, const float *got, const float *ref, int64_t n, tol_t t) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)ref[i] * ref[i];
-    double rms = n > 0 ? sqrt(ss / (double)n) : 0.0;
-    double rel = n > 0 ? tu_rel_err(got, ref, n) : 0.0, maxd = n > 0 ? tu_max_abs_diff(got, ref, n) : 0.0;
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)ref[i]);
-        if (!(d <= t.rtol * fabs((double)ref[i]) + t.atol * rms)) { // NaN fails
-            if (first < 0) first = i;
-            bad++;
-        }
-    }
-    int ok = rel <= t.l2 && bad == 0;
-    printf("%s %-24s %-56s rel_err %.3e (tol %.0e %s) max_abs %.3e", ok ? "ok  " : "FAIL", op, shape, rel, t.l2, t.name,
-           maxd);
-    if (bad)
-        printf("  %lld/%lld elements off, first at %lld: got %.8g ref %.8g", (long long)bad, (long long)n,
-               (long long)first, got[first], ref[first]);
+    tu_cmp_t c = tu_compare(got, ref, n, t.rtol, t.atol, 0.0);
+    int ok = c.rel <= t.l2 && c.n_off == 0;
+    printf("%s %-24s %-56s rel_err %.3e (tol %.0e %s) max_abs %.3e", ok ? "ok  " : "FAIL", op, shape, c.rel, t.l2,
+           t.name, c.max_abs);
+    if (c.n_off)
+        printf("  %lld/%lld elements off, first at %lld: got %.8g ref %.8g", (long long)c.n_off, (long long)n,
+               (long long)c.first, got[c.first], ref[c.first]);
     printf("\n");
     fflush(stdout);
     return ok;
@@ -184,7 +123,7 @@ static int check_f32(const char *op, const char *shape, const float *d, const fl
 // What the GPU should hold after an op whose fp32 result the CPU computed:
 // that result rounded to bf16 (for EXACT comparisons of add / scale).
 static float *rounded(const float *ref, int64_t n) {
-    float *p = hdup(ref, n);
+    float *p = tu_hdup(ref, n);
     round_like_gpu(p, n);
     return p;
 }
@@ -192,7 +131,7 @@ static float *rounded(const float *ref, int64_t n) {
 // Copy of h with rows x cols at `off` (row stride ld) set to NaN: the GPU's
 // version of an output buffer whose surroundings must survive.
 static float *poisoned(const float *h, int64_t len, int64_t off, int64_t rows, int64_t cols, int64_t ld) {
-    float *p = hdup(h, len);
+    float *p = tu_hdup(h, len);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             p[off + r * ld + c] = NAN;
@@ -219,32 +158,34 @@ static void test_add_scale(void **st) {
             snprintf(shape, sizeof shape, "n=%lld offset=%d", (long long)n, off);
             float *y0 = rnd(len, 1.0f), *x = rnd(len, 1.0f);
 
-            float *yc = hdup(y0, len);
+            float *yc = tu_hdup(y0, len);
             cpu->add(cpu, yc + off, x + off, n);
             float *want = rounded(yc, len);
-            void *dy = dact(y0, len), *dx = dact(x, len);
-            gpu->add(gpu, gat(dy, off), gat(dx, off), n);
-            fails += !gsync("add", shape) || !check_act("add", shape, dy, want, len, EXACT);
+            void *dy = tu_dev_act(gpu, y0, len), *dx = tu_dev_act(gpu, x, len);
+            gpu->add(gpu, tu_gat(gpu, dy, off), tu_gat(gpu, dx, off), n);
+            fails += !tu_sync(gpu, "add", shape) || !check_act("add", shape, dy, want, len, EXACT);
             free(want);
 
             // scale into another buffer, then in place (y aliases x)
             const float a = 0.37f;
-            float *sc = hdup(y0, len);
+            float *sc = tu_hdup(y0, len);
             cpu->scale(cpu, sc + off, x + off, a, n);
             want = rounded(sc, len);
-            void *ds = dact(y0, len);
-            gpu->scale(gpu, gat(ds, off), gat(dx, off), a, n);
-            fails += !gsync("scale", shape) || !check_act("scale", shape, ds, want, len, EXACT);
+            float *sinit = poisoned(y0, len, off, 1, n, n);
+            void *ds = tu_dev_act(gpu, sinit, len);
+            gpu->scale(gpu, tu_gat(gpu, ds, off), tu_gat(gpu, dx, off), a, n);
+            fails += !tu_sync(gpu, "scale", shape) || !check_act("scale", shape, ds, want, len, EXACT);
             free(want);
-            float *xi = hdup(x, len);
+            float *xi = tu_hdup(x, len);
             cpu->scale(cpu, xi + off, xi + off, -1.75f, n);
-            gpu->scale(gpu, gat(dx, off), gat(dx, off), -1.75f, n);
+            gpu->scale(gpu, tu_gat(gpu, dx, off), tu_gat(gpu, dx, off), -1.75f, n);
             want = rounded(xi, len);
-            fails += !gsync("scale in place", shape) || !check_act("scale in place", shape, dx, want, len, EXACT);
+            fails +=
+                !tu_sync(gpu, "scale in place", shape) || !check_act("scale in place", shape, dx, want, len, EXACT);
             free(want);
 
-            free(y0), free(x), free(yc), free(sc), free(xi);
-            dfree(dy), dfree(dx), dfree(ds);
+            free(y0), free(x), free(yc), free(sc), free(xi), free(sinit);
+            tu_dev_free(gpu, dy), tu_dev_free(gpu, dx), tu_dev_free(gpu, ds);
         }
     assert_int_equal(fails, 0);
 }
@@ -267,16 +208,16 @@ static void test_copy2d(void **st) {
             snprintf(shape, sizeof shape, "rows=%lld cols=%lld lds=%lld ldd=%lld off=%lld/%lld", (long long)rows,
                      (long long)cols, (long long)lds, (long long)ldd, (long long)so, (long long)dof);
             float *src = rnd(slen, 1.0f), *dst0 = rnd(dlen, 1.0f);
-            float *ref = hdup(dst0, dlen);
+            float *ref = tu_hdup(dst0, dlen);
             cpu->copy2d(cpu, ref + dof, ldd, src + so, lds, rows, cols, acc);
-            float *init = acc ? hdup(dst0, dlen) : poisoned(dst0, dlen, dof, rows, cols, ldd);
-            void *ds = dact(src, slen), *dd = dact(init, dlen);
-            gpu->copy2d(gpu, gat(dd, dof), ldd, gat(ds, so), lds, rows, cols, acc);
+            float *init = acc ? tu_hdup(dst0, dlen) : poisoned(dst0, dlen, dof, rows, cols, ldd);
+            void *ds = tu_dev_act(gpu, src, slen), *dd = tu_dev_act(gpu, init, dlen);
+            gpu->copy2d(gpu, tu_gat(gpu, dd, dof), ldd, tu_gat(gpu, ds, so), lds, rows, cols, acc);
             float *want = rounded(ref, dlen);
             const char *op = acc ? "copy2d +=" : "copy2d =";
-            fails += !gsync(op, shape) || !check_act(op, shape, dd, want, dlen, EXACT);
+            fails += !tu_sync(gpu, op, shape) || !check_act(op, shape, dd, want, dlen, EXACT);
             free(src), free(dst0), free(ref), free(init), free(want);
-            dfree(ds), dfree(dd);
+            tu_dev_free(gpu, ds), tu_dev_free(gpu, dd);
         }
     assert_int_equal(fails, 0);
 }
@@ -295,26 +236,26 @@ static void test_embed(void **st) {
         snprintf(shape, sizeof shape, "N=%lld d=%d V=%d", (long long)N, d, V);
         // ids from a narrow range so rows repeat (the backward must sum them all)
         int32_t *ids = rnd_ids(N, N < 8 ? V : 8);
-        float *table = rnd((int64_t)V * d, 1.0f), *ref = hbuf(N * d), *nan = hbuf(N * d);
-        fill(nan, N * d, NAN);
+        float *table = rnd((int64_t)V * d, 1.0f), *ref = tu_hbuf(N * d), *nan = tu_nans(N * d);
         cpu->embed_fwd(cpu, ref, table, ids, N, d);
-        int32_t *did = dint(ids, N);
-        void *dt = dact(table, (int64_t)V * d), *dout = dact(nan, N * d);
+        int32_t *did = tu_dev_i32(gpu, ids, N);
+        void *dt = tu_dev_act(gpu, table, (int64_t)V * d), *dout = tu_dev_act(gpu, nan, N * d);
         gpu->embed_fwd(gpu, dout, dt, did, N, d);
-        fails += !gsync("embed_fwd", shape) || !check_act("embed_fwd", shape, dout, ref, N * d, EXACT);
+        fails += !tu_sync(gpu, "embed_fwd", shape) || !check_act("embed_fwd", shape, dout, ref, N * d, EXACT);
 
-        float *g = rnd(N * d, 1.0f), *dtab0 = rnd_f32((int64_t)V * d, 1.0f), *dtab = hdup(dtab0, (int64_t)V * d);
-        void *dg = dact(g, N * d);
-        float *ddt = df32(dtab0, (int64_t)V * d);
+        float *g = rnd(N * d, 1.0f), *dtab0 = rnd_f32((int64_t)V * d, 1.0f), *dtab = tu_hdup(dtab0, (int64_t)V * d);
+        void *dg = tu_dev_act(gpu, g, N * d);
+        float *ddt = tu_dev_f32(gpu, dtab0, (int64_t)V * d);
         for (int call = 1; call <= 2; call++) { // dtable += : twice is twice the gradient
             char s2[128];
             snprintf(s2, sizeof s2, "%s call %d", shape, call);
             cpu->embed_bwd(cpu, dtab, g, ids, N, d);
             gpu->embed_bwd(gpu, ddt, dg, did, N, d);
-            fails += !gsync("embed_bwd", s2) || !check_f32("embed_bwd", s2, ddt, dtab, (int64_t)V * d, F32_ATOM);
+            fails += !tu_sync(gpu, "embed_bwd", s2) || !check_f32("embed_bwd", s2, ddt, dtab, (int64_t)V * d, F32_ATOM);
         }
         free(ids), free(table), free(ref), free(nan), free(g), free(dtab0), free(dtab);
-        dfree(did), dfree(dt), dfree(dout), dfree(dg), dfree(ddt);
+        tu_dev_free(gpu, did), tu_dev_free(gpu, dt), tu_dev_free(gpu, dout), tu_dev_free(gpu, dg),
+            tu_dev_free(gpu, ddt);
     }
     assert_int_equal(fails, 0);
 }
@@ -359,16 +300,16 @@ static int gemm_case(gcase_t g, int mode, int calls) {
              (long long)g.ldc, (long long)g.batch, g.alpha, g.beta);
     const char *op = mode == 0 ? "gemm" : mode == 1 ? "gemm_f32out" : "gemm_batched";
     float *A = rnd(la, 1.0f), *B = rnd(lb, 1.0f);
-    float *C0 = mode == 1 ? rnd_f32(lc, 1.0f) : rnd(lc, 1.0f), *ref = hdup(C0, lc);
+    float *C0 = mode == 1 ? rnd_f32(lc, 1.0f) : rnd(lc, 1.0f), *ref = tu_hdup(C0, lc);
     // beta = 0 must not read C: poison the written region on the GPU
-    float *init = hdup(C0, lc);
+    float *init = tu_hdup(C0, lc);
     if (g.beta == 0.0f)
         for (int64_t b = 0; b < g.batch; b++)
             for (int64_t m = 0; m < g.M; m++)
                 for (int64_t n = 0; n < g.N; n++)
                     init[g.coff + b * g.sc + m * g.ldc + n] = NAN;
-    void *dA = dact(A, la), *dB = dact(B, lb);
-    void *dC = mode == 1 ? (void *)df32(init, lc) : dact(init, lc);
+    void *dA = tu_dev_act(gpu, A, la), *dB = tu_dev_act(gpu, B, lb);
+    void *dC = mode == 1 ? (void *)tu_dev_f32(gpu, init, lc) : tu_dev_act(gpu, init, lc);
     int fails = 0;
     for (int call = 1; call <= calls; call++) {
         if (mode == 2)
@@ -378,17 +319,18 @@ static int gemm_case(gcase_t g, int mode, int calls) {
             cpu->gemm(cpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, A + g.aoff, g.lda, B + g.boff, g.ldb, g.beta,
                       ref + g.coff, g.ldc);
         if (mode == 0)
-            gpu->gemm(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, gat(dA, g.aoff), g.lda, gat(dB, g.boff), g.ldb, g.beta,
-                      gat(dC, g.coff), g.ldc);
+            gpu->gemm(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, tu_gat(gpu, dA, g.aoff), g.lda, tu_gat(gpu, dB, g.boff),
+                      g.ldb, g.beta, tu_gat(gpu, dC, g.coff), g.ldc);
         else if (mode == 1)
-            gpu->gemm_f32out(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, gat(dA, g.aoff), g.lda, gat(dB, g.boff), g.ldb,
-                             g.beta, (float *)dC + g.coff, g.ldc);
+            gpu->gemm_f32out(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, tu_gat(gpu, dA, g.aoff), g.lda,
+                             tu_gat(gpu, dB, g.boff), g.ldb, g.beta, (float *)dC + g.coff, g.ldc);
         else
-            gpu->gemm_batched(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, gat(dA, g.aoff), g.lda, g.sa, gat(dB, g.boff),
-                              g.ldb, g.sb, g.beta, gat(dC, g.coff), g.ldc, g.sc, g.batch);
+            gpu->gemm_batched(gpu, g.ta, g.tb, g.M, g.N, g.K, g.alpha, tu_gat(gpu, dA, g.aoff), g.lda, g.sa,
+                              tu_gat(gpu, dB, g.boff), g.ldb, g.sb, g.beta, tu_gat(gpu, dC, g.coff), g.ldc, g.sc,
+                              g.batch);
         char s2[200];
         snprintf(s2, sizeof s2, "%s%s", shape, calls > 1 ? (call == 1 ? " call 1" : " call 2") : "");
-        int ok = gsync(op, s2);
+        int ok = tu_sync(gpu, op, s2);
         if (ok && mode == 1)
             ok = check_f32(op, s2, dC, ref, lc, F32_GEMM);
         else if (ok)
@@ -399,7 +341,7 @@ static int gemm_case(gcase_t g, int mode, int calls) {
         if (mode != 1) round_like_gpu(ref, lc);
     }
     free(A), free(B), free(C0), free(ref), free(init);
-    dfree(dA), dfree(dB), dfree(dC);
+    tu_dev_free(gpu, dA), tu_dev_free(gpu, dB), tu_dev_free(gpu, dC);
     return fails;
 }
 
@@ -584,31 +526,32 @@ static int rmsnorm_case(int64_t N, int d, int no_scratch) {
     snprintf(shape, sizeof shape, "N=%lld d=%d%s", (long long)N, d, no_scratch ? " (no scratch: atomics)" : "");
     const float eps = 1e-5f;
     int64_t n = N * (int64_t)d;
-    float *x = rnd(n, 1.0f), *w = rnd_w(d), *out = hbuf(n), *rstd = hbuf(N), *nan = hbuf(n);
-    fill(nan, n, NAN);
+    float *x = rnd(n, 1.0f), *w = rnd_w(d), *out = tu_hbuf(n), *rstd = tu_hbuf(N), *nan = tu_nans(n);
     cpu->rmsnorm_fwd(cpu, out, rstd, x, w, N, d, eps);
-    void *dxx = dact(x, n), *dw_ = dact(w, d), *dout = dact(nan, n);
-    float *drs = df32(nan, N);
+    void *dxx = tu_dev_act(gpu, x, n), *dw_ = tu_dev_act(gpu, w, d), *dout = tu_dev_act(gpu, nan, n);
+    float *drs = tu_dev_f32(gpu, nan, N);
     gpu->rmsnorm_fwd(gpu, dout, drs, dxx, dw_, N, d, eps);
-    fails += !gsync("rmsnorm_fwd", shape) || !check_act("rmsnorm_fwd out", shape, dout, out, n, BF16) ||
+    fails += !tu_sync(gpu, "rmsnorm_fwd", shape) || !check_act("rmsnorm_fwd out", shape, dout, out, n, BF16) ||
              !check_f32("rmsnorm_fwd rstd", shape, drs, rstd, N, F32);
 
     // backward from the CPU's rstd (the same on both sides)
-    float *g = rnd(n, 1.0f), *dx = hbuf(n), *dw0 = rnd_f32(d, 1.0f), *dw = hdup(dw0, d);
-    void *dg = dact(g, n), *ddx = dact(nan, n);
-    float *drstd = df32(rstd, N), *ddw = df32(dw0, d);
+    float *g = rnd(n, 1.0f), *dx = tu_hbuf(n), *dw0 = rnd_f32(d, 1.0f), *dw = tu_hdup(dw0, d);
+    void *dg = tu_dev_act(gpu, g, n), *ddx = tu_dev_act(gpu, nan, n);
+    float *drstd = tu_dev_f32(gpu, rstd, N), *ddw = tu_dev_f32(gpu, dw0, d);
     size_t mark = no_scratch ? scratch_fill(gpu) : 0;
-    for (int call = 1; call <= 2; call++) { // dw += : twice is twice the gradient
+    for (int call = 1; call <= 2; call++) { // dw += : twice is twice the gradient; dx = : NaN before each call
         char s2[128];
         snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        tu_upload_act(gpu, ddx, nan, n);
         cpu->rmsnorm_bwd(cpu, dx, dw, g, x, w, rstd, N, d);
         gpu->rmsnorm_bwd(gpu, ddx, ddw, dg, dxx, dw_, drstd, N, d);
-        fails += !gsync("rmsnorm_bwd", s2) || !check_act("rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
+        fails += !tu_sync(gpu, "rmsnorm_bwd", s2) || !check_act("rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
                  !check_f32("rmsnorm_bwd dw", s2, ddw, dw, d, F32);
     }
     if (no_scratch) arena_reset(&gpu->scratch, mark);
     free(x), free(w), free(out), free(rstd), free(nan), free(g), free(dx), free(dw0), free(dw);
-    dfree(dxx), dfree(dw_), dfree(dout), dfree(drs), dfree(dg), dfree(ddx), dfree(drstd), dfree(ddw);
+    tu_dev_free(gpu, dxx), tu_dev_free(gpu, dw_), tu_dev_free(gpu, dout), tu_dev_free(gpu, drs), tu_dev_free(gpu, dg),
+        tu_dev_free(gpu, ddx), tu_dev_free(gpu, drstd), tu_dev_free(gpu, ddw);
     return fails;
 }
 
@@ -636,17 +579,18 @@ static void test_add_rmsnorm(void **st) {
         int d = (int)cases[i][1];
         char shape[64];
         snprintf(shape, sizeof shape, "N=%lld d=%d", (long long)N, d);
-        float *x = rnd(n, 1.0f), *y = rnd(n, 1.0f), *w = rnd_w(d), *out = hbuf(n), *rstd = hbuf(N), *nan = hbuf(n);
-        fill(nan, n, NAN);
-        void *dx = dact(x, n), *dy = dact(y, n), *dw = dact(w, d), *dout = dact(nan, n);
-        float *drs = df32(nan, N);
+        float *x = rnd(n, 1.0f), *y = rnd(n, 1.0f), *w = rnd_w(d), *out = tu_hbuf(n), *rstd = tu_hbuf(N),
+              *nan = tu_nans(n);
+        void *dx = tu_dev_act(gpu, x, n), *dy = tu_dev_act(gpu, y, n), *dw = tu_dev_act(gpu, w, d),
+             *dout = tu_dev_act(gpu, nan, n);
+        float *drs = tu_dev_f32(gpu, nan, N);
         // CPU: the sum rounded like the GPU's, then the norm of that
         for (int64_t k = 0; k < n; k++)
             x[k] += y[k];
         round_like_gpu(x, n);
         cpu->rmsnorm_fwd(cpu, out, rstd, x, w, N, d, 1e-5f);
         gpu->add_rmsnorm_fwd(gpu, dout, drs, dx, dy, dw, N, d, 1e-5f);
-        fails += !gsync("add_rmsnorm_fwd", shape) || !check_act("add_rmsnorm_fwd x", shape, dx, x, n, EXACT) ||
+        fails += !tu_sync(gpu, "add_rmsnorm_fwd", shape) || !check_act("add_rmsnorm_fwd x", shape, dx, x, n, EXACT) ||
                  !check_act("add_rmsnorm_fwd out", shape, dout, out, n, BF16) ||
                  !check_f32("add_rmsnorm_fwd rstd", shape, drs, rstd, N, F32);
         gpu->free(gpu, dx), gpu->free(gpu, dy), gpu->free(gpu, dw), gpu->free(gpu, dout), gpu->free(gpu, drs);
@@ -672,38 +616,42 @@ static int gnorm_case(gncase_t c, int mode, int no_scratch) {
     snprintf(shape, sizeof shape, "%s N=%lld G=%d gs=%d ldz=%lld lddz=%lld w_len=%lld%s",
              mode == GNORM_NORM_THEN_GATE ? "norm-gate" : "gate-norm", (long long)c.N, c.G, c.gs, (long long)ldz,
              (long long)lddz, (long long)wlen, no_scratch ? " no scratch" : "");
-    float *x = rnd(n, 1.0f), *z = rnd(zlen, 1.5f), *w = rnd_w(wlen), *out = hbuf(n), *rstd = hbuf(c.N * c.G);
-    float *nan = hbuf(n);
-    fill(nan, n, NAN);
+    float *x = rnd(n, 1.0f), *z = rnd(zlen, 1.5f), *w = rnd_w(wlen), *out = tu_hbuf(n), *rstd = tu_hbuf(c.N * c.G);
+    float *nan = tu_nans(n);
     cpu->gated_rmsnorm_fwd(cpu, out, rstd, x, z + c.zoff, ldz, w, wlen, c.N, c.G, c.gs, eps, mode);
-    void *dxx = dact(x, n), *dz_ = dact(z, zlen), *dw_ = dact(w, wlen), *dout = dact(nan, n);
-    float *drs = df32(nan, c.N * c.G);
-    gpu->gated_rmsnorm_fwd(gpu, dout, drs, dxx, gat(dz_, c.zoff), ldz, dw_, wlen, c.N, c.G, c.gs, eps, mode);
-    fails += !gsync("gated_rmsnorm_fwd", shape) || !check_act("gated_rmsnorm_fwd out", shape, dout, out, n, BF16) ||
+    void *dxx = tu_dev_act(gpu, x, n), *dz_ = tu_dev_act(gpu, z, zlen), *dw_ = tu_dev_act(gpu, w, wlen),
+         *dout = tu_dev_act(gpu, nan, n);
+    float *drs = tu_dev_f32(gpu, nan, c.N * c.G);
+    gpu->gated_rmsnorm_fwd(gpu, dout, drs, dxx, tu_gat(gpu, dz_, c.zoff), ldz, dw_, wlen, c.N, c.G, c.gs, eps, mode);
+    fails += !tu_sync(gpu, "gated_rmsnorm_fwd", shape) ||
+             !check_act("gated_rmsnorm_fwd out", shape, dout, out, n, BF16) ||
              !check_f32("gated_rmsnorm_fwd rstd", shape, drs, rstd, c.N * c.G, F32);
 
-    float *g = rnd(n, 1.0f), *dx = hbuf(n), *dz0 = rnd(dzlen, 1.0f), *dz = hdup(dz0, dzlen);
-    float *dw0 = rnd_f32(wlen, 1.0f), *dw = hdup(dw0, wlen);
+    float *g = rnd(n, 1.0f), *dx = tu_hbuf(n), *dz0 = rnd(dzlen, 1.0f), *dz = tu_hdup(dz0, dzlen);
+    float *dw0 = rnd_f32(wlen, 1.0f), *dw = tu_hdup(dw0, wlen);
     float *dzinit = poisoned(dz0, dzlen, c.dzoff, c.N, width, lddz);
-    void *dg = dact(g, n), *ddx = dact(nan, n), *ddz = dact(dzinit, dzlen);
-    float *drstd = df32(rstd, c.N * c.G), *ddw = df32(dw0, wlen);
+    void *dg = tu_dev_act(gpu, g, n), *ddx = tu_dev_act(gpu, nan, n), *ddz = tu_dev_act(gpu, dzinit, dzlen);
+    float *drstd = tu_dev_f32(gpu, rstd, c.N * c.G), *ddw = tu_dev_f32(gpu, dw0, wlen);
     size_t mark = no_scratch ? scratch_fill(gpu) : 0;
-    for (int call = 1; call <= 2; call++) {
+    for (int call = 1; call <= 2; call++) { // dw += ; dx, dz = : poisoned again before each call
         char s2[160];
         snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        tu_upload_act(gpu, ddx, nan, n);
+        tu_upload_act(gpu, ddz, dzinit, dzlen);
         cpu->gated_rmsnorm_bwd(cpu, dx, dz + c.dzoff, lddz, dw, g, x, z + c.zoff, ldz, w, wlen, rstd, c.N, c.G, c.gs,
                                mode);
-        gpu->gated_rmsnorm_bwd(gpu, ddx, gat(ddz, c.dzoff), lddz, ddw, dg, dxx, gat(dz_, c.zoff), ldz, dw_, wlen, drstd,
-                               c.N, c.G, c.gs, mode);
-        fails += !gsync("gated_rmsnorm_bwd", s2) || !check_act("gated_rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
+        gpu->gated_rmsnorm_bwd(gpu, ddx, tu_gat(gpu, ddz, c.dzoff), lddz, ddw, dg, dxx, tu_gat(gpu, dz_, c.zoff), ldz,
+                               dw_, wlen, drstd, c.N, c.G, c.gs, mode);
+        fails += !tu_sync(gpu, "gated_rmsnorm_bwd", s2) || !check_act("gated_rmsnorm_bwd dx", s2, ddx, dx, n, BF16) ||
                  !check_act("gated_rmsnorm_bwd dz", s2, ddz, dz, dzlen, BF16) ||
                  !check_f32("gated_rmsnorm_bwd dw", s2, ddw, dw, wlen, F32);
     }
     if (no_scratch) arena_reset(&gpu->scratch, mark);
     free(x), free(z), free(w), free(out), free(rstd), free(nan), free(g), free(dx), free(dz0), free(dz), free(dw0);
     free(dw), free(dzinit);
-    dfree(dxx), dfree(dz_), dfree(dw_), dfree(dout), dfree(drs), dfree(dg), dfree(ddx), dfree(ddz), dfree(drstd);
-    dfree(ddw);
+    tu_dev_free(gpu, dxx), tu_dev_free(gpu, dz_), tu_dev_free(gpu, dw_), tu_dev_free(gpu, dout), tu_dev_free(gpu, drs),
+        tu_dev_free(gpu, dg), tu_dev_free(gpu, ddx), tu_dev_free(gpu, ddz), tu_dev_free(gpu, drstd);
+    tu_dev_free(gpu, ddw);
     return fails;
 }
 
@@ -742,27 +690,27 @@ static void test_l2norm(void **st) {
         char shape[96];
         snprintf(shape, sizeof shape, "N=%lld dim=%d ld=%lld", (long long)N, dim, (long long)ld);
         const float eps = 1e-6f;
-        float *x = rnd(len, 1.0f), *y0 = rnd(len, 1.0f), *y = hdup(y0, len), *rn = hbuf(N), *nan = hbuf(N);
-        fill(nan, N, NAN);
+        float *x = rnd(len, 1.0f), *y0 = rnd(len, 1.0f), *y = tu_hdup(y0, len), *rn = tu_hbuf(N), *nan = tu_nans(N);
         cpu->l2norm_fwd(cpu, y, rn, x, ld, N, dim, eps);
         float *yinit = poisoned(y0, len, 0, N, dim, ld);
-        void *dxx = dact(x, len), *dy = dact(yinit, len);
-        float *drn = df32(nan, N);
+        void *dxx = tu_dev_act(gpu, x, len), *dy = tu_dev_act(gpu, yinit, len);
+        float *drn = tu_dev_f32(gpu, nan, N);
         gpu->l2norm_fwd(gpu, dy, drn, dxx, ld, N, dim, eps);
-        fails += !gsync("l2norm_fwd", shape) || !check_act("l2norm_fwd y", shape, dy, y, len, BF16) ||
+        fails += !tu_sync(gpu, "l2norm_fwd", shape) || !check_act("l2norm_fwd y", shape, dy, y, len, BF16) ||
                  !check_f32("l2norm_fwd rnorm", shape, drn, rn, N, F32);
 
         // backward from the CPU's y (rounded: the GPU stores it in bf16) and rnorm
         round_like_gpu(y, len);
-        float *g = rnd(len, 1.0f), *dx0 = rnd(len, 1.0f), *dx = hdup(dx0, len);
+        float *g = rnd(len, 1.0f), *dx0 = rnd(len, 1.0f), *dx = tu_hdup(dx0, len);
         cpu->l2norm_bwd(cpu, dx, ld, g, y, rn, N, dim);
         float *dxinit = poisoned(dx0, len, 0, N, dim, ld);
-        void *dg = dact(g, len), *dyy = dact(y, len), *ddx = dact(dxinit, len);
-        float *drn2 = df32(rn, N);
+        void *dg = tu_dev_act(gpu, g, len), *dyy = tu_dev_act(gpu, y, len), *ddx = tu_dev_act(gpu, dxinit, len);
+        float *drn2 = tu_dev_f32(gpu, rn, N);
         gpu->l2norm_bwd(gpu, ddx, ld, dg, dyy, drn2, N, dim);
-        fails += !gsync("l2norm_bwd", shape) || !check_act("l2norm_bwd dx", shape, ddx, dx, len, BF16);
+        fails += !tu_sync(gpu, "l2norm_bwd", shape) || !check_act("l2norm_bwd dx", shape, ddx, dx, len, BF16);
         free(x), free(y0), free(y), free(rn), free(nan), free(yinit), free(g), free(dx0), free(dx), free(dxinit);
-        dfree(dxx), dfree(dy), dfree(drn), dfree(dg), dfree(dyy), dfree(ddx), dfree(drn2);
+        tu_dev_free(gpu, dxx), tu_dev_free(gpu, dy), tu_dev_free(gpu, drn), tu_dev_free(gpu, dg), tu_dev_free(gpu, dyy),
+            tu_dev_free(gpu, ddx), tu_dev_free(gpu, drn2);
     }
     assert_int_equal(fails, 0);
 }
@@ -790,29 +738,29 @@ static void test_rope(void **st) {
                 snprintf(shape, sizeof shape, "%s N=%lld nh=%d dr=%d hs=%lld ld=%lld off=%lld",
                          style == ROPE_NEOX ? "neox" : "interleaved", (long long)N, nh, dr, (long long)hs,
                          (long long)ld, (long long)off);
-                float *cs = hbuf(npos * half), *sn = hbuf(npos * half);
+                float *cs = tu_hbuf(npos * half), *sn = tu_hbuf(npos * half);
                 for (int64_t p = 0; p < npos; p++)
                     for (int i = 0; i < half; i++) {
                         float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
                         cs[p * half + i] = 1.1f * cosf(ang), sn[p * half + i] = 1.1f * sinf(ang); // mscale 1.1
                     }
                 int32_t *pos = rnd_ids(N, (int)npos);
-                float *x = rnd(len, 1.0f), *ref = hdup(x, len);
+                float *x = rnd(len, 1.0f), *ref = tu_hdup(x, len);
                 if (bwd)
                     cpu->rope_bwd(cpu, ref + off, ld, hs, pos, cs, sn, N, nh, dr, style);
                 else
                     cpu->rope_fwd(cpu, ref + off, ld, hs, pos, cs, sn, N, nh, dr, style);
-                void *dx = dact(x, len);
-                float *dc = df32(cs, npos * half), *ds = df32(sn, npos * half);
-                int32_t *dp = dint(pos, N);
+                void *dx = tu_dev_act(gpu, x, len);
+                float *dc = tu_dev_f32(gpu, cs, npos * half), *ds = tu_dev_f32(gpu, sn, npos * half);
+                int32_t *dp = tu_dev_i32(gpu, pos, N);
                 const char *op = bwd ? "rope_bwd" : "rope_fwd";
                 if (bwd)
-                    gpu->rope_bwd(gpu, gat(dx, off), ld, hs, dp, dc, ds, N, nh, dr, style);
+                    gpu->rope_bwd(gpu, tu_gat(gpu, dx, off), ld, hs, dp, dc, ds, N, nh, dr, style);
                 else
-                    gpu->rope_fwd(gpu, gat(dx, off), ld, hs, dp, dc, ds, N, nh, dr, style);
-                fails += !gsync(op, shape) || !check_act(op, shape, dx, ref, len, BF16);
+                    gpu->rope_fwd(gpu, tu_gat(gpu, dx, off), ld, hs, dp, dc, ds, N, nh, dr, style);
+                fails += !tu_sync(gpu, op, shape) || !check_act(op, shape, dx, ref, len, BF16);
                 free(cs), free(sn), free(pos), free(x), free(ref);
-                dfree(dx), dfree(dc), dfree(ds), dfree(dp);
+                tu_dev_free(gpu, dx), tu_dev_free(gpu, dc), tu_dev_free(gpu, ds), tu_dev_free(gpu, dp);
             }
     assert_int_equal(fails, 0);
 }
@@ -828,28 +776,29 @@ static void test_swiglu(void **st) {
             int64_t n = sizes[si], len = n + off;
             char shape[64];
             snprintf(shape, sizeof shape, "n=%lld offset=%d", (long long)n, off);
-            float *gt = rnd(len, 2.0f), *up = rnd(len, 1.0f), *out = hbuf(len), *nan = hbuf(len);
-            fill(nan, len, NAN);
+            float *gt = rnd(len, 2.0f), *up = rnd(len, 1.0f), *out = tu_hbuf(len), *nan = tu_nans(len);
             // outputs compared from `off` on (element 0 of an offset buffer is outside the op)
             cpu->swiglu_fwd(cpu, out + off, gt + off, up + off, n);
-            void *dgt = dact(gt, len), *dup_ = dact(up, len), *dout = dact(nan, len);
-            gpu->swiglu_fwd(gpu, gat(dout, off), gat(dgt, off), gat(dup_, off), n);
-            int okf = gsync("swiglu_fwd", shape);
+            void *dgt = tu_dev_act(gpu, gt, len), *dup_ = tu_dev_act(gpu, up, len), *dout = tu_dev_act(gpu, nan, len);
+            gpu->swiglu_fwd(gpu, tu_gat(gpu, dout, off), tu_gat(gpu, dgt, off), tu_gat(gpu, dup_, off), n);
+            int okf = tu_sync(gpu, "swiglu_fwd", shape);
             float *h = tu_host_act(gpu, dout, len);
             fails += !okf || !check("swiglu_fwd", shape, h + off, out + off, n, BF16);
             free(h);
 
-            float *g = rnd(len, 1.0f), *dg = hbuf(len), *du = hbuf(len);
+            float *g = rnd(len, 1.0f), *dg = tu_hbuf(len), *du = tu_hbuf(len);
             cpu->swiglu_bwd(cpu, dg + off, du + off, g + off, gt + off, up + off, n);
-            void *dd = dact(g, len), *ddg = dact(nan, len), *ddu = dact(nan, len);
-            gpu->swiglu_bwd(gpu, gat(ddg, off), gat(ddu, off), gat(dd, off), gat(dgt, off), gat(dup_, off), n);
-            int ok = gsync("swiglu_bwd", shape);
+            void *dd = tu_dev_act(gpu, g, len), *ddg = tu_dev_act(gpu, nan, len), *ddu = tu_dev_act(gpu, nan, len);
+            gpu->swiglu_bwd(gpu, tu_gat(gpu, ddg, off), tu_gat(gpu, ddu, off), tu_gat(gpu, dd, off),
+                            tu_gat(gpu, dgt, off), tu_gat(gpu, dup_, off), n);
+            int ok = tu_sync(gpu, "swiglu_bwd", shape);
             float *hg = tu_host_act(gpu, ddg, len), *hu = tu_host_act(gpu, ddu, len);
             ok = ok && check("swiglu_bwd dgate", shape, hg + off, dg + off, n, BF16);
             ok = ok && check("swiglu_bwd dup", shape, hu + off, du + off, n, BF16);
             fails += !ok;
             free(gt), free(up), free(out), free(nan), free(g), free(dg), free(du), free(hg), free(hu);
-            dfree(dgt), dfree(dup_), dfree(dout), dfree(dd), dfree(ddg), dfree(ddu);
+            tu_dev_free(gpu, dgt), tu_dev_free(gpu, dup_), tu_dev_free(gpu, dout), tu_dev_free(gpu, dd),
+                tu_dev_free(gpu, ddg), tu_dev_free(gpu, ddu);
         }
     assert_int_equal(fails, 0);
 }
@@ -873,28 +822,32 @@ static int conv_case(ccase_t c, int no_scratch) {
              no_scratch ? " no scratch" : "");
     float *x = rnd(xlen, 1.0f), *w = rnd(wlen, 0.5f), *bias = c.bias ? rnd(c.C, 0.5f) : NULL;
     float *state = c.state ? rnd(slen, 1.0f) : NULL;
-    float *y = hbuf(ylen), *nan = hbuf(ylen > slen ? ylen : slen);
-    fill(nan, ylen > slen ? ylen : slen, NAN);
+    float *y = tu_hbuf(ylen), *nan = tu_nans(ylen > slen ? ylen : slen);
     cpu->conv1d_fwd(cpu, y, x, ldx, w, bias, state, c.B, c.T, c.C, c.W, c.silu);
-    void *dxx = dact(x, xlen), *dw_ = dact(w, wlen), *db = c.bias ? dact(bias, c.C) : NULL;
-    void *dst = c.state ? dact(state, slen) : NULL, *dy = dact(nan, ylen);
+    void *dxx = tu_dev_act(gpu, x, xlen), *dw_ = tu_dev_act(gpu, w, wlen),
+         *db = c.bias ? tu_dev_act(gpu, bias, c.C) : NULL;
+    void *dst = c.state ? tu_dev_act(gpu, state, slen) : NULL, *dy = tu_dev_act(gpu, nan, ylen);
     gpu->conv1d_fwd(gpu, dy, dxx, ldx, dw_, db, dst, c.B, c.T, c.C, c.W, c.silu);
-    fails += !gsync("conv1d_fwd", shape) || !check_act("conv1d_fwd y", shape, dy, y, ylen, BF16);
+    fails += !tu_sync(gpu, "conv1d_fwd", shape) || !check_act("conv1d_fwd y", shape, dy, y, ylen, BF16);
 
-    float *g = rnd(ylen, 1.0f), *dx0 = rnd(dxlen, 1.0f), *dx = hdup(dx0, dxlen);
-    float *dw0 = rnd_f32(wlen, 1.0f), *dwr = hdup(dw0, wlen), *dbias0 = rnd_f32(c.C, 1.0f), *dbias = hdup(dbias0, c.C);
-    float *dstate = hbuf(slen);
+    float *g = rnd(ylen, 1.0f), *dx0 = rnd(dxlen, 1.0f), *dx = tu_hdup(dx0, dxlen);
+    float *dw0 = rnd_f32(wlen, 1.0f), *dwr = tu_hdup(dw0, wlen), *dbias0 = rnd_f32(c.C, 1.0f),
+          *dbias = tu_hdup(dbias0, c.C);
+    float *dstate = tu_hbuf(slen);
     float *dxinit = poisoned(dx0, dxlen, 0, BT, c.C, lddx);
-    void *dg = dact(g, ylen), *ddx = dact(dxinit, dxlen);
-    float *ddw = df32(dw0, wlen), *ddb = c.bias ? df32(dbias0, c.C) : NULL, *dds = c.dstate ? df32(nan, slen) : NULL;
+    void *dg = tu_dev_act(gpu, g, ylen), *ddx = tu_dev_act(gpu, dxinit, dxlen);
+    float *ddw = tu_dev_f32(gpu, dw0, wlen), *ddb = c.bias ? tu_dev_f32(gpu, dbias0, c.C) : NULL,
+          *dds = c.dstate ? tu_dev_f32(gpu, nan, slen) : NULL;
     size_t mark = no_scratch ? scratch_fill(gpu) : 0;
-    for (int call = 1; call <= 2; call++) { // dw, dbias += ; dx, dstate =
+    for (int call = 1; call <= 2; call++) { // dw, dbias += ; dx, dstate = (poisoned again before each call)
         char s2[200];
         snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        tu_upload_act(gpu, ddx, dxinit, dxlen);
+        if (dds) tu_upload_f32(gpu, dds, nan, slen);
         cpu->conv1d_bwd(cpu, dx, lddx, dwr, c.bias ? dbias : NULL, c.dstate ? dstate : NULL, g, x, ldx, w, bias, state,
                         c.B, c.T, c.C, c.W, c.silu);
         gpu->conv1d_bwd(gpu, ddx, lddx, ddw, ddb, dds, dg, dxx, ldx, dw_, db, dst, c.B, c.T, c.C, c.W, c.silu);
-        int ok = gsync("conv1d_bwd", s2);
+        int ok = tu_sync(gpu, "conv1d_bwd", s2);
         ok = ok && check_act("conv1d_bwd dx", s2, ddx, dx, dxlen, BF16);
         ok = ok && check_f32("conv1d_bwd dw", s2, ddw, dwr, wlen, F32);
         if (ok && c.bias) ok = check_f32("conv1d_bwd dbias", s2, ddb, dbias, c.C, F32);
@@ -904,19 +857,21 @@ static int conv_case(ccase_t c, int no_scratch) {
     if (no_scratch) arena_reset(&gpu->scratch, mark);
 
     // state roll after the forward (state on entry: the given one, or zeros... use random)
-    float *s0 = c.state ? hdup(state, slen) : rnd(slen, 1.0f), *sref = hdup(s0, slen);
+    float *s0 = c.state ? tu_hdup(state, slen) : rnd(slen, 1.0f), *sref = tu_hdup(s0, slen);
     cpu->conv1d_update_state(cpu, sref, x, ldx, c.B, c.T, c.C, c.W);
-    void *ds0 = dact(s0, slen);
+    void *ds0 = tu_dev_act(gpu, s0, slen);
     gpu->conv1d_update_state(gpu, ds0, dxx, ldx, c.B, c.T, c.C, c.W);
-    fails += !gsync("conv1d_update_state", shape) || !check_act("conv1d_update_state", shape, ds0, sref, slen, EXACT);
+    fails +=
+        !tu_sync(gpu, "conv1d_update_state", shape) || !check_act("conv1d_update_state", shape, ds0, sref, slen, EXACT);
 
     free(x), free(w), free(bias), free(state), free(y), free(nan), free(g), free(dx0), free(dx), free(dw0), free(dwr);
     free(dbias0), free(dbias), free(dstate), free(dxinit), free(s0), free(sref);
-    dfree(dxx), dfree(dw_), dfree(dy), dfree(dg), dfree(ddx), dfree(ddw), dfree(ds0);
-    if (db) dfree(db);
-    if (dst) dfree(dst);
-    if (ddb) dfree(ddb);
-    if (dds) dfree(dds);
+    tu_dev_free(gpu, dxx), tu_dev_free(gpu, dw_), tu_dev_free(gpu, dy), tu_dev_free(gpu, dg), tu_dev_free(gpu, ddx),
+        tu_dev_free(gpu, ddw), tu_dev_free(gpu, ds0);
+    if (db) tu_dev_free(gpu, db);
+    if (dst) tu_dev_free(gpu, dst);
+    if (ddb) tu_dev_free(gpu, ddb);
+    if (dds) tu_dev_free(gpu, dds);
     return fails;
 }
 

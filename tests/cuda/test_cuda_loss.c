@@ -1,5 +1,6 @@
 // CUDA fused losses and optimizer ops against the CPU ones (run on the GPU
-// machine; skipped without a GPU).
+// machine; skipped without a GPU; HYLO_TEST_CPU_AS_GPU=1 runs it on the fake
+// GPU of testutil.h, whose act is fp32: the emulation then rounds nothing).
 //
 // Inputs are rounded to bf16 first (tu_round_bf16), so the CPU op and the GPU
 // see the same values. The GPU then rounds the logits to bf16 before the
@@ -40,13 +41,11 @@ enum { EMU_ROWS = 64 };
 static const double TOL_LOSS_CPU = 1e-2, TOL_CE_GRAD_CPU = 2e-2, TOL_KL_GRAD_CPU = 4e-2;
 static const double TOL_LOSS_EMU = 1e-4, TOL_GRAD_EMU = 1e-2;
 
-static float bfr(double x) { return bf16_to_f32(f32_to_bf16((float)x)); }
-
-static float *rnd(int64_t n, uint64_t seed, float std) {
-    float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
-    tu_randn(p, n, seed, std);
-    tu_round_bf16(p, n);
-    return p;
+// What the backend under test stores for an act value: bf16 on the GPU
+// (bf16 = 1), the fp32 value itself on the fake GPU (tu_gpu(), bf16 = 0).
+static float act_round(double x, int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16((float)x)) : (float)x; }
+static void act_round_all(float *x, int64_t n, int bf16) {
+    if (bf16) tu_round_bf16(x, n);
 }
 
 // N(0, std^2) quantised to multiples of 1/q, clamped to |x| <= lim/q: exact in
@@ -60,26 +59,6 @@ static float *qrnd(int64_t n, uint64_t seed, float std, float q, float lim) {
 }
 static float *rnd_h(int64_t n, uint64_t seed) { return qrnd(n, seed, 1.0f, 8.0f, 16.0f); }
 static float *rnd_w(int64_t n, uint64_t seed, float std) { return qrnd(n, seed, std, 256.0f, 64.0f); }
-
-static float *fill(int64_t n, float v) {
-    float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        p[i] = v;
-    return p;
-}
-
-static float *dup(const float *x, int64_t n) {
-    float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
-    memcpy(p, x, (size_t)n * sizeof(float));
-    return p;
-}
-
-static int32_t *dev_i32(be_t *be, const int32_t *h, int64_t n) {
-    int32_t *d = be->alloc(be, (size_t)(n ? n : 1) * sizeof(int32_t));
-    assert_non_null(d);
-    assert_int_equal(be->copy_h2d(be, d, h, (size_t)n * sizeof(int32_t)), 0);
-    return d;
-}
 
 // ||(a - a0) - (b - a0)|| / ||b - a0||: the increment of a += output.
 static double inc_rel_err(const float *a, const float *b, const float *a0, int64_t n) {
@@ -99,6 +78,7 @@ static double rel(double a, double b) { return isnan(a) ? INFINITY : fabs(a - b)
 // One routine for both losses: kind 0 = CE (targets), 1 = KL (teacher, mask).
 // Logits: fp32 GEMM of the bf16-valued inputs, rounded to bf16; softmax and
 // losses in double; G rounded to bf16; dh = bf16(scale G W); dW += scale G^T h.
+// (Each "rounded to bf16" is act_round: none of them on the fake GPU.)
 typedef struct {
     int kind;
     int64_t N, V;
@@ -120,15 +100,16 @@ static double lse_d(const float *z, int64_t V) {
 static double emulate(const lcase_t *c, float *dh, float *dW) {
     be_t *cpu = tu_cpu();
     const int64_t V = c->V;
+    const int bf16 = tu_gpu()->act_dtype == DT_BF16;
     float *S = malloc((size_t)(EMU_ROWS * V) * sizeof(float)), *T = malloc((size_t)(EMU_ROWS * V) * sizeof(float));
     double loss = 0;
     for (int64_t r0 = 0; r0 < c->N; r0 += EMU_ROWS) {
         int64_t rows = c->N - r0 < EMU_ROWS ? c->N - r0 : EMU_ROWS;
         cpu->gemm(cpu, 0, 1, rows, V, c->ds, 1.0f, c->hs + r0 * c->ds, c->ds, c->Ws, c->ds, 0.0f, S, V);
-        tu_round_bf16(S, rows * V);
+        act_round_all(S, rows * V, bf16);
         if (c->kind == 1) {
             cpu->gemm(cpu, 0, 1, rows, V, c->dt, 1.0f, c->ht + r0 * c->dt, c->dt, c->Wt, c->dt, 0.0f, T, V);
-            tu_round_bf16(T, rows * V);
+            act_round_all(T, rows * V, bf16);
         }
         for (int64_t r = 0; r < rows; r++) {
             float *s = S + r * V;
@@ -141,21 +122,21 @@ static double emulate(const lcase_t *c, float *dh, float *dW) {
             if (c->kind == 0) {
                 loss += ls - s[y];
                 for (int64_t v = 0; v < V; v++)
-                    s[v] = bfr(exp(s[v] - ls) - (v == y ? 1.0 : 0.0));
+                    s[v] = act_round(exp(s[v] - ls) - (v == y ? 1.0 : 0.0), bf16);
             } else {
                 const float *t = T + r * V;
                 const double lt = lse_d(t, V);
                 for (int64_t v = 0; v < V; v++) {
                     double a = s[v] - ls, b = t[v] - lt;
                     loss += exp(b) * (b - a);
-                    s[v] = bfr(exp(a) - exp(b));
+                    s[v] = act_round(exp(a) - exp(b), bf16);
                 }
             }
         }
         cpu->gemm(cpu, 0, 0, rows, c->ds, V, c->scale, S, V, c->Ws, c->ds, 0.0f, dh + r0 * c->ds, c->ds);
         cpu->gemm(cpu, 1, 0, V, c->ds, rows, c->scale, S, V, c->hs + r0 * c->ds, c->ds, 1.0f, dW, c->ds);
     }
-    tu_round_bf16(dh, c->N * c->ds);
+    act_round_all(dh, c->N * c->ds, bf16);
     free(S);
     free(T);
     return loss * c->scale;
@@ -167,10 +148,10 @@ static double emulate(const lcase_t *c, float *dh, float *dW) {
 // room for about that many rows, so the op runs many small chunks (odd sizes,
 // chunk offsets that are not 256-byte aligned).
 static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
-    be_t *gpu = tu_cuda(), *cpu = tu_cpu();
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int64_t N = c->N, V = c->V, ds = c->ds;
-    float *dW0 = rnd(V * ds, 99, 0.01f);
-    float *dh_c = fill(N * ds, NAN), *dW_c = dup(dW0, V * ds), *dh_e = fill(N * ds, NAN), *dW_e = dup(dW0, V * ds);
+    float *dW0 = tu_rnd(V * ds, 99, 0.01f);
+    float *dh_c = tu_nans(N * ds), *dW_c = tu_hdup(dW0, V * ds), *dh_e = tu_nans(N * ds), *dW_e = tu_hdup(dW0, V * ds);
     float loss_c = NAN;
     if (c->kind == 0)
         cpu->fused_ce(cpu, &loss_c, dh_c, dW_c, c->hs, c->Ws, c->tgt, N, (int)ds, V, c->scale);
@@ -178,14 +159,15 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
         cpu->fused_kl(cpu, &loss_c, dh_c, dW_c, c->hs, c->Ws, c->ht, c->Wt, c->tgt, N, (int)ds, c->dt, V, c->scale);
     double loss_e = emulate(c, dh_e, dW_e);
 
-    // GPU: dh poisoned with NaN (every element must be written), dW = dW0.
+    // GPU: the loss and dh poisoned with NaN (every element must be written,
+    // also before each rerun below), dW = dW0.
     void *hs = tu_dev_act(gpu, c->hs, N * ds), *Ws = tu_dev_act(gpu, c->Ws, V * ds);
     void *ht = c->kind ? tu_dev_act(gpu, c->ht, N * c->dt) : NULL,
          *Wt = c->kind ? tu_dev_act(gpu, c->Wt, V * c->dt) : NULL;
-    float *nanbuf = fill(N * ds, NAN);
+    float *nanbuf = tu_nans(N * ds);
     void *dh = tu_dev_act(gpu, nanbuf, N * ds);
-    float *dW = tu_dev_f32(gpu, dW0, V * ds), *dloss = tu_dev_f32(gpu, &loss_c, 1);
-    int32_t *tgt = c->tgt ? dev_i32(gpu, c->tgt, N) : NULL;
+    float *dW = tu_dev_f32(gpu, dW0, V * ds), *dloss = tu_dev_f32(gpu, nanbuf, 1);
+    int32_t *tgt = c->tgt ? tu_dev_i32(gpu, c->tgt, N) : NULL;
     size_t mark = arena_mark(&gpu->scratch);
     if (squeeze_rows > 0) {
         int64_t ld = (V + 7) & ~7LL;
@@ -223,8 +205,10 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
 
     // Loss only: the same loss, bit for bit. Again with gradients: the same
     // loss, dh, and dW increment, bit for bit (deterministic: no atomics).
+    // The loss and dh hold NaN again before each call, dW its start value.
     if (squeeze_rows == 0) {
         float *l2;
+        tu_upload_f32(gpu, dloss, nanbuf, 1);
         if (c->kind == 0)
             gpu->fused_ce(gpu, dloss, NULL, NULL, hs, Ws, tgt, N, (int)ds, V, c->scale);
         else
@@ -232,7 +216,9 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
         l2 = tu_host_f32(gpu, dloss, 1);
         assert_true(l2[0] == lg[0]);
         free(l2);
-        assert_int_equal(gpu->copy_h2d(gpu, dW, dW0, (size_t)(V * ds) * sizeof(float)), 0);
+        tu_upload_f32(gpu, dW, dW0, V * ds);
+        tu_upload_f32(gpu, dloss, nanbuf, 1);
+        tu_upload_act(gpu, dh, nanbuf, N * ds);
         if (c->kind == 0)
             gpu->fused_ce(gpu, dloss, dh, dW, hs, Ws, tgt, N, (int)ds, V, c->scale);
         else
@@ -265,7 +251,7 @@ static int32_t *targets(int64_t N, int64_t V, int *valid) {
 
 // CE with logit std 2.5 (W ~ N(0, (2.5/sqrt(d))^2), h ~ N(0, 1)).
 static void ce_case(int64_t N, int d, int64_t V, int squeeze) {
-    tu_cuda(); // skip before building inputs when there is no GPU
+    tu_gpu(); // skip before building inputs when there is no GPU
     int valid;
     lcase_t c = {.kind = 0, .N = N, .V = V, .ds = d};
     c.tgt = targets(N, V, &valid);
@@ -281,7 +267,7 @@ static void ce_case(int64_t N, int d, int64_t V, int squeeze) {
 // KL: student logit std 2, teacher 2.5 (a sharper teacher), teacher hidden
 // size dt != ds; every 5th row masked when `masked`.
 static void kl_case(int64_t N, int ds, int dt, int64_t V, int masked, int squeeze) {
-    tu_cuda();
+    tu_gpu();
     lcase_t c = {.kind = 1, .N = N, .V = V, .ds = ds, .dt = dt, .scale = 1.0f / 4.0f};
     int32_t *mask = NULL;
     if (masked) {
@@ -315,59 +301,60 @@ static void test_kl_chunks(void **st) { kl_case(300, 576, 960, 1000, 1, 5); }
 
 // Student == teacher: both logit GEMMs are the same call on the same data, so
 // KL and its gradient are exactly 0 (bounds leave room for nothing but that).
+// The loss and dhs start as NaN and dWs (+=) at random values, so an op that
+// writes nothing or overwrites dWs fails; the maxima are +inf on a NaN.
 static void test_kl_self_zero(void **st) {
-    be_t *gpu = tu_cuda();
+    be_t *gpu = tu_gpu();
     enum { N = 37, d = 576, V = 49152 };
-    float *h = rnd(N * d, 71, 1.0f), *W = rnd((int64_t)V * d, 72, 3.0f / sqrtf((float)d)), zero = 0.0f;
-    float *nanb = fill(N * d, NAN);
+    float *h = tu_rnd(N * d, 71, 1.0f), *W = tu_rnd((int64_t)V * d, 72, 3.0f / sqrtf((float)d));
+    float *dW0 = tu_rnd((int64_t)V * d, 73, 0.01f), *nanb = tu_nans(N * d),
+          *zero = calloc((size_t)N * d, sizeof(float));
     void *dh_d = tu_dev_act(gpu, nanb, N * d), *h_d = tu_dev_act(gpu, h, N * d),
          *W_d = tu_dev_act(gpu, W, (int64_t)V * d);
-    float *dW_d = gpu->alloc(gpu, (size_t)V * d * sizeof(float)), *l_d = tu_dev_f32(gpu, &zero, 1);
-    assert_int_equal(gpu->memset0(gpu, dW_d, (size_t)V * d * sizeof(float)), 0);
+    float *dW_d = tu_dev_f32(gpu, dW0, (int64_t)V * d), *l_d = tu_dev_f32(gpu, nanb, 1);
     gpu->fused_kl(gpu, l_d, dh_d, dW_d, h_d, W_d, h_d, W_d, NULL, N, d, d, V, 1.0f);
     float *l = tu_host_f32(gpu, l_d, 1), *dh = tu_host_act(gpu, dh_d, N * d),
           *dW = tu_host_f32(gpu, dW_d, (int64_t)V * d);
-    double mh = 0, mw = 0;
-    for (int64_t i = 0; i < N * d; i++)
-        mh = fmax(mh, fabs(dh[i]));
-    for (int64_t i = 0; i < (int64_t)V * d; i++)
-        mw = fmax(mw, fabs(dW[i]));
-    printf("  kl(p || p) = %.3e, max |dhs| %.3e, max |dWs| %.3e\n", l[0], mh, mw);
+    double mh = tu_max_abs_diff(dh, zero, N * d), mw = tu_max_abs_diff(dW, dW0, (int64_t)V * d);
+    printf("  kl(p || p) = %.3e, max |dhs| %.3e, max |dWs increment| %.3e\n", l[0], mh, mw);
     assert_true(fabsf(l[0]) <= 1e-6f);
     assert_true(mh <= 1e-7 && mw <= 1e-7);
     gpu->free(gpu, dh_d), gpu->free(gpu, h_d), gpu->free(gpu, W_d), gpu->free(gpu, dW_d), gpu->free(gpu, l_d);
-    free(h), free(W), free(nanb), free(l), free(dh), free(dW);
+    free(h), free(W), free(dW0), free(nanb), free(zero), free(l), free(dh), free(dW);
 }
 
-// N = 0 gives loss 0; every target ignored gives loss 0 and dh 0; a target
-// >= V gives a NaN loss.
+// N = 0 gives loss 0; every target ignored gives loss 0, dh 0 and dW
+// unchanged (+= 0: it starts at random values, never at the expected 0); a
+// target >= V gives a NaN loss. The loss buffer holds NaN before the calls
+// that must give 0, and 1 before the one that must give NaN.
 static void test_ce_edge(void **st) {
-    be_t *gpu = tu_cuda();
+    be_t *gpu = tu_gpu();
     enum { N = 3, d = 64, V = 1000 };
-    float *h = rnd(N * d, 81, 1.0f), *W = rnd(V * d, 82, 0.3f), *nanb = fill(N * d, NAN), one = 1.0f;
+    float *h = tu_rnd(N * d, 81, 1.0f), *W = tu_rnd(V * d, 82, 0.3f), *nanb = tu_nans(N * d), one = 1.0f;
+    float *dW0 = tu_rnd(V * d, 83, 0.01f);
     int32_t none[N] = {-100, -1, -100}, bad[N] = {3, V, 4};
     void *h_d = tu_dev_act(gpu, h, N * d), *W_d = tu_dev_act(gpu, W, V * d), *dh_d = tu_dev_act(gpu, nanb, N * d);
-    float *dW_d = gpu->alloc(gpu, (size_t)V * d * sizeof(float)), *l_d = tu_dev_f32(gpu, &one, 1);
-    int32_t *none_d = dev_i32(gpu, none, N), *bad_d = dev_i32(gpu, bad, N);
-    assert_int_equal(gpu->memset0(gpu, dW_d, (size_t)V * d * sizeof(float)), 0);
+    float *dW_d = tu_dev_f32(gpu, dW0, V * d), *l_d = tu_dev_f32(gpu, nanb, 1);
+    int32_t *none_d = tu_dev_i32(gpu, none, N), *bad_d = tu_dev_i32(gpu, bad, N);
     gpu->fused_ce(gpu, l_d, dh_d, dW_d, h_d, W_d, none_d, N, d, V, 1.0f);
     float *l = tu_host_f32(gpu, l_d, 1), *dh = tu_host_act(gpu, dh_d, N * d), *dW = tu_host_f32(gpu, dW_d, V * d);
     assert_true(l[0] == 0.0f);
     for (int i = 0; i < N * d; i++)
         assert_true(dh[i] == 0.0f);
-    for (int i = 0; i < V * d; i++)
-        assert_true(dW[i] == 0.0f);
+    assert_memory_equal(dW, dW0, (size_t)V * d * sizeof(float));
     free(l);
+    tu_upload_f32(gpu, l_d, &one, 1);
     gpu->fused_ce(gpu, l_d, NULL, NULL, h_d, W_d, bad_d, N, d, V, 1.0f);
     l = tu_host_f32(gpu, l_d, 1);
     assert_true(isnan(l[0]));
     free(l);
+    tu_upload_f32(gpu, l_d, nanb, 1);
     gpu->fused_ce(gpu, l_d, dh_d, dW_d, h_d, W_d, none_d, 0, d, V, 1.0f);
     l = tu_host_f32(gpu, l_d, 1);
     assert_true(l[0] == 0.0f);
     gpu->free(gpu, h_d), gpu->free(gpu, W_d), gpu->free(gpu, dh_d), gpu->free(gpu, dW_d), gpu->free(gpu, l_d);
     gpu->free(gpu, none_d), gpu->free(gpu, bad_d);
-    free(h), free(W), free(nanb), free(l), free(dh), free(dW);
+    free(h), free(W), free(dW0), free(nanb), free(l), free(dh), free(dW);
 }
 
 // ---- optimizer ---------------------------------------------------------------
@@ -377,12 +364,17 @@ static void test_ce_edge(void **st) {
 // bound allows 2 ulps in case a compiler contracts anyway. The work copy is
 // bf16(master): within half a bf16 ulp (2^-8 relative) of the CPU master.
 // Run on an aligned buffer (16-byte vector path + scalar tail) and on one
-// offset by one float (scalar path).
+// offset by one float (scalar path), whose first element the op must leave
+// alone. The work copy starts as NaN (it is written, never read), and a NaN
+// anywhere counts as out of bounds.
 static void adamw_case(int64_t n, int offset) {
-    be_t *gpu = tu_cuda(), *cpu = tu_cpu();
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int64_t nn = n + offset;
-    float *p = rnd(nn, 91, 1.0f), *g1 = rnd(nn, 92, 0.1f), *g2 = rnd(nn, 93, 0.3f), *m = fill(nn, 0), *v = fill(nn, 0);
-    float *w = fill(nn, 0);
+    float *p = tu_rnd(nn, 91, 1.0f), *g1 = tu_rnd(nn, 92, 0.1f), *g2 = tu_rnd(nn, 93, 0.3f),
+          *m = calloc((size_t)nn, sizeof(float));
+    float *v = calloc((size_t)nn, sizeof(float)), *w = tu_nans(nn);
+    for (int i = 0; i < offset; i++)
+        w[i] = 7.0f; // outside the op: must survive
     float *p_d = tu_dev_f32(gpu, p, nn), *m_d = tu_dev_f32(gpu, m, nn), *v_d = tu_dev_f32(gpu, v, nn);
     float *g1_d = tu_dev_f32(gpu, g1, nn), *g2_d = tu_dev_f32(gpu, g2, nn);
     void *w_d = tu_dev_act(gpu, w, nn);
@@ -398,11 +390,13 @@ static void adamw_case(int64_t n, int offset) {
     float *wg = tu_host_act(gpu, w_d, nn);
     int64_t bad = 0;
     for (int64_t i = offset; i < nn; i++) {
-        bad += fabsf(pg[i] - p[i]) > 2.4e-7f * fabsf(p[i]);
-        bad += fabsf(mg[i] - m[i]) > 2.4e-7f * fabsf(m[i]);
-        bad += fabsf(vg[i] - v[i]) > 2.4e-7f * fabsf(v[i]);
-        bad += fabsf(wg[i] - p[i]) > 0x1p-8f * fabsf(p[i]);
+        bad += !(fabsf(pg[i] - p[i]) <= 2.4e-7f * fabsf(p[i]));
+        bad += !(fabsf(mg[i] - m[i]) <= 2.4e-7f * fabsf(m[i]));
+        bad += !(fabsf(vg[i] - v[i]) <= 2.4e-7f * fabsf(v[i]));
+        bad += !(fabsf(wg[i] - p[i]) <= 0x1p-8f * fabsf(p[i]));
     }
+    for (int i = 0; i < offset; i++) // the CPU left these as they were too
+        bad += pg[i] != p[i] || mg[i] != m[i] || vg[i] != v[i] || wg[i] != w[i];
     printf("  adamw n=%lld offset %d: master max diff %.2e, work max diff %.2e, %lld elements out of bounds\n",
            (long long)n, offset, tu_max_abs_diff(pg + offset, p + offset, n),
            tu_max_abs_diff(wg + offset, p + offset, n), (long long)bad);
@@ -419,15 +413,16 @@ static void test_adamw(void **st) {
 // sumsq: both sides accumulate in double and round once to fp32, so they
 // agree to 1 ulp (6e-8); bound 2e-7. n covers a grid of 1024 blocks and a tail.
 static void test_sumsq(void **st) {
-    be_t *gpu = tu_cuda();
+    be_t *gpu = tu_gpu();
     const int64_t ns[3] = {1, 4097, 10000019};
     for (int k = 0; k < 3; k++) {
         const int64_t n = ns[k];
-        float *x = rnd(n + 1, 95 + (uint64_t)k, 2.0f), ref = 0;
+        float *x = tu_rnd(n + 1, 95 + (uint64_t)k, 2.0f), ref = 0, nan = NAN;
         tu_cpu()->sumsq(tu_cpu(), &ref, x + 1, n);
-        float *x_d = tu_dev_f32(gpu, x, n + 1), *o_d = tu_dev_f32(gpu, &ref, 1);
-        gpu->sumsq(gpu, o_d, x_d + 1, n); // x + 1: not 16-byte aligned
+        float *x_d = tu_dev_f32(gpu, x, n + 1), *o_d = tu_dev_f32(gpu, &nan, 1); // NaN: must be written
+        gpu->sumsq(gpu, o_d, x_d + 1, n);                                        // x + 1: not 16-byte aligned
         float *o = tu_host_f32(gpu, o_d, 1);
+        tu_upload_f32(gpu, o_d, &nan, 1);
         gpu->sumsq(gpu, o_d, x_d, n);
         float *o2 = tu_host_f32(gpu, o_d, 1), ref2 = 0;
         tu_cpu()->sumsq(tu_cpu(), &ref2, x, n);

@@ -52,7 +52,7 @@ typedef struct {
 // and 1e-1..5e-1 on gradients (seen on the H200), which hides what the test is
 // for: whether the composed GPU forward/backward computes the same function.
 static void make_pair(pair_t *p, const arch_t *a) {
-    be_t *gbe = tu_cuda();
+    be_t *gbe = tu_gpu();
     assert_int_equal(model_create(&p->cpu, a, tu_cpu(), 256u << 20), 0);
     assert_int_equal(model_create(&p->gpu, a, gbe, 256u << 20), 0);
     p->w = tu_params(&p->cpu.pt, 77, 0.15f);
@@ -73,9 +73,10 @@ static void free_pair(pair_t *p) {
     free(p->w);
 }
 
-// bf16 activations through 5 layers with norms: a few 1e-3 per layer; the real
-// SmolLM2 (30 layers) shows 3.4e-2 (test below).
-#define LOGIT_TOL 5e-2
+// bf16 activations through 5 layers with norms: a few 1e-3 per layer. This
+// test's full forward measured 2.2e-2 on the H200 (run 7, with the output
+// projections scaled down as in make_pair); bound 3e-2 (1.4x that).
+static const double LOGIT_TOL = 3e-2;
 
 static void test_model_logits(void **st) {
     arch_t a = small_hybrid();
@@ -85,17 +86,28 @@ static void test_model_logits(void **st) {
     int32_t *ids = malloc(sizeof(int32_t) * B * T);
     for (int i = 0; i < B * T; i++)
         ids[i] = (i * 37 + 11) % a.V;
-    float *lc = malloc(sizeof(float) * B * T * a.V), *lg = malloc(sizeof(float) * B * T * a.V);
+    float *lc = malloc(sizeof(float) * B * T * a.V), *lg = tu_nans((int64_t)B * T * a.V); // NaN: must be written
     assert_int_equal(model_logits_all(&p.cpu, ids, B, T, lc), 0);
     assert_int_equal(model_logits_all(&p.gpu, ids, B, T, lg), 0);
     double e = tu_rel_err(lg, lc, (int64_t)B * T * a.V);
-    printf("  full forward logits, B=%d T=%d: rel err %.2e\n", B, T, e);
+    // The decode below is judged by its worst single position; the full
+    // forward's worst single position is the like-for-like figure (over all
+    // rows, and over the positions 36..T-1 of sequence 0 that decode covers).
+    double pos_worst = 0, pos_worst_dec = 0;
+    for (int r = 0; r < B * T; r++) {
+        double er = tu_rel_err(lg + (int64_t)r * a.V, lc + (int64_t)r * a.V, a.V);
+        if (!(er <= pos_worst)) pos_worst = er;
+        if (r >= 36 && r < T && !(er <= pos_worst_dec)) pos_worst_dec = er;
+    }
+    printf("  full forward logits, B=%d T=%d: rel err %.2e; worst single position %.2e (%.2e over the decoded "
+           "positions)\n",
+           B, T, e, pos_worst, pos_worst_dec);
     assert_true(e < LOGIT_TOL);
     // prefill 37 tokens in chunks of 16, then decode steps
     model_state_t sc, sg;
     assert_int_equal(model_state_alloc(&p.cpu, &sc, 1, T), 0);
     assert_int_equal(model_state_alloc(&p.gpu, &sg, 1, T), 0);
-    float *c1 = malloc(sizeof(float) * a.V), *g1 = malloc(sizeof(float) * a.V);
+    float *c1 = malloc(sizeof(float) * a.V), *g1 = tu_nans(a.V);
     assert_int_equal(model_prefill(&p.cpu, &sc, ids, 37, 16, c1), 0);
     assert_int_equal(model_prefill(&p.gpu, &sg, ids, 37, 16, g1), 0);
     double worst = tu_rel_err(g1, c1, a.V);
@@ -108,8 +120,11 @@ static void test_model_logits(void **st) {
     printf("  prefill + %d decode steps: worst rel err %.2e\n", T - 37, worst);
     // The decode path computes the same function by other algorithms (GDN and
     // SSD recurrences instead of chunks, absorbed MLA over the latent cache),
-    // each in bf16: seen 5.8e-2 at the worst of 64 positions on the H200
-    // (2.2e-2 for the full forward). Bound 1e-1; a wrong cache or state
+    // each in bf16. The bound 1e-1 is not derived: it was set after one
+    // failing H200 run (run 7: 5.82e-2 at the worst of these 64 positions,
+    // against the then bound LOGIT_TOL, and 2.2e-2 for the full forward over
+    // all positions, a different measure). To be re-derived from the two
+    // worst-position figures printed above and here. A wrong cache or state
     // update gives O(1).
     assert_true(worst < 1e-1);
     model_state_free(&p.cpu, &sc);
@@ -173,7 +188,7 @@ static void test_model_gradients(void **st) {
 // bf16-rounded weights, so differences come from bf16 activations alone.
 static void test_smollm2_cuda_vs_cpu(void **st) {
     const char *path = tu_model_path();
-    be_t *gbe = tu_cuda();
+    be_t *gbe = tu_gpu();
     char *text;
     assert_int_equal(fs_read_all("tests/fixtures/model/smollm2_ref.json", &text, NULL), 0);
     cJSON *root = cJSON_Parse(text);
@@ -210,7 +225,8 @@ static void test_smollm2_cuda_vs_cpu(void **st) {
     printf("  SmolLM2, %d tokens: cuda vs cpu (bf16 weights) rel err %.2e, argmax agree %d/%d\n", T, e, agree, T);
     printf("  cuda vs cpu fp32 weights rel err %.2e (argmax agree %d/%d); bf16 weight rounding alone %.2e\n", e32,
            agree32, T, ew);
-    // bf16 activations through 30 layers: ~1e-2 relative on the logits.
+    // bf16 activations through 30 layers: seen 3.35e-2 relative on the logits
+    // on the H200 (run 4; argmax agreeing at 36 of 37 positions).
     assert_true(e < 5e-2);
     model_free(&mc);
     model_free(&mg);
