@@ -8,6 +8,11 @@
 //    so the decoded values are known exactly.
 //  - Corrupted variants of the synthetic file: each must fail with a message
 //    naming the problem (run under ASan too: make MODE=asan).
+//  - Llama q/k rows: a synthetic llama GGUF whose attn_q / attn_k rows were
+//    permuted here with llama.cpp's conversion formula from known HF matrices,
+//    read back through wsrc_open / wsrc_read (what the model loader calls):
+//    the HF matrices must come back bit for bit (MHA, GQA, odd dh/2), attn_v
+//    and a qwen3 file (no permutation) must come back as stored.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +23,7 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "io/gguf.h"
+#include "io/weights.h"
 
 // IEEE half -> double, written from the definition (not base/half.h).
 static double ref_half(const uint8_t *p) {
@@ -223,6 +229,13 @@ typedef struct {
     int64_t offset; // relative to the data section; -1 = next aligned position
 } gt_t;
 
+// An extra metadata key: GGUF_UINT32 or GGUF_FLOAT32 with value v.
+typedef struct {
+    const char *key;
+    uint32_t type;
+    double v;
+} gkv_t;
+
 // Everything a corruption test may change; zero / -1 fields mean "as built".
 typedef struct {
     uint32_t magic, version;
@@ -232,23 +245,27 @@ typedef struct {
     uint32_t kv_type;        // value type of test.u8 (0: real)
     uint32_t alignment;      // general.alignment key (0: no key, default 32)
     size_t truncate;         // cut the file to this many bytes (0: no cut)
+    const char *arch;        // general.architecture (NULL: "llama")
+    const gkv_t *extra;      // more keys after the fixed ones
+    int n_extra;
 } gspec_t;
 
-static const gspec_t SPEC0 = {0x46554747u, 3, -1, -1, 0, 0, 0, 0, 0};
+static const gspec_t SPEC0 = {0x46554747u, 3, -1, -1, 0, 0, 0, 0, 0, NULL, NULL, 0};
 
-// Builds the file: 7 metadata keys (+ alignment), tensor infos, zero padding to
-// the alignment, tensor data at their offsets.
+// Builds the file: 7 metadata keys (+ alignment, + extra), tensor infos, zero
+// padding to the alignment, tensor data at their offsets.
 static buf_t build(const gspec_t *s, const gt_t *t, int nt) {
     buf_t b = {0};
     uint32_t align = s->alignment ? s->alignment : 32;
+    const char *arch = s->arch ? s->arch : "llama";
     put_u32(&b, s->magic);
     put_u32(&b, s->version);
     put_u64(&b, s->n_tensors >= 0 ? (uint64_t)s->n_tensors : (uint64_t)nt);
-    put_u64(&b, s->n_kv >= 0 ? (uint64_t)s->n_kv : (uint64_t)(7 + (s->alignment != 0)));
+    put_u64(&b, s->n_kv >= 0 ? (uint64_t)s->n_kv : (uint64_t)(7 + (s->alignment != 0) + s->n_extra));
     put_str(&b, "general.architecture");
     put_u32(&b, GGUF_STRING);
-    put_u64(&b, s->arch_len ? s->arch_len : 5);
-    put(&b, "llama", 5);
+    put_u64(&b, s->arch_len ? s->arch_len : strlen(arch));
+    put(&b, arch, strlen(arch));
     put_str(&b, "test.u8");
     put_u32(&b, s->kv_type ? s->kv_type : GGUF_UINT8);
     put(&b, "\x07", 1);
@@ -286,6 +303,16 @@ static buf_t build(const gspec_t *s, const gt_t *t, int nt) {
         put_str(&b, "general.alignment");
         put_u32(&b, GGUF_UINT32);
         put_u32(&b, s->alignment);
+    }
+    for (int i = 0; i < s->n_extra; i++) {
+        put_str(&b, s->extra[i].key);
+        put_u32(&b, s->extra[i].type);
+        if (s->extra[i].type == GGUF_FLOAT32) {
+            float x = (float)s->extra[i].v;
+            put(&b, &x, 4);
+        } else {
+            put_u32(&b, (uint32_t)s->extra[i].v);
+        }
     }
     uint64_t next = 0, offs[16];
     for (int i = 0; i < nt; i++) {
@@ -625,12 +652,110 @@ static void test_corrupt(void **state) {
     free(s);
 }
 
+// ---- llama q/k rows ---------------------------------------------------------------
+
+// llama.cpp's convert_hf_to_gguf.py, LlamaModel.permute (k_proj with n_head =
+// n_kv_head):
+//   w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+// Source w viewed as [n_head, 2, half, cols]; after swapaxes(1, 2) the result
+// is [n_head, half, 2, cols] with out[h][i][j][c] = w[h][j][i][c], flattened
+// row-major back to [rows, cols].
+static void llamacpp_permute(const float *w, float *out, int64_t rows, int64_t cols, int64_t n_head) {
+    int64_t half = rows / n_head / 2;
+    for (int64_t h = 0; h < n_head; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t j = 0; j < 2; j++)
+                for (int64_t c = 0; c < cols; c++)
+                    out[((h * half + i) * 2 + j) * cols + c] = w[((h * 2 + j) * half + i) * cols + c];
+}
+
+// One layer of a llama (or qwen3) GGUF whose attn_q / attn_k / attn_v hold
+// the llama.cpp permutation of known HF matrices (v permuted too, with n_head:
+// the loader must leave it alone); all three are read back via wsrc_read.
+static void check_qk(const char *arch, int H, int Hkv, int dh) {
+    int64_t d = (int64_t)H * dh, rq = (int64_t)H * dh, rk = (int64_t)Hkv * dh;
+    float *wq = malloc((size_t)(rq * d) * sizeof(float)), *wk = malloc((size_t)(rk * d) * sizeof(float));
+    float *pq = malloc((size_t)(rq * d) * sizeof(float)), *pk = malloc((size_t)(rk * d) * sizeof(float));
+    float *out = malloc((size_t)(rq * d) * sizeof(float));
+    assert_true(wq && wk && pq && pk && out);
+    // Every element distinct and exact in fp32: row r, column c -> r * 1024 + c + 0.5.
+    for (int64_t e = 0; e < rq * d; e++)
+        wq[e] = (float)(e / d * 1024 + e % d) + 0.5f;
+    for (int64_t e = 0; e < rk * d; e++)
+        wk[e] = -(float)(e / d * 1024 + e % d) - 0.25f;
+    llamacpp_permute(wq, pq, rq, d, H);
+    llamacpp_permute(wk, pk, rk, d, Hkv);
+    assert_true(memcmp(wq, pq, (size_t)(rq * d) * sizeof(float))); // the permutation moves rows
+
+    char k[8][64];
+    const char *suffix[8] = {"block_count",
+                             "embedding_length",
+                             "feed_forward_length",
+                             "attention.head_count",
+                             "attention.head_count_kv",
+                             "vocab_size",
+                             "context_length",
+                             "attention.layer_norm_rms_epsilon"};
+    const double val[8] = {1, (double)d, 64, H, Hkv, 16, 128, 1e-5};
+    gkv_t kv[8];
+    for (int i = 0; i < 8; i++) {
+        snprintf(k[i], sizeof k[i], "%s.%s", arch, suffix[i]);
+        kv[i] = (gkv_t){k[i], i == 7 ? GGUF_FLOAT32 : GGUF_UINT32, val[i]};
+    }
+    gspec_t sp = SPEC0;
+    sp.arch = arch, sp.extra = kv, sp.n_extra = 8;
+    const gt_t t[3] = {
+        {"blk.0.attn_q.weight", GGML_F32, 2, {(uint64_t)d, (uint64_t)rq}, pq, (size_t)(rq * d) * 4, -1},
+        {"blk.0.attn_k.weight", GGML_F32, 2, {(uint64_t)d, (uint64_t)rk}, pk, (size_t)(rk * d) * 4, -1},
+        {"blk.0.attn_v.weight", GGML_F32, 2, {(uint64_t)d, (uint64_t)rk}, pk, (size_t)(rk * d) * 4, -1},
+    };
+    buf_t b = build(&sp, t, 3);
+    char name[64];
+    snprintf(name, sizeof name, "qk_%s_%d_%d_%d.gguf", arch, H, Hkv, dh);
+    const char *path = write_file(name, &b);
+    free(b.b);
+
+    arch_t a;
+    wsrc_t *src;
+    if (wsrc_open(&src, path, &a) < 0) fail_msg("%s", err_msg());
+    assert_int_equal(a.H, H);
+    assert_int_equal(a.Hkv, Hkv);
+    assert_int_equal(a.dh, dh);
+    int llama = !strcmp(arch, "llama");
+    const struct {
+        const char *hf;
+        int64_t rows;
+        const float *want;
+    } c[3] = {
+        {"model.layers.0.self_attn.q_proj.weight", rq, llama ? wq : pq},
+        {"model.layers.0.self_attn.k_proj.weight", rk, llama ? wk : pk},
+        {"model.layers.0.self_attn.v_proj.weight", rk, pk}, // never un-permuted
+    };
+    for (int i = 0; i < 3; i++) {
+        int64_t shape[2] = {c[i].rows, d};
+        if (wsrc_read(src, c[i].hf, shape, 2, out) < 0) fail_msg("%s", err_msg());
+        for (int64_t e = 0; e < c[i].rows * d; e++)
+            if (memcmp(&out[e], &c[i].want[e], 4))
+                fail_msg("%s H %d Hkv %d dh %d: %s row %lld col %lld is %.9g, expected %.9g", arch, H, Hkv, dh, c[i].hf,
+                         (long long)(e / d), (long long)(e % d), out[e], c[i].want[e]);
+    }
+    wsrc_close(src);
+    free(wq), free(wk), free(pq), free(pk), free(out);
+}
+
+static void test_llama_qk_unpermute(void **state) {
+    (void)state;
+    check_qk("llama", 2, 2, 4); // MHA, dh/2 = 2
+    check_qk("llama", 4, 2, 8); // GQA, dh/2 = 4
+    check_qk("llama", 3, 1, 6); // GQA (MQA), odd dh/2 = 3
+    check_qk("llama", 6, 2, 4); // GQA 3:1
+    check_qk("qwen3", 4, 2, 8); // qwen3 GGUFs are not permuted: rows as stored
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_real_header),
-        cmocka_unit_test(test_real_dequant),
-        cmocka_unit_test(test_synthetic),
-        cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_real_header), cmocka_unit_test(test_real_dequant),       cmocka_unit_test(test_synthetic),
+        cmocka_unit_test(test_corrupt),     cmocka_unit_test(test_llama_qk_unpermute),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
