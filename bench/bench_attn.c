@@ -6,8 +6,9 @@
 // --compare times every kernel variant in one run, set through the same
 // environment variables the library reads: attention backward HYLO_ATTN_BWD =
 // 3 (v2, k_attn_bwd2), 2 (v1 with its default tiles), 1 (v1's alternative tiles);
-// MLA decode HYLO_MLA_DECODE = 1 (v1), 0 (v2, bulk copies), 2 (v2, cp.async).
-// --sweep adds v2 decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
+// MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy per row), 2 (v2,
+// cp.async), 0 (v2, tiled tensor copies: the default).
+// --sweep adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
 // Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
@@ -155,11 +156,12 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
         snprintf(row->line, sizeof row->line, "| mla_decode | %d | %7lld | %2d | %3d | %2d | %8.4f | %7.1f | %5.1f%% |",
                  B, (long long)len, H, r_kv, dr, t, gbs, 100.0 * gbs / copy_gbs);
     } else {
-        // v1 (1), v2 with bulk copies (0), v2 with cp.async (2)
-        static const char *vars[3] = {"1", "0", "2"};
+        // v1 (1), v2 with a bulk copy per row (3), with cp.async (2), with tiled tensor copies (0)
+        enum { NV = 4 };
+        static const char *vars[NV] = {"1", "3", "2", "0"};
         char *saved = getenv("HYLO_MLA_DECODE") ? strdup(getenv("HYLO_MLA_DECODE")) : NULL;
-        float t[3];
-        for (int i = 0; i < 3; i++) {
+        float t[NV];
+        for (int i = 0; i < NV; i++) {
             setenv("HYLO_MLA_DECODE", vars[i], 1);
             t[i] = time_op(run_mla, &c, 3, 30, 0);
         }
@@ -167,11 +169,11 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
         free(saved);
         int n =
             snprintf(row->line, sizeof row->line, "| %d | %7lld | %2d | %3d | %2d |", B, (long long)len, H, r_kv, dr);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < NV; i++) {
             double gbs = bytes / (t[i] * 1e-3) / 1e9;
             n += snprintf(row->line + n, sizeof row->line - n, " %8.4f %5.1f%% |", t[i], 100.0 * gbs / copy_gbs);
         }
-        if (sweep) { // v2 (bulk copies) over consumer warps x ring slots, printed as they come
+        if (sweep) { // the default (tiled copies) over consumer warps x ring slots, printed as they come
             static const char *warps[] = {"4", "8", "11"}, *stages[] = {"6", "12", "32"};
             setenv("HYLO_MLA_DECODE", "0", 1);
             for (int wi = 0; wi < 3; wi++)
@@ -253,7 +255,9 @@ int main(int argc, char **argv) {
     if (do_decode) {
         printf("\ncopy bandwidth (4 GiB device-to-device, read + write): %.1f GB/s\n", copy_gbs);
         if (compare)
-            printf("| B |     len |  H | r_kv | dr | v1 ms   %%copy | v2 tma ms %%copy | v2 cp.async ms %%copy |\n");
+            printf("| B |     len |  H | r_kv | dr | v1 ms   %%copy | v2 rows ms %%copy | v2 cp.async ms %%copy | v2 "
+                   "tiles "
+                   "ms %%copy |\n");
         else
             printf("| op         | B |     len |  H | r_kv | dr |       ms |    GB/s | %% copy |\n");
         for (int i = 0; i < n_drows; i++)

@@ -181,10 +181,10 @@ static void test_attn_bwd_small_arena(void **st) {
 // MLA decode: sequences of different lengths in one call (len = 0, 1, around
 // the 32-row tiles and slice boundaries, long ones split over many blocks).
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
-// Every case runs under each kernel (HYLO_MLA_DECODE 0 = v2 with bulk copies,
-// 1 = v1, 2 = v2 with cp.async) and under small v2 rings (HYLO_MLA_STAGES /
-// HYLO_MLA_WARPS), so that the slots wrap many times and one or two row groups
-// consume them.
+// Every case runs under each kernel (HYLO_MLA_DECODE 0 = v2 with tiled tensor
+// copies, 1 = v1, 2 = v2 with cp.async, 3 = v2 with a bulk copy per row) and
+// under small v2 rings (HYLO_MLA_STAGES / HYLO_MLA_WARPS), so that the slots
+// wrap many times and one or two row groups consume them.
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -252,7 +252,8 @@ static void test_mla_decode(void **st) {
     };
     static const struct {
         const char *dec, *stages, *warps;
-    } vars[] = {{"0", NULL, NULL}, {"1", NULL, NULL}, {"2", NULL, NULL}, {"0", "3", NULL}, {"2", "5", "2"}};
+    } vars[] = {{"0", NULL, NULL}, {"1", NULL, NULL}, {"2", NULL, NULL}, {"3", NULL, NULL},
+                {"0", "3", NULL},  {"0", "4", "2"},   {"3", "3", NULL},  {"2", "5", "2"}};
     int fails = 0;
     for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
         setenv("HYLO_MLA_DECODE", vars[v].dec, 1);

@@ -20,6 +20,7 @@
 // r_kv up to 512. At the end the RS row groups merge in shared memory and the
 // block writes one partial (m, l, unnormalised O) for its slice.
 // k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
+#include <cuda.h> // CUtensorMap (the tiled TMA copies of the decode)
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -302,11 +303,26 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 
 enum { MLA2_NR = 32, MLA2_MAXW = 11, MLA2_MAXSTG = 32, MLA2_BAR_BYTES = 2 * MLA2_MAXSTG * 8 };
 
+// How the producer fills a ring slot (template argument LOAD of k_mla_decode2):
+//  - MLA2_LOAD_TILES: a few TMA tensor copies per tile, boxes of 64 columns x
+//    32 rows in the 128-byte swizzled layout (one copy per 4 KB instead of one
+//    per row); slot = NB boxes of [32 rows][128 bytes], 16-byte chunk j of row r
+//    stored at chunk j ^ (r % 8), so ldmatrix reads stay free of bank conflicts
+//    without padding. Columns past L come back as zeros (out of the tensor).
+//  - MLA2_LOAD_ROWS: one 1-D bulk copy per row into padded rows of SR elements.
+//  - MLA2_LOAD_CPASYNC: 16-byte cp.async by the producer's 32 lanes, same layout.
+// Run 7 measured the same ~25M rows/s per SM at r_kv 128 and 512 with
+// MLA2_LOAD_ROWS, whatever the bytes per row or the heads: the per-row copies
+// were the limit, hence the tiled copies.
+enum { MLA2_LOAD_TILES = 0, MLA2_LOAD_ROWS = 1, MLA2_LOAD_CPASYNC = 2 };
+enum { MLA2_BOX = 64, MLA2_BOX_BYTES = MLA2_NR * 128 }; // box columns (128 bytes); bytes of one box
+
 typedef struct {
     int H, r_kv, dr, L, Lp;
     int HT, CC, RS, NCW; // head tiles, column chunks, row groups; NCW = HT * CC * RS consumer warps
     int SQ, SR;          // shared row strides (elements) of Q and of the ring slots
     int NSTG;            // ring slots of MLA2_NR rows
+    int NB;              // MLA2_LOAD_TILES: boxes of MLA2_BOX columns per slot
     int n_split;
     int neg;   // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
     float sl2; // > 0
@@ -340,6 +356,19 @@ static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, u
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
+// 2-D tensor copy global -> shared of the box at (x = column, y = row) of tmap;
+// completes the box's bytes on bar (out-of-tensor elements arrive as zeros).
+static __device__ __forceinline__ void tensor_g2s(uint32_t dst, const CUtensorMap *tmap, int x, int y, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(dst),
+        "l"((uint64_t)tmap), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+// Address of the 16-byte chunk `chunk` (column / 8) of row r in a MLA2_LOAD_TILES slot.
+static __device__ __forceinline__ uint32_t tile_chunk(uint32_t slot, int r, int chunk) {
+    return slot + (uint32_t)((chunk >> 3) * MLA2_BOX_BYTES + r * 128 + (((chunk & 7) ^ (r & 7)) << 4));
+}
 // The barrier receives one arrival once all earlier cp.async of this thread landed.
 static __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -353,19 +382,23 @@ static __device__ __forceinline__ void griddep_launch_dependents() {
 static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // Grid (n_split, B), (NCW + 1) warps; the last warp is the producer. Shared:
-// [barriers 512 B][Q HR x SQ][ring NSTG x 32 x SR]; the ring is reused for the
-// final merge of the RS row groups.
-template <int CW, bool TMA>
+// [barriers 512 B][Q HR x SQ][ring NSTG slots] (MLA2_LOAD_TILES: the ring starts
+// at the next 1024-byte boundary, which the swizzle pattern needs); the ring is
+// reused for the final merge of the RS row groups.
+template <int CW, int LOAD>
 __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     k_mla_decode2(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
                   const bf16 *__restrict__ q_pe, const bf16 *__restrict__ cache, int64_t cache_rows,
-                  const int32_t *__restrict__ len, mla2_args_t a) {
+                  const int32_t *__restrict__ len, mla2_args_t a, const __grid_constant__ CUtensorMap tmap) {
     constexpr int NR = MLA2_NR;
+    constexpr bool TILES = LOAD == MLA2_LOAD_TILES;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int HR = a.HT * 16, SQ = a.SQ, SR = a.SR, L = a.L, RS = a.RS, NCW = a.NCW, NSTG = a.NSTG;
     const uint32_t bar_full = smem_u32(smem_raw), bar_empty = bar_full + MLA2_MAXSTG * 8;
     bf16 *sQ = (bf16 *)(smem_raw + MLA2_BAR_BYTES);
-    bf16 *sC = sQ + HR * SQ; // [NSTG][NR][SR]
+    bf16 *sC = sQ + HR * SQ; // [NSTG][NR][SR], or [NSTG][NB][NR][128 bytes] swizzled
+    if (TILES) sC = (bf16 *)((unsigned char *)sC + ((1024u - (smem_u32(sC) & 1023u)) & 1023u));
+    const uint32_t slot_bytes = TILES ? (uint32_t)(a.NB * MLA2_BOX_BYTES) : (uint32_t)(NR * SR * 2);
 
     griddep_launch_dependents(); // the combine may be scheduled now; it waits for this grid to finish
 
@@ -384,7 +417,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
 
     if (tid == 0) {
         for (int s = 0; s < NSTG; s++) {
-            mbar_init(bar_full + 8 * s, TMA ? 1 : 32);
+            mbar_init(bar_full + 8 * s, LOAD == MLA2_LOAD_CPASYNC ? 32 : 1);
             mbar_init(bar_empty + 8 * s, a.HT * a.CC);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -404,9 +437,18 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
             const int slot = t % NSTG, fill = t / NSTG;
             if (fill > 0) mbar_wait(bar_empty + 8 * slot, (fill - 1) & 1);
             const int valid = nrows - t * NR < NR ? nrows - t * NR : NR;
-            bf16 *dst = sC + slot * NR * SR;
+            bf16 *dst = (bf16 *)((unsigned char *)sC + slot * slot_bytes);
             const bf16 *src = rows_g + (int64_t)t * NR * L;
-            if (TMA) {
+            if (TILES) {
+                // whole boxes, rows past the slice included (the consumers zero those)
+                if (lane == 0) {
+                    const uint32_t bar = bar_full + 8 * slot;
+                    mbar_arrive_expect_tx(bar, slot_bytes);
+                    const int y = (int)((int64_t)b * cache_rows + start + (int64_t)t * NR);
+                    for (int bx = 0; bx < a.NB; bx++)
+                        tensor_g2s(smem_u32(dst) + bx * MLA2_BOX_BYTES, &tmap, bx * MLA2_BOX, y, bar);
+                }
+            } else if (LOAD == MLA2_LOAD_ROWS) {
                 // rows past the slice (last tile only) are zeroed: their weight is 0 and 0 * stale must stay 0
                 if (valid < NR) {
                     for (int i = lane; i < (NR - valid) * (L / 8); i += 32) {
@@ -435,7 +477,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
                 cp_async_mbar_arrive(bar_full + 8 * slot);
             }
         }
-        if (!TMA) cp_async_wait<0>();
+        if (LOAD == MLA2_LOAD_CPASYNC) cp_async_wait<0>();
     } else {
         // ---- consumers
         const int nct = NCW * 32;
@@ -450,7 +492,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
             *(uint4 *)(sQ + r * SQ + c) = x;
         }
         // columns [L, SR) of every slot row stay zero (the copies write [0, L) only)
-        for (int i = tid; i < NSTG * NR * ((SR - L) / 8); i += nct) {
+        for (int i = tid; !TILES && i < NSTG * NR * ((SR - L) / 8); i += nct) {
             int r = i / ((SR - L) / 8), c = L + (i - r * ((SR - L) / 8)) * 8;
             *(uint4 *)(sC + r * SR + c) = make_uint4(0, 0, 0, 0);
         }
@@ -459,14 +501,28 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
         const uint32_t aQ = smem_u32(sQ) + (uint32_t)(((ht * 16 + (lane & 15)) * SQ + (lane >> 4) * 8) * 2);
         const uint32_t oB = (uint32_t)((((lane & 7) + ((lane >> 4) << 3)) * SR + ((lane >> 3) & 1) * 8) * 2);
         const uint32_t oT = (uint32_t)(((lane & 15) * SR + (lane >> 4) * 8 + cc * CW) * 2);
+        const int rB = (lane & 7) + ((lane >> 4) << 3); // MLA2_LOAD_TILES: row of this lane's ldmatrix address
         const int kchunks = a.Lp / 16;
         const float sl2 = a.sl2;
 
         for (int t = rs; t < n_tiles; t += RS) {
             const int slot = t % NSTG;
             mbar_wait(bar_full + 8 * slot, (t / NSTG) & 1);
-            const uint32_t stage = smem_u32(sC + slot * NR * SR);
+            const uint32_t stage = smem_u32(sC) + slot * slot_bytes;
             const int valid = nrows - t * NR;
+            if (TILES && valid < NR) {
+                // last tile: the boxes brought rows past the slice (another slice's,
+                // or never written: maybe NaN). Their weights are 0, and 0 * NaN
+                // would poison P c, so each warp zeroes them before reading the
+                // slot; warps sharing the slot write the same zeros.
+                unsigned char *sl = (unsigned char *)sC + slot * slot_bytes;
+                for (int i = lane; i < (NR - valid) * a.NB * 8; i += 32) {
+                    const int bx = i / ((NR - valid) * 8), rem = i - bx * (NR - valid) * 8;
+                    *(uint4 *)(sl + bx * MLA2_BOX_BYTES + (valid + (rem >> 3)) * 128 + (rem & 7) * 16) =
+                        make_uint4(0, 0, 0, 0);
+                }
+                __syncwarp();
+            }
 
             float s[NR / 8][4];
 #pragma unroll
@@ -479,7 +535,10 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
 #pragma unroll
                 for (int n2 = 0; n2 < NR / 16; n2++) {
                     uint32_t bb[4];
-                    ldsm_x4(bb, stage + oB + (n2 * 16 * SR + kk * 16) * 2);
+                    if (TILES)
+                        ldsm_x4(bb, tile_chunk(stage, n2 * 16 + rB, kk * 2 + ((lane >> 3) & 1)));
+                    else
+                        ldsm_x4(bb, stage + oB + (n2 * 16 * SR + kk * 16) * 2);
                     mma_bf16(s[2 * n2], qa, bb[0], bb[1]);
                     mma_bf16(s[2 * n2 + 1], qa, bb[2], bb[3]);
                 }
@@ -535,7 +594,10 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
 #pragma unroll
                 for (int d2 = 0; d2 < CW / 16; d2++) {
                     uint32_t bb[4];
-                    ldsm_x4_t(bb, stage + oT + (kc * 16 * SR + d2 * 16) * 2);
+                    if (TILES)
+                        ldsm_x4_t(bb, tile_chunk(stage, kc * 16 + (lane & 15), (cc * CW + d2 * 16) / 8 + (lane >> 4)));
+                    else
+                        ldsm_x4_t(bb, stage + oT + (kc * 16 * SR + d2 * 16) * 2);
                     mma_bf16(o[2 * d2], pa, bb[0], bb[1]);
                     mma_bf16(o[2 * d2 + 1], pa, bb[2], bb[3]);
                 }
@@ -745,25 +807,66 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
 }
 
 // Variant override for benchmarks and tests (read on every call):
-//   HYLO_MLA_DECODE = 0 / unset: v2 with bulk copies (TMA); 1: v1, the original
-//   kernel and combine; 2: v2 with a cp.async producer.
-//   HYLO_MLA_WARPS = consumer warps per block for v2 (default 12, at most 12);
+//   HYLO_MLA_DECODE = 0 / unset: v2 with tiled tensor copies (MLA2_LOAD_TILES);
+//   1: v1, the original kernel and combine; 2: v2 with a cp.async producer;
+//   3: v2 with one bulk copy per row (the default of run 7).
+//   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
 //   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
 static int env_int(const char *name, int dflt) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : dflt;
 }
 
+// The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda);
+// NULL when the driver lacks it.
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_tiled_fn encode_tiled(void) {
+    static int looked;
+    static encode_tiled_fn fn;
+    if (!looked) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (encode_tiled_fn)p;
+        else
+            (void)cudaGetLastError();
+        looked = 1;
+    }
+    return fn;
+}
+
+// The cache [B * cache_rows, L] bf16 as a 2-D tensor of boxes MLA2_BOX x MLA2_NR,
+// 128-byte swizzle, zeros outside; false when it cannot be described.
+static bool cache_tensor_map(CUtensorMap *m, const void *cache, int64_t rows, int L) {
+    encode_tiled_fn enc = encode_tiled();
+    if (!enc || rows <= 0 || rows >= ((int64_t)1 << 31)) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)L, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)L * 2};
+    const cuuint32_t box[2] = {MLA2_BOX, MLA2_NR}, estr[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)cache, dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // Launches v2; false when the shape does not fit its layout (the caller runs v1).
-template <int CW, bool TMA>
+template <int CW, int LOAD>
 static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
                         const int32_t *len, int B, mla2_args_t a) {
     cuda_impl_t *ci = cuda_impl(be);
-    auto kern = k_mla_decode2<CW, TMA>;
+    auto kern = k_mla_decode2<CW, LOAD>;
     const int HR = a.HT * 16, wpr = a.HT * a.CC; // warps per row group
     if (wpr > MLA2_MAXW) return false;
-    const size_t slot = (size_t)MLA2_NR * a.SR * sizeof(bf16);
-    const size_t fixed = MLA2_BAR_BYTES + (size_t)HR * a.SQ * sizeof(bf16);
+    CUtensorMap tmap;
+    memset(&tmap, 0, sizeof tmap);
+    if (LOAD == MLA2_LOAD_TILES && !cache_tensor_map(&tmap, cache, (int64_t)B * cache_rows, a.L)) return false;
+    const int wide = a.Lp > a.CC * CW ? a.Lp : a.CC * CW; // columns the consumers read
+    a.NB = (wide + MLA2_BOX - 1) / MLA2_BOX;
+    const size_t slot = LOAD == MLA2_LOAD_TILES ? (size_t)a.NB * MLA2_BOX_BYTES : (size_t)MLA2_NR * a.SR * sizeof(bf16);
+    // MLA2_LOAD_TILES: up to 1 KB to align the ring
+    const size_t fixed = MLA2_BAR_BYTES + (size_t)HR * a.SQ * sizeof(bf16) + (LOAD == MLA2_LOAD_TILES ? 1024 : 0);
     if (ci->smem_optin < fixed + 3 * slot) return false;
     int fit = (int)((ci->smem_optin - fixed) / slot);
     int cap = env_int("HYLO_MLA_STAGES", MLA2_MAXSTG);
@@ -826,7 +929,7 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
         return true;
     }
     kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
-        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a);
+        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a, tmap);
     cuda_check_launch(be, "k_mla_decode2");
 
     // the combine, launched early (programmatic dependent launch); plain launch if refused
@@ -852,6 +955,14 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     cuda_check_launch(be, "k_mla_combine2");
     arena_reset(ar, mark); // stream order protects the partials from later users
     return true;
+}
+
+template <int LOAD>
+static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
+                           int64_t cache_rows, const int32_t *len, int B, mla2_args_t a) {
+    return CW == 32   ? launch_mla2<32, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
+           : CW == 64 ? launch_mla2<64, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
+                      : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
 }
 
 static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
@@ -881,15 +992,12 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
         float sl2 = fabsf(scale) * 1.4426950408889634f;
         a.neg = scale < 0.f;
         a.sl2 = sl2 > 1e-30f ? sl2 : 1e-30f; // scale 0: uniform weights (a zero sl2 would turn -inf * 0 into NaN)
-        bool done;
-        if (var == 2)
-            done = CW == 32   ? launch_mla2<32, false>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
-                   : CW == 64 ? launch_mla2<64, false>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
-                              : launch_mla2<128, false>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
-        else
-            done = CW == 32   ? launch_mla2<32, true>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
-                   : CW == 64 ? launch_mla2<64, true>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
-                              : launch_mla2<128, true>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        bool done = false;
+        if (var == 0) done = launch_mla2_cw<MLA2_LOAD_TILES>(CW, be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        // the per-row copies also take what the tiled copies cannot (no tensor map)
+        if (!done && (var == 0 || var == 3))
+            done = launch_mla2_cw<MLA2_LOAD_ROWS>(CW, be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        if (var == 2) done = launch_mla2_cw<MLA2_LOAD_CPASYNC>(CW, be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
         if (done) return;
     }
     mla_args_t a;
