@@ -19,8 +19,10 @@ typedef struct {
     void *lt_workspace;
     size_t lt_workspace_size;
     int sm_count;
-    size_t smem_optin; // max dynamic shared memory per block (opt-in)
-    int first_error;   // first asynchronous/launch error seen (reported by sync)
+    size_t smem_optin;  // max dynamic shared memory per block (opt-in)
+    float *stage;       // fp32 staging buffer of download_act, kept between calls
+    size_t stage_bytes; // (a decode step downloads logits every token)
+    int first_error;    // first asynchronous/launch error seen (reported by sync)
     char first_error_msg[512];
 } cuda_impl_t;
 

@@ -91,11 +91,34 @@ static void cu_act_to_f32(be_t *be, float *dst, const void *src, int64_t n) {
     cuda_check_launch(be, "bf16_to_f32");
 }
 
+enum { STAGE_CHUNK = 16 << 20 }; // values per staged piece of an upload or download
+
+// The staging buffer for min(n, STAGE_CHUNK) floats, grown when needed and kept
+// (allocating per call would cost a cudaFree, which waits for the device, per
+// decode step); NULL on failure, recorded by cuda_fail.
+static float *cu_stage(be_t *be, int64_t n) {
+    cuda_impl_t *ci = cuda_impl(be);
+    const int64_t vals = n < 1 ? 1 : n < (int64_t)STAGE_CHUNK ? n : (int64_t)STAGE_CHUNK;
+    const size_t want = (size_t)vals * sizeof(float);
+    if (want > ci->stage_bytes) {
+        cudaFree(ci->stage);
+        ci->stage = NULL, ci->stage_bytes = 0;
+        cudaError_t e = cudaMalloc(&ci->stage, want);
+        if (e != cudaSuccess) {
+            ci->stage = NULL;
+            cuda_fail(be, "cudaMalloc(staging buffer)", e);
+            return NULL;
+        }
+        ci->stage_bytes = want;
+    }
+    return ci->stage;
+}
+
 // Host fp32 -> device bf16 through a bounded staging buffer on the device.
 static int cu_upload_act(be_t *be, void *dst, const float *src, int64_t n) {
-    const int64_t chunk = 16 << 20;
-    float *stage = NULL;
-    CUDA_TRY(be, cudaMalloc(&stage, (size_t)(n < chunk ? n : chunk) * sizeof(float)));
+    const int64_t chunk = STAGE_CHUNK;
+    float *stage = cu_stage(be, n);
+    if (!stage) return ERR_RUNTIME;
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i += chunk) {
         int64_t m = n - i < chunk ? n - i : chunk;
@@ -105,14 +128,13 @@ static int cu_upload_act(be_t *be, void *dst, const float *src, int64_t n) {
         if (rc == 0) cu_f32_to_act(be, (bf16 *)dst + i, stage, m);
         if (rc == 0 && (e = cudaStreamSynchronize(cuda_stream(be))) != cudaSuccess) rc = cuda_fail(be, "upload", e);
     }
-    cudaFree(stage);
     return rc;
 }
 
 static int cu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
-    const int64_t chunk = 16 << 20;
-    float *stage = NULL;
-    CUDA_TRY(be, cudaMalloc(&stage, (size_t)(n < chunk ? n : chunk) * sizeof(float)));
+    const int64_t chunk = STAGE_CHUNK;
+    float *stage = cu_stage(be, n);
+    if (!stage) return ERR_RUNTIME;
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i += chunk) {
         int64_t m = n - i < chunk ? n - i : chunk;
@@ -122,7 +144,6 @@ static int cu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
         if (e == cudaSuccess) e = cudaStreamSynchronize(cuda_stream(be));
         if (e != cudaSuccess) rc = cuda_fail(be, "download", e);
     }
-    cudaFree(stage);
     return rc;
 }
 
@@ -143,6 +164,7 @@ static void cu_destroy(be_t *be) {
     if (ci) {
         cudaStreamSynchronize(ci->stream);
         if (be->scratch.base) cudaFree(be->scratch.base);
+        if (ci->stage) cudaFree(ci->stage);
         if (ci->lt_workspace) cudaFree(ci->lt_workspace);
         if (ci->lt) cublasLtDestroy(ci->lt);
         if (ci->stream) cudaStreamDestroy(ci->stream);
