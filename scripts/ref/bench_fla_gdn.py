@@ -4,7 +4,7 @@ in the table format of bench/bench_gdn.c, for the hylo / FLA ratio in
 docs/PERFORMANCE.md. Timing only: FLA's gradients are NOT used as a reference
 (spec linear_blocks.md 6.4; the oracle is the naive recurrence / hylo's CPU op).
 
-    python3 scripts/ref/bench_fla_gdn.py --fla /path/to/flash-linear-attention [--quick]
+    python3 scripts/ref/bench_fla_gdn.py --fla /path/to/flash-linear-attention [--quick] [--T N] [--layer 1B|3B]
 
 FLA is not installed on the GPU machine: --fla names a source checkout (the
 folder that holds the `fla` package), which is put first on sys.path. Its pure
@@ -59,8 +59,13 @@ SHAPES = [  # name, B, H, HV, K, Dv
 
 def fla_commit(path):
     try:
+        # only the checkout's own repository: a copy without .git inside another
+        # repository (hylo's .carry/) would otherwise report that one's HEAD
+        top = subprocess.run(["git", "-C", path, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10)
         out = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
+        if top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(path) \
+                and out.returncode == 0:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
@@ -245,6 +250,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fla", required=True, help="path of a flash-linear-attention source checkout")
     ap.add_argument("--quick", action="store_true", help="T = 8192 only")
+    ap.add_argument("--T", type=int, action="append", help="only this T (repeatable); Triton's autotuning per "
+                    "shape takes minutes, so a device call may hold only part of the table")
+    ap.add_argument("--layer", action="append", help="only this layer, 1B or 3B (repeatable)")
     args = ap.parse_args()
     path = os.path.abspath(args.fla)
     if not os.path.isdir(os.path.join(path, "fla")):
@@ -279,8 +287,11 @@ def main():
     hdr = ("| layer    | B |      T |  H | HV |   K |  Dv |    fwd ms | fwd TF/s | fwd+bwd ms | f+b TF/s | note")
     print(hdr)
     rows = []
-    for T in (8192,) if args.quick else (8192, 65536):
+    Ts = args.T if args.T else (8192,) if args.quick else (8192, 65536)
+    for T in Ts:
         for (name, B, H, HV, K, Dv) in SHAPES:
+            if args.layer and name.split()[0] not in args.layer:
+                continue
             try:
                 rows.append(bench_shape(call, name, B, T, H, HV, K, Dv))
             except Exception as e:  # keep the other shapes' numbers
