@@ -86,7 +86,9 @@
 //   fwd+bwd ~1.2 / 8.5 ms).
 // Measured (run 5, docs/PERFORMANCE.md), about 3x these: forward 0.788 /
 // 5.888 ms, fwd+bwd 2.503 / 19.123 ms (H = 6); the per-kernel estimates above
-// undercount (bench_gdn --kernels gives the measured split).
+// undercount (bench_gdn --kernels gives the measured split: run 11, 64K, H = 6,
+// k_state forward 4.17 ms, ~4.1 us per chunk step against the ~1.1 predicted,
+// the same with H = 9).
 // The largest lever left is the 16-row warp tile of mma.sync: wgmma's 64-row
 // warpgroup tiles read each B operand once per 64 rows (4x less shared-memory
 // traffic in the state passes and k_dqkw); next, TMA multicast of the W/K/Q

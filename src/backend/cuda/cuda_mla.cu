@@ -279,9 +279,9 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 // two head tiles) ~12. v1 reached ~8 GB/s per SM (~4.8 us per 128-row stage):
 // its 8 warps load, wait on one __syncthreads and compute in lockstep, so the
 // latency of every phase is exposed. v2 separates the roles:
-//  - one producer warp streams 32-row tiles into a ring of NSTG slots
-//    (TMA bulk copies, one row per lane, completing on an mbarrier with the
-//    byte count; HYLO_MLA_DECODE=2: cp.async with cp.async.mbarrier.arrive);
+//  - one producer warp streams 32-row tiles into a ring of NSTG slots (TMA
+//    tensor copies of 64-column boxes, completing on an mbarrier with the byte
+//    count; the other ways to fill a slot are listed at MLA2_LOAD_TILES);
 //  - HT * CC * RS consumer warps; row group rs takes tiles rs, rs + RS, ...
 //    and each warp waits only for its own tile's "full" barrier and frees the
 //    slot with one arrival on its "empty" barrier: no block-wide barrier in the
@@ -290,11 +290,13 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 //    in flight at the shapes above);
 //  - O is rescaled only when a row maximum moves (warp vote): after the first
 //    tiles the maximum rarely changes, so the 64 FMUL per tile mostly go.
-// Predicted: 70-85% of the copy bandwidth at len >= 256K. Measured (run 7,
-// docs/PERFORMANCE.md): 21-31% at r_kv 128 (below v1 at B = 8, 1M: 25.8% vs
-// 29.4%), 74.8% only at r_kv 512, 1M. The prediction missed: at r_kv 128 the
-// kernel is bound by mma.sync on half-empty head tiles and shared-memory
-// traffic, not by the bytes streamed.
+// Predicted: 70-85% of the copy bandwidth at len >= 256K. Measured with one
+// bulk copy per row (run 7): 21-31% at r_kv 128, 74.8% only at r_kv 512, 1M;
+// the time followed the row count, not the bytes or the heads (the per-row
+// copies were the limit, not the mma work as first guessed). With the tiled
+// copies (run 9, docs/PERFORMANCE.md): at 1M, 64% (B = 1, H = 32) to 98%
+// (B = 8, H = 9); at 64K, B = 1, 18-31%: the fixed cost of the two launches
+// and the combine (~20 us) is most of a 5 us read.
 // The combine is a separate kernel launched with programmatic dependent launch
 // (it starts while the decode drains and waits on griddepcontrol.wait), with
 // float4 loads spread over the splits. A fused "last block combines" was not
