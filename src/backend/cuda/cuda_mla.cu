@@ -736,6 +736,61 @@ __global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, co
 
 // ---- host side --------------------------------------------------------------
 
+// What a decode kernel's launches keep between calls (one per kernel instance).
+typedef struct {
+    size_t smem_set;      // dynamic shared memory the kernel may use now
+    int occ_threads, occ; // blocks per SM for (occ_threads, occ_smem)
+    size_t occ_smem;
+} mla_launch_state_t;
+
+// Everything v1 and v2 set up alike before their launches: raises the kernel's
+// shared memory limit when a larger shape comes, reads its occupancy (both
+// cached in *ls), picks the slices per sequence (one wave of blocks over the
+// batch, never more slices than tiles of `rows_per_tile`) and takes the
+// partial results (m, l, unnormalised O per slice and head) from the scratch
+// arena after *mark. 0 slices when a call failed (recorded; *mark restored).
+static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
+                                size_t smem, int B, int64_t cache_rows, int rows_per_tile, int H, int r_kv,
+                                float **part_o, float **part_ml, size_t *mark) {
+    cuda_impl_t *ci = cuda_impl(be);
+    char what[128];
+    if (smem > ls->smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) {
+            snprintf(what, sizeof what, "cudaFuncSetAttribute(%s)", name);
+            cuda_fail(be, what, e);
+            return 0;
+        }
+        ls->smem_set = smem;
+    }
+    if (ls->occ_threads != threads || ls->occ_smem != smem) {
+        int nb = 0;
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
+        if (e != cudaSuccess) {
+            snprintf(what, sizeof what, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(%s)", name);
+            cuda_fail(be, what, e);
+            return 0;
+        }
+        ls->occ = nb > 0 ? nb : 1;
+        ls->occ_threads = threads, ls->occ_smem = smem;
+    }
+    int64_t ns = (int64_t)ls->occ * ci->sm_count / B;
+    int64_t tiles = (cache_rows + rows_per_tile - 1) / rows_per_tile;
+    if (ns > tiles) ns = tiles;
+    if (ns < 1) ns = 1;
+    arena_t *ar = &be->scratch;
+    *mark = arena_mark(ar);
+    *part_o = (float *)arena_alloc(ar, (size_t)B * ns * H * r_kv * sizeof(float));
+    *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * H * 2 * sizeof(float));
+    if (!*part_o || !*part_ml) {
+        cu_op_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
+                    (long long)(B * ns * H));
+        arena_reset(ar, *mark);
+        return 0;
+    }
+    return ns;
+}
+
 template <int CW>
 static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
                        const int32_t *len, int B, mla_args_t a) {
@@ -759,53 +814,20 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
                     a.r_kv, a.dr, a.H, smem, ci->smem_optin);
         return;
     }
-    // raise the kernel's dynamic shared memory limit when a larger shape comes
-    static size_t smem_set;
-    static int occ_threads;
-    static size_t occ_smem;
-    static int occ;
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) {
-            cuda_fail(be, "cudaFuncSetAttribute(k_mla_decode)", e);
-            return;
-        }
-        smem_set = smem;
-    }
-    if (occ_threads != threads || occ_smem != smem) {
-        int nb = 0;
-        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
-        if (e != cudaSuccess) {
-            cuda_fail(be, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(k_mla_decode)", e);
-            return;
-        }
-        occ = nb > 0 ? nb : 1;
-        occ_threads = threads, occ_smem = smem;
-    }
-    // one wave of blocks over the whole batch; never more slices than row tiles
-    int64_t ns = (int64_t)occ * ci->sm_count / B;
-    int64_t tiles = (cache_rows + MLA_NR - 1) / MLA_NR;
-    if (ns > tiles) ns = tiles;
-    if (ns < 1) ns = 1;
+    static mla_launch_state_t ls;
+    float *part_o, *part_ml;
+    size_t mark;
+    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode", &ls, threads, smem, B, cache_rows,
+                                        MLA_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
+    if (ns == 0) return;
     a.n_split = (int)ns;
-
-    arena_t *ar = &be->scratch;
-    size_t mark = arena_mark(ar);
-    float *part_o = (float *)arena_alloc(ar, (size_t)B * ns * a.H * a.r_kv * sizeof(float));
-    float *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * a.H * 2 * sizeof(float));
-    if (!part_o || !part_ml) {
-        cu_op_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
-                    (long long)(B * ns * a.H));
-        arena_reset(ar, mark);
-        return;
-    }
     kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
         part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a);
     cuda_check_launch(be, "k_mla_decode");
     k_mla_combine<<<dim3((unsigned)a.H, (unsigned)B), 128, ns * sizeof(float), cuda_stream(be)>>>(
         (bf16 *)out, part_o, part_ml, a.H, a.r_kv, (int)ns);
     cuda_check_launch(be, "k_mla_combine");
-    arena_reset(ar, mark); // stream order protects the partials from later users
+    arena_reset(&be->scratch, mark); // stream order protects the partials from later users
 }
 
 // Variant override for benchmarks and tests (read on every call):
@@ -892,44 +914,13 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     a.NCW = wpr * a.RS;
     const int threads = (a.NCW + 1) * 32;
     const size_t smem = fixed + (size_t)a.NSTG * slot;
-    static size_t smem_set;
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) {
-            cuda_fail(be, "cudaFuncSetAttribute(k_mla_decode2)", e);
-            return true;
-        }
-        smem_set = smem;
-    }
-    static int occ_threads, occ;
-    static size_t occ_smem;
-    if (occ_threads != threads || occ_smem != smem) {
-        int nb = 0;
-        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
-        if (e != cudaSuccess) {
-            cuda_fail(be, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(k_mla_decode2)", e);
-            return true;
-        }
-        occ = nb > 0 ? nb : 1;
-        occ_threads = threads, occ_smem = smem;
-    }
-    // one wave of blocks over the whole batch; never more slices than row tiles
-    int64_t ns = (int64_t)occ * ci->sm_count / B;
-    int64_t tiles = (cache_rows + MLA2_NR - 1) / MLA2_NR;
-    if (ns > tiles) ns = tiles;
-    if (ns < 1) ns = 1;
+    static mla_launch_state_t ls;
+    float *part_o, *part_ml;
+    size_t mark;
+    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode2", &ls, threads, smem, B, cache_rows,
+                                        MLA2_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
+    if (ns == 0) return true;
     a.n_split = (int)ns;
-
-    arena_t *ar = &be->scratch;
-    size_t mark = arena_mark(ar);
-    float *part_o = (float *)arena_alloc(ar, (size_t)B * ns * a.H * a.r_kv * sizeof(float));
-    float *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * a.H * 2 * sizeof(float));
-    if (!part_o || !part_ml) {
-        cu_op_error(be, "cuda mla_decode_attn: scratch arena too small for %lld partial results",
-                    (long long)(B * ns * a.H));
-        arena_reset(ar, mark);
-        return true;
-    }
     kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
         part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a, tmap);
     cuda_check_launch(be, "k_mla_decode2");
@@ -955,7 +946,7 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
                                                                      (int)ns);
     }
     cuda_check_launch(be, "k_mla_combine2");
-    arena_reset(ar, mark); // stream order protects the partials from later users
+    arena_reset(&be->scratch, mark); // stream order protects the partials from later users
     return true;
 }
 
