@@ -3,6 +3,7 @@
 #
 #   make                 build/hylo (with the CUDA backend when nvcc is found)
 #   make test            fetch the default model if needed, build and run the CPU tests
+#                        (with CUDA: also build the CUDA tests and the benchmarks)
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
@@ -93,7 +94,13 @@ $(BUILD)/bench/%: bench/%.c bench/bench_util.h $(LIB)
 	$(CC) $(CFLAGS) $(LDSAN) $< $(LIB) $(LDLIBS) -o $@
 
 # The tests run from the repository root; HYLO_MODEL points at the default GGUF.
-test: $(BIN) $(TESTBIN)
+# With the CUDA backend, the CUDA tests and the benchmarks are built too (not
+# run: they need a GPU), so that CI compiles them.
+TESTDEPS := $(BIN) $(TESTBIN)
+ifeq ($(CUDA),1)
+TESTDEPS += $(CUDATESTBIN) $(BENCHBIN)
+endif
+test: $(TESTDEPS)
 	@scripts/fetch_model.sh >/dev/null
 	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(TESTBIN)
 
