@@ -33,13 +33,9 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_gdn.h"
 #include "base/err.h"
 #include "base/rng.h"
-
-// src/backend/cuda/cuda_gdn.cu
-size_t gdn_chunk_scratch_bytes(int B, int T, int H, int HV, int K, int Dv, int bwd);
-void gdn_cuda_timing(int on);
-int gdn_cuda_timing_read(const char **names, double *ms, int *calls, int max);
 
 #define BENCH_NAME "bench_gdn"
 #include "bench_util.h"

@@ -109,6 +109,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
 

@@ -1,7 +1,7 @@
-// Tensor-core and asynchronous-copy PTX wrappers shared by the attention, MLA
-// decode and SSD kernels (cuda_attn.cu, cuda_mla.cu, cuda_ssd.cu): shared
-// addresses, cp.async, ldmatrix, mma.sync m16n8k16 bf16, bf16x2 packing, ex2.
-// cuda_gdn.cu keeps its own set (pointer arguments, and a host-emulator build).
+// Tensor-core and asynchronous-copy PTX wrappers shared by the CUDA kernels
+// (attention, MLA decode, GDN, SSD): shared addresses, cp.async, ldmatrix,
+// mma.sync m16n8k16 bf16, bf16x2 packing, ex2. cuda_gdn.cu adds the few it
+// alone uses (4-byte cp.async, tf32 mma) next to its kernels.
 #pragma once
 #include <stdint.h>
 
