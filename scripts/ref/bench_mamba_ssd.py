@@ -34,10 +34,11 @@ A small self-check against the token-by-token recurrence (fp64) runs first.
 """
 import argparse
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from cuda_timing import timed  # scripts/ref/, the script's own folder
 
 SHAPES = [  # name, H, P, N, Hx, GB, GC
     ("1B 64/64", 32, 64, 64, 8, 8, 32),
@@ -119,25 +120,6 @@ def make_inputs(T, H, P, N, Hx, GB, GC, dev, seed=0):
     A_log = torch.log(1.0 + 15.0 * (torch.arange(H, device=dev, dtype=torch.float32) + 0.5) / H)
     D = torch.ones(H, device=dev)
     return xbc, x, Bm, Cm, dt, A_log, D
-
-
-def timed(fn, warm, reps, before=None):
-    for _ in range(warm):
-        if before:
-            before()
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        if before:
-            before()
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
 
 
 def flops(B, T, H, P, N, L):

@@ -23,11 +23,12 @@ column and falls back:
 """
 import argparse
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cuda_timing import timed  # scripts/ref/, the script's own folder
 
 SHAPES = [  # name, B, H, Hkv, dqk, dv
     ("MLA 64/64", 1, 32, 32, 64, 64),
@@ -36,25 +37,6 @@ SHAPES = [  # name, B, H, Hkv, dqk, dv
     ("GQA 64", 1, 32, 8, 64, 64),
     ("GQA 128", 1, 24, 8, 128, 128),
 ]
-
-
-def timed(fn, warm, reps, before=None):
-    for _ in range(warm):
-        if before:
-            before()
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        if before:
-            before()
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
 
 
 def make_call(q, k, v, H, Hkv, dqk, dv):
