@@ -44,9 +44,7 @@ Every patched (module, name, old, new) is printed. Nothing on disk changes.
 """
 import argparse
 import inspect
-import math
 import os
-import statistics
 import subprocess
 import sys
 import traceback
