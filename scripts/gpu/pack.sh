@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run here (no GPU): builds hylo with CUDA, packs the binaries the GPU machine
 # needs into .carry/ (ignored by git) for the device tool's `carry`:
-#   .carry/bins.tar.xz   stripped build/hylo, build/tests/cuda/*, build/bench/*, CPU tests
+#   .carry/bins.tar.xz   stripped build/hylo, build/tests/cuda/*, build/bench/*
 #   .carry/lib/          shared libraries the GPU image lacks (cJSON, libyaml, cmocka, PCRE2)
 #   .carry/p1, .carry/p2 the default GGUF in two halves (one call carries at most 64 MiB)
 set -euo pipefail
