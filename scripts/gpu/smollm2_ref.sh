@@ -4,7 +4,8 @@
 # transformers' reference logits and greedy tokens, and run hylo on CUDA.
 source scripts/gpu/env.sh
 cat .carry/p1/gguf.part .carry/p2/gguf.part > /tmp/smol.gguf
-echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/smol.gguf" | sha256sum -c - || exit 1
+sha=$(sed -n 's/^sha="\([0-9a-f]*\)"$/\1/p' scripts/fetch_model.sh) # the one place it is written
+echo "$sha  /tmp/smol.gguf" | sha256sum -c - || exit 1
 rm -rf /tmp/smol_hf
 build/hylo export /tmp/smol.gguf --out /tmp/smol_hf || exit 1
 mkdir -p "$OUT/fixtures"
