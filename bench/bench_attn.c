@@ -79,9 +79,8 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
     const int64_t nv = (int64_t)s->B * s->T * s->Hkv * s->dv, no = (int64_t)s->B * s->T * s->H * s->dv;
     c.q = dev_rand(nq, 1, 0.0f, 1.0f), c.k = dev_rand(nk, 2, 0.0f, 1.0f), c.v = dev_rand(nv, 3, 0.0f, 1.0f);
     c.dout = dev_rand(no, 4, 0.0f, 1.0f), c.o = dev_rand(no, 5, 0.0f, 1.0f);
-    c.dq = be->alloc(be, (size_t)nq * 2), c.dk = be->alloc(be, (size_t)nk * 2), c.dv = be->alloc(be, (size_t)nv * 2);
-    c.lse = be->alloc(be, (size_t)s->B * s->H * s->T * sizeof(float));
-    if (!c.dq || !c.dk || !c.dv || !c.lse) die("alloc");
+    c.dq = dalloc((size_t)nq * 2), c.dk = dalloc((size_t)nk * 2), c.dv = dalloc((size_t)nv * 2);
+    c.lse = dalloc((size_t)s->B * s->H * s->T * sizeof(float));
     int reps = s->T <= 8192 ? 20 : 10;
     float t_f = time_op(run_fwd, &c, 2, reps, 0);
     double flop_f = 2.0 * s->B * s->H * (double)s->T * s->T * (s->dqk + s->dv) / 2.0;
@@ -140,16 +139,16 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
     c.cache = calloc((size_t)c.n_copies, sizeof(void *));
     c.cache[0] = dev_rand((int64_t)B * len * (r_kv + dr), 11, 0.0f, 1.0f);
     for (int i = 1; i < c.n_copies; i++) {
-        c.cache[i] = be->alloc(be, (size_t)bytes);
-        if (!c.cache[i] || be->copy_d2d(be, c.cache[i], c.cache[0], (size_t)bytes) < 0) die("cache copy");
+        c.cache[i] = dalloc((size_t)bytes);
+        if (be->copy_d2d(be, c.cache[i], c.cache[0], (size_t)bytes) < 0) die("cache copy");
     }
     c.q_lat = dev_rand((int64_t)B * H * r_kv, 12, 0.0f, 1.0f), c.q_pe = dev_rand((int64_t)B * H * dr, 13, 0.0f, 1.0f);
-    c.out = be->alloc(be, (size_t)B * H * r_kv * 2);
-    c.len_d = be->alloc(be, sizeof(int32_t) * B);
+    c.out = dalloc((size_t)B * H * r_kv * 2);
+    c.len_d = dalloc(sizeof(int32_t) * B);
     int32_t lens[64];
     for (int b = 0; b < B; b++)
         lens[b] = (int32_t)len;
-    if (!c.out || !c.len_d || be->copy_h2d(be, c.len_d, lens, sizeof(int32_t) * B) < 0) die("alloc");
+    if (be->copy_h2d(be, c.len_d, lens, sizeof(int32_t) * B) < 0) die("upload lens");
     if (!compare) {
         float t = time_op(run_mla, &c, 3, 30, 0);
         double gbs = bytes / (t * 1e-3) / 1e9;

@@ -22,8 +22,8 @@
 static void *act(int64_t n) { return dev_rand(n, (uint64_t)n * 7919u + 1, 0.0f, 1.0f); }
 
 static float *f32(int64_t n) {
-    float *d = be->alloc(be, (size_t)n * sizeof(float));
-    if (!d || be->memset0(be, d, (size_t)n * sizeof(float)) < 0) die("f32 buffer");
+    float *d = dalloc((size_t)n * sizeof(float));
+    if (be->memset0(be, d, (size_t)n * sizeof(float)) < 0) die("f32 buffer");
     return d;
 }
 
@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
         int32_t *pos = malloc((size_t)c.M * sizeof(int32_t));
         for (int64_t i = 0; i < c.M; i++)
             pos[i] = (int32_t)i;
-        c.ids = be->alloc(be, (size_t)c.M * sizeof(int32_t));
+        c.ids = dalloc((size_t)c.M * sizeof(int32_t));
         be->copy_h2d(be, c.ids, pos, (size_t)c.M * sizeof(int32_t));
         c.f = f32(c.M * 64), c.g = f32(c.M * 64);
         snprintf(shape, sizeof shape, "N=%lld heads=32 dr=128", (long long)c.M);

@@ -40,12 +40,6 @@
 #define BENCH_NAME "bench_gdn"
 #include "bench_util.h"
 
-static void *dalloc(size_t bytes) {
-    void *p = be->alloc(be, bytes ? bytes : 256);
-    if (!p) die("alloc");
-    return p;
-}
-
 static void *dev_unif(int64_t n, uint64_t seed, float lo, float hi) {
     float *h = malloc((size_t)n * sizeof(float));
     rng_t r;

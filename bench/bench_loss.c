@@ -70,12 +70,6 @@ static void run_plain(void *p, int rep) {
     be->gemm(be, 0, 1, c->N, V, c->K, 1.0f, c->A, c->K, c->B, c->K, 0.0f, c->Cb, V);
 }
 
-static void *dalloc(size_t bytes) {
-    void *p = be->alloc(be, bytes);
-    if (!p) die("alloc");
-    return p;
-}
-
 static size_t free_bytes(void) {
     size_t f, tot;
     cudaError_t e = cudaMemGetInfo(&f, &tot);

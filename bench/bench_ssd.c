@@ -45,14 +45,14 @@ size_t cuda_ssd_scratch_bytes(int B, int T, int H, int P, int N, int chunk, int 
 #include "bench_util.h"
 
 static float *dev_f32(const float *h, int64_t n) {
-    float *d = be->alloc(be, (size_t)(n ? n : 1) * sizeof(float));
-    if (!d || be->copy_h2d(be, d, h, (size_t)n * sizeof(float)) < 0) die("f32 upload");
+    float *d = dalloc((size_t)n * sizeof(float));
+    if (be->copy_h2d(be, d, h, (size_t)n * sizeof(float)) < 0) die("f32 upload");
     return d;
 }
 
 static void *dev_act(const float *h, int64_t n) {
-    void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
-    if (!d || be->upload_act(be, d, h, n) < 0) die("act upload");
+    void *d = dalloc((size_t)n * 2);
+    if (be->upload_act(be, d, h, n) < 0) die("act upload");
     return d;
 }
 
@@ -129,16 +129,15 @@ static void bench_chunk(const ssd_shape_t *s, int T, row_t *row) {
     c.oB = (int64_t)s->Hx * s->P, c.oC = c.oB + (int64_t)s->GB * s->N, c.ld = c.oC + (int64_t)s->GC * s->N;
     c.xbc = dev_rand(rows * c.ld, 1, 0.0f, 0.7f); // silu(conv) outputs: O(0.5)
     c.dy = dev_rand(rows * s->H * s->P, 2, 0.0f, 1.0f);
-    c.y = be->alloc(be, (size_t)rows * s->H * s->P * 2);
-    c.dxbc = be->alloc(be, (size_t)rows * c.ld * 2);
+    c.y = dalloc((size_t)rows * s->H * s->P * 2);
+    c.dxbc = dalloc((size_t)rows * c.ld * 2);
     float *dt, *A_log, *D;
     host_params(rows * s->H, s->H, 3, &dt, &A_log, &D);
     c.dt = dev_f32(dt, rows * s->H);
     c.A_log = dev_act(A_log, s->H), c.D = dev_act(D, s->H);
-    c.ddt = be->alloc(be, (size_t)rows * s->H * sizeof(float));
+    c.ddt = dalloc((size_t)rows * s->H * sizeof(float));
     float zero[256] = {0};
     c.dA_log = dev_f32(zero, s->H), c.dD = dev_f32(zero, s->H);
-    if (!c.y || !c.dxbc || !c.ddt) die("alloc");
     free(dt), free(A_log), free(D);
 
     int reps = T <= 8192 ? 20 : 10;
@@ -190,18 +189,17 @@ static void bench_step(const ssd_shape_t *s, int B, double copy_gbs, row_t *row)
     c.state = calloc((size_t)c.n_copies, sizeof(float *));
     c.state[0] = dev_f32(h, nst);
     for (int i = 1; i < c.n_copies; i++) {
-        c.state[i] = be->alloc(be, (size_t)nst * sizeof(float));
-        if (!c.state[i] || be->copy_d2d(be, c.state[i], c.state[0], (size_t)nst * sizeof(float)) < 0) die("state copy");
+        c.state[i] = dalloc((size_t)nst * sizeof(float));
+        if (be->copy_d2d(be, c.state[i], c.state[0], (size_t)nst * sizeof(float)) < 0) die("state copy");
     }
     free(h);
     c.xbc = dev_rand((int64_t)B * c.ld, 5, 0.0f, 0.7f);
-    c.y = be->alloc(be, (size_t)B * s->H * s->P * 2);
+    c.y = dalloc((size_t)B * s->H * s->P * 2);
     float *dt, *A_log, *D;
     host_params((int64_t)B * s->H, s->H, 6, &dt, &A_log, &D);
     c.dt = dev_f32(dt, (int64_t)B * s->H);
     c.A_log = dev_act(A_log, s->H), c.D = dev_act(D, s->H);
     free(dt), free(A_log), free(D);
-    if (!c.y) die("alloc");
     float t = time_op(run_step, &c, 5, 100, 5);
     double gbs = bytes / (t * 1e-3) / 1e9;
     snprintf(row->line, sizeof row->line, "| %-10s | %2d | %2d | %3d | %3d | %9.2f | %9.3f | %8.1f | %5.1f%% |",

@@ -1,10 +1,10 @@
 // Shared pieces of the GPU benchmarks bench_attn, bench_cuda_core, bench_gdn,
 // bench_loss and bench_ssd (each bench/*.c is its own program, so these are
 // static, the functions inline: not every program uses all of them): the
-// CUDA backend with its stream and a pair of timing events, random device
-// inputs, CUDA-event timing (warm-up runs, then the median of the timed
-// runs), the device-to-device copy bandwidth the decode tables compare
-// against, and flag parsing.
+// CUDA backend with its stream and a pair of timing events, device memory
+// that exits on failure (dalloc), random device inputs, CUDA-event timing
+// (warm-up runs, then the median of the timed runs), the device-to-device
+// copy bandwidth the decode tables compare against, and flag parsing.
 //
 // Define BENCH_NAME (the program's name, the prefix of its error messages)
 // before including this file.
@@ -55,11 +55,17 @@ static inline void bench_finish(void) {
     be_destroy(be);
 }
 
+// Device memory, or exit with the error (0 bytes: a small buffer, never NULL).
+static inline void *dalloc(size_t bytes) {
+    void *p = be->alloc(be, bytes ? bytes : 256);
+    if (!p) die("alloc");
+    return p;
+}
+
 // Random act values N(mean, std^2): up to 16M values drawn on the host,
 // repeated on the device.
 static inline void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
-    void *d = be->alloc(be, (size_t)(n ? n : 1) * 2);
-    if (!d) die("alloc");
+    void *d = dalloc((size_t)n * 2);
     int64_t m = n < (1 << 24) ? n : (1 << 24);
     float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
     rng_t r;
