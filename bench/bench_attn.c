@@ -133,7 +133,7 @@ static int sweep; // v2 decode over HYLO_MLA_WARPS x HYLO_MLA_STAGES (--sweep)
 static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_gbs, row_t *row) {
     mla_ctx_t c = {.B = B, .H = H, .r_kv = r_kv, .dr = dr, .len = len};
     const double bytes = (double)B * len * (r_kv + dr) * 2;
-    c.n_copies = (int)ceil(1.0e9 / bytes); // >= 1 GB in rotation: far beyond the 60 MB L2
+    c.n_copies = (int)ceil(1.0e9 / bytes); // >= 1 GB in rotation: far beyond the 50 MB L2
     if (c.n_copies < 2) c.n_copies = 2;
     if (c.n_copies > 48) c.n_copies = 48;
     c.cache = calloc((size_t)c.n_copies, sizeof(void *));

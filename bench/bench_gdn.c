@@ -23,7 +23,7 @@
 // token and GB/s of the state bytes read and written (2 B HV Dv K 4 bytes; q, k,
 // v, o, g, beta are < 0.1% of it) against a device-to-device copy of a 4 GiB
 // buffer measured in the same run (read + write bytes). Several copies of the
-// states are rotated so that repeated calls do not hit in the 60 MB L2.
+// states are rotated so that repeated calls do not hit in the 50 MB L2.
 // HYLO_GDN_NW=2|4 selects the warps per block of the state passes.
 #include <cuda_runtime.h>
 #include <math.h>

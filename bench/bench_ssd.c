@@ -26,7 +26,7 @@
 // and GB/s of the state bytes moved (B H P N 4 read + written; the inputs are
 // < 1%) against a 4 GiB device-to-device copy measured in the same run (read +
 // write bytes). Enough state copies are rotated (>= 1 GB) that repeated steps do
-// not run from the 60 MB L2. At B = 1 the step is a few microseconds of launch
+// not run from the 50 MB L2. At B = 1 the step is a few microseconds of launch
 // latency, not bandwidth.
 #include <cuda_runtime.h>
 #include <math.h>
