@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, after both halves of the GGUF were carried (.carry/p1,
-# .carry/p2): reassemble and check it, export the HF folder with hylo, compute
+# .carry/p2): export the HF folder with hylo, compute
 # transformers' reference logits and greedy tokens, and run hylo on CUDA.
-source scripts/gpu/env.sh
-cat .carry/p1/gguf.part .carry/p2/gguf.part > /tmp/smol.gguf
-sha=$(sed -n 's/^sha="\([0-9a-f]*\)"$/\1/p' scripts/fetch_model.sh) # the one place it is written
-echo "$sha  /tmp/smol.gguf" | sha256sum -c - || exit 1
+source scripts/gpu/env.sh # reassembles and checks /tmp/smol.gguf
+[ -f /tmp/smol.gguf ] || { echo "smollm2_ref.sh: no /tmp/smol.gguf (carry .carry/p1 and .carry/p2)" >&2; exit 1; }
 rm -rf /tmp/smol_hf
 build/hylo export /tmp/smol.gguf --out /tmp/smol_hf || exit 1
 mkdir -p "$OUT/fixtures"
