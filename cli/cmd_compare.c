@@ -112,11 +112,10 @@ int cmd_compare(int argc, char **argv) {
     tok_t tok = {0};
     char **files = NULL;
     int nf = 0, rc = cli_backend(device, &be);
-    if (rc == 0) rc = model_load(&mt, paths[0], be, (size_t)1 << 30);
-    if (rc == 0) rc = model_load(&ms, paths[1], be, (size_t)1 << 30);
+    if (rc == 0) rc = cli_load_model(paths[0], be, &mt, &tok);
+    if (rc == 0) rc = cli_load_model(paths[1], be, &ms, NULL);
     if (rc == 0 && mt.a.V != ms.a.V)
         rc = err_set(ERR_INPUT, "vocabularies differ: teacher %d, student %d", mt.a.V, ms.a.V);
-    if (rc == 0) rc = cli_load_tokenizer(paths[0], &tok);
     if (rc == 0) rc = list_texts(text, &files, &nf, (int)windows);
     int V = mt.a.V;
     float *lt = malloc((size_t)T * V * sizeof(float)), *ls = malloc((size_t)T * V * sizeof(float));

@@ -118,8 +118,7 @@ typedef struct {
 static int session_open(session_t *s, const gen_opts_t *o) {
     memset(s, 0, sizeof *s);
     TRY(cli_backend(o->device, &s->be));
-    TRY(model_load(&s->m, o->path, s->be, (size_t)1 << 30));
-    TRY(cli_load_tokenizer(o->path, &s->tok));
+    TRY(cli_load_model(o->path, s->be, &s->m, &s->tok));
     if (s->tok.n_vocab > s->m.a.V)
         return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
                        s->tok.n_vocab, s->m.a.V);

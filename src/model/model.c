@@ -172,11 +172,8 @@ int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
     return check_unknown(src, pt, flags);
 }
 
-int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, int flags) {
-    arch_t a;
-    wsrc_t *src;
-    TRY(wsrc_open(&src, path, &a));
-    int rc = model_create(m, &a, be, arena_bytes);
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, size_t arena_bytes) {
+    int rc = model_create(m, a, be, arena_bytes);
     // One tensor at a time through a host buffer of the largest one.
     float *host = NULL;
     int64_t maxn = 0;
@@ -185,18 +182,22 @@ int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, in
     if (rc == 0 && !(host = malloc((size_t)maxn * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
     for (int i = 0; rc == 0 && i < m->pt.n; i++) {
         const param_t *p = &m->pt.p[i];
-        rc = read_param(src, p, flags, host);
+        rc = read_param(src, p, 0, host);
         if (rc == 0) rc = be->upload_act(be, act_at(be, m->w, p->off), host, p->numel);
     }
-    if (rc == 0) rc = check_unknown(src, &m->pt, flags);
+    if (rc == 0) rc = check_unknown(src, &m->pt, 0);
     free(host);
-    wsrc_close(src);
     if (rc < 0 && m->be) model_free(m);
     return rc;
 }
 
 int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
-    return model_load_ex(m, path, be, arena_bytes, 0);
+    arch_t a;
+    wsrc_t *src;
+    TRY(wsrc_open(&src, path, &a));
+    int rc = model_load_src(m, src, &a, be, arena_bytes);
+    wsrc_close(src);
+    return rc;
 }
 
 // ---- inference state -----------------------------------------------------------
