@@ -365,11 +365,12 @@ int cmd_convert(int argc, char **argv) {
                    s.mla.d_rope, s.mla.d_v);
             if (s.mla.rope.scaling == ROPE_SCALE_YARN)
                 printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
+            printf("\n");
         }
-        if (cnt[LAYER_GDN]) printf("\n  GDN: %d heads x %d (value %d)", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
+        if (cnt[LAYER_GDN]) printf("  GDN: %d heads x %d (value %d)\n", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
         if (cnt[LAYER_M2])
-            printf("\n  Mamba-2: %d heads, headdim %d, d_state %d", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
-        printf("\n  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
+            printf("  Mamba-2: %d heads, headdim %d, d_state %d\n", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
+        printf("  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
                tc ? 100.0 * hc / tc : 0.0);
     }
     tok_free(&tok);
