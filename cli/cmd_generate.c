@@ -233,10 +233,12 @@ static int convo_add(convo_t *c, const char *role, const char *content) {
         if (!m) return err_set(ERR_NOMEM, "out of memory");
         c->msgs = m, c->cap = cap;
     }
-    c->msgs[c->n].role = strdup(role);
-    c->msgs[c->n].content = strdup(content);
-    if (!c->msgs[c->n].role || !c->msgs[c->n].content) return err_set(ERR_NOMEM, "out of memory");
-    c->n++;
+    char *r = strdup(role), *t = strdup(content);
+    if (!r || !t) { // the slot is not counted, so convo_clear would not free a half-made one
+        free(r), free(t);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    c->msgs[c->n++] = (tok_msg_t){r, t};
     return 0;
 }
 
