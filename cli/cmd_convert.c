@@ -351,13 +351,11 @@ int cmd_convert(int argc, char **argv) {
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
     if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta);
     if (rc == 0) {
-        int cnt[4] = {0};
-        for (int l = 0; l < s.n_layers; l++)
-            cnt[s.kind[l]]++;
+        int n_gdn = arch_count(&s, LAYER_GDN), n_m2 = arch_count(&s, LAYER_M2); // n_mla: the plan's
         int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&t, 2);
         printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
-               time_now() - t0, cnt[LAYER_MLA], cnt[LAYER_GDN], cnt[LAYER_M2], (long long)ptable_count(&spt));
-        if (cnt[LAYER_MLA]) {
+               time_now() - t0, n_mla, n_gdn, n_m2, (long long)ptable_count(&spt));
+        if (n_mla) {
             printf("  MLA layers:");
             for (int l = 0; l < s.n_layers; l++)
                 if (s.kind[l] == LAYER_MLA) printf(" %d", l);
@@ -367,9 +365,8 @@ int cmd_convert(int argc, char **argv) {
                 printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
             printf("\n");
         }
-        if (cnt[LAYER_GDN]) printf("  GDN: %d heads x %d (value %d)\n", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
-        if (cnt[LAYER_M2])
-            printf("  Mamba-2: %d heads, headdim %d, d_state %d\n", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
+        if (n_gdn) printf("  GDN: %d heads x %d (value %d)\n", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
+        if (n_m2) printf("  Mamba-2: %d heads, headdim %d, d_state %d\n", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
         printf("  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
                tc ? 100.0 * hc / tc : 0.0);
     }

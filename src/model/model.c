@@ -59,9 +59,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->ssd_recurrent_fwd, "ssd_recurrent_fwd", LAYER_M2},
     };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
-        int used = need[i].kind < 0;
-        for (int l = 0; l < a->n_layers && !used; l++)
-            used = a->kind[l] == (layer_kind_t)need[i].kind;
+        int used = need[i].kind < 0 || arch_count(a, (layer_kind_t)need[i].kind);
         if (used && !need[i].fn)
             return err_set(ERR_UNSUP, "the %s backend has no %s op yet, so it cannot run %s layers", be->name,
                            need[i].name, need[i].kind < 0 ? "any" : layer_kind_name((layer_kind_t)need[i].kind));
@@ -136,11 +134,8 @@ int model_ensure_positions(model_t *m, int n_pos) {
     while (n < n_pos)
         n *= 2;
     const arch_t *a = &m->a;
-    int has_mla = 0;
-    for (int l = 0; l < a->n_layers; l++)
-        has_mla |= a->kind[l] == LAYER_MLA;
     TRY(upload_tables(m->be, &a->rope, a->dh, n, &m->rope_cos, &m->rope_sin));
-    if (has_mla) TRY(upload_tables(m->be, &a->mla.rope, a->mla.d_rope, n, &m->mla_cos, &m->mla_sin));
+    if (arch_count(a, LAYER_MLA)) TRY(upload_tables(m->be, &a->mla.rope, a->mla.d_rope, n, &m->mla_cos, &m->mla_sin));
     m->rope_npos = n;
     return 0;
 }
