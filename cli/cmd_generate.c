@@ -176,13 +176,26 @@ static void report(const gen_opts_t *o, const gen_stats_t *st) {
             st->decode_s, st->decode_s > 0 ? st->n_new / st->decode_s : 0.0);
 }
 
-static gen_cfg_t gen_cfg(const gen_opts_t *o, const session_t *s) {
+// Feeds ids and generates, printing the new text as it comes (decoded with
+// stream_flags) into a printer emptied first; then ends the line and reports
+// the speeds (--stats). On return p->text holds the emitted text.
+static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids, int n, int stream_flags,
+                          printer_t *p) {
+    p->text.n = 0;
+    if (p->text.s) p->text.s[0] = 0;
+    tok_stream_free(&p->ts);
+    tok_stream_init(&p->ts, &s->tok, stream_flags);
     gen_cfg_t c = {.max_new = (int)o->n, .stop = s->stop, .n_stop = s->n_stop, .prefill_chunk = (int)o->chunk};
     c.sampler.temperature = (float)o->temp;
     c.sampler.top_k = (int)o->top_k;
     c.sampler.top_p = (float)o->top_p;
     c.sampler.seed = (uint64_t)o->seed;
-    return c;
+    gen_stats_t st;
+    int rc = gen_run(&s->m, &s->st, ids, n, &c, print_token, p, &st);
+    int frc = print_finish(p);
+    if (rc == 0) rc = frc;
+    if (rc == 0) report(o, &st);
+    return rc;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -200,17 +213,11 @@ int cmd_generate(int argc, char **argv) {
     int n = 0;
     if (rc == 0) rc = tok_encode(&s.tok, o.prompt, strlen(o.prompt), 1, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "the prompt encodes to no tokens");
-    gen_stats_t st;
     printer_t p = {0};
     if (rc == 0) {
-        tok_stream_init(&p.ts, &s.tok, 0);
         fputs(o.prompt, stdout);
         fflush(stdout);
-        gen_cfg_t c = gen_cfg(&o, &s);
-        rc = gen_run(&s.m, &s.st, ids, n, &c, print_token, &p, &st);
-        int frc = print_finish(&p);
-        if (rc == 0) rc = frc;
-        if (rc == 0) report(&o, &st);
+        rc = generate_print(&s, &o, ids, n, 0, &p);
     }
     tok_stream_free(&p.ts);
     free(ids);
@@ -267,21 +274,10 @@ static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fe
     int n = 0;
     int rc = tok_encode_ex(&s->tok, suffix, strlen(suffix), TOK_SPECIAL, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "nothing to feed");
-    gen_stats_t st;
-    p->text.n = 0;
-    if (p->text.s) p->text.s[0] = 0;
-    tok_stream_free(&p->ts);
-    tok_stream_init(&p->ts, &s->tok, TOK_SKIP_SPECIAL);
-    if (rc == 0) {
-        gen_cfg_t cfg = gen_cfg(o, s);
-        rc = gen_run(&s->m, &s->st, ids, n, &cfg, print_token, p, &st);
-        int frc = print_finish(p);
-        if (rc == 0) rc = frc;
-    }
+    if (rc == 0) rc = generate_print(s, o, ids, n, TOK_SKIP_SPECIAL, p);
     free(ids);
     const char *answer = p->text.s ? p->text.s : "";
     if (rc == 0) {
-        report(o, &st);
         // What the cache now holds: the rendered text plus the answer.
         fed->n = 0;
         strbuf_puts(fed, text);
