@@ -210,25 +210,19 @@ static int usage_check(const conv_opts_t *o) {
     return 0;
 }
 
-// The layer plan as a list of MLA indices, each a layer of the teacher and
-// listed once: checked here for the upcycling and the assembly alike.
+// The layer plan as a list of MLA indices (upc_plan checks them against the
+// teacher, for the upcycling and the assembly alike).
 static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
-    *mla = malloc((size_t)t->n_layers * sizeof(int));
+    int listed = !o->all_mla && !o->every, cap = listed ? o->n_mla : t->n_layers;
+    *mla = malloc((size_t)(cap ? cap : 1) * sizeof(int));
     *n = 0;
     if (!*mla) return err_set(ERR_NOMEM, "out of memory");
-    if (o->all_mla)
-        for (int l = 0; l < t->n_layers; l++)
+    if (listed) {
+        if (o->n_mla) memcpy(*mla, o->mla, (size_t)o->n_mla * sizeof(int));
+        *n = o->n_mla;
+    } else {
+        for (int l = 0; l < t->n_layers; l += o->all_mla ? 1 : o->every)
             (*mla)[(*n)++] = l;
-    else if (o->every)
-        for (int l = 0; l < t->n_layers; l += o->every)
-            (*mla)[(*n)++] = l;
-    for (int i = 0; !o->all_mla && !o->every && i < o->n_mla; i++) {
-        int l = o->mla[i];
-        if (l >= t->n_layers)
-            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, t->n_layers);
-        for (int j = 0; j < *n; j++)
-            if ((*mla)[j] == l) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
-        (*mla)[(*n)++] = l;
     }
     return 0;
 }
@@ -287,12 +281,9 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
         memcpy(s->mla_rank_kv, am.mla_rank_kv, sizeof s->mla_rank_kv);
         s->gdn = al.gdn;
         s->m2 = al.m2;
-        for (int l = 0; l < t->n_layers; l++)
-            s->kind[l] = al.kind[0];
-        for (int i = 0; i < n_mla; i++)
-            s->kind[mla[i]] = LAYER_MLA;
-        rc = arch_validate(s, "assembled hybrid");
+        rc = upc_plan(t->n_layers, mla, n_mla, al.kind[0], s->kind);
     }
+    if (rc == 0) rc = arch_validate(s, "assembled hybrid");
     float *host = NULL;
     if (rc == 0) rc = ptable_build(spt, s);
     if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
