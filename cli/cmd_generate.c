@@ -301,6 +301,8 @@ int cmd_chat(int argc, char **argv) {
     rc = session_open(&s, &o);
     if (rc == 0 && s.tok.chat == TOK_CHAT_NONE)
         rc = err_set(ERR_INPUT, "%s has no chat template; use 'hylo generate'", o.path);
+    char *probe = NULL; // a template that cannot be rendered fails before the first message is read
+    if (rc == 0 && (rc = tok_chat_render(&s.tok, NULL, 0, 1, &probe)) == 0) free(probe);
     convo_t c = {0};
     int keep = 0;
     if (rc == 0 && o.system) rc = convo_add(&c, "system", o.system), keep = 1;
