@@ -4,6 +4,7 @@
 
 #include "backend/backend.h"
 #include "io/weights.h"
+#include "model/model.h"
 #include "tok/tok.h"
 
 // Prints "hylo: error: <err_msg()>" and returns the exit status for an ERR_* code:
@@ -25,9 +26,13 @@ int cli_int(const char *cmd, const char *name, const char *s, long lo, long hi, 
 int cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 int cli_wants_help(int argc, char **argv);
 
-// The tokenizer that belongs with a model path: GGUF metadata, or a folder's
-// tokenizer.json + tokenizer_config.json.
-int cli_load_tokenizer(const char *path, tok_t *tok);
+// The tokenizer that belongs with an open model source: the GGUF's metadata,
+// or the folder's tokenizer.json + tokenizer_config.json.
+int cli_load_tokenizer(const wsrc_t *src, tok_t *tok);
+// The model at path onto be (a 1 GiB activation arena) and, when tok is not
+// NULL, its tokenizer, from one open source: a GGUF is opened and parsed once.
+// On failure neither is left loaded (m->be is NULL).
+int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok);
 // The tokenizer to write beside a checkpoint made from an open source (export,
 // convert): from the open GGUF's metadata or the folder's tokenizer files. 1
 // when loaded; 0 when the folder has none (a warning says the output is written

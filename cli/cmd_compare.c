@@ -58,22 +58,28 @@ static int list_texts(const char *path, char ***out, int *n, int max) {
     *out = calloc((size_t)max, sizeof(char *));
     if (!*out) return err_set(ERR_NOMEM, "out of memory");
     if (!fs_is_dir(path)) {
-        (*out)[(*n)++] = strdup(path);
+        if (!((*out)[0] = strdup(path))) return err_set(ERR_NOMEM, "out of memory");
+        *n = 1;
         return 0;
     }
     struct dirent **ents;
-    int k = scandir(path, &ents, NULL, alphasort);
+    int k = scandir(path, &ents, NULL, alphasort), oom = 0;
     if (k < 0) return err_set(ERR_INPUT, "%s: cannot list", path);
     for (int i = 0; i < k; i++) {
         size_t l = strlen(ents[i]->d_name);
-        if (*n < max && l > 4 && !strcmp(ents[i]->d_name + l - 4, ".txt")) {
+        if (!oom && *n < max && l > 4 && !strcmp(ents[i]->d_name + l - 4, ".txt")) {
             char p[2048];
             snprintf(p, sizeof p, "%s/%s", path, ents[i]->d_name);
-            (*out)[(*n)++] = strdup(p);
+            (*out)[*n] = strdup(p);
+            if ((*out)[*n])
+                ++*n;
+            else
+                oom = 1;
         }
         free(ents[i]);
     }
     free(ents);
+    if (oom) return err_set(ERR_NOMEM, "out of memory");
     return *n ? 0 : err_set(ERR_INPUT, "%s: no .txt files", path);
 }
 
@@ -112,11 +118,10 @@ int cmd_compare(int argc, char **argv) {
     tok_t tok = {0};
     char **files = NULL;
     int nf = 0, rc = cli_backend(device, &be);
-    if (rc == 0) rc = model_load(&mt, paths[0], be, (size_t)1 << 30);
-    if (rc == 0) rc = model_load(&ms, paths[1], be, (size_t)1 << 30);
+    if (rc == 0) rc = cli_load_model(paths[0], be, &mt, &tok);
+    if (rc == 0) rc = cli_load_model(paths[1], be, &ms, NULL);
     if (rc == 0 && mt.a.V != ms.a.V)
         rc = err_set(ERR_INPUT, "vocabularies differ: teacher %d, student %d", mt.a.V, ms.a.V);
-    if (rc == 0) rc = cli_load_tokenizer(paths[0], &tok);
     if (rc == 0) rc = list_texts(text, &files, &nf, (int)windows);
     int V = mt.a.V;
     float *lt = malloc((size_t)T * V * sizeof(float)), *ls = malloc((size_t)T * V * sizeof(float));

@@ -35,8 +35,10 @@ static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [op
                           "  --linear gdn|mamba2 the linear block (default gdn)\n"
                           "  --r-q N, --r-kv N, --d-rope N, --d-nope N, --d-v N\n"
                           "                      MLA dimensions (default by the recipe rules, printed)\n"
-                          "  --gdn-heads N, --gdn-head-dim N   GDN heads (default floor(0.75 d / 256)) x 256\n"
-                          "  --yarn-factor F, --yarn-orig N    YaRN on the MLA RoPE (default none)\n"
+                          "  --gdn-heads N, --gdn-head-dim K   GDN: N heads of K key dims and 2K value dims\n"
+                          "                      (default K 256, N floor(0.75 d / K), at least 1)\n"
+                          "  --yarn-factor F, --yarn-orig N    YaRN on the MLA RoPE when F > 1 (default\n"
+                          "                      none), over N original positions (default 2048)\n"
                           "  --from-mla DIR --from-linear DIR  assemble the hybrid from two stage-1\n"
                           "                      checkpoints: layer i whole from the MLA one when i is in\n"
                           "                      the plan, else from the linear one; embedding, final norm\n"
@@ -208,25 +210,19 @@ static int usage_check(const conv_opts_t *o) {
     return 0;
 }
 
-// The layer plan as a list of MLA indices, each a layer of the teacher and
-// listed once: checked here for the upcycling and the assembly alike.
+// The layer plan as a list of MLA indices (upc_plan checks them against the
+// teacher, for the upcycling and the assembly alike).
 static int plan_layers(const conv_opts_t *o, const arch_t *t, int **mla, int *n) {
-    *mla = malloc((size_t)t->n_layers * sizeof(int));
+    int listed = !o->all_mla && !o->every, cap = listed ? o->n_mla : t->n_layers;
+    *mla = malloc((size_t)(cap ? cap : 1) * sizeof(int));
     *n = 0;
     if (!*mla) return err_set(ERR_NOMEM, "out of memory");
-    if (o->all_mla)
-        for (int l = 0; l < t->n_layers; l++)
+    if (listed) {
+        if (o->n_mla) memcpy(*mla, o->mla, (size_t)o->n_mla * sizeof(int));
+        *n = o->n_mla;
+    } else {
+        for (int l = 0; l < t->n_layers; l += o->all_mla ? 1 : o->every)
             (*mla)[(*n)++] = l;
-    else if (o->every)
-        for (int l = 0; l < t->n_layers; l += o->every)
-            (*mla)[(*n)++] = l;
-    for (int i = 0; !o->all_mla && !o->every && i < o->n_mla; i++) {
-        int l = o->mla[i];
-        if (l >= t->n_layers)
-            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, t->n_layers);
-        for (int j = 0; j < *n; j++)
-            if ((*mla)[j] == l) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
-        (*mla)[(*n)++] = l;
     }
     return 0;
 }
@@ -285,12 +281,9 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
         memcpy(s->mla_rank_kv, am.mla_rank_kv, sizeof s->mla_rank_kv);
         s->gdn = al.gdn;
         s->m2 = al.m2;
-        for (int l = 0; l < t->n_layers; l++)
-            s->kind[l] = al.kind[0];
-        for (int i = 0; i < n_mla; i++)
-            s->kind[mla[i]] = LAYER_MLA;
-        rc = arch_validate(s, "assembled hybrid");
+        rc = upc_plan(t->n_layers, mla, n_mla, al.kind[0], s->kind);
     }
+    if (rc == 0) rc = arch_validate(s, "assembled hybrid");
     float *host = NULL;
     if (rc == 0) rc = ptable_build(spt, s);
     if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
@@ -351,13 +344,11 @@ int cmd_convert(int argc, char **argv) {
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
     if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta);
     if (rc == 0) {
-        int cnt[4] = {0};
-        for (int l = 0; l < s.n_layers; l++)
-            cnt[s.kind[l]]++;
+        int n_gdn = arch_count(&s, LAYER_GDN), n_m2 = arch_count(&s, LAYER_M2); // n_mla: the plan's
         int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&t, 2);
         printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
-               time_now() - t0, cnt[LAYER_MLA], cnt[LAYER_GDN], cnt[LAYER_M2], (long long)ptable_count(&spt));
-        if (cnt[LAYER_MLA]) {
+               time_now() - t0, n_mla, n_gdn, n_m2, (long long)ptable_count(&spt));
+        if (n_mla) {
             printf("  MLA layers:");
             for (int l = 0; l < s.n_layers; l++)
                 if (s.kind[l] == LAYER_MLA) printf(" %d", l);
@@ -365,11 +356,11 @@ int cmd_convert(int argc, char **argv) {
                    s.mla.d_rope, s.mla.d_v);
             if (s.mla.rope.scaling == ROPE_SCALE_YARN)
                 printf(", YaRN factor %g over %d", s.mla.rope.factor, s.mla.rope.orig_max_pos);
+            printf("\n");
         }
-        if (cnt[LAYER_GDN]) printf("\n  GDN: %d heads x %d (value %d)", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
-        if (cnt[LAYER_M2])
-            printf("\n  Mamba-2: %d heads, headdim %d, d_state %d", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
-        printf("\n  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
+        if (n_gdn) printf("  GDN: %d heads x %d (value %d)\n", s.gdn.n_heads, s.gdn.head_k, s.gdn.head_v);
+        if (n_m2) printf("  Mamba-2: %d heads, headdim %d, d_state %d\n", s.m2.n_heads, s.m2.headdim, s.m2.d_state);
+        printf("  cache: %lld bytes/token (f16) vs the teacher's %lld (%.2f%%)\n", (long long)hc, (long long)tc,
                tc ? 100.0 * hc / tc : 0.0);
     }
     tok_free(&tok);

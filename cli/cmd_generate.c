@@ -118,8 +118,7 @@ typedef struct {
 static int session_open(session_t *s, const gen_opts_t *o) {
     memset(s, 0, sizeof *s);
     TRY(cli_backend(o->device, &s->be));
-    TRY(model_load(&s->m, o->path, s->be, (size_t)1 << 30));
-    TRY(cli_load_tokenizer(o->path, &s->tok));
+    TRY(cli_load_model(o->path, s->be, &s->m, &s->tok));
     if (s->tok.n_vocab > s->m.a.V)
         return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
                        s->tok.n_vocab, s->m.a.V);
@@ -177,13 +176,26 @@ static void report(const gen_opts_t *o, const gen_stats_t *st) {
             st->decode_s, st->decode_s > 0 ? st->n_new / st->decode_s : 0.0);
 }
 
-static gen_cfg_t gen_cfg(const gen_opts_t *o, const session_t *s) {
+// Feeds ids and generates, printing the new text as it comes (decoded with
+// stream_flags) into a printer emptied first; then ends the line and reports
+// the speeds (--stats). On return p->text holds the emitted text.
+static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids, int n, int stream_flags,
+                          printer_t *p) {
+    p->text.n = 0;
+    if (p->text.s) p->text.s[0] = 0;
+    tok_stream_free(&p->ts);
+    tok_stream_init(&p->ts, &s->tok, stream_flags);
     gen_cfg_t c = {.max_new = (int)o->n, .stop = s->stop, .n_stop = s->n_stop, .prefill_chunk = (int)o->chunk};
     c.sampler.temperature = (float)o->temp;
     c.sampler.top_k = (int)o->top_k;
     c.sampler.top_p = (float)o->top_p;
     c.sampler.seed = (uint64_t)o->seed;
-    return c;
+    gen_stats_t st;
+    int rc = gen_run(&s->m, &s->st, ids, n, &c, print_token, p, &st);
+    int frc = print_finish(p);
+    if (rc == 0) rc = frc;
+    if (rc == 0) report(o, &st);
+    return rc;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -201,17 +213,11 @@ int cmd_generate(int argc, char **argv) {
     int n = 0;
     if (rc == 0) rc = tok_encode(&s.tok, o.prompt, strlen(o.prompt), 1, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "the prompt encodes to no tokens");
-    gen_stats_t st;
     printer_t p = {0};
     if (rc == 0) {
-        tok_stream_init(&p.ts, &s.tok, 0);
         fputs(o.prompt, stdout);
         fflush(stdout);
-        gen_cfg_t c = gen_cfg(&o, &s);
-        rc = gen_run(&s.m, &s.st, ids, n, &c, print_token, &p, &st);
-        int frc = print_finish(&p);
-        if (rc == 0) rc = frc;
-        if (rc == 0) report(&o, &st);
+        rc = generate_print(&s, &o, ids, n, 0, &p);
     }
     tok_stream_free(&p.ts);
     free(ids);
@@ -234,10 +240,12 @@ static int convo_add(convo_t *c, const char *role, const char *content) {
         if (!m) return err_set(ERR_NOMEM, "out of memory");
         c->msgs = m, c->cap = cap;
     }
-    c->msgs[c->n].role = strdup(role);
-    c->msgs[c->n].content = strdup(content);
-    if (!c->msgs[c->n].role || !c->msgs[c->n].content) return err_set(ERR_NOMEM, "out of memory");
-    c->n++;
+    char *r = strdup(role), *t = strdup(content);
+    if (!r || !t) { // the slot is not counted, so convo_clear would not free a half-made one
+        free(r), free(t);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    c->msgs[c->n++] = (tok_msg_t){r, t};
     return 0;
 }
 
@@ -266,21 +274,10 @@ static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fe
     int n = 0;
     int rc = tok_encode_ex(&s->tok, suffix, strlen(suffix), TOK_SPECIAL, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "nothing to feed");
-    gen_stats_t st;
-    p->text.n = 0;
-    if (p->text.s) p->text.s[0] = 0;
-    tok_stream_free(&p->ts);
-    tok_stream_init(&p->ts, &s->tok, TOK_SKIP_SPECIAL);
-    if (rc == 0) {
-        gen_cfg_t cfg = gen_cfg(o, s);
-        rc = gen_run(&s->m, &s->st, ids, n, &cfg, print_token, p, &st);
-        int frc = print_finish(p);
-        if (rc == 0) rc = frc;
-    }
+    if (rc == 0) rc = generate_print(s, o, ids, n, TOK_SKIP_SPECIAL, p);
     free(ids);
     const char *answer = p->text.s ? p->text.s : "";
     if (rc == 0) {
-        report(o, &st);
         // What the cache now holds: the rendered text plus the answer.
         fed->n = 0;
         strbuf_puts(fed, text);
@@ -304,6 +301,8 @@ int cmd_chat(int argc, char **argv) {
     rc = session_open(&s, &o);
     if (rc == 0 && s.tok.chat == TOK_CHAT_NONE)
         rc = err_set(ERR_INPUT, "%s has no chat template; use 'hylo generate'", o.path);
+    char *probe = NULL; // a template that cannot be rendered fails before the first message is read
+    if (rc == 0 && (rc = tok_chat_render(&s.tok, NULL, 0, 1, &probe)) == 0) free(probe);
     convo_t c = {0};
     int keep = 0;
     if (rc == 0 && o.system) rc = convo_add(&c, "system", o.system), keep = 1;

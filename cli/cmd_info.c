@@ -51,15 +51,14 @@ int cmd_info(int argc, char **argv) {
         wsrc_close(src);
         return cli_fail(rc);
     }
-    int counts[4] = {0};
-    for (int l = 0; l < a.n_layers; l++)
-        counts[a.kind[l]]++;
+    int n_mla = arch_count(&a, LAYER_MLA), n_gdn = arch_count(&a, LAYER_GDN), n_m2 = arch_count(&a, LAYER_M2);
+    int hybrid = arch_count(&a, LAYER_ATTN) != a.n_layers;
     printf("%-22s %s\n", "path", argv[1]);
-    printf("%-22s %s%s\n", "architecture", a.model_type, counts[0] == a.n_layers ? "" : " (hybrid)");
+    printf("%-22s %s%s\n", "architecture", a.model_type, hybrid ? " (hybrid)" : "");
     printf("%-22s %d\n", "layers", a.n_layers);
-    printf("%-22s attention %d, MLA %d, GDN %d, Mamba-2 %d\n", "mixers", counts[LAYER_ATTN], counts[LAYER_MLA],
-           counts[LAYER_GDN], counts[LAYER_M2]);
-    if (counts[0] != a.n_layers) {
+    printf("%-22s attention %d, MLA %d, GDN %d, Mamba-2 %d\n", "mixers", arch_count(&a, LAYER_ATTN), n_mla, n_gdn,
+           n_m2);
+    if (hybrid) {
         printf("%-22s", "layer plan");
         for (int l = 0; l < a.n_layers; l++)
             printf(" %d:%s", l, layer_kind_name(a.kind[l]));
@@ -69,15 +68,15 @@ int cmd_info(int argc, char **argv) {
            a.ffn, a.V);
     printf("%-22s %g\n", "rms_norm_eps", a.eps);
     print_rope("rope", &a.rope);
-    if (counts[LAYER_MLA]) {
+    if (n_mla) {
         printf("%-22s r_q %d, r_kv %d, d_nope %d, d_rope %d, d_v %d, kv heads %d%s\n", "MLA", a.mla.r_q, a.mla.r_kv,
                a.mla.d_nope, a.mla.d_rope, a.mla.d_v, a.mla.n_kv, a.mla.latent_norm ? ", latent norms" : "");
         print_rope("MLA rope", &a.mla.rope);
     }
-    if (counts[LAYER_GDN])
+    if (n_gdn)
         printf("%-22s heads %d, value heads %d, head k %d, head v %d, conv %d%s\n", "GDN", a.gdn.n_heads,
                a.gdn.n_v_heads, a.gdn.head_k, a.gdn.head_v, a.gdn.conv, a.gdn.use_gate ? ", gated" : "");
-    if (counts[LAYER_M2])
+    if (n_m2)
         printf("%-22s d_inner %d, d_xb %d, heads %d, headdim %d, d_state %d, conv %d\n", "Mamba-2", a.m2.d_inner,
                a.m2.d_xb, a.m2.n_heads, a.m2.headdim, a.m2.d_state, a.m2.conv);
     printf("%-22s %s\n", "tied embeddings", a.tie_embeddings ? "yes" : "no");
@@ -88,7 +87,7 @@ int cmd_info(int argc, char **argv) {
            commas(np - nemb, b3));
     int64_t cache = arch_cache_bytes_per_token(&a, 2);
     printf("%-22s %s bytes per token (f16)\n", "KV cache", commas(cache, b1));
-    if (counts[0] != a.n_layers) {
+    if (hybrid) {
         arch_t t = a;
         for (int l = 0; l < t.n_layers; l++)
             t.kind[l] = LAYER_ATTN;

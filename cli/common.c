@@ -7,36 +7,39 @@
 #include "cli/cli.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/model.h"
 #include "backend/backend.h"
 #include "tok/tok.h"
 
-int cli_load_tokenizer(const char *path, tok_t *tok) {
-    if (fs_is_dir(path)) {
-        char tj[1100], tc[1100];
-        TRY(fs_join(tj, sizeof tj, path, "tokenizer.json"));
-        TRY(fs_join(tc, sizeof tc, path, "tokenizer_config.json"));
-        return tok_load_json(tok, tj, fs_exists(tc) ? tc : NULL);
-    }
-    gguf_t g;
-    TRY(gguf_open(&g, path));
-    int rc = tok_load_gguf(tok, &g);
-    gguf_close(&g);
-    return rc;
+int cli_load_tokenizer(const wsrc_t *src, tok_t *tok) {
+    const gguf_t *g = wsrc_gguf(src);
+    if (g) return tok_load_gguf(tok, g);
+    const char *path = wsrc_path(src);
+    char tj[1100], tc[1100];
+    TRY(fs_join(tj, sizeof tj, path, "tokenizer.json"));
+    TRY(fs_join(tc, sizeof tc, path, "tokenizer_config.json"));
+    return tok_load_json(tok, tj, fs_exists(tc) ? tc : NULL);
 }
 
 int cli_source_tokenizer(const wsrc_t *src, tok_t *tok) {
-    const gguf_t *g = wsrc_gguf(src);
     const char *path = wsrc_path(src);
     char tj[1100];
-    if (g)
-        TRY(tok_load_gguf(tok, g));
-    else if (fs_join(tj, sizeof tj, path, "tokenizer.json") == 0 && fs_exists(tj))
-        TRY(cli_load_tokenizer(path, tok));
-    else {
+    if (!wsrc_gguf(src) && !(fs_join(tj, sizeof tj, path, "tokenizer.json") == 0 && fs_exists(tj))) {
         log_warn("%s has no tokenizer.json: the output is written without tokenizer files", path);
         return 0;
     }
+    TRY(cli_load_tokenizer(src, tok));
     return 1;
+}
+
+int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok) {
+    arch_t a;
+    wsrc_t *src;
+    TRY(wsrc_open(&src, path, &a));
+    int rc = model_load_src(m, src, &a, be, (size_t)1 << 30);
+    if (rc == 0 && tok && (rc = cli_load_tokenizer(src, tok)) < 0) model_free(m);
+    wsrc_close(src);
+    return rc;
 }
 
 int cli_dtype(const char *s) {

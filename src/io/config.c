@@ -879,14 +879,10 @@ int cfg_write_config_json(const arch_t *a, const char *path) {
 
 int cfg_write_hybrid_config(const arch_t *a, const char *path) {
     jb_t jb = {0};
-    int n_mla = 0, n_gdn = 0, n_m2 = 0, n_attn = 0, ranks = 0;
-    for (int l = 0; l < a->n_layers; l++) {
-        n_mla += a->kind[l] == LAYER_MLA;
-        n_gdn += a->kind[l] == LAYER_GDN;
-        n_m2 += a->kind[l] == LAYER_M2;
-        n_attn += a->kind[l] == LAYER_ATTN;
+    int n_gdn = arch_count(a, LAYER_GDN), n_m2 = arch_count(a, LAYER_M2), n_attn = arch_count(a, LAYER_ATTN);
+    int ranks = 0;
+    for (int l = 0; l < a->n_layers; l++)
         ranks |= a->kind[l] == LAYER_MLA && (a->mla_rank_q[l] || a->mla_rank_kv[l]);
-    }
     if (n_gdn && n_m2)
         return err_set(ERR_UNSUP, "%s: a plan with both GDN and Mamba-2 layers has no hybrid_config.json form", path);
     const mla_dims_t *m = &a->mla;

@@ -32,6 +32,13 @@ const char *layer_kind_name(layer_kind_t k) {
     return "?";
 }
 
+int arch_count(const arch_t *a, layer_kind_t k) {
+    int n = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        n += a->kind[l] == k;
+    return n;
+}
+
 int arch_mla_rq(const arch_t *a, int l) { return a->mla_rank_q[l] ? a->mla_rank_q[l] : a->mla.r_q; }
 int arch_mla_rkv(const arch_t *a, int l) { return a->mla_rank_kv[l] ? a->mla_rank_kv[l] : a->mla.r_kv; }
 

@@ -104,6 +104,8 @@ gdn_dims_t arch_gdn_hylo(int d, int head_k);
 // per attention head (n_heads = H, headdim = d_state = dh, d_inner = H dh), x
 // and B at KV width (d_xb = Hkv dh), conv 4, chunk 256, norm eps 1e-5.
 m2_dims_t arch_m2_from_attention(const arch_t *t);
+// How many of the layers are of kind k.
+int arch_count(const arch_t *a, layer_kind_t k);
 // Per-layer MLA ranks (falls back to the shared ones).
 int arch_mla_rq(const arch_t *a, int layer);
 int arch_mla_rkv(const arch_t *a, int layer);

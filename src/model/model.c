@@ -59,9 +59,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->ssd_recurrent_fwd, "ssd_recurrent_fwd", LAYER_M2},
     };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
-        int used = need[i].kind < 0;
-        for (int l = 0; l < a->n_layers && !used; l++)
-            used = a->kind[l] == (layer_kind_t)need[i].kind;
+        int used = need[i].kind < 0 || arch_count(a, (layer_kind_t)need[i].kind);
         if (used && !need[i].fn)
             return err_set(ERR_UNSUP, "the %s backend has no %s op yet, so it cannot run %s layers", be->name,
                            need[i].name, need[i].kind < 0 ? "any" : layer_kind_name((layer_kind_t)need[i].kind));
@@ -136,11 +134,8 @@ int model_ensure_positions(model_t *m, int n_pos) {
     while (n < n_pos)
         n *= 2;
     const arch_t *a = &m->a;
-    int has_mla = 0;
-    for (int l = 0; l < a->n_layers; l++)
-        has_mla |= a->kind[l] == LAYER_MLA;
     TRY(upload_tables(m->be, &a->rope, a->dh, n, &m->rope_cos, &m->rope_sin));
-    if (has_mla) TRY(upload_tables(m->be, &a->mla.rope, a->mla.d_rope, n, &m->mla_cos, &m->mla_sin));
+    if (arch_count(a, LAYER_MLA)) TRY(upload_tables(m->be, &a->mla.rope, a->mla.d_rope, n, &m->mla_cos, &m->mla_sin));
     m->rope_npos = n;
     return 0;
 }
@@ -172,11 +167,8 @@ int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
     return check_unknown(src, pt, flags);
 }
 
-int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, int flags) {
-    arch_t a;
-    wsrc_t *src;
-    TRY(wsrc_open(&src, path, &a));
-    int rc = model_create(m, &a, be, arena_bytes);
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, size_t arena_bytes) {
+    int rc = model_create(m, a, be, arena_bytes);
     // One tensor at a time through a host buffer of the largest one.
     float *host = NULL;
     int64_t maxn = 0;
@@ -185,18 +177,22 @@ int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, in
     if (rc == 0 && !(host = malloc((size_t)maxn * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
     for (int i = 0; rc == 0 && i < m->pt.n; i++) {
         const param_t *p = &m->pt.p[i];
-        rc = read_param(src, p, flags, host);
+        rc = read_param(src, p, 0, host);
         if (rc == 0) rc = be->upload_act(be, act_at(be, m->w, p->off), host, p->numel);
     }
-    if (rc == 0) rc = check_unknown(src, &m->pt, flags);
+    if (rc == 0) rc = check_unknown(src, &m->pt, 0);
     free(host);
-    wsrc_close(src);
     if (rc < 0 && m->be) model_free(m);
     return rc;
 }
 
 int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
-    return model_load_ex(m, path, be, arena_bytes, 0);
+    arch_t a;
+    wsrc_t *src;
+    TRY(wsrc_open(&src, path, &a));
+    int rc = model_load_src(m, src, &a, be, arena_bytes);
+    wsrc_close(src);
+    return rc;
 }
 
 // ---- inference state -----------------------------------------------------------

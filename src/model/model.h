@@ -49,12 +49,15 @@ int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes);
 // Loads a GGUF file or a checkpoint folder onto the backend. Strict: a
 // missing, unknown or wrongly shaped tensor is an error naming it.
 int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes);
+// The same from an open source and the architecture wsrc_open filled, for a
+// caller that reads more from it (the tokenizer in a GGUF's metadata) without
+// opening and parsing the file a second time.
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, size_t arena_bytes);
 // MODEL_ALLOW_MISSING: missing tensors stay zero and unknown ones are
 // ignored, each with a warning (the opt-out of --allow-missing).
 enum { MODEL_ALLOW_MISSING = 1 };
-int model_load_ex(model_t *m, const char *path, be_t *be, size_t arena_bytes, int flags);
 // Reads every parameter of an open source into a host fp32 flat buffer laid
-// out by pt (export and convert), with the same strictness as model_load_ex.
+// out by pt (export and convert); flags 0 is model_load's strictness.
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
 void model_free(model_t *m);
 // Uploads a step's position arrays for every layer to share: pos0 + t for B

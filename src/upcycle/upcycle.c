@@ -15,6 +15,19 @@
 
 // ---- student architecture ----------------------------------------------------
 
+int upc_plan(int n_layers, const int *mla_layers, int n_mla, layer_kind_t kind_linear, layer_kind_t *kind) {
+    for (int l = 0; l < n_layers; l++)
+        kind[l] = kind_linear;
+    for (int i = 0; i < n_mla; i++) {
+        int l = mla_layers[i];
+        if (l < 0 || l >= n_layers)
+            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, n_layers);
+        if (kind[l] == LAYER_MLA) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
+        kind[l] = LAYER_MLA;
+    }
+    return 0;
+}
+
 int upc_student_arch(const arch_t *t, const int *mla_layers, int n_mla, layer_kind_t kind_linear,
                      const upc_dims_t *dims, arch_t *s) {
     if (kind_linear != LAYER_GDN && kind_linear != LAYER_M2)
@@ -25,15 +38,7 @@ int upc_student_arch(const arch_t *t, const int *mla_layers, int n_mla, layer_ki
                            layer_kind_name(t->kind[l]));
     *s = *t;
     s->is_hybrid = 1;
-    for (int l = 0; l < t->n_layers; l++)
-        s->kind[l] = kind_linear;
-    for (int i = 0; i < n_mla; i++) {
-        int l = mla_layers[i];
-        if (l < 0 || l >= t->n_layers)
-            return err_set(ERR_INPUT, "MLA layer index %d is out of range (the teacher has %d layers)", l, t->n_layers);
-        if (s->kind[l] == LAYER_MLA) return err_set(ERR_INPUT, "MLA layer index %d is listed twice", l);
-        s->kind[l] = LAYER_MLA;
-    }
+    TRY(upc_plan(t->n_layers, mla_layers, n_mla, kind_linear, s->kind));
     // MLA (hylo_recipe.md §1): d_nope = d_rope = dh/2, d_v = dh, r_kv = min(128,
     // KV width / 8), r_q = H*dh/2; these give the published Llama-3.2-3B and
     // Qwen3 settings; Llama-3.2-1B's published r_q (1344) is the one exception.

@@ -21,8 +21,14 @@ typedef struct {
     int yarn_orig;                      // original_max_position_embeddings for YaRN
 } upc_dims_t;
 
-// Fills `student` from `teacher`: the layer kinds (MLA for the listed layers,
-// kind_linear for the others) and every block dimension.
+// The student's layer kinds for a teacher of n_layers layers: MLA at the
+// listed layers, each a layer of the teacher and listed once (ERR_INPUT
+// naming the index otherwise), kind_linear at the others. The one check of a
+// layer plan, for the upcycling and the stage-1 assembly alike.
+int upc_plan(int n_layers, const int *mla_layers, int n_mla, layer_kind_t kind_linear, layer_kind_t *kind);
+
+// Fills `student` from `teacher`: the layer kinds (upc_plan) and every block
+// dimension.
 int upc_student_arch(const arch_t *teacher, const int *mla_layers, int n_mla, layer_kind_t kind_linear,
                      const upc_dims_t *dims, arch_t *student);
 

@@ -155,6 +155,20 @@ static void test_no_partial_output(void **st) {
     closedir(d);
 }
 
+// chat with a template it cannot render fails at start, before reading a
+// message (it used to wait for the first one, and exit 0 on empty input).
+static void test_chat_template_unknown(void **st) {
+    char dir[400], cfg[500], args[1200];
+    snprintf(dir, sizeof dir, "%s/chat_unknown", tu_tmpdir());
+    snprintf(args, sizeof args, "export %s --out %s", tu_model_path(), dir);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    const char *tc = "{\"chat_template\": \"{{ messages }}\"}";
+    assert_int_equal(fs_write_all(cfg, tc, strlen(tc)), 0);
+    snprintf(args, sizeof args, "chat %s </dev/null", dir);
+    expect_input_error(args, "chat template not recognised", "{{ messages }}");
+}
+
 static void test_usage_errors(void **st) {
     char args[1200];
     snprintf(args, sizeof args, "generate %s", tu_model_path());
@@ -193,7 +207,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_file),  cmocka_unit_test(test_truncated_and_corrupt),
         cmocka_unit_test(test_folder_errors), cmocka_unit_test(test_no_partial_output),
-        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_usage_errors),  cmocka_unit_test(test_chat_template_unknown),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

@@ -62,6 +62,13 @@ static void test_stage1_and_assembly(void **st) {
     snprintf(args, sizeof args,
              "convert --teacher %s --out %s --all-linear --linear gdn --gdn-heads 2 --gdn-head-dim 16", T, B);
     assert_int_equal(tu_run_hylo(args, NULL), 0);
+    // the summary is one line per item: without MLA layers it once began the
+    // GDN line with an empty one
+    char out_path[400], *out;
+    snprintf(out_path, sizeof out_path, "%s/out.txt", tu_tmpdir());
+    assert_int_equal(fs_read_all(out_path, &out, NULL), 0);
+    assert_non_null(strstr(out, " parameters\n  GDN: 2 heads x 16 (value 32)\n  cache: "));
+    free(out);
     snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-layers 1,3 --from-mla %s --from-linear %s", T, H,
              A, B);
     assert_int_equal(tu_run_hylo(args, NULL), 0);
