@@ -27,19 +27,6 @@ static float *fill(int64_t n, float v) {
     return p;
 }
 
-// Relative error of the increments a - a0 against b - a0 (dW += checks: an op
-// that overwrote dW instead of accumulating fails, and dW0 does not dilute it).
-static double inc_rel_err(const float *a, const float *b, const float *a0, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double da = (double)a[i] - a0[i], db = (double)b[i] - a0[i];
-        num += (da - db) * (da - db);
-        den += db * db;
-        if (isnan(a[i])) return INFINITY;
-    }
-    return sqrt(num / (den > 1e-300 ? den : 1e-300));
-}
-
 // z[N, V] = X W^T in double.
 static double *naive_logits(const float *X, const float *W, int64_t N, int d, int64_t V) {
     double *z = malloc((size_t)(N * V) * sizeof(double));
@@ -181,7 +168,7 @@ static void ce_case(int64_t N, int d, int64_t V) {
     be->fused_ce(be, &loss, dh, dW, h, W, tgt, N, d, V, scale);
     double ref = naive_ce(h, W, tgt, N, d, V, scale, dh_ref, dW_ref);
     double el = fabs(loss - ref) / fabs(ref), eh = tu_rel_err(dh, dh_ref, N * d),
-           ew = inc_rel_err(dW, dW_ref, dW0, V * d);
+           ew = tu_inc_rel_err(dW, dW_ref, dW0, V * d);
     printf("  ce N=%lld d=%d V=%lld: loss %.6f (ref %.6f) rel err %.2e, dh %.2e, dW %.2e\n", (long long)N, d,
            (long long)V, loss, ref, el, eh, ew);
     assert_true(el < 1e-5);
@@ -268,7 +255,7 @@ static void kl_case(int64_t N, int ds, int dt, int64_t V, int masked) {
     be->fused_kl(be, &loss, dh, dW, hs, Ws, ht, Wt, mask, N, ds, dt, V, scale);
     double ref = naive_kl(hs, Ws, ht, Wt, mask, N, ds, dt, V, scale, dh_ref, dW_ref);
     double el = fabs(loss - ref) / fabs(ref), eh = tu_rel_err(dh, dh_ref, N * ds),
-           ew = inc_rel_err(dW, dW_ref, dW0, V * ds);
+           ew = tu_inc_rel_err(dW, dW_ref, dW0, V * ds);
     printf("  kl N=%lld ds=%d dt=%d V=%lld%s: loss %.6f (ref %.6f) rel err %.2e, dhs %.2e, dWs %.2e\n", (long long)N,
            ds, dt, (long long)V, masked ? " masked" : "", loss, ref, el, eh, ew);
     // KL is a difference of CE-sized terms (~log V per row): its fp32 rounding
