@@ -339,7 +339,8 @@ static void test_adamw(void **st) {
     be_t *be = tu_cpu();
     enum { n = 5 };
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
-    float p[n] = {1.0f, -0.5f, 0.25f, 2.0f, -3.0f}, w[n], m[n] = {0}, v[n] = {0};
+    // w (the work copy) starts as NaN: the op must write it
+    float p[n] = {1.0f, -0.5f, 0.25f, 2.0f, -3.0f}, w[n] = {NAN, NAN, NAN, NAN, NAN}, m[n] = {0}, v[n] = {0};
     const float g1[n] = {0.2f, -1.0f, 3.0f, 1e-3f, -0.04f}, g2[n] = {-0.1f, -2.0f, 1.0f, 5e-3f, 0.3f};
     double ep[n], em[n] = {0}, ev[n] = {0};
     for (int i = 0; i < n; i++)
