@@ -47,6 +47,17 @@ double tu_max_abs_diff(const float *a, const float *b, int64_t n) {
     return m;
 }
 
+double tu_inc_rel_err(const float *a, const float *b, const float *a0, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double da = (double)a[i] - a0[i], db = (double)b[i] - a0[i];
+        num += (da - db) * (da - db);
+        den += db * db;
+    }
+    return sqrt(num / (den > 1e-300 ? den : 1e-300));
+}
+
 double tu_dot(const float *a, const float *b, int64_t n) {
     double s = 0;
     for (int64_t i = 0; i < n; i++)

@@ -19,6 +19,11 @@ void tu_randu(float *x, int64_t n, uint64_t seed, float lo, float hi);
 // ||a - b|| / max(||b||, tiny)
 double tu_rel_err(const float *a, const float *b, int64_t n);
 double tu_max_abs_diff(const float *a, const float *b, int64_t n);
+// Accumulating outputs (dW += ...): the relative error of the increment,
+// ||(a - a0) - (b - a0)|| / ||b - a0||, where a0 is what both started from (an
+// op that overwrote instead of accumulating fails, and a0 does not dilute the
+// error); +inf when a holds a NaN.
+double tu_inc_rel_err(const float *a, const float *b, const float *a0, int64_t n);
 // sum_i a_i b_i in double
 double tu_dot(const float *a, const float *b, int64_t n);
 

@@ -27,19 +27,6 @@ static float *fill(int64_t n, float v) {
     return p;
 }
 
-// Relative error of the increments a - a0 against b - a0 (dW += checks: an op
-// that overwrote dW instead of accumulating fails, and dW0 does not dilute it).
-static double inc_rel_err(const float *a, const float *b, const float *a0, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double da = (double)a[i] - a0[i], db = (double)b[i] - a0[i];
-        num += (da - db) * (da - db);
-        den += db * db;
-        if (isnan(a[i])) return INFINITY;
-    }
-    return sqrt(num / (den > 1e-300 ? den : 1e-300));
-}
-
 // z[N, V] = X W^T in double.
 static double *naive_logits(const float *X, const float *W, int64_t N, int d, int64_t V) {
     double *z = malloc((size_t)(N * V) * sizeof(double));
@@ -181,7 +168,7 @@ static void ce_case(int64_t N, int d, int64_t V) {
     be->fused_ce(be, &loss, dh, dW, h, W, tgt, N, d, V, scale);
     double ref = naive_ce(h, W, tgt, N, d, V, scale, dh_ref, dW_ref);
     double el = fabs(loss - ref) / fabs(ref), eh = tu_rel_err(dh, dh_ref, N * d),
-           ew = inc_rel_err(dW, dW_ref, dW0, V * d);
+           ew = tu_inc_rel_err(dW, dW_ref, dW0, V * d);
     printf("  ce N=%lld d=%d V=%lld: loss %.6f (ref %.6f) rel err %.2e, dh %.2e, dW %.2e\n", (long long)N, d,
            (long long)V, loss, ref, el, eh, ew);
     assert_true(el < 1e-5);
@@ -268,7 +255,7 @@ static void kl_case(int64_t N, int ds, int dt, int64_t V, int masked) {
     be->fused_kl(be, &loss, dh, dW, hs, Ws, ht, Wt, mask, N, ds, dt, V, scale);
     double ref = naive_kl(hs, Ws, ht, Wt, mask, N, ds, dt, V, scale, dh_ref, dW_ref);
     double el = fabs(loss - ref) / fabs(ref), eh = tu_rel_err(dh, dh_ref, N * ds),
-           ew = inc_rel_err(dW, dW_ref, dW0, V * ds);
+           ew = tu_inc_rel_err(dW, dW_ref, dW0, V * ds);
     printf("  kl N=%lld ds=%d dt=%d V=%lld%s: loss %.6f (ref %.6f) rel err %.2e, dhs %.2e, dWs %.2e\n", (long long)N,
            ds, dt, (long long)V, masked ? " masked" : "", loss, ref, el, eh, ew);
     // KL is a difference of CE-sized terms (~log V per row): its fp32 rounding
@@ -352,7 +339,8 @@ static void test_adamw(void **st) {
     be_t *be = tu_cpu();
     enum { n = 5 };
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
-    float p[n] = {1.0f, -0.5f, 0.25f, 2.0f, -3.0f}, w[n], m[n] = {0}, v[n] = {0};
+    // w (the work copy) starts as NaN: the op must write it
+    float p[n] = {1.0f, -0.5f, 0.25f, 2.0f, -3.0f}, w[n] = {NAN, NAN, NAN, NAN, NAN}, m[n] = {0}, v[n] = {0};
     const float g1[n] = {0.2f, -1.0f, 3.0f, 1e-3f, -0.04f}, g2[n] = {-0.1f, -2.0f, 1.0f, 5e-3f, 0.3f};
     double ep[n], em[n] = {0}, ev[n] = {0};
     for (int i = 0; i < n; i++)

@@ -856,7 +856,7 @@ static int conv_case(ccase_t c, int no_scratch) {
     }
     if (no_scratch) arena_reset(&gpu->scratch, mark);
 
-    // state roll after the forward (state on entry: the given one, or zeros... use random)
+    // state roll after the forward (state on entry: the case's state, or random values when it has none)
     float *s0 = c.state ? tu_hdup(state, slen) : rnd(slen, 1.0f), *sref = tu_hdup(s0, slen);
     cpu->conv1d_update_state(cpu, sref, x, ldx, c.B, c.T, c.C, c.W);
     void *ds0 = tu_dev_act(gpu, s0, slen);

@@ -46,10 +46,11 @@
 //                   cancellation. Measured on the H200: 6.0e-4 (dA_log) and
 //                   6.2e-4 (ddt_bias); 1e-2 leaves 16x. A wrong formula is off
 //                   by O(1).
-//  LAYER_SCALAR_GVA 1e-1 the same for the grouped-value layer (H = 2, HV = 4:
-//                   4 such sums). Not yet run on a GPU: 1e-1 is the bound the
-//                   H = HV = 1 case had before it was measured; to be set from
-//                   the first H200 run like LAYER_SCALAR.
+//  LAYER_SCALAR_GVA 5e-2 the same for the grouped-value layer (H = 2, HV = 4:
+//                   4 such sums). Measured on
+//                   the H200 (runs 9 and 13, identical): 4.65e-3 (dA_log) and
+//                   4.55e-3 (ddt_bias); 5e-2 leaves 10x (it was 1e-1, the
+//                   H = HV = 1 case's bound before that was measured).
 // An indexing, masking, chunk-boundary or GVA mistake gives errors of 0.1-1.
 #include <math.h>
 #include <stdio.h>
@@ -65,7 +66,7 @@ static uint64_t g_seed = 0x6d17;
 
 static const double CHUNK_O = 1e-2, CHUNK_S = 1e-2, CHUNK_G = 1.5e-2, CHUNK_GB = 2e-2;
 static const double REC_O = 4e-3, REC_S = 1e-5, GATE_F32 = 1e-5, GATE_BF16 = 4e-3, LAYER = 3e-2, LAYER_SCALAR = 1e-2,
-                    LAYER_SCALAR_GVA = 1e-1;
+                    LAYER_SCALAR_GVA = 5e-2;
 
 // tu_gpu(): the GPU, or the fake one under HYLO_TEST_CPU_AS_GPU=1 (testutil.h;
 // every check then passes with error 0).
@@ -499,10 +500,11 @@ static int layer_case(gdn_dims_t g, double scalar_tol) {
 // HV*Dv, so the q/k and v widths of the projections and convs differ).
 static void test_layer(void **st) {
     setup();
-    if (!gpu->gemm || !gpu->conv1d_fwd || !gpu->l2norm_fwd || !gpu->gated_rmsnorm_fwd) {
-        printf("layer: the GPU backend lacks ops the layer needs; skipped\n");
-        skip();
-    }
+    // the ops the layer calls beyond the rule: a backend without them fails
+    assert_non_null(gpu->gemm);
+    assert_non_null(gpu->conv1d_fwd);
+    assert_non_null(gpu->l2norm_fwd);
+    assert_non_null(gpu->gated_rmsnorm_fwd);
     const gdn_dims_t hylo = {.n_heads = 1,
                              .n_v_heads = 1,
                              .head_k = 256,

@@ -60,18 +60,6 @@ static float *qrnd(int64_t n, uint64_t seed, float std, float q, float lim) {
 static float *rnd_h(int64_t n, uint64_t seed) { return qrnd(n, seed, 1.0f, 8.0f, 16.0f); }
 static float *rnd_w(int64_t n, uint64_t seed, float std) { return qrnd(n, seed, std, 256.0f, 64.0f); }
 
-// ||(a - a0) - (b - a0)|| / ||b - a0||: the increment of a += output.
-static double inc_rel_err(const float *a, const float *b, const float *a0, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double da = (double)a[i] - a0[i], db = (double)b[i] - a0[i];
-        if (isnan(a[i])) return INFINITY;
-        num += (da - db) * (da - db);
-        den += db * db;
-    }
-    return sqrt(num / (den > 1e-300 ? den : 1e-300));
-}
-
 static double rel(double a, double b) { return isnan(a) ? INFINITY : fabs(a - b) / fmax(fabs(b), 1e-30); }
 
 // ---- host emulation of the GPU numerics --------------------------------------
@@ -185,9 +173,9 @@ static void run_case(const char *name, lcase_t *c, int squeeze_rows) {
     float *dh_g = tu_host_act(gpu, dh, N * ds), *dW_g = tu_host_f32(gpu, dW, V * ds), *lg = tu_host_f32(gpu, dloss, 1);
     const double tol_grad_cpu = c->kind ? TOL_KL_GRAD_CPU : TOL_CE_GRAD_CPU;
     double e_lc = rel(lg[0], loss_c), e_hc = tu_rel_err(dh_g, dh_c, N * ds),
-           e_wc = inc_rel_err(dW_g, dW_c, dW0, V * ds);
+           e_wc = tu_inc_rel_err(dW_g, dW_c, dW0, V * ds);
     double e_le = rel(lg[0], loss_e), e_he = tu_rel_err(dh_g, dh_e, N * ds),
-           e_we = inc_rel_err(dW_g, dW_e, dW0, V * ds);
+           e_we = tu_inc_rel_err(dW_g, dW_e, dW0, V * ds);
     printf("  %-34s loss gpu %.6f cpu %.6f | vs cpu: loss %.1e dh %.1e dW %.1e | vs emulation: loss %.1e dh %.1e dW "
            "%.1e\n",
            name, lg[0], loss_c, e_lc, e_hc, e_wc, e_le, e_he, e_we);
