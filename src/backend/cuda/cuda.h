@@ -29,6 +29,9 @@ typedef struct {
 static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }
 static inline cudaStream_t cuda_stream(be_t *be) { return cuda_impl(be)->stream; }
 
+// Keeps `msg` as the error sync() reports (the first one recorded wins), puts it
+// in the error slot now and returns `code`.
+int cuda_record_error(be_t *be, int code, const char *msg);
 // Records a CUDA failure naming the call (first one wins) and returns ERR_RUNTIME.
 int cuda_fail(be_t *be, const char *what, cudaError_t e);
 // Checks the last launch error; `what` names the kernel for the message.

@@ -8,15 +8,19 @@
 
 #include "backend/cuda/cuda.h"
 
-int cuda_fail(be_t *be, const char *what, cudaError_t e) {
+int cuda_record_error(be_t *be, int code, const char *msg) {
     cuda_impl_t *ci = be ? cuda_impl(be) : NULL;
-    char msg[512];
-    snprintf(msg, sizeof msg, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     if (ci && !ci->first_error) {
-        ci->first_error = ERR_RUNTIME;
+        ci->first_error = code;
         snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
     }
-    return err_set(ERR_RUNTIME, "%s", msg);
+    return err_set(code, "%s", msg);
+}
+
+int cuda_fail(be_t *be, const char *what, cudaError_t e) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return cuda_record_error(be, ERR_RUNTIME, msg);
 }
 
 void cuda_check_launch(be_t *be, const char *what) {

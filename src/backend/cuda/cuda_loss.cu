@@ -31,14 +31,9 @@ static const size_t LOSS_BUF_BYTES = (size_t)256 << 20; // one [C, V] bf16 logit
 // ---- cuBLASLt, row-major -----------------------------------------------------
 
 static void lt_fail(be_t *be, const char *what, cublasStatus_t st) {
-    cuda_impl_t *ci = cuda_impl(be);
     char msg[512];
     snprintf(msg, sizeof msg, "cuda: %s failed: %s", what, cublasLtGetStatusString(st));
-    if (!ci->first_error) {
-        ci->first_error = ERR_RUNTIME;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_RUNTIME, "%s", msg);
+    cuda_record_error(be, ERR_RUNTIME, msg);
 }
 
 // Largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte

@@ -141,10 +141,5 @@ static inline void cu_op_error(be_t *be, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    cuda_impl_t *ci = cuda_impl(be);
-    if (!ci->first_error) {
-        ci->first_error = ERR_INPUT;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_INPUT, "%s", msg);
+    cuda_record_error(be, ERR_INPUT, msg);
 }
