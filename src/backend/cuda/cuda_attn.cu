@@ -955,17 +955,13 @@ static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const voi
 // 64 and 128 instantiations: 0 = default (v1 at 64, v2 at 128), 1 = v1 with its
 // alternative tiles, 2 = v1 with its default tiles (the default before v2),
 // 3 = v2 (k_attn_bwd2).
-static int env_variant(const char *name) {
-    const char *s = getenv(name);
-    return s ? atoi(s) : 0;
-}
 
 static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
                         int Tk, int H, int Hkv, int dqk, int dv, float scale) {
     const void *ptrs[] = {out, q, k, v};
     if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4)) return;
     if (B == 0 || Tq == 0) return;
-    const int var = env_variant("HYLO_ATTN_FWD");
+    const int var = cu_env_int("HYLO_ATTN_FWD", 0);
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale)
     // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB); variant 1 = one m-tile per warp
     if (dqk <= 64 && dv <= 64) {
@@ -1081,7 +1077,7 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
             Dd, lse2, (const bf16 *)dout, (const bf16 *)out, lse, B * H, H, Tq, Tqp, dv);
         cuda_check_launch(be, "k_attn_bwd_pre");
     }
-    const int var = env_variant("HYLO_ATTN_BWD");
+    const int var = cu_env_int("HYLO_ATTN_BWD", 0);
 #define BWD(...)                                                                                                       \
     launch_bwd<__VA_ARGS__>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp)
     // v2 where instantiated when asked (3), and by default at d <= 128, where it

@@ -1824,8 +1824,8 @@ static int gdn_take(be_t *be, gdn_tmp_t *t, const char *op, int B, int T, int H,
 static int gdn_nw(int B, int HV, int Dv) {
     static int env = -1;
     if (env < 0) {
-        const char *e = getenv("HYLO_GDN_NW");
-        env = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
+        const int v = cu_env_int("HYLO_GDN_NW", 0);
+        env = v == 2 || v == 4 ? v : 0;
     }
     return env ? env : 4;
 }

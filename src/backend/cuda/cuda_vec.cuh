@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda.h"
 
@@ -118,6 +119,13 @@ static inline unsigned cu_grid(be_t *be, int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads, cap = (int64_t)cuda_impl(be)->sm_count * 16;
     if (b > cap) b = cap;
     return (unsigned)(b < 1 ? 1 : b);
+}
+
+// An integer environment knob (kernel variant overrides for benchmarks and
+// tests); `dflt` when unset or empty.
+static inline int cu_env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
 }
 
 // A temporary device buffer from the scratch arena, or NULL when it does not
