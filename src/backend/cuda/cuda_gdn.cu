@@ -1821,13 +1821,13 @@ static int gdn_take(be_t *be, gdn_tmp_t *t, const char *op, int B, int T, int H,
 }
 
 // HYLO_GDN_NW=2|4 overrides the warps (16 value rows each) per state-pass block.
-static int gdn_nw(int B, int HV, int Dv) {
-    static int env = -1;
-    if (env < 0) {
-        const int v = cu_env_int("HYLO_GDN_NW", 0);
-        env = v == 2 || v == 4 ? v : 0;
+static int gdn_nw(void) {
+    static int nw; // read once
+    if (!nw) {
+        const int v = cu_env_int("HYLO_GDN_NW", 4);
+        nw = v == 2 ? 2 : 4;
     }
-    return env ? env : 4;
+    return nw;
 }
 
 template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const state_args &a) {
@@ -1840,7 +1840,7 @@ template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const 
 
 // passes = 1: forward pass only (rev_z = -1); 2: reverse (z = 0) and forward (z = 1) together.
 static void launch_state(be_t *be, int B, int passes, const state_args &a) {
-    const int nw = gdn_nw(B, a.HV, a.Dv), kp = a.K <= 64 ? 64 : a.K <= 128 ? 128 : 256;
+    const int nw = gdn_nw(), kp = a.K <= 64 ? 64 : a.K <= 128 ? 128 : 256;
     const dim3 grid((unsigned)((a.Dv + 16 * nw - 1) / (16 * nw)), (unsigned)(B * a.HV), (unsigned)passes);
 #define GDN_STATE_CASE(KP_, NW_)                                                                                       \
     if (kp == KP_ && nw == NW_) return launch_state_t<KP_, NW_>(be, grid, a);
