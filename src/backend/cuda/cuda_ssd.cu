@@ -83,12 +83,9 @@
 #define PASS_T 256     // threads of the state-passing kernels, 4 floats each
 #define STEP_RW 4      // state rows per warp in the decode kernel
 #define FULL_MASK 0xffffffffu
-#ifndef SSD_KUNROLL
-#define SSD_KUNROLL 4
-#endif
 // k-steps unrolled in the products with both operands in shared memory: bounds
 // the fragments the compiler hoists (registers), the accumulators do not depend on k.
-static constexpr int ssd_kunroll = SSD_KUNROLL;
+static constexpr int ssd_kunroll = 4;
 
 // ---- device helpers (the PTX wrappers are in cuda_mma.cuh) -------------------
 
