@@ -28,6 +28,39 @@ void cuda_check_launch(be_t *be, const char *what) {
     if (e != cudaSuccess) cuda_fail(be, what, e);
 }
 
+// The kernels whose shared-memory limit was raised: per kernel and device, the
+// bytes set. Past SMEM_SET_MAX entries the limit is simply set on every call.
+enum { SMEM_SET_MAX = 256 };
+static struct {
+    const void *kern;
+    int device;
+    size_t bytes;
+} smem_set[SMEM_SET_MAX];
+static int n_smem_set;
+
+int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name) {
+    cuda_impl_t *ci = cuda_impl(be);
+    char msg[256];
+    if (bytes > ci->smem_optin) {
+        snprintf(msg, sizeof msg, "cuda %s: needs %zu bytes of shared memory, the device allows %zu", name, bytes,
+                 ci->smem_optin);
+        return cuda_record_error(be, ERR_INPUT, msg);
+    }
+    if (bytes <= 48 * 1024) return 0; // within the default limit
+    int i = 0;
+    while (i < n_smem_set && !(smem_set[i].kern == kern && smem_set[i].device == ci->device))
+        i++;
+    if (i < n_smem_set && smem_set[i].bytes >= bytes) return 0;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) {
+        snprintf(msg, sizeof msg, "cudaFuncSetAttribute(%s)", name);
+        return cuda_fail(be, msg, e);
+    }
+    if (i == n_smem_set && i < SMEM_SET_MAX) smem_set[i].kern = kern, smem_set[i].device = ci->device, n_smem_set++;
+    if (i < n_smem_set) smem_set[i].bytes = bytes;
+    return 0;
+}
+
 // The backend's stream, for benchmarks that time ops with CUDA events from C
 // (backend/cuda/cuda.h is C++ only; declared in backend/backend.h).
 extern "C" void *cuda_stream_of(be_t *be) { return (void *)cuda_stream(be); }

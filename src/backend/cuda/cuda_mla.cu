@@ -738,35 +738,25 @@ __global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, co
 
 // What a decode kernel's launches keep between calls (one per kernel instance).
 typedef struct {
-    size_t smem_set;      // dynamic shared memory the kernel may use now
     int occ_threads, occ; // blocks per SM for (occ_threads, occ_smem)
     size_t occ_smem;
 } mla_launch_state_t;
 
 // Everything v1 and v2 set up alike before their launches: raises the kernel's
-// shared memory limit when a larger shape comes, reads its occupancy (both
-// cached in *ls), picks the slices per sequence (one wave of blocks over the
-// batch, never more slices than tiles of `rows_per_tile`) and takes the
-// partial results (m, l, unnormalised O per slice and head) from the scratch
-// arena after *mark. 0 slices when a call failed (recorded; *mark restored).
+// shared memory limit (cuda_smem_limit), reads its occupancy (cached in *ls), picks the slices per sequence (one wave
+// of blocks over the batch, never more slices than tiles of `rows_per_tile`) and takes the partial results (m, l,
+// unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed (recorded; *mark
+// restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
                                 size_t smem, int B, int64_t cache_rows, int rows_per_tile, int H, int r_kv,
                                 float **part_o, float **part_ml, size_t *mark) {
     cuda_impl_t *ci = cuda_impl(be);
-    char what[128];
-    if (smem > ls->smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) {
-            snprintf(what, sizeof what, "cudaFuncSetAttribute(%s)", name);
-            cuda_fail(be, what, e);
-            return 0;
-        }
-        ls->smem_set = smem;
-    }
+    if (cuda_smem_limit(be, kern, smem, name) < 0) return 0;
     if (ls->occ_threads != threads || ls->occ_smem != smem) {
         int nb = 0;
         cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
         if (e != cudaSuccess) {
+            char what[128];
             snprintf(what, sizeof what, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(%s)", name);
             cuda_fail(be, what, e);
             return 0;
