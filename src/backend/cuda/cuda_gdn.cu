@@ -1754,16 +1754,14 @@ typedef struct {
     bf16 *W, *U, *P, *TA, *Dl, *h, *dh, *dD;
 } gdn_tmp_t;
 
-static size_t r256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 // Scratch bytes of gdn_chunk_fwd (bwd = 0) or gdn_chunk_bwd (bwd = 1).
 extern "C" size_t gdn_chunk_scratch_bytes(int B, int T, int H, int HV, int K, int Dv, int bwd) {
     const size_t NT = ((size_t)T + BT - 1) / BT, BHV = (size_t)B * HV, NK = ((size_t)K + 63) / 64;
-    size_t n = 256 + 3 * r256(4 * BHV * T) + r256(2 * BHV * T * K) + r256(2 * BHV * T * Dv) + r256(2 * BHV * T * BT) +
-               r256(2 * BHV * T * Dv) + r256(2 * BHV * NT * Dv * K);
+    size_t n = 256 + 3 * cu_round256(4 * BHV * T) + cu_round256(2 * BHV * T * K) + cu_round256(2 * BHV * T * Dv) +
+               cu_round256(2 * BHV * T * BT) + cu_round256(2 * BHV * T * Dv) + cu_round256(2 * BHV * NT * Dv * K);
     if (bwd)
-        n += r256(2 * BHV * T * BT) + r256(2 * BHV * NT * Dv * K) + r256(2 * BHV * T * Dv) +
-             r256(4 * (size_t)B * T * H * K) + r256(4 * NK * BHV * T);
+        n += cu_round256(2 * BHV * T * BT) + cu_round256(2 * BHV * NT * Dv * K) + cu_round256(2 * BHV * T * Dv) +
+             cu_round256(4 * (size_t)B * T * H * K) + cu_round256(4 * NK * BHV * T);
     return n;
 }
 

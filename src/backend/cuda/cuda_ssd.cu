@@ -1254,16 +1254,14 @@ static ssd_dims_t make_dims(int B, int T, int H, int Hx, int GB, int GC, int P, 
 
 static int64_t pass_parts(int64_t PN) { return 8 * ((PN + 4 * PASS_T - 1) / (4 * PASS_T)); }
 
-static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 // Bytes of scratch ssd_chunk_fwd (backward = 0) or ssd_chunk_bwd (1) takes.
 extern "C" size_t cuda_ssd_scratch_bytes(int B, int T, int H, int P, int N, int chunk, int backward) {
     if (T <= 0 || chunk <= 0) return 0;
     int L = chunk < T ? chunk : T;
     int64_t nc = (T + L - 1) / L, BTH = (int64_t)B * T * H, S = (int64_t)B * H * nc * P * N;
-    if (!backward) return round256(4 * BTH) + round256(4 * S) + 256;
-    return 6 * round256(4 * BTH) + 2 * round256(4 * S) + round256(4 * B * H * nc * pass_parts((int64_t)P * N)) +
-           2 * round256(4 * B * H * nc) + 256;
+    if (!backward) return cu_round256(4 * BTH) + cu_round256(4 * S) + 256;
+    return 6 * cu_round256(4 * BTH) + 2 * cu_round256(4 * S) +
+           cu_round256(4 * B * H * nc * pass_parts((int64_t)P * N)) + 2 * cu_round256(4 * B * H * nc) + 256;
 }
 
 // Temporaries from the scratch arena; the first that does not fit marks the whole call failed.

@@ -128,6 +128,10 @@ static inline int cu_env_int(const char *name, int dflt) {
     return s && *s ? atoi(s) : dflt;
 }
 
+// n rounded up to the arena's 256-byte alignment (base/arena.c): what a piece
+// of n bytes takes from an arena, padding included.
+static inline size_t cu_round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
 // A temporary device buffer from the scratch arena, or NULL when it does not
 // fit (the caller then takes a path that needs none). Checked first so that a
 // full arena does not leave a message in the error slot. The caller resets the
@@ -135,7 +139,7 @@ static inline int cu_env_int(const char *name, int dflt) {
 // next user of that memory is queued later on the same stream.
 static inline void *cu_scratch_try(be_t *be, size_t bytes) {
     arena_t *a = &be->scratch;
-    size_t off = (a->used + 255) & ~(size_t)255;
+    size_t off = cu_round256(a->used);
     if (!a->base || off + bytes > a->cap || off + bytes < off) return NULL;
     return arena_alloc(a, bytes);
 }
