@@ -2,6 +2,7 @@
 // workspace; memory through cudaMalloc (never managed memory); errors name
 // the failing call. Ops are queued on the stream; sync() reports the first
 // asynchronous error.
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,8 @@ void cuda_check_launch(be_t *be, const char *what) {
 
 // The kernels whose shared-memory limit was raised: per kernel and device, the
 // bytes set. Past SMEM_SET_MAX entries the limit is simply set on every call.
+// Process-wide, so locked like the gemm plan table (backends may run on
+// several threads).
 enum { SMEM_SET_MAX = 256 };
 static struct {
     const void *kern;
@@ -37,6 +40,7 @@ static struct {
     size_t bytes;
 } smem_set[SMEM_SET_MAX];
 static int n_smem_set;
+static pthread_mutex_t smem_set_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name) {
     cuda_impl_t *ci = cuda_impl(be);
@@ -47,17 +51,22 @@ int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name) 
         return cuda_record_error(be, ERR_INPUT, msg);
     }
     if (bytes <= 48 * 1024) return 0; // within the default limit
+    pthread_mutex_lock(&smem_set_lock);
     int i = 0;
     while (i < n_smem_set && !(smem_set[i].kern == kern && smem_set[i].device == ci->device))
         i++;
-    if (i < n_smem_set && smem_set[i].bytes >= bytes) return 0;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    cudaError_t e = cudaSuccess;
+    if (i == n_smem_set || smem_set[i].bytes < bytes) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (e == cudaSuccess && i == n_smem_set && i < SMEM_SET_MAX)
+            smem_set[i].kern = kern, smem_set[i].device = ci->device, n_smem_set++;
+        if (e == cudaSuccess && i < n_smem_set) smem_set[i].bytes = bytes;
+    }
+    pthread_mutex_unlock(&smem_set_lock);
     if (e != cudaSuccess) {
         snprintf(msg, sizeof msg, "cudaFuncSetAttribute(%s)", name);
         return cuda_fail(be, msg, e);
     }
-    if (i == n_smem_set && i < SMEM_SET_MAX) smem_set[i].kern = kern, smem_set[i].device = ci->device, n_smem_set++;
-    if (i < n_smem_set) smem_set[i].bytes = bytes;
     return 0;
 }
 
