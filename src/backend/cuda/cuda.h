@@ -29,8 +29,17 @@ typedef struct {
 static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }
 static inline cudaStream_t cuda_stream(be_t *be) { return cuda_impl(be)->stream; }
 
+// Keeps `msg` as the error sync() reports (the first one recorded wins), puts it
+// in the error slot now and returns `code`.
+int cuda_record_error(be_t *be, int code, const char *msg);
 // Records a CUDA failure naming the call (first one wins) and returns ERR_RUNTIME.
 int cuda_fail(be_t *be, const char *what, cudaError_t e);
+// Lets kernel `kern` (named `name` in messages) take `bytes` of dynamic shared
+// memory: an argument error when the device has less, cudaFuncSetAttribute
+// when above the 48 KB default and above what was set for this kernel and
+// device before (remembered here, so callers keep no flags). 0, or < 0 with
+// the error recorded.
+int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name);
 // Checks the last launch error; `what` names the kernel for the message.
 void cuda_check_launch(be_t *be, const char *what);
 

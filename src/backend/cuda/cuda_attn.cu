@@ -921,25 +921,12 @@ static bool attn_check(be_t *be, const char *op, int B, int Tq, int Tk, int H, i
     return true;
 }
 
-// Sets the dynamic shared memory limit of a kernel once.
-template <typename K> static bool smem_attr(be_t *be, K kern, size_t bytes, int *done) {
-    if (*done) return true;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e != cudaSuccess) {
-        cuda_fail(be, "cudaFuncSetAttribute(attention smem)", e);
-        return false;
-    }
-    *done = 1;
-    return true;
-}
-
 template <int DQK, int DV, int WARPS, int BC, int MT, bool QREG, int MINB>
 static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
                        int Tk, int H, int Hkv, int dqk, int dv, float scale) {
     typedef fwd_cfg<DQK, DV, WARPS, BC, MT> C;
     auto kern = k_attn_fwd<DQK, DV, WARPS, BC, MT, QREG, MINB>;
-    static int done;
-    if (!smem_attr(be, kern, C::smem, &done)) return;
+    if (cuda_smem_limit(be, (const void *)kern, C::smem, "k_attn_fwd") < 0) return;
     int n_qt = (Tq + C::BR - 1) / C::BR;
     int64_t blocks = (int64_t)n_qt * B * H;
     if (blocks == 0) return;
@@ -955,17 +942,13 @@ static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const voi
 // 64 and 128 instantiations: 0 = default (v1 at 64, v2 at 128), 1 = v1 with its
 // alternative tiles, 2 = v1 with its default tiles (the default before v2),
 // 3 = v2 (k_attn_bwd2).
-static int env_variant(const char *name) {
-    const char *s = getenv(name);
-    return s ? atoi(s) : 0;
-}
 
 static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
                         int Tk, int H, int Hkv, int dqk, int dv, float scale) {
     const void *ptrs[] = {out, q, k, v};
     if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4)) return;
     if (B == 0 || Tq == 0) return;
-    const int var = env_variant("HYLO_ATTN_FWD");
+    const int var = cu_env_int("HYLO_ATTN_FWD", 0);
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale)
     // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB); variant 1 = one m-tile per warp
     if (dqk <= 64 && dv <= 64) {
@@ -995,10 +978,10 @@ typedef void (*bwd_kern_t)(bf16 *, bf16 *, float *, const bf16 *, const bf16 *, 
 
 // Runs a backward kernel (v1 or v2) over chunks of (b, kv head) units, as many
 // per pass as the arena holds fp32 dQ accumulators for, then writes dq.
-static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int nsl, int *attr_done, void *dq, void *dk,
-                    void *dv_, const void *dout, const void *q, const void *k, const void *v, const float *lse2,
-                    const float *Dd, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int Tqp) {
-    if (!smem_attr(be, kern, smem, attr_done)) return;
+static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int nsl, void *dq, void *dk, void *dv_,
+                    const void *dout, const void *q, const void *k, const void *v, const float *lse2, const float *Dd,
+                    int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int Tqp) {
+    if (cuda_smem_limit(be, (const void *)kern, smem, "k_attn_bwd") < 0) return;
     const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + bn - 1) / bn;
     // the fp32 dQ accumulator of one (b, kv head) unit; as many units per pass as the arena holds
     const size_t unit_bytes = (size_t)grp * Tq * dqk * sizeof(float);
@@ -1043,9 +1026,8 @@ static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout
                        const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
                        int dqk, int dv, float scale, int Tqp) {
     typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
-    static int done;
-    run_bwd(be, k_attn_bwd<DQK, DV, NSL, WARPS, BM>, C::smem, C::NT, C::BN, NSL, &done, dq, dk, dv_, dout, q, k, v,
-            lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+    run_bwd(be, k_attn_bwd<DQK, DV, NSL, WARPS, BM>, C::smem, C::NT, C::BN, NSL, dq, dk, dv_, dout, q, k, v, lse2, Dd,
+            B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
 }
 
 template <int D>
@@ -1053,9 +1035,8 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
                         const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale, int Tqp) {
     typedef bwd2_cfg<D> C;
-    static int done;
-    run_bwd(be, k_attn_bwd2<D>, C::smem, C::NT, C::BN, 1, &done, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H,
-            Hkv, dqk, dv, scale, Tqp);
+    run_bwd(be, k_attn_bwd2<D>, C::smem, C::NT, C::BN, 1, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk,
+            dv, scale, Tqp);
 }
 
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
@@ -1081,7 +1062,7 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
             Dd, lse2, (const bf16 *)dout, (const bf16 *)out, lse, B * H, H, Tq, Tqp, dv);
         cuda_check_launch(be, "k_attn_bwd_pre");
     }
-    const int var = env_variant("HYLO_ATTN_BWD");
+    const int var = cu_env_int("HYLO_ATTN_BWD", 0);
 #define BWD(...)                                                                                                       \
     launch_bwd<__VA_ARGS__>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp)
     // v2 where instantiated when asked (3), and by default at d <= 128, where it

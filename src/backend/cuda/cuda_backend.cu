@@ -2,26 +2,72 @@
 // workspace; memory through cudaMalloc (never managed memory); errors name
 // the failing call. Ops are queued on the stream; sync() reports the first
 // asynchronous error.
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
 
-int cuda_fail(be_t *be, const char *what, cudaError_t e) {
+int cuda_record_error(be_t *be, int code, const char *msg) {
     cuda_impl_t *ci = be ? cuda_impl(be) : NULL;
-    char msg[512];
-    snprintf(msg, sizeof msg, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     if (ci && !ci->first_error) {
-        ci->first_error = ERR_RUNTIME;
+        ci->first_error = code;
         snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
     }
-    return err_set(ERR_RUNTIME, "%s", msg);
+    return err_set(code, "%s", msg);
+}
+
+int cuda_fail(be_t *be, const char *what, cudaError_t e) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return cuda_record_error(be, ERR_RUNTIME, msg);
 }
 
 void cuda_check_launch(be_t *be, const char *what) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) cuda_fail(be, what, e);
+}
+
+// The kernels whose shared-memory limit was raised: per kernel and device, the
+// bytes set. Past SMEM_SET_MAX entries the limit is simply set on every call.
+// Process-wide, so locked like the gemm plan table (backends may run on
+// several threads).
+enum { SMEM_SET_MAX = 256 };
+static struct {
+    const void *kern;
+    int device;
+    size_t bytes;
+} smem_set[SMEM_SET_MAX];
+static int n_smem_set;
+static pthread_mutex_t smem_set_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name) {
+    cuda_impl_t *ci = cuda_impl(be);
+    char msg[256];
+    if (bytes > ci->smem_optin) {
+        snprintf(msg, sizeof msg, "cuda %s: needs %zu bytes of shared memory, the device allows %zu", name, bytes,
+                 ci->smem_optin);
+        return cuda_record_error(be, ERR_INPUT, msg);
+    }
+    if (bytes <= 48 * 1024) return 0; // within the default limit
+    pthread_mutex_lock(&smem_set_lock);
+    int i = 0;
+    while (i < n_smem_set && !(smem_set[i].kern == kern && smem_set[i].device == ci->device))
+        i++;
+    cudaError_t e = cudaSuccess;
+    if (i == n_smem_set || smem_set[i].bytes < bytes) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (e == cudaSuccess && i == n_smem_set && i < SMEM_SET_MAX)
+            smem_set[i].kern = kern, smem_set[i].device = ci->device, n_smem_set++;
+        if (e == cudaSuccess && i < n_smem_set) smem_set[i].bytes = bytes;
+    }
+    pthread_mutex_unlock(&smem_set_lock);
+    if (e != cudaSuccess) {
+        snprintf(msg, sizeof msg, "cudaFuncSetAttribute(%s)", name);
+        return cuda_fail(be, msg, e);
+    }
+    return 0;
 }
 
 // The backend's stream, for benchmarks that time ops with CUDA events from C

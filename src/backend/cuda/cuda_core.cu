@@ -204,12 +204,7 @@ static void lt_fail(be_t *be, const char *what, cublasStatus_t st, const gemm_ke
              what, cublasLtGetStatusString(st), cublasLtGetStatusName(st), k->ta, k->tb, (long long)k->M,
              (long long)k->N, (long long)k->K, (long long)k->lda, (long long)k->ldb, (long long)k->ldc,
              (long long)k->batch, k->c_f32 ? "fp32" : "bf16", k->al_a, k->al_b, k->al_c);
-    cuda_impl_t *ci = cuda_impl(be);
-    if (!ci->first_error) {
-        ci->first_error = ERR_RUNTIME;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_RUNTIME, "%s", msg);
+    cuda_record_error(be, ERR_RUNTIME, msg);
 }
 
 static cublasStatus_t layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,

@@ -1678,26 +1678,6 @@ __global__ void __launch_bounds__(128)
 
 // ==== host side =====================================================================
 
-// Raises a kernel's dynamic shared-memory limit (once per kernel, device and size).
-static int gdn_set_smem(be_t *be, const void *fn, size_t bytes) {
-    static const void *done_fn[128];
-    static size_t done_bytes[128];
-    static int done_dev[128], n_done;
-    const int dev = cuda_impl(be)->device;
-    if (bytes > cuda_impl(be)->smem_optin) {
-        cu_op_error(be, "gdn: a kernel needs %zu bytes of shared memory, the device allows %zu", bytes,
-                    cuda_impl(be)->smem_optin);
-        return -1;
-    }
-    if (bytes <= 48 * 1024) return 0;
-    for (int i = 0; i < n_done; i++)
-        if (done_fn[i] == fn && done_dev[i] == dev && done_bytes[i] >= bytes) return 0;
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e != cudaSuccess) return cuda_fail(be, "cudaFuncSetAttribute(gdn kernel)", e);
-    if (n_done < 128) done_fn[n_done] = fn, done_bytes[n_done] = bytes, done_dev[n_done] = dev, n_done++;
-    return 0;
-}
-
 // ---- optional per-kernel timing (bench/bench_gdn.c) ------------------------------
 // gdn_cuda_timing(1): every chunked op records a CUDA event after each of its
 // kernels and waits for the last one, accumulating the time between
@@ -1774,16 +1754,14 @@ typedef struct {
     bf16 *W, *U, *P, *TA, *Dl, *h, *dh, *dD;
 } gdn_tmp_t;
 
-static size_t r256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 // Scratch bytes of gdn_chunk_fwd (bwd = 0) or gdn_chunk_bwd (bwd = 1).
 extern "C" size_t gdn_chunk_scratch_bytes(int B, int T, int H, int HV, int K, int Dv, int bwd) {
     const size_t NT = ((size_t)T + BT - 1) / BT, BHV = (size_t)B * HV, NK = ((size_t)K + 63) / 64;
-    size_t n = 256 + 3 * r256(4 * BHV * T) + r256(2 * BHV * T * K) + r256(2 * BHV * T * Dv) + r256(2 * BHV * T * BT) +
-               r256(2 * BHV * T * Dv) + r256(2 * BHV * NT * Dv * K);
+    size_t n = 256 + 3 * cu_round256(4 * BHV * T) + cu_round256(2 * BHV * T * K) + cu_round256(2 * BHV * T * Dv) +
+               cu_round256(2 * BHV * T * BT) + cu_round256(2 * BHV * T * Dv) + cu_round256(2 * BHV * NT * Dv * K);
     if (bwd)
-        n += r256(2 * BHV * T * BT) + r256(2 * BHV * NT * Dv * K) + r256(2 * BHV * T * Dv) +
-             r256(4 * (size_t)B * T * H * K) + r256(4 * NK * BHV * T);
+        n += cu_round256(2 * BHV * T * BT) + cu_round256(2 * BHV * NT * Dv * K) + cu_round256(2 * BHV * T * Dv) +
+             cu_round256(4 * (size_t)B * T * H * K) + cu_round256(4 * NK * BHV * T);
     return n;
 }
 
@@ -1821,26 +1799,26 @@ static int gdn_take(be_t *be, gdn_tmp_t *t, const char *op, int B, int T, int H,
 }
 
 // HYLO_GDN_NW=2|4 overrides the warps (16 value rows each) per state-pass block.
-static int gdn_nw(int B, int HV, int Dv) {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("HYLO_GDN_NW");
-        env = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
+static int gdn_nw(void) {
+    static int nw; // read once
+    if (!nw) {
+        const int v = cu_env_int("HYLO_GDN_NW", 4);
+        nw = v == 2 ? 2 : 4;
     }
-    return env ? env : 4;
+    return nw;
 }
 
 template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const state_args &a) {
     auto kfn = k_state<KP, NW>;
     const size_t sm = state_cfg<KP, NW>::SMEM;
-    if (gdn_set_smem(be, (const void *)kfn, sm) < 0) return;
+    if (cuda_smem_limit(be, (const void *)kfn, sm, "gdn k_state") < 0) return;
     kfn<<<grid, dim3(NW * 32), sm, cuda_stream(be)>>>(a);
     cuda_check_launch(be, "gdn k_state");
 }
 
 // passes = 1: forward pass only (rev_z = -1); 2: reverse (z = 0) and forward (z = 1) together.
 static void launch_state(be_t *be, int B, int passes, const state_args &a) {
-    const int nw = gdn_nw(B, a.HV, a.Dv), kp = a.K <= 64 ? 64 : a.K <= 128 ? 128 : 256;
+    const int nw = gdn_nw(), kp = a.K <= 64 ? 64 : a.K <= 128 ? 128 : 256;
     const dim3 grid((unsigned)((a.Dv + 16 * nw - 1) / (16 * nw)), (unsigned)(B * a.HV), (unsigned)passes);
 #define GDN_STATE_CASE(KP_, NW_)                                                                                       \
     if (kp == KP_ && nw == NW_) return launch_state_t<KP_, NW_>(be, grid, a);
@@ -1856,7 +1834,7 @@ static void launch_state(be_t *be, int B, int passes, const state_args &a) {
 static void launch_prep(be_t *be, const void *q, const void *k, const void *v, const float *g, const float *beta,
                         const gdn_tmp_t *t, float scale, int B, int T, int H, int HV, int K, int Dv) {
     auto kfn = k_prep;
-    if (gdn_set_smem(be, (const void *)kfn, PREP_SMEM) < 0) return;
+    if (cuda_smem_limit(be, (const void *)kfn, PREP_SMEM, "gdn k_prep") < 0) return;
     const dim3 grid((unsigned)((T + BT - 1) / BT), (unsigned)(B * HV));
     kfn<<<grid, dim3(128), PREP_SMEM, cuda_stream(be)>>>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta,
                                                          t->G, t->EG, t->GM, t->W, t->U, t->P, t->TA, scale, T, H, HV,
@@ -1869,7 +1847,7 @@ static void launch_out_t(be_t *be, void *o, const void *q, const gdn_tmp_t *t, f
                          int K, int Dv) {
     auto kfn = k_out<KP>;
     const size_t sm = out_cfg<KP>::SMEM;
-    if (gdn_set_smem(be, (const void *)kfn, sm) < 0) return;
+    if (cuda_smem_limit(be, (const void *)kfn, sm, "gdn k_out") < 0) return;
     const int NT = (T + BT - 1) / BT;
     kfn<<<dim3((unsigned)NT, (unsigned)(B * HV)), dim3(256), sm, cuda_stream(be)>>>(
         (bf16 *)o, (const bf16 *)q, t->h, t->Dl, t->P, t->G, scale, T, H, HV, K, Dv, NT);
@@ -1956,7 +1934,7 @@ static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, 
     {
         auto kfn = k_dqkw;
         const size_t sm = HV > H ? DQ_SMEM_GVA : DQ_SMEM;
-        if (gdn_set_smem(be, (const void *)kfn, sm) == 0) {
+        if (cuda_smem_limit(be, (const void *)kfn, sm, "gdn k_dqkw") == 0) {
             kfn<<<dim3((unsigned)NK, (unsigned)NT, (unsigned)(B * H)), dim3(128), sm, cuda_stream(be)>>>(
                 (const bf16 *)q, (const bf16 *)k, t.h, t.dh, t.Dl, (const bf16 *)dout, t.dD, t.G, (bf16 *)dq, t.dk5,
                 t.W, t.dGp, scale, T, H, HV, K, Dv, NT);
@@ -1967,7 +1945,7 @@ static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, 
     // B6 + B7: dv, dbeta, dg, dk
     {
         auto kfn = k_wy;
-        if (gdn_set_smem(be, (const void *)kfn, WY_SMEM) == 0) {
+        if (cuda_smem_limit(be, (const void *)kfn, WY_SMEM, "gdn k_wy") == 0) {
             kfn<<<dim3((unsigned)NT, (unsigned)(B * H)), dim3(128), WY_SMEM, cuda_stream(be)>>>(
                 (const bf16 *)k, (const bf16 *)v, beta, t.G, t.TA, t.dD, t.W, t.dGp, t.dk5, (bf16 *)dk, (bf16 *)dv,
                 dbeta, dg, T, H, HV, K, Dv);

@@ -31,14 +31,9 @@ static const size_t LOSS_BUF_BYTES = (size_t)256 << 20; // one [C, V] bf16 logit
 // ---- cuBLASLt, row-major -----------------------------------------------------
 
 static void lt_fail(be_t *be, const char *what, cublasStatus_t st) {
-    cuda_impl_t *ci = cuda_impl(be);
     char msg[512];
     snprintf(msg, sizeof msg, "cuda: %s failed: %s", what, cublasLtGetStatusString(st));
-    if (!ci->first_error) {
-        ci->first_error = ERR_RUNTIME;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_RUNTIME, "%s", msg);
+    cuda_record_error(be, ERR_RUNTIME, msg);
 }
 
 // Largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte
@@ -319,7 +314,7 @@ static int loss_plan(be_t *be, const char *what, int64_t N, int64_t V, int nbuf,
     p->mark = arena_mark(a);
     p->ld = (V + 7) & ~(int64_t)7;
     const size_t row_bytes = (size_t)nbuf * (size_t)p->ld * sizeof(bf16) + sizeof(float);
-    const size_t used = (a->used + 255) & ~(size_t)255;
+    const size_t used = cu_round256(a->used);
     const size_t fixed = (size_t)(nbuf + 3) * 256; // acc + alignment of every piece
     const size_t avail = a->cap > used + fixed ? a->cap - used - fixed : 0;
     int64_t C = (int64_t)(avail / row_bytes);

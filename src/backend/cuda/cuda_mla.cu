@@ -738,35 +738,25 @@ __global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, co
 
 // What a decode kernel's launches keep between calls (one per kernel instance).
 typedef struct {
-    size_t smem_set;      // dynamic shared memory the kernel may use now
     int occ_threads, occ; // blocks per SM for (occ_threads, occ_smem)
     size_t occ_smem;
 } mla_launch_state_t;
 
 // Everything v1 and v2 set up alike before their launches: raises the kernel's
-// shared memory limit when a larger shape comes, reads its occupancy (both
-// cached in *ls), picks the slices per sequence (one wave of blocks over the
-// batch, never more slices than tiles of `rows_per_tile`) and takes the
-// partial results (m, l, unnormalised O per slice and head) from the scratch
-// arena after *mark. 0 slices when a call failed (recorded; *mark restored).
+// shared memory limit (cuda_smem_limit), reads its occupancy (cached in *ls), picks the slices per sequence (one wave
+// of blocks over the batch, never more slices than tiles of `rows_per_tile`) and takes the partial results (m, l,
+// unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed (recorded; *mark
+// restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
                                 size_t smem, int B, int64_t cache_rows, int rows_per_tile, int H, int r_kv,
                                 float **part_o, float **part_ml, size_t *mark) {
     cuda_impl_t *ci = cuda_impl(be);
-    char what[128];
-    if (smem > ls->smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) {
-            snprintf(what, sizeof what, "cudaFuncSetAttribute(%s)", name);
-            cuda_fail(be, what, e);
-            return 0;
-        }
-        ls->smem_set = smem;
-    }
+    if (cuda_smem_limit(be, kern, smem, name) < 0) return 0;
     if (ls->occ_threads != threads || ls->occ_smem != smem) {
         int nb = 0;
         cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, threads, smem);
         if (e != cudaSuccess) {
+            char what[128];
             snprintf(what, sizeof what, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(%s)", name);
             cuda_fail(be, what, e);
             return 0;
@@ -830,17 +820,6 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
     arena_reset(&be->scratch, mark); // stream order protects the partials from later users
 }
 
-// Variant override for benchmarks and tests (read on every call):
-//   HYLO_MLA_DECODE = 0 / unset: v2 with tiled tensor copies (MLA2_LOAD_TILES);
-//   1: v1, the original kernel and combine; 2: v2 with a cp.async producer;
-//   3: v2 with one bulk copy per row (the default of run 7).
-//   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
-//   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
-static int env_int(const char *name, int dflt) {
-    const char *s = getenv(name);
-    return s && *s ? atoi(s) : dflt;
-}
-
 // The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda);
 // NULL when the driver lacks it.
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -893,13 +872,13 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     const size_t fixed = MLA2_BAR_BYTES + (size_t)HR * a.SQ * sizeof(bf16) + (LOAD == MLA2_LOAD_TILES ? 1024 : 0);
     if (ci->smem_optin < fixed + 3 * slot) return false;
     int fit = (int)((ci->smem_optin - fixed) / slot);
-    int cap = env_int("HYLO_MLA_STAGES", MLA2_MAXSTG);
+    int cap = cu_env_int("HYLO_MLA_STAGES", MLA2_MAXSTG);
     if (cap > MLA2_MAXSTG) cap = MLA2_MAXSTG;
     if (cap < 3) cap = 3;
     a.NSTG = fit < cap ? fit : cap;
     // row groups: up to the warp target, and at most half the slots so that the
     // other half can be in flight while every group computes
-    int want = env_int("HYLO_MLA_WARPS", MLA2_MAXW);
+    int want = cu_env_int("HYLO_MLA_WARPS", MLA2_MAXW);
     if (want > MLA2_MAXW) want = MLA2_MAXW;
     int rs = want / wpr;
     if (rs > a.NSTG / 2) rs = a.NSTG / 2;
@@ -958,6 +937,13 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
                       : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
 }
 
+// Variant overrides for benchmarks and tests, read on every call (they are
+// switched within one process; launch_mla2 reads the last two):
+//   HYLO_MLA_DECODE = 0 / unset: v2 with tiled tensor copies (MLA2_LOAD_TILES);
+//   1: v1, the original kernel and combine; 2: v2 with a cp.async producer;
+//   3: v2 with one bulk copy per row (the default of run 7).
+//   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
+//   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
 static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
                                int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
     if (B <= 0 || H <= 0) return;
@@ -975,7 +961,7 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     const int CW = per <= 32 ? 32 : per <= 64 ? 64 : 128;
     const int L = r_kv + dr, Lp = (L + 15) / 16 * 16;
     const int wide = Lp > CC * CW ? Lp : CC * CW;
-    const int var = env_int("HYLO_MLA_DECODE", 0);
+    const int var = cu_env_int("HYLO_MLA_DECODE", 0);
     if (var != 1) {
         mla2_args_t a;
         memset(&a, 0, sizeof a);

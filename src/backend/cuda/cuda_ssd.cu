@@ -83,12 +83,9 @@
 #define PASS_T 256     // threads of the state-passing kernels, 4 floats each
 #define STEP_RW 4      // state rows per warp in the decode kernel
 #define FULL_MASK 0xffffffffu
-#ifndef SSD_KUNROLL
-#define SSD_KUNROLL 4
-#endif
 // k-steps unrolled in the products with both operands in shared memory: bounds
 // the fragments the compiler hoists (registers), the accumulators do not depend on k.
-static constexpr int ssd_kunroll = SSD_KUNROLL;
+static constexpr int ssd_kunroll = 4;
 
 // ---- device helpers (the PTX wrappers are in cuda_mma.cuh) -------------------
 
@@ -1257,16 +1254,14 @@ static ssd_dims_t make_dims(int B, int T, int H, int Hx, int GB, int GC, int P, 
 
 static int64_t pass_parts(int64_t PN) { return 8 * ((PN + 4 * PASS_T - 1) / (4 * PASS_T)); }
 
-static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 // Bytes of scratch ssd_chunk_fwd (backward = 0) or ssd_chunk_bwd (1) takes.
 extern "C" size_t cuda_ssd_scratch_bytes(int B, int T, int H, int P, int N, int chunk, int backward) {
     if (T <= 0 || chunk <= 0) return 0;
     int L = chunk < T ? chunk : T;
     int64_t nc = (T + L - 1) / L, BTH = (int64_t)B * T * H, S = (int64_t)B * H * nc * P * N;
-    if (!backward) return round256(4 * BTH) + round256(4 * S) + 256;
-    return 6 * round256(4 * BTH) + 2 * round256(4 * S) + round256(4 * B * H * nc * pass_parts((int64_t)P * N)) +
-           2 * round256(4 * B * H * nc) + 256;
+    if (!backward) return cu_round256(4 * BTH) + cu_round256(4 * S) + 256;
+    return 6 * cu_round256(4 * BTH) + 2 * cu_round256(4 * S) +
+           cu_round256(4 * B * H * nc * pass_parts((int64_t)P * N)) + 2 * cu_round256(4 * B * H * nc) + 256;
 }
 
 // Temporaries from the scratch arena; the first that does not fit marks the whole call failed.
@@ -1294,21 +1289,6 @@ static void sc_error(be_t *be, ssd_scratch_t *s, const char *op, int B, int T, i
                 cuda_ssd_scratch_bytes(B, T, H, P, N, chunk, backward), ar->cap - s->mark, ar->cap);
 }
 
-// Raises a kernel's dynamic shared memory limit once (per instantiation, via `done`).
-static int smem_limit(be_t *be, const void *kern, size_t bytes, size_t *done, const char *name) {
-    if (bytes > cuda_impl(be)->smem_optin) {
-        cu_op_error(be, "cuda %s: needs %zu bytes of shared memory, the device allows %zu", name, bytes,
-                    cuda_impl(be)->smem_optin);
-        return -1;
-    }
-    if (bytes > 48 * 1024 && bytes > *done) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-        if (e != cudaSuccess) return cuda_fail(be, name, e);
-        *done = bytes;
-    }
-    return 0;
-}
-
 static void launch_cumsum(be_t *be, float *cs, const ssd_dims_t &a) {
     const int64_t n = (int64_t)a.B * a.nc * a.H;
     k_ssd_cumsum<<<cuda_blocks(n, 128), 128, 0, cuda_stream(be)>>>(cs, a.dt, a.A_log, a.B, a.T, a.H, a.L, a.nc);
@@ -1316,9 +1296,8 @@ static void launch_cumsum(be_t *be, float *cs, const ssd_dims_t &a) {
 }
 
 template <int DP, int DN> static int launch_chunk_state(be_t *be, float *out, int mode, const ssd_dims_t &a) {
-    static size_t done = 0;
     const size_t smem = sizeof(bf16) * SSD_KT * ((DP + 8) + (DN + 8)) + sizeof(float) * (size_t)a.L;
-    if (smem_limit(be, (const void *)k_ssd_chunk_state<DP, DN>, smem, &done, "k_ssd_chunk_state") < 0) return -1;
+    if (cuda_smem_limit(be, (const void *)k_ssd_chunk_state<DP, DN>, smem, "k_ssd_chunk_state") < 0) return -1;
     k_ssd_chunk_state<DP, DN><<<dim3(a.nc, a.B * a.H), DP * 2, smem, cuda_stream(be)>>>(out, mode, a);
     cuda_check_launch(be, "k_ssd_chunk_state");
     return 0;
@@ -1336,9 +1315,8 @@ static void ssd_fwd_kernels(be_t *be, void *y, float *st, float *state, int init
     constexpr int BC = (DP > 64 || DN > 64) ? 32 : 64;
     if (launch_chunk_state<DP, DN>(be, st, 0, a) < 0) return;
     launch_pass_fwd(be, st, init ? state : NULL, state, a);
-    static size_t done = 0;
     const size_t smem = smem_scan<DP, DN, BC>(a.L);
-    if (smem_limit(be, (const void *)k_ssd_scan_fwd<DP, DN, BC>, smem, &done, "k_ssd_scan_fwd") < 0) return;
+    if (cuda_smem_limit(be, (const void *)k_ssd_scan_fwd<DP, DN, BC>, smem, "k_ssd_scan_fwd") < 0) return;
     k_ssd_scan_fwd<DP, DN, BC><<<dim3(a.ntile * a.nc, a.B * a.H), 128, smem, cuda_stream(be)>>>((bf16 *)y, st, a);
     cuda_check_launch(be, "k_ssd_scan_fwd");
 }
@@ -1394,24 +1372,21 @@ static void ssd_bwd_kernels(be_t *be, void *dx, void *dB, void *dC, float *ddt, 
     }
     // R5-R9
     {
-        static size_t done = 0;
         const size_t smem = smem_dx<DP, DN, BC>(a.L);
-        if (smem_limit(be, (const void *)k_ssd_bwd_dx<DP, DN, BC>, smem, &done, "k_ssd_bwd_dx") < 0) return;
+        if (cuda_smem_limit(be, (const void *)k_ssd_bwd_dx<DP, DN, BC>, smem, "k_ssd_bwd_dx") < 0) return;
         k_ssd_bwd_dx<DP, DN, BC>
             <<<dim3(a.ntile * a.nc, a.B * (a.H / a.rx)), 128, smem, st>>>((bf16 *)dx, ddt, t.Rr, t.uu, t.dDr, t.gst, a);
         cuda_check_launch(be, "k_ssd_bwd_dx");
     }
     {
-        static size_t done = 0;
         const size_t smem = smem_dB<DP, DN, BC>(a.L);
-        if (smem_limit(be, (const void *)k_ssd_bwd_dB<DP, DN, BC>, smem, &done, "k_ssd_bwd_dB") < 0) return;
+        if (cuda_smem_limit(be, (const void *)k_ssd_bwd_dB<DP, DN, BC>, smem, "k_ssd_bwd_dB") < 0) return;
         k_ssd_bwd_dB<DP, DN, BC><<<dim3(a.ntile * a.nc, a.B * (a.H / a.rb)), 128, smem, st>>>((bf16 *)dB, t.gst, a);
         cuda_check_launch(be, "k_ssd_bwd_dB");
     }
     {
-        static size_t done = 0;
         const size_t smem = smem_dC<DP, DN, BC>(a.L);
-        if (smem_limit(be, (const void *)k_ssd_bwd_dC<DP, DN, BC>, smem, &done, "k_ssd_bwd_dC") < 0) return;
+        if (cuda_smem_limit(be, (const void *)k_ssd_bwd_dC<DP, DN, BC>, smem, "k_ssd_bwd_dC") < 0) return;
         k_ssd_bwd_dC<DP, DN, BC>
             <<<dim3(a.ntile * a.nc, a.B * (a.H / a.rc)), 128, smem, st>>>((bf16 *)dC, t.Cr, t.dap, t.prev, a);
         cuda_check_launch(be, "k_ssd_bwd_dC");

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda.h"
 
@@ -120,6 +121,17 @@ static inline unsigned cu_grid(be_t *be, int64_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : b);
 }
 
+// An integer environment knob (kernel variant overrides for benchmarks and
+// tests); `dflt` when unset or empty.
+static inline int cu_env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
+// n rounded up to the arena's 256-byte alignment (base/arena.c): what a piece
+// of n bytes takes from an arena, padding included.
+static inline size_t cu_round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
 // A temporary device buffer from the scratch arena, or NULL when it does not
 // fit (the caller then takes a path that needs none). Checked first so that a
 // full arena does not leave a message in the error slot. The caller resets the
@@ -127,7 +139,7 @@ static inline unsigned cu_grid(be_t *be, int64_t n, int threads) {
 // next user of that memory is queued later on the same stream.
 static inline void *cu_scratch_try(be_t *be, size_t bytes) {
     arena_t *a = &be->scratch;
-    size_t off = (a->used + 255) & ~(size_t)255;
+    size_t off = cu_round256(a->used);
     if (!a->base || off + bytes > a->cap || off + bytes < off) return NULL;
     return arena_alloc(a, bytes);
 }
@@ -141,10 +153,5 @@ static inline void cu_op_error(be_t *be, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    cuda_impl_t *ci = cuda_impl(be);
-    if (!ci->first_error) {
-        ci->first_error = ERR_INPUT;
-        snprintf(ci->first_error_msg, sizeof ci->first_error_msg, "%s", msg);
-    }
-    err_set(ERR_INPUT, "%s", msg);
+    cuda_record_error(be, ERR_INPUT, msg);
 }
