@@ -36,10 +36,9 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_ssd.h"
 #include "base/err.h"
 #include "base/rng.h"
-
-size_t cuda_ssd_scratch_bytes(int B, int T, int H, int P, int N, int chunk, int backward); // cuda_ssd.cu
 
 #define BENCH_NAME "bench_ssd"
 #include "bench_util.h"

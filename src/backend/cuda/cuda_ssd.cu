@@ -73,6 +73,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_ssd.h"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
 
