@@ -63,7 +63,9 @@ int main(int argc, char **argv) {
     if (argc > 4 && atoi(argv[4]) > 0) omp_set_num_threads(atoi(argv[4]));
     be_t *be;
     model_t m;
-    if (be_create(&be, "cpu", 64u << 20) < 0 || model_load(&m, argv[1], be, (size_t)1 << 30) < 0) {
+    model_run_t r;
+    if (be_create(&be, "cpu", 64u << 20) < 0 || model_load(&m, argv[1], be) < 0 ||
+        model_run_create(&r, &m, (size_t)1 << 30) < 0) {
         fprintf(stderr, "bench_cpu: %s\n", err_msg());
         return 1;
     }
@@ -78,17 +80,17 @@ int main(int argc, char **argv) {
         return 1;
     }
     // warm-up, then timed runs
-    model_prefill(&m, &st, ids, 32, 0, logits);
+    model_prefill(&r, &st, ids, 32, 0, logits);
     model_state_reset(&m, &st);
     double t0 = time_now();
-    if (model_prefill(&m, &st, ids, P, 512, logits) < 0) {
+    if (model_prefill(&r, &st, ids, P, 512, logits) < 0) {
         fprintf(stderr, "bench_cpu: %s\n", err_msg());
         return 1;
     }
     double tp = time_now() - t0;
     t0 = time_now();
     for (int i = 0; i < D; i++)
-        model_step(&m, &st, &ids[P + i], logits);
+        model_step(&r, &st, &ids[P + i], logits);
     double td = time_now() - t0;
     int64_t params = ptable_count(&m.pt);
     double wbytes = (double)params * sizeof(float); // fp32 weights streamed per decode step
@@ -104,6 +106,7 @@ int main(int argc, char **argv) {
     printf("decode               %d tokens in %.3f s: %.2f tok/s; bandwidth bound %.2f tok/s (%.0f%%)\n", D, td,
            decode_tps, bw * 1e9 / wbytes, 100.0 * decode_tps / (bw * 1e9 / wbytes));
     model_state_free(&m, &st);
+    model_run_free(&r);
     model_free(&m);
     be_destroy(be);
     free(ids);

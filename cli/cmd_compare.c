@@ -115,11 +115,14 @@ int cmd_compare(int argc, char **argv) {
     if (np != 2) return cli_usage("compare", "expected TEACHER and STUDENT");
     be_t *be = NULL;
     model_t mt = {0}, ms = {0};
+    model_run_t rt = {0}, rs = {0};
     tok_t tok = {0};
     char **files = NULL;
     int nf = 0, rc = cli_backend(device, &be);
     if (rc == 0) rc = cli_load_model(paths[0], be, &mt, &tok);
     if (rc == 0) rc = cli_load_model(paths[1], be, &ms, NULL);
+    if (rc == 0) rc = model_run_create(&rt, &mt, CLI_RUN_ARENA);
+    if (rc == 0) rc = model_run_create(&rs, &ms, CLI_RUN_ARENA);
     if (rc == 0 && mt.a.V != ms.a.V)
         rc = err_set(ERR_INPUT, "vocabularies differ: teacher %d, student %d", mt.a.V, ms.a.V);
     if (rc == 0) rc = list_texts(text, &files, &nf, (int)windows);
@@ -138,8 +141,8 @@ int cmd_compare(int argc, char **argv) {
         rc = tok_encode_ex(&tok, buf, len, 0, &ids, &n);
         free(buf);
         if (rc == 0 && n >= T) {
-            rc = model_logits_all(&mt, ids, 1, (int)T, lt);
-            if (rc == 0) rc = model_logits_all(&ms, ids, 1, (int)T, ls);
+            rc = model_logits_all(&rt, ids, 1, (int)T, lt);
+            if (rc == 0) rc = model_logits_all(&rs, ids, 1, (int)T, ls);
             for (int t = 0; rc == 0 && t < T; t++)
                 add_position(&all, lt + (int64_t)t * V, ls + (int64_t)t * V, V);
             if (rc == 0) add_position(&last, lt + (int64_t)(T - 1) * V, ls + (int64_t)(T - 1) * V, V);
@@ -160,6 +163,8 @@ int cmd_compare(int argc, char **argv) {
     free(files);
     free(lt), free(ls);
     tok_free(&tok);
+    model_run_free(&rt);
+    model_run_free(&rs);
     if (mt.be) model_free(&mt);
     if (ms.be) model_free(&ms);
     be_destroy(be);

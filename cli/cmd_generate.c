@@ -109,6 +109,7 @@ static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
 typedef struct {
     be_t *be;
     model_t m;
+    model_run_t run;
     model_state_t st;
     tok_t tok;
     int32_t stop[16];
@@ -123,12 +124,14 @@ static int session_open(session_t *s, const gen_opts_t *o) {
         return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
                        s->tok.n_vocab, s->m.a.V);
     s->n_stop = gen_stop_ids(&s->tok, &s->m.a, s->stop, 16);
+    TRY(model_run_create(&s->run, &s->m, CLI_RUN_ARENA));
     return model_state_alloc(&s->m, &s->st, 1, (int)o->ctx);
 }
 
 static void session_close(session_t *s) {
     if (s->m.be) {
         model_state_free(&s->m, &s->st);
+        model_run_free(&s->run);
         model_free(&s->m);
     }
     tok_free(&s->tok);
@@ -191,7 +194,7 @@ static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids,
     c.sampler.top_p = (float)o->top_p;
     c.sampler.seed = (uint64_t)o->seed;
     gen_stats_t st;
-    int rc = gen_run(&s->m, &s->st, ids, n, &c, print_token, p, &st);
+    int rc = gen_run(&s->run, &s->st, ids, n, &c, print_token, p, &st);
     int frc = print_finish(p);
     if (rc == 0) rc = frc;
     if (rc == 0) report(o, &st);

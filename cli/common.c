@@ -36,7 +36,7 @@ int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
-    int rc = model_load_src(m, src, &a, be, (size_t)1 << 30);
+    int rc = model_load_src(m, src, &a, be);
     if (rc == 0 && tok && (rc = cli_load_tokenizer(src, tok)) < 0) model_free(m);
     wsrc_close(src);
     return rc;

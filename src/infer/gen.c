@@ -25,11 +25,12 @@ static int is_stop(const gen_cfg_t *cfg, int32_t id) {
     return 0;
 }
 
-int gen_run(model_t *m, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
+int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
             gen_token_fn on_token, void *user, gen_stats_t *stats) {
     memset(stats, 0, sizeof *stats);
     if (st->B != 1) return err_set(ERR_INPUT, "gen_run generates one sequence at a time");
     if (n_prompt < 1) return err_set(ERR_INPUT, "empty prompt");
+    const model_t *m = r->m;
     sampler_t smp;
     TRY(sampler_init(&smp, &cfg->sampler, m->a.V));
     float *logits = malloc((size_t)m->a.V * sizeof(float));
@@ -38,7 +39,7 @@ int gen_run(model_t *m, model_state_t *st, const int32_t *prompt, int n_prompt, 
         return err_set(ERR_NOMEM, "out of memory");
     }
     double t0 = time_now();
-    int rc = model_prefill(m, st, prompt, n_prompt, cfg->prefill_chunk, logits);
+    int rc = model_prefill(r, st, prompt, n_prompt, cfg->prefill_chunk, logits);
     stats->n_prompt = n_prompt;
     stats->prefill_s = time_now() - t0;
     t0 = time_now();
@@ -52,7 +53,7 @@ int gen_run(model_t *m, model_state_t *st, const int32_t *prompt, int n_prompt, 
         stats->n_new++;
         // Fed back before the callback's verdict, so the cache always holds the
         // prompt and every emitted token (a chat continues from there).
-        rc = model_step(m, st, &id, logits);
+        rc = model_step(r, st, &id, logits);
         if (on_token && on_token(user, id)) break;
     }
     stats->decode_s = time_now() - t0;

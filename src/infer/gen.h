@@ -34,5 +34,5 @@ typedef int (*gen_token_fn)(void *user, int32_t id);
 
 // Feeds `prompt` after whatever st already holds and generates (B = 1). On
 // return the cache holds the prompt and every emitted token (not a stop id).
-int gen_run(model_t *m, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
+int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
             gen_token_fn on_token, void *user, gen_stats_t *stats);

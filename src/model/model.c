@@ -67,7 +67,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
     return 0;
 }
 
-int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes) {
+int model_create(model_t *m, const arch_t *a, be_t *be) {
     memset(m, 0, sizeof *m);
     TRY(check_ops(be, a));
     m->a = *a;
@@ -76,12 +76,12 @@ int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes) {
     TRY(ptable_build(&m->pt, a));
     m->w = be->alloc(be, (size_t)m->pt.total * be->act_size);
     m->lw = calloc((size_t)a->n_layers, sizeof *m->lw);
-    void *amem = be->alloc(be, arena_bytes);
-    if (!m->w || !m->lw || !amem) {
+    if (!m->w || !m->lw) {
+        size_t bytes = (size_t)m->pt.total * be->act_size;
+        long long n = (long long)m->pt.total;
         model_free(m);
-        return err_wrap(ERR_NOMEM, "model of %lld parameters: ", (long long)m->pt.total);
+        return err_wrap(ERR_NOMEM, "weights of a model of %lld parameters (%.1f MiB): ", n, bytes / 1048576.0);
     }
-    arena_init(&m->arena, amem, arena_bytes, "activation arena");
     be->memset0(be, m->w, (size_t)m->pt.total * be->act_size); // the alignment gaps stay zero
     TRY(model_bind(m, m->w, be->act_size, m->lw, &m->embed, &m->final_norm, &m->lm_head));
     return model_ensure_positions(m, 4096);
@@ -91,17 +91,33 @@ void model_free(model_t *m) {
     be_t *be = m->be;
     if (be) {
         be->free(be, m->w);
-        be->free(be, m->arena.base);
         be->free(be, m->rope_cos);
         be->free(be, m->rope_sin);
         be->free(be, m->mla_cos);
         be->free(be, m->mla_sin);
-        be->free(be, m->pos_buf);
     }
-    free(m->pos_host);
     free(m->lw);
     ptable_free(&m->pt);
     memset(m, 0, sizeof *m);
+}
+
+int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes) {
+    memset(r, 0, sizeof *r);
+    void *amem = m->be->alloc(m->be, arena_bytes);
+    if (!amem) return err_wrap(ERR_NOMEM, "activation arena of %.1f MiB: ", arena_bytes / 1048576.0);
+    r->m = m;
+    arena_init(&r->arena, amem, arena_bytes, "activation arena");
+    return 0;
+}
+
+void model_run_free(model_run_t *r) {
+    if (r->m) {
+        be_t *be = r->m->be;
+        be->free(be, r->arena.base);
+        be->free(be, r->pos_buf);
+    }
+    free(r->pos_host);
+    memset(r, 0, sizeof *r);
 }
 
 static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float **dcos, float **dsin) {
@@ -167,8 +183,8 @@ int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
     return check_unknown(src, pt, flags);
 }
 
-int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, size_t arena_bytes) {
-    int rc = model_create(m, a, be, arena_bytes);
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be) {
+    int rc = model_create(m, a, be);
     // One tensor at a time through a host buffer of the largest one.
     float *host = NULL;
     int64_t maxn = 0;
@@ -186,11 +202,11 @@ int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, size_t ar
     return rc;
 }
 
-int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes) {
+int model_load(model_t *m, const char *path, be_t *be) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
-    int rc = model_load_src(m, src, &a, be, arena_bytes);
+    int rc = model_load_src(m, src, &a, be);
     wsrc_close(src);
     return rc;
 }
@@ -263,13 +279,13 @@ void model_state_reset(const model_t *m, model_state_t *st) {
 
 // ---- forward (inference) ---------------------------------------------------------
 
-int model_prepare_positions(model_t *m, int B, int T, int pos0) {
-    be_t *be = m->be;
+int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
+    be_t *be = r->m->be;
     // pos[0] only: pos[1] is the visible lengths of a step, which a later step
     // at pos0 + 1 reads as positions but then needs its own lengths too.
-    if (ctx_pos_find(m->pos, m->n_pos ? 1 : 0, B, T, pos0)) return 0;
+    if (ctx_pos_find(r->pos, r->n_pos ? 1 : 0, B, T, pos0)) return 0;
     int64_t need = (int64_t)B * T + B;
-    if (need > m->pos_cap) { // grown, never shrunk: a decode token allocates nothing
+    if (need > r->pos_cap) { // grown, never shrunk: a decode token allocates nothing
         int64_t cap = need > 4096 ? need : 4096;
         int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
         int32_t *host = malloc((size_t)cap * sizeof(int32_t));
@@ -278,30 +294,31 @@ int model_prepare_positions(model_t *m, int B, int T, int pos0) {
             free(host);
             return err_set(ERR_NOMEM, "position arrays for %lld tokens", (long long)need);
         }
-        be->free(be, m->pos_buf);
-        free(m->pos_host);
-        m->pos_buf = buf, m->pos_host = host, m->pos_cap = cap;
+        be->free(be, r->pos_buf);
+        free(r->pos_host);
+        r->pos_buf = buf, r->pos_host = host, r->pos_cap = cap;
     }
-    int32_t *h = m->pos_host;
+    int32_t *h = r->pos_host;
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
         h[(int64_t)B * T + b] = pos0 + 1;
     }
-    m->n_pos = 0; // a failed upload leaves nothing prepared
-    TRY(be->copy_h2d(be, m->pos_buf, h, (size_t)need * sizeof(int32_t)));
-    m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf, B, T, pos0};
-    if (T == 1) m->pos[m->n_pos++] = (ctx_pos_t){m->pos_buf + B, B, 1, pos0 + 1};
+    r->n_pos = 0; // a failed upload leaves nothing prepared
+    TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)need * sizeof(int32_t)));
+    r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf, B, T, pos0};
+    if (T == 1) r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf + B, B, 1, pos0 + 1};
     return 0;
 }
 
-layer_ctx_t model_layer_ctx(model_t *m, int l) {
-    layer_ctx_t c = {m->be, &m->a, l, &m->arena, m->rope_cos, m->rope_sin, m->rope_npos, m->pos, m->n_pos};
+layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
+    const model_t *m = r->m;
+    layer_ctx_t c = {m->be, &m->a, l, &r->arena, m->rope_cos, m->rope_sin, m->rope_npos, r->pos, r->n_pos};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
 
-int model_embed(model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x) {
+int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x) {
     for (int64_t i = 0; i < N; i++)
         if (ids[i] < 0 || ids[i] >= m->a.V)
             return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
@@ -338,56 +355,62 @@ int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, con
 
 // Runs every layer over x [B*T, d] (the residual stream, updated in place).
 // With st: T tokens per sequence at position st->len (T == 1 uses the step path).
-static int run_layers(model_t *m, void *x, int B, int T, model_state_t *st) {
+// rec (may be NULL) records each layer's input and mixer output.
+static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *st, const model_record_t *rec) {
+    const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
     int pos0 = st ? st->len : 0;
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them.
-    void *xn = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
-    void *y = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    void *xn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
+    void *y = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!xn || !y) return ERR_NOMEM;
     if (a->n_layers) be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
     for (int l = 0; l < a->n_layers; l++) {
-        layer_ctx_t c = model_layer_ctx(m, l);
+        layer_ctx_t c = model_layer_ctx(r, l);
         const layer_w_t *w = &m->lw[l];
-        size_t mark = arena_mark(&m->arena);
+        size_t mark = arena_mark(&r->arena);
+        if (rec && rec->x) be->copy_d2d(be, rec->x[l], x, (size_t)N * a->d * be->act_size);
         TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, st ? &st->layers[l] : NULL, NULL));
+        if (rec && rec->a) be->copy_d2d(be, rec->a[l], y, (size_t)N * a->d * be->act_size);
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
         if (l + 1 < a->n_layers)
             be->add_rmsnorm_fwd(be, xn, NULL, x, y, m->lw[l + 1].norm1, N, a->d, a->eps);
         else
             be->add(be, x, y, N * a->d);
-        arena_reset(&m->arena, mark);
+        arena_reset(&r->arena, mark);
     }
+    if (rec && rec->x) be->copy_d2d(be, rec->x[a->n_layers], x, (size_t)N * a->d * be->act_size);
     return 0;
 }
 
 // Embeds ids (host [N]), runs the layers, final norm, and returns into host
 // `logits` [n_rows, V] the logits of rows first + i * stride, i < n_rows.
-static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
+static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
                           int64_t stride, int64_t n_rows, float *logits) {
+    model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
     TRY(model_ensure_positions(m, (st ? st->len : 0) + T));
-    arena_reset(&m->arena, 0);
-    int32_t *d_ids = arena_alloc(&m->arena, (size_t)N * sizeof(int32_t));
-    void *x = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
+    arena_reset(&r->arena, 0);
+    int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
+    void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
-    TRY(model_prepare_positions(m, B, T, st ? st->len : 0));
-    TRY(run_layers(m, x, B, T, st));
+    TRY(model_prepare_positions(r, B, T, st ? st->len : 0));
+    TRY(run_layers(r, x, B, T, st, NULL));
     if (!logits) return be->sync(be);
     // Normalise and project the wanted rows, in slices to bound memory.
     // Consecutive rows (decode steps, every position) are read in place; others
     // (each sequence's last token of a prefill) are gathered by one strided copy.
     int64_t slice = 64;
-    void *h = stride != 1 ? arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size) : NULL;
-    void *hn = arena_alloc(&m->arena, (size_t)slice * a->d * be->act_size);
-    void *lg = arena_alloc(&m->arena, (size_t)slice * a->V * be->act_size);
+    void *h = stride != 1 ? arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size) : NULL;
+    void *hn = arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size);
+    void *lg = arena_alloc(&r->arena, (size_t)slice * a->V * be->act_size);
     if ((stride != 1 && !h) || !hn || !lg) return ERR_NOMEM;
     for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
         int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
@@ -403,7 +426,25 @@ static int forward_logits(model_t *m, const int32_t *ids, int B, int T, model_st
     return be->sync(be);
 }
 
-int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {
+int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, const model_record_t *rec) {
+    model_t *m = r->m;
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    int64_t N = (int64_t)B * T;
+    TRY(model_ensure_positions(m, T));
+    size_t mark = arena_mark(&r->arena);
+    int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
+    void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
+    if (!d_ids || !x) return ERR_NOMEM;
+    TRY(model_embed(m, ids, N, d_ids, x));
+    TRY(model_prepare_positions(r, B, T, 0));
+    TRY(run_layers(r, x, B, T, NULL, rec));
+    be->rmsnorm_fwd(be, h, NULL, x, m->final_norm, N, a->d, a->eps);
+    arena_reset(&r->arena, mark);
+    return 0;
+}
+
+int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {
     int B = st->B;
     if (st->len + T > st->cap)
         return err_set(ERR_INPUT, "prompt of %d tokens after %d cached exceeds the context capacity %d", T, st->len,
@@ -418,20 +459,20 @@ int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int 
             memcpy(part + (size_t)b * n, ids + (size_t)b * T + t0, (size_t)n * sizeof(int32_t));
         int last = t0 + n == T;
         // each sequence's last token: rows n - 1, 2n - 1, ...
-        rc = forward_logits(m, part, B, n, st, n - 1, n, B, last ? logits : NULL);
-        if (rc == 0) set_len(m, st, st->len + n);
+        rc = forward_logits(r, part, B, n, st, n - 1, n, B, last ? logits : NULL);
+        if (rc == 0) set_len(r->m, st, st->len + n);
     }
     free(part);
     return rc;
 }
 
-int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits) {
+int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits) {
     if (st->len + 1 > st->cap) return err_set(ERR_INPUT, "context capacity %d reached", st->cap);
-    TRY(forward_logits(m, ids, st->B, 1, st, 0, 1, st->B, logits));
-    set_len(m, st, st->len + 1);
+    TRY(forward_logits(r, ids, st->B, 1, st, 0, 1, st->B, logits));
+    set_len(r->m, st, st->len + 1);
     return 0;
 }
 
-int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits) {
-    return forward_logits(m, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
+int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits) {
+    return forward_logits(r, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
 }

@@ -1,6 +1,10 @@
-// A whole model on a backend: architecture, flat weights, per-layer views,
-// RoPE tables; inference (prefill / decode step with a hybrid cache) and the
-// training forward/backward.
+// A whole model on a backend, in two parts: its weights (model_t: architecture,
+// flat weights, per-layer views, RoPE tables), shared read-only by everything
+// that runs it, and a run's execution context (model_run_t: activation arena and
+// the step's position arrays), one per concurrent user of the weights (a
+// teacher and a student, the trainer and an evaluation, later each server
+// worker). Inference (prefill / decode step with a hybrid cache) and the
+// training forward/backward run on a model_run_t.
 #pragma once
 #include <stdint.h>
 
@@ -36,23 +40,31 @@ typedef struct {
     float *rope_cos, *rope_sin;         // attention RoPE tables on the device [rope_npos, dh/2]
     float *mla_cos, *mla_sin;           // MLA RoPE tables [rope_npos, d_rope/2]
     int rope_npos;
+} model_t;
+
+// One run's execution context over a model's weights.
+typedef struct {
+    model_t *m;
     arena_t arena;    // device memory for one step's activations
     ctx_pos_t pos[2]; // the current step's position arrays (positions; decode: visible lengths)
     int n_pos;
     int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
     int32_t *pos_host; // its host staging buffer
     int64_t pos_cap;   // elements of each
-} model_t;
+} model_run_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.
-int model_create(model_t *m, const arch_t *a, be_t *be, size_t arena_bytes);
+int model_create(model_t *m, const arch_t *a, be_t *be);
 // Loads a GGUF file or a checkpoint folder onto the backend. Strict: a
 // missing, unknown or wrongly shaped tensor is an error naming it.
-int model_load(model_t *m, const char *path, be_t *be, size_t arena_bytes);
+int model_load(model_t *m, const char *path, be_t *be);
 // The same from an open source and the architecture wsrc_open filled, for a
 // caller that reads more from it (the tokenizer in a GGUF's metadata) without
 // opening and parsing the file a second time.
-int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, size_t arena_bytes);
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be);
+// A run over m's weights with an activation arena of arena_bytes on m's device.
+int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes);
+void model_run_free(model_run_t *r);
 // MODEL_ALLOW_MISSING: missing tensors stay zero and unknown ones are
 // ignored, each with a warning (the opt-out of --allow-missing).
 enum { MODEL_ALLOW_MISSING = 1 };
@@ -64,7 +76,7 @@ void model_free(model_t *m);
 // rows of T tokens and, when T == 1, the visible lengths pos0 + 1 (nothing to
 // do when the last call prepared the same). They stay valid (arena resets do
 // not touch them) until the next call.
-int model_prepare_positions(model_t *m, int B, int T, int pos0);
+int model_prepare_positions(model_run_t *r, int B, int T, int pos0);
 // Grows the RoPE tables to cover positions [0, n_pos).
 int model_ensure_positions(model_t *m, int n_pos);
 // Binds a weight-view struct set to any flat buffer laid out by m->pt
@@ -86,11 +98,22 @@ void model_state_reset(const model_t *m, model_state_t *st); // len = 0, states 
 
 // Feeds T tokens per sequence (ids host [B*T]) in chunks of `chunk` tokens,
 // extending the cache; logits (host, [B, V]) of each sequence's last token.
-int model_prefill(model_t *m, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
+int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
 // One token per sequence (ids host [B]); logits host [B, V].
-int model_step(model_t *m, model_state_t *st, const int32_t *ids, float *logits);
+int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits);
 // Logits of every position of B sequences of T tokens without a cache (host [B*T, V]).
-int model_logits_all(model_t *m, const int32_t *ids, int B, int T, float *logits);
+int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits);
+
+// What a forward without gradients records per layer (the ILD teacher): x[l]
+// the input of layer l, x[n_layers] the last layer's output, a[l] layer l's
+// mixer output; [B*T, d] act buffers of the caller. Either array may be NULL.
+typedef struct {
+    void **x, **a;
+} model_record_t;
+// The final normed hidden states h [B*T, d] (act, a device buffer of the
+// caller) of B rows of T tokens at positions 0..T-1, saving nothing for a
+// backward: the teacher of distillation. rec (NULL: nothing) records per layer.
+int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, const model_record_t *rec);
 
 // ---- pieces shared by inference and the training forward (train_fwd.c) --------
 // What a mixer saves for its backward, by layer kind.
@@ -101,13 +124,13 @@ typedef union {
     m2_saved_t m2;
 } mixer_saved_t;
 
-// The context layer l runs in: the model's arena and prepared positions, and
-// the RoPE tables of the layer's kind.
-layer_ctx_t model_layer_ctx(model_t *m, int l);
+// The context layer l runs in: the run's arena and prepared positions, and
+// the model's RoPE tables of the layer's kind.
+layer_ctx_t model_layer_ctx(model_run_t *r, int l);
 // Checks the token ids (host [N]) against the vocabulary, uploads them to
 // d_ids (device [N], kept for the embedding backward) and embeds them into x
 // (act [N, d]).
-int model_embed(model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x);
+int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x);
 // The token mixer of layer c->layer with weights w over x [B*T, d] (normed)
 // -> out: its kind's X_step for one token per sequence with a cache, else
 // X_forward (layer.h contract). sv (training) NULL, or filled for the backward.

@@ -5,17 +5,18 @@
 
 #include "base/err.h"
 
-int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved_t *sv) {
+int block_forward(model_run_t *r, int l, const void *x_in, int B, int T, block_saved_t *sv) {
+    const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     const layer_w_t *w = &m->lw[l];
-    layer_ctx_t c = model_layer_ctx(m, l);
     int64_t N = (int64_t)B * T, nd = N * a->d;
     memset(sv, 0, sizeof *sv);
     sv->x_in = x_in, sv->B = B, sv->T = T;
     // The step's (B, T, 0) positions, uploaded by the first block only; the
     // backward reads the same array through the layers' saved pointers.
-    TRY(model_prepare_positions(m, B, T, 0));
+    TRY(model_prepare_positions(r, B, T, 0));
+    layer_ctx_t c = model_layer_ctx(r, l);
     sv->xn1 = ctx_act(&c, nd), sv->a = ctx_act(&c, nd), sv->x_mid = ctx_act(&c, nd);
     sv->xn2 = ctx_act(&c, nd), sv->x_out = ctx_act(&c, nd);
     sv->rstd1 = ctx_f32(&c, N), sv->rstd2 = ctx_f32(&c, N);
@@ -29,14 +30,15 @@ int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved
     return 0;
 }
 
-int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, const void *dx_out, const void *da,
+int block_backward(model_run_t *r, int l, layer_w_t *g, const block_saved_t *sv, const void *dx_out, const void *da,
                    void *dx_in) {
+    const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     const layer_w_t *w = &m->lw[l];
-    layer_ctx_t c = model_layer_ctx(m, l);
+    layer_ctx_t c = model_layer_ctx(r, l);
     int64_t N = (int64_t)sv->B * sv->T, nd = N * a->d;
-    size_t mark = arena_mark(&m->arena);
+    size_t mark = arena_mark(&r->arena);
     void *dxn = ctx_act(&c, nd), *dmid = ctx_act(&c, nd), *tmp = ctx_act(&c, nd);
     if (!dxn || !dmid || !tmp) return ERR_NOMEM;
     // x_out = x_mid + mlp(norm2(x_mid))
@@ -66,32 +68,44 @@ int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, con
     } else {
         be->rmsnorm_bwd(be, tmp, g->norm1, dxn, sv->x_in, w->norm1, sv->rstd1, N, a->d);
     }
-    arena_reset(&m->arena, mark);
+    arena_reset(&r->arena, mark);
     return 0;
 }
 
-int model_forward_train(model_t *m, const int32_t *ids, int B, int T, model_acts_t *acts) {
+int model_forward_train(model_run_t *r, const int32_t *ids, int B, int T, int recompute, model_acts_t *acts) {
+    model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
+    size_t nd_bytes = (size_t)N * a->d * be->act_size;
     TRY(model_ensure_positions(m, T));
-    acts->B = B, acts->T = T;
-    acts->ids = arena_alloc(&m->arena, (size_t)N * sizeof(int32_t));
-    acts->x0 = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
-    acts->h = arena_alloc(&m->arena, (size_t)N * a->d * be->act_size);
-    acts->rstd_f = arena_alloc(&m->arena, (size_t)N * sizeof(float));
-    if (!acts->ids || !acts->x0 || !acts->h || !acts->rstd_f) return ERR_NOMEM;
-    TRY(model_embed(m, ids, N, acts->ids, acts->x0));
-    const void *x = acts->x0;
+    acts->B = B, acts->T = T, acts->recompute = recompute;
+    acts->ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
+    acts->x[0] = arena_alloc(&r->arena, nd_bytes);
+    acts->h = arena_alloc(&r->arena, nd_bytes);
+    acts->rstd_f = arena_alloc(&r->arena, (size_t)N * sizeof(float));
+    if (!acts->ids || !acts->x[0] || !acts->h || !acts->rstd_f) return ERR_NOMEM;
+    // With recomputation every block input is kept apart, below the blocks'
+    // saved tensors, which are dropped after each block.
+    for (int l = 1; recompute && l <= a->n_layers; l++)
+        if (!(acts->x[l] = arena_alloc(&r->arena, nd_bytes))) return ERR_NOMEM;
+    TRY(model_embed(m, ids, N, acts->ids, acts->x[0]));
     for (int l = 0; l < a->n_layers; l++) {
-        TRY(block_forward(m, l, x, B, T, &acts->blocks[l]));
-        x = acts->blocks[l].x_out;
+        size_t mark = arena_mark(&r->arena);
+        TRY(block_forward(r, l, acts->x[l], B, T, &acts->blocks[l]));
+        if (recompute) {
+            be->copy_d2d(be, acts->x[l + 1], acts->blocks[l].x_out, nd_bytes);
+            arena_reset(&r->arena, mark);
+        } else {
+            acts->x[l + 1] = acts->blocks[l].x_out;
+        }
     }
-    be->rmsnorm_fwd(be, acts->h, acts->rstd_f, x, m->final_norm, N, a->d, a->eps);
+    be->rmsnorm_fwd(be, acts->h, acts->rstd_f, acts->x[a->n_layers], m->final_norm, N, a->d, a->eps);
     return 0;
 }
 
-int model_backward(model_t *m, const model_acts_t *acts, const void *dh, float *grad) {
+int model_backward(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad) {
+    model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)acts->B * acts->T, nd = N * a->d;
@@ -99,21 +113,28 @@ int model_backward(model_t *m, const model_acts_t *acts, const void *dh, float *
     void *gemb, *gnorm, *ghead;
     if (!g) return err_set(ERR_NOMEM, "out of memory");
     int rc = model_bind(m, grad, sizeof(float), g, &gemb, &gnorm, &ghead);
-    size_t mark = arena_mark(&m->arena);
-    void *dx = arena_alloc(&m->arena, (size_t)nd * be->act_size),
-         *dprev = arena_alloc(&m->arena, (size_t)nd * be->act_size);
+    size_t mark = arena_mark(&r->arena);
+    void *dx = arena_alloc(&r->arena, (size_t)nd * be->act_size),
+         *dprev = arena_alloc(&r->arena, (size_t)nd * be->act_size);
     if (rc == 0 && (!dx || !dprev)) rc = ERR_NOMEM;
     if (rc == 0) {
-        const void *x_last = a->n_layers ? acts->blocks[a->n_layers - 1].x_out : acts->x0;
-        be->rmsnorm_bwd(be, dx, gnorm, dh, x_last, m->final_norm, acts->rstd_f, N, a->d);
+        be->rmsnorm_bwd(be, dx, gnorm, dh, acts->x[a->n_layers], m->final_norm, acts->rstd_f, N, a->d);
         for (int l = a->n_layers - 1; l >= 0 && rc == 0; l--) {
-            rc = block_backward(m, l, &g[l], &acts->blocks[l], dx, NULL, dprev);
+            size_t mark_l = arena_mark(&r->arena);
+            block_saved_t sv;
+            const block_saved_t *s = &acts->blocks[l];
+            if (acts->recompute) {
+                rc = block_forward(r, l, acts->x[l], acts->B, acts->T, &sv);
+                s = &sv;
+            }
+            if (rc == 0) rc = block_backward(r, l, &g[l], s, dx, NULL, dprev);
+            arena_reset(&r->arena, mark_l);
             void *t = dx;
             dx = dprev, dprev = t;
         }
     }
     if (rc == 0) be->embed_bwd(be, gemb, dx, acts->ids, N, a->d);
-    arena_reset(&m->arena, mark);
+    arena_reset(&r->arena, mark);
     free(g);
     return rc;
 }

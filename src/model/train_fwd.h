@@ -5,7 +5,7 @@
 // blocks chained, model_forward_train / model_backward) and layer-wise
 // distillation (each block fed the teacher's input, its mixer output `a` and
 // output x_out both in the loss: block_backward takes an extra gradient on a).
-// Everything saved lives in the model's activation arena until it is reset.
+// Everything saved lives in the run's activation arena until it is reset.
 #pragma once
 #include "model/model.h"
 
@@ -19,25 +19,27 @@ typedef struct {
 } block_saved_t;
 
 // Forward of block l over x_in [B*T, d] (positions 0..T-1 in every row).
-int block_forward(model_t *m, int l, const void *x_in, int B, int T, block_saved_t *sv);
+int block_forward(model_run_t *r, int l, const void *x_in, int B, int T, block_saved_t *sv);
 // dx_out: gradient of x_out; da (NULL = 0): extra gradient on the mixer output;
 // dx_in (NULL: not needed): gradient of x_in, overwritten. Weight gradients are
 // accumulated (+=) into g (views into a float gradient buffer laid out by m->pt).
-int block_backward(model_t *m, int l, layer_w_t *g, const block_saved_t *sv, const void *dx_out, const void *da,
+int block_backward(model_run_t *r, int l, layer_w_t *g, const block_saved_t *sv, const void *dx_out, const void *da,
                    void *dx_in);
 
 typedef struct {
     int B, T;
-    int32_t *ids;          // device [N]
-    void *x0;              // embeddings [N, d]
-    block_saved_t *blocks; // [n_layers]
-    void *h;               // final normed hidden [N, d]
-    float *rstd_f;         // [N]
+    int recompute;                // activation checkpointing: only each block's input is kept
+    int32_t *ids;                 // device [N]
+    void *x[ARCH_MAX_LAYERS + 1]; // block inputs, x[n_layers] the last block's output ([N, d] each)
+    block_saved_t *blocks;        // [n_layers] what each backward needs (unused when recompute)
+    void *h;                      // final normed hidden [N, d]
+    float *rstd_f;                // [N]
 } model_acts_t;
 
 // Whole-model training forward: acts->h = final_norm(blocks(embed(ids))).
-// ids host [B*T]. acts->blocks must have room for n_layers entries.
-int model_forward_train(model_t *m, const int32_t *ids, int B, int T, model_acts_t *acts);
+// ids host [B*T]. acts->blocks must have room for n_layers entries. recompute: keep only the block inputs (activation
+// checkpointing); model_backward runs each block's forward again.
+int model_forward_train(model_run_t *r, const int32_t *ids, int B, int T, int recompute, model_acts_t *acts);
 // dh: gradient of acts->h; accumulates every parameter's gradient into grad
 // (float flat buffer laid out by m->pt, on the device).
-int model_backward(model_t *m, const model_acts_t *acts, const void *dh, float *grad);
+int model_backward(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad);

@@ -37,7 +37,7 @@ static void load_random(model_t *m, uint64_t seed) {
 }
 
 typedef struct {
-    model_t *m;
+    model_run_t *r;
     const int32_t *ids;
     int B, T;
     const float *R; // loss = sum(h * R)
@@ -48,15 +48,17 @@ static double loss_fn(void *ctx, double *l1) {
     model_acts_t acts;
     block_saved_t blocks[8];
     acts.blocks = blocks;
-    arena_reset(&c->m->arena, 0);
-    assert_int_equal(model_forward_train(c->m, c->ids, c->B, c->T, &acts), 0);
-    return tu_dot_l1(acts.h, c->R, (int64_t)c->B * c->T * c->m->a.d, l1);
+    arena_reset(&c->r->arena, 0);
+    assert_int_equal(model_forward_train(c->r, c->ids, c->B, c->T, 0, &acts), 0);
+    return tu_dot_l1(acts.h, c->R, (int64_t)c->B * c->T * c->r->m->a.d, l1);
 }
 
 static void test_model_gradients(void **st) {
     arch_t a = tiny_hybrid();
     model_t m;
-    assert_int_equal(model_create(&m, &a, tu_cpu(), 64u << 20), 0);
+    assert_int_equal(model_create(&m, &a, tu_cpu()), 0);
+    model_run_t r_m;
+    assert_int_equal(model_run_create(&r_m, &m, 64u << 20), 0);
     load_random(&m, 3);
     int B = 2, T = 11;
     int32_t ids[22];
@@ -65,15 +67,28 @@ static void test_model_gradients(void **st) {
     int64_t nh = (int64_t)B * T * a.d;
     float *R = malloc((size_t)nh * sizeof(float));
     tu_randn(R, nh, 9, 1.0f);
-    loss_ctx c = {&m, ids, B, T, R};
+    loss_ctx c = {&r_m, ids, B, T, R};
     // analytic gradient
     model_acts_t acts;
     block_saved_t blocks[8];
     acts.blocks = blocks;
-    arena_reset(&m.arena, 0);
-    assert_int_equal(model_forward_train(&m, ids, B, T, &acts), 0);
+    arena_reset(&r_m.arena, 0);
+    assert_int_equal(model_forward_train(&r_m, ids, B, T, 0, &acts), 0);
     float *grad = calloc((size_t)m.pt.total, sizeof(float));
-    assert_int_equal(model_backward(&m, &acts, R, grad), 0);
+    assert_int_equal(model_backward(&r_m, &acts, R, grad), 0);
+    // Activation checkpointing recomputes each block's forward from its kept
+    // input: the same operations on the same inputs, so the same bits, with
+    // less arena at the peak.
+    size_t peak_saved = r_m.arena.peak;
+    arena_reset(&r_m.arena, 0);
+    r_m.arena.peak = 0;
+    assert_int_equal(model_forward_train(&r_m, ids, B, T, 1, &acts), 0);
+    float *grad_rc = calloc((size_t)m.pt.total, sizeof(float));
+    assert_int_equal(model_backward(&r_m, &acts, R, grad_rc), 0);
+    assert_memory_equal(grad, grad_rc, (size_t)m.pt.total * sizeof(float));
+    printf("  arena peak: %zu bytes saving every block, %zu recomputing\n", peak_saved, r_m.arena.peak);
+    assert_true(r_m.arena.peak < peak_saved);
+    free(grad_rc);
     // Every parameter tensor on its own, so a wrong tensor is named. eps 5e-4:
     // with random O(0.3) weights, RMSNorms and GDN's output norm the loss is
     // sharply curved; the O(eps^2) truncation error reached 4% at eps 1e-2 and
@@ -88,6 +103,7 @@ static void test_model_gradients(void **st) {
     assert_int_equal(fails, 0);
     free(R);
     free(grad);
+    model_run_free(&r_m);
     model_free(&m);
 }
 
@@ -96,27 +112,29 @@ static void test_model_gradients(void **st) {
 // cache gives them again (a reused cache starts from zero states).
 static void check_decode_equals_forward(const arch_t *a) {
     model_t m;
-    assert_int_equal(model_create(&m, a, tu_cpu(), 64u << 20), 0);
+    assert_int_equal(model_create(&m, a, tu_cpu()), 0);
+    model_run_t r_m;
+    assert_int_equal(model_run_create(&r_m, &m, 64u << 20), 0);
     load_random(&m, 5);
     int T = 150, P = 13;
     int32_t ids[150];
     for (int i = 0; i < T; i++)
         ids[i] = (i * 13 + 1) % a->V;
     float *full = malloc((size_t)T * a->V * sizeof(float)), *lg = malloc((size_t)a->V * sizeof(float));
-    assert_int_equal(model_logits_all(&m, ids, 1, T, full), 0);
+    assert_int_equal(model_logits_all(&r_m, ids, 1, T, full), 0);
     model_state_t st_;
     assert_int_equal(model_state_alloc(&m, &st_, 1, 160), 0);
     // prefill in two chunks (7 + 6), then one token at a time
-    assert_int_equal(model_prefill(&m, &st_, ids, P, 7, lg), 0);
+    assert_int_equal(model_prefill(&r_m, &st_, ids, P, 7, lg), 0);
     double worst = tu_rel_err(lg, full + (int64_t)(P - 1) * a->V, a->V);
     for (int t = P; t < T; t++) {
-        assert_int_equal(model_step(&m, &st_, &ids[t], lg), 0);
+        assert_int_equal(model_step(&r_m, &st_, &ids[t], lg), 0);
         double e = tu_rel_err(lg, full + (int64_t)t * a->V, a->V);
         if (e > worst) worst = e;
     }
     model_state_reset(&m, &st_);
     assert_int_equal(st_.len, 0);
-    assert_int_equal(model_prefill(&m, &st_, ids, 40, 16, lg), 0);
+    assert_int_equal(model_prefill(&r_m, &st_, ids, 40, 16, lg), 0);
     double again = tu_rel_err(lg, full + 39 * (int64_t)a->V, a->V);
     printf("  decode vs full forward: worst rel err over %d positions %.2e; after a reset %.2e\n", T - P + 1, worst,
            again);
@@ -130,6 +148,7 @@ static void check_decode_equals_forward(const arch_t *a) {
     model_state_free(&m, &st_);
     free(full);
     free(lg);
+    model_run_free(&r_m);
     model_free(&m);
 }
 
@@ -153,26 +172,28 @@ static void test_decode_equals_forward_wide_keys(void **st) {
 static void test_batch_decode_equals_forward(void **st) {
     arch_t a = tiny_hybrid();
     model_t m;
-    assert_int_equal(model_create(&m, &a, tu_cpu(), 64u << 20), 0);
+    assert_int_equal(model_create(&m, &a, tu_cpu()), 0);
+    model_run_t r_m;
+    assert_int_equal(model_run_create(&r_m, &m, 64u << 20), 0);
     load_random(&m, 7);
     enum { B = 3, T = 40, P = 11 };
     int32_t ids[B * T], step[B];
     for (int i = 0; i < B * T; i++)
         ids[i] = (i * 17 + 5) % a.V;
     float *full = malloc((size_t)B * T * a.V * sizeof(float)), *lg = malloc((size_t)B * a.V * sizeof(float));
-    assert_int_equal(model_logits_all(&m, ids, B, T, full), 0);
+    assert_int_equal(model_logits_all(&r_m, ids, B, T, full), 0);
     model_state_t st_;
     assert_int_equal(model_state_alloc(&m, &st_, B, T), 0);
     int32_t prompt[B * P];
     for (int b = 0; b < B; b++)
         memcpy(prompt + b * P, ids + b * T, P * sizeof(int32_t));
-    assert_int_equal(model_prefill(&m, &st_, prompt, P, 4, lg), 0); // chunks 4 + 4 + 3
+    assert_int_equal(model_prefill(&r_m, &st_, prompt, P, 4, lg), 0); // chunks 4 + 4 + 3
     double worst = 0;
     for (int t = P - 1; t < T; t++) {
         if (t >= P) {
             for (int b = 0; b < B; b++)
                 step[b] = ids[b * T + t];
-            assert_int_equal(model_step(&m, &st_, step, lg), 0);
+            assert_int_equal(model_step(&r_m, &st_, step, lg), 0);
         }
         for (int b = 0; b < B; b++)
             worst = fmax(worst, tu_rel_err(lg + (int64_t)b * a.V, full + ((int64_t)b * T + t) * a.V, a.V));
@@ -182,6 +203,7 @@ static void test_batch_decode_equals_forward(void **st) {
     model_state_free(&m, &st_);
     free(full);
     free(lg);
+    model_run_free(&r_m);
     model_free(&m);
 }
 

@@ -37,7 +37,9 @@ static void test_smollm2_against_transformers(void **st) {
     cJSON *root = cJSON_Parse(text);
     assert_non_null(root);
     model_t m;
-    assert_int_equal(model_load(&m, model_path, tu_cpu(), (size_t)1 << 30), 0);
+    assert_int_equal(model_load(&m, model_path, tu_cpu()), 0);
+    model_run_t r_m;
+    assert_int_equal(model_run_create(&r_m, &m, (size_t)1 << 30), 0);
     const cJSON *prompts = cJSON_GetObjectItem(root, "prompts");
     int np = cJSON_GetArraySize(prompts);
     assert_true(np >= 3);
@@ -50,7 +52,7 @@ static void test_smollm2_against_transformers(void **st) {
         const cJSON *top_ids = cJSON_GetObjectItem(pr, "top_ids"), *top_lg = cJSON_GetObjectItem(pr, "top_logits");
         assert_int_equal(cJSON_GetArraySize(top_ids), T);
         float *lg = malloc((size_t)T * m.a.V * sizeof(float));
-        assert_int_equal(model_logits_all(&m, ids, 1, T, lg), 0);
+        assert_int_equal(model_logits_all(&r_m, ids, 1, T, lg), 0);
         double pw = 0;
         for (int t = 0; t < T; t++) {
             const cJSON *ri = cJSON_GetArrayItem(top_ids, t), *rl = cJSON_GetArrayItem(top_lg, t);
@@ -72,7 +74,7 @@ static void test_smollm2_against_transformers(void **st) {
         model_state_t s;
         assert_int_equal(model_state_alloc(&m, &s, 1, T + ng + 1), 0);
         float *l = malloc((size_t)m.a.V * sizeof(float));
-        assert_int_equal(model_prefill(&m, &s, ids, T, 0, l), 0);
+        assert_int_equal(model_prefill(&r_m, &s, ids, T, 0, l), 0);
         for (int i = 0; i < ng; i++) {
             int am = 0;
             for (int v = 1; v < m.a.V; v++)
@@ -80,13 +82,14 @@ static void test_smollm2_against_transformers(void **st) {
             if (am != greedy[i]) printf("  prompt %d: greedy token %d is %d, transformers %d\n", p, i, am, greedy[i]);
             assert_int_equal(am, greedy[i]);
             int32_t id = am;
-            assert_int_equal(model_step(&m, &s, &id, l), 0);
+            assert_int_equal(model_step(&r_m, &s, &id, l), 0);
         }
         model_state_free(&m, &s);
         free(l), free(lg), free(ids), free(greedy);
     }
     printf("  worst |logit diff| %.2e (bound %.0e)\n", worst, LOGIT_TOL);
     assert_true(worst < LOGIT_TOL);
+    model_run_free(&r_m);
     model_free(&m);
     cJSON_Delete(root);
     free(text);
