@@ -53,3 +53,4 @@ int cmd_chat(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
+int cmd_train(int argc, char **argv);

@@ -23,6 +23,9 @@ int fs_mkdir_p(const char *path);
 // path joining into a caller buffer; returns ERR_INPUT if it would not fit.
 int fs_join(char *out, size_t cap, const char *dir, const char *name);
 
+// Removes a folder of plain files (a checkpoint, a temporary one) and the folder.
+void fs_remove_tree(const char *dir);
+
 // Atomic output: fs_atomic_open creates "<path>.tmp.<pid>" and returns a FILE*;
 // fs_atomic_commit flushes, fsyncs and renames onto path; fs_atomic_abort
 // removes the temporary. Exactly one of commit/abort must follow an open.

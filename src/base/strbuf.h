@@ -18,6 +18,7 @@ typedef struct {
 
 void strbuf_putn(strbuf_t *b, const char *s, size_t n);
 void strbuf_puts(strbuf_t *b, const char *s);
+void strbuf_printf(strbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // s as a JSON string literal (the one escaper of the JSON writers), escaped as Python's json.dumps(ensure_ascii=False)
 // and serde_json (the safetensors reference writer) both escape: '"' and '\\'
 // backslashed, \b \f \n \r \t in their short forms, the other control

@@ -76,6 +76,9 @@ static const char *known_keys[] = {
     "hub_model_id",
     "remove_unused_columns",
     "freeze_non_mla",
+    // hylo's own keys (docs/TRAINING.md)
+    "ild_loss",
+    "device",
     "beta",
     "max_length",
     "max_prompt_length",

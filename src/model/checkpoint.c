@@ -23,20 +23,6 @@ static int dir_is_empty(const char *dir) {
     return empty;
 }
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[2048];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static int write_files(const char *tmp, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
                        const tok_t *tok, const char *const *meta) {
     char path[1200];
@@ -66,17 +52,24 @@ static int write_files(const char *tmp, const arch_t *a, const ptable_t *pt, con
 
 int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
                const char *const *meta) {
+    return ckpt_write_with(dir, a, pt, host, dtype, tok, meta, NULL, NULL);
+}
+
+int ckpt_write_with(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
+                    const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user),
+                    void *user) {
     if (fs_exists(dir) && (!fs_is_dir(dir) || !dir_is_empty(dir)))
         return err_set(ERR_INPUT, "%s: output folder exists and is not empty", dir);
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
-    remove_tree(tmp);
+    fs_remove_tree(tmp);
     TRY(fs_mkdir_p(tmp));
     int rc = write_files(tmp, a, pt, host, dtype, tok, meta);
+    if (rc == 0 && extra) rc = extra(tmp, user);
     if (rc == 0) {
         if (fs_exists(dir)) rmdir(dir); // empty, checked above
         if (rename(tmp, dir) != 0) rc = err_set(ERR_IO, "%s: cannot rename %s onto it: %s", dir, tmp, strerror(errno));
     }
-    if (rc < 0) remove_tree(tmp);
+    if (rc < 0) fs_remove_tree(tmp);
     return rc;
 }

@@ -15,3 +15,9 @@
 // (key, value, ..., NULL) or NULL. tok may be NULL (no tokenizer files).
 int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
                const char *const *meta);
+// The same, with extra(tmp, user) writing more files into the temporary folder
+// before it is renamed (the trainer's optimizer and trainer state), so the
+// checkpoint appears whole or not at all.
+int ckpt_write_with(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
+                    const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user),
+                    void *user);

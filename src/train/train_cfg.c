@@ -1,0 +1,163 @@
+// Training settings: defaults, the recipe's keys, and the printout at start.
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "base/err.h"
+#include "train/trainer.h"
+
+void train_cfg_defaults(train_cfg_t *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->device, sizeof c->device, "cpu");
+    c->ild_mode = DIST_L2;
+    c->T = 2048, c->B = 8, c->GA = 1;
+    c->lr = 2e-4, c->warmup_ratio = 0.01, c->sched = LR_COSINE;
+    c->epochs = 1.0, c->max_steps = -1;
+    c->max_grad_norm = 1.0, c->weight_decay = 0.0, c->beta1 = 0.9, c->beta2 = 0.999, c->adam_eps = 1e-8;
+    c->kl_weight = 1.0, c->ce_weight = 0.0;
+    c->yarn_factor = 1.0, c->yarn_orig = 2048;
+    c->save_steps = 500, c->save_total_limit = 2, c->logging_steps = 10;
+    c->seed = 42;
+}
+
+static int str_key(const recipe_t *r, const char *key, char *out, size_t cap) {
+    const char *s = NULL;
+    TRY(recipe_str(r, key, &s));
+    if (!s) return 0;
+    if (strlen(s) >= cap) return err_set(ERR_INPUT, "%s: %s: path longer than %zu bytes", r->path, key, cap - 1);
+    snprintf(out, cap, "%s", s);
+    return 1;
+}
+
+static int int_key(const recipe_t *r, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+    int64_t v = *out;
+    TRY(recipe_int(r, key, &v));
+    if (v < lo || v > hi)
+        return err_set(ERR_INPUT, "%s: %s: %lld is outside [%lld, %lld]", r->path, key, (long long)v, (long long)lo,
+                       (long long)hi);
+    *out = v;
+    return 0;
+}
+
+static int int_key32(const recipe_t *r, const char *key, int lo, int hi, int *out) {
+    int64_t v = *out;
+    TRY(int_key(r, key, lo, hi, &v));
+    *out = (int)v;
+    return 0;
+}
+
+static int float_key(const recipe_t *r, const char *key, double lo, double hi, double *out) {
+    double v = *out;
+    TRY(recipe_float(r, key, &v));
+    if (!(v >= lo && v <= hi)) return err_set(ERR_INPUT, "%s: %s: %g is outside [%g, %g]", r->path, key, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int bool_key(const recipe_t *r, const char *key, int *out) {
+    const char *s = NULL;
+    TRY(recipe_str(r, key, &s));
+    if (!s) return 0;
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "1")) *out = 1;
+    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "0")) *out = 0;
+    else return err_set(ERR_INPUT, "%s: %s: expected true or false, found '%s'", r->path, key, s);
+    return 0;
+}
+
+int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
+    TRY(str_key(r, "model_name_or_path", c->student, sizeof c->student));
+    TRY(str_key(r, "teacher_model_name_or_path", c->teacher, sizeof c->teacher));
+    TRY(str_key(r, "output_dir", c->out_dir, sizeof c->out_dir));
+    // dataset_mixer: {path: fraction}; hylo reads local token shards, one
+    // corpus (a shard file or a folder of them) with fraction 1.
+    const recipe_entry_t *e = recipe_find(r, "dataset_mixer");
+    if (e) {
+        if (e->kind != RECIPE_MAP || e->n_items != 2)
+            return err_set(ERR_INPUT,
+                           "%s:%d: dataset_mixer: expected one '{PATH: 1.0}' entry naming a token shard file or "
+                           "folder made by 'hylo data' (mixtures of several corpora: merge them with hylo data)",
+                           r->path, e->line);
+        if (strcmp(e->items[1], "1") && strcmp(e->items[1], "1.0"))
+            return err_set(ERR_INPUT, "%s:%d: dataset_mixer: fraction %s of %s: only 1.0 is supported", r->path,
+                           e->line, e->items[1], e->items[0]);
+        snprintf(c->data, sizeof c->data, "%s", e->items[0]);
+    }
+    TRY(bool_key(r, "ILD", &c->ild));
+    const char *s = NULL;
+    TRY(recipe_str(r, "ild_loss", &s));
+    if (s) {
+        if (!strcmp(s, "l2")) c->ild_mode = DIST_L2;
+        else if (!strcmp(s, "mse")) c->ild_mode = DIST_MSE;
+        else return err_set(ERR_INPUT, "%s: ild_loss: expected l2 or mse, found '%s'", r->path, s);
+    }
+    if (!c->ild) c->lr = 6e-5; // the recipe's stage-2 rate, unless the file says otherwise
+    TRY(int_key32(r, "max_seq_length", 2, 1 << 24, &c->T));
+    TRY(int_key32(r, "per_device_train_batch_size", 1, 1 << 16, &c->B));
+    TRY(int_key32(r, "gradient_accumulation_steps", 1, 1 << 16, &c->GA));
+    TRY(float_key(r, "learning_rate", 0, 1, &c->lr));
+    TRY(float_key(r, "warmup_ratio", 0, 1, &c->warmup_ratio));
+    TRY(int_key(r, "warmup_steps", 0, INT64_MAX / 2, &c->warmup_steps));
+    s = NULL;
+    TRY(recipe_str(r, "lr_scheduler_type", &s));
+    if (s) {
+        if (!strcmp(s, "cosine")) c->sched = LR_COSINE;
+        else if (!strcmp(s, "linear")) c->sched = LR_LINEAR;
+        else if (!strcmp(s, "constant") || !strcmp(s, "constant_with_warmup")) c->sched = LR_CONSTANT;
+        else return err_set(ERR_INPUT, "%s: lr_scheduler_type: expected cosine, linear or constant, found '%s'",
+                            r->path, s);
+    }
+    TRY(float_key(r, "num_train_epochs", 0, 1e6, &c->epochs));
+    TRY(int_key(r, "max_steps", -1, INT64_MAX / 2, &c->max_steps));
+    TRY(float_key(r, "max_grad_norm", 0, 1e30, &c->max_grad_norm));
+    TRY(float_key(r, "weight_decay", 0, 1, &c->weight_decay));
+    TRY(float_key(r, "kl_weight", 0, 1e6, &c->kl_weight));
+    TRY(float_key(r, "ce_weight", 0, 1e6, &c->ce_weight));
+    TRY(float_key(r, "factor", 1, 1024, &c->yarn_factor));
+    TRY(int_key32(r, "original_max_position_embeddings", 1, 1 << 24, &c->yarn_orig));
+    TRY(bool_key(r, "gradient_checkpointing", &c->recompute));
+    TRY(bool_key(r, "freeze_non_mla", &c->freeze_non_mla));
+    TRY(int_key(r, "save_steps", -1, INT64_MAX / 2, &c->save_steps));
+    TRY(int_key32(r, "save_total_limit", -1, 1 << 20, &c->save_total_limit));
+    TRY(int_key(r, "logging_steps", 1, INT64_MAX / 2, &c->logging_steps));
+    int64_t seed = (int64_t)c->seed;
+    TRY(int_key(r, "seed", 0, INT64_MAX, &seed));
+    c->seed = (uint64_t)seed;
+    s = NULL;
+    TRY(recipe_str(r, "device", &s));
+    if (s) {
+        if (strcmp(s, "cpu") && strcmp(s, "cuda"))
+            return err_set(ERR_INPUT, "%s: device: expected cpu or cuda, found '%s'", r->path, s);
+        snprintf(c->device, sizeof c->device, "%s", s);
+    }
+    return 0;
+}
+
+void train_cfg_print(const train_cfg_t *c, FILE *f) {
+    static const char *sched[] = {"cosine", "linear", "constant"};
+    fprintf(f, "stage                        %s\n", c->ild ? "1: layer-wise distillation (ILD)" : "2: end-to-end KD");
+    fprintf(f, "model_name_or_path           %s\n", c->student);
+    fprintf(f, "teacher_model_name_or_path   %s\n", c->teacher[0] ? c->teacher : "(none)");
+    fprintf(f, "dataset_mixer                {%s: 1.0}\n", c->data);
+    fprintf(f, "output_dir                   %s\n", c->out_dir);
+    fprintf(f, "device                       %s\n", c->device);
+    if (c->ild) fprintf(f, "ild_loss                     %s\n", c->ild_mode == DIST_L2 ? "l2" : "mse");
+    fprintf(f, "max_seq_length               %d\n", c->T);
+    fprintf(f, "per_device_train_batch_size  %d\n", c->B);
+    fprintf(f, "gradient_accumulation_steps  %d\n", c->GA);
+    fprintf(f, "learning_rate                %g\n", c->lr);
+    fprintf(f, "lr_scheduler_type            %s\n", sched[c->sched]);
+    if (c->warmup_steps > 0) fprintf(f, "warmup_steps                 %lld\n", (long long)c->warmup_steps);
+    else fprintf(f, "warmup_ratio                 %g\n", c->warmup_ratio);
+    if (c->max_steps > 0) fprintf(f, "max_steps                    %lld\n", (long long)c->max_steps);
+    else fprintf(f, "num_train_epochs             %g\n", c->epochs);
+    fprintf(f, "max_grad_norm                %g\n", c->max_grad_norm);
+    fprintf(f, "optim                        adamw (betas %g, %g; eps %g; weight_decay %g)\n", c->beta1, c->beta2,
+            c->adam_eps, c->weight_decay);
+    if (!c->ild) fprintf(f, "kl_weight / ce_weight        %g / %g\n", c->kl_weight, c->ce_weight);
+    if (c->yarn_factor > 1) fprintf(f, "factor / original_max_pos    %g / %d (YaRN on MLA)\n", c->yarn_factor, c->yarn_orig);
+    fprintf(f, "gradient_checkpointing       %s\n", c->recompute ? "true" : "false");
+    if (c->freeze_non_mla) fprintf(f, "freeze_non_mla               true\n");
+    fprintf(f, "save_steps / total_limit     %lld / %d\n", (long long)c->save_steps, c->save_total_limit);
+    fprintf(f, "logging_steps                %lld\n", (long long)c->logging_steps);
+    fprintf(f, "seed                         %llu\n", (unsigned long long)c->seed);
+}

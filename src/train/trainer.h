@@ -1,0 +1,55 @@
+// hylo's trainer: stage 1 (Enhanced-ILD) and stage 2 (end-to-end KD) of the
+// HyLo recipe over token shards, with gradient accumulation, clipping, AdamW
+// and a warm-up + decay schedule; checkpoints that are valid hybrid folders
+// plus the state for an exact resume; a metrics file and a loss plot.
+#pragma once
+#include <signal.h>
+#include <stdint.h>
+
+#include "io/recipe.h"
+#include "train/optim.h"
+
+typedef struct {
+    // what to train on what
+    char student[1024];   // a hybrid checkpoint folder (the initial student)
+    char teacher[1024];   // teacher_model_name_or_path
+    char data[1024];      // token shard file or folder (hylo data)
+    char out_dir[1024];   // output_dir
+    char device[16];      // cpu | cuda
+    int ild;              // 1: stage 1 (ILD), 0: stage 2 (KD)
+    int ild_mode;         // DIST_L2 (published) or DIST_MSE
+    // shapes and schedule
+    int T, B, GA;         // max_seq_length, per_device_train_batch_size, gradient_accumulation_steps
+    double lr, warmup_ratio;
+    int64_t warmup_steps; // > 0 overrides warmup_ratio
+    lr_sched_t sched;
+    double epochs;        // num_train_epochs (used when max_steps <= 0)
+    int64_t max_steps;
+    double max_grad_norm; // <= 0: no clipping
+    double weight_decay, beta1, beta2, adam_eps;
+    double kl_weight, ce_weight;
+    double yarn_factor;   // factor (> 1: YaRN on the student's MLA RoPE)
+    int yarn_orig;        // original_max_position_embeddings
+    int recompute;        // gradient_checkpointing
+    int freeze_non_mla;   // X-EcoMLA's option: only parameters named *mla* train
+    // checkpoints and logs
+    int64_t save_steps;   // every N optimizer steps (<= 0: only at the end)
+    int save_total_limit; // keep the last K checkpoint-* folders (<= 0: all)
+    int64_t logging_steps;
+    uint64_t seed;
+    int resume;           // continue from the newest checkpoint in out_dir
+    volatile sig_atomic_t *stop; // set by a signal handler: save and return
+} train_cfg_t;
+
+// The recipe defaults (transformers' TrainingArguments and the published
+// configs: lr 2e-4 ILD / 6e-5 KD is the recipe's choice, not a default).
+void train_cfg_defaults(train_cfg_t *c);
+// Fills c from a recipe's keys (hylo_recipe.md §7, hybrid_model.md §11); keys
+// that change nothing here are accepted; values out of range are errors naming
+// the key. The student is model_name_or_path (must be a hybrid folder; the
+// command builds it by converting first when it is not).
+int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r);
+// Prints every setting, defaults included.
+void train_cfg_print(const train_cfg_t *c, FILE *f);
+// Runs the training. 0 when done (or stopped cleanly by *stop).
+int train_run(const train_cfg_t *c);
