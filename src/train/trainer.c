@@ -412,6 +412,7 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             char nm[64];
             snprintf(nm, sizeof nm, "checkpoint-%lld", (long long)step);
             TRY(save_checkpoint(tr, nm));
+            t_log = time_now(); // the save is not training time
         }
     }
     if (isatty(2)) fputc('\n', stderr);
