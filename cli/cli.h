@@ -54,3 +54,4 @@ int cmd_export(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_data(int argc, char **argv);

@@ -22,6 +22,7 @@ static const char *usage =
     "  convert           upcycle a teacher into an MLA / GDN / Mamba-2 hybrid\n"
     "  compare T S       KL and top-1 agreement of a student's next-token distributions vs its teacher's\n"
     "  train RECIPE      distil a hybrid from its teacher (stage 1 ILD or stage 2 KD), with exact resume\n"
+    "  data              encode training text (txt, jsonl, jsonl.zst, chat) into a token shard\n"
     "\n"
     "PATH is a GGUF file or a Hugging Face / hybrid checkpoint folder.\n"
     "Run 'hylo <command> --help' for the options of a command.\n";
@@ -118,6 +119,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "compare")) return cmd_compare(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
     fprintf(stderr, "hylo: error: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

@@ -22,7 +22,7 @@ char *tok_strndup(const char *s, size_t n) {
 }
 
 // FNV-1a; keys are short (tokens, words), so its speed is not the bottleneck.
-uint64_t tok_hash(const void *p, size_t n) {
+uint64_t tok_hash_bytes(const void *p, size_t n) {
     const uint8_t *s = p;
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < n; i++)
@@ -81,7 +81,7 @@ int tok_alloc_vocab(tok_t *t, int n_vocab, size_t blob_bytes) {
 static int32_t vmap_find(const tok_t *t, const char *s, size_t n) {
     if (!t->vmap) return -1;
     uint32_t m = t->vmap_cap - 1;
-    for (uint32_t h = (uint32_t)tok_hash(s, n) & m;; h = (h + 1) & m) {
+    for (uint32_t h = (uint32_t)tok_hash_bytes(s, n) & m;; h = (h + 1) & m) {
         uint32_t v = t->vmap[h];
         if (!v) return -1;
         int32_t id = (int32_t)v - 1;
@@ -113,7 +113,7 @@ int tok_build_vocab(tok_t *t, const char *src) {
         if (vmap_find(t, s, n) >= 0) {
             dups++;
         } else {
-            uint32_t h = (uint32_t)tok_hash(s, n) & m;
+            uint32_t h = (uint32_t)tok_hash_bytes(s, n) & m;
             while (t->vmap[h])
                 h = (h + 1) & m;
             t->vmap[h] = (uint32_t)i + 1;
@@ -182,7 +182,7 @@ static uint64_t pair_key(int32_t l, int32_t r) { return (((uint64_t)(uint32_t)l 
 static int merge_rank(const tok_t *t, int32_t l, int32_t r) {
     uint64_t k = pair_key(l, r);
     uint32_t m = t->mmap_cap - 1;
-    for (uint32_t h = (uint32_t)tok_hash(&k, 8) & m;; h = (h + 1) & m) {
+    for (uint32_t h = (uint32_t)tok_hash_bytes(&k, 8) & m;; h = (h + 1) & m) {
         if (t->mmap_key[h] == 0) return -1;
         if (t->mmap_key[h] == k) return (int)t->mmap_val[h];
     }
@@ -320,7 +320,7 @@ int tok_build(tok_t *t, const char *src) {
     uint32_t m = t->mmap_cap - 1;
     for (int i = 0; i < t->n_merges; i++) {
         uint64_t k = pair_key(t->merge_l[i], t->merge_r[i]);
-        uint32_t h = (uint32_t)tok_hash(&k, 8) & m;
+        uint32_t h = (uint32_t)tok_hash_bytes(&k, 8) & m;
         while (t->mmap_key[h] && t->mmap_key[h] != k)
             h = (h + 1) & m;
         if (t->mmap_key[h]) continue; // a repeated merge keeps its first (lowest) rank
@@ -526,7 +526,7 @@ static void push_pair(const tok_t *t, const sym_t *s, int i, uint64_t *heap, int
 
 static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int *no, int *cap_o) {
     tok_cache_t *cache = (tok_cache_t *)&t->cache; // logically const: a memo of a pure function
-    uint64_t h = tok_hash(p, n);
+    uint64_t h = tok_hash_bytes(p, n);
     int rc = cache_get(cache, h, p, n, out, no, cap_o);
     if (rc != 0) return rc < 0 ? rc : 0;
 

@@ -169,6 +169,13 @@ int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_genera
 int tok_write_hf(const tok_t *t, const char *dir);
 const char *tok_pre_name(tok_pre_t p);
 
+// A stable 64-bit fingerprint of everything that decides how text encodes:
+// vocabulary (texts and types), merges, bos / eos / unk and the add_bos /
+// add_eos / unk_model / ignore_merges switches, pre-tokenizer passes (not the
+// chat template, pad, eot or eom). Identical on every machine and for a GGUF
+// and the HF files written from it; token shards record it (src/train/shard.h).
+uint64_t tok_hash(const tok_t *t);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,7 +23,7 @@
 uint32_t tok_byte_to_cp(uint8_t b);
 int tok_cp_to_byte(uint32_t cp); // -1 if cp is not the image of a byte
 
-uint64_t tok_hash(const void *p, size_t n);
+uint64_t tok_hash_bytes(const void *p, size_t n);
 
 // Loader helpers (tok.c). Before tok_build: n_vocab, blob/off/len, type filled;
 // merges filled with tok_set_merge; special ids set (-1 when absent); passes set.
