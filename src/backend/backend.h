@@ -44,6 +44,9 @@ enum {
     GNORM_GATE_THEN_NORM = 1  // Mamba-2 (norm_before_gate=False): y = rmsnorm(x * silu(z)) * w
 };
 
+// Per-row distances of the layer-wise distillation loss (ild_dist).
+enum { DIST_L2 = 0, DIST_MSE = 1 };
+
 typedef struct be be_t;
 
 struct be {
@@ -218,7 +221,7 @@ struct be {
     void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
                             int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale);
 
-    // ---- losses over vocabulary tiles (never a T x V tensor) -----------------
+    // ---- losses (CE / KL over vocabulary tiles: never a T x V tensor) -------
     // Normalisation is the caller's, through `scale`: 1/(valid rows) for a per
     // token mean (FLA, Liger), 1/B for a per sequence "batchmean" (MambaInLlama,
     // Zebra-Llama KD), times 1/(accumulation steps) where needed.
@@ -235,6 +238,14 @@ struct be {
     // so the target array can be passed).
     void (*fused_kl)(be_t *be, float *loss, void *dhs, float *dWs, const void *hs, const void *Ws, const void *ht,
                      const void *Wt, const int32_t *mask, int64_t N, int ds, int dt, int64_t V, float scale);
+    // Layer-wise distillation distance between a student's rows x and a teacher's rows y ([N, d] act each):
+    // loss (float, one value, overwritten) = scale * sum_n dist_n with dist_n = ||x_n - y_n||_2 (DIST_L2, the
+    // Zebra-Llama / HyLo ILD loss) or ||x_n - y_n||^2 / d (DIST_MSE, torch's MSELoss per row); dx (act,
+    // overwritten, may be NULL for evaluation) = d loss / d x. For DIST_L2 a row with x_n == y_n has gradient 0.
+    // The rows' distances are summed in a fixed order (bitwise-reproducible loss). An invalid mode or d < 1
+    // with N > 0 records an error and makes the loss (and dx) NaN.
+    void (*ild_dist)(be_t *be, float *loss, void *dx, const void *x, const void *y, int64_t N, int d, float scale,
+                     int mode);
 
     // ---- optimizer -----------------------------------------------------------
     // *out = sum of squares of a float buffer (device float; overwritten)

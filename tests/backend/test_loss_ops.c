@@ -1,6 +1,8 @@
 // The CPU fused losses (linear cross entropy, KL from hidden states) against a
 // naive double-precision computation over the full [N, V] logits, their
-// gradients by finite differences, and the optimizer ops (sumsq, AdamW).
+// gradients by finite differences, the layer-wise distillation distance
+// (ild_dist) against its definition and by finite differences, and the
+// optimizer ops (sumsq, AdamW).
 //
 // Sizes: V = 1000 is a multiple of neither the op's vocabulary tile (256) nor
 // its row chunk (64); N = 13 fits one chunk, N = 150 takes three (64, 64, 22).
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "testutil.h"
 
 static float *buf(int64_t n, uint64_t seed, float std) {
@@ -313,6 +316,153 @@ static void test_kl_self_zero(void **st) {
     free(h), free(W), free(dh), free(dW);
 }
 
+// ---- layer-wise distillation distance -----------------------------------------
+
+// The ILD distance in double, written out from its definition: dist_n =
+// ||x_n - y_n||_2 (L2) or sum_i (x_ni - y_ni)^2 / d (MSE); loss = scale sum_n
+// dist_n; dx = scale (x - y) / dist (L2, 0 where x_n == y_n) or scale 2 (x - y)
+// / d (MSE).
+static double naive_ild(const float *x, const float *y, int64_t N, int d, float scale, int mode, float *dx) {
+    double loss = 0;
+    for (int64_t n = 0; n < N; n++) {
+        double ss = 0;
+        for (int i = 0; i < d; i++)
+            ss += ((double)x[n * d + i] - y[n * d + i]) * ((double)x[n * d + i] - y[n * d + i]);
+        double dist = mode == DIST_L2 ? sqrt(ss) : ss / d;
+        loss += dist;
+        for (int i = 0; i < d; i++) {
+            double diff = (double)x[n * d + i] - y[n * d + i];
+            dx[n * d + i] = (float)(mode == DIST_L2 ? (ss > 0 ? scale * diff / dist : 0.0) : scale * 2.0 * diff / d);
+        }
+    }
+    return loss * scale;
+}
+
+// Student rows x ~ N(0, 1), teacher rows y = x + N(0, 0.3^2) (a student near
+// its teacher: distances ~0.3 sqrt(d)), with y_n == x_n on the rows listed in
+// `same` (the L2 norm's kink: gradient 0 there, not NaN).
+static void ild_inputs(int64_t N, int d, uint64_t seed, const int64_t *same, int n_same, float **x, float **y) {
+    *x = buf(N * d, seed, 1.0f);
+    *y = buf(N * d, seed + 1, 0.3f);
+    for (int64_t i = 0; i < N * d; i++)
+        (*y)[i] += (*x)[i];
+    for (int k = 0; k < n_same; k++)
+        memcpy(*y + same[k] * d, *x + same[k] * d, (size_t)d * sizeof(float));
+}
+
+// N = 300 spans two of the op's 256-row chunks; d = 200 makes a chunk large
+// enough (51200 elements > CPU_PAR_MIN) to run its rows in parallel. Rows 5
+// and 290 (one per chunk) have x == y. The op accumulates in double and rounds
+// the loss and each dx element once to fp32, as the reference does: both agree
+// to 2^-24 relative (6e-8); the bound 1e-6 leaves room for reordering, far
+// below the factor-of-d or sign errors a mistake makes.
+static void ild_case(int mode) {
+    be_t *be = tu_cpu();
+    enum { N = 300, d = 200 };
+    const int64_t same[2] = {5, 290};
+    const float scale = 1.0f / N; // the per-token mean of hybrid_model.md §9
+    float *x, *y;
+    ild_inputs(N, d, 101 + (uint64_t)mode, same, 2, &x, &y);
+    float *dx = fill(N * d, NAN), *dx_ref = fill(N * d, NAN), loss = NAN, loss2 = NAN;
+    be->ild_dist(be, &loss, dx, x, y, N, d, scale, mode);
+    double ref = naive_ild(x, y, N, d, scale, mode, dx_ref);
+    double el = fabs(loss - ref) / fabs(ref), eg = tu_rel_err(dx, dx_ref, N * d);
+    printf("  ild %s N=%d d=%d: loss %.6f (ref %.6f) rel err %.2e, dx %.2e\n", mode == DIST_L2 ? "L2" : "MSE", N, d,
+           loss, ref, el, eg);
+    assert_true(el < 1e-6);
+    assert_true(eg < 1e-6);
+    for (int64_t i = 0; i < N * d; i++) // every element written, none NaN (the x == y rows included)
+        assert_true(isfinite(dx[i]));
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < d; i++)
+            assert_true(dx[same[k] * d + i] == 0.0f);
+    // Evaluation (dx NULL): the same loss, bit for bit.
+    be->ild_dist(be, &loss2, NULL, x, y, N, d, scale, mode);
+    assert_true(loss2 == loss);
+    // Scale 1 against scale 1/4: a power of two commutes with every rounding in
+    // the op, so the loss and dx scale exactly.
+    float *dx1 = fill(N * d, NAN), *dx4 = fill(N * d, NAN), l1 = NAN, l4 = NAN;
+    be->ild_dist(be, &l1, dx1, x, y, N, d, 1.0f, mode);
+    be->ild_dist(be, &l4, dx4, x, y, N, d, 0.25f, mode);
+    assert_true(l1 > 0 && l4 == 0.25f * l1);
+    for (int64_t i = 0; i < N * d; i++)
+        assert_true(dx4[i] == 0.25f * dx1[i]);
+    free(x), free(y), free(dx), free(dx_ref), free(dx1), free(dx4);
+}
+static void test_ild_l2_naive(void **st) { ild_case(DIST_L2); }
+static void test_ild_mse_naive(void **st) { ild_case(DIST_MSE); }
+
+typedef struct {
+    be_t *be;
+    float *x, *y, *g; // g: the analytic gradient, for the rounding bound
+    int64_t N;
+    int d, mode;
+    float scale;
+} ild_ctx;
+
+// The loss is summed in double and rounded once (|loss| 2^-24); perturbing x
+// in fp32 rounds each x_i (|x_i| 2^-24), moving the loss by up to sum |g_i x_i|
+// 2^-24: l1 is the sum of both.
+static double ild_loss(void *ctx, double *l1) {
+    ild_ctx *c = ctx;
+    float loss;
+    c->be->ild_dist(c->be, &loss, NULL, c->x, c->y, c->N, c->d, c->scale, c->mode);
+    if (l1) {
+        double gx;
+        tu_dot_l1(c->g, c->x, c->N * c->d, &gx);
+        *l1 = fabs((double)loss) + gx;
+    }
+    return loss;
+}
+
+// Finite differences with eps 1e-2 on rows whose distances are ~0.3 sqrt(24)
+// ~ 1.5, far from the kink at 0. MSE is quadratic: the central difference is
+// exact but for rounding. L2: the truncation error is eps^2/6 times the third
+// derivative of ||.||, ~1/dist^2 relative, ~1e-5. What dominates is the fp32
+// loss: one ulp of a loss ~1.4 over 2 eps is 6e-6 (measured: |fd - an| <= 5.8e-6
+// for L2, 2.2e-7 for MSE); tu_gradcheck's noise term from l1 (~1e-4 here) covers
+// it and tol 1e-3 the rest, while a wrong sign, a missing 1/d or 2, a missing
+// scale or a wrong norm is off by a factor (planted: each one fails).
+static void ild_gradcheck(int mode) {
+    ild_ctx c = {.be = tu_cpu(), .N = 13, .d = 24, .mode = mode, .scale = 1.0f / 13.0f};
+    ild_inputs(c.N, c.d, 111 + (uint64_t)mode, NULL, 0, &c.x, &c.y);
+    c.g = fill(c.N * c.d, NAN);
+    float loss = NAN;
+    c.be->ild_dist(c.be, &loss, c.g, c.x, c.y, c.N, c.d, c.scale, mode);
+    assert_int_equal(tu_gradcheck(mode == DIST_L2 ? "ild L2 dx" : "ild MSE dx", ild_loss, &c, c.x, c.g, c.N * c.d,
+                                  1e-2f, 1e-3f, 100),
+                     0);
+    free(c.x), free(c.y), free(c.g);
+}
+static void test_ild_l2_gradcheck(void **st) { ild_gradcheck(DIST_L2); }
+static void test_ild_mse_gradcheck(void **st) { ild_gradcheck(DIST_MSE); }
+
+// x == y everywhere: loss exactly 0 and dx exactly 0 (no 0/0) in both modes;
+// N = 0: loss 0; an unknown mode: an error and NaN outputs (never a number).
+static void test_ild_edge(void **st) {
+    be_t *be = tu_cpu();
+    enum { N = 4, d = 16 };
+    float *x = buf(N * d, 121, 1.0f), *dx = fill(N * d, NAN), loss = NAN;
+    for (int mode = DIST_L2; mode <= DIST_MSE; mode++) {
+        loss = NAN;
+        be->ild_dist(be, &loss, dx, x, x, N, d, 0.5f, mode);
+        assert_true(loss == 0.0f);
+        for (int i = 0; i < N * d; i++)
+            assert_true(dx[i] == 0.0f);
+        loss = NAN;
+        be->ild_dist(be, &loss, dx, x, x, 0, d, 0.5f, mode);
+        assert_true(loss == 0.0f);
+    }
+    err_clear();
+    loss = 1.0f;
+    be->ild_dist(be, &loss, dx, x, x, N, d, 1.0f, 7);
+    assert_true(isnan(loss));
+    assert_true(isnan(dx[0]) && isnan(dx[N * d - 1]));
+    assert_int_equal(err_code(), ERR_INPUT);
+    err_clear();
+    free(x), free(dx);
+}
+
 // ---- optimizer ---------------------------------------------------------------
 
 static void test_sumsq(void **st) {
@@ -366,11 +516,21 @@ static void test_adamw(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ce_naive),     cmocka_unit_test(test_ce_naive_chunks),
-        cmocka_unit_test(test_ce_gradcheck), cmocka_unit_test(test_ce_edge),
-        cmocka_unit_test(test_kl_naive),     cmocka_unit_test(test_kl_naive_masked_chunks),
-        cmocka_unit_test(test_kl_gradcheck), cmocka_unit_test(test_kl_self_zero),
-        cmocka_unit_test(test_sumsq),        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_ce_naive),
+        cmocka_unit_test(test_ce_naive_chunks),
+        cmocka_unit_test(test_ce_gradcheck),
+        cmocka_unit_test(test_ce_edge),
+        cmocka_unit_test(test_kl_naive),
+        cmocka_unit_test(test_kl_naive_masked_chunks),
+        cmocka_unit_test(test_kl_gradcheck),
+        cmocka_unit_test(test_kl_self_zero),
+        cmocka_unit_test(test_ild_l2_naive),
+        cmocka_unit_test(test_ild_mse_naive),
+        cmocka_unit_test(test_ild_l2_gradcheck),
+        cmocka_unit_test(test_ild_mse_gradcheck),
+        cmocka_unit_test(test_ild_edge),
+        cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-// CUDA fused losses and optimizer ops against the CPU ones (run on the GPU
+// CUDA fused losses, the ILD distance and optimizer ops against the CPU ones (run on the GPU
 // machine; skipped without a GPU; HYLO_TEST_CPU_AS_GPU=1 runs it on the fake
 // GPU of testutil.h, whose act is fp32: the emulation then rounds nothing).
 //
@@ -345,6 +345,122 @@ static void test_ce_edge(void **st) {
     free(h), free(W), free(dW0), free(nanb), free(l), free(dh), free(dW);
 }
 
+// ---- layer-wise distillation distance -------------------------------------------
+//
+// The CPU op on the same bf16-valued inputs (double throughout) against the
+// GPU's fp32 arithmetic. A difference of two bf16 values is exact in fp32 at
+// these magnitudes; each lane then sums d/32 squares and the warp adds its 32
+// partial sums in 5 steps, so the row's sum of squares carries at most
+// (d/32 + 5) 2^-24 relative error (4e-6 at d = 2048; a sum of positive terms),
+// its L2 distance half that, and the row sum in double adds nothing. Loss bound
+// 1e-5 relative. dx = (x - y) coef is then rounded once to bf16: half an ulp,
+// at most 2^-8 relative per element, on top of coef's ~1e-6; the bound per
+// element is |gpu - cpu| <= (2^-8 + 1e-5) |cpu| (0 on the fake GPU, whose act
+// is fp32: it runs the CPU code itself).
+static const double TOL_ILD_LOSS = 1e-5, TOL_ILD_DX = 0x1p-8 + 1e-5;
+
+static void ild_case(int64_t N, int d, int mode) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    const float scale = 1.0f / (float)N;
+    const int64_t n = N * d, same = N > 1 ? N / 2 : -1; // row `same`: y == x (gradient exactly 0)
+    float *x = tu_rnd(n, 7000 + (uint64_t)(N * d), 1.0f), *y = tu_hbuf(n), *e = tu_rnd(n, 7001 + (uint64_t)n, 0.3f);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] + e[i];
+    tu_round_bf16(y, n);
+    if (same >= 0) memcpy(y + same * d, x + same * d, (size_t)d * sizeof(float));
+    float *dx_c = tu_nans(n), loss_c = NAN;
+    cpu->ild_dist(cpu, &loss_c, dx_c, x, y, N, d, scale, mode);
+
+    float *nanbuf = tu_nans(n);
+    void *x_d = tu_dev_act(gpu, x, n), *y_d = tu_dev_act(gpu, y, n), *dx_d = tu_dev_act(gpu, nanbuf, n);
+    float *l_d = tu_dev_f32(gpu, nanbuf, 1);
+    gpu->ild_dist(gpu, l_d, dx_d, x_d, y_d, N, d, scale, mode);
+    char shape[64];
+    snprintf(shape, sizeof shape, "N=%lld d=%d %s", (long long)N, d, mode == DIST_L2 ? "L2" : "MSE");
+    assert_true(tu_sync(gpu, "ild_dist", shape));
+    float *lg = tu_host_f32(gpu, l_d, 1), *dx_g = tu_host_act(gpu, dx_d, n);
+    double el = rel(lg[0], loss_c);
+    tu_cmp_t c = tu_compare(dx_g, dx_c, n, TOL_ILD_DX, 0.0, 0.0);
+    printf("  ild %-22s loss gpu %.7g cpu %.7g rel %.1e | dx rel %.1e max abs %.1e, %lld off\n", shape, lg[0], loss_c,
+           el, c.rel, c.max_abs, (long long)c.n_off);
+    if (c.n_off) {
+        const int64_t dims[4] = {1, 1, N, d};
+        tu_print_elem("  worst", dx_g, dx_c, c.worst, dims, "..nd", c.rms);
+    }
+    assert_true(el < TOL_ILD_LOSS);
+    assert_true(c.n_off == 0 && !c.nonfinite);
+    if (same >= 0)
+        for (int i = 0; i < d; i++)
+            assert_true(dx_g[same * d + i] == 0.0f);
+
+    // Evaluation (dx NULL), then with dx again: the same loss and dx, bit for
+    // bit (a fixed-order reduction: what resuming a run relies on). Both
+    // outputs hold NaN again before the calls.
+    tu_upload_f32(gpu, l_d, nanbuf, 1);
+    gpu->ild_dist(gpu, l_d, NULL, x_d, y_d, N, d, scale, mode);
+    float *l2 = tu_host_f32(gpu, l_d, 1);
+    assert_true(l2[0] == lg[0]);
+    free(l2);
+    tu_upload_f32(gpu, l_d, nanbuf, 1);
+    tu_upload_act(gpu, dx_d, nanbuf, n);
+    gpu->ild_dist(gpu, l_d, dx_d, x_d, y_d, N, d, scale, mode);
+    float *dx2 = tu_host_act(gpu, dx_d, n);
+    l2 = tu_host_f32(gpu, l_d, 1);
+    assert_true(l2[0] == lg[0]);
+    assert_memory_equal(dx2, dx_g, (size_t)n * sizeof(float));
+    gpu->free(gpu, x_d), gpu->free(gpu, y_d), gpu->free(gpu, dx_d), gpu->free(gpu, l_d);
+    free(x), free(y), free(e), free(dx_c), free(nanbuf), free(lg), free(dx_g), free(dx2), free(l2);
+}
+
+// N in {1, 7, 4096} x d in {64, 576, 2048}, both modes; d = 101 takes the
+// scalar path (rows not 4-byte aligned).
+static void ild_all(int mode) {
+    tu_gpu(); // skip before building inputs when there is no GPU
+    const int64_t Ns[3] = {1, 7, 4096};
+    const int ds[3] = {64, 576, 2048};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            ild_case(Ns[a], ds[b], mode);
+    ild_case(7, 101, mode);
+}
+static void test_ild_l2(void **st) { ild_all(DIST_L2); }
+static void test_ild_mse(void **st) { ild_all(DIST_MSE); }
+
+// x == y everywhere: loss and dx exactly 0 (no 0/0); N = 0: loss 0; an unknown
+// mode: a NaN loss, and on the GPU an error from sync().
+static void test_ild_edge(void **st) {
+    be_t *gpu = tu_gpu();
+    enum { N = 5, d = 576 };
+    float *x = tu_rnd(N * d, 7101, 1.0f), *nanb = tu_nans(N * d), one = 1.0f;
+    void *x_d = tu_dev_act(gpu, x, N * d), *dx_d = tu_dev_act(gpu, nanb, N * d);
+    float *l_d = tu_dev_f32(gpu, nanb, 1);
+    for (int mode = DIST_L2; mode <= DIST_MSE; mode++) {
+        tu_upload_f32(gpu, l_d, nanb, 1);
+        tu_upload_act(gpu, dx_d, nanb, N * d);
+        gpu->ild_dist(gpu, l_d, dx_d, x_d, x_d, N, d, 0.5f, mode);
+        float *l = tu_host_f32(gpu, l_d, 1), *dx = tu_host_act(gpu, dx_d, N * d);
+        assert_true(l[0] == 0.0f);
+        for (int i = 0; i < N * d; i++)
+            assert_true(dx[i] == 0.0f);
+        free(l), free(dx);
+        tu_upload_f32(gpu, l_d, nanb, 1);
+        gpu->ild_dist(gpu, l_d, dx_d, x_d, x_d, 0, d, 0.5f, mode);
+        l = tu_host_f32(gpu, l_d, 1);
+        assert_true(l[0] == 0.0f);
+        free(l);
+    }
+    assert_int_equal(gpu->sync(gpu), 0);
+    tu_upload_f32(gpu, l_d, &one, 1);
+    gpu->ild_dist(gpu, l_d, NULL, x_d, x_d, N, d, 1.0f, 2);
+    const int rc = gpu->sync(gpu);
+    if (!tu_fake_gpu()) assert_true(rc < 0); // the CPU op sets the error slot; its sync has nothing to report
+    float *l = tu_host_f32(gpu, l_d, 1);
+    assert_true(isnan(l[0]));
+    assert_int_equal(gpu->sync(gpu), 0); // reported once
+    gpu->free(gpu, x_d), gpu->free(gpu, dx_d), gpu->free(gpu, l_d);
+    free(x), free(nanb), free(l);
+}
+
 // ---- optimizer ---------------------------------------------------------------
 
 // AdamW: the kernel performs the CPU reference's fp32 operations in the same
@@ -431,7 +547,9 @@ int main(void) {
         cmocka_unit_test(test_kl_small_vocab),  cmocka_unit_test(test_kl_one_row),
         cmocka_unit_test(test_kl_llama_vocab),  cmocka_unit_test(test_kl_odd_vocab),
         cmocka_unit_test(test_kl_chunks),       cmocka_unit_test(test_kl_self_zero),
-        cmocka_unit_test(test_adamw),           cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_ild_l2),          cmocka_unit_test(test_ild_mse),
+        cmocka_unit_test(test_ild_edge),        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_sumsq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,7 +15,7 @@ void cpu_register_conv(be_t *be);  // cpu_conv.c: depthwise causal conv
 void cpu_register_gdn(be_t *be);   // cpu_gdn.c: gates, chunked + recurrent gated delta rule
 void cpu_register_ssd(be_t *be);   // cpu_ssd.c: Mamba-2 SSD
 void cpu_register_mla(be_t *be);   // cpu_mla.c: MLA decode over the latent cache
-void cpu_register_loss(be_t *be);  // cpu_loss.c: fused CE / KL over vocabulary tiles
+void cpu_register_loss(be_t *be);  // cpu_loss.c: fused CE / KL over vocabulary tiles, ILD distance
 void cpu_register_optim(be_t *be); // cpu_optim.c: sumsq, AdamW
 
 // Parallel regions cost microseconds to wake; below this much work (elements

@@ -5,14 +5,18 @@
 // (online log-sum-exp, in double); the chunk's logits buffer is then
 // overwritten in place by the gradient of the loss w.r.t. the logits, and two
 // GEMMs give dh = scale * G W and dW += scale * G^T h.
+// Also the layer-wise distillation distance (ild_dist): per-row distances in
+// double, summed in row order.
 #include <float.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "base/err.h"
 
 enum {
-    LOSS_ROWS = 64,  // token rows per chunk
-    LOSS_VTILE = 256 // vocabulary tile of the online log-sum-exp
+    LOSS_ROWS = 64,   // token rows per chunk
+    LOSS_VTILE = 256, // vocabulary tile of the online log-sum-exp
+    ILD_ROWS = 256    // rows per chunk of ild_dist (their distances held on the stack)
 };
 
 // Folds x[0..n) into the running max m and sum s of exp(x - m).
@@ -149,7 +153,53 @@ static void cpu_fused_kl(be_t *be, float *loss, void *dhs_, float *dWs, const vo
     cpu_tmp_give(be, &tl);
 }
 
+// Row r of a chunk: dist = ||x - y||_2 (L2) or ||x - y||^2 / d (MSE), in
+// double; dx = scale * (x - y) / dist (L2; 0 when dist == 0, where the norm has
+// no gradient and torch's autograd gives 0 too), or scale * 2 (x - y) / d (MSE).
+// A NaN distance makes the row's dx NaN (dist == 0 is false for it).
+static void cpu_ild_dist(be_t *be, float *loss, void *dx_, const void *x_, const void *y_, int64_t N, int d,
+                         float scale, int mode) {
+    const float *x = x_, *y = y_;
+    float *dx = dx_;
+    if (N <= 0) {
+        *loss = 0.0f;
+        return;
+    }
+    if ((mode != DIST_L2 && mode != DIST_MSE) || d < 1) {
+        err_set(ERR_INPUT, "cpu ild_dist: mode %d, d %d: expected mode DIST_L2 (0) or DIST_MSE (1) and d >= 1", mode,
+                d);
+        *loss = NAN;
+        if (d > 0) cpu_fill_nan(dx, N * d);
+        return;
+    }
+    double total = 0.0;
+    for (int64_t r0 = 0; r0 < N; r0 += ILD_ROWS) {
+        const int64_t c = N - r0 < ILD_ROWS ? N - r0 : ILD_ROWS;
+        double dist[ILD_ROWS];
+#pragma omp parallel for schedule(static) if (c * d > CPU_PAR_MIN)
+        for (int64_t r = 0; r < c; r++) {
+            const float *xr = x + (r0 + r) * d, *yr = y + (r0 + r) * d;
+            double ss = 0.0;
+            for (int i = 0; i < d; i++) {
+                const double t = (double)xr[i] - yr[i];
+                ss += t * t;
+            }
+            dist[r] = mode == DIST_L2 ? sqrt(ss) : ss / d;
+            if (!dx) continue;
+            double coef = 2.0 * scale / d;
+            if (mode == DIST_L2) coef = dist[r] == 0.0 ? 0.0 : scale / dist[r];
+            float *gr = dx + (r0 + r) * d;
+            for (int i = 0; i < d; i++)
+                gr[i] = (float)(((double)xr[i] - yr[i]) * coef);
+        }
+        for (int64_t r = 0; r < c; r++) // row order: the same sum whatever the thread count
+            total += dist[r];
+    }
+    *loss = (float)(total * scale);
+}
+
 void cpu_register_loss(be_t *be) {
     be->fused_ce = cpu_fused_ce;
     be->fused_kl = cpu_fused_kl;
+    be->ild_dist = cpu_ild_dist;
 }

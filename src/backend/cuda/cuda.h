@@ -64,7 +64,7 @@ void cuda_register_conv(be_t *be);  // cuda_conv.cu
 void cuda_register_gdn(be_t *be);   // cuda_gdn.cu
 void cuda_register_ssd(be_t *be);   // cuda_ssd.cu
 void cuda_register_mla(be_t *be);   // cuda_mla.cu: latent-cache decode
-void cuda_register_loss(be_t *be);  // cuda_loss.cu: fused CE / KL
+void cuda_register_loss(be_t *be);  // cuda_loss.cu: fused CE / KL, ILD distance
 void cuda_register_optim(be_t *be); // cuda_optim.cu: sumsq, AdamW
 #ifdef __cplusplus
 }

@@ -17,6 +17,11 @@
 // the scratch arena; nothing grows with N. The GEMMs call cuBLASLt directly
 // (this file does not depend on the table's gemm), with the backend's stream
 // and workspace.
+//
+// The layer-wise distillation distance (ild_dist) is a row kernel of its own:
+// one warp per row computes the row's sum of squared differences in fp32, its
+// distance and dx; the row distances then go through the same fixed-order
+// double sum as the row losses above.
 #include <float.h>
 #include <stdio.h>
 
@@ -24,7 +29,8 @@
 
 enum {
     LOSS_THREADS = 512, // one block per row
-    SUM_THREADS = 256
+    SUM_THREADS = 256,
+    ILD_WARPS = 4 // ild_dist: one warp per row, 4 rows per 128-thread block
 };
 static const size_t LOSS_BUF_BYTES = (size_t)256 << 20; // one [C, V] bf16 logits buffer
 
@@ -413,7 +419,93 @@ static void cu_fused_kl(be_t *be, float *loss, void *dhs, float *dWs, const void
     arena_reset(&be->scratch, p.mark);
 }
 
+// ---- layer-wise distillation distance ------------------------------------------
+
+// Row n: dist = ||x - y||_2 (L2) or ||x - y||^2 / d (MSE) from the fp32 sum of
+// squares (warp_sum's butterfly: fixed order, the same value in every lane);
+// dx = scale (x - y) / dist (L2, 0 when dist == 0; a NaN dist gives NaN) or
+// scale 2 (x - y) / d (MSE), rounded once to bf16. Each element is read and
+// written by the same lane, so dx may alias x.
+template <int V>
+static __global__ void __launch_bounds__(32 * ILD_WARPS)
+    k_ild_rows(bf16 *dx, const bf16 *x, const bf16 *y, int64_t N, int d, float scale, int mode, float *rowdist) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * ILD_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return; // uniform per warp
+    const bf16 *xr = x + n * d, *yr = y + n * d;
+    float ss = 0.0f;
+    for (int i = lane * V; i < d; i += 32 * V) {
+        float a[V], b[V];
+        ld_bf16<V>(xr + i, a);
+        ld_bf16<V>(yr + i, b);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const float t = a[k] - b[k];
+            ss += t * t;
+        }
+    }
+    ss = warp_sum(ss);
+    const float dist = mode == DIST_L2 ? sqrtf(ss) : ss / (float)d;
+    if (lane == 0) rowdist[n] = dist;
+    if (!dx) return;
+    const float coef = mode == DIST_L2 ? (dist == 0.0f ? 0.0f : scale / dist) : 2.0f * scale / (float)d;
+    bf16 *gr = dx + n * d;
+    for (int i = lane * V; i < d; i += 32 * V) {
+        float a[V], b[V];
+        ld_bf16<V>(xr + i, a);
+        ld_bf16<V>(yr + i, b);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            a[k] = (a[k] - b[k]) * coef;
+        st_bf16<V>(gr + i, a);
+    }
+}
+
+// The row distances go to a [N] float buffer from the scratch arena; one block
+// sums them in a fixed order into a double (k_sum_rows) and k_finish writes
+// scale * sum. The grid depends on N only: the loss is bitwise reproducible.
+static void cu_ild_dist(be_t *be, float *loss, void *dx, const void *x, const void *y, int64_t N, int d, float scale,
+                        int mode) {
+    cudaStream_t stream = cuda_stream(be);
+    if (N <= 0) {
+        cudaMemsetAsync(loss, 0, sizeof(float), stream);
+        return;
+    }
+    if ((mode != DIST_L2 && mode != DIST_MSE) || d < 1) {
+        cu_op_error(be, "cuda ild_dist: mode %d, d %d: expected mode DIST_L2 (0) or DIST_MSE (1) and d >= 1", mode, d);
+        loss_nan(be, loss);
+        if (dx && d > 0) cudaMemsetAsync(dx, 0xff, (size_t)N * d * sizeof(bf16), stream); // bf16 0xffff is NaN
+        return;
+    }
+    const size_t mark = arena_mark(&be->scratch);
+    double *acc = (double *)cu_scratch_try(be, sizeof(double));
+    float *rowdist = acc ? (float *)cu_scratch_try(be, (size_t)N * sizeof(float)) : NULL;
+    if (!rowdist) {
+        arena_reset(&be->scratch, mark);
+        char msg[256];
+        snprintf(msg, sizeof msg, "ild_dist: scratch arena (%s): %lld rows need %zu bytes, %zu of %zu used",
+                 be->scratch.what, (long long)N, cu_round256(sizeof(double)) + (size_t)N * sizeof(float),
+                 be->scratch.used, be->scratch.cap);
+        cuda_fail(be, msg, cudaErrorMemoryAllocation);
+        loss_nan(be, loss);
+        if (dx) cudaMemsetAsync(dx, 0xff, (size_t)N * d * sizeof(bf16), stream);
+        return;
+    }
+    const int V = cu_vec_width((uintptr_t)dx | (uintptr_t)x | (uintptr_t)y, (uint64_t)d);
+    const unsigned blocks = (unsigned)((N + ILD_WARPS - 1) / ILD_WARPS);
+    LAUNCH_V(V, k_ild_rows, blocks, 32 * ILD_WARPS, stream, (bf16 *)dx, (const bf16 *)x, (const bf16 *)y, N, d, scale,
+             mode, rowdist);
+    cuda_check_launch(be, "ild_dist rows");
+    cudaMemsetAsync(acc, 0, sizeof(double), stream);
+    k_sum_rows<<<1, SUM_THREADS, 0, stream>>>(rowdist, N, acc);
+    cuda_check_launch(be, "ild_dist sum");
+    k_finish<<<1, 32, 0, stream>>>(loss, acc, scale);
+    cuda_check_launch(be, "ild_dist finish");
+    arena_reset(&be->scratch, mark); // stream order protects the buffers from the next op
+}
+
 extern "C" void cuda_register_loss(be_t *be) {
     be->fused_ce = cu_fused_ce;
     be->fused_kl = cu_fused_kl;
+    be->ild_dist = cu_ild_dist;
 }
