@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# The main job on the default model (README command 1): fetch SmolLM2-135M-
-# Instruct, show what it is, ask it a question through its chat template, then
-# upcycle it into a hybrid (MLA at every third layer, Gated DeltaNet elsewhere),
-# show the hybrid's cache next to the teacher's, let the untrained hybrid
-# generate, and measure how far its next-token distributions are from the
-# teacher's before any training (the gap distillation closes).
+# The main job on the default model (README command 1), the whole HyLo
+# pipeline: fetch SmolLM2-135M-Instruct, show what it is, ask it a question
+# through its chat template; upcycle it into a hybrid (MLA at every third
+# layer, Gated DeltaNet elsewhere) and measure its distance to the teacher;
+# then distil: stage 1 (layer-wise, pure-MLA and pure-GDN students), assembly
+# by the layer plan, stage 2 (end-to-end KD); measure again and chat with it.
+# The training text is built here from text every Debian system has (the
+# licences in /usr/share/common-licenses) and this repository's docs/: no
+# ../shared needed.
 # BIN may point at another hylo build (default: the one a plain 'make' builds,
 # build/hylo when nvcc is on the PATH, else build-cpu/hylo); DEMO_OUT is where
-# the hybrid goes (default a temporary folder).
+# everything goes (default a temporary folder); DEMO_STEPS the optimizer steps
+# of each training stage (default 24); DEVICE cpu or cuda (default cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then bin=build/hylo; else bin=build-cpu/hylo; fi
 bin="${BIN:-$bin}"
 [ -x "$bin" ] || { echo "hylo: error: demo: $bin does not exist (run 'make demo', or set BIN)" >&2; exit 1; }
 model=$(scripts/fetch_model.sh)
-out="${DEMO_OUT:-$(mktemp -d /tmp/hylo-demo.XXXXXX)}/smollm2-10mla20gdn"
+work="${DEMO_OUT:-$(mktemp -d /tmp/hylo-demo.XXXXXX)}"
+out="$work/smollm2-10mla20gdn"
+steps="${DEMO_STEPS:-24}"
+device="${DEVICE:-cpu}"
 echo "== hylo info $model"
 "$bin" info "$model"
 echo
@@ -30,7 +37,59 @@ echo
 echo "== hylo generate (untrained hybrid: its text is not meaningful before distillation)"
 "$bin" generate "$out" --prompt "The capital of France is" -n 16
 echo
-echo "== hylo compare teacher vs untrained hybrid"
 text=../shared/data/essays
 [ -d "$text" ] || text=README.md # any English text will do
-"$bin" compare "$model" "$out" --text "$text" --windows 4 --tokens 48
+echo "== hylo compare teacher vs untrained hybrid"
+"$bin" compare "$model" "$out" --text "$text" --windows 4 --tokens 48 | tee "$work/compare_untrained.txt"
+echo
+echo "== hylo data: a training corpus from /usr/share/common-licenses and docs/"
+mkdir -p "$work/text"
+for f in /usr/share/common-licenses/*; do [ -f "$f" ] && cp "$f" "$work/text/$(basename "$f").txt"; done
+for f in docs/*.md; do cp "$f" "$work/text/$(basename "$f" .md).txt"; done
+"$bin" data --tokenizer "$model" --out "$work/corpus.shard" "$work/text"
+# A recipe per stage (the published keys; docs/TRAINING.md), sized for minutes.
+recipe() { # name ild mla_layers lr [extra lines]
+    cat > "$work/$1.yaml" <<EOF
+model_name_or_path: $model
+teacher_model_name_or_path: $model
+linear_type: gdn
+mla_layers: $3
+ILD: $2
+max_seq_length: 128
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 1
+learning_rate: $4
+warmup_ratio: 0.1
+max_steps: $steps
+dataset_mixer:
+  $work/corpus.shard: 1.0
+output_dir: $work/$1
+save_steps: -1
+logging_steps: 4
+device: $device
+seed: 42
+${5:-}
+EOF
+}
+all=$(seq -s, 0 29)
+recipe ild-mla true "[$all]" 1.0e-3
+recipe ild-gdn true "[]" 1.0e-3
+recipe kd false "[0,3,6,9,12,15,18,21,24,27]" 2.0e-4 "mla_ILD_path: $work/ild-mla/final
+linear_ILD_path: $work/ild-gdn/final"
+echo
+echo "== hylo train: stage 1, pure-MLA student"
+"$bin" train "$work/ild-mla.yaml"
+echo
+echo "== hylo train: stage 1, pure-GDN student"
+"$bin" train "$work/ild-gdn.yaml"
+echo
+echo "== hylo train: stage 2, KD of the hybrid assembled from both (MLA at every third layer)"
+"$bin" train "$work/kd.yaml"
+echo
+echo "== hylo compare teacher vs distilled hybrid (untrained: $(awk '/all positions/ {print $3}' "$work/compare_untrained.txt") nats)"
+"$bin" compare "$model" "$work/kd/final" --text "$text" --windows 4 --tokens 48
+echo
+echo "== hylo chat with the distilled hybrid (one turn)"
+"$bin" chat "$work/kd/final" --prompt "What is the capital of France?" -n 32
+echo
+echo "(recipes, metrics.jsonl and loss.svg of each stage: $work)"

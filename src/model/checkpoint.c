@@ -56,8 +56,7 @@ int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float
 }
 
 int ckpt_write_with(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
-                    const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user),
-                    void *user) {
+                    const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user), void *user) {
     if (fs_exists(dir) && (!fs_is_dir(dir) || !dir_is_empty(dir)))
         return err_set(ERR_INPUT, "%s: output folder exists and is not empty", dir);
     char tmp[1100];

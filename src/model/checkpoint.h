@@ -19,5 +19,4 @@ int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float
 // before it is renamed (the trainer's optimizer and trainer state), so the
 // checkpoint appears whole or not at all.
 int ckpt_write_with(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
-                    const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user),
-                    void *user);
+                    const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user), void *user);

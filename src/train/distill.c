@@ -71,7 +71,8 @@ int distill_ild(distill_t *d, const int32_t *ids, int B, int T, float scale, dis
     if (!d->teacher) return err_set(ERR_INPUT, "layer-wise distillation needs a teacher");
     const model_t *t = d->teacher->m;
     if (t->a.n_layers != L || t->a.d != a->d)
-        return err_set(ERR_INPUT, "layer-wise distillation needs a teacher of the student's depth and width: %d x %d vs %d x %d",
+        return err_set(ERR_INPUT,
+                       "layer-wise distillation needs a teacher of the student's depth and width: %d x %d vs %d x %d",
                        t->a.n_layers, t->a.d, L, a->d);
     TRY(model_ensure_positions(s, T));
     arena_reset(&rs->arena, 0);

@@ -10,10 +10,10 @@
 
 typedef struct {
     model_run_t *student;
-    model_run_t *teacher; // KD: NULL when the loss is CE alone
-    float *grad;          // the student's flat gradient (device)
-    int recompute;        // KD: activation checkpointing of the student's blocks
-    int ild_mode;         // DIST_L2 (the published loss) or DIST_MSE
+    model_run_t *teacher;  // KD: NULL when the loss is CE alone
+    float *grad;           // the student's flat gradient (device)
+    int recompute;         // KD: activation checkpointing of the student's blocks
+    int ild_mode;          // DIST_L2 (the published loss) or DIST_MSE
     block_saved_t *blocks; // [n_layers] (KD without recompute)
 } distill_t;
 

@@ -58,9 +58,12 @@ static int bool_key(const recipe_t *r, const char *key, int *out) {
     const char *s = NULL;
     TRY(recipe_str(r, key, &s));
     if (!s) return 0;
-    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "1")) *out = 1;
-    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "0")) *out = 0;
-    else return err_set(ERR_INPUT, "%s: %s: expected true or false, found '%s'", r->path, key, s);
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "1"))
+        *out = 1;
+    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "0"))
+        *out = 0;
+    else
+        return err_set(ERR_INPUT, "%s: %s: expected true or false, found '%s'", r->path, key, s);
     return 0;
 }
 
@@ -86,9 +89,12 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
     const char *s = NULL;
     TRY(recipe_str(r, "ild_loss", &s));
     if (s) {
-        if (!strcmp(s, "l2")) c->ild_mode = DIST_L2;
-        else if (!strcmp(s, "mse")) c->ild_mode = DIST_MSE;
-        else return err_set(ERR_INPUT, "%s: ild_loss: expected l2 or mse, found '%s'", r->path, s);
+        if (!strcmp(s, "l2"))
+            c->ild_mode = DIST_L2;
+        else if (!strcmp(s, "mse"))
+            c->ild_mode = DIST_MSE;
+        else
+            return err_set(ERR_INPUT, "%s: ild_loss: expected l2 or mse, found '%s'", r->path, s);
     }
     if (!c->ild) c->lr = 6e-5; // the recipe's stage-2 rate, unless the file says otherwise
     TRY(int_key32(r, "max_seq_length", 2, 1 << 24, &c->T));
@@ -100,11 +106,15 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
     s = NULL;
     TRY(recipe_str(r, "lr_scheduler_type", &s));
     if (s) {
-        if (!strcmp(s, "cosine")) c->sched = LR_COSINE;
-        else if (!strcmp(s, "linear")) c->sched = LR_LINEAR;
-        else if (!strcmp(s, "constant") || !strcmp(s, "constant_with_warmup")) c->sched = LR_CONSTANT;
-        else return err_set(ERR_INPUT, "%s: lr_scheduler_type: expected cosine, linear or constant, found '%s'",
-                            r->path, s);
+        if (!strcmp(s, "cosine"))
+            c->sched = LR_COSINE;
+        else if (!strcmp(s, "linear"))
+            c->sched = LR_LINEAR;
+        else if (!strcmp(s, "constant") || !strcmp(s, "constant_with_warmup"))
+            c->sched = LR_CONSTANT;
+        else
+            return err_set(ERR_INPUT, "%s: lr_scheduler_type: expected cosine, linear or constant, found '%s'", r->path,
+                           s);
     }
     TRY(float_key(r, "num_train_epochs", 0, 1e6, &c->epochs));
     TRY(int_key(r, "max_steps", -1, INT64_MAX / 2, &c->max_steps));
@@ -146,15 +156,20 @@ void train_cfg_print(const train_cfg_t *c, FILE *f) {
     fprintf(f, "gradient_accumulation_steps  %d\n", c->GA);
     fprintf(f, "learning_rate                %g\n", c->lr);
     fprintf(f, "lr_scheduler_type            %s\n", sched[c->sched]);
-    if (c->warmup_steps > 0) fprintf(f, "warmup_steps                 %lld\n", (long long)c->warmup_steps);
-    else fprintf(f, "warmup_ratio                 %g\n", c->warmup_ratio);
-    if (c->max_steps > 0) fprintf(f, "max_steps                    %lld\n", (long long)c->max_steps);
-    else fprintf(f, "num_train_epochs             %g\n", c->epochs);
+    if (c->warmup_steps > 0)
+        fprintf(f, "warmup_steps                 %lld\n", (long long)c->warmup_steps);
+    else
+        fprintf(f, "warmup_ratio                 %g\n", c->warmup_ratio);
+    if (c->max_steps > 0)
+        fprintf(f, "max_steps                    %lld\n", (long long)c->max_steps);
+    else
+        fprintf(f, "num_train_epochs             %g\n", c->epochs);
     fprintf(f, "max_grad_norm                %g\n", c->max_grad_norm);
     fprintf(f, "optim                        adamw (betas %g, %g; eps %g; weight_decay %g)\n", c->beta1, c->beta2,
             c->adam_eps, c->weight_decay);
     if (!c->ild) fprintf(f, "kl_weight / ce_weight        %g / %g\n", c->kl_weight, c->ce_weight);
-    if (c->yarn_factor > 1) fprintf(f, "factor / original_max_pos    %g / %d (YaRN on MLA)\n", c->yarn_factor, c->yarn_orig);
+    if (c->yarn_factor > 1)
+        fprintf(f, "factor / original_max_pos    %g / %d (YaRN on MLA)\n", c->yarn_factor, c->yarn_orig);
     fprintf(f, "gradient_checkpointing       %s\n", c->recompute ? "true" : "false");
     if (c->freeze_non_mla) fprintf(f, "freeze_non_mla               true\n");
     fprintf(f, "save_steps / total_limit     %lld / %d\n", (long long)c->save_steps, c->save_total_limit);

@@ -47,8 +47,9 @@ static int load_student(trainer_t *tr, const char *path) {
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
     int rc = a.is_hybrid ? 0
-                         : err_set(ERR_INPUT, "%s: not a hybrid checkpoint (no hybrid_config.json): convert the teacher "
-                                              "first (hylo convert), or let hylo train do it from the recipe",
+                         : err_set(ERR_INPUT,
+                                   "%s: not a hybrid checkpoint (no hybrid_config.json): convert the teacher "
+                                   "first (hylo convert), or let hylo train do it from the recipe",
                                    path);
     if (rc == 0 && c->yarn_factor > 1 && arch_count(&a, LAYER_MLA)) {
         a.mla.rope.scaling = ROPE_SCALE_YARN;
@@ -352,8 +353,9 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
         double gnorm;
         TRY(optim_grad_norm(&tr->o, &tr->s, &gnorm));
         if (!isfinite(gnorm)) {
-            rc = err_set(ERR_RUNTIME, "step %lld: the gradient norm is %g (the loss diverged; the last checkpoint is "
-                                      "intact)",
+            rc = err_set(ERR_RUNTIME,
+                         "step %lld: the gradient norm is %g (the loss diverged; the last checkpoint is "
+                         "intact)",
                          (long long)tr->o.step + 1, gnorm);
             break;
         }
@@ -380,19 +382,21 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
             double mem_gib = is_cuda ? (double)(tr->o.n * (4.0 * 4) + tr->s.pt.total * be->act_size +
-                                                (tr->have_t ? tr->t.pt.total * be->act_size : 0) +
-                                                tr->rs.arena.peak + tr->rt.arena.peak) /
+                                                (tr->have_t ? tr->t.pt.total * be->act_size : 0) + tr->rs.arena.peak +
+                                                tr->rt.arena.peak) /
                                            (1 << 30)
                                      : ru.ru_maxrss / 1048576.0;
             char extra[160] = "";
             if (is_cuda) snprintf(extra, sizeof extra, "  MFU %.1f%%", 100.0 * tps * tr->flops_per_token / 989.4e12);
             if (isatty(2)) fputc('\n', stderr);
             if (c->ild)
-                printf("step %6lld  loss %.5f  (hidden %.5f  mixer %.5f)  lr %.3e  gnorm %.3f  %.0f tok/s%s  mem %.2f GiB\n",
+                printf("step %6lld  loss %.5f  (hidden %.5f  mixer %.5f)  lr %.3e  gnorm %.3f  %.0f tok/s%s  mem %.2f "
+                       "GiB\n",
                        (long long)step, loss, acc.ild_h / acc.n_tok, acc.ild_a / acc.n_tok, lr, gnorm, tps, extra,
                        mem_gib);
             else
-                printf("step %6lld  loss %.5f  (KL/token %.5f  CE %.4f)  lr %.3e  gnorm %.3f  %.0f tok/s%s  mem %.2f GiB\n",
+                printf("step %6lld  loss %.5f  (KL/token %.5f  CE %.4f)  lr %.3e  gnorm %.3f  %.0f tok/s%s  mem %.2f "
+                       "GiB\n",
                        (long long)step, loss, acc.kl / acc.n_tok, acc.n_ce ? acc.ce / acc.n_ce : 0.0, lr, gnorm, tps,
                        extra, mem_gib);
             fflush(stdout);
@@ -492,8 +496,7 @@ int train_run(const train_cfg_t *c) {
         printf("student   %s: %lld parameters (%d layers: %d MLA, %d GDN, %d Mamba-2, %d attention)\n", start,
                (long long)ptable_count(&tr.s.pt), tr.s.a.n_layers, arch_count(&tr.s.a, LAYER_MLA),
                arch_count(&tr.s.a, LAYER_GDN), arch_count(&tr.s.a, LAYER_M2), arch_count(&tr.s.a, LAYER_ATTN));
-        if (tr.have_t)
-            printf("teacher   %s: %lld parameters\n", c->teacher, (long long)ptable_count(&tr.t.pt));
+        if (tr.have_t) printf("teacher   %s: %lld parameters\n", c->teacher, (long long)ptable_count(&tr.t.pt));
         printf("data      %s: %lld tokens, %lld rows of %d\n", c->data, (long long)data_loader_tokens(tr.dl),
                (long long)rows, c->T);
         printf("steps     %lld of %lld rows (%lld tokens each), warm-up %lld, from step %lld\n",

@@ -11,33 +11,33 @@
 
 typedef struct {
     // what to train on what
-    char student[1024];   // a hybrid checkpoint folder (the initial student)
-    char teacher[1024];   // teacher_model_name_or_path
-    char data[1024];      // token shard file or folder (hylo data)
-    char out_dir[1024];   // output_dir
-    char device[16];      // cpu | cuda
-    int ild;              // 1: stage 1 (ILD), 0: stage 2 (KD)
-    int ild_mode;         // DIST_L2 (published) or DIST_MSE
+    char student[1024]; // a hybrid checkpoint folder (the initial student)
+    char teacher[1024]; // teacher_model_name_or_path
+    char data[1024];    // token shard file or folder (hylo data)
+    char out_dir[1024]; // output_dir
+    char device[16];    // cpu | cuda
+    int ild;            // 1: stage 1 (ILD), 0: stage 2 (KD)
+    int ild_mode;       // DIST_L2 (published) or DIST_MSE
     // shapes and schedule
-    int T, B, GA;         // max_seq_length, per_device_train_batch_size, gradient_accumulation_steps
+    int T, B, GA; // max_seq_length, per_device_train_batch_size, gradient_accumulation_steps
     double lr, warmup_ratio;
     int64_t warmup_steps; // > 0 overrides warmup_ratio
     lr_sched_t sched;
-    double epochs;        // num_train_epochs (used when max_steps <= 0)
+    double epochs; // num_train_epochs (used when max_steps <= 0)
     int64_t max_steps;
     double max_grad_norm; // <= 0: no clipping
     double weight_decay, beta1, beta2, adam_eps;
     double kl_weight, ce_weight;
-    double yarn_factor;   // factor (> 1: YaRN on the student's MLA RoPE)
-    int yarn_orig;        // original_max_position_embeddings
-    int recompute;        // gradient_checkpointing
-    int freeze_non_mla;   // X-EcoMLA's option: only parameters named *mla* train
+    double yarn_factor; // factor (> 1: YaRN on the student's MLA RoPE)
+    int yarn_orig;      // original_max_position_embeddings
+    int recompute;      // gradient_checkpointing
+    int freeze_non_mla; // X-EcoMLA's option: only parameters named *mla* train
     // checkpoints and logs
     int64_t save_steps;   // every N optimizer steps (<= 0: only at the end)
     int save_total_limit; // keep the last K checkpoint-* folders (<= 0: all)
     int64_t logging_steps;
     uint64_t seed;
-    int resume;           // continue from the newest checkpoint in out_dir
+    int resume;                  // continue from the newest checkpoint in out_dir
     volatile sig_atomic_t *stop; // set by a signal handler: save and return
 } train_cfg_t;
 

@@ -127,8 +127,8 @@ static void check_all(fix_t *f, const char *what) {
             continue;
         }
         assert_true(gn > 0); // every other parameter is reached
-        fails += tu_gradcheck(p->name, loss_fn, f, (float *)f->s.w + p->off, f->grad + p->off, p->numel, 1e-4f, 2e-2f,
-                              4);
+        fails +=
+            tu_gradcheck(p->name, loss_fn, f, (float *)f->s.w + p->off, f->grad + p->off, p->numel, 1e-4f, 2e-2f, 4);
         checked++;
     }
     printf("  %s: %d tensors checked\n", what, checked);
@@ -234,9 +234,12 @@ static void test_optim_frozen(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kd_untied),         cmocka_unit_test(test_kd_tied),
-        cmocka_unit_test(test_kd_recompute_same), cmocka_unit_test(test_ild),
-        cmocka_unit_test(test_ild_zero_for_teacher_copy), cmocka_unit_test(test_lr_schedule),
+        cmocka_unit_test(test_kd_untied),
+        cmocka_unit_test(test_kd_tied),
+        cmocka_unit_test(test_kd_recompute_same),
+        cmocka_unit_test(test_ild),
+        cmocka_unit_test(test_ild_zero_for_teacher_copy),
+        cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_optim_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

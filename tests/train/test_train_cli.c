@@ -161,8 +161,7 @@ static void test_ild_linear(void **st) {
     printf("%s", l);
     assert_non_null(strstr(l, "\"step\": 4,"));
     free(l);
-    snprintf(args, sizeof args, "compare %s %s/final --text docs/ARCHITECTURE.md --windows 1 --tokens 16",
-             teacher, o);
+    snprintf(args, sizeof args, "compare %s %s/final --text docs/ARCHITECTURE.md --windows 1 --tokens 16", teacher, o);
     assert_int_equal(tu_run_hylo(args, NULL), 0);
 }
 
