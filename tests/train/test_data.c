@@ -922,7 +922,7 @@ static void test_cli(void **state) {
     write_str(tu_tmp_path("c.jsonl"), g_jsonl);
     char hf[600];
     snprintf(hf, sizeof hf, "%s/hfdir", tu_tmpdir());
-    snprintf(args, sizeof args, "export %s --out %s", tu_model_path(), hf);
+    snprintf(args, sizeof args, "export %s --out %s --dtype bf16", tu_model_path(), hf);
     assert_int_equal(tu_run_hylo(args, NULL), 0);
     snprintf(args, sizeof args, "data --tokenizer %s --out %s %s", tu_model_path(), tu_tmp_path("g.shard"),
              tu_tmp_path("c.jsonl"));
