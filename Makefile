@@ -7,7 +7,7 @@
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
-#   make fuzz            libFuzzer targets for the GGUF and safetensors parsers (clang)
+#   make fuzz            libFuzzer targets for the GGUF, safetensors and token shard parsers (clang)
 #   make format / make format-check
 
 MODE ?= release
@@ -119,11 +119,12 @@ demo: $(BIN)
 
 FUZZ_TARGETS := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/fuzz_*.c))
 fuzz: $(FUZZ_TARGETS)
-# io/config.c and io/weights.c fill an arch_t, so model/arch.c comes along.
+# io/config.c and io/weights.c fill an arch_t, so model/arch.c comes along;
+# train/shard.c is the token shard reader (fuzz_shard).
 build-fuzz/%: fuzz/%.c $(CSRC)
 	@mkdir -p build-fuzz
 	clang -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc $< \
-	  $(filter src/base/%.c src/io/%.c src/model/arch.c,$(CSRC)) -lcjson -lyaml -lm -o $@
+	  $(filter src/base/%.c src/io/%.c src/model/arch.c src/train/shard.c,$(CSRC)) -lcjson -lyaml -lm -o $@
 
 FMTSRC = $(shell find src cli tests bench fuzz -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | grep -v fixtures)
 format:

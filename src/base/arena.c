@@ -7,12 +7,14 @@ void arena_init(arena_t *a, void *base, size_t cap, const char *what) {
     a->cap = cap;
     a->used = 0;
     a->peak = 0;
+    a->overflowed = 0;
     a->what = what;
 }
 
 void *arena_alloc(arena_t *a, size_t bytes) {
     size_t off = (a->used + 255) & ~(size_t)255;
     if (off + bytes > a->cap || off + bytes < off) {
+        a->overflowed = 1;
         err_set(ERR_NOMEM, "%s: arena full: need %zu more bytes, %zu of %zu used", a->what, bytes, a->used, a->cap);
         return NULL;
     }

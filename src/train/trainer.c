@@ -93,7 +93,7 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
     int T0 = c->T < 128 ? c->T : 128;
     int Ts[2] = {T0 / 2 > 0 ? T0 / 2 : 1, T0};
     size_t peak_s[2], peak_t[2];
-    size_t probe = (size_t)256 << 20;
+    size_t probe = (size_t)64 << 20; // doubled until the probe step fits
     int64_t n = (int64_t)c->B * T0;
     int32_t *ids = malloc((size_t)n * sizeof(int32_t)), *tgt = malloc((size_t)n * sizeof(int32_t));
     if (!ids || !tgt) {
@@ -106,15 +106,21 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
     for (int k = 0; k < 2 && rc == 0; k++) {
         train_cfg_t cc = *c;
         cc.T = Ts[k];
-        trainer_t probe_tr = *tr;
-        probe_tr.c = &cc;
-        rc = model_run_create(&probe_tr.rs, &tr->s, probe);
-        if (rc == 0 && tr->have_t) rc = model_run_create(&probe_tr.rt, &tr->t, probe);
-        distill_loss_t l;
-        if (rc == 0) rc = micro_step(&probe_tr, ids, tgt, c->B, &l);
-        peak_s[k] = probe_tr.rs.arena.peak, peak_t[k] = probe_tr.rt.arena.peak;
-        model_run_free(&probe_tr.rs);
-        model_run_free(&probe_tr.rt);
+        for (;;) {
+            trainer_t probe_tr = *tr;
+            probe_tr.c = &cc;
+            rc = model_run_create(&probe_tr.rs, &tr->s, probe);
+            if (rc == 0 && tr->have_t) rc = model_run_create(&probe_tr.rt, &tr->t, probe);
+            distill_loss_t l;
+            if (rc == 0) rc = micro_step(&probe_tr, ids, tgt, c->B, &l);
+            peak_s[k] = probe_tr.rs.arena.peak, peak_t[k] = probe_tr.rt.arena.peak;
+            int full = rc == ERR_NOMEM && (probe_tr.rs.arena.overflowed || probe_tr.rt.arena.overflowed);
+            model_run_free(&probe_tr.rs);
+            model_run_free(&probe_tr.rt);
+            if (!full || probe >= ((size_t)1 << 36)) break;
+            probe *= 2; // an arena ran full: measure again with more room
+            TRY(optim_zero_grad(&tr->o, &tr->s));
+        }
     }
     free(ids), free(tgt);
     if (rc == 0) rc = optim_zero_grad(&tr->o, &tr->s);

@@ -576,6 +576,7 @@ static const char *small_shard(void) {
     write_str(tu_tmp_path("small.jsonl"), "{\"text\": \"one two three four five six seven\"}\n"
                                           "{\"text\": \"eight nine ten\"}\n");
     build(p, "small.jsonl", NULL, NULL);
+    tu_corpus_save(p);
     return p;
 }
 
@@ -607,6 +608,7 @@ static const char *patched(const char *src, const char *name, long len, size_t o
     const char *p = tu_tmp_path(name);
     write_file(p, s, sz);
     free(s);
+    tu_corpus_save(p); // a seed for fuzz/fuzz_shard.c (HYLO_CORPUS_OUT)
     return p;
 }
 
@@ -690,6 +692,7 @@ static void synth_shard(const char *path, int64_t base, int64_t n, int V, int do
     }
     assert_int_equal(data_shard_finish(w), 0);
     free(ids), free(m);
+    tu_corpus_save(path); // the small ones seed fuzz/fuzz_shard.c (u16 and u32 ids)
 }
 
 // Rows are windows of T+1 tokens at stride T of the concatenated shards
@@ -919,7 +922,7 @@ static void test_cli(void **state) {
     write_str(tu_tmp_path("c.jsonl"), g_jsonl);
     char hf[600];
     snprintf(hf, sizeof hf, "%s/hfdir", tu_tmpdir());
-    snprintf(args, sizeof args, "export %s --out %s", tu_model_path(), hf);
+    snprintf(args, sizeof args, "export %s --out %s --dtype bf16", tu_model_path(), hf);
     assert_int_equal(tu_run_hylo(args, NULL), 0);
     snprintf(args, sizeof args, "data --tokenizer %s --out %s %s", tu_model_path(), tu_tmp_path("g.shard"),
              tu_tmp_path("c.jsonl"));
