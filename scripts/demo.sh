@@ -11,7 +11,11 @@
 # BIN may point at another hylo build (default: the one a plain 'make' builds,
 # build/hylo when nvcc is on the PATH, else build-cpu/hylo); DEMO_OUT is where
 # everything goes (default a temporary folder); DEMO_STEPS the optimizer steps
-# of each training stage (default 24); DEVICE cpu or cuda (default cpu).
+# of each training stage (default 24); DEMO_SEQ and DEMO_BATCH the tokens per
+# row and rows per step (default 128 and 2); DEMO_TEXT the text compare reads
+# (default ../shared/data/essays when it exists, else README.md); DEMO_CORPUS
+# a folder of extra training text (.txt); DEMO_WINDOWS and DEMO_TOKENS the
+# windows compare reads (default 4 x 48); DEVICE cpu or cuda (default cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then bin=build/hylo; else bin=build-cpu/hylo; fi
@@ -21,6 +25,8 @@ model=$(scripts/fetch_model.sh)
 work="${DEMO_OUT:-$(mktemp -d /tmp/hylo-demo.XXXXXX)}"
 out="$work/smollm2-10mla20gdn"
 steps="${DEMO_STEPS:-24}"
+seq="${DEMO_SEQ:-128}"
+batch="${DEMO_BATCH:-2}"
 device="${DEVICE:-cpu}"
 echo "== hylo info $model"
 "$bin" info "$model"
@@ -37,15 +43,16 @@ echo
 echo "== hylo generate (untrained hybrid: its text is not meaningful before distillation)"
 "$bin" generate "$out" --prompt "The capital of France is" -n 16
 echo
-text=../shared/data/essays
-[ -d "$text" ] || text=README.md # any English text will do
+text="${DEMO_TEXT:-../shared/data/essays}"
+[ -e "$text" ] || text=README.md # any English text will do
 echo "== hylo compare teacher vs untrained hybrid"
-"$bin" compare "$model" "$out" --text "$text" --windows 4 --tokens 48 | tee "$work/compare_untrained.txt"
+"$bin" compare "$model" "$out" --device "$device" --text "$text" --windows "${DEMO_WINDOWS:-4}" --tokens "${DEMO_TOKENS:-48}" | tee "$work/compare_untrained.txt"
 echo
 echo "== hylo data: a training corpus from /usr/share/common-licenses and docs/"
 mkdir -p "$work/text"
 for f in /usr/share/common-licenses/*; do [ -f "$f" ] && cp "$f" "$work/text/$(basename "$f").txt"; done
 for f in docs/*.md; do cp "$f" "$work/text/$(basename "$f" .md).txt"; done
+[ -z "${DEMO_CORPUS:-}" ] || cp -r "$DEMO_CORPUS" "$work/text/extra"
 "$bin" data --tokenizer "$model" --out "$work/corpus.shard" "$work/text"
 # A recipe per stage (the published keys; docs/TRAINING.md), sized for minutes.
 recipe() { # name ild mla_layers lr [extra lines]
@@ -55,8 +62,8 @@ teacher_model_name_or_path: $model
 linear_type: gdn
 mla_layers: $3
 ILD: $2
-max_seq_length: 128
-per_device_train_batch_size: 2
+max_seq_length: $seq
+per_device_train_batch_size: $batch
 gradient_accumulation_steps: 1
 learning_rate: $4
 warmup_ratio: 0.1
@@ -87,9 +94,9 @@ echo "== hylo train: stage 2, KD of the hybrid assembled from both (MLA at every
 "$bin" train "$work/kd.yaml"
 echo
 echo "== hylo compare teacher vs distilled hybrid (untrained: $(awk '/all positions/ {print $3}' "$work/compare_untrained.txt") nats)"
-"$bin" compare "$model" "$work/kd/final" --text "$text" --windows 4 --tokens 48
+"$bin" compare "$model" "$work/kd/final" --device "$device" --text "$text" --windows "${DEMO_WINDOWS:-4}" --tokens "${DEMO_TOKENS:-48}"
 echo
 echo "== hylo chat with the distilled hybrid (one turn)"
-"$bin" chat "$work/kd/final" --prompt "What is the capital of France?" -n 32
+"$bin" chat "$work/kd/final" --device "$device" --prompt "What is the capital of France?" -n 32
 echo
 echo "(recipes, metrics.jsonl and loss.svg of each stage: $work)"
