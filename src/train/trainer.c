@@ -325,7 +325,8 @@ static void progress(int64_t step, int64_t total, double elapsed, int64_t done_h
 static int keep_not_embed(const char *name) {
     return strcmp(name, "model.embed_tokens.weight") && strcmp(name, "lm_head.weight");
 }
-static int keep_mla(const char *name) { return strstr(name, "mla") != NULL || strstr(name, "self_attn.") != NULL; }
+// X-EcoMLA's freeze_non_mla: only parameters whose name contains "mla" train.
+static int keep_mla(const char *name) { return strstr(name, "mla") != NULL; }
 
 static int run_loop(trainer_t *tr, FILE *metrics) {
     const train_cfg_t *c = tr->c;
