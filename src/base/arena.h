@@ -13,7 +13,7 @@ typedef struct {
     size_t cap;
     size_t used;
     size_t peak;
-    int overflowed; // an allocation did not fit since arena_init (the trainer's plan grows its probe)
+    int overflowed;   // an allocation did not fit since arena_init (the trainer's plan grows its probe)
     const char *what; // for error messages ("host scratch", "cuda activations")
 } arena_t;
 
