@@ -67,7 +67,10 @@ int main(int argc, char **argv) {
                             {"--T128k", &T, 131072},
                             {"--recompute", &recompute, 1}};
     if (bench_flags(argc, argv, flags, 5) < 0) return 2;
-    bench_init((size_t)4 << 30);
+    // op scratch: the GDN chunk backward needs ~5 GB at 64K tokens
+    size_t scratch = (size_t)4 << 30;
+    if ((size_t)T * (96u << 10) > scratch) scratch = (size_t)T * (96u << 10);
+    bench_init(scratch);
     arch_t t1 = llama(0), ta = llama(big), as;
     int mla[4] = {1, 5, 10, 14};
     upc_dims_t dims = {.r_q = 1344,

@@ -25,3 +25,12 @@ int be_create(be_t **out, const char *name, size_t scratch_bytes) {
 void be_destroy(be_t *be) {
     if (be) be->destroy(be);
 }
+
+int be_scratch_reserve(be_t *be, size_t bytes) {
+    if (be->scratch.cap >= bytes) return 0;
+    void *p = be->alloc(be, bytes);
+    if (!p) return err_wrap(ERR_NOMEM, "%s scratch arena of %.1f MiB: ", be->name, bytes / 1048576.0);
+    be->free(be, be->scratch.base);
+    arena_init(&be->scratch, p, bytes, be->scratch.what);
+    return 0;
+}

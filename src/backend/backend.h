@@ -262,6 +262,9 @@ struct be {
 // from OpenMP (OMP_NUM_THREADS, or omp_set_num_threads before this call).
 int be_create(be_t **out, const char *name, size_t scratch_bytes);
 void be_destroy(be_t *be);
+// Grows the scratch arena to at least `bytes` (its contents are dropped);
+// nothing happens when it is that large already.
+int be_scratch_reserve(be_t *be, size_t bytes);
 
 #ifdef HYLO_CUDA
 // The CUDA backend's stream (a cudaStream_t), for timing ops with CUDA events

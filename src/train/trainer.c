@@ -92,7 +92,7 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
     const train_cfg_t *c = tr->c;
     int T0 = c->T < 128 ? c->T : 128;
     int Ts[2] = {T0 / 2 > 0 ? T0 / 2 : 1, T0};
-    size_t peak_s[2], peak_t[2];
+    size_t peak_s[2], peak_t[2], peak_x[2];
     size_t probe = (size_t)64 << 20; // doubled until the probe step fits
     int64_t n = (int64_t)c->B * T0;
     int32_t *ids = malloc((size_t)n * sizeof(int32_t)), *tgt = malloc((size_t)n * sizeof(int32_t));
@@ -107,13 +107,14 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
         train_cfg_t cc = *c;
         cc.T = Ts[k];
         for (;;) {
+            tr->be->scratch.peak = 0;
             trainer_t probe_tr = *tr;
             probe_tr.c = &cc;
             rc = model_run_create(&probe_tr.rs, &tr->s, probe);
             if (rc == 0 && tr->have_t) rc = model_run_create(&probe_tr.rt, &tr->t, probe);
             distill_loss_t l;
             if (rc == 0) rc = micro_step(&probe_tr, ids, tgt, c->B, &l);
-            peak_s[k] = probe_tr.rs.arena.peak, peak_t[k] = probe_tr.rt.arena.peak;
+            peak_s[k] = probe_tr.rs.arena.peak, peak_t[k] = probe_tr.rt.arena.peak, peak_x[k] = tr->be->scratch.peak;
             int full = rc == ERR_NOMEM && (probe_tr.rs.arena.overflowed || probe_tr.rt.arena.overflowed);
             model_run_free(&probe_tr.rs);
             model_run_free(&probe_tr.rt);
@@ -129,7 +130,10 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
     double per_t = (double)(peak_t[1] - peak_t[0]) / (Ts[1] - Ts[0]);
     *bytes_s = (size_t)((peak_s[1] + per_s * (c->T - Ts[1])) * 1.05) + ((size_t)16 << 20);
     *bytes_t = tr->have_t ? (size_t)((peak_t[1] + per_t * (c->T - Ts[1])) * 1.05) + ((size_t)16 << 20) : 0;
-    return 0;
+    // The ops' scratch (chunked recurrences, fused losses) grows with T too.
+    double per_x = ((double)peak_x[1] - (double)peak_x[0]) / (Ts[1] - Ts[0]);
+    double need_x = peak_x[1] + (per_x > 0 ? per_x : 0) * (c->T - Ts[1]);
+    return be_scratch_reserve(tr->be, (size_t)(need_x * 1.05) + ((size_t)64 << 20));
 }
 
 // ---- checkpoints ---------------------------------------------------------------
@@ -513,8 +517,9 @@ int train_run(const train_cfg_t *c) {
     size_t as = 0, at = 0;
     if (rc == 0) rc = plan_arenas(&tr, &as, &at);
     if (rc == 0) {
-        printf("memory    activation plan: student %.1f MiB, teacher %.1f MiB (B %d x T %d%s)\n", as / 1048576.0,
-               at / 1048576.0, c->B, c->T, c->recompute ? ", recomputing blocks" : "");
+        printf("memory    activation plan: student %.1f MiB, teacher %.1f MiB, op scratch %.1f MiB (B %d x T %d%s)\n",
+               as / 1048576.0, at / 1048576.0, tr.be->scratch.cap / 1048576.0, c->B, c->T,
+               c->recompute ? ", recomputing blocks" : "");
         rc = model_run_create(&tr.rs, &tr.s, as);
         if (rc == 0 && tr.have_t) rc = model_run_create(&tr.rt, &tr.t, at);
     }
