@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/parse.h"
 #include "base/timer.h"
@@ -75,9 +76,12 @@ static int parse_mla_layers(const char *s, conv_opts_t *o) {
     return 0;
 }
 
-static int int_opt(const char *name, const char *v, int *out) {
+// The YaRN factor of --yarn-factor and a recipe's factor.
+#define YARN_FACTOR_MAX 1024
+
+static int int_opt(const char *name, const char *v, int64_t hi, int *out) {
     long x;
-    TRY(cli_int("convert", name, v, 1, 1 << 20, &x));
+    TRY(cli_int("convert", name, v, 1, (long)hi, &x));
     *out = (int)x;
     return 0;
 }
@@ -95,15 +99,16 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
     struct {
         const char *flag;
         int *field;
-    } ints[] = {{"--r-q", &o->dims.r_q},
-                {"--r-kv", &o->dims.r_kv},
-                {"--d-rope", &o->dims.d_rope},
-                {"--d-nope", &o->dims.d_nope},
-                {"--d-v", &o->dims.d_v},
-                {"--gdn-heads", &o->dims.gdn_heads},
-                {"--gdn-head-dim", &o->dims.gdn_head_dim},
-                {"--yarn-orig", &o->dims.yarn_orig},
-                {"--mla-every", &o->every}};
+        int64_t hi; // the limit of a model dimension, or of a position count
+    } ints[] = {{"--r-q", &o->dims.r_q, LIM_DIM},
+                {"--r-kv", &o->dims.r_kv, LIM_DIM},
+                {"--d-rope", &o->dims.d_rope, LIM_DIM},
+                {"--d-nope", &o->dims.d_nope, LIM_DIM},
+                {"--d-v", &o->dims.d_v, LIM_DIM},
+                {"--gdn-heads", &o->dims.gdn_heads, LIM_DIM},
+                {"--gdn-head-dim", &o->dims.gdn_head_dim, LIM_DIM},
+                {"--yarn-orig", &o->dims.yarn_orig, LIM_POS},
+                {"--mla-every", &o->every, ARCH_MAX_LAYERS}};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r = 0, done = 0;
@@ -116,7 +121,7 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
             if ((r = cli_opt("convert", argc, argv, &i, ints[k].flag, &v))) {
                 TRY(r);
-                TRY(int_opt(ints[k].flag, v, ints[k].field));
+                TRY(int_opt(ints[k].flag, v, ints[k].hi, ints[k].field));
                 done = 1;
             }
         if (done) continue;
@@ -132,7 +137,7 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         } else if ((r = cli_opt("convert", argc, argv, &i, "--yarn-factor", &v))) {
             TRY(r);
             double f;
-            TRY(cli_float("convert", "--yarn-factor", v, 1, 1024, &f));
+            TRY(cli_float("convert", "--yarn-factor", v, 1, YARN_FACTOR_MAX, &f));
             o->dims.yarn_factor = (float)f;
         } else if ((r = cli_opt("convert", argc, argv, &i, "--seed", &v))) {
             TRY(r);
@@ -178,23 +183,28 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
         TRY(recipe_int_list(r, "mla_layers", &o->mla, &o->n_mla));
         if (o->mla) o->have_plan = 1; // a list, possibly empty (all linear); null is no plan
     }
+    // Each key in the range of its command-line flag (a dimension: 1..2^20).
     int64_t v;
     struct {
         const char *key;
         int *field;
-    } ints[] = {{"q_lora_rank", &o->dims.r_q},         {"kv_lora_rank", &o->dims.r_kv},
-                {"qk_rope_head_dim", &o->dims.d_rope}, {"qk_nope_head_dim", &o->dims.d_nope},
-                {"v_head_dim", &o->dims.d_v},          {"original_max_position_embeddings", &o->dims.yarn_orig}};
+        int64_t hi;
+    } ints[] = {{"q_lora_rank", &o->dims.r_q, LIM_DIM},
+                {"kv_lora_rank", &o->dims.r_kv, LIM_DIM},
+                {"qk_rope_head_dim", &o->dims.d_rope, LIM_DIM},
+                {"qk_nope_head_dim", &o->dims.d_nope, LIM_DIM},
+                {"v_head_dim", &o->dims.d_v, LIM_DIM},
+                {"original_max_position_embeddings", &o->dims.yarn_orig, LIM_POS}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = 0;
-        TRY(recipe_int(r, ints[i].key, &v));
+        TRY(recipe_int(r, ints[i].key, 1, ints[i].hi, &v));
         if (v > 0 && !*ints[i].field) *ints[i].field = (int)v;
     }
     double f = 0;
-    TRY(recipe_float(r, "factor", &f));
+    TRY(recipe_float(r, "factor", 1, YARN_FACTOR_MAX, &f));
     if (f > 0 && !o->dims.yarn_factor) o->dims.yarn_factor = (float)f;
     v = -1;
-    TRY(recipe_int(r, "seed", &v));
+    TRY(recipe_int(r, "seed", 0, 0x7fffffff, &v));
     if (v >= 0 && o->seed < 0) o->seed = (long)v;
     return 0;
 }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 
 // A bounds-checked cursor over the mapping. Every read checks the remaining
@@ -177,6 +178,9 @@ static int parse(gguf_t *g) {
     if (nkv > c.size / 12 || nt > c.size / 24)
         return err_set(ERR_INPUT, "%s: header claims %llu tensors and %llu metadata keys, more than the file can hold",
                        c.path, (unsigned long long)nt, (unsigned long long)nkv);
+    if (nkv > (uint64_t)LIM_ENTRIES || nt > (uint64_t)LIM_ENTRIES)
+        return err_set(ERR_INPUT, "%s: header claims %llu tensors and %llu metadata keys (the limit is %lld of each)",
+                       c.path, (unsigned long long)nt, (unsigned long long)nkv, (long long)LIM_ENTRIES);
     g->kv = calloc(nkv ? nkv : 1, sizeof *g->kv);
     g->tensors = calloc(nt ? nt : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors) return err_set(ERR_NOMEM, "out of memory");
@@ -218,12 +222,13 @@ static int parse(gguf_t *g) {
         for (uint32_t d = 0; d < t->n_dims; d++) {
             uint64_t v;
             TRY(cur_u64(&c, &v, t->name));
-            if (v == 0 || v > (1ull << 40))
-                return err_set(ERR_INPUT, "%s: tensor %s: dimension %u is %llu", c.path, t->name, d,
-                               (unsigned long long)v);
+            if (v == 0 || v > (uint64_t)LIM_NUMEL)
+                return err_set(ERR_INPUT, "%s: tensor %s: dimension %u is %llu (must be 1..%lld)", c.path, t->name, d,
+                               (unsigned long long)v, (long long)LIM_NUMEL);
             t->ne[d] = (int64_t)v;
-            if ((uint64_t)t->nelem > (1ull << 48) / v)
-                return err_set(ERR_INPUT, "%s: tensor %s: too many elements", c.path, t->name);
+            if ((uint64_t)t->nelem > (uint64_t)LIM_NUMEL / v)
+                return err_set(ERR_INPUT, "%s: tensor %s: more than %lld elements", c.path, t->name,
+                               (long long)LIM_NUMEL);
             t->nelem *= (int64_t)v;
         }
         TRY(cur_u32(&c, &t->type, t->name));

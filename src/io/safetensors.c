@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/half.h"
 #include "base/log.h"
@@ -153,8 +154,9 @@ static int parse_tensor(st_file_t *f, const cJSON *j, st_tensor_t *t, uint64_t b
         uint64_t v;
         if (!json_u64(e, &v))
             return err_set(ERR_INPUT, "%s: tensor %s: shape[%d]: expected a non-negative integer", p, nm, k);
-        if (__builtin_mul_overflow(numel, v, &numel) || numel > ((uint64_t)1 << 57))
-            return err_set(ERR_INPUT, "%s: tensor %s: shape overflows (element count too large)", p, nm);
+        if (__builtin_mul_overflow(numel, v, &numel) || numel > (uint64_t)LIM_NUMEL)
+            return err_set(ERR_INPUT, "%s: tensor %s: shape[%d] = %llu: more than %lld elements", p, nm, k,
+                           (unsigned long long)v, (long long)LIM_NUMEL);
         t->shape[k++] = (int64_t)v;
     }
     t->numel = (int64_t)numel;
@@ -169,7 +171,7 @@ static int parse_tensor(st_file_t *f, const cJSON *j, st_tensor_t *t, uint64_t b
         return err_set(ERR_INPUT, "%s: tensor %s: data_offsets [%llu, %llu) lie past the end of the %llu-byte buffer",
                        p, nm, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)buf_size);
     t->nbytes = t->end - t->begin;
-    uint64_t bits = numel * (uint64_t)st_dtype_bits(t->dtype); // numel <= 2^57, bits <= 64: no overflow
+    uint64_t bits = numel * (uint64_t)st_dtype_bits(t->dtype); // numel <= LIM_NUMEL, bits <= 64: no overflow
     char sbuf[256];
     if (bits % 8)
         return err_set(ERR_INPUT, "%s: tensor %s: shape %s of %s is not a whole number of bytes", p, nm,

@@ -127,6 +127,11 @@ static void test_folder_errors(void **st) {
     snprintf(out1, sizeof out1, "%s/out1", tu_tmpdir());
     assert_false(fs_exists(out1)); // no partial output
     replace_in_file(cfg, "\"intermediate_size\": 23", "\"intermediate_size\": 24");
+    // a dimension past its limit (near INT_MAX: it used to reach int arithmetic)
+    replace_in_file(cfg, "\"intermediate_size\": 24", "\"intermediate_size\": 2147483647");
+    snprintf(args, sizeof args, "info %s", dir);
+    expect_input_error(args, "config.json: intermediate_size = 2147483647", "out of range [1, 1048576]");
+    replace_in_file(cfg, "\"intermediate_size\": 2147483647", "\"intermediate_size\": 24");
     // unsupported architecture field
     replace_in_file(cfg, "LlamaForCausalLM", "GPT2LMHeadModel");
     snprintf(args, sizeof args, "info %s", dir);
