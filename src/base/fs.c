@@ -8,27 +8,53 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/checked.h"
 #include "base/err.h"
+
+// What a path is when it is not a regular file, for messages.
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "not a regular file";
+}
+
+// Opens an input file for reading, refusing anything but a regular file
+// before it could block: stat first (a FIFO's open waits for a writer, a
+// directory or device has no size to read), then open non-blocking and check
+// the opened file again (the path may have changed in between). *size is its size.
+static int open_regular(const char *path, int *fd_out, size_t *size) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return err_set(errno == ENOENT || errno == ENOTDIR ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path,
+                       strerror(errno));
+    if (!S_ISREG(st.st_mode)) return err_set(ERR_INPUT, "%s: is %s, not a regular file", path, file_kind(st.st_mode));
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(ERR_INPUT, "%s: not a regular file", path);
+    }
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return 0;
+}
 
 int mfile_open(mfile_t *mf, const char *path) {
     memset(mf, 0, sizeof *mf);
     mf->fd = -1;
     snprintf(mf->path, sizeof mf->path, "%s", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(ERR_INPUT, "%s: not a regular file", path);
-    }
-    mf->size = (size_t)st.st_size;
+    int fd;
+    TRY(open_regular(path, &fd, &mf->size));
     mf->fd = fd;
     if (mf->size == 0) return 0;
     void *p = mmap(NULL, mf->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
         mf->fd = -1;
-        return err_set(ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        return err_set(ERR_IO, "%s: mmap of %zu bytes failed: %s", path, mf->size, strerror(errno));
     }
     mf->data = p;
     return 0;
@@ -43,32 +69,34 @@ void mfile_close(mfile_t *mf) {
 
 int fs_read_all(const char *path, char **out, size_t *len) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return err_set(ERR_IO, "%s: cannot seek", path);
+    int fd;
+    size_t n;
+    TRY(open_regular(path, &fd, &n));
+    if (n > (size_t)LIM_TEXT_BYTES) {
+        close(fd);
+        return err_set(ERR_INPUT, "%s: %zu bytes, more than the %lld a file read whole may have", path, n,
+                       (long long)LIM_TEXT_BYTES);
     }
-    long n = ftell(f);
-    rewind(f);
-    if (n < 0) {
-        fclose(f);
-        return err_set(ERR_IO, "%s: cannot size", path);
-    }
-    char *buf = malloc((size_t)n + 1);
+    char *buf = malloc(n + 1);
     if (!buf) {
-        fclose(f);
-        return err_set(ERR_NOMEM, "%s: out of memory reading %ld bytes", path, n);
+        close(fd);
+        return err_set(ERR_NOMEM, "%s: out of memory reading %zu bytes", path, n);
     }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != n) {
         free(buf);
-        fclose(f);
-        return err_set(ERR_IO, "%s: short read", path);
+        return err_set(ERR_IO, "%s: short read (%zu of %zu bytes)", path, got, n);
     }
-    fclose(f);
     buf[n] = 0;
     *out = buf;
-    if (len) *len = (size_t)n;
+    if (len) *len = n;
     return 0;
 }
 

@@ -12,10 +12,13 @@ typedef struct {
     char path[1024];
 } mfile_t;
 
+// Inputs must be regular files: a directory, FIFO, socket or device is
+// ERR_INPUT naming it, refused before anything could block on it.
 int mfile_open(mfile_t *mf, const char *path);
 void mfile_close(mfile_t *mf);
 
-// Reads a whole file into a malloc'ed, NUL-terminated buffer.
+// Reads a whole regular file (at most LIM_TEXT_BYTES) into a malloc'ed,
+// NUL-terminated buffer.
 int fs_read_all(const char *path, char **out, size_t *len);
 int fs_exists(const char *path);
 int fs_is_dir(const char *path);

@@ -91,14 +91,25 @@ static int j_str(const char *src, const cJSON *o, const char *pre, const char *k
     return 0;
 }
 
+static int cmp_strp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 // Python's json keeps the last of duplicate keys, cJSON the first: refuse them.
 // pre is the object's path ("gdn_cfg."), so the message names the key in full.
+// The keys are sorted, so an object of any size is checked in n log n.
 static int no_dup_keys(const char *src, const char *pre, const cJSON *o) {
-    for (const cJSON *a = o ? o->child : NULL; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (a->string && b->string && !strcmp(a->string, b->string))
-                return err_set(ERR_INPUT, "%s: duplicate key %s%s", src, pre, a->string);
-    return 0;
+    int n = cJSON_IsObject(o) ? cJSON_GetArraySize(o) : 0;
+    if (n < 2) return 0;
+    const char **k = malloc((size_t)n * sizeof *k);
+    if (!k) return err_set(ERR_NOMEM, "%s: out of memory checking the %d keys of %s", src, n, *pre ? pre : "the root");
+    int m = 0;
+    for (const cJSON *e = o->child; e; e = e->next)
+        if (e->string) k[m++] = e->string;
+    qsort(k, (size_t)m, sizeof *k, cmp_strp);
+    int rc = 0;
+    for (int i = 1; i < m && rc == 0; i++)
+        if (!strcmp(k[i - 1], k[i])) rc = err_set(ERR_INPUT, "%s: duplicate key %s%s", src, pre, k[i]);
+    free(k);
+    return rc;
 }
 
 static int parse_root(const char *text, const char *src, cJSON **root) {

@@ -10,6 +10,7 @@
 
 #include "base/checked.h"
 #include "base/err.h"
+#include "base/fs.h"
 #include "base/parse.h"
 
 // Keys of the published configs (hylo_recipe.md §7 and hybrid_model.md §11).
@@ -175,11 +176,12 @@ static int read_value(recipe_t *r, yaml_parser_t *p, yaml_event_t *ev, recipe_en
 int recipe_load(recipe_t *r, const char *path) {
     memset(r, 0, sizeof *r);
     snprintf(r->path, sizeof r->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text;
+    size_t len;
+    TRY(fs_read_all(path, &text, &len)); // a regular file only: a FIFO would block
     yaml_parser_t p;
     yaml_parser_initialize(&p);
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     int rc = 0, depth = 0, done = 0;
     while (!done && rc == 0) {
         yaml_event_t ev;
@@ -236,7 +238,7 @@ int recipe_load(recipe_t *r, const char *path) {
         yaml_event_delete(&ev);
     }
     yaml_parser_delete(&p);
-    fclose(f);
+    free(text);
     if (rc < 0) recipe_free(r);
     return rc;
 }

@@ -102,6 +102,8 @@ static const char *shape_str(const st_tensor_t *t, char *buf, size_t cap) {
     return buf;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 static int parse_metadata(st_file_t *f, const cJSON *m) {
     if (cJSON_IsNull(m)) return 0;
     if (!cJSON_IsObject(m))
@@ -116,15 +118,21 @@ static int parse_metadata(st_file_t *f, const cJSON *m) {
         if (!cJSON_IsString(e))
             return err_set(ERR_INPUT, "%s: __metadata__: key %s: expected a string, found %s", f->path, e->string,
                            json_type_name(e));
-        for (int i = 0; i < f->n_meta; i++)
-            if (!strcmp(f->meta_key[i], e->string))
-                return err_set(ERR_INPUT, "%s: __metadata__: duplicate key %s", f->path, e->string);
         f->meta_key[f->n_meta] = strdup(e->string);
         f->meta_val[f->n_meta] = strdup(e->valuestring);
         if (!f->meta_key[f->n_meta] || !f->meta_val[f->n_meta]) return err_set(ERR_NOMEM, "%s: out of memory", f->path);
         f->n_meta++;
     }
-    return 0;
+    // Duplicates among the keys sorted (n log n for a header of any size).
+    char **k = malloc((size_t)(n ? n : 1) * sizeof *k);
+    if (!k) return err_set(ERR_NOMEM, "%s: out of memory checking %d __metadata__ keys", f->path, n);
+    memcpy(k, f->meta_key, (size_t)f->n_meta * sizeof *k);
+    qsort(k, (size_t)f->n_meta, sizeof *k, cmp_str);
+    int rc = 0;
+    for (int i = 1; i < f->n_meta && rc == 0; i++)
+        if (!strcmp(k[i - 1], k[i])) rc = err_set(ERR_INPUT, "%s: __metadata__: duplicate key %s", f->path, k[i]);
+    free(k);
+    return rc;
 }
 
 // One tensor entry: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}.
@@ -420,8 +428,6 @@ static int cmp_entry(const void *a, const void *b) {
     const st_entry_t *x = a, *y = b;
     return strcmp(x->t->name, y->t->name);
 }
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static void free_strs(char **v, int n) {
     for (int i = 0; i < n; i++)

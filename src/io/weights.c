@@ -311,27 +311,37 @@ void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {
             n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d", n ? ", " : "", ggml_type_name((uint32_t)t), counts[t]);
 }
 
+static int cmp_strp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow) {
     if (s->is_gguf) return 0;
+    // The known names as the folder spells them, sorted: one binary search per
+    // tensor (a folder of any size is checked in n log n).
+    char **ours = calloc((size_t)(n_known ? n_known : 1), sizeof *ours);
+    int rc = ours ? 0 : err_set(ERR_NOMEM, "%s: out of memory for %d parameter names", s->path, n_known);
+    for (int k = 0; k < n_known && rc == 0; k++) {
+        char buf[160];
+        folder_name(s, known[k], buf, sizeof buf);
+        if (!(ours[k] = strdup(buf))) rc = err_set(ERR_NOMEM, "%s: out of memory for parameter names", s->path);
+    }
+    if (rc == 0) qsort(ours, (size_t)n_known, sizeof *ours, cmp_strp);
     int bad = 0;
-    for (int64_t i = 0; i < s->st.n_index; i++) {
+    for (int64_t i = 0; rc == 0 && i < s->st.n_index; i++) {
         const char *name = s->st.index[i].t->name;
         size_t nl = strlen(name);
         // Buffers the published inference wrappers may have saved alongside the weights.
         if ((nl > 5 && !strcmp(name + nl - 5, ".wk_b")) || (nl > 5 && !strcmp(name + nl - 5, ".wv_b")) ||
             strstr(name, "rotary_emb.inv_freq"))
             continue;
-        int found = 0;
-        char ours[160];
-        for (int k = 0; k < n_known && !found; k++) {
-            folder_name(s, known[k], ours, sizeof ours);
-            found = !strcmp(ours, name);
-        }
-        if (found) continue;
+        if (bsearch(&name, ours, (size_t)n_known, sizeof *ours, cmp_strp)) continue;
         if (!allow)
-            return err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)",
-                           s->path, name);
-        if (bad++ < 8) log_warn("%s: ignoring unknown tensor %s", s->path, name);
+            rc = err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)",
+                         s->path, name);
+        else if (bad++ < 8)
+            log_warn("%s: ignoring unknown tensor %s", s->path, name);
     }
-    return 0;
+    for (int k = 0; ours && k < n_known; k++)
+        free(ours[k]);
+    free(ours);
+    return rc;
 }

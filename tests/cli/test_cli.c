@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/fs.h"
 #include "io/safetensors.h"
@@ -138,6 +139,28 @@ static void test_folder_errors(void **st) {
     expect_input_error(args, "architectures", "GPT2LMHeadModel");
 }
 
+// Inputs that are not regular files are refused before anything blocks on
+// them (tests/base/test_fs.c has every reader): a directory named
+// config.json used to ask for 2^63 bytes (exit 1, "out of memory").
+static void test_not_regular_inputs(void **st) {
+    char dir[400], p[500], args[1200];
+    snprintf(dir, sizeof dir, "%s/dir_config", tu_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    mkdir(p, 0755);
+    snprintf(args, sizeof args, "info %s", dir);
+    expect_input_error(args, "dir_config/config.json: is a directory, not a regular file", NULL);
+    // a FIFO in place of the tokenizer of an intact folder
+    snprintf(dir, sizeof dir, "%s/fifo_tok", tu_tmpdir());
+    tiny_folder(dir);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    snprintf(args, sizeof args, "generate %s --prompt hi", dir);
+    alarm(120); // a watchdog: a reader blocked on the FIFO fails the test instead of hanging it
+    expect_input_error(args, "fifo_tok/tokenizer.json: is a FIFO, not a regular file", NULL);
+    alarm(0);
+}
+
 static void test_no_partial_output(void **st) {
     char args[1200], out[400];
     // convert with a teacher that cannot be read: nothing appears at --out
@@ -210,9 +233,10 @@ static void test_usage_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_missing_file),  cmocka_unit_test(test_truncated_and_corrupt),
-        cmocka_unit_test(test_folder_errors), cmocka_unit_test(test_no_partial_output),
-        cmocka_unit_test(test_usage_errors),  cmocka_unit_test(test_chat_template_unknown),
+        cmocka_unit_test(test_missing_file),       cmocka_unit_test(test_truncated_and_corrupt),
+        cmocka_unit_test(test_folder_errors),      cmocka_unit_test(test_no_partial_output),
+        cmocka_unit_test(test_usage_errors),       cmocka_unit_test(test_chat_template_unknown),
+        cmocka_unit_test(test_not_regular_inputs),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

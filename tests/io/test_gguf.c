@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -655,6 +656,90 @@ static void test_corrupt(void **state) {
     free(s);
 }
 
+// ---- many names ------------------------------------------------------------------------
+
+enum { DUP_NONE, DUP_KEY, DUP_TENSOR };
+
+// A GGUF of n_kv uint32 keys "k.<i>" = i and n_t F32 tensors "t.<i>" of 8
+// elements (32 bytes: each at the next aligned offset) holding i; with dup,
+// the last key or tensor repeats the first one's name.
+static const char *many_gguf(const char *name, int n_kv, int n_t, int dup) {
+    buf_t b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, (uint64_t)n_t);
+    put_u64(&b, (uint64_t)n_kv);
+    char s[32];
+    for (int i = 0; i < n_kv; i++) {
+        snprintf(s, sizeof s, "k.%d", dup == DUP_KEY && i == n_kv - 1 ? 0 : i);
+        put_str(&b, s);
+        put_u32(&b, GGUF_UINT32);
+        put_u32(&b, (uint32_t)i);
+    }
+    for (int i = 0; i < n_t; i++) {
+        snprintf(s, sizeof s, "t.%d", dup == DUP_TENSOR && i == n_t - 1 ? 0 : i);
+        put_str(&b, s);
+        put_u32(&b, 1);
+        put_u64(&b, 8);
+        put_u32(&b, GGML_F32);
+        put_u64(&b, (uint64_t)i * 32);
+    }
+    while (b.n % 32)
+        put(&b, "", 1);
+    for (int i = 0; i < n_t; i++)
+        for (int k = 0; k < 8; k++) {
+            float v = (float)i;
+            put(&b, &v, 4);
+        }
+    const char *path = write_file(name, &b);
+    free(b.b);
+    return path;
+}
+
+// 200K tensors and 50K metadata keys open, every name is found, and a
+// duplicate at the far end of either table is found too. Duplicates used to
+// be looked for pairwise (200K tensors: about 4 minutes to reject; 50K keys:
+// 6-9 s), lookups by a linear scan. The watchdog turns a return to that into a
+// failure rather than a hang; the speed itself is bench/bench_load.c's.
+static void test_many_names(void **state) {
+    (void)state;
+    alarm(120);
+    const int n_kv = 50000, n_t = 200000;
+    const char *path = many_gguf("many.gguf", n_kv, n_t, DUP_NONE);
+    gguf_t g;
+    if (gguf_open(&g, path) < 0) fail_msg("%s", err_msg());
+    assert_int_equal(g.n_tensors, n_t);
+    assert_int_equal(g.n_kv, n_kv);
+    char s[32];
+    for (int i = 0; i < n_t; i++) {
+        snprintf(s, sizeof s, "t.%d", i);
+        const gguf_tensor_t *t = gguf_find_tensor(&g, s);
+        if (t != &g.tensors[i]) fail_msg("tensor %s: found %s", s, t ? t->name : "nothing");
+    }
+    float x[8];
+    assert_int_equal(gguf_read_tensor_f32(&g, gguf_find_tensor(&g, "t.123456"), x), 0);
+    assert_true(x[0] == 123456.0f && x[7] == 123456.0f);
+    for (int i = 0; i < n_kv; i++) {
+        snprintf(s, sizeof s, "k.%d", i);
+        int64_t v = -1;
+        if (gguf_get_int(&g, s, &v) < 0 || v != i) fail_msg("key %s: %lld (%s)", s, (long long)v, err_msg());
+    }
+    assert_null(gguf_find_tensor(&g, "t.200000"));
+    assert_null(gguf_find(&g, "k.-1"));
+    assert_null(gguf_find(&g, ""));
+    gguf_close(&g);
+
+    path = many_gguf("many_dup_tensor.gguf", 10, n_t, DUP_TENSOR);
+    err_clear();
+    assert_int_equal(gguf_open(&g, path), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "duplicate tensor name t.0"));
+    path = many_gguf("many_dup_key.gguf", n_kv, 10, DUP_KEY);
+    err_clear();
+    assert_int_equal(gguf_open(&g, path), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "duplicate metadata key k.0"));
+    alarm(0);
+}
+
 // ---- llama q/k rows ---------------------------------------------------------------
 
 // llama.cpp's convert_hf_to_gguf.py, LlamaModel.permute (k_proj with n_head =
@@ -826,6 +911,7 @@ int main(void) {
         cmocka_unit_test(test_real_header),        cmocka_unit_test(test_real_dequant),
         cmocka_unit_test(test_synthetic),          cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_llama_qk_unpermute), cmocka_unit_test(test_bad_scalars),
+        cmocka_unit_test(test_many_names),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
