@@ -248,7 +248,9 @@ static int take_params(wsrc_t *src, const arch_t *a, int flags, int kind, const 
     ptable_t pt = {0};
     float *w = NULL;
     int rc = ptable_build(&pt, a);
-    if (rc == 0 && !(w = malloc((size_t)pt.total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    char what[1200];
+    snprintf(what, sizeof what, "the weights of %s", wsrc_path(src));
+    if (rc == 0) rc = ptable_alloc_host(&pt, what, 0, &w);
     if (rc == 0) rc = model_read_host(src, &pt, w, flags);
     for (int i = 0; rc == 0 && i < spt->n; i++) {
         const param_t *p = &spt->p[i];
@@ -296,7 +298,7 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
     if (rc == 0) rc = arch_validate(s, "assembled hybrid");
     float *host = NULL;
     if (rc == 0) rc = ptable_build(spt, s);
-    if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    if (rc == 0) rc = ptable_alloc_host(spt, "the assembled hybrid's weights", 0, &host);
     if (rc == 0) rc = take_params(teacher, t, o->flags, -1, s, spt, host);
     if (rc == 0) rc = take_params(wm, &am, o->flags, LAYER_MLA, s, spt, host);
     if (rc == 0) rc = take_params(wl, &al, o->flags, al.kind[0], s, spt, host);
@@ -341,9 +343,8 @@ int cmd_convert(int argc, char **argv) {
         rc = upc_student_arch(&t, mla, n_mla, o.lin, &o.dims, &s);
         if (rc == 0) rc = ptable_build(&tpt, &t);
         if (rc == 0) rc = ptable_build(&spt, &s);
-        if (rc == 0 &&
-            (!(tw = malloc((size_t)tpt.total * sizeof(float))) || !(sw = calloc((size_t)spt.total, sizeof(float)))))
-            rc = err_set(ERR_NOMEM, "out of memory");
+        if (rc == 0) rc = ptable_alloc_host(&tpt, "the teacher's weights", 0, &tw);
+        if (rc == 0) rc = ptable_alloc_host(&spt, "the student's weights", 1, &sw);
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
     }

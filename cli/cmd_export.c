@@ -55,8 +55,7 @@ int cmd_export(int argc, char **argv) {
     float *host = NULL;
     tok_t tok = {0};
     rc = ptable_build(&pt, &a);
-    if (rc == 0 && !(host = malloc((size_t)pt.total * sizeof(float))))
-        rc = err_set(ERR_NOMEM, "out of memory for %lld parameters", (long long)pt.total);
+    if (rc == 0) rc = ptable_alloc_host(&pt, "the weights to export", 0, &host);
     if (rc == 0) rc = model_read_host(src, &pt, host, 0);
     int have_tok = 0; // a source folder without tokenizer files still exports (without them)
     if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;

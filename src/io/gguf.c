@@ -191,7 +191,9 @@ static int parse(gguf_t *g) {
                        c.path, (unsigned long long)nt, (unsigned long long)nkv, (long long)LIM_ENTRIES);
     g->kv = calloc(nkv ? nkv : 1, sizeof *g->kv);
     g->tensors = calloc(nt ? nt : 1, sizeof *g->tensors);
-    if (!g->kv || !g->tensors) return err_set(ERR_NOMEM, "out of memory");
+    if (!g->kv || !g->tensors)
+        return err_set(ERR_NOMEM, "%s: cannot allocate the tables of %llu metadata keys and %llu tensors", c.path,
+                       (unsigned long long)nkv, (unsigned long long)nt);
     for (uint64_t i = 0; i < nkv; i++) {
         g->n_kv = i + 1;
         TRY(parse_kv(g, &c, &g->kv[i]));

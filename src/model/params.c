@@ -158,3 +158,12 @@ int64_t ptable_count(const ptable_t *t) {
         n += t->p[i].numel;
     return n;
 }
+
+int ptable_alloc_host(const ptable_t *t, const char *what, int zero, float **out) {
+    size_t n = (size_t)(t->total ? t->total : 1);
+    *out = zero ? calloc(n, sizeof(float)) : malloc(n * sizeof(float));
+    if (!*out)
+        return err_set(ERR_NOMEM, "cannot allocate %zu bytes for %s (%lld fp32 parameters)", n * sizeof(float), what,
+                       (long long)ptable_count(t));
+    return 0;
+}

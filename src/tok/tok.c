@@ -74,7 +74,9 @@ int tok_alloc_vocab(tok_t *t, int n_vocab, size_t blob_bytes) {
     t->off = calloc((size_t)n_vocab + 1, sizeof(uint32_t));
     t->len = calloc((size_t)n_vocab + 1, sizeof(uint32_t));
     t->type = calloc((size_t)n_vocab + 1, 1);
-    if (!t->blob || !t->off || !t->len || !t->type) return err_set(ERR_NOMEM, "tokenizer: out of memory (vocabulary)");
+    if (!t->blob || !t->off || !t->len || !t->type)
+        return err_set(ERR_NOMEM, "tokenizer: cannot allocate a vocabulary of %d tokens (%zu bytes of text)", n_vocab,
+                       blob_bytes);
     return 0;
 }
 
@@ -151,7 +153,9 @@ int tok_alloc_merges(tok_t *t, int n_merges) {
     t->merge_l = malloc(n * sizeof(int32_t));
     t->merge_r = malloc(n * sizeof(int32_t));
     t->merge_res = malloc(n * sizeof(int32_t));
-    if (!t->merge_l || !t->merge_r || !t->merge_res) return err_set(ERR_NOMEM, "tokenizer: out of memory (merges)");
+    if (!t->merge_l || !t->merge_r || !t->merge_res)
+        return err_set(ERR_NOMEM, "tokenizer: cannot allocate %zu bytes for %d merges", 3 * n * sizeof(int32_t),
+                       n_merges);
     return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -161,6 +162,38 @@ static void test_not_regular_inputs(void **st) {
     alarm(0);
 }
 
+// An allocation that fails says what could not be allocated and how much,
+// frees what was taken (exit 1, no output). Run under a 400 MB address-space
+// limit, which the fp32 copy of the default model (538 MB) does not fit; the
+// message used to be "out of memory for 134515008 parameters" (export) and
+// "out of memory" (convert). Skipped for a sanitizer build, which cannot run
+// under an address-space limit.
+static void test_alloc_failure(void **st) {
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)400 << 20;
+    char out[400], args[1200], *err;
+    snprintf(out, sizeof out, "%s/oom_out", tu_tmpdir());
+    const char *cmd[2] = {"export %s --out %s", "convert --teacher %s --out %s --all-linear"};
+    const char *want[2] = {"cannot allocate 538060032 bytes for the weights to export (134515008 fp32 parameters)",
+                           "cannot allocate 538060032 bytes for the teacher's weights (134515008 fp32 parameters)"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, cmd[i], tu_model_path(), out);
+        assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+        int rc = tu_run_hylo(args, &err);
+        assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+        if (strstr(err, "Sanitizer") || strstr(err, "ulimit -v")) {
+            free(err);
+            skip();
+        }
+        assert_int_equal(rc, 1);
+        if (!strstr(err, want[i])) fail_msg("\"%s\" lacks \"%s\"", err, want[i]);
+        free(err);
+        assert_false(fs_exists(out));
+    }
+}
+
 static void test_no_partial_output(void **st) {
     char args[1200], out[400];
     // convert with a teacher that cannot be read: nothing appears at --out
@@ -236,7 +269,7 @@ int main(void) {
         cmocka_unit_test(test_missing_file),       cmocka_unit_test(test_truncated_and_corrupt),
         cmocka_unit_test(test_folder_errors),      cmocka_unit_test(test_no_partial_output),
         cmocka_unit_test(test_usage_errors),       cmocka_unit_test(test_chat_template_unknown),
-        cmocka_unit_test(test_not_regular_inputs),
+        cmocka_unit_test(test_not_regular_inputs), cmocka_unit_test(test_alloc_failure),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
