@@ -663,7 +663,19 @@ static int encode_text(const tok_t *t, enc_t *e, const char *p, size_t n) {
     return run_pass(t, e, 0, p, n);
 }
 
+// 1 when any of the n bytes from i on is marked.
+static int any_marked(const uint8_t *plain, size_t i, size_t n) {
+    for (size_t k = 0; plain && k < n; k++)
+        if (plain[i + k]) return 1;
+    return 0;
+}
+
 int tok_encode_ex(const tok_t *t, const char *text, size_t len, int flags, int32_t **ids, int *n) {
+    return tok_encode_marked(t, text, len, flags, NULL, ids, n);
+}
+
+int tok_encode_marked(const tok_t *t, const char *text, size_t len, int flags, const uint8_t *plain, int32_t **ids,
+                      int *n) {
     *ids = NULL;
     *n = 0;
     if (!t || !t->loaded) return err_set(ERR_INPUT, "tok_encode: tokenizer not loaded");
@@ -678,11 +690,11 @@ int tok_encode_ex(const tok_t *t, const char *text, size_t len, int flags, int32
         int32_t hit = -1;
         for (int j = t->added_first[b]; j < t->added_first[b + 1]; j++) {
             int32_t id = t->added[j];
-            if (t->type[id] == TOK_CONTROL && !special) continue;
-            if (t->len[id] <= len - i && memcmp(text + i, t->blob + t->off[id], t->len[id]) == 0) {
-                hit = id; // sorted longest first
-                break;
-            }
+            if (t->len[id] > len - i || memcmp(text + i, t->blob + t->off[id], t->len[id]) != 0) continue;
+            // a control token only with TOK_SPECIAL, and never out of user text
+            if (t->type[id] == TOK_CONTROL && (!special || any_marked(plain, i, t->len[id]))) continue;
+            hit = id; // sorted longest first
+            break;
         }
         if (hit < 0) {
             i++;
