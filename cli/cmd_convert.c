@@ -25,6 +25,9 @@ static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [op
                           "checkpoint folder: MLA layers initialised by truncated SVD of the teacher's\n"
                           "projections, GDN (HyLo: GQA expansion + truncation) or Mamba-2 (MambaInLlama\n"
                           "mapping) for the other layers; MLPs, norms, embedding and head copied.\n"
+                          "DIR must not exist or be empty (checked before anything is read; a trailing\n"
+                          "slash is fine); it is written as DIR.hylo-tmp.PID and appears only when\n"
+                          "complete (one left by an interrupted run is removed by the next run).\n"
                           "\n"
                           "plan (one of):\n"
                           "  --mla-layers LIST   MLA at these layer indices, e.g. 0,3,6 (the rest linear)\n"
@@ -329,13 +332,24 @@ int cmd_convert(int argc, char **argv) {
     if (!o.lin) o.lin = LAYER_GDN;
     if (o.seed < 0) o.seed = 42;
     double t0 = time_now();
+    // The output is checked (and its temporary made) before anything is read,
+    // the tokenizer against the teacher before the conversion.
+    outdir_t od;
+    if ((rc = fs_outdir_begin(&od, o.out)) < 0) {
+        free(o.mla);
+        recipe_free(&rec);
+        return cli_fail(rc);
+    }
     arch_t t, s;
     wsrc_t *src = NULL;
     ptable_t tpt = {0}, spt = {0};
     float *tw = NULL, *sw = NULL;
     int *mla = NULL, n_mla = 0;
     tok_t tok = {0};
+    int have_tok = 0; // a teacher folder without tokenizer files still converts (without them)
     rc = wsrc_open(&src, o.teacher, &t);
+    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
+    if (rc == 0) rc = ckpt_check(od.path, &t, have_tok ? &tok : NULL);
     if (rc == 0) rc = plan_layers(&o, &t, &mla, &n_mla);
     if (rc == 0 && o.from_mla) {
         rc = assemble(&o, &t, mla, n_mla, &s, src, &spt, &sw);
@@ -348,16 +362,17 @@ int cmd_convert(int argc, char **argv) {
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
     }
-    int have_tok = 0; // a teacher folder without tokenizer files still converts (without them)
-    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
     char seed_s[32];
     snprintf(seed_s, sizeof seed_s, "%ld", o.seed);
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
-    if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta);
+    if (rc == 0)
+        rc = ckpt_write_out(&od, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta); // commits, or removes it
+    else
+        fs_outdir_abort(&od);
     if (rc == 0) {
         int n_gdn = arch_count(&s, LAYER_GDN), n_m2 = arch_count(&s, LAYER_M2); // n_mla: the plan's
         int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&t, 2);
-        printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
+        printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", od.path,
                time_now() - t0, n_mla, n_gdn, n_m2, (long long)ptable_count(&spt));
         if (n_mla) {
             printf("  MLA layers:");

@@ -1,3 +1,6 @@
+// Files: inputs that are not regular files, temporaries of interrupted
+// runs, output folders.
+//
 // Input files that are not regular files (a FIFO, a directory in a file's
 // place) are refused by every reader before anything can block on them, with
 // a message naming the path and what it is. They used to be opened first: a
@@ -8,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -80,11 +84,84 @@ static void test_missing(void **state) {
     free(text);
 }
 
+// The pid of a process that has exited (a child, reaped).
+static pid_t dead_pid(void) {
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    assert_true(p > 0);
+    assert_int_equal(waitpid(p, NULL, 0), p);
+    return p;
+}
+
+// Temporaries carry a recognisable name, "<path>.hylo-tmp.<pid>"; those of a
+// path whose process is gone (files or whole folders) are removed by the next
+// write of that path, and nothing else is touched.
+static void test_stale_temporaries(void **state) {
+    (void)state;
+    char path[600], stale[700], live[700], other[700], notpid[700], inside[800];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("out.json"));
+    pid_t dead = dead_pid();
+    snprintf(stale, sizeof stale, "%s.hylo-tmp.%d", path, (int)dead);
+    snprintf(live, sizeof live, "%s.hylo-tmp.%d", path, (int)getppid());
+    snprintf(other, sizeof other, "%s/xout.json.hylo-tmp.%d", tu_tmpdir(), (int)dead);
+    snprintf(notpid, sizeof notpid, "%s.hylo-tmp.12x", path);
+    assert_int_equal(mkdir(stale, 0755), 0); // a folder, with a file in it
+    snprintf(inside, sizeof inside, "%s/part", stale);
+    FILE *f = fopen(inside, "w");
+    fclose(f);
+    const char *files[3] = {live, other, notpid};
+    for (int i = 0; i < 3; i++) {
+        f = fopen(files[i], "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    assert_int_equal(fs_write_all(path, "{}", 2), 0);
+    assert_false(fs_exists(stale));
+    for (int i = 0; i < 3; i++)
+        assert_true(fs_exists(files[i]));
+    char name[700];
+    fs_tmp_name(name, sizeof name, path);
+    assert_false(fs_exists(name)); // our own is gone once committed
+    for (int i = 0; i < 3; i++)
+        unlink(files[i]);
+}
+
+// Output folders: a trailing slash is the folder itself; an existing
+// non-empty folder or a file is refused before anything is written; the
+// temporary exists from begin on and is gone after commit or abort.
+static void test_outdir(void **state) {
+    (void)state;
+    char dir[600], slash[700], file[1200];
+    snprintf(dir, sizeof dir, "%s/outdir", tu_tmpdir());
+    snprintf(slash, sizeof slash, "%s//", dir);
+    outdir_t o;
+    assert_int_equal(fs_outdir_begin(&o, slash), 0);
+    assert_string_equal(o.path, dir);
+    assert_true(fs_is_dir(o.tmp));
+    snprintf(file, sizeof file, "%s/a.txt", o.tmp);
+    assert_int_equal(fs_write_all(file, "a", 1), 0);
+    assert_int_equal(fs_outdir_commit(&o), 0);
+    snprintf(file, sizeof file, "%s/a.txt", dir);
+    assert_true(fs_exists(file));
+    assert_int_equal(fs_outdir_begin(&o, dir), ERR_INPUT); // not empty now
+    assert_non_null(strstr(err_msg(), "outdir: output folder exists and is not empty"));
+    assert_int_equal(fs_outdir_begin(&o, file), ERR_INPUT); // a file
+    assert_non_null(strstr(err_msg(), "a.txt: output folder exists and is not a folder"));
+    snprintf(dir, sizeof dir, "%s/outdir2", tu_tmpdir());
+    assert_int_equal(fs_outdir_begin(&o, dir), 0);
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s", o.tmp);
+    fs_outdir_abort(&o);
+    assert_false(fs_exists(tmp));
+    assert_false(fs_exists(dir));
+    assert_int_equal(fs_outdir_begin(&o, ""), ERR_INPUT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fifo),
-        cmocka_unit_test(test_directory),
-        cmocka_unit_test(test_missing),
+        cmocka_unit_test(test_fifo),    cmocka_unit_test(test_directory),
+        cmocka_unit_test(test_missing), cmocka_unit_test(test_stale_temporaries),
+        cmocka_unit_test(test_outdir),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

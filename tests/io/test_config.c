@@ -823,7 +823,7 @@ static void test_write_fails_cleanly(void **state) {
     DIR *d = opendir(tu_tmpdir());
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strstr(e->d_name, ".tmp.")) fail_msg("leftover temporary %s", e->d_name);
+        if (strstr(e->d_name, ".tmp.") || strstr(e->d_name, ".hylo-tmp.")) fail_msg("leftover temporary %s", e->d_name);
     closedir(d);
 }
 
