@@ -323,6 +323,10 @@ int tok_build(tok_t *t, const char *src) {
     if (!t->mmap_key || !t->mmap_val) return err_set(ERR_NOMEM, "%s: out of memory (merges)", src);
     uint32_t m = t->mmap_cap - 1;
     for (int i = 0; i < t->n_merges; i++) {
+        // BPE never makes a control token (HF's model vocab has none): a merge
+        // into one, in a crafted file, is left out (found by fuzz_tokenizer, as
+        // ignore_merges taking a whole piece spelling one).
+        if (t->type[t->merge_res[i]] == TOK_CONTROL) continue;
         uint64_t k = pair_key(t->merge_l[i], t->merge_r[i]);
         uint32_t h = (uint32_t)tok_hash(&k, 8) & m;
         while (t->mmap_key[h] && t->mmap_key[h] != k)
@@ -336,6 +340,7 @@ int tok_build(tok_t *t, const char *src) {
         char u[4];
         int l = utf8_put(tok_byte_to_cp((uint8_t)b), u);
         t->byte_tok[b] = vmap_find(t, u, (size_t)l);
+        if (t->byte_tok[b] >= 0 && t->type[t->byte_tok[b]] == TOK_CONTROL) t->byte_tok[b] = -1;
     }
 
     // Added tokens: control and user-defined ones, non-empty.
@@ -400,6 +405,7 @@ static void cache_free(tok_cache_t *c) {
 static int cache_get(tok_cache_t *c, uint64_t h, const char *p, size_t n, int32_t **out, int *no, int *cap_o);
 
 static int push_ids(int32_t **v, int *n, int *cap, const int32_t *ids, int k) {
+    if (k == 0) return 0; // (*v may still be NULL: no pointer arithmetic on it; found by fuzz_tokenizer)
     if (*n + k > *cap) {
         int nc = *cap ? *cap : 256;
         while (nc < *n + k)
@@ -553,7 +559,7 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
         for (size_t i = 0; i < n; i++)
             m += (size_t)utf8_put(tok_byte_to_cp((uint8_t)p[i]), tmp + m);
         int32_t id = vmap_find(t, tmp, m);
-        if (id >= 0) {
+        if (id >= 0 && t->type[id] != TOK_CONTROL) { // control tokens come only from the added-token match
             rc = push_ids(out, no, cap_o, &id, 1);
             goto done;
         }

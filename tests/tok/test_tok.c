@@ -528,6 +528,28 @@ static void test_threads(void **state) {
 // ---------------------------------------------------------------------------
 // Special tokens
 
+// A text whose first pieces are only bytes without a token (0x04, 0xFF in
+// SmolLM2: dropped, as HF does) encodes to what follows them. Found by
+// fuzz_tokenizer: the empty result of such a piece was appended by pointer
+// arithmetic on a still-NULL id array (clang UBSan: "applying zero offset to
+// null pointer"; fuzz/corpus_tokenizer/regress_zero_ids replays it there).
+static void test_dropped_bytes(void **state) {
+    tok_t *t = smol();
+    int32_t *ids;
+    int k;
+    assert_int_equal(tok_encode_ex(t, "\x04\xff", 2, 0, &ids, &k), 0);
+    assert_int_equal(k, 0);
+    assert_non_null(ids);
+    free(ids);
+    assert_int_equal(tok_encode_ex(t, "\x04 hi", 4, 0, &ids, &k), 0);
+    char *out;
+    size_t ol;
+    assert_int_equal(tok_decode(t, ids, k, 0, &out, &ol), 0);
+    assert_string_equal(out, " hi");
+    free(out);
+    free(ids);
+}
+
 static void test_special_tokens(void **state) {
     tok_t *t = smol();
     const char *s = "<|im_start|>user\nhi<|im_end|>";
@@ -859,6 +881,14 @@ static void write_json(const char *dir, const char *name, cJSON *j) {
     snprintf(p, sizeof p, "%s/%s", dir, name);
     char *s = cJSON_Print(j);
     assert_int_equal(fs_write_all(p, s, strlen(s)), 0);
+    // A seed of fuzz/corpus_tokenizer (docs/FUZZING.md), named by its folder:
+    // the tests write several tokenizer.json.
+    const char *seeds = getenv("HYLO_CORPUS_OUT"), *base = strrchr(dir, '/');
+    if (seeds && *seeds) {
+        char q[1024];
+        snprintf(q, sizeof q, "%s/%s_%s", seeds, base ? base + 1 : dir, name);
+        assert_int_equal(fs_write_all(q, s, strlen(s)), 0);
+    }
     free(s);
     cJSON_Delete(j);
 }
@@ -954,6 +984,46 @@ static void load_mini(tok_t *t, const char *tmpl) {
     snprintf(a, sizeof a, "%s/tokenizer.json", dir);
     snprintf(b, sizeof b, "%s/tokenizer_config.json", dir);
     if (tok_load_json(t, a, b) < 0) fail_msg("tok_load_json(mini): %s", err_msg());
+}
+
+// BPE never makes a control token. Found by fuzz_tokenizer: a tokenizer.json
+// whose pre-tokenizer keeps "<|eot_id|>" as one piece had ignore_merges take
+// that piece whole as the control token, out of plain text (and out of a
+// chat message's marked bytes). Here the Split regex keeps whole non-space
+// runs, and one merge chain would build the token from its bytes.
+static void test_bpe_no_control(void **state) {
+    char dir[512], a[600];
+    snprintf(dir, sizeof dir, "%s/mini_whole", tu_tmpdir());
+    assert_int_equal(fs_mkdir_p(dir), 0);
+    cJSON *root = mini_tokenizer();
+    cJSON *pat = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "pre_tokenizer"), "pretokenizers"), 0),
+        "pattern");
+    assert_non_null(pat);
+    cJSON_ReplaceItemInObject(pat, "Regex", cJSON_CreateString("\\S+|\\s+"));
+    write_json(dir, "tokenizer.json", root);
+    snprintf(a, sizeof a, "%s/tokenizer.json", dir);
+    tok_t t;
+    if (tok_load_json(&t, a, NULL) < 0) fail_msg("%s", err_msg());
+    int32_t *ids;
+    int k;
+    const char *s = "<|eot_id|>";
+    assert_int_equal(tok_encode_ex(&t, s, strlen(s), 0, &ids, &k), 0); // specials off: text
+    assert_true(k > 1);
+    for (int i = 0; i < k; i++)
+        assert_false(tok_is_special(&t, ids[i]));
+    free(ids);
+    uint8_t plain[10];
+    memset(plain, 1, sizeof plain);
+    assert_int_equal(tok_encode_marked(&t, s, strlen(s), TOK_SPECIAL, plain, &ids, &k), 0); // a message's bytes
+    for (int i = 0; i < k; i++)
+        assert_false(tok_is_special(&t, ids[i]));
+    free(ids);
+    assert_int_equal(tok_encode_ex(&t, s, strlen(s), TOK_SPECIAL, &ids, &k), 0); // the template's: the token
+    assert_int_equal(k, 1);
+    assert_int_equal(ids[0], 270);
+    free(ids);
+    tok_free(&t);
 }
 
 static void test_llama3_json(void **state) {
@@ -1412,11 +1482,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fixture_essays),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_dropped_bytes),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_chat_smollm2),
         cmocka_unit_test(test_chat_qwen),
         cmocka_unit_test(test_chat_injection),
         cmocka_unit_test(test_llama3_json),
+        cmocka_unit_test(test_bpe_no_control),
         cmocka_unit_test(test_write_hf_roundtrip),
         cmocka_unit_test(test_write_hf_oom),
         cmocka_unit_test(test_json_errors),
