@@ -7,7 +7,8 @@
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
-#   make fuzz            libFuzzer targets for the GGUF, safetensors and token shard parsers (clang)
+#   make fuzz            libFuzzer targets of every file parser (token shards included) (clang; docs/FUZZING.md)
+#   make fuzz-smoke      each of them briefly on its corpus (CI)
 #   make format / make format-check
 
 MODE ?= release
@@ -66,7 +67,7 @@ TESTUTIL := $(BUILD)/obj/tests/testutil.o
 BENCHSRC := $(shell find bench -name '*.c' | sort)
 BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
-.PHONY: all test test-cuda bench fuzz format format-check clean model demo
+.PHONY: all test test-cuda bench fuzz fuzz-smoke format format-check clean model demo
 .SECONDARY: $(TESTUTIL)
 all: $(BIN)
 
@@ -117,14 +118,33 @@ model:
 demo: $(BIN)
 	@BIN=$(BIN) scripts/demo.sh
 
+# The fuzz targets share one library of the sources they reach, compiled once
+# with the fuzzer's coverage instrumentation and the sanitizers.
 FUZZ_TARGETS := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/fuzz_*.c))
+FUZZSRC := $(filter src/base/%.c src/io/%.c src/tok/%.c src/model/arch.c src/model/params.c src/train/shard.c,$(CSRC))
+FUZZOBJ := $(FUZZSRC:%.c=build-fuzz/obj/%.o)
+FUZZFLAGS = -std=c17 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -Isrc
 fuzz: $(FUZZ_TARGETS)
-# io/config.c and io/weights.c fill an arch_t, so model/arch.c comes along;
-# train/shard.c is the token shard reader (fuzz_shard).
-build-fuzz/%: fuzz/%.c $(CSRC)
-	@mkdir -p build-fuzz
-	clang -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc $< \
-	  $(filter src/base/%.c src/io/%.c src/model/arch.c src/train/shard.c,$(CSRC)) -lcjson -lyaml -lm -o $@
+build-fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+build-fuzz/libfuzz.a: $(FUZZOBJ)
+	@rm -f $@
+	ar rcs $@ $^
+build-fuzz/%: fuzz/%.c fuzz/fuzz_util.h build-fuzz/libfuzz.a
+	clang $(FUZZFLAGS) -Wall -Wextra -Werror -Wno-unused-parameter -fsanitize=fuzzer $< build-fuzz/libfuzz.a \
+	  -lpcre2-8 -lcjson -lyaml -lm -o $@
+
+# A short run of every target on its committed corpus (new inputs go to a
+# scratch folder): what CI runs.
+FUZZ_SMOKE_S ?= 5
+fuzz-smoke: $(FUZZ_TARGETS)
+	@for t in $(FUZZ_TARGETS); do n=$${t#build-fuzz/fuzz_}; mkdir -p build-fuzz/smoke_$$n; \
+	  echo "fuzz: $$t, $(FUZZ_SMOKE_S) s on fuzz/corpus_$$n"; \
+	  $$t -max_total_time=$(FUZZ_SMOKE_S) -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	    build-fuzz/smoke_$$n fuzz/corpus_$$n > build-fuzz/smoke_$$n.log 2>&1 || { tail -40 build-fuzz/smoke_$$n.log; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units|^Done' build-fuzz/smoke_$$n.log; \
+	done
 
 FMTSRC = $(shell find src cli tests bench fuzz -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | grep -v fixtures)
 format:
@@ -136,3 +156,4 @@ clean:
 	rm -rf build build-cpu build-asan build-debug build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)

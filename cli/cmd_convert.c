@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/parse.h"
 #include "base/timer.h"
@@ -24,6 +25,9 @@ static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [op
                           "checkpoint folder: MLA layers initialised by truncated SVD of the teacher's\n"
                           "projections, GDN (HyLo: GQA expansion + truncation) or Mamba-2 (MambaInLlama\n"
                           "mapping) for the other layers; MLPs, norms, embedding and head copied.\n"
+                          "DIR must not exist or be empty (checked before anything is read; a trailing\n"
+                          "slash is fine); it is written as DIR.hylo-tmp.PID and appears only when\n"
+                          "complete (one left by an interrupted run is removed by the next run).\n"
                           "\n"
                           "plan (one of):\n"
                           "  --mla-layers LIST   MLA at these layer indices, e.g. 0,3,6 (the rest linear)\n"
@@ -75,9 +79,12 @@ static int parse_mla_layers(const char *s, conv_opts_t *o) {
     return 0;
 }
 
-static int int_opt(const char *name, const char *v, int *out) {
+// The YaRN factor of --yarn-factor and a recipe's factor.
+#define YARN_FACTOR_MAX 1024
+
+static int int_opt(const char *name, const char *v, int64_t hi, int *out) {
     long x;
-    TRY(cli_int("convert", name, v, 1, 1 << 20, &x));
+    TRY(cli_int("convert", name, v, 1, (long)hi, &x));
     *out = (int)x;
     return 0;
 }
@@ -95,15 +102,16 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
     struct {
         const char *flag;
         int *field;
-    } ints[] = {{"--r-q", &o->dims.r_q},
-                {"--r-kv", &o->dims.r_kv},
-                {"--d-rope", &o->dims.d_rope},
-                {"--d-nope", &o->dims.d_nope},
-                {"--d-v", &o->dims.d_v},
-                {"--gdn-heads", &o->dims.gdn_heads},
-                {"--gdn-head-dim", &o->dims.gdn_head_dim},
-                {"--yarn-orig", &o->dims.yarn_orig},
-                {"--mla-every", &o->every}};
+        int64_t hi; // the limit of a model dimension, or of a position count
+    } ints[] = {{"--r-q", &o->dims.r_q, LIM_DIM},
+                {"--r-kv", &o->dims.r_kv, LIM_DIM},
+                {"--d-rope", &o->dims.d_rope, LIM_DIM},
+                {"--d-nope", &o->dims.d_nope, LIM_DIM},
+                {"--d-v", &o->dims.d_v, LIM_DIM},
+                {"--gdn-heads", &o->dims.gdn_heads, LIM_DIM},
+                {"--gdn-head-dim", &o->dims.gdn_head_dim, LIM_DIM},
+                {"--yarn-orig", &o->dims.yarn_orig, LIM_POS},
+                {"--mla-every", &o->every, ARCH_MAX_LAYERS}};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r = 0, done = 0;
@@ -116,7 +124,7 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
             if ((r = cli_opt("convert", argc, argv, &i, ints[k].flag, &v))) {
                 TRY(r);
-                TRY(int_opt(ints[k].flag, v, ints[k].field));
+                TRY(int_opt(ints[k].flag, v, ints[k].hi, ints[k].field));
                 done = 1;
             }
         if (done) continue;
@@ -132,7 +140,7 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         } else if ((r = cli_opt("convert", argc, argv, &i, "--yarn-factor", &v))) {
             TRY(r);
             double f;
-            TRY(cli_float("convert", "--yarn-factor", v, 1, 1024, &f));
+            TRY(cli_float("convert", "--yarn-factor", v, 1, YARN_FACTOR_MAX, &f));
             o->dims.yarn_factor = (float)f;
         } else if ((r = cli_opt("convert", argc, argv, &i, "--seed", &v))) {
             TRY(r);
@@ -178,23 +186,28 @@ static int apply_recipe(conv_opts_t *o, recipe_t *r) {
         TRY(recipe_int_list(r, "mla_layers", &o->mla, &o->n_mla));
         if (o->mla) o->have_plan = 1; // a list, possibly empty (all linear); null is no plan
     }
+    // Each key in the range of its command-line flag (a dimension: 1..2^20).
     int64_t v;
     struct {
         const char *key;
         int *field;
-    } ints[] = {{"q_lora_rank", &o->dims.r_q},         {"kv_lora_rank", &o->dims.r_kv},
-                {"qk_rope_head_dim", &o->dims.d_rope}, {"qk_nope_head_dim", &o->dims.d_nope},
-                {"v_head_dim", &o->dims.d_v},          {"original_max_position_embeddings", &o->dims.yarn_orig}};
+        int64_t hi;
+    } ints[] = {{"q_lora_rank", &o->dims.r_q, LIM_DIM},
+                {"kv_lora_rank", &o->dims.r_kv, LIM_DIM},
+                {"qk_rope_head_dim", &o->dims.d_rope, LIM_DIM},
+                {"qk_nope_head_dim", &o->dims.d_nope, LIM_DIM},
+                {"v_head_dim", &o->dims.d_v, LIM_DIM},
+                {"original_max_position_embeddings", &o->dims.yarn_orig, LIM_POS}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = 0;
-        TRY(recipe_int(r, ints[i].key, &v));
+        TRY(recipe_int(r, ints[i].key, 1, ints[i].hi, &v));
         if (v > 0 && !*ints[i].field) *ints[i].field = (int)v;
     }
     double f = 0;
-    TRY(recipe_float(r, "factor", &f));
+    TRY(recipe_float(r, "factor", 1, YARN_FACTOR_MAX, &f));
     if (f > 0 && !o->dims.yarn_factor) o->dims.yarn_factor = (float)f;
     v = -1;
-    TRY(recipe_int(r, "seed", &v));
+    TRY(recipe_int(r, "seed", 0, 0x7fffffff, &v));
     if (v >= 0 && o->seed < 0) o->seed = (long)v;
     return 0;
 }
@@ -238,7 +251,9 @@ static int take_params(wsrc_t *src, const arch_t *a, int flags, int kind, const 
     ptable_t pt = {0};
     float *w = NULL;
     int rc = ptable_build(&pt, a);
-    if (rc == 0 && !(w = malloc((size_t)pt.total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    char what[1200];
+    snprintf(what, sizeof what, "the weights of %s", wsrc_path(src));
+    if (rc == 0) rc = ptable_alloc_host(&pt, what, 0, &w);
     if (rc == 0) rc = model_read_host(src, &pt, w, flags);
     for (int i = 0; rc == 0 && i < spt->n; i++) {
         const param_t *p = &spt->p[i];
@@ -286,7 +301,7 @@ static int assemble(const conv_opts_t *o, const arch_t *t, const int *mla, int n
     if (rc == 0) rc = arch_validate(s, "assembled hybrid");
     float *host = NULL;
     if (rc == 0) rc = ptable_build(spt, s);
-    if (rc == 0 && !(host = malloc((size_t)spt->total * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+    if (rc == 0) rc = ptable_alloc_host(spt, "the assembled hybrid's weights", 0, &host);
     if (rc == 0) rc = take_params(teacher, t, o->flags, -1, s, spt, host);
     if (rc == 0) rc = take_params(wm, &am, o->flags, LAYER_MLA, s, spt, host);
     if (rc == 0) rc = take_params(wl, &al, o->flags, al.kind[0], s, spt, host);
@@ -317,13 +332,24 @@ int cmd_convert(int argc, char **argv) {
     if (!o.lin) o.lin = LAYER_GDN;
     if (o.seed < 0) o.seed = 42;
     double t0 = time_now();
+    // The output is checked (and its temporary made) before anything is read,
+    // the tokenizer against the teacher before the conversion.
+    outdir_t od;
+    if ((rc = fs_outdir_begin(&od, o.out)) < 0) {
+        free(o.mla);
+        recipe_free(&rec);
+        return cli_fail(rc);
+    }
     arch_t t, s;
     wsrc_t *src = NULL;
     ptable_t tpt = {0}, spt = {0};
     float *tw = NULL, *sw = NULL;
     int *mla = NULL, n_mla = 0;
     tok_t tok = {0};
+    int have_tok = 0; // a teacher folder without tokenizer files still converts (without them)
     rc = wsrc_open(&src, o.teacher, &t);
+    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
+    if (rc == 0) rc = ckpt_check(od.path, &t, have_tok ? &tok : NULL);
     if (rc == 0) rc = plan_layers(&o, &t, &mla, &n_mla);
     if (rc == 0 && o.from_mla) {
         rc = assemble(&o, &t, mla, n_mla, &s, src, &spt, &sw);
@@ -331,22 +357,22 @@ int cmd_convert(int argc, char **argv) {
         rc = upc_student_arch(&t, mla, n_mla, o.lin, &o.dims, &s);
         if (rc == 0) rc = ptable_build(&tpt, &t);
         if (rc == 0) rc = ptable_build(&spt, &s);
-        if (rc == 0 &&
-            (!(tw = malloc((size_t)tpt.total * sizeof(float))) || !(sw = calloc((size_t)spt.total, sizeof(float)))))
-            rc = err_set(ERR_NOMEM, "out of memory");
+        if (rc == 0) rc = ptable_alloc_host(&tpt, "the teacher's weights", 0, &tw);
+        if (rc == 0) rc = ptable_alloc_host(&spt, "the student's weights", 1, &sw);
         if (rc == 0) rc = model_read_host(src, &tpt, tw, o.flags);
         if (rc == 0) rc = upc_convert(&t, &tpt, tw, &s, &spt, sw, (uint64_t)o.seed);
     }
-    int have_tok = 0; // a teacher folder without tokenizer files still converts (without them)
-    if (rc == 0 && (rc = cli_source_tokenizer(src, &tok)) > 0) have_tok = 1, rc = 0;
     char seed_s[32];
     snprintf(seed_s, sizeof seed_s, "%ld", o.seed);
     const char *meta[] = {"format", "pt", "converted_by", "hylo convert", "teacher", o.teacher, "seed", seed_s, NULL};
-    if (rc == 0) rc = ckpt_write(o.out, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta);
+    if (rc == 0)
+        rc = ckpt_write_out(&od, &s, &spt, sw, o.dtype, have_tok ? &tok : NULL, meta); // commits, or removes it
+    else
+        fs_outdir_abort(&od);
     if (rc == 0) {
         int n_gdn = arch_count(&s, LAYER_GDN), n_m2 = arch_count(&s, LAYER_M2); // n_mla: the plan's
         int64_t hc = arch_cache_bytes_per_token(&s, 2), tc = arch_cache_bytes_per_token(&t, 2);
-        printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", o.out,
+        printf("hylo: wrote %s in %.1f s: %d MLA + %d GDN + %d Mamba-2 layers, %lld parameters\n", od.path,
                time_now() - t0, n_mla, n_gdn, n_m2, (long long)ptable_count(&spt));
         if (n_mla) {
             printf("  MLA layers:");

@@ -36,6 +36,10 @@ static const char *chat_help = "usage: hylo chat PATH [options]\n"
                                "Multi-turn chat with the model's chat template (ChatML for SmolLM2 / Qwen,\n"
                                "Llama-3 headers). Reads one user message per line from standard input;\n"
                                "'/reset' starts a new conversation, '/quit' or end of input stops.\n"
+                               "Messages are text: only the template writes control tokens (a message\n"
+                               "spelling <|im_end|> is those characters). A message that does not fit the\n"
+                               "context (--ctx) is refused with a note and the chat goes on; an answer\n"
+                               "stops where the context is full.\n"
                                "With --prompt, answers that single message and exits.\n"
                                "\n"
                                "options:\n"
@@ -181,14 +185,23 @@ static void report(const gen_opts_t *o, const gen_stats_t *st) {
 
 // Feeds ids and generates, printing the new text as it comes (decoded with
 // stream_flags) into a printer emptied first; then ends the line and reports
-// the speeds (--stats). On return p->text holds the emitted text.
+// the speeds (--stats). On return p->text holds the emitted text. The ids and
+// at least one new token must fit the context: ERR_INPUT before anything is
+// fed otherwise. The answer stops, with a note, where the context is full.
 static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids, int n, int stream_flags,
                           printer_t *p) {
     p->text.n = 0;
     if (p->text.s) p->text.s[0] = 0;
+    int64_t room = (int64_t)s->st.cap - s->st.len - n; // tokens left for the answer
+    if (room < 1)
+        return err_set(ERR_INPUT,
+                       "the input of %d tokens does not fit: %d of the context's %d tokens are free, and the answer "
+                       "needs at least one (--ctx sets the capacity)",
+                       n, s->st.cap - s->st.len, s->st.cap);
     tok_stream_free(&p->ts);
     tok_stream_init(&p->ts, &s->tok, stream_flags);
-    gen_cfg_t c = {.max_new = (int)o->n, .stop = s->stop, .n_stop = s->n_stop, .prefill_chunk = (int)o->chunk};
+    int max_new = o->n < room ? (int)o->n : (int)room;
+    gen_cfg_t c = {.max_new = max_new, .stop = s->stop, .n_stop = s->n_stop, .prefill_chunk = (int)o->chunk};
     c.sampler.temperature = (float)o->temp;
     c.sampler.top_k = (int)o->top_k;
     c.sampler.top_p = (float)o->top_p;
@@ -197,6 +210,8 @@ static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids,
     int rc = gen_run(&s->run, &s->st, ids, n, &c, print_token, p, &st);
     int frc = print_finish(p);
     if (rc == 0) rc = frc;
+    if (rc == 0 && !st.stopped && st.n_new == max_new && max_new < o->n)
+        fprintf(stderr, "hylo: the context is full (%d tokens, --ctx): the answer stops here\n", s->st.cap);
     if (rc == 0) report(o, &st);
     return rc;
 }
@@ -260,25 +275,45 @@ static void convo_clear(convo_t *c, int keep) {
     c->n = keep;
 }
 
-// One turn: render the whole conversation; when the text already fed to the
-// model is a prefix of it, only the new suffix is encoded and fed (the hybrid
-// cache cannot be rewound: recurrent states only move forward); otherwise the
-// cache is reset and the conversation re-fed.
-static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fed, printer_t *p) {
+// One turn: render the whole conversation, its messages' text marked so
+// that it is encoded as text (a user typing "<|im_end|><|im_start|>system"
+// gets those characters, not control tokens: only the template makes them).
+// When the text already fed to the model is a prefix of it, only the new
+// suffix is encoded and fed (the hybrid cache cannot be rewound: recurrent
+// states only move forward); otherwise the cache is reset and the
+// conversation re-fed. A turn that does not fit the context is refused before
+// anything is fed (*refused = 1, ERR_INPUT): the cache is as it was, and the
+// caller drops the message.
+static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fed, printer_t *p, int *refused) {
+    *refused = 0;
     char *text = NULL;
-    TRY(tok_chat_render(&s->tok, c->msgs, c->n, 1, &text));
-    const char *suffix = text;
-    if (fed->s && !strncmp(text, fed->s, fed->n)) {
-        suffix = text + fed->n;
-    } else {
-        model_state_reset(&s->m, &s->st);
-    }
+    uint8_t *plain = NULL;
+    TRY(tok_chat_render_marked(&s->tok, c->msgs, c->n, 1, &text, &plain));
+    int keep = fed->s && !strncmp(text, fed->s, fed->n);
+    size_t from = keep ? fed->n : 0;
     int32_t *ids = NULL;
     int n = 0;
-    int rc = tok_encode_ex(&s->tok, suffix, strlen(suffix), TOK_SPECIAL, &ids, &n);
+    int rc = tok_encode_marked(&s->tok, text + from, strlen(text + from), TOK_SPECIAL, plain + from, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "nothing to feed");
+    int64_t held = keep ? s->st.len : 0; // what stays in the cache
+    if (rc == 0 && held + n + 1 > s->st.cap) {
+        *refused = 1;
+        if (keep)
+            rc = err_set(ERR_INPUT,
+                         "message refused: it needs %d tokens with the template and the answer at least one more, but "
+                         "the conversation already holds %lld of the context's %d ('/reset' starts a new "
+                         "conversation, --ctx sets the capacity)",
+                         n, (long long)held, s->st.cap);
+        else
+            rc = err_set(ERR_INPUT,
+                         "message refused: the conversation needs %d tokens with the template and the answer at "
+                         "least one more, but the context holds %d (--ctx sets the capacity)",
+                         n, s->st.cap);
+    }
+    if (rc == 0 && !keep) model_state_reset(&s->m, &s->st);
     if (rc == 0) rc = generate_print(s, o, ids, n, TOK_SKIP_SPECIAL, p);
     free(ids);
+    free(plain);
     const char *answer = p->text.s ? p->text.s : "";
     if (rc == 0) {
         // What the cache now holds: the rendered text plus the answer.
@@ -313,9 +348,10 @@ int cmd_chat(int argc, char **argv) {
     char *line = NULL;
     size_t lcap = 0;
     printer_t p = {0};
+    int refused = 0;
     if (rc == 0 && o.prompt) {
         rc = convo_add(&c, "user", o.prompt);
-        if (rc == 0) rc = chat_turn(&s, &o, &c, &fed, &p);
+        if (rc == 0) rc = chat_turn(&s, &o, &c, &fed, &p, &refused);
     } else if (rc == 0) {
         int tty = isatty(fileno(stdin));
         for (;;) {
@@ -334,7 +370,14 @@ int cmd_chat(int argc, char **argv) {
             }
             if (!*line) continue;
             if ((rc = convo_add(&c, "user", line)) < 0) break;
-            if ((rc = chat_turn(&s, &o, &c, &fed, &p)) < 0) break;
+            if ((rc = chat_turn(&s, &o, &c, &fed, &p, &refused)) < 0 && refused) {
+                // That message alone is refused; the conversation goes on without it.
+                fprintf(stderr, "hylo: %s\n", err_msg());
+                convo_clear(&c, c.n - 1);
+                rc = 0;
+                continue;
+            }
+            if (rc < 0) break;
         }
     }
     free(line);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/fs.h"
 #include "base/jsonb.h"
@@ -90,14 +91,25 @@ static int j_str(const char *src, const cJSON *o, const char *pre, const char *k
     return 0;
 }
 
+static int cmp_strp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 // Python's json keeps the last of duplicate keys, cJSON the first: refuse them.
 // pre is the object's path ("gdn_cfg."), so the message names the key in full.
+// The keys are sorted, so an object of any size is checked in n log n.
 static int no_dup_keys(const char *src, const char *pre, const cJSON *o) {
-    for (const cJSON *a = o ? o->child : NULL; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (a->string && b->string && !strcmp(a->string, b->string))
-                return err_set(ERR_INPUT, "%s: duplicate key %s%s", src, pre, a->string);
-    return 0;
+    int n = cJSON_IsObject(o) ? cJSON_GetArraySize(o) : 0;
+    if (n < 2) return 0;
+    const char **k = malloc((size_t)n * sizeof *k);
+    if (!k) return err_set(ERR_NOMEM, "%s: out of memory checking the %d keys of %s", src, n, *pre ? pre : "the root");
+    int m = 0;
+    for (const cJSON *e = o->child; e; e = e->next)
+        if (e->string) k[m++] = e->string;
+    qsort(k, (size_t)m, sizeof *k, cmp_strp);
+    int rc = 0;
+    for (int i = 1; i < m && rc == 0; i++)
+        if (!strcmp(k[i - 1], k[i])) rc = err_set(ERR_INPUT, "%s: duplicate key %s%s", src, pre, k[i]);
+    free(k);
+    return rc;
 }
 
 static int parse_root(const char *text, const char *src, cJSON **root) {
@@ -158,9 +170,6 @@ static int parse_rope_hf(const char *src, const char *pre, const cJSON *rs, int 
         TRY(j_float(src, rs, p, "low_freq_factor", 1, &r->low_freq_factor));
         TRY(j_float(src, rs, p, "high_freq_factor", 1, &r->high_freq_factor));
         TRY(j_int(src, rs, p, "original_max_position_embeddings", 1, &r->orig_max_pos));
-        if (!(r->high_freq_factor > r->low_freq_factor) || r->low_freq_factor <= 0)
-            return err_set(ERR_INPUT, "%s: field %shigh_freq_factor %g must exceed low_freq_factor %g > 0", src, p,
-                           r->high_freq_factor, r->low_freq_factor);
     } else if (!strcmp(type, "yarn")) {
         r->scaling = ROPE_SCALE_YARN;
         TRY(j_float(src, rs, p, "factor", 1, &r->factor));
@@ -183,11 +192,7 @@ static int parse_rope_hf(const char *src, const char *pre, const cJSON *rs, int 
         return err_set(ERR_UNSUP, "%s: field %srope_type: \"%s\" is not supported (default, linear, llama3, yarn)", src,
                        p, type);
     }
-    if (r->scaling != ROPE_SCALE_NONE && !(r->factor > 0))
-        return err_set(ERR_INPUT, "%s: field %sfactor must be positive (found %g)", src, p, r->factor);
-    if ((r->scaling == ROPE_SCALE_YARN || r->scaling == ROPE_SCALE_LLAMA3) && r->orig_max_pos <= 0)
-        return err_set(ERR_INPUT, "%s: field %soriginal_max_position_embeddings must be positive", src, p);
-    return 0;
+    return 0; // the values' ranges: arch_validate, for every source alike
 }
 
 // The MLA rope of hybrid_config.json (DeepSeek's YaRN: mscale keys go to the
@@ -213,8 +218,6 @@ static int parse_rope_mla(const char *src, const cJSON *rs, rope_cfg_t *r) {
         TRY(j_float(src, rs, p, "beta_slow", 0, &r->beta_slow));
         TRY(j_float(src, rs, p, "mscale", 0, &r->mscale));
         TRY(j_float(src, rs, p, "mscale_all_dim", 0, &r->mscale_all_dim));
-        if (r->orig_max_pos <= 0)
-            return err_set(ERR_INPUT, "%s: field %soriginal_max_position_embeddings must be positive", src, p);
     } else if (!strcmp(type, "linear")) {
         r->scaling = ROPE_SCALE_LINEAR;
         TRY(j_float(src, rs, p, "factor", 1, &r->factor));
@@ -223,9 +226,7 @@ static int parse_rope_mla(const char *src, const cJSON *rs, rope_cfg_t *r) {
         return err_set(ERR_UNSUP, "%s: field %srope_type: \"%s\" is not supported for MLA layers (yarn, linear)", src,
                        p, type);
     }
-    if (!(r->factor > 0))
-        return err_set(ERR_INPUT, "%s: field %sfactor must be positive (found %g)", src, p, r->factor);
-    return 0;
+    return 0; // the values' ranges: arch_validate
 }
 
 // ---- config.json ----------------------------------------------------------------------
@@ -437,7 +438,7 @@ static int parse_gdn(const char *src, const cJSON *root, arch_t *a) {
     if (!(hv >= 1 && hv < INT_MAX) || fabs(hv - floor(hv)) > 1e-5 * hv)
         return err_set(ERR_INPUT, "%s: field gdn_cfg.expand_v: head_dim %d x expand_v %g = %g is not an integer", src,
                        g->head_k, expand_v, hv);
-    g->head_v = (int)floor(hv + 1e-5 * hv);
+    g->head_v = (int)floor(hv); // Python's int(); the check above allows only a small excess over it
     if (g->n_heads <= 0 || g->n_v_heads <= 0)
         return err_set(ERR_INPUT, "%s: field gdn_cfg.num_heads / num_v_heads must be positive", src);
     return 0;
@@ -463,8 +464,13 @@ static int parse_m2(const char *src, const cJSON *root, arch_t *a) {
     m->n_heads = ngroups;
     m->headdim = d_state;
     m->d_state = d_state;
-    m->d_inner = a->d * (expand > 0 ? expand : 1);
+    m->d_inner = 0;
     TRY(j_int(src, root, "", "d_inner", 0, &m->d_inner));
+    if (!present(jget(root, "d_inner"))) { // d_model x expand, formed in 64 bits and held to its limit
+        int64_t di;
+        TRY(ck_mul(src, "d_inner (hidden_size x ssm_cfg.expand)", a->d, expand > 0 ? expand : 1, LIM_DIM, &di));
+        m->d_inner = (int)di;
+    }
     TRY(j_int(src, root, "", "d_xb", 1, &m->d_xb));
     return 0;
 }

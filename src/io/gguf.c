@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 
 // A bounds-checked cursor over the mapping. Every read checks the remaining
@@ -152,6 +153,14 @@ static int parse_kv(gguf_t *g, cur_t *c, gguf_kv_t *kv) {
     return 0;
 }
 
+static int cmp_kv_key(const void *a, const void *b) {
+    return strcmp((*(const gguf_kv_t *const *)a)->key, (*(const gguf_kv_t *const *)b)->key);
+}
+
+static int cmp_tensor_name(const void *a, const void *b) {
+    return strcmp((*(const gguf_tensor_t *const *)a)->name, (*(const gguf_tensor_t *const *)b)->name);
+}
+
 static int cmp_tensor_off(const void *a, const void *b) {
     const gguf_tensor_t *x = *(const gguf_tensor_t *const *)a, *y = *(const gguf_tensor_t *const *)b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
@@ -177,16 +186,27 @@ static int parse(gguf_t *g) {
     if (nkv > c.size / 12 || nt > c.size / 24)
         return err_set(ERR_INPUT, "%s: header claims %llu tensors and %llu metadata keys, more than the file can hold",
                        c.path, (unsigned long long)nt, (unsigned long long)nkv);
+    if (nkv > (uint64_t)LIM_ENTRIES || nt > (uint64_t)LIM_ENTRIES)
+        return err_set(ERR_INPUT, "%s: header claims %llu tensors and %llu metadata keys (the limit is %lld of each)",
+                       c.path, (unsigned long long)nt, (unsigned long long)nkv, (long long)LIM_ENTRIES);
     g->kv = calloc(nkv ? nkv : 1, sizeof *g->kv);
     g->tensors = calloc(nt ? nt : 1, sizeof *g->tensors);
-    if (!g->kv || !g->tensors) return err_set(ERR_NOMEM, "out of memory");
+    if (!g->kv || !g->tensors)
+        return err_set(ERR_NOMEM, "%s: cannot allocate the tables of %llu metadata keys and %llu tensors", c.path,
+                       (unsigned long long)nkv, (unsigned long long)nt);
     for (uint64_t i = 0; i < nkv; i++) {
         g->n_kv = i + 1;
         TRY(parse_kv(g, &c, &g->kv[i]));
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->kv[j].key, g->kv[i].key))
-                return err_set(ERR_INPUT, "%s: duplicate metadata key %s", c.path, g->kv[i].key);
     }
+    if (!(g->kv_sorted = malloc((nkv ? nkv : 1) * sizeof *g->kv_sorted)))
+        return err_set(ERR_NOMEM, "%s: out of memory for the index of %llu metadata keys", c.path,
+                       (unsigned long long)nkv);
+    for (uint64_t i = 0; i < nkv; i++)
+        g->kv_sorted[i] = &g->kv[i];
+    qsort(g->kv_sorted, nkv, sizeof *g->kv_sorted, cmp_kv_key);
+    for (uint64_t i = 1; i < nkv; i++)
+        if (!strcmp(g->kv_sorted[i - 1]->key, g->kv_sorted[i]->key))
+            return err_set(ERR_INPUT, "%s: duplicate metadata key %s", c.path, g->kv_sorted[i]->key);
     g->alignment = 32;
     const gguf_kv_t *al = gguf_find(g, "general.alignment");
     if (al) {
@@ -218,12 +238,13 @@ static int parse(gguf_t *g) {
         for (uint32_t d = 0; d < t->n_dims; d++) {
             uint64_t v;
             TRY(cur_u64(&c, &v, t->name));
-            if (v == 0 || v > (1ull << 40))
-                return err_set(ERR_INPUT, "%s: tensor %s: dimension %u is %llu", c.path, t->name, d,
-                               (unsigned long long)v);
+            if (v == 0 || v > (uint64_t)LIM_NUMEL)
+                return err_set(ERR_INPUT, "%s: tensor %s: dimension %u is %llu (must be 1..%lld)", c.path, t->name, d,
+                               (unsigned long long)v, (long long)LIM_NUMEL);
             t->ne[d] = (int64_t)v;
-            if ((uint64_t)t->nelem > (1ull << 48) / v)
-                return err_set(ERR_INPUT, "%s: tensor %s: too many elements", c.path, t->name);
+            if ((uint64_t)t->nelem > (uint64_t)LIM_NUMEL / v)
+                return err_set(ERR_INPUT, "%s: tensor %s: more than %lld elements", c.path, t->name,
+                               (long long)LIM_NUMEL);
             t->nelem *= (int64_t)v;
         }
         TRY(cur_u32(&c, &t->type, t->name));
@@ -240,10 +261,15 @@ static int parse(gguf_t *g) {
             return err_set(ERR_INPUT, "%s: tensor %s: offset %llu is not a multiple of the alignment %u", c.path,
                            t->name, (unsigned long long)rel, g->alignment);
         t->offset = rel; // made absolute below
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->tensors[j].name, t->name))
-                return err_set(ERR_INPUT, "%s: duplicate tensor name %s", c.path, t->name);
     }
+    if (!(g->tensors_sorted = malloc((nt ? nt : 1) * sizeof *g->tensors_sorted)))
+        return err_set(ERR_NOMEM, "%s: out of memory for the index of %llu tensors", c.path, (unsigned long long)nt);
+    for (uint64_t i = 0; i < nt; i++)
+        g->tensors_sorted[i] = &g->tensors[i];
+    qsort(g->tensors_sorted, nt, sizeof *g->tensors_sorted, cmp_tensor_name);
+    for (uint64_t i = 1; i < nt; i++)
+        if (!strcmp(g->tensors_sorted[i - 1]->name, g->tensors_sorted[i]->name))
+            return err_set(ERR_INPUT, "%s: duplicate tensor name %s", c.path, g->tensors_sorted[i]->name);
     g->data_start = c.off + (g->alignment - c.off % g->alignment) % g->alignment;
     if (g->data_start > c.size && nt > 0)
         return err_set(ERR_INPUT, "%s: truncated GGUF: tensor data would start at %llu, file has %llu bytes", c.path,
@@ -292,15 +318,18 @@ void gguf_close(gguf_t *g) {
         free(g->tensors[i].name);
     free(g->kv);
     free(g->tensors);
+    free(g->kv_sorted);
+    free(g->tensors_sorted);
     mfile_close(&g->mf);
     memset(g, 0, sizeof *g);
     g->mf.fd = -1;
 }
 
 const gguf_kv_t *gguf_find(const gguf_t *g, const char *key) {
-    for (uint64_t i = 0; i < g->n_kv; i++)
-        if (!strcmp(g->kv[i].key, key)) return &g->kv[i];
-    return NULL;
+    if (!g->kv_sorted) return NULL;
+    gguf_kv_t probe = {.key = (char *)key};
+    const gguf_kv_t *pp = &probe, **hit = bsearch(&pp, g->kv_sorted, g->n_kv, sizeof *hit, cmp_kv_key);
+    return hit ? *hit : NULL;
 }
 
 static int read_int_value(uint32_t type, const uint8_t *p, int64_t *out) {
@@ -449,9 +478,11 @@ double gguf_arr_float(const gguf_kv_t *kv, uint64_t i) {
 }
 
 const gguf_tensor_t *gguf_find_tensor(const gguf_t *g, const char *name) {
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (!strcmp(g->tensors[i].name, name)) return &g->tensors[i];
-    return NULL;
+    if (!g->tensors_sorted) return NULL;
+    gguf_tensor_t probe = {.name = (char *)name};
+    const gguf_tensor_t *pp = &probe,
+                        **hit = bsearch(&pp, g->tensors_sorted, g->n_tensors, sizeof *hit, cmp_tensor_name);
+    return hit ? *hit : NULL;
 }
 
 int gguf_read_tensor_f32(const gguf_t *g, const gguf_tensor_t *t, float *out) {

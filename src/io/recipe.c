@@ -8,7 +8,9 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "base/checked.h"
 #include "base/err.h"
+#include "base/fs.h"
 #include "base/parse.h"
 
 // Keys of the published configs (hylo_recipe.md §7 and hybrid_model.md §11).
@@ -126,10 +128,18 @@ void recipe_free(recipe_t *r) {
     r->n = 0;
 }
 
-static int push_item(recipe_entry_t *e, const yaml_event_t *ev) {
-    char **it = realloc(e->items, (size_t)(e->n_items + 1) * sizeof *it);
-    if (!it) return err_set(ERR_NOMEM, "out of memory");
-    e->items = it;
+static int push_item(const recipe_t *r, recipe_entry_t *e, const yaml_event_t *ev) {
+    if (e->n_items >= LIM_ENTRIES)
+        return err_set(ERR_INPUT, "%s:%d: key %s: more than %lld items", r->path, e->line, e->key,
+                       (long long)LIM_ENTRIES);
+    // The array doubles when n_items reaches a power of two: linear in the items.
+    if ((e->n_items & (e->n_items - 1)) == 0) {
+        size_t cap = e->n_items ? 2 * (size_t)e->n_items : 1;
+        char **it = realloc(e->items, cap * sizeof *it);
+        if (!it) return err_set(ERR_NOMEM, "%s: out of memory for %zu list items", r->path, cap);
+        e->items = it;
+    }
+    char **it = e->items;
     if (!(it[e->n_items] = dup_str(ev->data.scalar.value, ev->data.scalar.length)))
         return err_set(ERR_NOMEM, "out of memory");
     e->n_items++;
@@ -158,7 +168,7 @@ static int read_value(recipe_t *r, yaml_parser_t *p, yaml_event_t *ev, recipe_en
             if (it.type != YAML_SCALAR_EVENT)
                 rc = err_set(ERR_INPUT, "%s:%d: key %s: nested values are not supported", r->path, e->line, e->key);
             else
-                rc = push_item(e, &it);
+                rc = push_item(r, e, &it);
         }
         yaml_event_delete(&it);
         if (rc < 0) return rc;
@@ -169,11 +179,12 @@ static int read_value(recipe_t *r, yaml_parser_t *p, yaml_event_t *ev, recipe_en
 int recipe_load(recipe_t *r, const char *path) {
     memset(r, 0, sizeof *r);
     snprintf(r->path, sizeof r->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(errno == ENOENT ? ERR_INPUT : ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text;
+    size_t len;
+    TRY(fs_read_all(path, &text, &len)); // a regular file only: a FIFO would block
     yaml_parser_t p;
     yaml_parser_initialize(&p);
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     int rc = 0, depth = 0, done = 0;
     while (!done && rc == 0) {
         yaml_event_t ev;
@@ -230,7 +241,7 @@ int recipe_load(recipe_t *r, const char *path) {
         yaml_event_delete(&ev);
     }
     yaml_parser_delete(&p);
-    fclose(f);
+    free(text);
     if (rc < 0) recipe_free(r);
     return rc;
 }
@@ -262,19 +273,39 @@ int recipe_str(const recipe_t *r, const char *key, const char **out) {
     return 0;
 }
 
-int recipe_int(const recipe_t *r, const char *key, int64_t *out) {
+// "FILE:LINE" for the range messages of base/checked.h.
+static const char *where(const recipe_t *r, const recipe_entry_t *e, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s:%d", r->path, e->line);
+    return buf;
+}
+
+int recipe_int(const recipe_t *r, const char *key, int64_t lo, int64_t hi, int64_t *out) {
     const recipe_entry_t *e;
     TRY(scalar(r, key, &e));
-    if (e && !parse_int(e->value, INT64_MIN, INT64_MAX, out))
-        return err_set(ERR_INPUT, "%s:%d: key %s: expected an integer, found '%s'", r->path, e->line, key, e->value);
+    if (!e) return 0;
+    int64_t v;
+    if (!parse_int(e->value, INT64_MIN, INT64_MAX, &v))
+        return err_set(ERR_INPUT, "%s:%d: key %s: expected an integer in [%lld, %lld], found '%s'", r->path, e->line,
+                       key, (long long)lo, (long long)hi, e->value);
+    char f[96], w[1100];
+    snprintf(f, sizeof f, "key %s", key);
+    TRY(ck_int(where(r, e, w, sizeof w), f, v, lo, hi));
+    *out = v;
     return 0;
 }
 
-int recipe_float(const recipe_t *r, const char *key, double *out) {
+int recipe_float(const recipe_t *r, const char *key, double lo, double hi, double *out) {
     const recipe_entry_t *e;
     TRY(scalar(r, key, &e));
-    if (e && !parse_double(e->value, -HUGE_VAL, HUGE_VAL, out))
-        return err_set(ERR_INPUT, "%s:%d: key %s: expected a number, found '%s'", r->path, e->line, key, e->value);
+    if (!e) return 0;
+    double v;
+    if (!parse_double(e->value, -HUGE_VAL, HUGE_VAL, &v))
+        return err_set(ERR_INPUT, "%s:%d: key %s: expected a finite number in [%g, %g], found '%s'", r->path, e->line,
+                       key, lo, hi, e->value);
+    char f[96], w[1100];
+    snprintf(f, sizeof f, "key %s", key);
+    TRY(ck_real(where(r, e, w, sizeof w), f, v, lo, hi));
+    *out = v;
     return 0;
 }
 

@@ -29,10 +29,12 @@ void recipe_free(recipe_t *r);
 const recipe_entry_t *recipe_find(const recipe_t *r, const char *key);
 // Getters: 0 and *out unchanged when the key is absent or null (~, null or
 // nothing after the colon, as in YAML); ERR_INPUT naming the file, line and
-// key when the value has the wrong form.
+// key when the value has the wrong form, and for numbers outside [lo, hi]
+// (the field's limit: nothing is truncated to fit a narrower type later;
+// floats must be finite).
 int recipe_str(const recipe_t *r, const char *key, const char **out);
-int recipe_int(const recipe_t *r, const char *key, int64_t *out);
-int recipe_float(const recipe_t *r, const char *key, double *out);
+int recipe_int(const recipe_t *r, const char *key, int64_t lo, int64_t hi, int64_t *out);
+int recipe_float(const recipe_t *r, const char *key, double lo, double hi, double *out);
 // A list of non-negative integers (YAML sequence, or a scalar "0,2,4" or
 // "[0, 2, 4]"); *out malloc'ed, also for an empty list, and NULL (with *n 0)
 // when the key is absent or null.

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/half.h"
 #include "base/log.h"
@@ -101,6 +102,8 @@ static const char *shape_str(const st_tensor_t *t, char *buf, size_t cap) {
     return buf;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 static int parse_metadata(st_file_t *f, const cJSON *m) {
     if (cJSON_IsNull(m)) return 0;
     if (!cJSON_IsObject(m))
@@ -115,15 +118,21 @@ static int parse_metadata(st_file_t *f, const cJSON *m) {
         if (!cJSON_IsString(e))
             return err_set(ERR_INPUT, "%s: __metadata__: key %s: expected a string, found %s", f->path, e->string,
                            json_type_name(e));
-        for (int i = 0; i < f->n_meta; i++)
-            if (!strcmp(f->meta_key[i], e->string))
-                return err_set(ERR_INPUT, "%s: __metadata__: duplicate key %s", f->path, e->string);
         f->meta_key[f->n_meta] = strdup(e->string);
         f->meta_val[f->n_meta] = strdup(e->valuestring);
         if (!f->meta_key[f->n_meta] || !f->meta_val[f->n_meta]) return err_set(ERR_NOMEM, "%s: out of memory", f->path);
         f->n_meta++;
     }
-    return 0;
+    // Duplicates among the keys sorted (n log n for a header of any size).
+    char **k = malloc((size_t)(n ? n : 1) * sizeof *k);
+    if (!k) return err_set(ERR_NOMEM, "%s: out of memory checking %d __metadata__ keys", f->path, n);
+    memcpy(k, f->meta_key, (size_t)f->n_meta * sizeof *k);
+    qsort(k, (size_t)f->n_meta, sizeof *k, cmp_str);
+    int rc = 0;
+    for (int i = 1; i < f->n_meta && rc == 0; i++)
+        if (!strcmp(k[i - 1], k[i])) rc = err_set(ERR_INPUT, "%s: __metadata__: duplicate key %s", f->path, k[i]);
+    free(k);
+    return rc;
 }
 
 // One tensor entry: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}.
@@ -153,8 +162,9 @@ static int parse_tensor(st_file_t *f, const cJSON *j, st_tensor_t *t, uint64_t b
         uint64_t v;
         if (!json_u64(e, &v))
             return err_set(ERR_INPUT, "%s: tensor %s: shape[%d]: expected a non-negative integer", p, nm, k);
-        if (__builtin_mul_overflow(numel, v, &numel) || numel > ((uint64_t)1 << 57))
-            return err_set(ERR_INPUT, "%s: tensor %s: shape overflows (element count too large)", p, nm);
+        if (__builtin_mul_overflow(numel, v, &numel) || numel > (uint64_t)LIM_NUMEL)
+            return err_set(ERR_INPUT, "%s: tensor %s: shape[%d] = %llu: more than %lld elements", p, nm, k,
+                           (unsigned long long)v, (long long)LIM_NUMEL);
         t->shape[k++] = (int64_t)v;
     }
     t->numel = (int64_t)numel;
@@ -169,7 +179,7 @@ static int parse_tensor(st_file_t *f, const cJSON *j, st_tensor_t *t, uint64_t b
         return err_set(ERR_INPUT, "%s: tensor %s: data_offsets [%llu, %llu) lie past the end of the %llu-byte buffer",
                        p, nm, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)buf_size);
     t->nbytes = t->end - t->begin;
-    uint64_t bits = numel * (uint64_t)st_dtype_bits(t->dtype); // numel <= 2^57, bits <= 64: no overflow
+    uint64_t bits = numel * (uint64_t)st_dtype_bits(t->dtype); // numel <= LIM_NUMEL, bits <= 64: no overflow
     char sbuf[256];
     if (bits % 8)
         return err_set(ERR_INPUT, "%s: tensor %s: shape %s of %s is not a whole number of bytes", p, nm,
@@ -418,8 +428,6 @@ static int cmp_entry(const void *a, const void *b) {
     const st_entry_t *x = a, *y = b;
     return strcmp(x->t->name, y->t->name);
 }
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static void free_strs(char **v, int n) {
     for (int i = 0; i < n; i++)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/fs.h"
 #include "base/log.h"
@@ -28,8 +29,8 @@ static int arch_int(const gguf_t *g, const arch_t *a, const char *suffix, int re
     snprintf(key, sizeof key, "%s.%s", a->model_type, suffix);
     int64_t v = def;
     TRY(required ? gguf_get_int(g, key, &v) : gguf_opt_int(g, key, &v));
-    if (v < 0 || v > (1 << 30))
-        return err_set(ERR_INPUT, "%s: %s = %lld is out of range", g->mf.path, key, (long long)v);
+    // Only what fits an int here; arch_validate then holds each field to its limit.
+    TRY(ck_int(g->mf.path, key, v, 0, INT32_MAX));
     *out = (int)v;
     return 0;
 }
@@ -39,7 +40,23 @@ static int arch_float(const gguf_t *g, const arch_t *a, const char *suffix, int 
     snprintf(key, sizeof key, "%s.%s", a->model_type, suffix);
     double v = def;
     TRY(required ? gguf_get_float(g, key, &v) : gguf_opt_float(g, key, &v));
+    // Finite and within fp32; the field's own range (positive eps, theta, factor) is arch_validate's.
+    TRY(ck_real(g->mf.path, key, v, -3.0e38, 3.0e38));
     *out = (float)v;
+    return 0;
+}
+
+// A special token id: -1 when absent, negative or the "unset" marker
+// UINT32_MAX some converters write (as the tokenizer loader reads them); any
+// other value must be a token id.
+static int special_id(const gguf_t *g, const char *key, int *out) {
+    int64_t v = -1;
+    TRY(gguf_opt_int(g, key, &v));
+    if (v < 0 || v == (int64_t)UINT32_MAX)
+        v = -1;
+    else
+        TRY(ck_int(g->mf.path, key, v, 0, LIM_VOCAB - 1));
+    *out = (int)v;
     return 0;
 }
 
@@ -54,7 +71,6 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
     if (strcmp(a->model_type, "llama") && strcmp(a->model_type, "qwen3"))
         return err_set(ERR_UNSUP, "%s: general.architecture '%s' is not supported (llama, qwen3)", g->mf.path,
                        a->model_type);
-    int64_t v;
     TRY(arch_int(g, a, "block_count", 1, 0, &a->n_layers));
     TRY(arch_int(g, a, "embedding_length", 1, 0, &a->d));
     TRY(arch_int(g, a, "feed_forward_length", 1, 0, &a->ffn));
@@ -63,7 +79,9 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
     TRY(arch_int(g, a, "attention.key_length", 0, a->H ? a->d / a->H : 0, &a->dh));
     TRY(arch_int(g, a, "context_length", 0, 0, &a->max_pos));
     const gguf_kv_t *toks = gguf_find(g, "tokenizer.ggml.tokens");
-    TRY(arch_int(g, a, "vocab_size", 0, toks && toks->type == GGUF_ARRAY ? (int)toks->arr_n : 0, &a->V));
+    // The default is the token count, clamped so that a huge one fails arch_validate instead of wrapping.
+    int vdef = !toks || toks->type != GGUF_ARRAY ? 0 : toks->arr_n > LIM_VOCAB ? (int)LIM_VOCAB + 1 : (int)toks->arr_n;
+    TRY(arch_int(g, a, "vocab_size", 0, vdef, &a->V));
     TRY(arch_float(g, a, "attention.layer_norm_rms_epsilon", 1, 0, &a->eps));
     TRY(arch_float(g, a, "rope.freq_base", 0, 10000.0f, &a->rope.theta));
     char key[128];
@@ -91,16 +109,10 @@ int gguf_arch(const gguf_t *g, arch_t *a) {
         TRY(gguf_read_tensor_f32(g, rf, a->rope.freq_div));
         a->rope.n_freq_div = (int)rf->nelem;
     }
-    v = -1;
-    TRY(gguf_opt_int(g, "tokenizer.ggml.bos_token_id", &v));
-    a->bos_id = (int)v;
-    v = -1;
-    TRY(gguf_opt_int(g, "tokenizer.ggml.eos_token_id", &v));
-    a->eos_id = (int)v;
+    TRY(special_id(g, "tokenizer.ggml.bos_token_id", &a->bos_id));
+    TRY(special_id(g, "tokenizer.ggml.eos_token_id", &a->eos_id));
     if (a->eos_id >= 0) a->eos_ids[0] = a->eos_id, a->n_eos = 1;
-    v = -1;
-    TRY(gguf_opt_int(g, "tokenizer.ggml.padding_token_id", &v));
-    a->pad_id = (int)v;
+    TRY(special_id(g, "tokenizer.ggml.padding_token_id", &a->pad_id));
     for (int l = 0; l < a->n_layers && l < ARCH_MAX_LAYERS; l++)
         a->kind[l] = LAYER_ATTN;
     a->mla.rope = a->rope;
@@ -299,27 +311,37 @@ void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {
             n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d", n ? ", " : "", ggml_type_name((uint32_t)t), counts[t]);
 }
 
+static int cmp_strp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow) {
     if (s->is_gguf) return 0;
+    // The known names as the folder spells them, sorted: one binary search per
+    // tensor (a folder of any size is checked in n log n).
+    char **ours = calloc((size_t)(n_known ? n_known : 1), sizeof *ours);
+    int rc = ours ? 0 : err_set(ERR_NOMEM, "%s: out of memory for %d parameter names", s->path, n_known);
+    for (int k = 0; k < n_known && rc == 0; k++) {
+        char buf[160];
+        folder_name(s, known[k], buf, sizeof buf);
+        if (!(ours[k] = strdup(buf))) rc = err_set(ERR_NOMEM, "%s: out of memory for parameter names", s->path);
+    }
+    if (rc == 0) qsort(ours, (size_t)n_known, sizeof *ours, cmp_strp);
     int bad = 0;
-    for (int64_t i = 0; i < s->st.n_index; i++) {
+    for (int64_t i = 0; rc == 0 && i < s->st.n_index; i++) {
         const char *name = s->st.index[i].t->name;
         size_t nl = strlen(name);
         // Buffers the published inference wrappers may have saved alongside the weights.
         if ((nl > 5 && !strcmp(name + nl - 5, ".wk_b")) || (nl > 5 && !strcmp(name + nl - 5, ".wv_b")) ||
             strstr(name, "rotary_emb.inv_freq"))
             continue;
-        int found = 0;
-        char ours[160];
-        for (int k = 0; k < n_known && !found; k++) {
-            folder_name(s, known[k], ours, sizeof ours);
-            found = !strcmp(ours, name);
-        }
-        if (found) continue;
+        if (bsearch(&name, ours, (size_t)n_known, sizeof *ours, cmp_strp)) continue;
         if (!allow)
-            return err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)",
-                           s->path, name);
-        if (bad++ < 8) log_warn("%s: ignoring unknown tensor %s", s->path, name);
+            rc = err_set(ERR_INPUT, "%s: unknown tensor %s (not part of the architecture its config describes)",
+                         s->path, name);
+        else if (bad++ < 8)
+            log_warn("%s: ignoring unknown tensor %s", s->path, name);
     }
-    return 0;
+    for (int k = 0; ours && k < n_known; k++)
+        free(ours[k]);
+    free(ours);
+    return rc;
 }

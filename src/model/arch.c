@@ -1,7 +1,9 @@
 #include "model/arch.h"
 
+#include <stdio.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 
 void arch_init(arch_t *a) {
@@ -67,55 +69,138 @@ m2_dims_t arch_m2_from_attention(const arch_t *t) {
         if (!(cond)) return err_set(ERR_INPUT, __VA_ARGS__);                                                           \
     } while (0)
 
+// A RoPE's frequencies and scaling (pre: "" for the teacher attention's,
+// "MLA " for the MLA layers'), with the HF field names in messages. rot: the
+// rotated dims (dh, or d_rope), whose half a GGUF rope_freqs tensor covers.
+static int rope_validate(const rope_cfg_t *r, const char *src, const char *pre, int rot) {
+    char f[96];
+    snprintf(f, sizeof f, "%srope_theta", pre);
+    TRY(ck_positive(src, f, r->theta, LIM_ROPE_THETA));
+    if (r->scaling != ROPE_SCALE_NONE) {
+        snprintf(f, sizeof f, "%srope_scaling.factor", pre);
+        TRY(ck_positive(src, f, r->factor, LIM_ROPE_FACTOR));
+    }
+    if (r->scaling != ROPE_SCALE_NONE && r->scaling != ROPE_SCALE_LINEAR && r->scaling != ROPE_SCALE_LLAMA3 &&
+        r->scaling != ROPE_SCALE_YARN)
+        return err_set(ERR_INPUT, "%s: %srope scaling kind %d is unknown", src, pre, (int)r->scaling);
+    if (r->scaling == ROPE_SCALE_LLAMA3) {
+        snprintf(f, sizeof f, "%srope_scaling.low_freq_factor", pre);
+        TRY(ck_positive(src, f, r->low_freq_factor, LIM_ROPE_FACTOR));
+        snprintf(f, sizeof f, "%srope_scaling.high_freq_factor", pre);
+        TRY(ck_positive(src, f, r->high_freq_factor, LIM_ROPE_FACTOR));
+        NEED(r->high_freq_factor > r->low_freq_factor,
+             "%s: %srope_scaling.high_freq_factor %g must exceed low_freq_factor %g", src, pre, r->high_freq_factor,
+             r->low_freq_factor);
+    }
+    if (r->scaling == ROPE_SCALE_LLAMA3 || r->scaling == ROPE_SCALE_YARN) {
+        snprintf(f, sizeof f, "%srope_scaling.original_max_position_embeddings", pre);
+        TRY(ck_int(src, f, r->orig_max_pos, 1, LIM_POS));
+    }
+    if (r->scaling == ROPE_SCALE_YARN) {
+        snprintf(f, sizeof f, "%srope_scaling.beta_fast", pre);
+        TRY(ck_positive(src, f, r->beta_fast, LIM_ROPE_FACTOR));
+        snprintf(f, sizeof f, "%srope_scaling.beta_slow", pre);
+        TRY(ck_positive(src, f, r->beta_slow, LIM_ROPE_FACTOR));
+        snprintf(f, sizeof f, "%srope_scaling.mscale", pre);
+        TRY(ck_real(src, f, r->mscale, -LIM_ROPE_FACTOR, LIM_ROPE_FACTOR));
+        snprintf(f, sizeof f, "%srope_scaling.mscale_all_dim", pre);
+        TRY(ck_real(src, f, r->mscale_all_dim, -LIM_ROPE_FACTOR, LIM_ROPE_FACTOR));
+        snprintf(f, sizeof f, "%srope_scaling.attention_factor", pre);
+        TRY(ck_real(src, f, r->attn_factor, 0, LIM_ROPE_FACTOR));
+    }
+    // GGUF rope_freqs divisors: one per rotated pair, each a positive finite number.
+    NEED(r->n_freq_div == 0 || (r->n_freq_div == rot / 2 && r->n_freq_div <= 128),
+         "%s: %srope_freqs has %d values, expected head_dim/2 = %d (at most 128)", src, pre, r->n_freq_div, rot / 2);
+    for (int i = 0; i < r->n_freq_div; i++) {
+        snprintf(f, sizeof f, "%srope_freqs[%d]", pre, i);
+        TRY(ck_positive(src, f, r->freq_div[i], LIM_ROPE_FACTOR));
+    }
+    return 0;
+}
+
+// Every size is held to its limit (base/checked.h) before any product of
+// sizes is formed, and every product is formed in 64 bits and held to
+// LIM_WIDTH: after this, int arithmetic on two dimensions cannot overflow.
 int arch_validate(const arch_t *a, const char *src) {
-    NEED(a->d > 0, "%s: hidden_size must be positive (got %d)", src, a->d);
-    NEED(a->n_layers > 0 && a->n_layers <= ARCH_MAX_LAYERS, "%s: num_hidden_layers %d out of range 1..%d", src,
-         a->n_layers, ARCH_MAX_LAYERS);
-    NEED(a->H > 0 && a->Hkv > 0 && a->H % a->Hkv == 0,
-         "%s: num_attention_heads %d must be a positive multiple of num_key_value_heads %d", src, a->H, a->Hkv);
-    NEED(a->dh > 0 && a->dh % 2 == 0, "%s: head_dim %d must be positive and even", src, a->dh);
-    NEED(a->ffn > 0, "%s: intermediate_size must be positive (got %d)", src, a->ffn);
-    NEED(a->V > 0, "%s: vocab_size must be positive (got %d)", src, a->V);
-    NEED(a->eps > 0, "%s: rms_norm_eps must be positive", src);
-    NEED(a->rope.theta > 0, "%s: rope_theta must be positive", src);
-    for (int l = 0; l < a->n_layers; l++) {
-        switch (a->kind[l]) {
-        case LAYER_ATTN: break;
-        case LAYER_MLA:
-            NEED(arch_mla_rkv(a, l) > 0, "%s: layer %d: kv_lora_rank must be positive", src, l);
-            NEED(arch_mla_rq(a, l) >= 0, "%s: layer %d: q_lora_rank must be >= 0", src, l);
-            NEED(a->mla.d_rope > 0 && a->mla.d_rope % 2 == 0 && a->mla.d_rope <= 256,
-                 "%s: qk_rope_head_dim %d must be even and in 2..256", src, a->mla.d_rope);
-            NEED(a->mla.d_nope >= 0 && a->mla.d_v > 0, "%s: qk_nope_head_dim / v_head_dim out of range", src);
-            NEED(a->mla.n_kv > 0 && a->H % a->mla.n_kv == 0,
-                 "%s: MLA num_key_value_heads %d must divide num_attention_heads %d", src, a->mla.n_kv, a->H);
-            break;
-        case LAYER_GDN:
-            NEED(a->gdn.n_heads > 0 && a->gdn.head_k > 0 && a->gdn.head_v > 0,
-                 "%s: GDN num_heads / head_dim / value head dim must be positive", src);
-            NEED(a->gdn.n_v_heads % a->gdn.n_heads == 0, "%s: GDN num_v_heads %d must be a multiple of num_heads %d",
-                 src, a->gdn.n_v_heads, a->gdn.n_heads);
-            NEED(a->gdn.conv >= 1 && a->gdn.conv <= 8, "%s: GDN conv_size %d out of range 1..8", src, a->gdn.conv);
-            break;
-        case LAYER_M2:
-            NEED(a->m2.n_heads > 0 && a->m2.headdim > 0 && a->m2.d_state > 0,
-                 "%s: Mamba-2 heads / headdim / d_state must be positive", src);
-            NEED(a->m2.d_inner == a->m2.n_heads * a->m2.headdim, "%s: Mamba-2 d_inner %d != n_heads %d x headdim %d",
-                 src, a->m2.d_inner, a->m2.n_heads, a->m2.headdim);
-            NEED(a->m2.d_xb >= a->m2.headdim && a->m2.d_xb % a->m2.headdim == 0 && a->m2.d_xb % a->m2.d_state == 0 &&
-                     a->m2.n_heads % (a->m2.d_xb / a->m2.headdim) == 0,
-                 "%s: Mamba-2 d_xb %d must be a whole number of heads dividing n_heads", src, a->m2.d_xb);
-            // B groups (d_xb / d_state) and C groups (d_inner / d_state) of the
-            // SSD must each serve an equal share of the heads too: a check of
-            // their own when d_state != headdim.
-            NEED(a->m2.d_inner % a->m2.d_state == 0 && a->m2.n_heads % (a->m2.d_xb / a->m2.d_state) == 0 &&
-                     a->m2.n_heads % (a->m2.d_inner / a->m2.d_state) == 0,
-                 "%s: Mamba-2 B and C groups (d_xb %d, d_inner %d over d_state %d) must divide n_heads %d", src,
-                 a->m2.d_xb, a->m2.d_inner, a->m2.d_state, a->m2.n_heads);
-            NEED(a->m2.conv >= 1 && a->m2.conv <= 8, "%s: Mamba-2 d_conv %d out of range 1..8", src, a->m2.conv);
-            break;
-        default: return err_set(ERR_INPUT, "%s: layer %d: unknown kind %d", src, l, (int)a->kind[l]);
+    int64_t w, w2;
+    TRY(ck_int(src, "hidden_size", a->d, 1, LIM_DIM));
+    TRY(ck_int(src, "num_hidden_layers", a->n_layers, 1, ARCH_MAX_LAYERS));
+    TRY(ck_int(src, "num_attention_heads", a->H, 1, LIM_DIM));
+    TRY(ck_int(src, "num_key_value_heads", a->Hkv, 1, LIM_DIM));
+    NEED(a->H % a->Hkv == 0, "%s: num_attention_heads %d must be a positive multiple of num_key_value_heads %d", src,
+         a->H, a->Hkv);
+    TRY(ck_int(src, "head_dim", a->dh, 2, LIM_DIM));
+    NEED(a->dh % 2 == 0, "%s: head_dim %d must be positive and even", src, a->dh);
+    TRY(ck_mul(src, "num_attention_heads x head_dim", a->H, a->dh, LIM_WIDTH, &w));
+    TRY(ck_int(src, "intermediate_size", a->ffn, 1, LIM_DIM));
+    TRY(ck_int(src, "vocab_size", a->V, 1, LIM_VOCAB));
+    TRY(ck_int(src, "max_position_embeddings", a->max_pos, 0, LIM_POS));
+    TRY(ck_positive(src, "rms_norm_eps", a->eps, 1));
+    TRY(rope_validate(&a->rope, src, "", a->dh));
+    int n_mla = arch_count(a, LAYER_MLA), n_gdn = arch_count(a, LAYER_GDN), n_m2 = arch_count(a, LAYER_M2);
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->kind[l] != LAYER_ATTN && a->kind[l] != LAYER_MLA && a->kind[l] != LAYER_GDN && a->kind[l] != LAYER_M2)
+            return err_set(ERR_INPUT, "%s: layer %d: unknown kind %d", src, l, (int)a->kind[l]);
+    if (n_mla) {
+        const mla_dims_t *m = &a->mla;
+        NEED(m->d_rope > 0 && m->d_rope % 2 == 0 && m->d_rope <= 256,
+             "%s: qk_rope_head_dim %d must be even and in 2..256", src, m->d_rope);
+        TRY(ck_int(src, "qk_nope_head_dim", m->d_nope, 0, LIM_DIM));
+        TRY(ck_int(src, "v_head_dim", m->d_v, 1, LIM_DIM));
+        TRY(ck_int(src, "MLA num_key_value_heads", m->n_kv, 1, LIM_DIM));
+        NEED(a->H % m->n_kv == 0, "%s: MLA num_key_value_heads %d must divide num_attention_heads %d", src, m->n_kv,
+             a->H);
+        TRY(ck_mul(src, "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", a->H,
+                   (int64_t)m->d_nope + m->d_rope, LIM_WIDTH, &w));
+        TRY(ck_mul(src, "MLA num_key_value_heads x (qk_nope_head_dim + v_head_dim)", m->n_kv,
+                   (int64_t)m->d_nope + m->d_v, LIM_WIDTH, &w));
+        TRY(ck_mul(src, "num_attention_heads x v_head_dim", a->H, m->d_v, LIM_WIDTH, &w));
+        for (int l = 0; l < a->n_layers; l++) {
+            if (a->kind[l] != LAYER_MLA) continue;
+            char f[64];
+            snprintf(f, sizeof f, "layer %d: kv_lora_rank", l);
+            TRY(ck_int(src, f, arch_mla_rkv(a, l), 1, LIM_DIM));
+            snprintf(f, sizeof f, "layer %d: q_lora_rank", l);
+            TRY(ck_int(src, f, arch_mla_rq(a, l), 0, LIM_DIM));
         }
+        TRY(rope_validate(&m->rope, src, "MLA ", m->d_rope));
+    }
+    if (n_gdn) {
+        const gdn_dims_t *g = &a->gdn;
+        TRY(ck_int(src, "GDN num_heads", g->n_heads, 1, LIM_DIM));
+        TRY(ck_int(src, "GDN num_v_heads", g->n_v_heads, 1, LIM_DIM));
+        TRY(ck_int(src, "GDN head_dim", g->head_k, 1, LIM_DIM));
+        TRY(ck_int(src, "GDN value head dim (head_dim x expand_v)", g->head_v, 1, LIM_DIM));
+        NEED(g->n_v_heads % g->n_heads == 0, "%s: GDN num_v_heads %d must be a multiple of num_heads %d", src,
+             g->n_v_heads, g->n_heads);
+        TRY(ck_mul(src, "GDN num_heads x head_dim", g->n_heads, g->head_k, LIM_WIDTH, &w));
+        TRY(ck_mul(src, "GDN num_v_heads x value head dim", g->n_v_heads, g->head_v, LIM_WIDTH, &w));
+        TRY(ck_mul(src, "GDN state (num_v_heads x value head dim x head_dim)", w, g->head_k, LIM_NUMEL, &w2));
+        NEED(g->conv >= 1 && g->conv <= 8, "%s: GDN conv_size %d out of range 1..8", src, g->conv);
+        TRY(ck_positive(src, "gdn_cfg.norm_eps", g->norm_eps, 1));
+    }
+    if (n_m2) {
+        const m2_dims_t *m = &a->m2;
+        TRY(ck_int(src, "Mamba-2 heads (ssm_cfg.ngroups)", m->n_heads, 1, LIM_DIM));
+        TRY(ck_int(src, "Mamba-2 d_state (ssm_cfg.d_state)", m->d_state, 1, LIM_DIM));
+        TRY(ck_int(src, "Mamba-2 headdim (= ssm_cfg.d_state)", m->headdim, 1, LIM_DIM));
+        TRY(ck_int(src, "d_inner", m->d_inner, 1, LIM_DIM));
+        TRY(ck_int(src, "d_xb", m->d_xb, 0, LIM_DIM));
+        NEED((int64_t)m->d_inner == (int64_t)m->n_heads * m->headdim,
+             "%s: Mamba-2 d_inner %d != n_heads %d x headdim %d", src, m->d_inner, m->n_heads, m->headdim);
+        NEED(m->d_xb >= m->headdim && m->d_xb % m->headdim == 0 && m->d_xb % m->d_state == 0 &&
+                 m->n_heads % (m->d_xb / m->headdim) == 0,
+             "%s: Mamba-2 d_xb %d must be a whole number of heads dividing n_heads", src, m->d_xb);
+        // B groups (d_xb / d_state) and C groups (d_inner / d_state) of the
+        // SSD must each serve an equal share of the heads too: a check of
+        // their own when d_state != headdim.
+        NEED(m->d_inner % m->d_state == 0 && m->n_heads % (m->d_xb / m->d_state) == 0 &&
+                 m->n_heads % (m->d_inner / m->d_state) == 0,
+             "%s: Mamba-2 B and C groups (d_xb %d, d_inner %d over d_state %d) must divide n_heads %d", src, m->d_xb,
+             m->d_inner, m->d_state, m->n_heads);
+        TRY(ck_mul(src, "Mamba-2 state (d_inner x d_state)", m->d_inner, m->d_state, LIM_NUMEL, &w));
+        NEED(m->conv >= 1 && m->conv <= 8, "%s: Mamba-2 d_conv %d out of range 1..8", src, m->conv);
+        TRY(ck_positive(src, "Mamba-2 norm eps", m->norm_eps, 1));
     }
     return 0;
 }

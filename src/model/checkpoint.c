@@ -1,27 +1,13 @@
 #include "model/checkpoint.h"
 
-#include <dirent.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/err.h"
 #include "base/fs.h"
 #include "io/config.h"
 #include "io/safetensors.h"
-
-static int dir_is_empty(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return 1;
-    struct dirent *e;
-    int empty = 1;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
-    closedir(d);
-    return empty;
-}
 
 static int write_files(const char *tmp, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
                        const tok_t *tok, const char *const *meta) {
@@ -50,25 +36,48 @@ static int write_files(const char *tmp, const arch_t *a, const ptable_t *pt, con
     return rc;
 }
 
-int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
-               const char *const *meta) {
-    return ckpt_write_with(dir, a, pt, host, dtype, tok, meta, NULL, NULL);
+// The tokenizer written beside a model must fit its vocabulary: a token id
+// past the embedding would make the folder unloadable (hylo refuses such a
+// pair when it loads one).
+static int check_tokenizer(const char *dir, const arch_t *a, const tok_t *tok) {
+    if (tok && tok->n_vocab > a->V)
+        return err_set(ERR_INPUT,
+                       "%s: the tokenizer has %d tokens but the model's vocabulary is %d: the folder would not load",
+                       dir, tok->n_vocab, a->V);
+    return 0;
+}
+
+int ckpt_check(const char *dir, const arch_t *a, const tok_t *tok) {
+    TRY(arch_validate(a, dir));
+    return check_tokenizer(dir, a, tok);
+}
+
+// Writes into the folder begun (extra, when given, adds its files last) and
+// commits it, or removes it on an error.
+static int write_out(outdir_t *o, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
+                     const char *const *meta, int (*extra)(const char *tmp, void *user), void *user) {
+    int rc = ckpt_check(o->path, a, tok);
+    if (rc == 0) rc = write_files(o->tmp, a, pt, host, dtype, tok, meta);
+    if (rc == 0 && extra) rc = extra(o->tmp, user);
+    if (rc == 0) return fs_outdir_commit(o);
+    fs_outdir_abort(o);
+    return rc;
+}
+
+int ckpt_write_out(outdir_t *o, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
+                   const char *const *meta) {
+    return write_out(o, a, pt, host, dtype, tok, meta, NULL, NULL);
 }
 
 int ckpt_write_with(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
                     const tok_t *tok, const char *const *meta, int (*extra)(const char *tmp, void *user), void *user) {
-    if (fs_exists(dir) && (!fs_is_dir(dir) || !dir_is_empty(dir)))
-        return err_set(ERR_INPUT, "%s: output folder exists and is not empty", dir);
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
-    fs_remove_tree(tmp);
-    TRY(fs_mkdir_p(tmp));
-    int rc = write_files(tmp, a, pt, host, dtype, tok, meta);
-    if (rc == 0 && extra) rc = extra(tmp, user);
-    if (rc == 0) {
-        if (fs_exists(dir)) rmdir(dir); // empty, checked above
-        if (rename(tmp, dir) != 0) rc = err_set(ERR_IO, "%s: cannot rename %s onto it: %s", dir, tmp, strerror(errno));
-    }
-    if (rc < 0) fs_remove_tree(tmp);
-    return rc;
+    outdir_t o;
+    TRY(ckpt_check(dir, a, tok));
+    TRY(fs_outdir_begin(&o, dir));
+    return write_out(&o, a, pt, host, dtype, tok, meta, extra, user);
+}
+
+int ckpt_write(const char *dir, const arch_t *a, const ptable_t *pt, const float *host, int dtype, const tok_t *tok,
+               const char *const *meta) {
+    return ckpt_write_with(dir, a, pt, host, dtype, tok, meta, NULL, NULL);
 }

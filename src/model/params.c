@@ -5,13 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 
 static int add(ptable_t *t, int layer, int no_decay, int nd, const int64_t *shape, const char *fmt, ...) {
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 256;
         param_t *p = realloc(t->p, (size_t)cap * sizeof *p);
-        if (!p) return err_set(ERR_NOMEM, "out of memory");
+        if (!p) return err_set(ERR_NOMEM, "out of memory for a parameter table of %d entries", cap);
         t->p = p;
         t->cap = cap;
     }
@@ -23,14 +24,22 @@ static int add(ptable_t *t, int layer, int no_decay, int nd, const int64_t *shap
     va_end(ap);
     p->nd = nd;
     p->numel = 1;
+    // Shapes come from an arch_validate'd architecture, so each dimension is
+    // at most LIM_WIDTH; the products and the running total are still formed
+    // with overflow checks and held to their limits.
     for (int i = 0; i < nd; i++) {
         p->shape[i] = shape[i];
-        p->numel *= shape[i];
+        if (shape[i] < 0 || __builtin_mul_overflow(p->numel, shape[i], &p->numel) || p->numel > LIM_NUMEL)
+            return err_set(ERR_INPUT, "parameter %s: shape exceeds the limit of %lld elements", p->name,
+                           (long long)LIM_NUMEL);
     }
     p->layer = layer;
     p->no_decay = no_decay;
     p->off = (t->total + 63) & ~(int64_t)63;
     t->total = p->off + p->numel;
+    if (t->total > LIM_PARAMS)
+        return err_set(ERR_INPUT, "parameter %s: the model exceeds the limit of %lld parameters", p->name,
+                       (long long)LIM_PARAMS);
     return 0;
 }
 
@@ -148,4 +157,13 @@ int64_t ptable_count(const ptable_t *t) {
     for (int i = 0; i < t->n; i++)
         n += t->p[i].numel;
     return n;
+}
+
+int ptable_alloc_host(const ptable_t *t, const char *what, int zero, float **out) {
+    size_t n = (size_t)(t->total ? t->total : 1);
+    *out = zero ? calloc(n, sizeof(float)) : malloc(n * sizeof(float));
+    if (!*out)
+        return err_set(ERR_NOMEM, "cannot allocate %zu bytes for %s (%lld fp32 parameters)", n * sizeof(float), what,
+                       (long long)ptable_count(t));
+    return 0;
 }

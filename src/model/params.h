@@ -32,3 +32,7 @@ const param_t *ptable_find(const ptable_t *t, const char *name);
 int64_t ptable_off(const ptable_t *t, const char *name);
 // Parameter count (sum of numel).
 int64_t ptable_count(const ptable_t *t);
+// A host fp32 buffer laid out by t (zeroed when zero), for `what` ("the
+// teacher's weights"); ERR_NOMEM saying how many bytes and parameters could
+// not be allocated for what.
+int ptable_alloc_host(const ptable_t *t, const char *what, int zero, float **out);

@@ -74,7 +74,9 @@ int tok_alloc_vocab(tok_t *t, int n_vocab, size_t blob_bytes) {
     t->off = calloc((size_t)n_vocab + 1, sizeof(uint32_t));
     t->len = calloc((size_t)n_vocab + 1, sizeof(uint32_t));
     t->type = calloc((size_t)n_vocab + 1, 1);
-    if (!t->blob || !t->off || !t->len || !t->type) return err_set(ERR_NOMEM, "tokenizer: out of memory (vocabulary)");
+    if (!t->blob || !t->off || !t->len || !t->type)
+        return err_set(ERR_NOMEM, "tokenizer: cannot allocate a vocabulary of %d tokens (%zu bytes of text)", n_vocab,
+                       blob_bytes);
     return 0;
 }
 
@@ -151,7 +153,9 @@ int tok_alloc_merges(tok_t *t, int n_merges) {
     t->merge_l = malloc(n * sizeof(int32_t));
     t->merge_r = malloc(n * sizeof(int32_t));
     t->merge_res = malloc(n * sizeof(int32_t));
-    if (!t->merge_l || !t->merge_r || !t->merge_res) return err_set(ERR_NOMEM, "tokenizer: out of memory (merges)");
+    if (!t->merge_l || !t->merge_r || !t->merge_res)
+        return err_set(ERR_NOMEM, "tokenizer: cannot allocate %zu bytes for %d merges", 3 * n * sizeof(int32_t),
+                       n_merges);
     return 0;
 }
 
@@ -319,6 +323,10 @@ int tok_build(tok_t *t, const char *src) {
     if (!t->mmap_key || !t->mmap_val) return err_set(ERR_NOMEM, "%s: out of memory (merges)", src);
     uint32_t m = t->mmap_cap - 1;
     for (int i = 0; i < t->n_merges; i++) {
+        // BPE never makes a control token (HF's model vocab has none): a merge
+        // into one, in a crafted file, is left out (found by fuzz_tokenizer, as
+        // ignore_merges taking a whole piece spelling one).
+        if (t->type[t->merge_res[i]] == TOK_CONTROL) continue;
         uint64_t k = pair_key(t->merge_l[i], t->merge_r[i]);
         uint32_t h = (uint32_t)tok_hash_bytes(&k, 8) & m;
         while (t->mmap_key[h] && t->mmap_key[h] != k)
@@ -332,6 +340,7 @@ int tok_build(tok_t *t, const char *src) {
         char u[4];
         int l = utf8_put(tok_byte_to_cp((uint8_t)b), u);
         t->byte_tok[b] = vmap_find(t, u, (size_t)l);
+        if (t->byte_tok[b] >= 0 && t->type[t->byte_tok[b]] == TOK_CONTROL) t->byte_tok[b] = -1;
     }
 
     // Added tokens: control and user-defined ones, non-empty.
@@ -396,6 +405,7 @@ static void cache_free(tok_cache_t *c) {
 static int cache_get(tok_cache_t *c, uint64_t h, const char *p, size_t n, int32_t **out, int *no, int *cap_o);
 
 static int push_ids(int32_t **v, int *n, int *cap, const int32_t *ids, int k) {
+    if (k == 0) return 0; // (*v may still be NULL: no pointer arithmetic on it; found by fuzz_tokenizer)
     if (*n + k > *cap) {
         int nc = *cap ? *cap : 256;
         while (nc < *n + k)
@@ -549,7 +559,7 @@ static int bpe_piece(const tok_t *t, const char *p, size_t n, int32_t **out, int
         for (size_t i = 0; i < n; i++)
             m += (size_t)utf8_put(tok_byte_to_cp((uint8_t)p[i]), tmp + m);
         int32_t id = vmap_find(t, tmp, m);
-        if (id >= 0) {
+        if (id >= 0 && t->type[id] != TOK_CONTROL) { // control tokens come only from the added-token match
             rc = push_ids(out, no, cap_o, &id, 1);
             goto done;
         }
@@ -659,7 +669,19 @@ static int encode_text(const tok_t *t, enc_t *e, const char *p, size_t n) {
     return run_pass(t, e, 0, p, n);
 }
 
+// 1 when any of the n bytes from i on is marked.
+static int any_marked(const uint8_t *plain, size_t i, size_t n) {
+    for (size_t k = 0; plain && k < n; k++)
+        if (plain[i + k]) return 1;
+    return 0;
+}
+
 int tok_encode_ex(const tok_t *t, const char *text, size_t len, int flags, int32_t **ids, int *n) {
+    return tok_encode_marked(t, text, len, flags, NULL, ids, n);
+}
+
+int tok_encode_marked(const tok_t *t, const char *text, size_t len, int flags, const uint8_t *plain, int32_t **ids,
+                      int *n) {
     *ids = NULL;
     *n = 0;
     if (!t || !t->loaded) return err_set(ERR_INPUT, "tok_encode: tokenizer not loaded");
@@ -674,11 +696,11 @@ int tok_encode_ex(const tok_t *t, const char *text, size_t len, int flags, int32
         int32_t hit = -1;
         for (int j = t->added_first[b]; j < t->added_first[b + 1]; j++) {
             int32_t id = t->added[j];
-            if (t->type[id] == TOK_CONTROL && !special) continue;
-            if (t->len[id] <= len - i && memcmp(text + i, t->blob + t->off[id], t->len[id]) == 0) {
-                hit = id; // sorted longest first
-                break;
-            }
+            if (t->len[id] > len - i || memcmp(text + i, t->blob + t->off[id], t->len[id]) != 0) continue;
+            // a control token only with TOK_SPECIAL, and never out of user text
+            if (t->type[id] == TOK_CONTROL && (!special || any_marked(plain, i, t->len[id]))) continue;
+            hit = id; // sorted longest first
+            break;
         }
         if (hit < 0) {
             i++;

@@ -120,6 +120,12 @@ int tok_set_chat_template(tok_t *t, const char *tmpl);
 
 // Encoding. *ids is malloc'ed (caller frees); *n its length.
 int tok_encode_ex(const tok_t *t, const char *text, size_t len, int flags, int32_t **ids, int *n);
+// tok_encode_ex where a control token is matched (with TOK_SPECIAL) only when
+// none of its bytes is marked in plain (plain[i] != 0: byte i came from a
+// user, e.g. a chat message; NULL marks nothing). User text spelling
+// "<|im_end|>" stays text: only the template's own bytes give control tokens.
+int tok_encode_marked(const tok_t *t, const char *text, size_t len, int flags, const uint8_t *plain, int32_t **ids,
+                      int *n);
 // tok_encode = tok_encode_ex with TOK_ADD_BOS and, when parse_special, TOK_SPECIAL.
 int tok_encode(const tok_t *t, const char *text, size_t len, int parse_special, int32_t **ids, int *n);
 
@@ -163,6 +169,12 @@ typedef struct {
 // what each family does). *out malloc'ed. No template or an unrecognised one:
 // ERR_UNSUP naming it (the caller may fall back to plain text).
 int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out);
+// The same, and *plain (malloc'ed, one byte per byte of *out): 1 where the
+// byte comes from a message's role or content, 0 where the template wrote it;
+// encode the text with tok_encode_marked so that message text never becomes
+// control tokens.
+int tok_chat_render_marked(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out,
+                           uint8_t **plain);
 
 // Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json into
 // dir (created if missing), each atomically; out of memory: ERR_NOMEM and no file.

@@ -17,6 +17,8 @@
 //    template renders when no strftime_now is provided) and the first system
 //    message, trimmed, as its text. Tools are not rendered. trim() strips ASCII
 //    whitespace only.
+//  Roles and contents are the messages' text: tok_chat_render_marked marks
+//  their bytes so that tok_encode_marked never makes control tokens of them.
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,17 +94,34 @@ int tok_set_chat_template(tok_t *t, const char *tmpl) {
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-static void sb_add_trim(strbuf_t *b, const char *s) {
+// The rendered text and, byte for byte, whether it came from a message (1)
+// or from the template (0).
+typedef struct {
+    strbuf_t text, plain;
+} render_t;
+
+static void put(render_t *r, const char *s, size_t n, int plain) {
+    strbuf_putn(&r->text, s, n);
+    size_t at = r->plain.n;
+    strbuf_putn(&r->plain, s, n); // the right length; the bytes are set below
+    if (!r->plain.oom) memset(r->plain.s + at, plain, n);
+}
+static void tmpl(render_t *r, const char *s) { put(r, s, strlen(s), 0); }
+static void msg(render_t *r, const char *s) { put(r, s, strlen(s), 1); }
+
+static void msg_trim(render_t *r, const char *s) {
     size_t n = strlen(s);
     while (n && is_ws(*s))
         s++, n--;
     while (n && is_ws(s[n - 1]))
         n--;
-    strbuf_putn(b, s, n);
+    put(r, s, n, 1);
 }
 
-int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out) {
+int tok_chat_render_marked(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out,
+                           uint8_t **plain) {
     *out = NULL;
+    if (plain) *plain = NULL;
     if (t->chat == TOK_CHAT_NONE) return err_set(ERR_UNSUP, "tokenizer has no chat template");
     if (t->chat == TOK_CHAT_UNKNOWN)
         return err_set(ERR_UNSUP, "chat template not recognised (neither ChatML nor Llama 3): \"%.80s%s\"",
@@ -110,52 +129,61 @@ int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_genera
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return err_set(ERR_INPUT, "chat: messages[%d]: %s is NULL", i, msgs[i].role ? "content" : "role");
-    strbuf_t b = {0};
-    strbuf_puts(&b, ""); // an empty conversation still yields a string
+    render_t r = {{0}, {0}};
+    tmpl(&r, ""); // an empty conversation still yields a string
     if (t->chat == TOK_CHAT_CHATML) {
         if (t->chat_system && n > 0 && strcmp(msgs[0].role, "system") != 0) {
-            strbuf_puts(&b, "<|im_start|>system\n");
-            strbuf_puts(&b, t->chat_system);
-            strbuf_puts(&b, "<|im_end|>\n");
+            tmpl(&r, "<|im_start|>system\n");
+            tmpl(&r, t->chat_system);
+            tmpl(&r, "<|im_end|>\n");
         }
         for (int i = 0; i < n; i++) {
-            strbuf_puts(&b, "<|im_start|>");
-            strbuf_puts(&b, msgs[i].role);
-            strbuf_puts(&b, "\n");
-            strbuf_puts(&b, msgs[i].content);
-            strbuf_puts(&b, "<|im_end|>\n");
+            tmpl(&r, "<|im_start|>");
+            msg(&r, msgs[i].role);
+            tmpl(&r, "\n");
+            msg(&r, msgs[i].content);
+            tmpl(&r, "<|im_end|>\n");
         }
-        if (add_generation_prompt) strbuf_puts(&b, "<|im_start|>assistant\n");
+        if (add_generation_prompt) tmpl(&r, "<|im_start|>assistant\n");
     } else { // TOK_CHAT_LLAMA3
         size_t bl = 0;
         const char *bos = t->bos >= 0 ? tok_text(t, t->bos, &bl) : NULL;
         if (bos)
-            strbuf_putn(&b, bos, bl);
+            put(&r, bos, bl, 0);
         else
-            strbuf_puts(&b, "<|begin_of_text|>");
+            tmpl(&r, "<|begin_of_text|>");
         int first = 0;
         if (t->chat_date) {
-            strbuf_puts(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
-            strbuf_puts(&b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+            tmpl(&r, "<|start_header_id|>system<|end_header_id|>\n\n");
+            tmpl(&r, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
             if (n > 0 && !strcmp(msgs[0].role, "system")) {
-                sb_add_trim(&b, msgs[0].content);
+                msg_trim(&r, msgs[0].content);
                 first = 1;
             }
-            strbuf_puts(&b, "<|eot_id|>");
+            tmpl(&r, "<|eot_id|>");
         }
         for (int i = first; i < n; i++) {
-            strbuf_puts(&b, "<|start_header_id|>");
-            strbuf_puts(&b, msgs[i].role);
-            strbuf_puts(&b, "<|end_header_id|>\n\n");
-            sb_add_trim(&b, msgs[i].content);
-            strbuf_puts(&b, "<|eot_id|>");
+            tmpl(&r, "<|start_header_id|>");
+            msg(&r, msgs[i].role);
+            tmpl(&r, "<|end_header_id|>\n\n");
+            msg_trim(&r, msgs[i].content);
+            tmpl(&r, "<|eot_id|>");
         }
-        if (add_generation_prompt) strbuf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation_prompt) tmpl(&r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     }
-    if (b.oom) {
-        free(b.s);
-        return err_set(ERR_NOMEM, "chat: out of memory");
+    if (r.text.oom || r.plain.oom) {
+        free(r.text.s);
+        free(r.plain.s);
+        return err_set(ERR_NOMEM, "chat: out of memory rendering %d messages", n);
     }
-    *out = b.s;
+    *out = r.text.s;
+    if (plain)
+        *plain = (uint8_t *)r.plain.s;
+    else
+        free(r.plain.s);
     return 0;
+}
+
+int tok_chat_render(const tok_t *t, const tok_msg_t *msgs, int n, int add_generation_prompt, char **out) {
+    return tok_chat_render_marked(t, msgs, n, add_generation_prompt, out, NULL);
 }

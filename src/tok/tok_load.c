@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/err.h"
 #include "base/fs.h"
 #include "base/log.h"
@@ -78,9 +79,9 @@ static int load_gguf(tok_t *t, const gguf_t *g) {
     // Vocabulary.
     const gguf_kv_t *tk, *tt = NULL, *mg;
     TRY(gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_STRING, &tk));
-    if (tk->arr_n == 0 || tk->arr_n > (1u << 24))
-        return err_set(ERR_INPUT, "%s: tokenizer.ggml.tokens: %llu entries (expected 1 .. 2^24)", src,
-                       (unsigned long long)tk->arr_n);
+    if (tk->arr_n == 0 || tk->arr_n > (uint64_t)LIM_VOCAB)
+        return err_set(ERR_INPUT, "%s: tokenizer.ggml.tokens: %llu entries (expected 1 .. %lld)", src,
+                       (unsigned long long)tk->arr_n, (long long)LIM_VOCAB);
     int n = (int)tk->arr_n;
     const gguf_kv_t *ttkv = gguf_find(g, "tokenizer.ggml.token_type");
     if (ttkv) {
@@ -118,8 +119,9 @@ static int load_gguf(tok_t *t, const gguf_t *g) {
     // Merges "a b" in rank order. Byte-level token texts never contain a
     // space, so the first space (after the first char) separates the parts.
     TRY(gguf_get_arr(g, "tokenizer.ggml.merges", GGUF_STRING, &mg));
-    if (mg->arr_n > (1u << 24))
-        return err_set(ERR_INPUT, "%s: tokenizer.ggml.merges: %llu entries", src, (unsigned long long)mg->arr_n);
+    if (mg->arr_n > (uint64_t)LIM_ENTRIES)
+        return err_set(ERR_INPUT, "%s: tokenizer.ggml.merges: %llu entries (the limit is %lld)", src,
+                       (unsigned long long)mg->arr_n, (long long)LIM_ENTRIES);
     TRY(tok_alloc_merges(t, (int)mg->arr_n));
     for (int i = 0; i < t->n_merges; i++) {
         size_t l;
@@ -190,6 +192,8 @@ static int jint(const cJSON *v, double lo, double hi, int64_t *out) {
     *out = (int64_t)d;
     return 1;
 }
+
+static int cmp_strp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 static int read_json(const char *path, cJSON **out) {
     char *txt;
@@ -350,6 +354,7 @@ static int load_json(tok_t *t, const char *path, const char *cfg_path) {
     int n_vocab = 0, n_added = 0, i;
     const cJSON *e;
     char **text = NULL;
+    const char **sorted = NULL;
     uint8_t *ty = NULL;
 
     if (!cJSON_IsObject(model)) {
@@ -397,24 +402,43 @@ static int load_json(tok_t *t, const char *path, const char *cfg_path) {
     // Every id in model.vocab and added_tokens must be distinct and together
     // cover 0..n-1: n is the number of distinct tokens.
     n_vocab = cJSON_GetArraySize(vocab);
+    if (n_vocab > LIM_VOCAB || cJSON_GetArraySize(added) > LIM_VOCAB) {
+        rc = err_set(ERR_INPUT, "%s: model.vocab has %d entries and added_tokens %d (the limit is %lld tokens)", path,
+                     n_vocab, cJSON_GetArraySize(added), (long long)LIM_VOCAB);
+        goto out;
+    }
+    // The vocabulary's texts sorted, so each added token's lookup is a binary
+    // search (cJSON's object lookup is a linear scan: quadratic over a file).
+    if (!(sorted = malloc(((size_t)n_vocab + 1) * sizeof *sorted))) {
+        rc = err_set(ERR_NOMEM, "%s: out of memory sorting %d vocabulary entries", path, n_vocab);
+        goto out;
+    }
+    i = 0;
+    cJSON_ArrayForEach(e, vocab) sorted[i++] = e->string;
+    qsort(sorted, (size_t)n_vocab, sizeof *sorted, cmp_strp);
     i = 0;
     cJSON_ArrayForEach(e, added) {
         int64_t id;
         const char *c = jstr(e, "content");
-        if (!c || !jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, 1 << 24, &id)) {
-            rc = err_set(ERR_INPUT, "%s: added_tokens[%d]: expected {\"id\": integer >= 0, \"content\": string}", path,
-                         i);
+        if (!c || !jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, (double)(LIM_VOCAB - 1), &id)) {
+            rc =
+                err_set(ERR_INPUT, "%s: added_tokens[%d]: expected {\"id\": integer in [0, %lld], \"content\": string}",
+                        path, i, (long long)(LIM_VOCAB - 1));
             goto out;
         }
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(vocab, c);
-        if (!v) n_added++;
+        if (!bsearch(&c, sorted, (size_t)n_vocab, sizeof *sorted, cmp_strp)) n_added++;
         i++;
     }
     int n = n_vocab + n_added;
+    if (n > LIM_VOCAB) {
+        rc = err_set(ERR_INPUT, "%s: %d tokens in model.vocab and added_tokens (the limit is %lld)", path, n,
+                     (long long)LIM_VOCAB);
+        goto out;
+    }
     text = calloc((size_t)n + 1, sizeof(char *));
     ty = calloc((size_t)n + 1, 1);
     if (!text || !ty) {
-        rc = err_set(ERR_NOMEM, "%s: out of memory", path);
+        rc = err_set(ERR_NOMEM, "%s: out of memory for a vocabulary of %d tokens", path, n);
         goto out;
     }
     cJSON_ArrayForEach(e, vocab) {
@@ -440,7 +464,7 @@ static int load_json(tok_t *t, const char *path, const char *cfg_path) {
     cJSON_ArrayForEach(e, added) {
         int64_t id = 0;
         const char *c = jstr(e, "content");
-        jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, 1 << 24, &id);
+        jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, (double)(LIM_VOCAB - 1), &id);
         if (id >= n) {
             rc = err_set(ERR_INPUT, "%s: added_tokens[%d] (\"%s\"): id %lld out of range [0, %d)", path, i, c,
                          (long long)id, n);
@@ -466,6 +490,11 @@ static int load_json(tok_t *t, const char *path, const char *cfg_path) {
         }
         blob += strlen(text[i]);
     }
+    if (blob > UINT32_MAX) { // token offsets are uint32
+        rc = err_set(ERR_INPUT, "%s: model.vocab / added_tokens: %zu bytes of token text (the limit is %u)", path, blob,
+                     UINT32_MAX);
+        goto out;
+    }
     if ((rc = tok_alloc_vocab(t, n, blob)) < 0) goto out;
     size_t o = 0;
     for (i = 0; i < n; i++) {
@@ -479,6 +508,11 @@ static int load_json(tok_t *t, const char *path, const char *cfg_path) {
     if ((rc = tok_build_vocab(t, path)) < 0) goto out;
 
     // Merges: "a b" strings or ["a", "b"] pairs.
+    if (cJSON_GetArraySize(merges) > LIM_ENTRIES) {
+        rc = err_set(ERR_INPUT, "%s: model.merges: %d entries (the limit is %lld)", path, cJSON_GetArraySize(merges),
+                     (long long)LIM_ENTRIES);
+        goto out;
+    }
     if ((rc = tok_alloc_merges(t, cJSON_GetArraySize(merges))) < 0) goto out;
     i = 0;
     cJSON_ArrayForEach(e, merges) {
@@ -557,6 +591,7 @@ static int load_json(tok_t *t, const char *path, const char *cfg_path) {
     rc = tok_build(t, path);
 out:
     free(text);
+    free(sorted);
     free(ty);
     cJSON_Delete(root);
     return rc;

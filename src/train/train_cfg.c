@@ -29,28 +29,11 @@ static int str_key(const recipe_t *r, const char *key, char *out, size_t cap) {
     return 1;
 }
 
-static int int_key(const recipe_t *r, const char *key, int64_t lo, int64_t hi, int64_t *out) {
-    int64_t v = *out;
-    TRY(recipe_int(r, key, &v));
-    if (v < lo || v > hi)
-        return err_set(ERR_INPUT, "%s: %s: %lld is outside [%lld, %lld]", r->path, key, (long long)v, (long long)lo,
-                       (long long)hi);
-    *out = v;
-    return 0;
-}
-
+// The recipe getters check the range and name the file, line and key.
 static int int_key32(const recipe_t *r, const char *key, int lo, int hi, int *out) {
     int64_t v = *out;
-    TRY(int_key(r, key, lo, hi, &v));
+    TRY(recipe_int(r, key, lo, hi, &v));
     *out = (int)v;
-    return 0;
-}
-
-static int float_key(const recipe_t *r, const char *key, double lo, double hi, double *out) {
-    double v = *out;
-    TRY(recipe_float(r, key, &v));
-    if (!(v >= lo && v <= hi)) return err_set(ERR_INPUT, "%s: %s: %g is outside [%g, %g]", r->path, key, v, lo, hi);
-    *out = v;
     return 0;
 }
 
@@ -100,9 +83,9 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
     TRY(int_key32(r, "max_seq_length", 2, 1 << 24, &c->T));
     TRY(int_key32(r, "per_device_train_batch_size", 1, 1 << 16, &c->B));
     TRY(int_key32(r, "gradient_accumulation_steps", 1, 1 << 16, &c->GA));
-    TRY(float_key(r, "learning_rate", 0, 1, &c->lr));
-    TRY(float_key(r, "warmup_ratio", 0, 1, &c->warmup_ratio));
-    TRY(int_key(r, "warmup_steps", 0, INT64_MAX / 2, &c->warmup_steps));
+    TRY(recipe_float(r, "learning_rate", 0, 1, &c->lr));
+    TRY(recipe_float(r, "warmup_ratio", 0, 1, &c->warmup_ratio));
+    TRY(recipe_int(r, "warmup_steps", 0, INT64_MAX / 2, &c->warmup_steps));
     s = NULL;
     TRY(recipe_str(r, "lr_scheduler_type", &s));
     if (s) {
@@ -116,21 +99,21 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
             return err_set(ERR_INPUT, "%s: lr_scheduler_type: expected cosine, linear or constant, found '%s'", r->path,
                            s);
     }
-    TRY(float_key(r, "num_train_epochs", 0, 1e6, &c->epochs));
-    TRY(int_key(r, "max_steps", -1, INT64_MAX / 2, &c->max_steps));
-    TRY(float_key(r, "max_grad_norm", 0, 1e30, &c->max_grad_norm));
-    TRY(float_key(r, "weight_decay", 0, 1, &c->weight_decay));
-    TRY(float_key(r, "kl_weight", 0, 1e6, &c->kl_weight));
-    TRY(float_key(r, "ce_weight", 0, 1e6, &c->ce_weight));
-    TRY(float_key(r, "factor", 1, 1024, &c->yarn_factor));
+    TRY(recipe_float(r, "num_train_epochs", 0, 1e6, &c->epochs));
+    TRY(recipe_int(r, "max_steps", -1, INT64_MAX / 2, &c->max_steps));
+    TRY(recipe_float(r, "max_grad_norm", 0, 1e30, &c->max_grad_norm));
+    TRY(recipe_float(r, "weight_decay", 0, 1, &c->weight_decay));
+    TRY(recipe_float(r, "kl_weight", 0, 1e6, &c->kl_weight));
+    TRY(recipe_float(r, "ce_weight", 0, 1e6, &c->ce_weight));
+    TRY(recipe_float(r, "factor", 1, 1024, &c->yarn_factor));
     TRY(int_key32(r, "original_max_position_embeddings", 1, 1 << 24, &c->yarn_orig));
     TRY(bool_key(r, "gradient_checkpointing", &c->recompute));
     TRY(bool_key(r, "freeze_non_mla", &c->freeze_non_mla));
-    TRY(int_key(r, "save_steps", -1, INT64_MAX / 2, &c->save_steps));
+    TRY(recipe_int(r, "save_steps", -1, INT64_MAX / 2, &c->save_steps));
     TRY(int_key32(r, "save_total_limit", -1, 1 << 20, &c->save_total_limit));
-    TRY(int_key(r, "logging_steps", 1, INT64_MAX / 2, &c->logging_steps));
+    TRY(recipe_int(r, "logging_steps", 1, INT64_MAX / 2, &c->logging_steps));
     int64_t seed = (int64_t)c->seed;
-    TRY(int_key(r, "seed", 0, INT64_MAX, &seed));
+    TRY(recipe_int(r, "seed", 0, INT64_MAX, &seed));
     c->seed = (uint64_t)seed;
     s = NULL;
     TRY(recipe_str(r, "device", &s));

@@ -32,6 +32,8 @@ int upc_student_arch(const arch_t *t, const int *mla_layers, int n_mla, layer_ki
                      const upc_dims_t *dims, arch_t *s) {
     if (kind_linear != LAYER_GDN && kind_linear != LAYER_M2)
         return err_set(ERR_INPUT, "the linear layer kind must be GDN or Mamba-2");
+    // The teacher's sizes within their limits before the products below are formed in int.
+    TRY(arch_validate(t, "teacher"));
     for (int l = 0; l < t->n_layers; l++)
         if (t->kind[l] != LAYER_ATTN)
             return err_set(ERR_INPUT, "the teacher must be a plain Transformer (layer %d is %s)", l,

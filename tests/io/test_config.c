@@ -16,6 +16,7 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "io/config.h"
+#include "model/params.h"
 
 #define FIX "tests/fixtures/io/"
 
@@ -451,6 +452,147 @@ static void test_hybrid_errors(void **state) {
     expect_err("{" BASE "}", rep, ERR_INPUT, "d_xb 8", NULL);
 }
 
+// ---- sizes past their limits ------------------------------------------------------
+
+// A config.json with the given dimensions.
+static const char *dims_config(char *buf, size_t cap, long long d, long long ffn, long long H, long long Hkv,
+                               long long dh, long long V, int layers) {
+    snprintf(buf, cap,
+             "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": %lld, \"intermediate_size\": %lld, "
+             "\"num_hidden_layers\": %d, \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, "
+             "\"head_dim\": %lld, \"vocab_size\": %lld, \"tie_word_embeddings\": true}",
+             d, ffn, layers, H, Hkv, dh, V);
+    return buf;
+}
+
+// hyb_min with one "key": value replaced (the key must be in it).
+static const char *hyb_with(char *buf, size_t cap, const char *key, const char *value) {
+    char base[2048], k[64];
+    snprintf(base, sizeof base, hyb_min, "");
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    char *p = strstr(base, k);
+    assert_non_null(p);
+    const char *end = p + strlen(k);
+    if (*end == '{') // an object value: up to its closing brace (no nesting in hyb_min)
+        end = strchr(end, '}') + 1;
+    while (*end && *end != ',' && *end != '}')
+        end++;
+    snprintf(buf, cap, "%.*s%s%s%s", (int)(p - base), base, k, value, end);
+    return buf;
+}
+
+// Dimensions near INT_MAX (and products of in-range ones past their limit)
+// are errors naming the file, the field and the limit (base/checked.h). They
+// used to overflow int arithmetic in arch_validate and the parameter table
+// (UBSan: signed overflow; `hylo info` printed a negative parameter count).
+static void test_size_limits(void **state) {
+    (void)state;
+    char cfg[1024], hyb[2048];
+    const long long big = 2147483647, even = 2147483646;
+    expect_err(dims_config(cfg, sizeof cfg, big, 128, 4, 4, 16, 100, 2), NULL, ERR_INPUT,
+               "test.json: hidden_size = 2147483647", "out of range [1, 1048576]");
+    expect_err(dims_config(cfg, sizeof cfg, 64, big, 4, 4, 16, 100, 2), NULL, ERR_INPUT, "intermediate_size",
+               "[1, 1048576]");
+    expect_err(dims_config(cfg, sizeof cfg, 64, 128, big, big, 16, 100, 2), NULL, ERR_INPUT, "num_attention_heads",
+               "[1, 1048576]");
+    expect_err(dims_config(cfg, sizeof cfg, 64, 128, 4, 4, even, 100, 2), NULL, ERR_INPUT, "head_dim = 2147483646",
+               "[2, 1048576]");
+    expect_err(dims_config(cfg, sizeof cfg, 64, 128, 4, 4, 16, big, 2), NULL, ERR_INPUT, "vocab_size", "[1, 16777216]");
+    // each in range, their product not
+    expect_err(dims_config(cfg, sizeof cfg, 64, 128, 65536, 1, 65536, 100, 2), NULL, ERR_INPUT,
+               "num_attention_heads x head_dim = 65536 x 65536", "exceeds the limit of 16777216");
+    // hybrid_config.json: MLA ranks and head dims, Mamba-2 groups / state / expand, GDN heads
+    static const struct {
+        const char *key, *value, *f1, *f2;
+    } hy[] = {
+        {"kv_lora_rank", "2147483647", "layer 0: kv_lora_rank = 2147483647", "[1, 1048576]"},
+        {"q_lora_rank", "2147483647", "layer 0: q_lora_rank = 2147483647", "[0, 1048576]"},
+        {"qk_nope_head_dim", "2147483647", "qk_nope_head_dim = 2147483647", "[0, 1048576]"},
+        {"v_head_dim", "2147483647", "v_head_dim = 2147483647", "[1, 1048576]"},
+        {"ssm_cfg", "{\"ngroups\": 2147483647, \"d_state\": 16}", "ssm_cfg.ngroups) = 2147483647", "[1, 1048576]"},
+        {"ssm_cfg", "{\"ngroups\": 4, \"d_state\": 2147483647}", "d_state", "[1, 1048576]"},
+        {"d_inner", "2147483647", "d_inner = 2147483647", "[1, 1048576]"},
+        {"d_xb", "2147483647", "d_xb = 2147483647", "[0, 1048576]"},
+    };
+    for (size_t i = 0; i < sizeof hy / sizeof *hy; i++)
+        expect_err("{" BASE "}", hyb_with(hyb, sizeof hyb, hy[i].key, hy[i].value), ERR_INPUT, hy[i].f1, hy[i].f2);
+    // ssm_cfg.expand without d_inner: d_model x expand formed in 64 bits
+    char base[2048], *p;
+    snprintf(base, sizeof base, hyb_min, "");
+    p = strstr(base, "\"d_inner\": 64, ");
+    memmove(p, p + strlen("\"d_inner\": 64, "), strlen(p + strlen("\"d_inner\": 64, ")) + 1);
+    p = strstr(base, "\"d_state\": 16");
+    snprintf(hyb, sizeof hyb, "%.*s\"d_state\": 16, \"expand\": 2147483647%s", (int)(p - base), base,
+             p + strlen("\"d_state\": 16"));
+    expect_err("{" BASE "}", hyb, ERR_INPUT, "d_inner (hidden_size x ssm_cfg.expand) = 64 x 2147483647",
+               "exceeds the limit of 1048576");
+    expect_hyb_err(", \"linear_type\": \"gdn\", \"gdn_cfg\": {\"num_heads\": 1073741824, \"head_dim\": 16}", ERR_INPUT,
+                   "GDN num_heads = 1073741824", "[1, 1048576]");
+    expect_hyb_err(", \"linear_type\": \"gdn\", \"gdn_cfg\": {\"num_heads\": 1024, \"head_dim\": 65536}", ERR_INPUT,
+                   "GDN num_heads x head_dim = 1024 x 65536", "exceeds the limit of 16777216");
+    // (head_dim x expand_v of a large head dim is exact: it used to come out 20 too large)
+    expect_hyb_err(", \"linear_type\": \"gdn\", \"gdn_cfg\": {\"num_heads\": 1, \"head_dim\": 1048576}", ERR_INPUT,
+                   "GDN value head dim (head_dim x expand_v) = 2097152", "[1, 1048576]");
+
+    // At the limits: a 1-layer model with every size at or just under its limit
+    // validates, and its parameter table (64-bit sums, formed without
+    // overflow: UBSan in MODE=asan) has the count computed here.
+    arch_t a;
+    const long long d = 1 << 16, ffn = 1 << 20, H = 1 << 8, dh = 1 << 16, V = 1 << 24;
+    if (cfg_parse_config_json(dims_config(cfg, sizeof cfg, d, ffn, H, 1, dh, V, 1), "at_limit", &a) < 0)
+        fail_msg("%s", err_msg());
+    ptable_t pt;
+    if (ptable_build(&pt, &a) < 0) fail_msg("%s", err_msg());
+    // embedding, q, k, v, o, gate, up, down, 3 norms of d
+    int64_t want = V * d + H * dh * d + 2 * dh * d + d * H * dh + 3 * ffn * d + 3 * d;
+    assert_true(ptable_count(&pt) == want);
+    assert_true(pt.total >= want);
+    ptable_free(&pt);
+    // Two such layers pass arch_validate but exceed the parameter limit: an error, no overflow.
+    assert_int_equal(cfg_parse_config_json(dims_config(cfg, sizeof cfg, d, ffn, H, 1, dh, V, 2), "two", &a), 0);
+    err_clear();
+    assert_int_equal(ptable_build(&pt, &a), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "exceeds the limit of 4398046511104 parameters"));
+    // A tensor past the element limit (vocabulary x width = 2^24 x 2^20).
+    assert_int_equal(cfg_parse_config_json(dims_config(cfg, sizeof cfg, 1 << 20, 64, 4, 4, 16, V, 1), "wide", &a), 0);
+    assert_int_equal(ptable_build(&pt, &a), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "model.embed_tokens.weight: shape exceeds the limit of 1099511627776"));
+}
+
+// Non-finite and non-positive scalars are refused by arch_validate, whatever
+// the source (the GGUF path shares it: tests/io/test_gguf.c).
+static void test_nonfinite_scalars(void **state) {
+    (void)state;
+    arch_t a;
+    assert_int_equal(cfg_parse_config_json("{" BASE "}", "base", &a), 0);
+    struct {
+        float *f;
+        float v;
+        const char *field;
+    } c[] = {{&a.eps, INFINITY, "rms_norm_eps = inf is not finite"},
+             {&a.eps, 0, "rms_norm_eps = 0 must be in (0, 1]"},
+             {&a.rope.theta, INFINITY, "rope_theta = inf is not finite"},
+             {&a.rope.theta, NAN, "rope_theta = nan is not finite"},
+             {&a.rope.theta, -4, "rope_theta = -4 must be in (0, 1e+12]"}};
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        arch_t b = a;
+        *(float *)((char *)&b + ((char *)c[i].f - (char *)&a)) = c[i].v;
+        err_clear();
+        assert_int_equal(arch_validate(&b, "src"), ERR_INPUT);
+        if (!strstr(err_msg(), c[i].field)) fail_msg("\"%s\" lacks \"%s\"", err_msg(), c[i].field);
+    }
+    const float factors[] = {0, -4, NAN, INFINITY, 1e30f};
+    for (int s = ROPE_SCALE_LLAMA3; s <= ROPE_SCALE_LINEAR; s++)
+        for (size_t i = 0; i < sizeof factors / sizeof *factors; i++) {
+            arch_t b = a;
+            b.rope.scaling = (rope_scale_t)s, b.rope.factor = factors[i];
+            b.rope.low_freq_factor = 1, b.rope.high_freq_factor = 4, b.rope.orig_max_pos = 64;
+            err_clear();
+            assert_int_equal(arch_validate(&b, "src"), ERR_INPUT);
+            assert_non_null(strstr(err_msg(), "src: rope_scaling.factor"));
+        }
+}
+
 // ---- generation_config.json -----------------------------------------------------------
 
 static void test_generation_config(void **state) {
@@ -681,7 +823,7 @@ static void test_write_fails_cleanly(void **state) {
     DIR *d = opendir(tu_tmpdir());
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strstr(e->d_name, ".tmp.")) fail_msg("leftover temporary %s", e->d_name);
+        if (strstr(e->d_name, ".tmp.") || strstr(e->d_name, ".hylo-tmp.")) fail_msg("leftover temporary %s", e->d_name);
     closedir(d);
 }
 
@@ -697,6 +839,8 @@ int main(void) {
         cmocka_unit_test(test_hylo_gdn),
         cmocka_unit_test(test_xecomla),
         cmocka_unit_test(test_hybrid_errors),
+        cmocka_unit_test(test_size_limits),
+        cmocka_unit_test(test_nonfinite_scalars),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_written_text),

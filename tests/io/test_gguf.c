@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -229,11 +230,12 @@ typedef struct {
     int64_t offset; // relative to the data section; -1 = next aligned position
 } gt_t;
 
-// An extra metadata key: GGUF_UINT32 or GGUF_FLOAT32 with value v.
+// An extra metadata key: GGUF_UINT32 or GGUF_FLOAT32 with value v, or GGUF_STRING with value s.
 typedef struct {
     const char *key;
     uint32_t type;
     double v;
+    const char *s;
 } gkv_t;
 
 // Everything a corruption test may change; zero / -1 fields mean "as built".
@@ -310,6 +312,8 @@ static buf_t build(const gspec_t *s, const gt_t *t, int nt) {
         if (s->extra[i].type == GGUF_FLOAT32) {
             float x = (float)s->extra[i].v;
             put(&b, &x, 4);
+        } else if (s->extra[i].type == GGUF_STRING) {
+            put_str(&b, s->extra[i].s);
         } else {
             put_u32(&b, (uint32_t)s->extra[i].v);
         }
@@ -652,6 +656,90 @@ static void test_corrupt(void **state) {
     free(s);
 }
 
+// ---- many names ------------------------------------------------------------------------
+
+enum { DUP_NONE, DUP_KEY, DUP_TENSOR };
+
+// A GGUF of n_kv uint32 keys "k.<i>" = i and n_t F32 tensors "t.<i>" of 8
+// elements (32 bytes: each at the next aligned offset) holding i; with dup,
+// the last key or tensor repeats the first one's name.
+static const char *many_gguf(const char *name, int n_kv, int n_t, int dup) {
+    buf_t b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, (uint64_t)n_t);
+    put_u64(&b, (uint64_t)n_kv);
+    char s[32];
+    for (int i = 0; i < n_kv; i++) {
+        snprintf(s, sizeof s, "k.%d", dup == DUP_KEY && i == n_kv - 1 ? 0 : i);
+        put_str(&b, s);
+        put_u32(&b, GGUF_UINT32);
+        put_u32(&b, (uint32_t)i);
+    }
+    for (int i = 0; i < n_t; i++) {
+        snprintf(s, sizeof s, "t.%d", dup == DUP_TENSOR && i == n_t - 1 ? 0 : i);
+        put_str(&b, s);
+        put_u32(&b, 1);
+        put_u64(&b, 8);
+        put_u32(&b, GGML_F32);
+        put_u64(&b, (uint64_t)i * 32);
+    }
+    while (b.n % 32)
+        put(&b, "", 1);
+    for (int i = 0; i < n_t; i++)
+        for (int k = 0; k < 8; k++) {
+            float v = (float)i;
+            put(&b, &v, 4);
+        }
+    const char *path = write_file(name, &b);
+    free(b.b);
+    return path;
+}
+
+// 200K tensors and 50K metadata keys open, every name is found, and a
+// duplicate at the far end of either table is found too. Duplicates used to
+// be looked for pairwise (200K tensors: about 4 minutes to reject; 50K keys:
+// 6-9 s), lookups by a linear scan. The watchdog turns a return to that into a
+// failure rather than a hang; the speed itself is bench/bench_load.c's.
+static void test_many_names(void **state) {
+    (void)state;
+    alarm(120);
+    const int n_kv = 50000, n_t = 200000;
+    const char *path = many_gguf("many.gguf", n_kv, n_t, DUP_NONE);
+    gguf_t g;
+    if (gguf_open(&g, path) < 0) fail_msg("%s", err_msg());
+    assert_int_equal(g.n_tensors, n_t);
+    assert_int_equal(g.n_kv, n_kv);
+    char s[32];
+    for (int i = 0; i < n_t; i++) {
+        snprintf(s, sizeof s, "t.%d", i);
+        const gguf_tensor_t *t = gguf_find_tensor(&g, s);
+        if (t != &g.tensors[i]) fail_msg("tensor %s: found %s", s, t ? t->name : "nothing");
+    }
+    float x[8];
+    assert_int_equal(gguf_read_tensor_f32(&g, gguf_find_tensor(&g, "t.123456"), x), 0);
+    assert_true(x[0] == 123456.0f && x[7] == 123456.0f);
+    for (int i = 0; i < n_kv; i++) {
+        snprintf(s, sizeof s, "k.%d", i);
+        int64_t v = -1;
+        if (gguf_get_int(&g, s, &v) < 0 || v != i) fail_msg("key %s: %lld (%s)", s, (long long)v, err_msg());
+    }
+    assert_null(gguf_find_tensor(&g, "t.200000"));
+    assert_null(gguf_find(&g, "k.-1"));
+    assert_null(gguf_find(&g, ""));
+    gguf_close(&g);
+
+    path = many_gguf("many_dup_tensor.gguf", 10, n_t, DUP_TENSOR);
+    err_clear();
+    assert_int_equal(gguf_open(&g, path), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "duplicate tensor name t.0"));
+    path = many_gguf("many_dup_key.gguf", n_kv, 10, DUP_KEY);
+    err_clear();
+    assert_int_equal(gguf_open(&g, path), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "duplicate metadata key k.0"));
+    alarm(0);
+}
+
 // ---- llama q/k rows ---------------------------------------------------------------
 
 // llama.cpp's convert_hf_to_gguf.py, LlamaModel.permute (k_proj with n_head =
@@ -700,7 +788,7 @@ static void check_qk(const char *arch, int H, int Hkv, int dh) {
     gkv_t kv[8];
     for (int i = 0; i < 8; i++) {
         snprintf(k[i], sizeof k[i], "%s.%s", arch, suffix[i]);
-        kv[i] = (gkv_t){k[i], i == 7 ? GGUF_FLOAT32 : GGUF_UINT32, val[i]};
+        kv[i] = (gkv_t){k[i], i == 7 ? GGUF_FLOAT32 : GGUF_UINT32, val[i], NULL};
     }
     gspec_t sp = SPEC0;
     sp.arch = arch, sp.extra = kv, sp.n_extra = 8;
@@ -743,6 +831,72 @@ static void check_qk(const char *arch, int H, int Hkv, int dh) {
     free(wq), free(wk), free(pq), free(pk), free(out);
 }
 
+// A rope scaling factor of 0, NaN or -4, or an infinite / zero eps or rope
+// base, is an error naming the file and the key, as on the config.json path
+// (one check for both: arch_validate). They used to be accepted, and generate
+// then printed nothing with exit 0.
+static void test_bad_scalars(void **state) {
+    (void)state;
+    static const struct {
+        const char *scaling; // rope.scaling.type, or NULL
+        const char *key;     // the float key set to v
+        double v;
+        const char *f1, *f2;
+    } c[] = {
+        {"linear", "rope.scaling.factor", 0, "rope_scaling.factor = 0", "must be in (0, 65536]"},
+        {"yarn", "rope.scaling.factor", NAN, "llama.rope.scaling.factor = nan", "not finite"},
+        {"linear", "rope.scaling.factor", -4, "rope_scaling.factor = -4", "must be in (0, 65536]"},
+        {"yarn", "rope.scaling.factor", INFINITY, "llama.rope.scaling.factor = inf", "not finite"},
+        {NULL, "attention.layer_norm_rms_epsilon", INFINITY, "llama.attention.layer_norm_rms_epsilon = inf",
+         "not finite"},
+        {NULL, "attention.layer_norm_rms_epsilon", 0, "rms_norm_eps = 0", "must be in (0, 1]"},
+        {NULL, "rope.freq_base", INFINITY, "llama.rope.freq_base = inf", "not finite"},
+        {NULL, "rope.freq_base", -1, "rope_theta = -1", "must be in (0, 1e+12]"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        const char *suffix[7] = {"block_count",
+                                 "embedding_length",
+                                 "feed_forward_length",
+                                 "attention.head_count",
+                                 "vocab_size",
+                                 "context_length",
+                                 "attention.layer_norm_rms_epsilon"};
+        const double val[7] = {1, 16, 32, 2, 10, 128, 1e-5};
+        char k[9][80];
+        gkv_t kv[9];
+        int n = 0;
+        for (int j = 0; j < 7; j++) {
+            if (!strcmp(suffix[j], c[i].key)) continue;
+            snprintf(k[n], sizeof k[n], "llama.%s", suffix[j]);
+            kv[n] = (gkv_t){k[n], j == 6 ? GGUF_FLOAT32 : GGUF_UINT32, val[j], NULL};
+            n++;
+        }
+        snprintf(k[n], sizeof k[n], "llama.%s", c[i].key);
+        kv[n] = (gkv_t){k[n], GGUF_FLOAT32, c[i].v, NULL};
+        n++;
+        if (c[i].scaling) {
+            snprintf(k[n], sizeof k[n], "llama.rope.scaling.type");
+            kv[n] = (gkv_t){k[n], GGUF_STRING, 0, c[i].scaling};
+            n++;
+        }
+        gspec_t sp = SPEC0;
+        sp.extra = kv, sp.n_extra = n;
+        buf_t b = build(&sp, NULL, 0);
+        char name[64];
+        snprintf(name, sizeof name, "scalar_%zu.gguf", i);
+        const char *path = write_file(name, &b);
+        free(b.b);
+        gguf_t g;
+        assert_int_equal(gguf_open(&g, path), 0);
+        arch_t a;
+        err_clear();
+        int rc = gguf_arch(&g, &a);
+        if (rc != ERR_INPUT || !strstr(err_msg(), path) || !strstr(err_msg(), c[i].f1) || !strstr(err_msg(), c[i].f2))
+            fail_msg("case %zu: rc %d, message \"%s\" (want \"%s\", \"%s\")", i, rc, err_msg(), c[i].f1, c[i].f2);
+        gguf_close(&g);
+    }
+}
+
 static void test_llama_qk_unpermute(void **state) {
     (void)state;
     check_qk("llama", 2, 2, 4); // MHA, dh/2 = 2
@@ -754,8 +908,10 @@ static void test_llama_qk_unpermute(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_real_header), cmocka_unit_test(test_real_dequant),       cmocka_unit_test(test_synthetic),
-        cmocka_unit_test(test_corrupt),     cmocka_unit_test(test_llama_qk_unpermute),
+        cmocka_unit_test(test_real_header),        cmocka_unit_test(test_real_dequant),
+        cmocka_unit_test(test_synthetic),          cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_llama_qk_unpermute), cmocka_unit_test(test_bad_scalars),
+        cmocka_unit_test(test_many_names),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

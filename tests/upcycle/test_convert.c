@@ -2,6 +2,7 @@
 // stage-1 pure models, the stage-2 assembly from them by a layer plan, the
 // recipe YAML path, reproducible seeds, and the recipe's strictness; and the
 // recipe reader's typed getters on their own (these are the recipe tests).
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,23 +197,23 @@ static void test_recipe_getters(void **st) {
     double f = -7;
     const char *s = "unset";
     int *l = (int *)&v, n = -1;
-    assert_int_equal(recipe_int(&r, "seed", &v), 0); // was: "expected an integer, found '~'"
+    assert_int_equal(recipe_int(&r, "seed", 0, 1000, &v), 0); // was: "expected an integer, found '~'"
     assert_int_equal(v, -7);
-    assert_int_equal(recipe_float(&r, "factor", &f), 0);
+    assert_int_equal(recipe_float(&r, "factor", 0, 1000, &f), 0);
     assert_float_equal(f, -7, 0);
-    assert_int_equal(recipe_int(&r, "q_lora_rank", &v), 0);
+    assert_int_equal(recipe_int(&r, "q_lora_rank", 0, 1000, &v), 0);
     assert_int_equal(v, -7);
     assert_int_equal(recipe_str(&r, "output_dir", &s), 0);
     assert_string_equal(s, "unset");
     assert_int_equal(recipe_int_list(&r, "mla_layers", &l, &n), 0);
     assert_null(l);
     assert_int_equal(n, 0);
-    assert_int_equal(recipe_int(&r, "save_steps", &v), 0); // absent
+    assert_int_equal(recipe_int(&r, "save_steps", 0, 1000, &v), 0); // absent
     assert_int_equal(v, -7);
     // present values
-    assert_int_equal(recipe_int(&r, "kv_lora_rank", &v), 0);
+    assert_int_equal(recipe_int(&r, "kv_lora_rank", 0, 1000, &v), 0);
     assert_int_equal(v, 16);
-    assert_int_equal(recipe_float(&r, "learning_rate", &f), 0);
+    assert_int_equal(recipe_float(&r, "learning_rate", 0, 1000, &f), 0);
     assert_float_equal(f, 2.0e-4, 0);
     assert_int_equal(recipe_int_list(&r, "attn_layers", &l, &n), 0);
     assert_int_equal(n, 3);
@@ -223,9 +224,9 @@ static void test_recipe_getters(void **st) {
     assert_int_equal(l[1], 3);
     free(l);
     // wrong forms name the file, line and key
-    assert_int_equal(recipe_int(&r, "max_steps", &v), ERR_INPUT);
-    assert_non_null(strstr(err_msg(), "getters.yaml:10: key max_steps: expected an integer, found '12x'"));
-    assert_int_equal(recipe_float(&r, "warmup_ratio", &f), ERR_INPUT);
+    assert_int_equal(recipe_int(&r, "max_steps", 0, 1000, &v), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "getters.yaml:10: key max_steps: expected an integer in [0, 1000], found '12x'"));
+    assert_int_equal(recipe_float(&r, "warmup_ratio", 0, 1000, &f), ERR_INPUT);
     assert_non_null(strstr(err_msg(), "getters.yaml:11: key warmup_ratio"));
     assert_int_equal(recipe_int_list(&r, "layer_rank_list", &l, &n), ERR_INPUT);
     assert_non_null(strstr(err_msg(), "'x' is not a list"));
@@ -241,6 +242,57 @@ static void test_recipe_getters(void **st) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(parse_int_list(bad[i], 0, 100, out, 8), -1);
     assert_int_equal(parse_int_list("1,2,3", 0, 100, out, 2), -1); // over cap
+}
+
+// Recipe numbers past their field's limit are errors naming the file, line,
+// key and limit, and convert writes nothing. A rank beyond 32 bits used to be
+// truncated silently (2^32 + 16 became 16), and a YaRN factor of 1e39 wrote a
+// checkpoint with "factor": null that could not be loaded, with exit 0.
+static void test_recipe_limits(void **st) {
+    char T[300], R[300], text[2048], args[1200], *err;
+    const char *yaml = tu_tmp_path("limits.yaml");
+    snprintf(T, sizeof T, "%s/teacher4", tu_tmpdir()), snprintf(R, sizeof R, "%s/limits_out", tu_tmpdir());
+    teacher(T);
+    static const struct {
+        const char *line, *want;
+    } c[] = {
+        {"q_lora_rank: 4294967312", "limits.yaml:4: key q_lora_rank = 4294967312 is out of range [1, 1048576]"},
+        {"kv_lora_rank: -16", "limits.yaml:4: key kv_lora_rank = -16 is out of range [1, 1048576]"},
+        {"factor: 1e39", "limits.yaml:4: key factor = 1e+39 is out of range [1, 1024]"},
+        {"factor: nan", "limits.yaml:4: key factor: expected a finite number in [1, 1024], found 'nan'"},
+        {"factor: 0.5", "limits.yaml:4: key factor = 0.5 is out of range [1, 1024]"},
+        {"seed: 99999999999", "limits.yaml:4: key seed = 99999999999 is out of range [0, 2147483647]"},
+        {"original_max_position_embeddings: 99999999999999999999",
+         "key original_max_position_embeddings: expected an integer in [1, 1073741824]"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        snprintf(text, sizeof text, "model_name_or_path: %s\noutput_dir: %s\nmla_layers: [0]\n%s\n", T, R, c[i].line);
+        assert_int_equal(fs_write_all(yaml, text, strlen(text)), 0);
+        snprintf(args, sizeof args, "convert --recipe %s", yaml);
+        assert_int_equal(tu_run_hylo(args, &err), 2);
+        if (!strstr(err, c[i].want)) fail_msg("\"%s\" lacks \"%s\"", err, c[i].want);
+        free(err);
+        assert_false(fs_exists(R));
+    }
+    // The getters take the field's range.
+    recipe_t r;
+    assert_int_equal(recipe_load(&r, yaml), 0);
+    int64_t v = 7;
+    assert_int_equal(recipe_int(&r, "original_max_position_embeddings", 0, INT64_MAX, &v), ERR_INPUT);
+    assert_int_equal(v, 7);
+    recipe_free(&r);
+    snprintf(text, sizeof text, "seed: 11\nfactor: 3.5\n");
+    assert_int_equal(fs_write_all(yaml, text, strlen(text)), 0);
+    assert_int_equal(recipe_load(&r, yaml), 0);
+    assert_int_equal(recipe_int(&r, "seed", 0, 10, &v), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "limits.yaml:1: key seed = 11 is out of range [0, 10]"));
+    assert_int_equal(recipe_int(&r, "seed", 0, 11, &v), 0);
+    assert_int_equal(v, 11);
+    double f = 0;
+    assert_int_equal(recipe_float(&r, "factor", 1, 3, &f), ERR_INPUT);
+    assert_int_equal(recipe_float(&r, "factor", 1, 4, &f), 0);
+    assert_float_equal(f, 3.5, 0);
+    recipe_free(&r);
 }
 
 // Renames a tensor inside a safetensors file (names of equal length, so the
@@ -312,9 +364,8 @@ static void test_assembly_strictness(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stage1_and_assembly),
-        cmocka_unit_test(test_recipe_and_seed),
-        cmocka_unit_test(test_recipe_getters),
+        cmocka_unit_test(test_stage1_and_assembly), cmocka_unit_test(test_recipe_and_seed),
+        cmocka_unit_test(test_recipe_getters),      cmocka_unit_test(test_recipe_limits),
         cmocka_unit_test(test_assembly_strictness),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);

@@ -227,6 +227,43 @@ static void test_recipe_defaults(void **st) {
 // A teacher whose layer 1 has no attention weights (its table holds a GDN
 // layer there): converting that layer to MLA, GDN or Mamba-2 fails naming the
 // tensor. Only the MLA conversion checked; GDN and Mamba-2 read through NULL.
+// Sizes near the limits: the student's dimensions are formed without int
+// overflow (UBSan in MODE=asan) and any past a limit is an error naming it.
+// A teacher of 2^16 heads of 2^16 used to overflow `2 * Hkv * dh` here.
+static void test_size_limits(void **st) {
+    arch_t t = tiny_teacher(), s;
+    int mla[1] = {0};
+    upc_dims_t dims = {0};
+    t.H = t.Hkv = 1 << 16, t.dh = 1 << 16;
+    err_clear();
+    assert_int_equal(upc_student_arch(&t, mla, 1, LAYER_GDN, &dims, &s), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "teacher: num_attention_heads x head_dim = 65536 x 65536 exceeds the limit"));
+    // At the limits: 2^8 heads of 2^16 (H dh = 2^24), width 2^20: the recipe's
+    // r_q = H dh / 2 = 2^23 is past the rank limit, and named.
+    t = tiny_teacher();
+    t.d = 1 << 20, t.H = t.Hkv = 1 << 8, t.dh = 1 << 16;
+    dims.d_rope = dims.d_nope = dims.d_v = 64;
+    err_clear();
+    assert_int_equal(upc_student_arch(&t, mla, 1, LAYER_GDN, &dims, &s), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "student: layer 0: q_lora_rank = 8388608 is out of range [0, 1048576]"));
+    // ... and with the ranks given, the student validates (GDN: 0.75 d / 256 heads).
+    dims.r_q = dims.r_kv = 1 << 20;
+    if (upc_student_arch(&t, mla, 1, LAYER_GDN, &dims, &s) < 0) fail_msg("%s", err_msg());
+    assert_int_equal(s.mla.r_q, 1 << 20);
+    assert_int_equal(s.gdn.n_heads, 3072);
+    // Mamba-2 from this teacher: d_inner = H dh = 2^24 is past the dimension limit.
+    assert_int_equal(upc_student_arch(&t, mla, 1, LAYER_M2, &dims, &s), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "d_inner = 16777216 is out of range [1, 1048576]"));
+    // Block dimensions near INT_MAX (a recipe's, before it had limits) are named.
+    t = tiny_teacher();
+    dims = (upc_dims_t){.r_kv = 2147483647};
+    assert_int_equal(upc_student_arch(&t, mla, 1, LAYER_GDN, &dims, &s), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "kv_lora_rank = 2147483647"));
+    dims = (upc_dims_t){.gdn_heads = 1 << 20};
+    assert_int_equal(upc_student_arch(&t, mla, 1, LAYER_GDN, &dims, &s), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "GDN num_heads x head_dim = 1048576 x 256 exceeds the limit"));
+}
+
 static void test_missing_teacher_tensor(void **st) {
     static const layer_kind_t kinds[3] = {LAYER_MLA, LAYER_GDN, LAYER_M2};
     upc_dims_t dims = {.r_q = 20, .r_kv = 16, .d_rope = 4, .d_nope = 8, .d_v = 12};
@@ -253,6 +290,7 @@ int main(void) {
         cmocka_unit_test(test_svd_truncation),  cmocka_unit_test(test_mla_full_rank),
         cmocka_unit_test(test_mla_truncated),   cmocka_unit_test(test_linear_transfers),
         cmocka_unit_test(test_recipe_defaults), cmocka_unit_test(test_missing_teacher_tensor),
+        cmocka_unit_test(test_size_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
