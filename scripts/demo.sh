@@ -96,7 +96,10 @@ echo
 echo "== hylo compare teacher vs distilled hybrid (untrained: $(awk '/all positions/ {print $3}' "$work/compare_untrained.txt") nats)"
 "$bin" compare "$model" "$work/kd/final" --device "$device" --text "$text" --windows "${DEMO_WINDOWS:-4}" --tokens "${DEMO_TOKENS:-48}"
 echo
-echo "== hylo chat with the distilled hybrid (one turn)"
+echo "== hylo generate with the distilled hybrid (plain text, what this corpus trains)"
+"$bin" generate "$work/kd/final" --device "$device" --prompt "The capital of France is" -n 24
+echo
+echo "== hylo chat with the distilled hybrid (one turn; the corpus has no conversations)"
 "$bin" chat "$work/kd/final" --device "$device" --prompt "What is the capital of France?" -n 32
 echo
 echo "(recipes, metrics.jsonl and loss.svg of each stage: $work)"
