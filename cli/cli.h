@@ -51,3 +51,5 @@ int cmd_chat(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_bench(int argc, char **argv);

@@ -21,6 +21,8 @@ static const char *usage =
     "  export PATH       write a Hugging Face folder (safetensors, config, tokenizer)\n"
     "  convert           upcycle a teacher into an MLA / GDN / Mamba-2 hybrid\n"
     "  compare T S       KL and top-1 agreement of a student's next-token distributions vs its teacher's\n"
+    "  eval PATH         RULER, lm-eval-style short benchmarks and perplexity, with an HTML report\n"
+    "  bench PATH        prefill / decode latency and cache memory over a sweep of context lengths\n"
     "\n"
     "PATH is a GGUF file or a Hugging Face / hybrid checkpoint folder.\n"
     "Run 'hylo <command> --help' for the options of a command.\n";
@@ -116,6 +118,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "export")) return cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "compare")) return cmd_compare(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "hylo: error: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }
