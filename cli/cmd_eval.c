@@ -60,6 +60,8 @@ static const char *help =
     "  --samples N         RULER samples per task and length (default 500, as RULER)\n"
     "  --seed S            RULER seed (default 42)\n"
     "  --generate-only     RULER: write the generated samples, do not run the model\n"
+    "  --ruler-max-new N   cap the tokens generated per RULER sample (a quick check, not RULER's\n"
+    "                      numbers; the prompts stay the same; recorded in the settings)\n"
     "  --ppl-len N         perplexity rolling window (default --max-len)\n"
     "  --ppl-window N, --ppl-stride S   the strided perplexity (window N, default --ppl-len; off without S)\n"
     "\n"
@@ -207,6 +209,10 @@ static int parse(int argc, char **argv, eval_opts_t *o) {
             TRY(r);
             TRY(cli_int("eval", "--samples", v, 1, 1 << 20, &x));
             c->ruler_samples = x;
+        } else if ((r = cli_opt("eval", argc, argv, &i, "--ruler-max-new", &v))) {
+            TRY(r);
+            TRY(cli_int("eval", "--ruler-max-new", v, 1, 1 << 16, &x));
+            c->ruler_max_new = x;
         } else if ((r = cli_opt("eval", argc, argv, &i, "--seed", &v))) {
             TRY(r);
             TRY(cli_int("eval", "--seed", v, 0, 0xffffffffL, &x));

@@ -212,7 +212,8 @@ static int run_ruler(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
                     rc = prompt.oom ? err_set(ERR_NOMEM, "out of memory") : ev_encode(lm->tok, flags, prompt.s, &ids, &n);
                     free(prompt.s);
                     ev_gen_t g = {0};
-                    if (rc == 0) rc = lm->generate(lm, ids, n, t->max_new, NULL, 0, &g);
+                    int max_new = cfg->ruler_max_new > 0 && cfg->ruler_max_new < t->max_new ? cfg->ruler_max_new : t->max_new;
+                    if (rc == 0) rc = lm->generate(lm, ids, n, max_new, NULL, 0, &g);
                     free(ids);
                     if (rc == 0) {
                         pred = g.text;
@@ -415,6 +416,7 @@ cJSON *ev_run_settings(const ev_run_cfg_t *cfg) {
     for (int i = 0; i < cfg->n_lengths; i++)
         cJSON_AddItemToArray(l, cJSON_CreateNumber(cfg->lengths[i]));
     cJSON_AddNumberToObject(s, "ruler_samples", cfg->ruler_samples);
+    if (cfg->ruler_max_new) cJSON_AddNumberToObject(s, "ruler_max_new_cap", cfg->ruler_max_new);
     cJSON_AddNumberToObject(s, "seed", (double)cfg->seed);
     cJSON_AddStringToObject(s, "ruler_variant", "head (binary-search length fitting)");
     cJSON_AddStringToObject(s, "ruler_sentence_splitter", "rule-based (NLTK Punkt stands in the reference)");

@@ -32,6 +32,7 @@ typedef struct {
     int max_gen;     // GSM8K max_gen_toks
     int lengths[16], n_lengths;
     int ruler_samples;
+    int ruler_max_new; // caps the tokens generated per RULER sample (0 = each task's own; prompts unchanged)
     uint64_t seed;
     int ppl_max_len;            // rolling window length (0 = the model length)
     int ppl_window, ppl_stride; // strided variant (stride 0 = off)
