@@ -126,7 +126,7 @@ static int parse_lengths(const char *s, ev_run_cfg_t *c) {
         char *end;
         long v = strtol(tok, &end, 10);
         if (*end == 'K' || *end == 'k') v *= 1024, end++;
-        if (*end || v < 64 || v > (1L << 24) || c->n_lengths >= 16)
+        if (*end || v < 16 || v > (1L << 24) || c->n_lengths >= 16)
             return err_set(ERR_INPUT, "--lengths: '%s' is not a length (e.g. 4K,8K or 4096)", tok);
         c->lengths[c->n_lengths++] = (int)v;
     }

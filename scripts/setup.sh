@@ -2,10 +2,11 @@
 # Installs hylo's build and test dependencies from Debian packages (idempotent).
 # The CUDA toolkit (nvcc, cuBLASLt) is used when present; it is not installed here.
 set -euo pipefail
-# python3 + pip: scripts/fetch_model.sh; libcmocka: the tests; clang-format: make format.
+# python3 + pip: scripts/fetch_model.sh; libcmocka: the tests; clang-format: make format;
+# chromium: a headless look at hylo eval's HTML report (docs/EVALUATION.md).
 pkgs=(build-essential make python3 python3-pip
       libopenblas-dev liblapacke-dev libpcre2-dev libcjson-dev libyaml-dev
-      libcmocka-dev clang-format)
+      libcmocka-dev clang-format chromium)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

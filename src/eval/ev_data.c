@@ -39,7 +39,8 @@ int ev_data_path(const ev_data_t *d, const char *task, const char *override, con
                        "or given by its own flag",
                        task, what, origin, rel);
     }
-    int ok = want_dir ? fs_is_dir(out) : fs_exists(out) && !fs_is_dir(out);
+    // a flag may name a file where the default is a folder (--haystack FILE)
+    int ok = override ? fs_exists(out) : want_dir ? fs_is_dir(out) : fs_exists(out) && !fs_is_dir(out);
     if (!ok) return err_set(ERR_INPUT, "%s: %s not found: expected %s (%s)", task, out, what, origin);
     return 0;
 }

@@ -14,7 +14,7 @@ typedef struct {
 // flag: the --data value, or NULL.
 int ev_data_init(ev_data_t *d, const char *flag);
 // The path of one input: `override` (a --file / --haystack ... value) when
-// given, else <root>/<rel>. It must exist (a file, or a folder when rel ends in
-// '/'); else ERR_INPUT: "<task>: <path> not found: expected <what> (<origin>)".
+// given (it must exist), else <root>/<rel> (a file, or a folder when rel ends
+// in '/'); else ERR_INPUT: "<task>: <path> not found: expected <what> (<origin>)".
 int ev_data_path(const ev_data_t *d, const char *task, const char *override, const char *rel, const char *what,
                  const char *origin, char *out, size_t cap);

@@ -57,7 +57,7 @@ typedef struct {
 
 static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const char *const *labels, int n,
                      const bar_series_t *s, int ns, double ymax) {
-    int W = 90 + n * (ns * 22 + 18), H = 330, x0 = 60, y0 = 40, ph = 200;
+    int W = 140 + n * (ns * 22 + 18), H = 320 + 16 * ns, x0 = 60, y0 = 40, ph = 200;
     if (W < 420) W = 420;
     ev_putf(b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n", W, H);
     ev_putf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
@@ -96,8 +96,9 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
     }
     ev_putf(b, "<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='#444'/>\n", x0, W - 10, y0 + ph, y0 + ph);
     for (int k = 0; k < ns; k++) {
-        ev_putf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10 + k * 200, H - 14,
-                palette[k % 6], x0 + 26 + k * 200, H - 4);
+        int ly = H - 16 * (ns - k) - 4;
+        ev_putf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10, ly, palette[k % 6],
+                x0 + 28, ly + 10);
         esc(b, s[k].name);
         strbuf_puts(b, "</text>\n");
     }
@@ -113,7 +114,7 @@ typedef struct {
 
 static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const char *ylabel, const line_series_t *s,
                       int ns, int logx) {
-    int W = 560, H = 320, x0 = 70, y0 = 36, pw = 440, ph = 210;
+    int W = 560, H = 330, x0 = 70, y0 = 36, pw = 440, ph = 210;
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
     for (int k = 0; k < ns; k++)
         for (int i = 0; i < s[k].n; i++) {
@@ -172,8 +173,8 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
         }
         ev_putf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>\n", palette[k % 6], pts.s ? pts.s : "");
         free(pts.s);
-        ev_putf(b, "<rect x='%d' y='%d' width='12' height='3' fill='%s'/><text x='%d' y='%d'>", x0 + 10 + (k % 3) * 150,
-                H - 24 + (k / 3) * 14, palette[k % 6], x0 + 26 + (k % 3) * 150, H - 19 + (k / 3) * 14);
+        ev_putf(b, "<rect x='%d' y='%d' width='12' height='3' fill='%s'/><text x='%d' y='%d'>", x0 + 10 + (k % 2) * 230,
+                H - 30 + (k / 2) * 14, palette[k % 6], x0 + 26 + (k % 2) * 230, H - 25 + (k / 2) * 14);
         esc(b, s[k].name);
         strbuf_puts(b, "</text>\n");
     }
@@ -220,6 +221,18 @@ static const char *model_name(const cJSON *r) {
     return p ? p : "model";
 }
 
+// "model: NAME" / "teacher: NAME" with the path's last component, for legends.
+static const char *legend_name(const cJSON *r, int teacher, char *buf, size_t cap) {
+    const char *p = model_name(r), *e = p + strlen(p);
+    while (e > p && e[-1] == '/')
+        e--;
+    const char *b = e;
+    while (b > p && b[-1] != '/')
+        b--;
+    snprintf(buf, cap, "%s: %.*s", teacher ? "teacher" : "model", (int)(e - b), b);
+    return buf;
+}
+
 static void section_short(strbuf_t *b, const cJSON *r, const cJSON *a) {
     const cJSON *tasks = obj(r, "tasks");
     if (!tasks || !cJSON_GetArraySize(tasks)) return;
@@ -229,9 +242,10 @@ static void section_short(strbuf_t *b, const cJSON *r, const cJSON *a) {
     strbuf_puts(b, "<th>other metrics (model)</th></tr>\n");
     const char *labels[64];
     bar_series_t s[2];
+    char n0[256], n1[256];
     memset(s, 0, sizeof s);
-    s[0].name = model_name(r);
-    if (a) s[1].name = model_name(a);
+    s[0].name = legend_name(r, 0, n0, sizeof n0);
+    if (a) s[1].name = legend_name(a, 1, n1, sizeof n1);
     int n = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, tasks) {
@@ -343,7 +357,8 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
     double xs[2][16], ys[2][16];
     int ns = 0;
     const cJSON *src[2] = {ru, ra};
-    const char *names[2] = {model_name(r), a ? model_name(a) : NULL};
+    char n0[256], n1[256];
+    const char *names[2] = {legend_name(r, 0, n0, sizeof n0), a ? legend_name(a, 1, n1, sizeof n1) : NULL};
     for (int k = 0; k < 2; k++) {
         if (!src[k]) continue;
         const cJSON *pl = obj(src[k], "per_length"), *e;
@@ -392,7 +407,8 @@ static void section_bench(strbuf_t *b, const cJSON *r, const cJSON *a) {
     strbuf_puts(b, "<h2>Latency and memory</h2>\n<table><tr><th>model</th><th>context</th><th>prefill s</th>"
                    "<th>prefill tok/s</th><th>decode ms/token</th><th>cache MiB</th></tr>\n");
     const cJSON *src[2] = {bn, obj(a, "bench")};
-    const char *who[2] = {model_name(r), a ? model_name(a) : NULL};
+    char n0[256], n1[256];
+    const char *who[2] = {legend_name(r, 0, n0, sizeof n0), a ? legend_name(a, 1, n1, sizeof n1) : NULL};
     double X[2][64], P[2][64], D[2][64], M[2][64];
     int n[2] = {0, 0};
     for (int k = 0; k < 2; k++) {

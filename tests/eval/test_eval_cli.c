@@ -96,6 +96,30 @@ static void test_eval_all_tasks(void **st) {
     free(html);
 }
 
+// hylo bench: two short points, the JSON and the report's latency section.
+static void test_bench(void **st) {
+    const char *out = tu_tmp_path("bench");
+    char args[1024], p[512];
+    snprintf(args, sizeof args, "bench %s --lengths 32,64 --decode 2 --out %s", tu_model_path(), out);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    snprintf(p, sizeof p, "%s/result.json", out);
+    cJSON *r = read_json(p);
+    const cJSON *pts = at(r, "bench", "points", NULL);
+    assert_int_equal(cJSON_GetArraySize(pts), 2);
+    const cJSON *p1 = cJSON_GetArrayItem(pts, 1);
+    assert_int_equal(cJSON_GetObjectItem(p1, "context")->valueint, 64);
+    assert_true(cJSON_GetObjectItem(p1, "prefill_s")->valuedouble > 0);
+    // SmolLM2's cache: 30 layers x (K + V) x 3 heads x 64 x fp32 = 46080 bytes per token, 64 + 2 + 1 tokens
+    assert_true(cJSON_GetObjectItem(p1, "cache_bytes")->valuedouble >= 46080.0 * 67);
+    cJSON_Delete(r);
+    char *html;
+    size_t n;
+    snprintf(p, sizeof p, "%s/report.html", out);
+    assert_int_equal(fs_read_all(p, &html, &n), 0);
+    assert_non_null(strstr(html, "Latency and memory"));
+    free(html);
+}
+
 static void expect_error(const char *args, int code, const char *want) {
     char *err;
     assert_int_equal(tu_run_hylo(args, &err), code);
@@ -135,6 +159,7 @@ static void test_errors(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_bench),
         cmocka_unit_test(test_eval_all_tasks),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
