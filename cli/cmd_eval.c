@@ -76,8 +76,8 @@ static const char *help =
     "  --threads N         CPU threads (default: all)\n"
     "  --chunk N           prefill chunk for generation (default 512)\n";
 
-static const char *mc_tasks[] = {"arc_easy", "arc_challenge", "openbookqa", "piqa",
-                                 "winogrande", "copa", "siqa", "boolq"};
+static const char *mc_tasks[] = {"arc_easy",   "arc_challenge", "openbookqa", "piqa",
+                                 "winogrande", "copa",          "siqa",       "boolq"};
 
 typedef struct {
     const char *model, *device, *out, *against, *metrics, *report, *data;
@@ -261,7 +261,8 @@ static int parse(int argc, char **argv, eval_opts_t *o) {
     }
     if (o->report) return 0;
     if (!o->model) return err_set(ERR_INPUT, "expected MODEL (see 'hylo eval --help')");
-    if (!c->n_short && !c->n_ruler && !c->ppl) return err_set(ERR_INPUT, "no task given: --task LIST (see 'hylo eval --help')");
+    if (!c->n_short && !c->n_ruler && !c->ppl)
+        return err_set(ERR_INPUT, "no task given: --task LIST (see 'hylo eval --help')");
     return 0;
 }
 
@@ -348,8 +349,10 @@ static int eval_model(const eval_opts_t *o, const char *path, const char *sample
     if (rc == 0 && !r) rc = err_set(ERR_NOMEM, "out of memory");
     if (rc == 0) {
         cJSON *da = cJSON_AddObjectToObject(r, "data");
-        if (o->run.data.root[0]) cJSON_AddStringToObject(da, "root", o->run.data.root);
-        else cJSON_AddNullToObject(da, "root");
+        if (o->run.data.root[0])
+            cJSON_AddStringToObject(da, "root", o->run.data.root);
+        else
+            cJSON_AddNullToObject(da, "root");
         cJSON_AddBoolToObject(da, "root_by_default", o->run.data.defaulted);
         cJSON *st = ev_run_settings(&o->run);
         if (st) cJSON_AddItemToObject(r, "settings", st);
@@ -357,8 +360,10 @@ static int eval_model(const eval_opts_t *o, const char *path, const char *sample
         c.samples_dir = samples_dir;
         rc = ev_run(&l.lm, &c, r);
     }
-    if (rc == 0) *out = r;
-    else cJSON_Delete(r);
+    if (rc == 0)
+        *out = r;
+    else
+        cJSON_Delete(r);
     unload(&l);
     return rc;
 }
@@ -384,13 +389,16 @@ static void print_summary(const cJSON *r) {
         printf("%-16s", t->string);
         cJSON_ArrayForEach(l, t) {
             const cJSON *s = cJSON_GetObjectItemCaseSensitive(l, "score");
-            if (cJSON_IsNumber(s)) printf("  %s: %.2f", l->string, s->valuedouble);
-            else printf("  %s: generated", l->string);
+            if (cJSON_IsNumber(s))
+                printf("  %s: %.2f", l->string, s->valuedouble);
+            else
+                printf("  %s: generated", l->string);
         }
         printf("\n");
     }
     cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(ru, "per_length")) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(t, "average"), *n = cJSON_GetObjectItemCaseSensitive(t, "tasks");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(t, "average"),
+                    *n = cJSON_GetObjectItemCaseSensitive(t, "tasks");
         printf("ruler average %s: %.2f over %d tasks\n", t->string, a ? a->valuedouble : 0, n ? n->valueint : 0);
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "perplexity"), "rolling");
@@ -466,7 +474,8 @@ static int run(int argc, char **argv) {
     cJSON *r = NULL, *a = NULL;
     int rc = !cmd ? err_set(ERR_NOMEM, "out of memory") : eval_model(&o, o.model, sd, cmd, &r);
     if (rc == 0 && o.against) {
-        if (ends_with(o.against, ".json")) rc = read_json_file(o.against, &a);
+        if (ends_with(o.against, ".json"))
+            rc = read_json_file(o.against, &a);
         else {
             log_info("eval: the teacher %s", o.against);
             rc = eval_model(&o, o.against, sdt, cmd, &a);
@@ -521,9 +530,10 @@ static int bench_model(const char *device, const char *path, long chunk, const i
     if (rc == 0) {
         cJSON_AddNumberToObject(b, "decode_tokens", (double)n_decode);
         cJSON_AddNumberToObject(b, "prefill_chunk", (double)chunk);
-        cJSON_AddStringToObject(b, "memory", "cache_bytes: the hybrid cache for context + decode tokens; "
-                                             "weight_bytes: the flat weights on the device; peak_rss_bytes: the "
-                                             "process's peak resident memory so far (host)");
+        cJSON_AddStringToObject(b, "memory",
+                                "cache_bytes: the hybrid cache for context + decode tokens; "
+                                "weight_bytes: the flat weights on the device; peak_rss_bytes: the "
+                                "process's peak resident memory so far (host)");
     }
     for (int i = 0; rc == 0 && i < n_lens; i++) {
         ev_bench_t bp;
@@ -545,8 +555,10 @@ static int bench_model(const char *device, const char *path, long chunk, const i
                n_decode ? 1000 * bp.decode_s / (double)n_decode : 0, bp.cache_bytes / 1048576.0);
         fflush(stdout);
     }
-    if (rc == 0) *out = r;
-    else cJSON_Delete(r);
+    if (rc == 0)
+        *out = r;
+    else
+        cJSON_Delete(r);
     unload(&l);
     return rc;
 }

@@ -73,7 +73,8 @@ static int choices_gold(const cJSON *row, const char **ch, int *n, int *gold) {
         ch[(*n)++] = c->valuestring;
     }
     TRY(int_field(row, "gold", gold));
-    if (*gold < 0 || *gold >= *n) return err_set(ERR_INPUT, "field 'gold': %d is not a choice index (%d choices)", *gold, *n);
+    if (*gold < 0 || *gold >= *n)
+        return err_set(ERR_INPUT, "field 'gold': %d is not a choice index (%d choices)", *gold, *n);
     return 0;
 }
 
@@ -117,15 +118,20 @@ static int build_copa(const cJSON *row, ev_doc_t *d) {
     if (!q) return err_set(ERR_INPUT, "field 'query': expected a string");
     size_t l = strlen(q);
     const char *conn = NULL;
-    if (l > 9 && !strcmp(q + l - 9, ", because")) conn = " because";
-    else if (l > 11 && !strcmp(q + l - 11, ", therefore")) conn = " therefore";
-    if (!conn) return err_set(ERR_INPUT, "field 'query': expected a premise ending in \", because\" or \", therefore\"");
+    if (l > 9 && !strcmp(q + l - 9, ", because"))
+        conn = " because";
+    else if (l > 11 && !strcmp(q + l - 11, ", therefore"))
+        conn = " therefore";
+    if (!conn)
+        return err_set(ERR_INPUT, "field 'query': expected a premise ending in \", because\" or \", therefore\"");
     TRY(choices_gold(row, ch, &n, &d->gold));
     char *lowered[8] = {0};
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        if (!(lowered[i] = strdup(ch[i]))) rc = err_set(ERR_NOMEM, "out of memory");
-        else if (lowered[i][0] >= 'A' && lowered[i][0] <= 'Z') lowered[i][0] += 32;
+        if (!(lowered[i] = strdup(ch[i])))
+            rc = err_set(ERR_NOMEM, "out of memory");
+        else if (lowered[i][0] >= 'A' && lowered[i][0] <= 'Z')
+            lowered[i][0] += 32;
     }
     if (rc == 0) rc = set_choices(d, catn(q, l - strlen(conn) - 1, conn), (const char *const *)lowered, n);
     for (int i = 0; i < n; i++)
@@ -153,7 +159,8 @@ static int build_siqa(const cJSON *row, ev_doc_t *d) {
     TRY(choices_gold(row, ch, &n, &gold));
     if (nl != 4 + n || !has_prefix(lines[0], "Context: ") || !has_prefix(lines[1], "Question: ") ||
         strncmp(lines[2], "Choices:", lens[2]) || strcmp(lines[nl - 1], "Answer:"))
-        return err_set(ERR_INPUT, "field 'query': expected Context / Question / Choices / %d answers / Answer lines", n);
+        return err_set(ERR_INPUT, "field 'query': expected Context / Question / Choices / %d answers / Answer lines",
+                       n);
     strbuf_t b = {0};
     strbuf_puts(&b, "Q: ");
     strbuf_putn(&b, lines[0] + 9, lens[0] - 9);
@@ -170,8 +177,10 @@ static int build_siqa(const cJSON *row, ev_doc_t *d) {
             rc = err_set(ERR_NOMEM, "out of memory");
     }
     d->gold = gold;
-    if (rc == 0) rc = set_choices(d, b.s, (const char *const *)answers, n);
-    else free(b.s);
+    if (rc == 0)
+        rc = set_choices(d, b.s, (const char *const *)answers, n);
+    else
+        free(b.s);
     for (int i = 0; i < n; i++)
         free(answers[i]);
     return rc;
@@ -314,8 +323,8 @@ int ev_encode(const tok_t *tok, int flags, const char *text, int32_t **ids, int 
     return 0;
 }
 
-int ev_encode_pair(const tok_t *tok, int flags, int32_t prefix_id, const char *ctx, const char *cont,
-                   int32_t **ctx_ids, int *n_ctx, int32_t **cont_ids, int *n_cont) {
+int ev_encode_pair(const tok_t *tok, int flags, int32_t prefix_id, const char *ctx, const char *cont, int32_t **ctx_ids,
+                   int *n_ctx, int32_t **cont_ids, int *n_cont) {
     *ctx_ids = *cont_ids = NULL;
     if (!ctx[0]) { // lm-eval: the prefix token stands for the empty context
         TRY(tok_encode_ex(tok, cont, strlen(cont), flags & TOK_SPECIAL, cont_ids, n_cont));
@@ -347,8 +356,10 @@ int ev_encode_pair(const tok_t *tok, int flags, int32_t prefix_id, const char *c
     if (rc == 0) {
         *n_cont = nw - *n_ctx;
         *cont_ids = malloc(((size_t)*n_cont + 1) * sizeof(int32_t));
-        if (!*cont_ids) rc = err_set(ERR_NOMEM, "out of memory");
-        else memcpy(*cont_ids, w + *n_ctx, (size_t)*n_cont * sizeof(int32_t));
+        if (!*cont_ids)
+            rc = err_set(ERR_NOMEM, "out of memory");
+        else
+            memcpy(*cont_ids, w + *n_ctx, (size_t)*n_cont * sizeof(int32_t));
     }
     free(w);
     if (rc < 0) {
@@ -498,11 +509,12 @@ static int score_doc(ev_lm_t *lm, const ev_task_t *t, const ev_doc_t *d, const e
             if (done[j] || strcmp(d->ctx[j], d->ctx[i])) continue;
             int32_t *cx;
             int ncx;
-            rc = ev_encode_pair(lm->tok, cfg->flags, lm->prefix_id, d->ctx[j], d->cont[j], &cx, &ncx, &cids[m],
-                                &nc[m]);
+            rc = ev_encode_pair(lm->tok, cfg->flags, lm->prefix_id, d->ctx[j], d->cont[j], &cx, &ncx, &cids[m], &nc[m]);
             if (rc < 0) break;
-            if (!ctx) ctx = cx, nctx = ncx;
-            else free(cx); // the same context encodes the same
+            if (!ctx)
+                ctx = cx, nctx = ncx;
+            else
+                free(cx); // the same context encodes the same
             members[m++] = j, done[j] = 1;
         }
         ev_span_t spans[8];
@@ -570,8 +582,10 @@ int ev_task_run(ev_lm_t *lm, const ev_task_t *t, cJSON **rows, int n_rows, const
         } else if (rc == 0) {
             int p, pn;
             ev_mc_decide(ll, d.norm_len, d.n, &p, &pn);
-            if (t->kind == EV_LASTWORD) a[i] = greedy[0], lls[i] = ll[0];
-            else a[i] = p == d.gold, an[i] = pn == d.gold;
+            if (t->kind == EV_LASTWORD)
+                a[i] = greedy[0], lls[i] = ll[0];
+            else
+                a[i] = p == d.gold, an[i] = pn == d.gold;
             if (o) {
                 cJSON_AddItemToObject(o, "ctx", cJSON_CreateStringArray((const char *const *)d.ctx, d.n));
                 cJSON_AddItemToObject(o, "cont", cJSON_CreateStringArray((const char *const *)d.cont, d.n));
@@ -586,8 +600,10 @@ int ev_task_run(ev_lm_t *lm, const ev_task_t *t, cJSON **rows, int n_rows, const
             }
         }
         if (o && trunc) cJSON_AddBoolToObject(o, "truncated", 1);
-        if (open && o) json_line(&af, &rc, o);
-        else cJSON_Delete(o);
+        if (open && o)
+            json_line(&af, &rc, o);
+        else
+            cJSON_Delete(o);
         free(gen.text);
         ev_doc_free(&d);
         ev_progress_add(&pg, 1);
@@ -610,8 +626,10 @@ int ev_task_run(ev_lm_t *lm, const ev_task_t *t, cJSON **rows, int n_rows, const
         }
     }
     if (open) {
-        if (rc == 0) rc = fs_atomic_commit(&af);
-        else fs_atomic_abort(&af);
+        if (rc == 0)
+            rc = fs_atomic_commit(&af);
+        else
+            fs_atomic_abort(&af);
     }
     free(a), free(an), free(lls);
     return rc;

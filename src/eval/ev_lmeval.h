@@ -53,8 +53,8 @@ int ev_bos_flags(const char *policy);
 // whole and split at the context's own token count. always_bos: prepend BOS
 // to the context when the tokenizer has one and it is not there. An empty
 // context becomes [prefix_id] and the continuation is encoded alone.
-int ev_encode_pair(const tok_t *tok, int flags, int32_t prefix_id, const char *ctx, const char *cont,
-                   int32_t **ctx_ids, int *n_ctx, int32_t **cont_ids, int *n_cont);
+int ev_encode_pair(const tok_t *tok, int flags, int32_t prefix_id, const char *ctx, const char *cont, int32_t **ctx_ids,
+                   int *n_ctx, int32_t **cont_ids, int *n_cont);
 // Encodes text with the policy's flags (BOS prepended for "always").
 int ev_encode(const tok_t *tok, int flags, const char *text, int32_t **ids, int *n);
 enum { EV_TOK_ALWAYS_BOS = 1 << 8 }; // added to the tok flags by ev_bos_flags("always")
@@ -74,17 +74,17 @@ typedef struct {
     int n;         // documents scored
     int truncated; // documents whose input the model saw left-truncated
     double acc, acc_stderr, acc_norm, acc_norm_stderr;
-    double perplexity;                          // LAMBADA: exp(-mean ll)
-    double em_strict, em_strict_stderr;         // GSM8K
-    double em_flexible, em_flexible_stderr;     // GSM8K
-    int64_t gen_tokens;                         // GSM8K: tokens generated
+    double perplexity;                      // LAMBADA: exp(-mean ll)
+    double em_strict, em_strict_stderr;     // GSM8K
+    double em_flexible, em_flexible_stderr; // GSM8K
+    int64_t gen_tokens;                     // GSM8K: tokens generated
     double seconds;
 } ev_task_result_t;
 
 typedef struct {
-    int flags;       // tokenizer flags (ev_bos_flags)
-    int limit;       // first N documents (0 = all)
-    int max_gen;     // GSM8K max_gen_toks (256)
+    int flags;                // tokenizer flags (ev_bos_flags)
+    int limit;                // first N documents (0 = all)
+    int max_gen;              // GSM8K max_gen_toks (256)
     const char *samples_path; // per-document JSONL written here (NULL: none)
 } ev_task_cfg_t;
 

@@ -40,8 +40,7 @@ static double row_logprob(const float *x, int V, int32_t tok, int *is_max) {
     return (double)x[tok] - mx - log(z);
 }
 
-static int impl_loglik(ev_lm_t *lm, const int32_t *ctx, int n_ctx, const ev_span_t *conts, int n_conts,
-                       ev_ll_t *out) {
+static int impl_loglik(ev_lm_t *lm, const int32_t *ctx, int n_ctx, const ev_span_t *conts, int n_conts, ev_ll_t *out) {
     impl_t *im = lm->impl;
     model_t *m = im->m;
     int V = m->a.V, L = lm->max_len;
@@ -261,8 +260,8 @@ void ev_model_info(const ev_lm_t *lm, ev_model_info_t *info) {
     memset(info, 0, sizeof *info);
     snprintf(info->arch, sizeof info->arch, "%s", a->model_type);
     snprintf(info->backend, sizeof info->backend, "%s", im->m->be->name);
-    snprintf(info->mixers, sizeof info->mixers, "attention %d, MLA %d, GDN %d, Mamba-2 %d",
-             arch_count(a, LAYER_ATTN), arch_count(a, LAYER_MLA), arch_count(a, LAYER_GDN), arch_count(a, LAYER_M2));
+    snprintf(info->mixers, sizeof info->mixers, "attention %d, MLA %d, GDN %d, Mamba-2 %d", arch_count(a, LAYER_ATTN),
+             arch_count(a, LAYER_MLA), arch_count(a, LAYER_GDN), arch_count(a, LAYER_M2));
     info->params = ptable_count(&im->m->pt);
     info->n_layers = a->n_layers, info->V = a->V, info->max_pos = a->max_pos;
 }

@@ -30,7 +30,7 @@ int64_t ev_strided_windows(int64_t n, int Lw, int stride, ev_window_t *out, int6
 int ev_ppl_doc(ev_lm_t *lm, const int32_t *ids, int64_t n, const ev_window_t *w, int64_t nw, double *ll);
 
 typedef struct {
-    double ll;                        // sum over documents, nats
+    double ll; // sum over documents, nats
     int64_t tokens, words, bytes, docs, windows;
 } ev_ppl_sums_t;
 // Token, word and byte perplexity and bits per byte of the pooled sums.

@@ -9,8 +9,10 @@
 
 static void fmt_time(char *out, size_t cap, double s) {
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(out, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else snprintf(out, cap, "%ldm%02lds", t / 60, t % 60);
+    if (t >= 3600)
+        snprintf(out, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else
+        snprintf(out, cap, "%ldm%02lds", t / 60, t % 60);
 }
 
 static void draw(ev_progress_t *p, int final) {

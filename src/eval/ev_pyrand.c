@@ -77,14 +77,17 @@ void ev_py_getrandbits128(ev_mt_t *r, uint64_t *lo, uint64_t *hi) {
 
 uint64_t ev_py_randbelow(ev_mt_t *r, uint64_t n) {
     int k = 0;
-    while (k < 64 && (n >> k)) k++; // bit_length
+    while (k < 64 && (n >> k))
+        k++; // bit_length
     uint64_t v = ev_py_getrandbits(r, k);
     while (v >= n)
         v = ev_py_getrandbits(r, k);
     return v;
 }
 
-int64_t ev_py_randint(ev_mt_t *r, int64_t a, int64_t b) { return a + (int64_t)ev_py_randbelow(r, (uint64_t)(b - a + 1)); }
+int64_t ev_py_randint(ev_mt_t *r, int64_t a, int64_t b) {
+    return a + (int64_t)ev_py_randbelow(r, (uint64_t)(b - a + 1));
+}
 
 size_t ev_py_choices_index(ev_mt_t *r, size_t n) { return (size_t)floor(ev_py_random(r) * (double)n); }
 
@@ -155,8 +158,8 @@ int64_t ev_np_randint(ev_mt_t *r, int64_t low, int64_t high) {
 void ev_py_uuid4(ev_mt_t *r, char *out) {
     uint64_t lo, hi;
     ev_py_getrandbits128(r, &lo, &hi);
-    lo &= ~(0xc000ull << 48), lo |= 0x8000ull << 48;          // variant bits 63..62 = 10
-    hi &= ~(0xf000ull << 0), hi |= 0x4000ull;                   // version bits 79..76 = 0100
+    lo &= ~(0xc000ull << 48), lo |= 0x8000ull << 48; // variant bits 63..62 = 10
+    hi &= ~(0xf000ull << 0), hi |= 0x4000ull;        // version bits 79..76 = 0100
     snprintf(out, 37, "%08x-%04x-%04x-%04x-%012llx", (unsigned)(hi >> 32), (unsigned)((hi >> 16) & 0xffff),
              (unsigned)(hi & 0xffff), (unsigned)(lo >> 48), (unsigned long long)(lo & 0xffffffffffffull));
 }

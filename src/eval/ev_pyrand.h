@@ -19,13 +19,13 @@ void ev_py_seed(ev_mt_t *r, uint64_t seed);
 void ev_np_seed(ev_mt_t *r, uint32_t seed);
 uint32_t ev_mt_u32(ev_mt_t *r);
 
-double ev_py_random(ev_mt_t *r);              // random()
+double ev_py_random(ev_mt_t *r);               // random()
 uint64_t ev_py_getrandbits(ev_mt_t *r, int k); // getrandbits(k), 1 <= k <= 64
 // getrandbits(128): the low and high 64 bits.
 void ev_py_getrandbits128(ev_mt_t *r, uint64_t *lo, uint64_t *hi);
-uint64_t ev_py_randbelow(ev_mt_t *r, uint64_t n);          // _randbelow(n), n >= 1
-int64_t ev_py_randint(ev_mt_t *r, int64_t a, int64_t b);    // randint(a, b), inclusive
-size_t ev_py_choices_index(ev_mt_t *r, size_t n);           // one draw of choices(pop) over n items
+uint64_t ev_py_randbelow(ev_mt_t *r, uint64_t n);        // _randbelow(n), n >= 1
+int64_t ev_py_randint(ev_mt_t *r, int64_t a, int64_t b); // randint(a, b), inclusive
+size_t ev_py_choices_index(ev_mt_t *r, size_t n);        // one draw of choices(pop) over n items
 // shuffle(x) over n elements of `size` bytes each.
 void ev_py_shuffle(ev_mt_t *r, void *x, size_t n, size_t size);
 // sample(range(n), k) into out[k] (the indices sample(pop, k) would take

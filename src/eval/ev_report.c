@@ -33,9 +33,7 @@ static const char *str(const cJSON *o, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static const cJSON *obj(const cJSON *o, const char *key) {
-    return o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
-}
+static const cJSON *obj(const cJSON *o, const char *key) { return o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL; }
 
 // A "nice" step for about n ticks over [0, span].
 static double nice_step(double span, int n) {
@@ -45,8 +43,10 @@ static double nice_step(double span, int n) {
 }
 
 static void fmt_num(char *out, size_t cap, double v) {
-    if (fabs(v) >= 1e6 || (fabs(v) < 1e-3 && v != 0)) snprintf(out, cap, "%.3g", v);
-    else snprintf(out, cap, "%g", round(v * 1000) / 1000);
+    if (fabs(v) >= 1e6 || (fabs(v) < 1e-3 && v != 0))
+        snprintf(out, cap, "%.3g", v);
+    else
+        snprintf(out, cap, "%g", round(v * 1000) / 1000);
 }
 
 // ---- grouped bars: n groups x s series, values in [0, ymax], optional errors ----
@@ -59,7 +59,9 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
                      const bar_series_t *s, int ns, double ymax) {
     int W = 140 + n * (ns * 22 + 18), H = 320 + 16 * ns, x0 = 60, y0 = 40, ph = 200;
     if (W < 420) W = 420;
-    ev_putf(b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n", W, H);
+    ev_putf(b,
+            "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
+            W, H);
     ev_putf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
     esc(b, title);
     strbuf_puts(b, "</text>\n");
@@ -68,7 +70,9 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
         double y = y0 + ph - t / ymax * ph;
         char lab[32];
         fmt_num(lab, sizeof lab, t);
-        ev_putf(b, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' text-anchor='end'>%s</text>\n",
+        ev_putf(b,
+                "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
+                "text-anchor='end'>%s</text>\n",
                 x0, W - 10, y, y, x0 - 4, y + 4, lab);
     }
     ev_putf(b, "<text transform='translate(14,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
@@ -87,7 +91,8 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
             double e = s[k].err[g];
             if (!isnan(e) && e > 0) {
                 double ya = y0 + ph - fmin(v + e, ymax) / ymax * ph, yb = y0 + ph - fmax(v - e, 0) / ymax * ph;
-                ev_putf(b, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#222'/>\n", gx + k * 22 + 10, gx + k * 22 + 10, ya, yb);
+                ev_putf(b, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#222'/>\n", gx + k * 22 + 10,
+                        gx + k * 22 + 10, ya, yb);
             }
         }
         ev_putf(b, "<text transform='translate(%d,%d) rotate(35)'>", gx + 4, y0 + ph + 12);
@@ -97,8 +102,8 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
     ev_putf(b, "<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='#444'/>\n", x0, W - 10, y0 + ph, y0 + ph);
     for (int k = 0; k < ns; k++) {
         int ly = H - 16 * (ns - k) - 4;
-        ev_putf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10, ly, palette[k % 6],
-                x0 + 28, ly + 10);
+        ev_putf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10, ly,
+                palette[k % 6], x0 + 28, ly + 10);
         esc(b, s[k].name);
         strbuf_puts(b, "</text>\n");
     }
@@ -127,7 +132,9 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
     if (ymax == ymin) ymax = ymin + 1;
     double ys = nice_step(ymax - ymin, 5);
     ymin = floor(ymin / ys) * ys, ymax = ceil(ymax / ys) * ys;
-    ev_putf(b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n", W, H);
+    ev_putf(b,
+            "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
+            W, H);
     ev_putf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
     esc(b, title);
     strbuf_puts(b, "</text>\n");
@@ -135,16 +142,22 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
         double y = y0 + ph - (t - ymin) / (ymax - ymin) * ph;
         char lab[32];
         fmt_num(lab, sizeof lab, t);
-        ev_putf(b, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' text-anchor='end'>%s</text>\n",
+        ev_putf(b,
+                "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
+                "text-anchor='end'>%s</text>\n",
                 x0, x0 + pw, y, y, x0 - 4, y + 4, lab);
     }
     if (logx) {
         for (double e = ceil(xmin); e <= xmax + 1e-9; e++) {
             double x = x0 + (e - xmin) / (xmax - xmin) * pw, v = pow(2, e);
             char lab[32];
-            if (v >= 1024) snprintf(lab, sizeof lab, "%gK", v / 1024);
-            else fmt_num(lab, sizeof lab, v);
-            ev_putf(b, "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' text-anchor='middle'>%s</text>\n",
+            if (v >= 1024)
+                snprintf(lab, sizeof lab, "%gK", v / 1024);
+            else
+                fmt_num(lab, sizeof lab, v);
+            ev_putf(b,
+                    "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
+                    "text-anchor='middle'>%s</text>\n",
                     x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
         }
     } else {
@@ -153,7 +166,9 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
             double x = x0 + (t - xmin) / (xmax - xmin) * pw;
             char lab[32];
             fmt_num(lab, sizeof lab, t);
-            ev_putf(b, "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' text-anchor='middle'>%s</text>\n",
+            ev_putf(b,
+                    "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
+                    "text-anchor='middle'>%s</text>\n",
                     x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
         }
     }
@@ -171,7 +186,8 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
             ev_putf(&pts, "%.1f,%.1f ", x, y);
             if (s[k].n <= 40) ev_putf(b, "<circle cx='%.1f' cy='%.1f' r='3' fill='%s'/>\n", x, y, palette[k % 6]);
         }
-        ev_putf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>\n", palette[k % 6], pts.s ? pts.s : "");
+        ev_putf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>\n", palette[k % 6],
+                pts.s ? pts.s : "");
         free(pts.s);
         ev_putf(b, "<rect x='%d' y='%d' width='12' height='3' fill='%s'/><text x='%d' y='%d'>", x0 + 10 + (k % 2) * 230,
                 H - 30 + (k / 2) * 14, palette[k % 6], x0 + 26 + (k % 2) * 230, H - 25 + (k / 2) * 14);
@@ -185,7 +201,9 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
 static void svg_heatmap(strbuf_t *b, const char *title, const char *const *rows, int nr, const char *const *cols,
                         int nc, const double *v) {
     int cw = 64, chh = 24, x0 = 130, y0 = 50, W = x0 + nc * cw + 20, H = y0 + nr * chh + 30;
-    ev_putf(b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n", W, H);
+    ev_putf(b,
+            "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
+            W, H);
     ev_putf(b, "<text x='10' y='18' font-size='14' font-weight='bold'>");
     esc(b, title);
     strbuf_puts(b, "</text>\n");
@@ -202,12 +220,16 @@ static void svg_heatmap(strbuf_t *b, const char *title, const char *const *rows,
             double x = v[r * nc + c];
             int px = x0 + c * cw, py = y0 + r * chh;
             if (isnan(x)) {
-                ev_putf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='#eee' stroke='#fff'/><text x='%d' y='%d' text-anchor='middle' fill='#999'>n/a</text>\n",
+                ev_putf(b,
+                        "<rect x='%d' y='%d' width='%d' height='%d' fill='#eee' stroke='#fff'/><text x='%d' y='%d' "
+                        "text-anchor='middle' fill='#999'>n/a</text>\n",
                         px, py, cw, chh, px + cw / 2, py + 16);
                 continue;
             }
             double t = fmax(0, fmin(100, x)) / 100; // red (0) -> yellow -> green (100)
-            ev_putf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='hsl(%.0f,65%%,%.0f%%)' stroke='#fff'/><text x='%d' y='%d' text-anchor='middle'>%.1f</text>\n",
+            ev_putf(b,
+                    "<rect x='%d' y='%d' width='%d' height='%d' fill='hsl(%.0f,65%%,%.0f%%)' stroke='#fff'/><text "
+                    "x='%d' y='%d' text-anchor='middle'>%.1f</text>\n",
                     px, py, cw, chh, 120 * t, 55 + 10 * (1 - fabs(t - 0.5) * 2), px + cw / 2, py + 16, x);
         }
     }
@@ -258,18 +280,23 @@ static void section_short(strbuf_t *b, const cJSON *r, const cJSON *a) {
         labels[n] = t->string;
         s[0].v[n] = v, s[0].err[n] = e;
         s[1].v[n] = va, s[1].err[n] = at ? 100 * num(at, se, NAN) : NAN;
-        ev_putf(b, "<tr><td>%s</td><td>%d</td><td>%s</td><td>%.2f &plusmn; %.2f</td>", t->string, (int)num(t, "n", 0), h, v, e);
+        ev_putf(b, "<tr><td>%s</td><td>%d</td><td>%s</td><td>%.2f &plusmn; %.2f</td>", t->string, (int)num(t, "n", 0),
+                h, v, e);
         if (a) {
-            if (isnan(va)) strbuf_puts(b, "<td>&mdash;</td>");
-            else ev_putf(b, "<td>%.2f (n=%d)</td>", va, (int)num(at, "n", 0));
+            if (isnan(va))
+                strbuf_puts(b, "<td>&mdash;</td>");
+            else
+                ev_putf(b, "<td>%.2f (n=%d)</td>", va, (int)num(at, "n", 0));
         }
         strbuf_puts(b, "<td>");
         static const char *others[] = {"acc", "acc_norm", "exact_match_strict", "exact_match_flexible", "perplexity"};
         for (size_t k = 0; k < sizeof others / sizeof *others; k++) {
             double x = num(t, others[k], NAN);
             if (isnan(x) || !strcmp(others[k], h)) continue;
-            if (!strcmp(others[k], "perplexity")) ev_putf(b, "%s %.3f; ", others[k], x);
-            else ev_putf(b, "%s %.2f; ", others[k], 100 * x);
+            if (!strcmp(others[k], "perplexity"))
+                ev_putf(b, "%s %.3f; ", others[k], x);
+            else
+                ev_putf(b, "%s %.2f; ", others[k], 100 * x);
         }
         if (num(t, "truncated", 0) > 0) ev_putf(b, "<b>%d truncated</b>", (int)num(t, "truncated", 0));
         strbuf_puts(b, "</td></tr>\n");
@@ -309,8 +336,10 @@ static void ruler_heat(strbuf_t *b, const cJSON *ru, const char *title) {
     ruler_grid(ru, rows, &nr, cols, &nc, lens);
     if (!nr || !nc) return;
     for (int c = 0; c < nc; c++) {
-        if (lens[c] >= 1024 && lens[c] % 1024 == 0) snprintf(colbuf[c], 16, "%dK", lens[c] / 1024);
-        else snprintf(colbuf[c], 16, "%d", lens[c]);
+        if (lens[c] >= 1024 && lens[c] % 1024 == 0)
+            snprintf(colbuf[c], 16, "%dK", lens[c] / 1024);
+        else
+            snprintf(colbuf[c], 16, "%d", lens[c]);
         cols[c] = colbuf[c];
     }
     double v[34 * 16];
@@ -335,8 +364,9 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
     if (!ru) return;
     strbuf_puts(b, "<h2>RULER</h2>\n");
     const cJSON *l0 = cJSON_GetArrayItem(cJSON_GetArrayItem(obj(ru, "scores"), 0), 0);
-    ev_putf(b, "<p>%d samples per task and length; scores are RULER's string match (0&ndash;100), the average is "
-               "the unweighted mean over the tasks that ran.</p>\n",
+    ev_putf(b,
+            "<p>%d samples per task and length; scores are RULER's string match (0&ndash;100), the average is "
+            "the unweighted mean over the tasks that ran.</p>\n",
             (int)num(l0, "n", 0));
     const cJSON *miss = obj(ru, "missing"), *m;
     if (miss && cJSON_GetArraySize(miss)) {
@@ -369,14 +399,17 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
     if (ns) svg_lines(b, "RULER average by context length", "context length (tokens)", "average score", s, ns, 1);
     double avg = num(ru, "average", NAN);
     if (!isnan(avg)) ev_putf(b, "<p>Average over lengths: <b>%.2f</b>%s</p>\n", avg, a && obj(ra, "average") ? "" : "");
-    if (ra && !isnan(num(ra, "average", NAN))) ev_putf(b, "<p>Teacher average over lengths: <b>%.2f</b></p>\n", num(ra, "average", NAN));
+    if (ra && !isnan(num(ra, "average", NAN)))
+        ev_putf(b, "<p>Teacher average over lengths: <b>%.2f</b></p>\n", num(ra, "average", NAN));
 }
 
 static void ppl_row(strbuf_t *b, const char *who, const char *kind, const cJSON *p) {
     if (!p) return;
-    ev_putf(b, "<tr><td>%s</td><td>%s</td><td>%d</td><td>%d</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td></tr>\n",
-            who, kind, (int)num(p, "docs", 0), (int)num(p, "tokens", 0), num(p, "token_perplexity", NAN),
-            num(p, "word_perplexity", NAN), num(p, "byte_perplexity", NAN), num(p, "bits_per_byte", NAN));
+    ev_putf(
+        b,
+        "<tr><td>%s</td><td>%s</td><td>%d</td><td>%d</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td></tr>\n",
+        who, kind, (int)num(p, "docs", 0), (int)num(p, "tokens", 0), num(p, "token_perplexity", NAN),
+        num(p, "word_perplexity", NAN), num(p, "byte_perplexity", NAN), num(p, "bits_per_byte", NAN));
 }
 
 static void section_ppl(strbuf_t *b, const cJSON *r, const cJSON *a) {
@@ -481,7 +514,8 @@ int ev_report_html(const cJSON *r, const cJSON *a, char **html) {
     ev_putf(&b, "<tr><th>model</th><td>");
     esc(&b, model_name(r));
     ev_putf(&b, " (%s; %s; %.1fM parameters; %s backend)</td></tr>\n", str(m, "arch") ? str(m, "arch") : "?",
-            str(m, "mixers") ? str(m, "mixers") : "?", num(m, "params", 0) / 1e6, str(m, "backend") ? str(m, "backend") : "?");
+            str(m, "mixers") ? str(m, "mixers") : "?", num(m, "params", 0) / 1e6,
+            str(m, "backend") ? str(m, "backend") : "?");
     if (a) {
         ev_putf(&b, "<tr><th>teacher</th><td>");
         esc(&b, model_name(a));
@@ -534,7 +568,8 @@ int ev_read_metrics(const char *path, cJSON **out) {
             cJSON *arr = cJSON_GetObjectItemCaseSensitive(ser, f->string);
             if (!arr) arr = cJSON_AddArrayToObject(ser, f->string);
             double pt[2] = {step->valuedouble, f->valuedouble};
-            if (!arr || !cJSON_AddItemToArray(arr, cJSON_CreateDoubleArray(pt, 2))) rc = err_set(ERR_NOMEM, "out of memory");
+            if (!arr || !cJSON_AddItemToArray(arr, cJSON_CreateDoubleArray(pt, 2)))
+                rc = err_set(ERR_NOMEM, "out of memory");
         }
     }
     ev_free_jsonl(rows, n);

@@ -101,8 +101,10 @@ static int build_key_clusters(ev_ruler_data_t *d) {
     int rc = 0;
     for (int i = 0; i < na && rc == 0; i++) {
         size_t l = strlen(d->adj_sorted[i]);
-        if (!(keys[i] = malloc(l + 2))) rc = err_set(ERR_NOMEM, "out of memory");
-        else memcpy(keys[i], d->adj_sorted[i], l), keys[i][l] = '-', keys[i][l + 1] = 0;
+        if (!(keys[i] = malloc(l + 2)))
+            rc = err_set(ERR_NOMEM, "out of memory");
+        else
+            memcpy(keys[i], d->adj_sorted[i], l), keys[i][l] = '-', keys[i][l + 1] = 0;
     }
     // order the adjectives by their keys (adj_sorted follows)
     int *ord = malloc(nal * sizeof *ord);
@@ -137,15 +139,19 @@ static int build_key_clusters(ev_ruler_data_t *d) {
                 for (int b = 0; b < nn && rc == 0; b++) {
                     size_t la = strlen(keys[ord[a]]), lb = strlen(d->noun_sorted[b]);
                     char *s = malloc(la + lb + 1);
-                    if (!s) rc = err_set(ERR_NOMEM, "out of memory");
-                    else memcpy(s, keys[ord[a]], la), memcpy(s + la, d->noun_sorted[b], lb + 1), c->strs[k++] = s;
+                    if (!s)
+                        rc = err_set(ERR_NOMEM, "out of memory");
+                    else
+                        memcpy(s, keys[ord[a]], la), memcpy(s + la, d->noun_sorted[b], lb + 1), c->strs[k++] = s;
                 }
             if (rc == 0) {
                 qsort(c->strs, (size_t)k, sizeof *c->strs, cmp_str);
                 int64_t u = 0;
                 for (int64_t q = 0; q < k; q++)
-                    if (!u || strcmp(c->strs[u - 1], c->strs[q])) c->strs[u++] = c->strs[q];
-                    else free(c->strs[q]);
+                    if (!u || strcmp(c->strs[u - 1], c->strs[q]))
+                        c->strs[u++] = c->strs[q];
+                    else
+                        free(c->strs[q]);
                 c->count = u;
             } else {
                 c->count = k;
@@ -166,13 +172,17 @@ void ev_ruler_word_key(const ev_ruler_data_t *d, int64_t i, char *out, size_t ca
     int lo = 0, hi = d->n_clusters - 1;
     while (lo < hi) { // the last cluster whose first <= i
         int mid = (lo + hi + 1) / 2;
-        if (d->clusters[mid].first <= i) lo = mid;
-        else hi = mid - 1;
+        if (d->clusters[mid].first <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const struct ev_key_cluster *c = &d->clusters[lo];
     int64_t j = i - c->first;
-    if (c->strs) snprintf(out, cap, "%s", c->strs[j]);
-    else snprintf(out, cap, "%s-%s", d->adj_sorted[c->adj], d->noun_sorted[j]);
+    if (c->strs)
+        snprintf(out, cap, "%s", c->strs[j]);
+    else
+        snprintf(out, cap, "%s-%s", d->adj_sorted[c->adj], d->noun_sorted[j]);
 }
 
 int ev_ruler_load_words(ev_ruler_data_t *d, const char *dir, uint64_t seed) {
@@ -294,8 +304,10 @@ static int finish_docs(ev_qa_t *q, ev_strs_t *all) {
     qsort(all->s, (size_t)all->n, sizeof *all->s, cmp_str);
     int k = 0;
     for (int i = 0; i < all->n; i++)
-        if (!k || strcmp(all->s[k - 1], all->s[i])) all->s[k++] = all->s[i];
-        else free(all->s[i]);
+        if (!k || strcmp(all->s[k - 1], all->s[i]))
+            all->s[k++] = all->s[i];
+        else
+            free(all->s[i]);
     q->docs = all->s, q->n_docs = k;
     all->s = NULL, all->n = 0;
     return 0;
@@ -345,8 +357,8 @@ int ev_ruler_load_squad(ev_ruler_data_t *d, const char *path) {
         const cJSON *pars = cJSON_GetObjectItemCaseSensitive(art, "paragraphs");
         int np = cJSON_GetArraySize(pars), *ids = calloc((size_t)(np ? np : 1), sizeof(int)), k = 0;
         if (rc == 0 && !ids) rc = err_set(ERR_NOMEM, "out of memory");
-        cJSON_ArrayForEach(par, pars) if (rc == 0) ids[k++] = doc_id(q->docs, q->n_docs,
-                                                                    cJSON_GetObjectItemCaseSensitive(par, "context")->valuestring);
+        cJSON_ArrayForEach(par, pars) if (rc == 0) ids[k++] =
+            doc_id(q->docs, q->n_docs, cJSON_GetObjectItemCaseSensitive(par, "context")->valuestring);
         int pi = 0;
         cJSON_ArrayForEach(par, pars) {
             cJSON_ArrayForEach(qa, cJSON_GetObjectItemCaseSensitive(par, "qas")) {
@@ -362,7 +374,8 @@ int ev_ruler_load_squad(ev_ruler_data_t *d, const char *path) {
                 struct ev_qa_item *it = &q->qas[q->n_qas - 1];
                 cJSON_ArrayForEach(an, cJSON_GetObjectItemCaseSensitive(qa, "answers")) {
                     const cJSON *t = cJSON_GetObjectItemCaseSensitive(an, "text");
-                    if (rc == 0 && cJSON_IsString(t)) rc = ev_strs_add(&it->outputs, t->valuestring, strlen(t->valuestring));
+                    if (rc == 0 && cJSON_IsString(t))
+                        rc = ev_strs_add(&it->outputs, t->valuestring, strlen(t->valuestring));
                 }
                 it->ctx = malloc(sizeof(int));
                 it->more = malloc((size_t)(np ? np : 1) * sizeof(int));
@@ -476,12 +489,12 @@ typedef struct {
     const ev_ruler_data_t *d;
     const ev_ruler_task_t *t;
     const ev_ruler_cfg_t *cfg;
-    ev_mt_t py, np;     // the global Python and numpy streams
-    char **cwe_pool;    // the CWE pool shuffled with Random(seed)
-    char *vt_icl;       // VT's one-shot example
+    ev_mt_t py, np;  // the global Python and numpy streams
+    char **cwe_pool; // the CWE pool shuffled with Random(seed)
+    char *vt_icl;    // VT's one-shot example
     int vt_icl_tokens;
-    int icl_build;      // building VT's example: 3-letter names, value 12345, bare template
-    int qa_index;       // the question a QA sample asks
+    int icl_build; // building VT's example: 3-letter names, value 12345, bare template
+    int qa_index;  // the question a QA sample asks
 } gen_t;
 
 static int count_tokens(const gen_t *g, const char *s, int *n) {
@@ -517,13 +530,17 @@ static void fill(strbuf_t *b, const char *tmpl, const char *const *names, const 
 
 static void random_value(gen_t *g, ev_keytype_t type, char *out, size_t cap) {
     switch (type) {
-    case EV_KEY_WORDS: ev_ruler_word_key(g->d, (int64_t)ev_py_randbelow(&g->py, (uint64_t)g->d->n_keys), out, cap); break;
+    case EV_KEY_WORDS:
+        ev_ruler_word_key(g->d, (int64_t)ev_py_randbelow(&g->py, (uint64_t)g->d->n_keys), out, cap);
+        break;
     case EV_KEY_NUMBERS: snprintf(out, cap, "%lld", (long long)ev_py_randint(&g->py, 1000000, 9999999)); break;
     case EV_KEY_UUIDS: ev_py_uuid4(&g->py, out); break;
     }
 }
 
-static const char *type_word(ev_keytype_t t) { return t == EV_KEY_WORDS ? "words" : t == EV_KEY_NUMBERS ? "numbers" : "uuids"; }
+static const char *type_word(ev_keytype_t t) {
+    return t == EV_KEY_WORDS ? "words" : t == EV_KEY_NUMBERS ? "numbers" : "uuids";
+}
 
 static void append_essay_words(const ev_ruler_data_t *d, int64_t n, strbuf_t *b) {
     for (int64_t i = 0; i < n; i++) {
@@ -533,7 +550,9 @@ static void append_essay_words(const ev_ruler_data_t *d, int64_t n, strbuf_t *b)
     }
 }
 
-static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+static int cmp_int(const void *a, const void *b) {
+    return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
 static int cmp_i64_desc(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x < y) - (x > y);
@@ -694,8 +713,10 @@ static int build_vt(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
     int total = n + need, c = 0;
     for (int i = 0; i < total; i++) {
         if (i) strbuf_puts(&ctx, "\n");
-        if (c < need && i == pos[c] + c) strbuf_puts(&ctx, chain[c++]);
-        else strbuf_puts(&ctx, noise_sentence);
+        if (c < need && i == pos[c] + c)
+            strbuf_puts(&ctx, chain[c++]);
+        else
+            strbuf_puts(&ctx, noise_sentence);
     }
     if (ctx.oom || !ctx.s) {
         free(ctx.s);
@@ -719,8 +740,10 @@ static int build_vt(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
 // common_words_extraction.py get_example: "1. w 2. w ..." and the common words.
 static int cwe_example(gen_t *g, int n, int cr, int ur, strbuf_t *ctx, char **common) {
     if (n > g->d->n_cwe)
-        return err_set(ERR_UNSUP, "cwe: %d distinct words needed, the word pool has %d (RULER then draws from "
-                                  "english_words.json, which is not available)", n, g->d->n_cwe);
+        return err_set(ERR_UNSUP,
+                       "cwe: %d distinct words needed, the word pool has %d (RULER then draws from "
+                       "english_words.json, which is not available)",
+                       n, g->d->n_cwe);
     int64_t *idx = malloc((size_t)n * sizeof *idx);
     int len = 10 * cr + (n - 10) * ur;
     char **list = malloc((size_t)(len ? len : 1) * sizeof *list);
@@ -903,7 +926,8 @@ static int build_qa(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
         } else {
             int64_t sel[4096];
             int want = n - it->n_ctx;
-            if (want > 4096 || ev_py_sample(&g->py, it->n_more, want, sel) < 0) rc = err_set(ERR_NOMEM, "out of memory");
+            if (want > 4096 || ev_py_sample(&g->py, it->n_more, want, sel) < 0)
+                rc = err_set(ERR_NOMEM, "out of memory");
             for (int i = 0; rc == 0 && i < want; i++)
                 all[k++] = it->more[sel[i]];
         }
@@ -963,8 +987,10 @@ static int fit_length(gen_t *g, build_fn f, int inc, int probe, int extra, int m
         }
         rc = build_count(g, f, mid, &text, &outs, &tokens);
         if (rc < 0) break;
-        if (tokens + extra <= max_len) found = mid, lo = mid + 1;
-        else hi = mid - 1;
+        if (tokens + extra <= max_len)
+            found = mid, lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     free(text.s);
     ev_strs_free(&outs);
@@ -1098,8 +1124,10 @@ static int generate_fwe(gen_t *g, ev_ruler_sample_t *out) {
         } else {
             while (rc == 0 && tokens > L) {
                 ns -= inc;
-                if (ns <= 0) rc = err_set(ERR_INPUT, "fwe: no text fits %d tokens", L);
-                else if ((rc = fwe_text(g, &v, ns, &text)) == 0) rc = count_tokens(g, text.s, &tokens);
+                if (ns <= 0)
+                    rc = err_set(ERR_INPUT, "fwe: no text fits %d tokens", L);
+                else if ((rc = fwe_text(g, &v, ns, &text)) == 0)
+                    rc = count_tokens(g, text.s, &tokens);
             }
         }
         ev_strs_t outs = {0};

@@ -45,7 +45,7 @@ typedef struct {
         ev_strs_t outputs;
         int *ctx, n_ctx;   // gold paragraph(s)
         int *more, n_more; // the other paragraphs of the same article (SQuAD)
-    } *qas;
+    } * qas;
     int n_qas;
 } ev_qa_t;
 
@@ -58,9 +58,9 @@ typedef struct {
     struct ev_key_cluster {
         int64_t first; // index of its first key
         int64_t count;
-        int adj;        // single-adjective cluster: its adjective (index into adj_sorted)
-        char **strs;    // multi-adjective cluster: its keys, sorted and distinct
-    } *clusters;
+        int adj;     // single-adjective cluster: its adjective (index into adj_sorted)
+        char **strs; // multi-adjective cluster: its keys, sorted and distinct
+    } * clusters;
     int n_clusters;
     char **adj_sorted, **noun_sorted;
     int n_adj_u, n_noun_u;

@@ -54,8 +54,8 @@ static int run_short(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
             ev_free_jsonl(rows, n);
             return have_sp;
         }
-        ev_task_cfg_t tc = {.flags = flags, .limit = cfg->limit, .max_gen = cfg->max_gen,
-                            .samples_path = have_sp ? sp : NULL};
+        ev_task_cfg_t tc = {
+            .flags = flags, .limit = cfg->limit, .max_gen = cfg->max_gen, .samples_path = have_sp ? sp : NULL};
         ev_task_result_t r;
         int rc = ev_task_run(lm, t, rows, n, &tc, &r);
         ev_free_jsonl(rows, n);
@@ -157,7 +157,8 @@ static int run_ruler(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
     if (rc == 0 && need_hotpot && cfg->hotpot) rc = ev_ruler_load_hotpot(&d, cfg->hotpot);
     cJSON *r = rc == 0 ? cJSON_AddObjectToObject(out, "ruler") : NULL;
     if (rc == 0 && !r) rc = err_set(ERR_NOMEM, "out of memory");
-    cJSON *scores = r ? cJSON_AddObjectToObject(r, "scores") : NULL, *missing = r ? cJSON_AddObjectToObject(r, "missing") : NULL;
+    cJSON *scores = r ? cJSON_AddObjectToObject(r, "scores") : NULL,
+          *missing = r ? cJSON_AddObjectToObject(r, "missing") : NULL;
     int flags = ev_bos_flags(cfg->bos);
     ev_progress_t pg;
     int64_t total = 0;
@@ -209,10 +210,12 @@ static int run_ruler(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
                     strbuf_puts(&prompt, ss[s].answer_prefix);
                     int32_t *ids = NULL;
                     int n = 0;
-                    rc = prompt.oom ? err_set(ERR_NOMEM, "out of memory") : ev_encode(lm->tok, flags, prompt.s, &ids, &n);
+                    rc = prompt.oom ? err_set(ERR_NOMEM, "out of memory")
+                                    : ev_encode(lm->tok, flags, prompt.s, &ids, &n);
                     free(prompt.s);
                     ev_gen_t g = {0};
-                    int max_new = cfg->ruler_max_new > 0 && cfg->ruler_max_new < t->max_new ? cfg->ruler_max_new : t->max_new;
+                    int max_new =
+                        cfg->ruler_max_new > 0 && cfg->ruler_max_new < t->max_new ? cfg->ruler_max_new : t->max_new;
                     if (rc == 0) rc = lm->generate(lm, ids, n, max_new, NULL, 0, &g);
                     free(ids);
                     if (rc == 0) {
@@ -229,8 +232,10 @@ static int run_ruler(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
                 ev_progress_add(&pg, 1);
             }
             if (open) {
-                if (rc == 0) rc = fs_atomic_commit(&af);
-                else fs_atomic_abort(&af);
+                if (rc == 0)
+                    rc = fs_atomic_commit(&af);
+                else
+                    fs_atomic_abort(&af);
             }
             if (rc == 0) {
                 char key[16];
@@ -276,7 +281,8 @@ static int run_ruler(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
 
 static int list_texts(const char *path, ev_strs_t *out) {
     if (!fs_is_dir(path)) {
-        if (!fs_exists(path)) return err_set(ERR_INPUT, "perplexity: %s not found: expected a text file or a folder of .txt files", path);
+        if (!fs_exists(path))
+            return err_set(ERR_INPUT, "perplexity: %s not found: expected a text file or a folder of .txt files", path);
         return ev_strs_add(out, path, strlen(path));
     }
     struct dirent **ents;
@@ -323,7 +329,8 @@ static int run_ppl(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
     int L = cfg->ppl_max_len > 0 ? cfg->ppl_max_len : lm->max_len;
     if (rc == 0 && L > lm->max_len) rc = err_set(ERR_INPUT, "--ppl-len %d exceeds the model length %d", L, lm->max_len);
     int Lw = cfg->ppl_window > 0 ? cfg->ppl_window : L;
-    if (rc == 0 && cfg->ppl_stride > Lw) rc = err_set(ERR_INPUT, "--ppl-stride %d exceeds the window %d", cfg->ppl_stride, Lw);
+    if (rc == 0 && cfg->ppl_stride > Lw)
+        rc = err_set(ERR_INPUT, "--ppl-stride %d exceeds the window %d", cfg->ppl_stride, Lw);
     ev_ppl_sums_t roll = {0}, strd = {0};
     cJSON *o = rc == 0 ? cJSON_AddObjectToObject(out, "perplexity") : NULL;
     cJSON *per = o ? cJSON_AddArrayToObject(o, "files") : NULL;
@@ -331,7 +338,8 @@ static int run_ppl(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
     // tokenise first, to size the progress bar in windows
     int32_t **ids = calloc((size_t)(files.n ? files.n : 1), sizeof *ids);
     int *nt = calloc((size_t)(files.n ? files.n : 1), sizeof *nt);
-    int64_t *words = calloc((size_t)(files.n ? files.n : 1), sizeof *words), *bytes = calloc((size_t)(files.n ? files.n : 1), sizeof *bytes);
+    int64_t *words = calloc((size_t)(files.n ? files.n : 1), sizeof *words),
+            *bytes = calloc((size_t)(files.n ? files.n : 1), sizeof *bytes);
     if (rc == 0 && (!ids || !nt || !words || !bytes)) rc = err_set(ERR_NOMEM, "out of memory");
     int64_t total = 0;
     for (int f = 0; rc == 0 && f < files.n; f++) {
@@ -348,7 +356,7 @@ static int run_ppl(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
     if (rc == 0) ev_progress_start(&pg, "perplexity", total);
     for (int f = 0; rc == 0 && f < files.n; f++) {
         if (!nt[f]) continue;
-        int64_t cap = nt[f] / 1 + 2;
+        int64_t cap = (int64_t)nt[f] + 2; // the most windows any length gives
         ev_window_t *w = malloc((size_t)cap * sizeof *w);
         if (!w) {
             rc = err_set(ERR_NOMEM, "out of memory");
@@ -358,12 +366,14 @@ static int run_ppl(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
         double ll = 0, lls = 0;
         rc = ev_ppl_doc(lm, ids[f], nt[f], w, nw, &ll);
         ev_progress_add(&pg, nw);
-        roll.ll += ll, roll.tokens += nt[f], roll.words += words[f], roll.bytes += bytes[f], roll.docs++, roll.windows += nw;
+        roll.ll += ll, roll.tokens += nt[f], roll.words += words[f], roll.bytes += bytes[f], roll.docs++,
+            roll.windows += nw;
         if (rc == 0 && cfg->ppl_stride) {
             int64_t ns = ev_strided_windows(nt[f], Lw, cfg->ppl_stride, w, cap);
             rc = ns < 0 ? err_set(ERR_NOMEM, "too many windows") : ev_ppl_doc(lm, ids[f], nt[f], w, ns, &lls);
             ev_progress_add(&pg, ns);
-            strd.ll += lls, strd.tokens += nt[f], strd.words += words[f], strd.bytes += bytes[f], strd.docs++, strd.windows += ns;
+            strd.ll += lls, strd.tokens += nt[f], strd.words += words[f], strd.bytes += bytes[f], strd.docs++,
+                strd.windows += ns;
         }
         free(w);
         cJSON *e = cJSON_CreateObject();

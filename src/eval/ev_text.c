@@ -15,8 +15,8 @@
 
 int ev_is_space(uint32_t cp) {
     if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x1f);
-    return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
-           cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+    return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
 // The code point at s[i..n) and its length; an invalid byte counts as one
@@ -41,8 +41,10 @@ void ev_strip_span(const char *s, size_t n, size_t *b, size_t *e) {
         }
         i += (size_t)l;
     }
-    if (!started) *b = *e = 0;
-    else *e = end;
+    if (!started)
+        *b = *e = 0;
+    else
+        *e = end;
 }
 
 char *ev_strip_dup(const char *s, size_t n) {
@@ -69,8 +71,10 @@ char *ev_lower_dup(const char *s) {
             continue;
         }
         uint32_t lc = cp;
-        if (cp < 0x80) lc = cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
-        else if (utf8_loc) lc = (uint32_t)towlower_l((wint_t)cp, utf8_loc);
+        if (cp < 0x80)
+            lc = cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
+        else if (utf8_loc)
+            lc = (uint32_t)towlower_l((wint_t)cp, utf8_loc);
         o += (size_t)utf8_put(lc, out + o);
         i += (size_t)l;
     }
@@ -232,10 +236,10 @@ void ev_free_jsonl(cJSON **items, int n) {
 
 // Abbreviations after which a period does not end a sentence (lower case,
 // without the final period).
-static const char *abbrev[] = {"mr",  "mrs", "ms",  "dr",   "prof", "st",  "vs",  "etc", "e.g", "i.e", "inc",
-                               "jr",  "sr",  "co",  "corp", "ltd",  "no",  "vol", "fig", "u.s", "cf",  "approx",
+static const char *abbrev[] = {"mr",  "mrs", "ms",  "dr",   "prof", "st",  "vs",  "etc", "e.g",  "i.e", "inc",
+                               "jr",  "sr",  "co",  "corp", "ltd",  "no",  "vol", "fig", "u.s",  "cf",  "approx",
                                "jan", "feb", "mar", "apr",  "jun",  "jul", "aug", "sep", "sept", "oct", "nov",
-                               "dec", "mt",  "ft",  "gen",  "gov",  "sen", "rep", "rev", "u.k", "a.m", "p.m"};
+                               "dec", "mt",  "ft",  "gen",  "gov",  "sen", "rep", "rev", "u.k",  "a.m", "p.m"};
 
 static int is_abbrev(const char *w, size_t n) {
     if (n == 1 && ((w[0] >= 'A' && w[0] <= 'Z') || (w[0] >= 'a' && w[0] <= 'z'))) return 1; // an initial
@@ -263,7 +267,8 @@ int ev_split_sentences(const char *text, size_t n, size_t **starts, size_t **end
     int oom = 0;
     for (size_t i = 0; i <= n && !oom; i++) {
         size_t cut = 0; // end of a sentence found at i (exclusive), 0 = none
-        if (i == n) cut = n;
+        if (i == n)
+            cut = n;
         else if (text[i] == '.' || text[i] == '?' || text[i] == '!') {
             size_t j = i + 1;
             while (j < n && (text[j] == '.' || text[j] == '?' || text[j] == '!'))
@@ -293,8 +298,10 @@ int ev_split_sentences(const char *text, size_t n, size_t **starts, size_t **end
                 size_t *s2 = realloc(s, (size_t)cap * 2 * sizeof *s);
                 if (s2) s = s2;
                 size_t *e2 = s2 ? realloc(e, (size_t)cap * 2 * sizeof *e) : NULL;
-                if (e2) e = e2, cap *= 2;
-                else oom = 1;
+                if (e2)
+                    e = e2, cap *= 2;
+                else
+                    oom = 1;
             }
             if (!oom) s[k] = begin + b, e[k] = begin + en, k++;
         }

@@ -50,9 +50,18 @@ static void test_word_keys(void **st) {
     struct {
         int64_t i;
         const char *w;
-    } c[] = {{0, "Early-ATM"},           {1, "Early-CD"},       {610380, "blue-ATM"},        {612613, "blue-eyebrows"},
-             {612614, "blue-eyed-ATM"},  {612615, "blue-eyed-CD"}, {2000000, "foregoing-test"}, {3000000, "lackadaisical-finisher"},
-             {4000000, "permissible-shine"}, {5555555, "ugliest-cinema"}, {5970393, "wide-eyebrows"}, {5970394, "wide-eyed-ATM"},
+    } c[] = {{0, "Early-ATM"},
+             {1, "Early-CD"},
+             {610380, "blue-ATM"},
+             {612613, "blue-eyebrows"},
+             {612614, "blue-eyed-ATM"},
+             {612615, "blue-eyed-CD"},
+             {2000000, "foregoing-test"},
+             {3000000, "lackadaisical-finisher"},
+             {4000000, "permissible-shine"},
+             {5555555, "ugliest-cinema"},
+             {5970393, "wide-eyebrows"},
+             {5970394, "wide-eyed-ATM"},
              {6171619, "zonked-zucchini"}};
     for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
         char w[128];
@@ -63,7 +72,7 @@ static void test_word_keys(void **st) {
     assert_int_equal(d->n_hw, 111877);
     assert_int_equal(d->hw_len[1], 8);
     assert_memory_equal(d->hay + d->hw_start[1], "2010What", 8); // essays join without a separator
-    assert_int_equal(d->n_cwe, 8166);                          // sorted(set(noun + adj + verb))
+    assert_int_equal(d->n_cwe, 8166);                            // sorted(set(noun + adj + verb))
 }
 
 static char *prompt(const ev_ruler_sample_t *s) {
@@ -80,8 +89,17 @@ static char *prompt(const ev_ruler_sample_t *s) {
 static void test_generate_and_fit(void **st) {
     ev_ruler_data_t *d = data();
     const tok_t *tok = smol_tok();
-    const char *tasks[] = {"niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-                           "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"};
+    const char *tasks[] = {"niah_single_1",
+                           "niah_single_2",
+                           "niah_single_3",
+                           "niah_multikey_1",
+                           "niah_multikey_2",
+                           "niah_multikey_3",
+                           "niah_multivalue",
+                           "niah_multiquery",
+                           "vt",
+                           "cwe",
+                           "fwe"};
     for (size_t k = 0; k < sizeof tasks / sizeof *tasks; k++) {
         const ev_ruler_task_t *t = ev_ruler_find(tasks[k]);
         ev_ruler_cfg_t cfg = {.tok = tok, .max_len = 4096, .n_samples = 2, .seed = 42};
@@ -120,7 +138,8 @@ static void test_qa_squad(void **st) {
     const char *json =
         "{\"data\": [{\"title\": \"A\", \"paragraphs\": ["
         "{\"context\": \"Paris is the capital of France.\", \"qas\": ["
-        "{\"question\": \"What is the capital of France?\", \"is_impossible\": false, \"answers\": [{\"text\": \"Paris\"}, {\"text\": \"Paris\"}]},"
+        "{\"question\": \"What is the capital of France?\", \"is_impossible\": false, \"answers\": [{\"text\": "
+        "\"Paris\"}, {\"text\": \"Paris\"}]},"
         "{\"question\": \"Unanswerable?\", \"is_impossible\": true, \"answers\": []}]},"
         "{\"context\": \"Berlin is in Germany.\", \"qas\": []}]},"
         "{\"title\": \"B\", \"paragraphs\": [{\"context\": \"Cats purr when content.\", \"qas\": ["

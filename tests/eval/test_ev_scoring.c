@@ -20,7 +20,8 @@
 // log p(cur | prev) from a table over a small vocabulary (ids mod 4), so every
 // score has a closed form. It records the longest input it was given.
 static double bigram(int32_t prev, int32_t cur) {
-    static const double P[4][4] = {{0.5, 0.25, 0.125, 0.125}, {0.1, 0.2, 0.3, 0.4}, {0.25, 0.25, 0.25, 0.25}, {0.7, 0.1, 0.1, 0.1}};
+    static const double P[4][4] = {
+        {0.5, 0.25, 0.125, 0.125}, {0.1, 0.2, 0.3, 0.4}, {0.25, 0.25, 0.25, 0.25}, {0.7, 0.1, 0.1, 0.1}};
     return log(P[prev & 3][cur & 3]);
 }
 
@@ -104,19 +105,29 @@ static void test_prompts(void **st) {
         const char *task, *row, *ctx, *cont0;
         int n, gold;
     } c[] = {
-        {"piqa", "{\"query\": \"Question: How to dry a towel?\\n\", \"choices\": [\"hang it\", \"soak it\"], \"gold\": 0}",
+        {"piqa",
+         "{\"query\": \"Question: How to dry a towel?\\n\", \"choices\": [\"hang it\", \"soak it\"], \"gold\": 0}",
          "Question: How to dry a towel?\nAnswer:", " hang it", 2, 0},
-        {"openbookqa", "{\"query\": \"Predators eat\", \"choices\": [\"lions\", \"grass\"], \"gold\": 0}", "Predators eat",
-         " lions", 2, 0},
-        {"copa", "{\"query\": \"The man turned on the faucet, therefore\", \"choices\": [\"The toilet filled.\", \"water flowed.\"], \"gold\": 1}",
+        {"openbookqa", "{\"query\": \"Predators eat\", \"choices\": [\"lions\", \"grass\"], \"gold\": 0}",
+         "Predators eat", " lions", 2, 0},
+        {"copa",
+         "{\"query\": \"The man turned on the faucet, therefore\", \"choices\": [\"The toilet filled.\", \"water "
+         "flowed.\"], \"gold\": 1}",
          "The man turned on the faucet therefore", " the toilet filled.", 2, 1},
-        {"copa", "{\"query\": \"My body cast a shadow, because\", \"choices\": [\"the sun rose.\", \"grass was cut.\"], \"gold\": 0}",
+        {"copa",
+         "{\"query\": \"My body cast a shadow, because\", \"choices\": [\"the sun rose.\", \"grass was cut.\"], "
+         "\"gold\": 0}",
          "My body cast a shadow because", " the sun rose.", 2, 0},
-        {"siqa", "{\"query\": \"Context: Tracy left.\\nQuestion: Why?\\nChoices:\\nA. to rest\\nB. to run\\nAnswer:\", \"choices\": [\"A\", \"B\"], \"gold\": 1}",
+        {"siqa",
+         "{\"query\": \"Context: Tracy left.\\nQuestion: Why?\\nChoices:\\nA. to rest\\nB. to run\\nAnswer:\", "
+         "\"choices\": [\"A\", \"B\"], \"gold\": 1}",
          "Q: Tracy left. Why?\nA:", " to rest", 2, 1},
-        {"boolq", "{\"query\": \"Passage: Line one.\\nQuestion: two\\nQuestion: is it?\", \"choices\": [\"no\", \"yes\"], \"gold\": 1}",
+        {"boolq",
+         "{\"query\": \"Passage: Line one.\\nQuestion: two\\nQuestion: is it?\", \"choices\": [\"no\", \"yes\"], "
+         "\"gold\": 1}",
          "Line one.\nQuestion: two\nQuestion: is it?\nAnswer:", " no", 2, 1},
-        {"lambada_openai", "{\"context\": \"He said hello to\", \"continuation\": \"her\"}", "He said hello to", " her", 1, 0},
+        {"lambada_openai", "{\"context\": \"He said hello to\", \"continuation\": \"her\"}", "He said hello to", " her",
+         1, 0},
         {"gsm8k", "{\"context\": \"What is 2+2?\", \"chain_of_thought\": \"2+2=4\", \"answer\": \"4\"}",
          "Question: What is 2+2?\nAnswer:", NULL, 1, 0},
     };
@@ -231,7 +242,8 @@ static void check_filter(char *(*f)(const char *), const char *gen, const char *
 }
 
 static void test_gsm8k_extraction(void **st) {
-    const char *gold = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18";
+    const char *gold =
+        "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18";
     // a 0-shot answer without "####": strict finds nothing, flexible takes the last number
     const char *gen = " She sells 16 - 3 - 4 = 9 eggs, so she makes $18.";
     check_filter(ev_gsm8k_strict, gen, "[invalid]");
@@ -257,7 +269,9 @@ static void test_gsm8k_extraction(void **st) {
 
 static void test_ruler_scoring(void **st) {
     char p[64];
-    snprintf(p, sizeof p, "  \x01" "Answer: 123\x02 ");
+    snprintf(p, sizeof p,
+             "  \x01"
+             "Answer: 123\x02 ");
     ev_ruler_postprocess(p);
     assert_string_equal(p, "Answer: 123");
     snprintf(p, sizeof p, "a\tb");
@@ -344,8 +358,8 @@ static void test_ppl_known_distribution(void **st) {
     assert_int_equal(ev_ppl_doc(&lm, ids, n, w, nw, &s.ll), 0);
     s.ll -= bigram(0, 2) - log(0.25); // the first token follows the prefix 0, not a 2
     assert_true(fabs(ev_ppl_token(&s) - 4) < 1e-12);
-    assert_true(fabs(ev_ppl_word(&s) - 256) < 1e-9);       // 4^(1000/250)
-    assert_true(fabs(ev_bits_per_byte(&s) - 1) < 1e-12);   // 2 bits per token, 2 bytes per token
+    assert_true(fabs(ev_ppl_word(&s) - 256) < 1e-9);     // 4^(1000/250)
+    assert_true(fabs(ev_bits_per_byte(&s) - 1) < 1e-12); // 2 bits per token, 2 bytes per token
     assert_true(fabs(ev_ppl_byte(&s) - 2) < 1e-12);
     free(w), free(ids);
 }

@@ -51,8 +51,8 @@ static void test_eval_all_tasks(void **st) {
     char p[512];
     snprintf(p, sizeof p, "%s/result.json", out);
     cJSON *r = read_json(p);
-    const char *short_tasks[] = {"arc_easy", "arc_challenge", "openbookqa", "piqa", "winogrande",
-                                 "copa", "siqa", "boolq", "lambada_openai"};
+    const char *short_tasks[] = {"arc_easy", "arc_challenge", "openbookqa", "piqa",          "winogrande",
+                                 "copa",     "siqa",          "boolq",      "lambada_openai"};
     for (size_t i = 0; i < sizeof short_tasks / sizeof *short_tasks; i++) {
         const cJSON *acc = at(r, "tasks", short_tasks[i], "acc");
         assert_true(acc->valuedouble == 0 || acc->valuedouble == 1); // one item
