@@ -72,17 +72,33 @@ class NumpyLlama:
 
 
 def docs(task, data):
-    f = {"arc_easy": "arc_easy", "arc_challenge": "arc_challenge", "piqa": "piqa", "openbookqa": "openbook_qa"}[task]
+    """(contexts, continuations, choice lengths, gold) per item, as lm-eval builds them."""
+    f = {"arc_easy": "arc_easy", "arc_challenge": "arc_challenge", "piqa": "piqa", "openbookqa": "openbook_qa",
+         "copa": "copa", "siqa": "siqa", "boolq": "boolq", "winogrande": "winogrande"}[task]
     for line in open(f"{data}/eval/{f}.jsonl", encoding="utf-8"):
         d = json.loads(line)
-        q = d["query"]
+        if task == "winogrande":  # partial scoring: one context per option, one continuation
+            cont = " " + d["continuation"].strip()
+            yield d["context_options"], [cont, cont], [len(o) for o in d["context_options"]], d["gold"]
+            continue
+        q, ch = d["query"], d["choices"]
         if task.startswith("arc"):
             ctx = q + "\nAnswer:"  # "Question: {question}\nAnswer:"
         elif task == "piqa":
             ctx = q + "Answer:"  # the file's query is "Question: {goal}\n"
+        elif task == "copa":  # premise[:-1] + " because" / " therefore"; choices first letter lowered
+            head, conn = q.rsplit(", ", 1)
+            ctx = head + " " + conn
+            ch = [c[0].lower() + c[1:] for c in ch]
+        elif task == "siqa":  # "Q: {context} {question}\nA:", the answers (2 in this copy)
+            lines = q.split("\n")
+            ctx = "Q: " + lines[0][len("Context: "):] + " " + lines[1][len("Question: "):] + "\nA:"
+            ch = [l[3:] for l in lines[3:-1]]
+        elif task == "boolq":  # "{passage}\nQuestion: {question}?\nAnswer:"
+            ctx = q[len("Passage: "):] + "\nAnswer:"
         else:
             ctx = q
-        yield ctx, [" " + c for c in d["choices"]], [len(c) for c in d["choices"]], d["gold"]
+        yield [ctx] * len(ch), [" " + c for c in ch], [len(c) for c in ch], d["gold"]
 
 
 def option(name, default):
@@ -131,12 +147,12 @@ def main():
         n = same_prompt = same_acc = same_norm = acc = acc_h = norm = norm_h = 0
         max_dll = 0.0
         diffs = []
-        for i, (ctx, conts, lens, gold) in enumerate(docs(task, data)):
+        for i, (ctxs, conts, lens, gold) in enumerate(docs(task, data)):
             if i >= len(hylo):
                 break
             h = hylo[i]
-            same_prompt += h["ctx"][0] == ctx and h["cont"] == conts
-            lls = [loglik(ctx, c)[0] for c in conts]
+            same_prompt += h["ctx"] == ctxs and h["cont"] == conts
+            lls = [loglik(x, c)[0] for x, c in zip(ctxs, conts)]
             p = max(range(len(lls)), key=lambda k: (lls[k], -k))
             pn = max(range(len(lls)), key=lambda k: (lls[k] / lens[k], -k))
             n += 1

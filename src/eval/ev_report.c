@@ -57,7 +57,7 @@ typedef struct {
 
 static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const char *const *labels, int n,
                      const bar_series_t *s, int ns, double ymax) {
-    int W = 140 + n * (ns * 22 + 18), H = 320 + 16 * ns, x0 = 60, y0 = 40, ph = 200;
+    int W = 200 + n * (ns * 22 + 18), H = 320 + 16 * ns, x0 = 60, y0 = 40, ph = 200; // room for the slanted labels
     if (W < 420) W = 420;
     ev_putf(b,
             "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",

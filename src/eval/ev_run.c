@@ -87,8 +87,10 @@ static int run_short(ev_lm_t *lm, const ev_run_cfg_t *cfg, cJSON *out) {
         if (t->kind == EV_GEN)
             log_info("%s: exact match strict %.4f, flexible %.4f (n=%d, %.1f s)", t->name, r.em_strict, r.em_flexible,
                      r.n, r.seconds);
-        else
+        else if (t->kind == EV_MC && strcmp(t->name, "winogrande"))
             log_info("%s: acc %.4f, acc_norm %.4f (n=%d, %.1f s)", t->name, r.acc, r.acc_norm, r.n, r.seconds);
+        else
+            log_info("%s: acc %.4f (n=%d, %.1f s)", t->name, r.acc, r.n, r.seconds);
     }
     return 0;
 }
