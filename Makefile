@@ -83,6 +83,13 @@ $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The commit that hylo eval / bench record in their results: cmd_eval.o is
+# rebuilt when it changes (version.txt is rewritten only then).
+HYLO_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(shell mkdir -p $(BUILD) && (echo '$(HYLO_VERSION)' | cmp -s - $(BUILD)/version.txt || echo '$(HYLO_VERSION)' > $(BUILD)/version.txt))
+$(BUILD)/obj/cli/cmd_eval.o: $(BUILD)/version.txt
+$(BUILD)/obj/cli/cmd_eval.o: CFLAGS += -DHYLO_VERSION='"$(HYLO_VERSION)"'
+
 $(BIN): $(CLIOBJ) $(LIB)
 	$(CC) $(CFLAGS) $(LDSAN) $(CLIOBJ) $(LIB) $(LDLIBS) -o $@
 

@@ -23,6 +23,8 @@ static const char *usage =
     "  compare T S       KL and top-1 agreement of a student's next-token distributions vs its teacher's\n"
     "  train RECIPE      distil a hybrid from its teacher (stage 1 ILD or stage 2 KD), with exact resume\n"
     "  data              encode training text (txt, jsonl, jsonl.zst, chat) into a token shard\n"
+    "  eval PATH         RULER, lm-eval-style short benchmarks and perplexity, with an HTML report\n"
+    "  bench PATH        prefill / decode latency and cache memory over a sweep of context lengths\n"
     "\n"
     "PATH is a GGUF file or a Hugging Face / hybrid checkpoint folder.\n"
     "Run 'hylo <command> --help' for the options of a command.\n";
@@ -120,6 +122,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "compare")) return cmd_compare(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "hylo: error: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }
