@@ -180,6 +180,11 @@ static void test_alloc_failure(void **st) {
     printf("  sanitizer build: an address-space limit cannot be applied\n");
     skip();
 #endif
+#ifdef HYLO_CUDA // the CUDA libraries' mappings: hylo does not start under 400 MB (exit 127) and hung under
+                 // 800 MB, while at 1.5 GB the export fits: no limit separates "starts" from "cannot allocate"
+    printf("  CUDA build: an address-space limit cannot be applied (make CUDA=0 runs this test)\n");
+    skip();
+#endif
     struct rlimit old, lim;
     assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
     lim = old;
