@@ -251,8 +251,8 @@ static int build_gsm8k(const cJSON *row, ev_doc_t *d) {
                *ans = str_field(row, "answer");
     if (!q || !cot || !ans) return err_set(ERR_INPUT, "fields 'context', 'chain_of_thought' and 'answer' expected");
     strbuf_t p = {0}, g = {0};
-    ev_putf(&p, "Question: %s\nAnswer:", q);
-    ev_putf(&g, "%s\n#### %s", cot, ans);
+    strbuf_printf(&p, "Question: %s\nAnswer:", q);
+    strbuf_printf(&g, "%s\n#### %s", cot, ans);
     d->n = 1, d->gold = 0;
     d->ctx[0] = p.s, d->gold_text = g.s;
     if (p.oom || g.oom || !p.s || !g.s) return err_set(ERR_NOMEM, "out of memory");

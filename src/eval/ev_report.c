@@ -59,10 +59,10 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
                      const bar_series_t *s, int ns, double ymax) {
     int W = 200 + n * (ns * 22 + 18), H = 320 + 16 * ns, x0 = 60, y0 = 40, ph = 200; // room for the slanted labels
     if (W < 420) W = 420;
-    ev_putf(b,
-            "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
-            W, H);
-    ev_putf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
+    strbuf_printf(
+        b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
+        W, H);
+    strbuf_printf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
     esc(b, title);
     strbuf_puts(b, "</text>\n");
     double step = nice_step(ymax, 5);
@@ -70,12 +70,12 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
         double y = y0 + ph - t / ymax * ph;
         char lab[32];
         fmt_num(lab, sizeof lab, t);
-        ev_putf(b,
-                "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
-                "text-anchor='end'>%s</text>\n",
-                x0, W - 10, y, y, x0 - 4, y + 4, lab);
+        strbuf_printf(b,
+                      "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
+                      "text-anchor='end'>%s</text>\n",
+                      x0, W - 10, y, y, x0 - 4, y + 4, lab);
     }
-    ev_putf(b, "<text transform='translate(14,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
+    strbuf_printf(b, "<text transform='translate(14,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
     esc(b, ylabel);
     strbuf_puts(b, "</text>\n");
     for (int g = 0; g < n; g++) {
@@ -84,26 +84,26 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
             double v = s[k].v[g];
             if (isnan(v)) continue;
             double h = (v < 0 ? 0 : v > ymax ? ymax : v) / ymax * ph;
-            ev_putf(b, "<rect x='%d' y='%.1f' width='20' height='%.1f' fill='%s'><title>", gx + k * 22, y0 + ph - h, h,
-                    palette[k % 6]);
+            strbuf_printf(b, "<rect x='%d' y='%.1f' width='20' height='%.1f' fill='%s'><title>", gx + k * 22,
+                          y0 + ph - h, h, palette[k % 6]);
             esc(b, s[k].name);
-            ev_putf(b, ": %.2f</title></rect>\n", v);
+            strbuf_printf(b, ": %.2f</title></rect>\n", v);
             double e = s[k].err[g];
             if (!isnan(e) && e > 0) {
                 double ya = y0 + ph - fmin(v + e, ymax) / ymax * ph, yb = y0 + ph - fmax(v - e, 0) / ymax * ph;
-                ev_putf(b, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#222'/>\n", gx + k * 22 + 10,
-                        gx + k * 22 + 10, ya, yb);
+                strbuf_printf(b, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#222'/>\n", gx + k * 22 + 10,
+                              gx + k * 22 + 10, ya, yb);
             }
         }
-        ev_putf(b, "<text transform='translate(%d,%d) rotate(35)'>", gx + 4, y0 + ph + 12);
+        strbuf_printf(b, "<text transform='translate(%d,%d) rotate(35)'>", gx + 4, y0 + ph + 12);
         esc(b, labels[g]);
         strbuf_puts(b, "</text>\n");
     }
-    ev_putf(b, "<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='#444'/>\n", x0, W - 10, y0 + ph, y0 + ph);
+    strbuf_printf(b, "<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='#444'/>\n", x0, W - 10, y0 + ph, y0 + ph);
     for (int k = 0; k < ns; k++) {
         int ly = H - 16 * (ns - k) - 4;
-        ev_putf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10, ly,
-                palette[k % 6], x0 + 28, ly + 10);
+        strbuf_printf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10, ly,
+                      palette[k % 6], x0 + 28, ly + 10);
         esc(b, s[k].name);
         strbuf_puts(b, "</text>\n");
     }
@@ -132,20 +132,20 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
     if (ymax == ymin) ymax = ymin + 1;
     double ys = nice_step(ymax - ymin, 5);
     ymin = floor(ymin / ys) * ys, ymax = ceil(ymax / ys) * ys;
-    ev_putf(b,
-            "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
-            W, H);
-    ev_putf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
+    strbuf_printf(
+        b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
+        W, H);
+    strbuf_printf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
     esc(b, title);
     strbuf_puts(b, "</text>\n");
     for (double t = ymin; t <= ymax + ys * 1e-6; t += ys) {
         double y = y0 + ph - (t - ymin) / (ymax - ymin) * ph;
         char lab[32];
         fmt_num(lab, sizeof lab, t);
-        ev_putf(b,
-                "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
-                "text-anchor='end'>%s</text>\n",
-                x0, x0 + pw, y, y, x0 - 4, y + 4, lab);
+        strbuf_printf(b,
+                      "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
+                      "text-anchor='end'>%s</text>\n",
+                      x0, x0 + pw, y, y, x0 - 4, y + 4, lab);
     }
     if (logx) {
         for (double e = ceil(xmin); e <= xmax + 1e-9; e++) {
@@ -155,10 +155,10 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
                 snprintf(lab, sizeof lab, "%gK", v / 1024);
             else
                 fmt_num(lab, sizeof lab, v);
-            ev_putf(b,
-                    "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
-                    "text-anchor='middle'>%s</text>\n",
-                    x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
+            strbuf_printf(b,
+                          "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
+                          "text-anchor='middle'>%s</text>\n",
+                          x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
         }
     } else {
         double xs = nice_step(xmax - xmin, 6);
@@ -166,16 +166,16 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
             double x = x0 + (t - xmin) / (xmax - xmin) * pw;
             char lab[32];
             fmt_num(lab, sizeof lab, t);
-            ev_putf(b,
-                    "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
-                    "text-anchor='middle'>%s</text>\n",
-                    x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
+            strbuf_printf(b,
+                          "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
+                          "text-anchor='middle'>%s</text>\n",
+                          x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
         }
     }
-    ev_putf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='none' stroke='#444'/>\n", x0, y0, pw, ph);
-    ev_putf(b, "<text x='%d' y='%d' text-anchor='middle'>", x0 + pw / 2, y0 + ph + 32);
+    strbuf_printf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='none' stroke='#444'/>\n", x0, y0, pw, ph);
+    strbuf_printf(b, "<text x='%d' y='%d' text-anchor='middle'>", x0 + pw / 2, y0 + ph + 32);
     esc(b, xlabel);
-    ev_putf(b, "</text><text transform='translate(16,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
+    strbuf_printf(b, "</text><text transform='translate(16,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
     esc(b, ylabel);
     strbuf_puts(b, "</text>\n");
     for (int k = 0; k < ns; k++) {
@@ -183,14 +183,15 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
         for (int i = 0; i < s[k].n; i++) {
             double x = x0 + ((logx ? log2(s[k].x[i]) : s[k].x[i]) - xmin) / (xmax - xmin) * pw;
             double y = y0 + ph - (s[k].y[i] - ymin) / (ymax - ymin) * ph;
-            ev_putf(&pts, "%.1f,%.1f ", x, y);
-            if (s[k].n <= 40) ev_putf(b, "<circle cx='%.1f' cy='%.1f' r='3' fill='%s'/>\n", x, y, palette[k % 6]);
+            strbuf_printf(&pts, "%.1f,%.1f ", x, y);
+            if (s[k].n <= 40) strbuf_printf(b, "<circle cx='%.1f' cy='%.1f' r='3' fill='%s'/>\n", x, y, palette[k % 6]);
         }
-        ev_putf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>\n", palette[k % 6],
-                pts.s ? pts.s : "");
+        strbuf_printf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>\n", palette[k % 6],
+                      pts.s ? pts.s : "");
         free(pts.s);
-        ev_putf(b, "<rect x='%d' y='%d' width='12' height='3' fill='%s'/><text x='%d' y='%d'>", x0 + 10 + (k % 2) * 230,
-                H - 30 + (k / 2) * 14, palette[k % 6], x0 + 26 + (k % 2) * 230, H - 25 + (k / 2) * 14);
+        strbuf_printf(b, "<rect x='%d' y='%d' width='12' height='3' fill='%s'/><text x='%d' y='%d'>",
+                      x0 + 10 + (k % 2) * 230, H - 30 + (k / 2) * 14, palette[k % 6], x0 + 26 + (k % 2) * 230,
+                      H - 25 + (k / 2) * 14);
         esc(b, s[k].name);
         strbuf_puts(b, "</text>\n");
     }
@@ -201,36 +202,38 @@ static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const 
 static void svg_heatmap(strbuf_t *b, const char *title, const char *const *rows, int nr, const char *const *cols,
                         int nc, const double *v) {
     int cw = 64, chh = 24, x0 = 130, y0 = 50, W = x0 + nc * cw + 20, H = y0 + nr * chh + 30;
-    ev_putf(b,
-            "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
-            W, H);
-    ev_putf(b, "<text x='10' y='18' font-size='14' font-weight='bold'>");
+    strbuf_printf(
+        b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
+        W, H);
+    strbuf_printf(b, "<text x='10' y='18' font-size='14' font-weight='bold'>");
     esc(b, title);
     strbuf_puts(b, "</text>\n");
     for (int c = 0; c < nc; c++) {
-        ev_putf(b, "<text x='%d' y='%d' text-anchor='middle'>", x0 + c * cw + cw / 2, y0 - 8);
+        strbuf_printf(b, "<text x='%d' y='%d' text-anchor='middle'>", x0 + c * cw + cw / 2, y0 - 8);
         esc(b, cols[c]);
         strbuf_puts(b, "</text>\n");
     }
     for (int r = 0; r < nr; r++) {
-        ev_putf(b, "<text x='%d' y='%d' text-anchor='end'>", x0 - 6, y0 + r * chh + 16);
+        strbuf_printf(b, "<text x='%d' y='%d' text-anchor='end'>", x0 - 6, y0 + r * chh + 16);
         esc(b, rows[r]);
         strbuf_puts(b, "</text>\n");
         for (int c = 0; c < nc; c++) {
             double x = v[r * nc + c];
             int px = x0 + c * cw, py = y0 + r * chh;
             if (isnan(x)) {
-                ev_putf(b,
-                        "<rect x='%d' y='%d' width='%d' height='%d' fill='#eee' stroke='#fff'/><text x='%d' y='%d' "
-                        "text-anchor='middle' fill='#999'>n/a</text>\n",
-                        px, py, cw, chh, px + cw / 2, py + 16);
+                strbuf_printf(
+                    b,
+                    "<rect x='%d' y='%d' width='%d' height='%d' fill='#eee' stroke='#fff'/><text x='%d' y='%d' "
+                    "text-anchor='middle' fill='#999'>n/a</text>\n",
+                    px, py, cw, chh, px + cw / 2, py + 16);
                 continue;
             }
             double t = fmax(0, fmin(100, x)) / 100; // red (0) -> yellow -> green (100)
-            ev_putf(b,
-                    "<rect x='%d' y='%d' width='%d' height='%d' fill='hsl(%.0f,65%%,%.0f%%)' stroke='#fff'/><text "
-                    "x='%d' y='%d' text-anchor='middle'>%.1f</text>\n",
-                    px, py, cw, chh, 120 * t, 55 + 10 * (1 - fabs(t - 0.5) * 2), px + cw / 2, py + 16, x);
+            strbuf_printf(
+                b,
+                "<rect x='%d' y='%d' width='%d' height='%d' fill='hsl(%.0f,65%%,%.0f%%)' stroke='#fff'/><text "
+                "x='%d' y='%d' text-anchor='middle'>%.1f</text>\n",
+                px, py, cw, chh, 120 * t, 55 + 10 * (1 - fabs(t - 0.5) * 2), px + cw / 2, py + 16, x);
         }
     }
     strbuf_puts(b, "</svg>\n");
@@ -280,13 +283,13 @@ static void section_short(strbuf_t *b, const cJSON *r, const cJSON *a) {
         labels[n] = t->string;
         s[0].v[n] = v, s[0].err[n] = e;
         s[1].v[n] = va, s[1].err[n] = at ? 100 * num(at, se, NAN) : NAN;
-        ev_putf(b, "<tr><td>%s</td><td>%d</td><td>%s</td><td>%.2f &plusmn; %.2f</td>", t->string, (int)num(t, "n", 0),
-                h, v, e);
+        strbuf_printf(b, "<tr><td>%s</td><td>%d</td><td>%s</td><td>%.2f &plusmn; %.2f</td>", t->string,
+                      (int)num(t, "n", 0), h, v, e);
         if (a) {
             if (isnan(va))
                 strbuf_puts(b, "<td>&mdash;</td>");
             else
-                ev_putf(b, "<td>%.2f (n=%d)</td>", va, (int)num(at, "n", 0));
+                strbuf_printf(b, "<td>%.2f (n=%d)</td>", va, (int)num(at, "n", 0));
         }
         strbuf_puts(b, "<td>");
         static const char *others[] = {"acc", "acc_norm", "exact_match_strict", "exact_match_flexible", "perplexity"};
@@ -294,11 +297,11 @@ static void section_short(strbuf_t *b, const cJSON *r, const cJSON *a) {
             double x = num(t, others[k], NAN);
             if (isnan(x) || !strcmp(others[k], h)) continue;
             if (!strcmp(others[k], "perplexity"))
-                ev_putf(b, "%s %.3f; ", others[k], x);
+                strbuf_printf(b, "%s %.3f; ", others[k], x);
             else
-                ev_putf(b, "%s %.2f; ", others[k], 100 * x);
+                strbuf_printf(b, "%s %.2f; ", others[k], 100 * x);
         }
-        if (num(t, "truncated", 0) > 0) ev_putf(b, "<b>%d truncated</b>", (int)num(t, "truncated", 0));
+        if (num(t, "truncated", 0) > 0) strbuf_printf(b, "<b>%d truncated</b>", (int)num(t, "truncated", 0));
         strbuf_puts(b, "</td></tr>\n");
         n++;
     }
@@ -364,15 +367,15 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
     if (!ru) return;
     strbuf_puts(b, "<h2>RULER</h2>\n");
     const cJSON *l0 = cJSON_GetArrayItem(cJSON_GetArrayItem(obj(ru, "scores"), 0), 0);
-    ev_putf(b,
-            "<p>%d samples per task and length; scores are RULER's string match (0&ndash;100), the average is "
-            "the unweighted mean over the tasks that ran.</p>\n",
-            (int)num(l0, "n", 0));
+    strbuf_printf(b,
+                  "<p>%d samples per task and length; scores are RULER's string match (0&ndash;100), the average is "
+                  "the unweighted mean over the tasks that ran.</p>\n",
+                  (int)num(l0, "n", 0));
     const cJSON *miss = obj(ru, "missing"), *m;
     if (miss && cJSON_GetArraySize(miss)) {
         strbuf_puts(b, "<p class='note'>Not run (data missing): ");
         cJSON_ArrayForEach(m, miss) {
-            ev_putf(b, "<b>%s</b> ", m->string);
+            strbuf_printf(b, "<b>%s</b> ", m->string);
             esc(b, cJSON_IsString(m) ? m->valuestring : "");
             strbuf_puts(b, "; ");
         }
@@ -398,14 +401,15 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
     }
     if (ns) svg_lines(b, "RULER average by context length", "context length (tokens)", "average score", s, ns, 1);
     double avg = num(ru, "average", NAN);
-    if (!isnan(avg)) ev_putf(b, "<p>Average over lengths: <b>%.2f</b>%s</p>\n", avg, a && obj(ra, "average") ? "" : "");
+    if (!isnan(avg))
+        strbuf_printf(b, "<p>Average over lengths: <b>%.2f</b>%s</p>\n", avg, a && obj(ra, "average") ? "" : "");
     if (ra && !isnan(num(ra, "average", NAN)))
-        ev_putf(b, "<p>Teacher average over lengths: <b>%.2f</b></p>\n", num(ra, "average", NAN));
+        strbuf_printf(b, "<p>Teacher average over lengths: <b>%.2f</b></p>\n", num(ra, "average", NAN));
 }
 
 static void ppl_row(strbuf_t *b, const char *who, const char *kind, const cJSON *p) {
     if (!p) return;
-    ev_putf(
+    strbuf_printf(
         b,
         "<tr><td>%s</td><td>%s</td><td>%d</td><td>%d</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td></tr>\n",
         who, kind, (int)num(p, "docs", 0), (int)num(p, "tokens", 0), num(p, "token_perplexity", NAN),
@@ -451,8 +455,8 @@ static void section_bench(strbuf_t *b, const cJSON *r, const cJSON *a) {
             double T = num(e, "context", 0), ps = num(e, "prefill_s", 0), ds = num(e, "decode_ms_per_token", 0),
                    mb = num(e, "cache_bytes", 0) / 1048576.0;
             X[k][n[k]] = T, P[k][n[k]] = ps, D[k][n[k]] = ds, M[k][n[k]] = mb, n[k]++;
-            ev_putf(b, "<tr><td>%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.2f</td><td>%.1f</td></tr>\n",
-                    k ? "teacher" : "model", (int)T, ps, ps > 0 ? T / ps : 0, ds, mb);
+            strbuf_printf(b, "<tr><td>%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.2f</td><td>%.1f</td></tr>\n",
+                          k ? "teacher" : "model", (int)T, ps, ps > 0 ? T / ps : 0, ds, mb);
         }
     }
     strbuf_puts(b, "</table>\n<div class='row'>");
@@ -511,19 +515,19 @@ int ev_report_html(const cJSON *r, const cJSON *a, char **html) {
                     "font-size:12px;overflow-x:auto}</style></head><body>\n");
     strbuf_puts(&b, "<h1>hylo evaluation report</h1>\n<table>");
     const cJSON *m = obj(r, "model");
-    ev_putf(&b, "<tr><th>model</th><td>");
+    strbuf_printf(&b, "<tr><th>model</th><td>");
     esc(&b, model_name(r));
-    ev_putf(&b, " (%s; %s; %.1fM parameters; %s backend)</td></tr>\n", str(m, "arch") ? str(m, "arch") : "?",
-            str(m, "mixers") ? str(m, "mixers") : "?", num(m, "params", 0) / 1e6,
-            str(m, "backend") ? str(m, "backend") : "?");
+    strbuf_printf(&b, " (%s; %s; %.1fM parameters; %s backend)</td></tr>\n", str(m, "arch") ? str(m, "arch") : "?",
+                  str(m, "mixers") ? str(m, "mixers") : "?", num(m, "params", 0) / 1e6,
+                  str(m, "backend") ? str(m, "backend") : "?");
     if (a) {
-        ev_putf(&b, "<tr><th>teacher</th><td>");
+        strbuf_printf(&b, "<tr><th>teacher</th><td>");
         esc(&b, model_name(a));
-        ev_putf(&b, " (%s)</td></tr>\n", str(obj(a, "model"), "mixers") ? str(obj(a, "model"), "mixers") : "?");
+        strbuf_printf(&b, " (%s)</td></tr>\n", str(obj(a, "model"), "mixers") ? str(obj(a, "model"), "mixers") : "?");
     }
     static const char *meta[] = {"date", "hylo_version", "command"};
     for (size_t i = 0; i < 3; i++) {
-        ev_putf(&b, "<tr><th>%s</th><td>", meta[i]);
+        strbuf_printf(&b, "<tr><th>%s</th><td>", meta[i]);
         esc(&b, str(r, meta[i]));
         strbuf_puts(&b, "</td></tr>\n");
     }

@@ -570,7 +570,7 @@ static int build_niah(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
         for (int v = 0; v < V; v++, q++) {
             random_value(g, t->v, vals[k][v], sizeof vals[k][v]);
             strbuf_t nb = {0};
-            ev_putf(&nb, "One of the special magic %s for %s is: %s.", tv, keys[k], vals[k][v]);
+            strbuf_printf(&nb, "One of the special magic %s for %s is: %s.", tv, keys[k], vals[k][v]);
             needles[q] = nb.s;
         }
     }
@@ -618,7 +618,7 @@ static int build_niah(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
             random_value(g, t->k, k, sizeof k);
             random_value(g, t->v, v, sizeof v);
             strbuf_t nb = {0};
-            ev_putf(&nb, "One of the special magic %s for %s is: %s.", tv, k, v);
+            strbuf_printf(&nb, "One of the special magic %s for %s is: %s.", tv, k, v);
             if (!(lines[i] = nb.s)) rc = err_set(ERR_NOMEM, "out of memory");
         }
         if (rc == 0 && ev_py_sample(&g->py, n, m, idx) < 0)
@@ -764,7 +764,7 @@ static int cwe_example(gen_t *g, int n, int cr, int ur, strbuf_t *ctx, char **co
     ev_py_seed(&fresh, g->cfg->seed);
     ev_py_shuffle(&fresh, list, (size_t)k, sizeof *list);
     for (int i = 0; i < k; i++)
-        ev_putf(ctx, i ? " %d. %s" : "%d. %s", i + 1, list[i]);
+        strbuf_printf(ctx, i ? " %d. %s" : "%d. %s", i + 1, list[i]);
     free(idx), free(list);
     return ctx->oom ? err_set(ERR_NOMEM, "out of memory") : 0;
 }
@@ -784,7 +784,7 @@ static int build_cwe(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
         fill(text, tb.s, fnames, v1, 1);
         strbuf_puts(text, " ");
         for (int i = 0; i < 10; i++)
-            ev_putf(text, i ? " %d. %s" : "%d. %s", i + 1, fs_common[i]);
+            strbuf_printf(text, i ? " %d. %s" : "%d. %s", i + 1, fs_common[i]);
         strbuf_puts(text, "\n");
         const char *v2[1] = {main.s};
         fill(text, tb.s, fnames, v2, 1);
@@ -940,7 +940,7 @@ static int build_qa(gen_t *g, int n, strbuf_t *text, ev_strs_t *outs) {
     if (rc == 0) ev_py_shuffle(&fresh, all, (size_t)k, sizeof *all);
     strbuf_t ctx = {0};
     for (int i = 0; rc == 0 && i < k; i++)
-        ev_putf(&ctx, i ? "\n\nDocument %d:\n%s" : "Document %d:\n%s", i + 1, qa->docs[all[i]]);
+        strbuf_printf(&ctx, i ? "\n\nDocument %d:\n%s" : "Document %d:\n%s", i + 1, qa->docs[all[i]]);
     strbuf_t tb = {0};
     strbuf_puts(&tb, qa_template);
     strbuf_puts(&tb, qa_prefix);

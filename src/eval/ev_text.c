@@ -105,29 +105,6 @@ int64_t ev_count_words(const char *s, size_t n) {
     return runs + 1;
 }
 
-void ev_putf(strbuf_t *b, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof small) {
-        strbuf_putn(b, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        b->oom = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    strbuf_putn(b, big, (size_t)n);
-    free(big);
-}
-
 int ev_replace_all(char **s, const char *from, const char *to) {
     size_t fl = strlen(from);
     if (!fl || !strstr(*s, from)) return 0;

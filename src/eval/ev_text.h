@@ -24,8 +24,6 @@ int64_t ev_codepoints(const char *s, size_t n);
 // leading and trailing whitespace make (lm-eval's word count).
 int64_t ev_count_words(const char *s, size_t n);
 
-// A printf-style append (the oom rule of strbuf_t applies).
-void ev_putf(strbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // Replaces every occurrence of `from` in *s by `to` (Python str.replace); 0 or ERR_NOMEM.
 int ev_replace_all(char **s, const char *from, const char *to);
 
