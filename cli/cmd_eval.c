@@ -3,6 +3,7 @@
 // and writes result.json, report.html and the per-item samples to --out.
 #include <omp.h>
 #include <sys/resource.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,10 +167,12 @@ static int parse(int argc, char **argv, eval_opts_t *o) {
             const char *eq = strchr(v, '=');
             if (!eq || eq == v || !eq[1]) return err_set(ERR_INPUT, "--file expects TASK=PATH, got '%s'", v);
             if (c->n_files >= EV_MAX_ITEMS) return err_set(ERR_INPUT, "too many --file options");
-            char *t = strndup(v, (size_t)(eq - v)); // lives as long as the process
-            if (!t) return err_set(ERR_NOMEM, "out of memory");
+            char *t = c->file_task[c->n_files];
+            if (eq - v >= (ptrdiff_t)sizeof c->file_task[0])
+                return err_set(ERR_INPUT, "--file: unknown task '%.*s'", (int)(eq - v), v);
+            snprintf(t, sizeof c->file_task[0], "%.*s", (int)(eq - v), v);
             if (!ev_task_find(t)) return err_set(ERR_INPUT, "--file: unknown task '%s'", t);
-            c->file_task[c->n_files] = t, c->file_path[c->n_files++] = eq + 1;
+            c->file_path[c->n_files++] = eq + 1;
         } else if ((r = cli_opt("eval", argc, argv, &i, "--haystack", &v))) {
             TRY(r);
             c->haystack = v;

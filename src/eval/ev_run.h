@@ -20,7 +20,8 @@ typedef struct {
 
     // data
     ev_data_t data;
-    const char *file_task[EV_MAX_ITEMS], *file_path[EV_MAX_ITEMS]; // --file TASK=PATH
+    char file_task[EV_MAX_ITEMS][32]; // --file TASK=PATH: the task names
+    const char *file_path[EV_MAX_ITEMS];
     int n_files;
     const char *haystack, *words, *squad, *hotpot; // RULER inputs by flag (NULL: from the data folder)
     const char *texts[EV_MAX_ITEMS];               // perplexity inputs (files or folders of .txt)

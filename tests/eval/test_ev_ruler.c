@@ -148,7 +148,7 @@ static void test_qa_squad(void **st) {
     ev_ruler_data_t d = {0};
     const ev_ruler_task_t *t = ev_ruler_find("qa_1");
     ev_ruler_cfg_t cfg = {.tok = smol_tok(), .max_len = 300, .n_samples = 2, .seed = 42};
-    ev_ruler_sample_t s[2];
+    ev_ruler_sample_t s[3]; // room for the 3-sample request at the end
     assert_int_equal(ev_ruler_generate(&d, t, &cfg, s), ERR_INPUT);
     assert_non_null(strstr(err_msg(), "SQuAD"));
     assert_int_equal(ev_ruler_load_squad(&d, path), 0);
