@@ -20,6 +20,7 @@
 
 static const char *help = "usage: hylo data --tokenizer PATH --out FILE.shard [options] INPUT...\n"
                           "       hylo data --generate N --model PATH --out FILE.shard [options]\n"
+                          "       hylo data --show N --tokenizer PATH FILE.shard\n"
                           "\n"
                           "Encodes training text into a token shard for hylo's trainer (format in\n"
                           "docs/FORMATS.md). PATH is a GGUF file or a checkpoint folder; only its\n"
@@ -40,11 +41,20 @@ static const char *help = "usage: hylo data --tokenizer PATH --out FILE.shard [o
                           "  --strict           a malformed line is an error instead of a skip\n"
                           "  --threads N        encoding threads (default: all cores)\n"
                           "\n"
+                          "--show N: prints a shard's header and its first N documents as text (control\n"
+                          "tokens as their text; tokens outside the loss mask between [[ and ]]).\n"
+                          "\n"
                           "--generate N: N documents sampled from the model itself, each a rendered user\n"
                           "prompt, the model's answer and its end-of-turn token (when it stopped within -n):\n"
                           "  --model PATH       the teacher (GGUF or checkpoint folder)\n"
-                          "  --prompts FILE     one user message per line (default: 8 built-in prompts);\n"
-                          "                     document i answers prompt i mod the number of prompts\n"
+                          "  --prompts FILE     one user message per line (default: 8 built-in prompts)\n"
+                          "  --self-instruct    no prompts: the model writes the user's message too (the\n"
+                          "                     prompt ends where the message would begin; when the model\n"
+                          "                     ends that turn, or at half of -n, the assistant header of\n"
+                          "                     the chat template follows and it answers)\n"
+                          "  --batch B          documents sampled B at a time from one prompt: batch k\n"
+                          "                     answers prompt k mod the number of prompts (default 1:\n"
+                          "                     document i answers prompt i)\n"
                           "  -n N               new tokens per document at most (default 512)\n"
                           "  --temp T           temperature (default 1)\n"
                           "  --top-k K, --top-p P   as for 'hylo generate' (default off)\n"
@@ -66,15 +76,16 @@ static const char *builtin_prompts[] = {
 
 typedef struct {
     const char *tokenizer, *out, *model, *prompts, *device;
-    long generate, n, top_k, seed, ctx, threads;
+    long generate, n, top_k, seed, ctx, threads, batch, show;
     double temp, top_p;
-    int split_lines, assistant_only, strict;
+    int split_lines, assistant_only, strict, self_instruct;
     const char **inputs;
     int n_inputs;
 } data_opts_t;
 
 static int parse(int argc, char **argv, data_opts_t *o) {
     o->n = 512, o->seed = 1, o->ctx = 4096, o->temp = 1, o->top_p = 1, o->device = "cpu", o->generate = -1;
+    o->batch = 1;
     o->inputs = calloc((size_t)argc, sizeof *o->inputs);
     if (!o->inputs) return err_set(ERR_NOMEM, "out of memory");
     for (int i = 1; i < argc; i++) {
@@ -110,6 +121,12 @@ static int parse(int argc, char **argv, data_opts_t *o) {
         } else if ((r = cli_opt("data", argc, argv, &i, "--ctx", &v))) {
             TRY(r);
             TRY(cli_int("data", "--ctx", v, 16, 1 << 30, &o->ctx));
+        } else if ((r = cli_opt("data", argc, argv, &i, "--show", &v))) {
+            TRY(r);
+            TRY(cli_int("data", "--show", v, 1, 1L << 30, &o->show));
+        } else if ((r = cli_opt("data", argc, argv, &i, "--batch", &v))) {
+            TRY(r);
+            TRY(cli_int("data", "--batch", v, 1, 4096, &o->batch));
         } else if ((r = cli_opt("data", argc, argv, &i, "--threads", &v))) {
             TRY(r);
             TRY(cli_int("data", "--threads", v, 1, 1024, &o->threads));
@@ -123,6 +140,8 @@ static int parse(int argc, char **argv, data_opts_t *o) {
             o->split_lines = 1;
         } else if (cli_flag(argv, i, "--assistant-only")) {
             o->assistant_only = 1;
+        } else if (cli_flag(argv, i, "--self-instruct")) {
+            o->self_instruct = 1;
         } else if (cli_flag(argv, i, "--strict")) {
             o->strict = 1;
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -131,13 +150,22 @@ static int parse(int argc, char **argv, data_opts_t *o) {
             o->inputs[o->n_inputs++] = argv[i];
         }
     }
+    if (o->show) {
+        if (!o->tokenizer || o->n_inputs != 1 || o->out || o->generate > 0)
+            return cli_usage("data", "--show N takes --tokenizer PATH and one FILE.shard");
+        return 0;
+    }
     if (!o->out) return cli_usage("data", "missing --out FILE.shard");
     if (o->generate > 0) {
         if (!o->model) return cli_usage("data", "--generate needs --model PATH (the teacher)");
         if (o->tokenizer) return cli_usage("data", "--generate uses the model's own tokenizer; drop --tokenizer");
         if (o->n_inputs) return cli_usage("data", "--generate takes no INPUT files (got '%s')", o->inputs[0]);
         if (o->split_lines || o->strict) return cli_usage("data", "--split-lines and --strict apply to INPUT files");
+        if (o->self_instruct && o->prompts)
+            return cli_usage("data", "--self-instruct has the model write the prompts; drop --prompts");
     } else {
+        if (o->self_instruct || o->batch != 1)
+            return cli_usage("data", "--self-instruct and --batch go with --generate N");
         if (o->model || o->prompts) return cli_usage("data", "--model and --prompts go with --generate N");
         if (!o->tokenizer) return cli_usage("data", "missing --tokenizer PATH (a GGUF file or a checkpoint folder)");
         if (!o->n_inputs) return cli_usage("data", "missing INPUT files or folders");
@@ -172,6 +200,46 @@ static int run_encode(const data_opts_t *o) {
                (long long)st.skipped, st.bytes / 1e6, st.seconds, st.tokens / s, st.bytes / 1e6 / s,
                o->threads ? (int)o->threads : omp_get_max_threads());
     }
+    tok_free(&tok);
+    return rc;
+}
+
+// ---- --show -----------------------------------------------------------------
+
+static int run_show(const data_opts_t *o) {
+    tok_t tok = {0};
+    data_shard_t sh = {0};
+    int opened = 0, rc = load_tokenizer(o->tokenizer, &tok);
+    if (rc == 0 && (rc = data_shard_open(&sh, o->inputs[0])) == 0) opened = 1;
+    if (rc == 0 && sh.tok_hash != tok_hash(&tok))
+        rc = err_set(ERR_INPUT, "%s: made with another tokenizer (hash %016llx) than %s (%016llx)", o->inputs[0],
+                     (unsigned long long)sh.tok_hash, o->tokenizer, (unsigned long long)tok_hash(&tok));
+    if (rc == 0) {
+        int64_t in_loss = 0;
+        for (int64_t i = 0; i < sh.n_tokens; i++)
+            in_loss += data_shard_mask(&sh, i);
+        printf("%s: %lld tokens (%lld in the loss), %lld documents, vocabulary %d, %d bytes per token\n", o->inputs[0],
+               (long long)sh.n_tokens, (long long)in_loss, (long long)sh.n_docs, sh.n_vocab, sh.token_bytes);
+    }
+    for (int64_t d = 0; rc == 0 && d < sh.n_docs && d < o->show; d++) {
+        int64_t a = data_shard_doc_start(&sh, d),
+                b = d + 1 < sh.n_docs ? data_shard_doc_start(&sh, d + 1) : sh.n_tokens;
+        printf("---- document %lld: %lld tokens\n", (long long)d, (long long)(b - a));
+        int masked = 1;
+        for (int64_t i = a; i < b; i++) {
+            int32_t id = data_shard_token(&sh, i);
+            int mk = data_shard_mask(&sh, i);
+            if (mk != masked) fputs(mk ? "]]" : "[[", stdout), masked = mk;
+            char *txt = NULL;
+            size_t len = 0;
+            if ((rc = tok_decode(&tok, &id, 1, 0, &txt, &len)) < 0) break;
+            fwrite(txt, 1, len, stdout);
+            free(txt);
+        }
+        if (!masked) fputs("]]", stdout);
+        putchar('\n');
+    }
+    if (opened) data_shard_close(&sh);
     tok_free(&tok);
     return rc;
 }
@@ -220,93 +288,190 @@ typedef struct {
     int n, cap;
 } idvec_t;
 
-static int collect(void *user, int32_t id) {
-    idvec_t *v = user;
+static int idvec_push(idvec_t *v, int32_t id) {
     if (v->n == v->cap) {
         int cap = v->cap ? 2 * v->cap : 256;
         int32_t *ni = realloc(v->ids, (size_t)cap * sizeof *ni);
-        if (!ni) return 1; // stops generation; the caller sees n < stats.n_new
+        if (!ni) return err_set(ERR_NOMEM, "out of memory");
         v->ids = ni, v->cap = cap;
     }
     v->ids[v->n++] = id;
     return 0;
 }
 
+// The chat template split at a user message: *head = everything before the
+// message's text, *tail = what follows it up to the assistant's turn (the
+// generation prompt). Rendered with a marker message; template bytes only,
+// so both may hold control tokens.
+static int chat_split(const tok_t *tok, char **head, char **tail) {
+    static const char marker[] = "\x01\x02hylo\x02\x01";
+    tok_msg_t msg = {"user", marker};
+    char *text = NULL;
+    TRY(tok_chat_render(tok, &msg, 1, 1, &text));
+    char *at = strstr(text, marker);
+    int rc = 0;
+    if (!at) rc = err_set(ERR_UNSUP, "the chat template does not show the user's message verbatim");
+    if (rc == 0 && (!(*head = strndup(text, (size_t)(at - text))) || !(*tail = strdup(at + strlen(marker)))))
+        rc = err_set(ERR_NOMEM, "out of memory");
+    free(text);
+    return rc;
+}
+
+// One sampled document under construction: what was fed, and its phase.
+typedef struct {
+    idvec_t doc;
+    int n_prompt;      // tokens before sampling began
+    int answer_at;     // index in doc where the answer begins (after the assistant header)
+    int in_user;       // --self-instruct: still writing the user's message
+    int done, stopped; // finished; ended by a stop id (else cut at -n)
+    int n_forced, forced_at;
+} sample_t;
+
+// Sampled documents, B at a time: every sequence of a batch starts from the
+// same prompt tokens (one prefill for all) and is sampled with its own seed,
+// so the inference state's one shared length serves them all. With
+// --self-instruct the prompt ends where the user's message would begin: the
+// model writes the question too, and when it ends its turn the template's
+// assistant header is fed in place of sampling.
 static int run_generate(const data_opts_t *o) {
     prompts_t pr = {0};
     if (o->prompts) TRY(prompts_read(o->prompts, &pr));
     int n_prompts = o->prompts ? pr.n : (int)(sizeof builtin_prompts / sizeof builtin_prompts[0]);
+    int B = (int)(o->batch < o->generate ? o->batch : o->generate);
     be_t *be = NULL;
     model_t m = {0};
     model_run_t run = {0};
     model_state_t st = {0};
     tok_t tok = {0};
     data_shard_writer_t *w = NULL;
-    int loaded = 0, rc = cli_backend(o->device, &be);
+    char *head = NULL, *tail = NULL;
+    int32_t *header = NULL; // --self-instruct: the assistant header's ids
+    int n_header = 0;
+    sample_t *smp = calloc((size_t)B, sizeof *smp);
+    sampler_t *sam = calloc((size_t)B, sizeof *sam);
+    int32_t *next = malloc((size_t)B * sizeof *next);
+    float *logits = NULL;
+    uint8_t *mask = NULL;
+    int loaded = 0, rc = smp && sam && next ? cli_backend(o->device, &be) : err_set(ERR_NOMEM, "out of memory");
     if (rc == 0 && (rc = cli_load_model(o->model, be, &m, &tok)) == 0) loaded = 1;
     if (rc == 0 && tok.n_vocab > m.a.V)
         rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->model,
                      tok.n_vocab, m.a.V);
     if (rc == 0 && tok.eos < 0) rc = err_set(ERR_INPUT, "%s: the tokenizer has no EOS token", o->model);
+    if (rc == 0 && !(logits = malloc((size_t)B * m.a.V * sizeof *logits))) rc = err_set(ERR_NOMEM, "out of memory");
     if (rc == 0) rc = model_run_create(&run, &m, CLI_RUN_ARENA);
-    if (rc == 0) rc = model_state_alloc(&m, &st, 1, (int)o->ctx);
+    if (rc == 0) rc = model_state_alloc(&m, &st, B, (int)o->ctx);
     int32_t stop[16];
     int n_stop = rc == 0 ? gen_stop_ids(&tok, &m.a, stop, 16) : 0;
+    if (rc == 0 && o->self_instruct) rc = chat_split(&tok, &head, &tail);
+    if (rc == 0 && o->self_instruct) rc = tok_encode_ex(&tok, tail, strlen(tail), TOK_SPECIAL, &header, &n_header);
     if (rc == 0) rc = data_shard_create(&w, o->out, tok_hash(&tok), tok.n_vocab);
-    idvec_t doc = {0};
-    uint8_t *mask = NULL;
-    int64_t tokens = 0, budget_hit = 0;
+    int64_t tokens = 0, budget_hit = 0, docs = 0;
     double t0 = time_now();
-    for (long i = 0; rc == 0 && i < o->generate; i++) {
-        const char *prompt = o->prompts ? pr.v[i % n_prompts] : builtin_prompts[i % n_prompts];
-        tok_msg_t msg = {"user", prompt};
-        char *text = NULL;
+    for (long b0 = 0; rc == 0 && b0 < o->generate; b0 += B) {
+        // the batch's prompt: a rendered user message, or the template's head
         int32_t *pids = NULL;
         int np = 0;
-        rc = tok_chat_render(&tok, &msg, 1, 1, &text);
-        if (rc == 0) rc = tok_encode_ex(&tok, text, strlen(text), TOK_SPECIAL, &pids, &np);
+        uint8_t *plain = NULL;
+        char *text = NULL;
+        if (o->self_instruct) {
+            rc = tok_encode_ex(&tok, head, strlen(head), TOK_SPECIAL, &pids, &np);
+        } else {
+            tok_msg_t msg = {"user", o->prompts ? pr.v[(b0 / B) % n_prompts] : builtin_prompts[(b0 / B) % n_prompts]};
+            rc = tok_chat_render_marked(&tok, &msg, 1, 1, &text, &plain);
+            if (rc == 0) rc = tok_encode_marked(&tok, text, strlen(text), TOK_SPECIAL, plain, &pids, &np);
+        }
         free(text);
+        free(plain);
         if (rc == 0 && np + 2 > o->ctx)
-            rc = err_set(ERR_INPUT, "prompt %ld is %d tokens, more than --ctx %ld leaves room for", i % n_prompts, np,
-                         o->ctx);
-        // doc = prompt, the sampled answer (collected as it comes), end of turn, EOS
-        doc.n = 0;
-        for (int k = 0; rc == 0 && k < np; k++)
-            collect(&doc, pids[k]);
-        gen_stats_t gs = {0};
-        if (rc == 0) {
-            model_state_reset(&m, &st);
-            gen_cfg_t c = {.stop = stop, .n_stop = n_stop, .prefill_chunk = 512};
-            c.max_new = (int)(o->n < o->ctx - np ? o->n : o->ctx - np);
-            c.sampler.temperature = (float)o->temp;
-            c.sampler.top_k = (int)o->top_k;
-            c.sampler.top_p = (float)o->top_p;
-            c.sampler.seed = (uint64_t)o->seed + (uint64_t)i;
-            rc = gen_run(&run, &st, pids, np, &c, collect, &doc, &gs);
+            rc = err_set(ERR_INPUT, "the prompt of document %ld is %d tokens, more than --ctx %ld leaves room for", b0,
+                         np, o->ctx);
+        int32_t *rep = rc == 0 ? malloc((size_t)B * np * sizeof *rep) : NULL;
+        if (rc == 0 && !rep) rc = err_set(ERR_NOMEM, "out of memory");
+        for (int s = 0; rc == 0 && s < B; s++) {
+            memcpy(rep + (size_t)s * np, pids, (size_t)np * sizeof *rep);
+            sample_t *x = &smp[s];
+            x->doc.n = 0, x->n_prompt = np, x->answer_at = o->self_instruct ? -1 : np, x->in_user = o->self_instruct;
+            x->done = x->stopped = x->n_forced = x->forced_at = 0;
+            for (int k = 0; rc == 0 && k < np; k++)
+                rc = idvec_push(&x->doc, pids[k]);
+            sampler_cfg_t sc = {(float)o->temp, (int)o->top_k, (float)o->top_p, (uint64_t)o->seed + (uint64_t)(b0 + s)};
+            sampler_free(&sam[s]);
+            if (rc == 0) rc = sampler_init(&sam[s], &sc, m.a.V);
         }
         free(pids);
-        if (rc == 0 && gs.stopped) collect(&doc, gs.stop_id);
-        if (rc == 0) collect(&doc, tok.eos);
-        if (rc == 0 && doc.n != np + gs.n_new + gs.stopped + 1) rc = err_set(ERR_NOMEM, "out of memory");
-        if (rc < 0) break;
-        budget_hit += !gs.stopped;
-        if (o->assistant_only) {
-            uint8_t *nm = realloc(mask, (size_t)doc.n);
-            if (!nm) {
-                rc = err_set(ERR_NOMEM, "out of memory");
-                break;
-            }
-            mask = nm;
-            for (int k = 0; k < doc.n; k++)
-                mask[k] = k >= np && k < doc.n - 1; // the answer and its end of turn
+        if (rc == 0) {
+            model_state_reset(&m, &st);
+            rc = model_prefill(&run, &st, rep, np, 512, logits);
         }
-        rc = data_shard_add(w, doc.ids, o->assistant_only ? mask : NULL, doc.n);
-        tokens += doc.n;
-        log_info("data: document %ld/%ld: %d prompt + %d sampled tokens%s (%.1f s so far)", i + 1, o->generate, np,
-                 gs.n_new, gs.stopped ? "" : ", cut at -n", time_now() - t0);
+        free(rep);
+        int max_new = (int)(o->n < o->ctx - np - 1 ? o->n : o->ctx - np - 1);
+        for (int step = 0; rc == 0 && step < max_new; step++) {
+            int active = 0;
+#pragma omp parallel for reduction(+ : active) schedule(dynamic, 4)
+            for (int s = 0; s < B; s++) {
+                sample_t *x = &smp[s];
+                next[s] = tok.eos; // what a finished sequence is fed
+                if (x->done) continue;
+                if (x->forced_at < x->n_forced) {
+                    next[s] = header[x->forced_at++];
+                    if (x->forced_at == x->n_forced) x->answer_at = x->doc.n + 1;
+                    active++;
+                    continue;
+                }
+                int32_t id = sampler_sample(&sam[s], logits + (size_t)s * m.a.V);
+                int is_stop = 0;
+                for (int k = 0; k < n_stop; k++)
+                    is_stop |= id == stop[k];
+                // the user's message ends (by a stop id, or at half the budget):
+                // the template's assistant header follows
+                if (x->in_user && (is_stop || step >= max_new / 2)) {
+                    x->in_user = 0, x->n_forced = n_header, x->forced_at = 0;
+                    next[s] = header[x->forced_at++];
+                    if (x->forced_at == x->n_forced) x->answer_at = x->doc.n + 1;
+                    active++;
+                    continue;
+                }
+                if (is_stop) {
+                    x->done = x->stopped = 1;
+                    next[s] = id;
+                    continue;
+                }
+                next[s] = id;
+                active++;
+            }
+            for (int s = 0; rc == 0 && s < B; s++)
+                if (!smp[s].done || smp[s].stopped == 1) {
+                    rc = idvec_push(&smp[s].doc, next[s]);
+                    if (smp[s].stopped) smp[s].stopped = 2; // its stop id is recorded once
+                }
+            if (rc == 0 && active == 0) break;
+            if (rc == 0) rc = model_step(&run, &st, next, logits);
+        }
+        for (int s = 0; rc == 0 && s < B && b0 + s < o->generate; s++) {
+            sample_t *x = &smp[s];
+            if ((rc = idvec_push(&x->doc, tok.eos)) < 0) break;
+            budget_hit += !x->stopped;
+            if (o->assistant_only) {
+                uint8_t *nm = realloc(mask, (size_t)x->doc.n);
+                if (!nm) {
+                    rc = err_set(ERR_NOMEM, "out of memory");
+                    break;
+                }
+                mask = nm;
+                // the answer and its end of turn (a document cut before its
+                // answer began has none)
+                for (int k = 0; k < x->doc.n; k++)
+                    mask[k] = x->answer_at >= 0 && k >= x->answer_at && k < x->doc.n - 1;
+            }
+            rc = data_shard_add(w, x->doc.ids, o->assistant_only ? mask : NULL, x->doc.n);
+            tokens += x->doc.n;
+            docs++;
+        }
+        if (rc == 0)
+            log_info("data: %lld/%ld documents, %lld tokens (%.1f s, %.0f tokens/s)", (long long)docs, o->generate,
+                     (long long)tokens, time_now() - t0, tokens / (time_now() - t0 + 1e-9));
     }
-    free(doc.ids);
-    free(mask);
     if (w) {
         if (rc == 0)
             rc = data_shard_finish(w);
@@ -316,6 +481,11 @@ static int run_generate(const data_opts_t *o) {
     if (rc == 0)
         printf("hylo: wrote %s: %ld documents sampled from %s, %lld tokens, %lld cut at -n %ld; %.1f s\n", o->out,
                o->generate, o->model, (long long)tokens, (long long)budget_hit, o->n, time_now() - t0);
+    for (int s = 0; s < B && smp; s++)
+        free(smp[s].doc.ids);
+    for (int s = 0; s < B && sam; s++)
+        sampler_free(&sam[s]);
+    free(smp), free(sam), free(next), free(logits), free(mask), free(head), free(tail), free(header);
     if (loaded) {
         model_state_free(&m, &st);
         model_run_free(&run);
@@ -334,7 +504,7 @@ int cmd_data(int argc, char **argv) {
     }
     data_opts_t o = {0};
     int rc = parse(argc, argv, &o);
-    if (rc == 0) rc = o.generate > 0 ? run_generate(&o) : run_encode(&o);
+    if (rc == 0) rc = o.show ? run_show(&o) : o.generate > 0 ? run_generate(&o) : run_encode(&o);
     free(o.inputs);
     return rc < 0 ? cli_fail(rc) : rc;
 }

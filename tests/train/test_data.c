@@ -974,6 +974,61 @@ static void test_generate(void **state) {
     dump_free(&d);
 }
 
+// --generate --self-instruct --batch: the model writes the user's message too,
+// two sequences per batch. Every document is the template's head, a sampled
+// message, the assistant header, a sampled answer and EOS; the mask covers
+// the answer and its end of turn; a seed reproduces the shard; --show prints it.
+static void test_generate_self_instruct(void **state) {
+    const tok_t *t = smol();
+    char args[1600];
+    for (int r = 0; r < 2; r++) {
+        snprintf(args, sizeof args,
+                 "data --generate 3 --batch 2 --self-instruct --model %s -n 12 --seed 7 --assistant-only --out %s",
+                 tu_model_path(), tu_tmp_path(r ? "si2.shard" : "si1.shard"));
+        assert_int_equal(tu_run_hylo(args, NULL), 0);
+    }
+    size_t n1, n2;
+    char *a = slurp(tu_tmp_path("si1.shard"), &n1), *b = slurp(tu_tmp_path("si2.shard"), &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1);
+    free(a), free(b);
+    // the head and the header, cut from a rendered message "X"
+    tok_msg_t m = {"user", "X"};
+    char *txt;
+    assert_int_equal(tok_chat_render(t, &m, 1, 1, &txt), 0);
+    char *x = strstr(txt, "X");
+    assert_non_null(x);
+    int32_t *head, *hdr;
+    int nh, nd;
+    assert_int_equal(tok_encode_ex(t, txt, (size_t)(x - txt), TOK_SPECIAL, &head, &nh), 0);
+    assert_int_equal(tok_encode_ex(t, x + 1, strlen(x + 1), TOK_SPECIAL, &hdr, &nd), 0);
+    shard_dump_t d = dump(tu_tmp_path("si1.shard"));
+    assert_int_equal(d.n_docs, 3); // the second batch's second sequence is dropped
+    int answered = 0;
+    for (int i = 0; i < 3; i++) {
+        int64_t s = d.docs[i], len = doc_len(&d, i);
+        assert_true(len <= nh + 12 + 2);
+        assert_memory_equal(d.ids + s, head, (size_t)nh * sizeof *head);
+        assert_int_equal(d.ids[s + len - 1], t->eos);
+        int64_t at = -1; // where the header ends, when the message ended within -n
+        for (int64_t k = nh; k + nd <= len && at < 0; k++)
+            if (!memcmp(d.ids + s + k, hdr, (size_t)nd * sizeof *hdr)) at = k + nd;
+        answered += at >= 0;
+        for (int64_t k = 0; k < len; k++)
+            assert_int_equal(d.mask[s + k], at >= 0 && k >= at && k < len - 1);
+    }
+    assert_true(answered >= 1); // -n 12 forces the header after 6 sampled tokens at the latest
+    dump_free(&d);
+    free(txt), free(head), free(hdr);
+    snprintf(args, sizeof args, "data --show 1 --tokenizer %s %s", tu_model_path(), tu_tmp_path("si1.shard"));
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    size_t no;
+    char *out = slurp(tu_tmp_path("out.txt"), &no);
+    assert_non_null(strstr(out, "---- document 0"));
+    assert_non_null(strstr(out, "[[<|im_start|>system"));
+    free(out);
+}
+
 int main(void) {
     log_set_level(LOG_WARN); // the loader's info lines (one per open) would drown a failure's output
     const struct CMUnitTest tests[] = {
@@ -997,6 +1052,7 @@ int main(void) {
         cmocka_unit_test(test_loader_seek),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_generate_self_instruct),
     };
     int rc = cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
     if (g_tok_ok) tok_free(&g_tok);
