@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# The first real HyLo model (docs/RESULTS.md, issue 10): SmolLM2-135M-Instruct
+# upcycled to 10MLA20GDN on one H200, trained through both stages and
+# evaluated against its teacher, within the device limits (10 minutes a call,
+# 64 MiB carried a call, the machine given back 30 s after a call: the calls
+# run back to back). Here:
+#   bash scripts/gpu/upcycle.sh pack      build, corpus (scripts/corpus.sh), fill .carry/
+# then one device call each, in this order:
+#   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/lib .carry/p1 .carry/ca .carry/evaldata.tar.xz
+#   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb
+#   call 3: bash scripts/gpu/upcycle.sh stage2
+#   call 4: bash scripts/gpu/upcycle.sh eval
+# Each of 2-4 returns $OUT/<step>.tar.xz: logs, recipes, metrics, loss plots,
+# evaluation results and samples (the weights stay on the machine).
+#   stage1: tokenize the corpus; sample chat documents from the teacher
+#           (hylo data --generate --self-instruct, batched); the teacher's
+#           evaluation; stage 1 (ILD at 2K) of the pure-MLA and the pure-GDN
+#           students, side by side on the GPU.
+#   stage2: the hybrid assembled by the layer plan (MLA at every third layer),
+#           KD at 2K, then 8K (YaRN factor 4 over 2,048), then 32K (factor 16);
+#           meanwhile the untrained and the assembled (ILD-only) hybrids are
+#           evaluated.
+#   eval:   the three KD checkpoints evaluated, side by side; chat answers of every model;
+#           latency and cache memory against the teacher.
+# Training lengths are set in steps from the throughput each stage measured
+# before (metrics.jsonl), so that a stage ends inside its time slot with its
+# learning-rate schedule complete; a stage that would still overrun is stopped
+# by SIGTERM, which saves a checkpoint.
+set -uo pipefail
+W=/tmp/u
+if [ "$1" = pack ]; then
+    set -e
+    make -j2 build/hylo >/dev/null
+    mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
+    cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
+    tar cf - -C .carry/stage build | xz -6 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
+    for l in libcjson.so.1 libyaml-0.so.2 libpcre2-8.so.0 libzstd.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .carry/lib/; done
+    model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
+    head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
+    tar cf - -C .. shared/data/eval shared/data/essays shared/data/words | xz -6 -T2 > .carry/evaldata.tar.xz
+    corpus=${CORPUS:-.carry/corpus}
+    [ -d "$corpus" ] || scripts/corpus.sh "$corpus" ../shared/data
+    tar cf - -C "$corpus" . | xz -9e -T2 > .carry/corpus.tar.xz
+    n=$(stat -c %s .carry/corpus.tar.xz)
+    head -c $((n / 3)) .carry/corpus.tar.xz > .carry/ca/part && tail -c +$((n / 3 + 1)) .carry/corpus.tar.xz > .carry/cb/part
+    du -sh .carry/*
+    exit 0
+fi
+if [ "$1" = prep ]; then
+    rm -rf $W && mkdir -p $W/out
+    tar xJf .carry/bins.tar.xz && cp .carry/p1/gguf.part $W/p1 && cp .carry/ca/part $W/ca && cp -r .carry/lib $W/lib &&
+        tar xJf .carry/evaldata.tar.xz -C $W && mv $W/shared/data $W/data
+    LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64 ldd build/hylo | grep "not found"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    ls -la $W
+    exit 0
+fi
+export LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+H=$PWD/build/hylo D=$W/data M=$W/smol.gguf O=$W/out/$1
+mkdir -p "$O"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$O/gpu.txt"
+T0=$(date +%s)
+since() { echo $(( $(date +%s) - T0 )); }
+DEADLINE=540 # every step ends by then, so the call returns inside its 10 minutes
+step() { # name, timeout (s), command...: logged to $O/name.log with its exit status and time
+    local name=$1 t=$2; shift 2
+    local left=$((DEADLINE - $(since)))
+    [ $t -lt $left ] || t=$left
+    [ $t -gt 5 ] || { echo "$name: skipped (no time left)"; echo "# skipped: no time left" > "$O/$name.log"; return; }
+    echo "\$ $*" > "$O/$name.log"
+    local s=$(date +%s)
+    timeout -s TERM -k 20 "$t" "$@" >> "$O/$name.log" 2>&1
+    local rc=$?
+    echo "# exit $rc after $(( $(date +%s) - s )) s (started at +$(( s - T0 )) s)" >> "$O/$name.log"
+    echo "$name: exit $rc, $(( $(date +%s) - s )) s"
+}
+# tokens/s of the last logged step of a run (0 when none)
+tps() { tail -n 1 "$1/metrics.jsonl" 2>/dev/null | sed -n 's/.*"tokens_per_s": *\([0-9.]*\).*/\1/p' | cut -d. -f1 | grep . || echo 0; }
+# steps of `tokens` tokens that fit in `seconds` at `rate` tokens/s, at least lo, at most hi
+fit() { local s=$(( $2 * $3 / $1 )); [ $s -lt $4 ] && s=$4; [ $s -gt $5 ] && s=$5; echo $s; }
+recipe() { # file, then key: value lines
+    local f=$1; shift
+    printf '%s\n' "$@" > "$f"
+}
+# The quality measurements of one model (teacher or student), into $O/ev_NAME*:
+# next-token KL / top-1 against the teacher on the essays, perplexity, the
+# multiple-choice sets and LAMBADA (first 500 items each), needle retrieval
+# from 2K to 32K, and three chat answers.
+evaluate() { # name, model folder or GGUF
+    local n=$1 p=$2
+    [ "$p" = "$M" ] || step ev_${n}_compare 200 $H compare $M "$p" --device cuda --text $D/essays --windows 32 --tokens 1024
+    step ev_${n}_short 300 $H eval "$p" --task mc,lambada_openai,ppl --limit 500 --device cuda --data $D --out $O/ev_${n}_short
+    step ev_${n}_niah 300 $H eval "$p" --task niah_single_1,niah_single_2,niah_multikey_1,niah_multivalue \
+        --lengths 2K,4K,8K,16K,32K --samples 20 --device cuda --chunk 8192 --data $D --out $O/ev_${n}_niah
+    for q in "What is the capital of France?" "Write a haiku about the sea." "Explain in two sentences what a hash table is."; do
+        echo "## $q"
+        timeout 60 $H chat "$p" --prompt "$q" -n 96 --temp 0 --device cuda 2>&1
+        echo
+    done > "$O/ev_${n}_chat.txt"
+}
+assemble() { # GGUF halves -> $M, checked against the sha256 fetch_model.sh holds
+    [ -f $M ] && return
+    sha=$(sed -n 's/^sha="\([0-9a-f]*\)"$/\1/p' scripts/fetch_model.sh)
+    cat $W/p1 .carry/p2/gguf.part > $M.part
+    echo "$sha  $M.part" | sha256sum -c --quiet - && mv $M.part $M || echo "GGUF halves do not match" >&2
+}
+mla=$(seq -s, 0 3 29)
+case $1 in
+stage1)
+    assemble
+    mkdir -p $W/corpus $W/mix
+    cat $W/ca .carry/cb/part | xz -d | tar xf - -C $W/corpus
+    cp $W/corpus/SOURCES.tsv $W/corpus/OVERLAP.log "$O/" 2>/dev/null
+    step data 120 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
+    # chat documents sampled from the teacher, 1,024 a shard, while the slot lasts
+    (
+        k=0
+        while [ $(since) -lt 300 ]; do
+            step chat_$k 150 $H data --generate 1024 --batch 512 --self-instruct -n 448 --ctx 640 --temp 0.7 \
+                --seed $((1 + 1024 * k)) --device cuda --model $M --out $W/mix/chat_$k.shard
+            k=$((k + 1))
+        done
+    ) > $O/chat_gen.txt 2>&1 &
+    (evaluate teacher $M) > $O/ev_teacher.txt 2>&1 &
+    # the issue-9 scorer check: every ARC-Easy and PIQA item against transformers
+    (
+        step ev_teacher_agree_mc 200 $H eval $M --task arc_easy,piqa --device cuda --data $D --out $O/ev_teacher_agree
+        $H export $M --out $W/smol_hf > /dev/null 2>&1
+        step agree 200 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa --device cuda
+    ) > $O/agree.txt 2>&1 &
+    for s in mla gdn; do
+        if [ $s = mla ]; then layers="[$(seq -s, 0 29)]"; else layers="[]"; fi
+        recipe $W/ild_$s.yaml "model_name_or_path: $M" "teacher_model_name_or_path: $M" "linear_type: gdn" \
+            "mla_layers: $layers" "ILD: true" "max_seq_length: 2048" "per_device_train_batch_size: 16" \
+            "gradient_accumulation_steps: 1" "learning_rate: 1.0e-3" "warmup_ratio: 0.05" "max_steps: 450" \
+            "dataset_mixer:" "  $W/mix/docs.shard: 1.0" "output_dir: $W/ild_$s" "save_steps: 150" \
+            "save_total_limit: 1" "logging_steps: 10" "device: cuda" "seed: 42"
+        step ild_$s 380 $H train $W/ild_$s.yaml &
+    done
+    wait
+    ;;
+stage2)
+    mkdir -p $W/kd
+    # the teacher samples' share of the mixture, and their text, for the record
+    $H data --show 3 --tokenizer $M $W/mix/chat_0.shard > $O/chat_samples.txt 2>&1
+    ls -la $W/mix > $O/mix.txt
+    rate=$(tps $W/ild_mla) # ILD's rate stands in for KD's before KD has run
+    [ "$rate" -gt 0 ] || rate=100000
+    kd() { # name, T, rows, lr, factor, init lines..., seconds
+        local n=$1 T=$2 rows=$3 lr=$4 f=$5 init=$6 secs=$7 ce=${8:-0.0}
+        local steps=$(fit $((T * rows)) $secs $rate 20 3000)
+        recipe $W/$n.yaml $init "teacher_model_name_or_path: $M" "linear_type: gdn" "mla_layers: [$mla]" \
+            "ILD: false" "max_seq_length: $T" "per_device_train_batch_size: $rows" "gradient_accumulation_steps: 1" \
+            "learning_rate: $lr" "warmup_ratio: 0.03" "max_steps: $steps" "factor: $f" \
+            "original_max_position_embeddings: 2048" "kl_weight: 1.0" "ce_weight: $ce" "gradient_checkpointing: true" \
+            "dataset_mixer:" "  $W/mix: 1.0" "output_dir: $W/$n" "save_steps: 1000000" "save_total_limit: 1" \
+            "logging_steps: 10" "device: cuda" "seed: 42"
+        step $n $((secs + 60)) $H train $W/$n.yaml
+        rate=$(tps $W/$n)
+        [ "$rate" -gt 0 ] || rate=50000
+        rate=$((rate * 80 / 100)) # longer rows run slower
+    }
+    # untrained hybrid of the same layout, for the table
+    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
+    (evaluate untrained $W/untrained) > $O/ev_untrained.txt 2>&1 &
+    kd kd2k 2048 16 3.0e-4 1.0 "model_name_or_path: $M
+mla_ILD_path: $W/ild_mla/final
+linear_ILD_path: $W/ild_gdn/final" 170
+    (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
+    kd kd8k 8192 4 1.5e-4 4.0 "model_name_or_path: $W/kd2k/final" 130
+    kd kd32k 32768 1 1.0e-4 16.0 "model_name_or_path: $W/kd8k/final" 130 0.5
+    wait
+    ;;
+eval)
+    (evaluate kd2k $W/kd2k/final) > $O/ev_kd2k.txt 2>&1 &
+    (evaluate kd8k $W/kd8k/final) > $O/ev_kd8k.txt 2>&1 &
+    (evaluate kd32k $W/kd32k/final) > $O/ev_kd32k.txt 2>&1 &
+    step bench 200 $H bench $W/kd32k/final --against $M --lengths 2K,8K,32K,128K --decode 32 --device cuda --chunk 8192 \
+        --out $O/bench
+    wait
+    ;;
+esac
+for r in $W/ild_mla $W/ild_gdn $W/kd2k $W/kd8k $W/kd32k; do
+    [ -d $r ] || continue
+    n=$(basename $r)
+    mkdir -p $O/train && cp $r/metrics.jsonl $O/train/$n.metrics.jsonl 2>/dev/null
+    cp $r/loss.svg $O/train/$n.loss.svg 2>/dev/null
+    cp $W/$n.yaml $O/train/ 2>/dev/null
+done
+echo "total $(since) s"
+tar cJf "$OUT/$1.tar.xz" -C $W/out "$1"
+ls -la "$OUT"
