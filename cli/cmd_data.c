@@ -59,7 +59,7 @@ static const char *help = "usage: hylo data --tokenizer PATH --out FILE.shard [o
                           "  --temp T           temperature (default 1)\n"
                           "  --top-k K, --top-p P   as for 'hylo generate' (default off)\n"
                           "  --seed S           document i is sampled with seed S + i (default 1)\n"
-                          "  --ctx N            context capacity (default 4096)\n"
+                          "  --ctx N            context capacity (default 4096; the cache grows with use up to it)\n"
                           "  --device D         cpu or cuda (default cpu)\n"
                           "  --assistant-only   loss only on the answer and its end-of-turn token\n";
 

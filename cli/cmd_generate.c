@@ -25,7 +25,8 @@ static const char *gen_help = "usage: hylo generate PATH --prompt TEXT [options]
                               "  --top-k K         keep the K most likely tokens (default 0 = off)\n"
                               "  --top-p P         nucleus sampling mass in (0, 1] (default 1 = off)\n"
                               "  --seed S          sampling seed (default 1)\n"
-                              "  --ctx N           context capacity in tokens (default 4096)\n"
+                              "  --ctx N           context capacity in tokens (default 4096); the cache grows\n"
+                              "                    with use up to it\n"
                               "  --chunk N         prefill chunk in tokens (default 512)\n"
                               "  --device D        cpu or cuda (default cpu)\n"
                               "  --threads N       CPU threads (default: all)\n"
@@ -192,12 +193,12 @@ static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids,
                           printer_t *p) {
     p->text.n = 0;
     if (p->text.s) p->text.s[0] = 0;
-    int64_t room = (int64_t)s->st.cap - s->st.len - n; // tokens left for the answer
+    int64_t room = (int64_t)s->st.ctx - s->st.len - n; // tokens left for the answer
     if (room < 1)
         return err_set(ERR_INPUT,
                        "the input of %d tokens does not fit: %d of the context's %d tokens are free, and the answer "
                        "needs at least one (--ctx sets the capacity)",
-                       n, s->st.cap - s->st.len, s->st.cap);
+                       n, s->st.ctx - s->st.len, s->st.ctx);
     tok_stream_free(&p->ts);
     tok_stream_init(&p->ts, &s->tok, stream_flags);
     int max_new = o->n < room ? (int)o->n : (int)room;
@@ -211,7 +212,7 @@ static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids,
     int frc = print_finish(p);
     if (rc == 0) rc = frc;
     if (rc == 0 && !st.stopped && st.n_new == max_new && max_new < o->n)
-        fprintf(stderr, "hylo: the context is full (%d tokens, --ctx): the answer stops here\n", s->st.cap);
+        fprintf(stderr, "hylo: the context is full (%d tokens, --ctx): the answer stops here\n", s->st.ctx);
     if (rc == 0) report(o, &st);
     return rc;
 }
@@ -296,19 +297,19 @@ static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fe
     int rc = tok_encode_marked(&s->tok, text + from, strlen(text + from), TOK_SPECIAL, plain + from, &ids, &n);
     if (rc == 0 && n == 0) rc = err_set(ERR_INPUT, "nothing to feed");
     int64_t held = keep ? s->st.len : 0; // what stays in the cache
-    if (rc == 0 && held + n + 1 > s->st.cap) {
+    if (rc == 0 && held + n + 1 > s->st.ctx) {
         *refused = 1;
         if (keep)
             rc = err_set(ERR_INPUT,
                          "message refused: it needs %d tokens with the template and the answer at least one more, but "
                          "the conversation already holds %lld of the context's %d ('/reset' starts a new "
                          "conversation, --ctx sets the capacity)",
-                         n, (long long)held, s->st.cap);
+                         n, (long long)held, s->st.ctx);
         else
             rc = err_set(ERR_INPUT,
                          "message refused: the conversation needs %d tokens with the template and the answer at "
                          "least one more, but the context holds %d (--ctx sets the capacity)",
-                         n, s->st.cap);
+                         n, s->st.ctx);
     }
     if (rc == 0 && !keep) model_state_reset(&s->m, &s->st);
     if (rc == 0) rc = generate_print(s, o, ids, n, TOK_SKIP_SPECIAL, p);

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "base/err.h"
 #include "cli/cli.h"
 #include "io/weights.h"
@@ -11,9 +12,13 @@
 static const char *help = "usage: hylo info PATH\n"
                           "\n"
                           "Prints the architecture (per-layer mixer kinds for hybrids), the parameter\n"
-                          "count, the bytes of KV / latent cache per token (f16/bf16 elements) and the\n"
-                          "fixed recurrent-state bytes per sequence, and a summary of tensor dtypes.\n"
-                          "For a hybrid, the cache of its teacher (all layers attention) is shown beside it.\n";
+                          "count, the bytes of KV / latent cache per token of one sequence and the fixed\n"
+                          "recurrent-state bytes per sequence, and a summary of tensor dtypes. Caches\n"
+                          "are kept in the device's activation dtype, so the bytes are given for each\n"
+                          "device: fp32 on the CPU (--device cpu), bf16 on CUDA; they are what\n"
+                          "generate, chat, eval and bench allocate per token (recurrent states: fp32, plus\n"
+                          "conv windows in the activation dtype). For a hybrid, the cache of its teacher\n"
+                          "(all layers attention) is shown beside it.\n";
 
 // 134515008 -> "134,515,008"
 static const char *commas(int64_t v, char *buf) {
@@ -85,17 +90,22 @@ int cmd_info(int argc, char **argv) {
     char b1[32], b2[32], b3[32];
     printf("%-22s %s (%s embedding + %s non-embedding)\n", "parameters", commas(np, b1), commas(nemb, b2),
            commas(np - nemb, b3));
-    int64_t cache = arch_cache_bytes_per_token(&a, 2);
-    printf("%-22s %s bytes per token (f16)\n", "KV cache", commas(cache, b1));
+    // the devices' act element sizes: what model_state_t allocates per token
+    int ec = (int)be_act_size_of("cpu"), eg = (int)be_act_size_of("cuda");
+    char b4[32];
+    int64_t cache = arch_cache_bytes_per_token(&a, ec);
+    printf("%-22s %s bytes per token on cpu (fp32), %s on cuda (bf16)\n", "KV cache", commas(cache, b1),
+           commas(arch_cache_bytes_per_token(&a, eg), b2));
     if (hybrid) {
         arch_t t = a;
         for (int l = 0; l < t.n_layers; l++)
             t.kind[l] = LAYER_ATTN;
-        int64_t tc = arch_cache_bytes_per_token(&t, 2);
-        printf("%-22s %s bytes per token (f16); the hybrid's cache is %.2f%% of it\n", "teacher KV cache",
-               commas(tc, b1), tc ? 100.0 * (double)cache / (double)tc : 0.0);
-        printf("%-22s %s bytes per sequence (fp32 states, bf16 conv states)\n", "recurrent state",
-               commas(arch_state_bytes(&a, 4, 2), b1));
+        int64_t tc = arch_cache_bytes_per_token(&t, ec);
+        printf("%-22s %s bytes per token on cpu (fp32), %s on cuda (bf16); the hybrid's cache is %.2f%% of it\n",
+               "teacher KV cache", commas(tc, b1), commas(arch_cache_bytes_per_token(&t, eg), b2),
+               tc ? 100.0 * (double)cache / (double)tc : 0.0);
+        printf("%-22s %s bytes per sequence on cpu, %s on cuda (fp32 states; conv windows fp32 / bf16)\n",
+               "recurrent state", commas(arch_state_bytes(&a, 4, ec), b3), commas(arch_state_bytes(&a, 4, eg), b4));
     }
     char dt[512];
     wsrc_dtype_summary(src, dt, sizeof dt);

@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <assert.h>
 #include <string.h>
 
 #include "base/err.h"
@@ -9,12 +10,20 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes);
 int cuda_backend_create(be_t **out, size_t scratch_bytes);
 #endif
 
+size_t be_act_size_of(const char *name) { return !strcmp(name, "cpu") ? 4 : !strcmp(name, "cuda") ? 2 : 0; }
+
 int be_create(be_t **out, const char *name, size_t scratch_bytes) {
     *out = NULL;
-    if (!strcmp(name, "cpu")) return cpu_backend_create(out, scratch_bytes);
+    if (!strcmp(name, "cpu")) {
+        int rc = cpu_backend_create(out, scratch_bytes);
+        assert(rc < 0 || (*out)->act_size == be_act_size_of(name));
+        return rc;
+    }
     if (!strcmp(name, "cuda")) {
 #ifdef HYLO_CUDA
-        return cuda_backend_create(out, scratch_bytes);
+        int rc = cuda_backend_create(out, scratch_bytes);
+        assert(rc < 0 || (*out)->act_size == be_act_size_of(name));
+        return rc;
 #else
         return err_set(ERR_UNSUP, "--device cuda: this hylo was built without CUDA (make CUDA=1)");
 #endif

@@ -261,6 +261,10 @@ struct be {
 // per-op scratch arena (be->scratch). The CPU backend takes its thread count
 // from OpenMP (OMP_NUM_THREADS, or omp_set_num_threads before this call).
 int be_create(be_t **out, const char *name, size_t scratch_bytes);
+// The act element size of the backend called name, without creating it (what
+// `hylo info` reports caches in): 4 (fp32) for "cpu", 2 (bf16) for "cuda",
+// also in a build without CUDA; 0 for an unknown name.
+size_t be_act_size_of(const char *name);
 void be_destroy(be_t *be);
 // Grows the scratch arena to at least `bytes` (its contents are dropped);
 // nothing happens when it is that large already.

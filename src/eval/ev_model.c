@@ -242,6 +242,8 @@ int ev_model_bench(ev_lm_t *lm, int T, int n_decode, uint64_t seed, ev_bench_t *
         ids[t] = (int32_t)(rng_u64(&r) % (uint64_t)m->a.V);
     model_state_t st;
     int rc = model_state_alloc(m, &st, 1, T + n_decode + 1);
+    // the whole room at once: no growth inside the timed prefill and decode
+    if (rc == 0 && (rc = model_state_reserve(m, &st, T + n_decode + 1)) < 0) model_state_free(m, &st);
     if (rc == 0) {
         out->cache_bytes = st.bytes;
         double t0 = time_now();

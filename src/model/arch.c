@@ -227,12 +227,14 @@ int arch_cache_parts(const arch_t *a, int l, int64_t B, int64_t cap, int elt_sta
     }
 }
 
+int arch_cache_grows(const arch_t *a, int l) { return a->kind[l] == LAYER_ATTN || a->kind[l] == LAYER_MLA; }
+
 // Sum of the parts of the layers whose cache grows with the tokens (grows = 1)
 // or stays fixed (grows = 0), for one sequence of one token.
 static int64_t cache_bytes(const arch_t *a, int grows, int elt_state, int elt) {
     int64_t n = 0, part[4];
     for (int l = 0; l < a->n_layers; l++) {
-        if ((a->kind[l] == LAYER_ATTN || a->kind[l] == LAYER_MLA) != grows) continue;
+        if (arch_cache_grows(a, l) != grows) continue;
         int np = arch_cache_parts(a, l, 1, 1, elt_state, elt, part);
         for (int i = 0; i < np; i++)
             n += part[i];

@@ -117,8 +117,12 @@ int arch_mla_rkv(const arch_t *a, int layer);
 // Returns how many buffers (0 for none). The one layout serves the allocation
 // and the byte counts below, so what `hylo info` reports is what is allocated.
 int arch_cache_parts(const arch_t *a, int l, int64_t B, int64_t cap, int elt_state, int elt, int64_t part[4]);
-// Cache bytes per token (element size `elt` bytes) for the growing caches only
-// (attention K+V, MLA latent + rope key); fixed-size states reported apart.
+// Whether layer l's cache grows with the tokens (attention K, V; MLA latent +
+// rope key) rather than staying fixed (GDN / Mamba-2 states and conv windows).
+int arch_cache_grows(const arch_t *a, int l);
+// Cache bytes per token of one sequence (element size `elt` bytes) for the
+// growing caches only; fixed-size states reported apart. An inference state
+// stores them in its backend's act dtype (model_cache_bytes_per_token).
 int64_t arch_cache_bytes_per_token(const arch_t *a, int elt);
 // Fixed recurrent state bytes per sequence (GDN / Mamba-2 states + conv states).
 int64_t arch_state_bytes(const arch_t *a, int elt_state, int elt_conv);

@@ -73,7 +73,7 @@ typedef struct {
 } m2_cache_t;
 
 typedef struct {
-    int B, cap, len; // sequences, capacity in tokens, tokens cached so far
+    int B, cap, len; // sequences, room in tokens (the sequence stride of k, v, kv; model.c grows it), tokens cached
     union {
         attn_cache_t attn;
         mla_cache_t mla;

@@ -213,54 +213,153 @@ int model_load(model_t *m, const char *path, be_t *be) {
 
 // ---- inference state -----------------------------------------------------------
 
-// Rounds each cache buffer up so the next one starts 256-byte aligned.
+// Rounds each fixed-state buffer up so the next one starts 256-byte aligned.
 static int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
 
-int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap) {
-    const arch_t *a = &m->a;
+int64_t model_cache_bytes_per_token(const model_t *m) {
+    return arch_cache_bytes_per_token(&m->a, (int)m->be->act_size);
+}
+
+// Layer l's growing buffers: how many, their bytes per token of one sequence
+// (w, in arch_cache_parts' order) and the cache fields holding them (slot).
+static int grow_parts(const model_t *m, model_state_t *st, int l, int64_t w[4], void **slot[2]) {
+    if (!arch_cache_grows(&m->a, l)) return 0;
+    layer_cache_t *c = &st->layers[l];
+    if (m->a.kind[l] == LAYER_ATTN)
+        slot[0] = &c->u.attn.k, slot[1] = &c->u.attn.v;
+    else
+        slot[0] = &c->u.mla.kv;
+    return arch_cache_parts(&m->a, l, 1, 1, sizeof(float), (int)m->be->act_size, w);
+}
+
+// Moves layer l's growing buffers to new ones of cap tokens per sequence,
+// copying each sequence's st->len cached rows; the layer is as it was when
+// this fails.
+static int grow_layer(const model_t *m, model_state_t *st, int l, int cap) {
     be_t *be = m->be;
-    memset(st, 0, sizeof *st);
-    st->B = B;
-    st->cap = cap;
-    st->layers = calloc((size_t)a->n_layers, sizeof *st->layers);
-    if (!st->layers) return err_set(ERR_NOMEM, "out of memory");
-    // Sizes first, then one block.
-    int64_t part[4], total = 0;
-    for (int l = 0; l < a->n_layers; l++) {
-        int np = arch_cache_parts(a, l, B, cap, sizeof(float), (int)be->act_size, part);
-        for (int i = 0; i < np; i++)
-            total += round256(part[i]);
-    }
-    st->bytes = (size_t)(total ? total : 256);
-    st->mem = be->alloc(be, st->bytes);
-    if (!st->mem) {
-        model_state_free(m, st);
-        return err_wrap(ERR_NOMEM, "cache for %d sequences of %d tokens: ", B, cap);
-    }
-    be->memset0(be, st->mem, st->bytes);
-    char *p = st->mem;
-    for (int l = 0; l < a->n_layers; l++) {
-        layer_cache_t *c = &st->layers[l];
-        c->B = B, c->cap = cap, c->len = 0;
-        void *buf[4];
-        int np = arch_cache_parts(a, l, B, cap, sizeof(float), (int)be->act_size, part);
-        for (int i = 0; i < np; i++)
-            buf[i] = p, p += round256(part[i]);
-        switch (a->kind[l]) {
-        case LAYER_ATTN: c->u.attn.k = buf[0], c->u.attn.v = buf[1]; break;
-        case LAYER_MLA: c->u.mla.kv = buf[0]; break;
-        case LAYER_GDN:
-            c->u.gdn.state = buf[0], c->u.gdn.conv_q = buf[1], c->u.gdn.conv_k = buf[2], c->u.gdn.conv_v = buf[3];
-            break;
-        case LAYER_M2: c->u.m2.state = buf[0], c->u.m2.conv = buf[1]; break;
-        default: break;
+    layer_cache_t *c = &st->layers[l];
+    int64_t w[4];
+    void **slot[2], *nb[2] = {NULL, NULL};
+    int np = grow_parts(m, st, l, w, slot), rc = 0;
+    for (int i = 0; i < np && rc == 0; i++)
+        if (!(nb[i] = be->alloc(be, (size_t)((int64_t)st->B * cap * w[i])))) rc = ERR_NOMEM;
+    for (int i = 0; i < np && rc == 0 && st->len > 0; i++)
+        for (int b = 0; b < st->B && rc == 0; b++)
+            rc = be->copy_d2d(be, (char *)nb[i] + (int64_t)b * cap * w[i],
+                              (char *)*slot[i] + (int64_t)b * c->cap * w[i], (size_t)((int64_t)st->len * w[i]));
+    for (int i = 0; i < np; i++) { // the old buffers go on success, the new ones on failure
+        void *drop = rc == 0 ? *slot[i] : nb[i];
+        if (rc == 0) {
+            st->cache_bytes += (size_t)((int64_t)st->B * (cap - c->cap) * w[i]);
+            *slot[i] = nb[i];
         }
+        be->free(be, drop);
+    }
+    if (rc == 0) c->cap = cap;
+    return rc;
+}
+
+// Grows every growing layer to at least cap tokens; st->cap becomes the room
+// all of them have, also when one fails halfway.
+static int grow_all(const model_t *m, model_state_t *st, int cap) {
+    int rc = 0, room = st->ctx;
+    for (int l = 0; l < m->a.n_layers; l++) {
+        if (!arch_cache_grows(&m->a, l)) continue;
+        if (rc == 0 && st->layers[l].cap < cap) rc = grow_layer(m, st, l, cap);
+        if (st->layers[l].cap < room) room = st->layers[l].cap;
+    }
+    st->cap = room;
+    st->bytes = st->fixed_bytes + st->cache_bytes;
+    return rc;
+}
+
+int model_state_reserve(const model_t *m, model_state_t *st, int n) {
+    if (n <= st->cap) return 0;
+    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    // Doubling keeps the copies at O(1) per token; near the memory's end the
+    // exact room asked for may still fit where double does not.
+    int want = st->cap > st->ctx / 2 ? st->ctx : 2 * st->cap;
+    if (want < n) want = n;
+    int rc = grow_all(m, st, want);
+    if (rc == ERR_NOMEM && want > n) rc = grow_all(m, st, n);
+    if (rc < 0) {
+        int64_t per = model_cache_bytes_per_token(m);
+        return err_wrap(rc,
+                        "cannot grow the cache to %d tokens for %d sequence%s: %lld bytes (%lld per token), %zu "
+                        "held now: ",
+                        n, st->B, st->B == 1 ? "" : "s", (long long)((int64_t)st->B * n * per), (long long)per,
+                        st->cache_bytes);
     }
     return 0;
 }
 
+int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
+    const arch_t *a = &m->a;
+    be_t *be = m->be;
+    memset(st, 0, sizeof *st);
+    if (B < 1 || ctx < 1)
+        return err_set(ERR_INPUT, "an inference state needs at least 1 sequence of 1 token, asked for %d of %d", B,
+                       ctx);
+    st->B = B;
+    st->ctx = ctx;
+    st->layers = calloc((size_t)a->n_layers, sizeof *st->layers);
+    if (!st->layers) return err_set(ERR_NOMEM, "out of memory");
+    // The fixed-size states: sizes first, then one block, zeroed.
+    int64_t part[4], total = 0;
+    int grows = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        grows |= arch_cache_grows(a, l);
+        if (arch_cache_grows(a, l)) continue;
+        int np = arch_cache_parts(a, l, B, 1, sizeof(float), (int)be->act_size, part);
+        for (int i = 0; i < np; i++)
+            total += round256(part[i]);
+    }
+    if (total) {
+        st->fixed = be->alloc(be, (size_t)total);
+        if (!st->fixed) {
+            model_state_free(m, st);
+            return err_wrap(ERR_NOMEM, "recurrent states of %d sequence%s (%lld bytes): ", B, B == 1 ? "" : "s",
+                            (long long)total);
+        }
+        st->fixed_bytes = (size_t)total;
+        int rc = be->memset0(be, st->fixed, st->fixed_bytes);
+        if (rc < 0) {
+            model_state_free(m, st);
+            return rc;
+        }
+    }
+    char *p = st->fixed;
+    for (int l = 0; l < a->n_layers; l++) {
+        layer_cache_t *c = &st->layers[l];
+        c->B = B, c->len = 0;
+        c->cap = arch_cache_grows(a, l) ? 0 : ctx; // fixed states hold any length
+        if (arch_cache_grows(a, l)) continue;
+        void *buf[4];
+        int np = arch_cache_parts(a, l, B, 1, sizeof(float), (int)be->act_size, part);
+        for (int i = 0; i < np; i++)
+            buf[i] = p, p += round256(part[i]);
+        if (a->kind[l] == LAYER_GDN)
+            c->u.gdn.state = buf[0], c->u.gdn.conv_q = buf[1], c->u.gdn.conv_k = buf[2], c->u.gdn.conv_v = buf[3];
+        else if (a->kind[l] == LAYER_M2)
+            c->u.m2.state = buf[0], c->u.m2.conv = buf[1];
+    }
+    st->cap = grows ? 0 : ctx;
+    st->bytes = st->fixed_bytes;
+    int rc = model_state_reserve(m, st, ctx < MODEL_STATE_CAP0 ? ctx : MODEL_STATE_CAP0);
+    if (rc < 0) model_state_free(m, st);
+    return rc;
+}
+
 void model_state_free(const model_t *m, model_state_t *st) {
-    if (st->mem) m->be->free(m->be, st->mem);
+    if (st->layers)
+        for (int l = 0; l < m->a.n_layers; l++) {
+            int64_t w[4];
+            void **slot[2];
+            int np = grow_parts(m, st, l, w, slot);
+            for (int i = 0; i < np; i++)
+                m->be->free(m->be, *slot[i]);
+        }
+    if (st->fixed) m->be->free(m->be, st->fixed);
     free(st->layers);
     memset(st, 0, sizeof *st);
 }
@@ -273,7 +372,7 @@ static void set_len(const model_t *m, model_state_t *st, int len) {
 
 // A fresh sequence: every state and conv window back to zero, nothing cached.
 void model_state_reset(const model_t *m, model_state_t *st) {
-    m->be->memset0(m->be, st->mem, st->bytes);
+    if (st->fixed) m->be->memset0(m->be, st->fixed, st->fixed_bytes);
     set_len(m, st, 0);
 }
 
@@ -446,9 +545,10 @@ int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, cons
 
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {
     int B = st->B;
-    if (st->len + T > st->cap)
+    if (T < 0 || (int64_t)st->len + T > st->ctx)
         return err_set(ERR_INPUT, "prompt of %d tokens after %d cached exceeds the context capacity %d", T, st->len,
-                       st->cap);
+                       st->ctx);
+    TRY(model_state_reserve(r->m, st, st->len + T));
     if (chunk <= 0) chunk = T;
     int32_t *part = malloc((size_t)B * chunk * sizeof(int32_t));
     if (!part) return err_set(ERR_NOMEM, "out of memory");
@@ -467,7 +567,8 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
 }
 
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits) {
-    if (st->len + 1 > st->cap) return err_set(ERR_INPUT, "context capacity %d reached", st->cap);
+    if (st->len + 1 > st->ctx) return err_set(ERR_INPUT, "context capacity %d reached", st->ctx);
+    TRY(model_state_reserve(r->m, st, st->len + 1));
     TRY(forward_logits(r, ids, st->B, 1, st, 0, 1, st->B, logits));
     set_len(r->m, st, st->len + 1);
     return 0;

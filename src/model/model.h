@@ -85,19 +85,48 @@ int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **e
                void **lm_head);
 
 // ---- inference ----------------------------------------------------------------
+// The hybrid cache of B sequences, the one owner of its capacity. Fixed-size
+// parts (GDN / Mamba-2 states and conv windows) are allocated and zeroed once.
+// The growing ones (attention K and V, MLA latent + rope key: one device
+// buffer each per layer, [B, cap, ...]) hold room for `cap` tokens per
+// sequence, start small and grow with use up to `ctx` (model_state_reserve,
+// which prefill and step call): nothing is allocated or zeroed for tokens
+// never fed. Their elements are the backend's act dtype (fp32 on the CPU,
+// bf16 on CUDA), so cache_bytes = B * cap * model_cache_bytes_per_token(m),
+// the figure `hylo info` prints for that device. (A growth that runs out of
+// memory halfway leaves some layers larger than cap: then cache_bytes, the
+// real total, is more.)
 typedef struct {
-    int B, cap, len;       // sequences, capacity (tokens), tokens consumed
+    int B, ctx, cap, len;  // sequences, most tokens (the context limit), room now, tokens consumed
     layer_cache_t *layers; // [n_layers]
-    void *mem;             // one device block holding every cache
-    size_t bytes;          // its size
+    void *fixed;           // one device block holding every fixed-size state (NULL when none)
+    size_t fixed_bytes;    // its size
+    size_t cache_bytes;    // the growing buffers' bytes now
+    size_t bytes;          // fixed_bytes + cache_bytes: everything the state holds on the device
 } model_state_t;
 
-int model_state_alloc(const model_t *m, model_state_t *st, int B, int cap);
+// Tokens of room a new state starts with (fewer when ctx is smaller).
+enum { MODEL_STATE_CAP0 = 256 };
+
+// Bytes of growing cache per token of one sequence on m's backend.
+int64_t model_cache_bytes_per_token(const model_t *m);
+// A state for B sequences of at most ctx tokens each, with room for
+// min(ctx, MODEL_STATE_CAP0) tokens.
+int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx);
+// Room for n tokens per sequence (n <= ctx, else ERR_INPUT): when n > cap the
+// growing buffers are reallocated to max(n, min(ctx, 2 cap)) tokens (n alone
+// when that does not fit) and the cached rows copied. Out of memory is
+// ERR_NOMEM naming the tokens and bytes asked for; the cache keeps what it
+// held and stays usable.
+int model_state_reserve(const model_t *m, model_state_t *st, int n);
 void model_state_free(const model_t *m, model_state_t *st);
-void model_state_reset(const model_t *m, model_state_t *st); // len = 0, states zeroed
+// len = 0, fixed states zeroed; the growing buffers keep their room (rows
+// past len are never read).
+void model_state_reset(const model_t *m, model_state_t *st);
 
 // Feeds T tokens per sequence (ids host [B*T]) in chunks of `chunk` tokens,
-// extending the cache; logits (host, [B, V]) of each sequence's last token.
+// extending the cache (room for all T is reserved first: out of memory leaves
+// the state as it was); logits (host, [B, V]) of each sequence's last token.
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
 // One token per sequence (ids host [B]); logits host [B, V].
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits);

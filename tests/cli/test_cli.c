@@ -375,6 +375,35 @@ static int count_of(const char *s, const char *what) {
     return n;
 }
 
+// A context far beyond memory costs nothing until it is used: the cache
+// grows with the tokens (--ctx 2^30 would be 49 TB of fp32 KV cache for the
+// default model, which used to be allocated and zeroed before the first token:
+// "cannot allocate 49478023249920 bytes"). Under a 3 GB address-space limit,
+// which the 1 GiB activation arena and the 538 MB fp32 weights fit.
+static void test_huge_ctx(void **st) {
+#ifdef __SANITIZE_ADDRESS__
+    printf("  sanitizer build: an address-space limit cannot be applied\n");
+    skip();
+#endif
+#ifdef HYLO_CUDA
+    printf("  CUDA build: an address-space limit cannot be applied (make CUDA=0 runs this test)\n");
+    skip();
+#endif
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)3 << 30;
+    char args[1200];
+    snprintf(args, sizeof args, "generate %s --prompt hi -n 4 --ctx 1073741824", tu_model_path());
+    assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+    int rc;
+    char *out = run_output(args, &rc);
+    assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "error"));
+    free(out);
+}
+
 // A message that does not fit the context is refused on its own, with a
 // note, and the chat goes on; an answer that fills the context stops there
 // with a note. Either used to end the whole session (exit 2).
@@ -480,12 +509,19 @@ static void test_usage_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_missing_file),       cmocka_unit_test(test_truncated_and_corrupt),
-        cmocka_unit_test(test_folder_errors),      cmocka_unit_test(test_no_partial_output),
-        cmocka_unit_test(test_usage_errors),       cmocka_unit_test(test_chat_template_unknown),
-        cmocka_unit_test(test_not_regular_inputs), cmocka_unit_test(test_alloc_failure),
-        cmocka_unit_test(test_chat_context),       cmocka_unit_test(test_chat_no_forged_tokens),
-        cmocka_unit_test(test_output_paths),       cmocka_unit_test(test_output_readonly),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_truncated_and_corrupt),
+        cmocka_unit_test(test_folder_errors),
+        cmocka_unit_test(test_no_partial_output),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_chat_template_unknown),
+        cmocka_unit_test(test_not_regular_inputs),
+        cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_huge_ctx),
+        cmocka_unit_test(test_chat_context),
+        cmocka_unit_test(test_chat_no_forged_tokens),
+        cmocka_unit_test(test_output_paths),
+        cmocka_unit_test(test_output_readonly),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

@@ -248,9 +248,54 @@ static void test_smollm2_cuda_vs_cpu(void **st) {
     free(text);
 }
 
+// The growing caches on the GPU (bf16): a state that starts with room for
+// MODEL_STATE_CAP0 tokens and grows twice while 2 sequences decode to 700
+// tokens gives the logits of a state with room for all of them from the start
+// bit for bit (growth copies the rows held; the MLA decode's split of the rows
+// over blocks does not depend on the room once the room holds them); its
+// bytes per token are `hylo info`'s cuda figure.
+static void test_state_growth(void **st) {
+    arch_t a = small_hybrid();
+    pair_t p;
+    make_pair(&p, &a);
+    enum { B = 2, T = 700, P = 300 };
+    int32_t *ids = malloc(sizeof(int32_t) * B * T), prompt[B * P], step[B];
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 37 + 11) % a.V;
+    for (int b = 0; b < B; b++)
+        memcpy(prompt + b * P, ids + b * T, P * sizeof(int32_t));
+    size_t n = (size_t)(T - P + 1) * B * a.V;
+    float *lg[2] = {tu_nans((int64_t)n), tu_nans((int64_t)n)};
+    int64_t per = arch_cache_bytes_per_token(&a, (int)be_act_size_of("cuda"));
+    assert_int_equal(model_cache_bytes_per_token(&p.gpu), per);
+    for (int full = 0; full < 2; full++) {
+        model_state_t s;
+        assert_int_equal(model_state_alloc(&p.gpu, &s, B, T), 0);
+        assert_int_equal(s.cap, MODEL_STATE_CAP0);
+        if (full) assert_int_equal(model_state_reserve(&p.gpu, &s, T), 0);
+        int grew = 0, cap = s.cap;
+        assert_int_equal(model_prefill(&p.rgpu, &s, prompt, P, 64, lg[full]), 0);
+        for (int t = P; t < T; t++) {
+            for (int b = 0; b < B; b++)
+                step[b] = ids[b * T + t];
+            assert_int_equal(model_step(&p.rgpu, &s, step, lg[full] + (size_t)(t - P + 1) * B * a.V), 0);
+            grew += s.cap != cap, cap = s.cap;
+        }
+        assert_int_equal(s.cap, T);
+        assert_int_equal(s.cache_bytes, (size_t)B * s.cap * per);
+        printf("  %s: room %d tokens, %zu cache bytes (%lld per token), %d growth%s while decoding\n",
+               full ? "preallocated" : "grown", s.cap, s.cache_bytes, (long long)per, grew, grew == 1 ? "" : "s");
+        model_state_free(&p.gpu, &s);
+    }
+    assert_memory_equal(lg[0], lg[1], n * sizeof(float));
+    free(ids), free(lg[0]), free(lg[1]);
+    free_pair(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_logits),
+        cmocka_unit_test(test_state_growth),
         cmocka_unit_test(test_model_gradients),
         cmocka_unit_test(test_smollm2_cuda_vs_cpu),
     };

@@ -1,0 +1,310 @@
+// The inference state's growing caches (model_state_t): a state for a huge
+// context starts small; growth by use gives the bits of a state allocated at
+// full size; an allocation that fails says what it asked for and leaves a
+// usable state; and `hylo info`'s bytes per token are the bytes a state
+// allocates per token.
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "base/fs.h"
+#include "model/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "testutil.h"
+
+// Every mixer kind: two MLA layers and one attention layer grow, GDN and
+// Mamba-2 states are fixed (test_model.c's tiny hybrid without YaRN).
+static arch_t tiny_hybrid(void) {
+    arch_t a;
+    arch_init(&a);
+    a.d = 32, a.n_layers = 6, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = 0;
+    a.rope.theta = 1000.0f;
+    layer_kind_t plan[6] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_GDN, LAYER_MLA, LAYER_M2};
+    for (int l = 0; l < a.n_layers; l++)
+        a.kind[l] = plan[l];
+    a.mla = (mla_dims_t){.r_q = 16, .r_kv = 12, .d_nope = 4, .d_rope = 4, .d_v = 8, .n_kv = 2};
+    a.mla.rope = a.rope;
+    a.m2 = (m2_dims_t){
+        .d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8, .norm_eps = 1e-5f};
+    a.gdn = (gdn_dims_t){
+        .n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
+    a.is_hybrid = 1;
+    return a;
+}
+
+// Per token of one sequence in fp32: MLA 2 x (12 + 4) x 4 + attention 2 x 2 x 8 x 4.
+enum { PER_TOKEN = 2 * 16 * 4 + 2 * 2 * 8 * 4 };
+
+typedef struct {
+    model_t m;
+    model_run_t r;
+} tiny_t;
+
+static void tiny_open(tiny_t *t, const arch_t *a) {
+    assert_int_equal(model_create(&t->m, a, tu_cpu()), 0);
+    assert_int_equal(model_run_create(&t->r, &t->m, 64u << 20), 0);
+    float *w = tu_params(&t->m.pt, 11, 0.3f);
+    memcpy(t->m.w, w, (size_t)t->m.pt.total * sizeof(float)); // CPU backend: act == float
+    free(w);
+}
+
+static void tiny_close(tiny_t *t) {
+    model_run_free(&t->r);
+    model_free(&t->m);
+}
+
+// What info prints, what the model's backend allocates and the state's
+// bytes: all one figure.
+static void assert_accounted(const model_t *m, const model_state_t *st) {
+    assert_int_equal(model_cache_bytes_per_token(m), PER_TOKEN);
+    assert_int_equal(arch_cache_bytes_per_token(&m->a, (int)be_act_size_of("cpu")), PER_TOKEN);
+    assert_int_equal(st->cache_bytes, (size_t)st->B * st->cap * PER_TOKEN);
+    assert_int_equal(st->bytes, st->fixed_bytes + st->cache_bytes);
+}
+
+// A context of 2^20 tokens for 2 sequences would be 2 x 2^20 x 256 B = 512 MiB
+// allocated and zeroed up front; the state takes room for MODEL_STATE_CAP0
+// tokens, and reserving grows it to what is asked and no further than ctx.
+static void test_huge_ctx_starts_small(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, 2, 1 << 20), 0);
+    printf("  ctx 2^20, 2 sequences: room for %d tokens, %zu bytes of cache + %zu of fixed states\n", st.cap,
+           st.cache_bytes, st.fixed_bytes);
+    assert_int_equal(st.ctx, 1 << 20);
+    assert_int_equal(st.cap, MODEL_STATE_CAP0);
+    assert_int_equal(st.cache_bytes, 2 * MODEL_STATE_CAP0 * PER_TOKEN); // 128 KiB
+    assert_true(st.fixed_bytes < 64 * 1024);
+    assert_accounted(&t.m, &st);
+    // doubling while that covers the request, else the request
+    assert_int_equal(model_state_reserve(&t.m, &st, 300), 0);
+    assert_int_equal(st.cap, 2 * MODEL_STATE_CAP0);
+    assert_int_equal(model_state_reserve(&t.m, &st, 5000), 0);
+    assert_int_equal(st.cap, 5000);
+    assert_accounted(&t.m, &st);
+    assert_int_equal(model_state_reserve(&t.m, &st, 100), 0); // never shrinks
+    assert_int_equal(st.cap, 5000);
+    assert_int_equal(model_state_reserve(&t.m, &st, (1 << 20) + 1), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "exceed the state's context of 1048576"));
+    // the last doubling stops at ctx
+    model_state_t small;
+    assert_int_equal(model_state_alloc(&t.m, &small, 1, 700), 0);
+    assert_int_equal(small.cap, MODEL_STATE_CAP0);
+    assert_int_equal(model_state_reserve(&t.m, &small, 400), 0);
+    assert_int_equal(small.cap, 512);
+    assert_int_equal(model_state_reserve(&t.m, &small, 513), 0);
+    assert_int_equal(small.cap, 700);
+    model_state_free(&t.m, &small);
+    assert_int_equal(model_state_alloc(&t.m, &small, 1, 20), 0); // smaller than the first room
+    assert_int_equal(small.cap, 20);
+    assert_accounted(&t.m, &small);
+    model_state_free(&t.m, &small);
+    model_state_free(&t.m, &st);
+    tiny_close(&t);
+}
+
+enum { B = 2, T = 700, P = 300 };
+
+// B sequences: a prefill of P tokens in chunks of 64, then decode steps to T
+// tokens; the logits of every step into lg [T - P + 1][B, V].
+static void run(tiny_t *t, model_state_t *st, const int32_t *ids, float *lg, int *caps, int *n_caps) {
+    int V = t->m.a.V;
+    int32_t prompt[B * P], step[B];
+    for (int b = 0; b < B; b++)
+        memcpy(prompt + b * P, ids + b * T, P * sizeof(int32_t));
+    assert_int_equal(model_prefill(&t->r, st, prompt, P, 64, lg), 0);
+    *n_caps = 0;
+    caps[(*n_caps)++] = st->cap;
+    for (int i = P; i < T; i++) {
+        for (int b = 0; b < B; b++)
+            step[b] = ids[b * T + i];
+        assert_int_equal(model_step(&t->r, st, step, lg + (int64_t)(i - P + 1) * B * V), 0);
+        if (st->cap != caps[*n_caps - 1]) caps[(*n_caps)++] = st->cap;
+        assert_accounted(&t->m, st);
+    }
+}
+
+// Growing by use is a copy of the rows held: the same operations on the same
+// values as in a state that had room for everything from the start, so the
+// same bits (B = 2: each sequence's rows move to a new stride).
+static void test_growth_is_exact(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    int V = t.m.a.V;
+    int32_t ids[B * T];
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 13 + 1) % V;
+    size_t n = (size_t)(T - P + 1) * B * V;
+    float *grown = malloc(n * sizeof(float)), *full = malloc(n * sizeof(float));
+    int caps[8], n_caps, caps_full[8], n_full;
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, B, T), 0);
+    assert_int_equal(st.cap, MODEL_STATE_CAP0);
+    run(&t, &st, ids, grown, caps, &n_caps);
+    printf("  room along the run:");
+    for (int i = 0; i < n_caps; i++)
+        printf(" %d", caps[i]);
+    printf(" tokens\n");
+    // the prefill of 300 took 512 at once; decoding went on to 700 (= ctx)
+    assert_int_equal(n_caps, 2);
+    assert_int_equal(caps[0], 512);
+    assert_int_equal(caps[1], T);
+    // a second sequence in the grown state: reset keeps the room, zeroes the states
+    model_state_reset(&t.m, &st);
+    float *again = malloc(n * sizeof(float));
+    run(&t, &st, ids, again, caps, &n_caps);
+    assert_int_equal(n_caps, 1);
+    model_state_free(&t.m, &st);
+    assert_int_equal(model_state_alloc(&t.m, &st, B, T), 0);
+    assert_int_equal(model_state_reserve(&t.m, &st, T), 0);
+    assert_int_equal(st.cap, T);
+    run(&t, &st, ids, full, caps_full, &n_full);
+    assert_int_equal(n_full, 1);
+    assert_memory_equal(grown, full, n * sizeof(float));
+    assert_memory_equal(again, full, n * sizeof(float));
+    model_state_free(&t.m, &st);
+    free(grown), free(full), free(again);
+    tiny_close(&t);
+}
+
+// The process's address space now, in bytes (/proc/self/statm: pages; read
+// with stdio, as the file's size reads as 0).
+static size_t vm_size(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    size_t pages = 0;
+    assert_int_equal(fscanf(f, "%zu", &pages), 1);
+    fclose(f);
+    return pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+// Out of memory while growing: ERR_NOMEM naming the tokens and bytes asked
+// for, never a crash, and the state still serves. Under an address-space limit
+// 192 MiB above what the process holds: 2^24 tokens (4 GiB) fail at the first
+// layer; 2^21 tokens (128 MiB per buffer) grow the first MLA layer and fail at
+// the attention layer's K, leaving layers of different room, which the layers
+// must follow (each reads its own stride).
+static void test_out_of_memory(void **state) {
+#ifdef __SANITIZE_ADDRESS__ // the sanitizer reserves far more address space than it maps
+    printf("  sanitizer build: an address-space limit cannot be applied\n");
+    skip();
+#endif
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    int V = t.m.a.V;
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, 1, 1 << 30), 0);
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)(vm_size() + ((size_t)192 << 20));
+    assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+    int rc1 = model_state_reserve(&t.m, &st, 1 << 24);
+    char msg1[512];
+    snprintf(msg1, sizeof msg1, "%s", err_msg());
+    int cap1 = st.cap;
+    size_t bytes1 = st.cache_bytes;
+    int rc2 = model_state_reserve(&t.m, &st, 1 << 21);
+    char msg2[512];
+    snprintf(msg2, sizeof msg2, "%s", err_msg());
+    assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+    printf("  %s\n  %s\n", msg1, msg2);
+    assert_int_equal(rc1, ERR_NOMEM);
+    assert_non_null(strstr(msg1, "cannot grow the cache to 16777216 tokens for 1 sequence: 4294967296 bytes (256 "
+                                 "per token), 65536 held now"));
+    assert_int_equal(cap1, MODEL_STATE_CAP0); // nothing grown
+    assert_int_equal(bytes1, MODEL_STATE_CAP0 * PER_TOKEN);
+    assert_int_equal(rc2, ERR_NOMEM);
+    assert_non_null(strstr(msg2, "cannot grow the cache to 2097152 tokens for 1 sequence: 536870912 bytes"));
+    assert_int_equal(st.layers[0].cap, 1 << 21); // the first MLA layer grew
+    assert_int_equal(st.layers[2].cap, MODEL_STATE_CAP0);
+    assert_int_equal(st.cap, MODEL_STATE_CAP0); // the room every layer has
+    assert_int_equal(st.cache_bytes, MODEL_STATE_CAP0 * PER_TOKEN + (size_t)((1 << 21) - MODEL_STATE_CAP0) * 64);
+    // The state serves on, through further growth: the logits of a fresh one.
+    enum { N = 600 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (i * 7 + 2) % V;
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    model_state_t ref;
+    assert_int_equal(model_state_alloc(&t.m, &ref, 1, N), 0);
+    assert_int_equal(model_prefill(&t.r, &st, ids, 200, 0, la), 0);
+    assert_int_equal(model_prefill(&t.r, &ref, ids, 200, 0, lb), 0);
+    for (int i = 200; i < N; i++) {
+        assert_int_equal(model_step(&t.r, &st, &ids[i], la), 0);
+        assert_int_equal(model_step(&t.r, &ref, &ids[i], lb), 0);
+        assert_memory_equal(la, lb, (size_t)V * sizeof(float));
+    }
+    assert_int_equal(st.cap, 2 * MODEL_STATE_CAP0 * 2); // 256 -> 512 -> 1024 on the layers that had not grown
+    free(la), free(lb);
+    model_state_free(&t.m, &ref);
+    model_state_free(&t.m, &st);
+    tiny_close(&t);
+}
+
+// The number after `label` on its line of `text` ("46,080" -> 46080).
+static long long figure_after(const char *text, const char *label) {
+    const char *p = strstr(text, label);
+    assert_non_null(p);
+    p += strlen(label);
+    while (*p == ' ')
+        p++;
+    long long v = 0;
+    for (; (*p >= '0' && *p <= '9') || *p == ','; p++)
+        if (*p != ',') v = v * 10 + (*p - '0');
+    return v;
+}
+
+// `hylo info` on a checkpoint of the tiny hybrid (its Mamba-2 layers made GDN:
+// hybrid_config.json has no form for both): its cpu figure is what a CPU state
+// allocates per token (cache_bytes / cap), its cuda figure the same cache in
+// bf16, and the recurrent state what the fixed block holds (less the 256-byte
+// alignment of each of its 12 buffers, 4 per GDN layer).
+static void test_info_is_the_allocation(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    a.kind[1] = a.kind[5] = LAYER_GDN;
+    tiny_open(&t, &a);
+    const char *dir = tu_tmp_path("tiny_hybrid");
+    float *w = tu_params(&t.m.pt, 11, 0.3f);
+    assert_int_equal(ckpt_write(dir, &t.m.a, &t.m.pt, w, ST_F32, NULL, NULL), 0);
+    free(w);
+    char args[600], *out;
+    snprintf(args, sizeof args, "info %s", dir);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    assert_int_equal(fs_read_all(tu_tmp_path("out.txt"), &out, NULL), 0);
+    long long cpu = figure_after(out, "KV cache"),
+              cuda = figure_after(strstr(out, "KV cache"), "per token on cpu (fp32),");
+    long long fixed = figure_after(out, "recurrent state");
+    printf("  info: %lld bytes per token on cpu, %lld on cuda; recurrent state %lld bytes\n", cpu, cuda, fixed);
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, 1, 4096), 0);
+    for (int n = 1; n <= 3; n++) {
+        assert_int_equal(st.cache_bytes % (size_t)st.cap, 0);
+        assert_int_equal((long long)(st.cache_bytes / (size_t)st.cap), cpu);
+        assert_int_equal(model_state_reserve(&t.m, &st, st.cap + 1), 0);
+    }
+    assert_int_equal(cpu, PER_TOKEN);
+    assert_int_equal(cuda, PER_TOKEN / 2); // the same elements in bf16
+    assert_true((long long)st.fixed_bytes >= fixed && (long long)st.fixed_bytes < fixed + 12 * 256);
+    model_state_free(&t.m, &st);
+    free(out);
+    tiny_close(&t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_huge_ctx_starts_small),
+        cmocka_unit_test(test_growth_is_exact),
+        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_info_is_the_allocation),
+    };
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
+}
