@@ -25,8 +25,6 @@
 //  F32_GEMM  gemm_f32out: tensor-core fp32 accumulation of exact bf16 products
 //            is not IEEE round-to-nearest at every add, and the order differs
 //            from OpenBLAS: relative L2 < 1e-4 for K <= 2048; elementwise 1e-3.
-//  F32_ATOM  embed_bwd: fp32 atomics add a row's few contributions in any
-//            order: a few ulps, relative L2 < 1e-6.
 //  BF16_ACC  gemm with a bf16 C and beta != 0: cuBLASLt rounds alpha*AB to bf16
 //            before adding beta*C (seen on the H200: elements 1.5 ulp off, e.g.
 //            68.5 for 68.90 where an ulp is 0.5), and the tests accumulate twice
@@ -35,6 +33,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "testutil.h"
 
@@ -47,7 +46,6 @@ static const tol_t EXACT = {"exact", 0.0, 0.0, 0.0};
 static const tol_t BF16 = {"bf16", 1e-2, 1.0 / 256, 1e-3};
 static const tol_t F32 = {"f32", 1e-5, 1e-4, 1e-4};
 static const tol_t F32_GEMM = {"f32-gemm", 1e-4, 1e-3, 1e-3};
-static const tol_t F32_ATOM = {"f32-atomic", 1e-6, 1e-5, 1e-5};
 static const tol_t BF16_ACC = {"bf16-acc", 1e-2, 1.0 / 64, 1e-3};
 
 static be_t *cpu, *gpu;
@@ -251,7 +249,9 @@ static void test_embed(void **st) {
             snprintf(s2, sizeof s2, "%s call %d", shape, call);
             cpu->embed_bwd(cpu, dtab, g, ids, N, d);
             gpu->embed_bwd(gpu, ddt, dg, did, N, d);
-            fails += !tu_sync(gpu, "embed_bwd", s2) || !check_f32("embed_bwd", s2, ddt, dtab, (int64_t)V * d, F32_ATOM);
+            // F32: the GPU sums each id's rows in position order from 0 (in pieces
+            // of 256 sorted rows), then adds to the row; the CPU adds row by row
+            fails += !tu_sync(gpu, "embed_bwd", s2) || !check_f32("embed_bwd", s2, ddt, dtab, (int64_t)V * d, F32);
         }
         free(ids), free(table), free(ref), free(nan), free(g), free(dtab0), free(dtab);
         tu_dev_free(gpu, did), tu_dev_free(gpu, dt), tu_dev_free(gpu, dout), tu_dev_free(gpu, dg),
@@ -523,7 +523,7 @@ static void test_gemm_batched(void **st) {
 static int rmsnorm_case(int64_t N, int d, int no_scratch) {
     int fails = 0;
     char shape[96];
-    snprintf(shape, sizeof shape, "N=%lld d=%d%s", (long long)N, d, no_scratch ? " (no scratch: atomics)" : "");
+    snprintf(shape, sizeof shape, "N=%lld d=%d%s", (long long)N, d, no_scratch ? " (no scratch)" : "");
     const float eps = 1e-5f;
     int64_t n = N * (int64_t)d;
     float *x = rnd(n, 1.0f), *w = rnd_w(d), *out = tu_hbuf(n), *rstd = tu_hbuf(N), *nan = tu_nans(n);
@@ -905,13 +905,259 @@ static void test_conv1d(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// ==== determinism of the backward reductions ====================================
+// Weight gradients are sums over rows; on the GPU they are reduced without
+// atomics (cuda_norm.cu, cuda_conv.cu, cuda_core.cu), so the same inputs must
+// give the same bits: each op runs twice from the same starting buffers and
+// the results are compared with memcmp (no tolerance: one flipped bit fails).
+// The norms and the conv also run a third time with the scratch arena full
+// (their fallback walks the same slices in the same order, so the bits must
+// not change either). The shapes give many row slices / chunks / tiles, so
+// an order that varied between runs would show. Every run is also compared
+// with the CPU reference (tolerances as in the header).
+
+// Downloads n floats of each device buffer and compares their bytes; prints
+// the first differing element. 1 when identical.
+static int same_bits(const char *op, const char *shape, const char *what, const float *da, const float *db, int64_t n) {
+    float *a = tu_host_f32(gpu, da, n), *b = tu_host_f32(gpu, db, n);
+    int64_t first = -1;
+    if (memcmp(a, b, (size_t)n * sizeof(float)) != 0)
+        for (int64_t i = 0; i < n && first < 0; i++)
+            if (memcmp(a + i, b + i, sizeof(float)) != 0) first = i;
+    printf("%s %-24s %-56s %s\n", first < 0 ? "ok  " : "FAIL", op, shape, what);
+    if (first >= 0) printf("     first difference at %lld: %.9g vs %.9g\n", (long long)first, a[first], b[first]);
+    fflush(stdout);
+    free(a), free(b);
+    return first < 0;
+}
+// "SHAPE run 1", "SHAPE run 2", "SHAPE no scratch" for run r = 0, 1, 2.
+static const char *run_label(char *buf, size_t size, const char *shape, int r) {
+    snprintf(buf, size, "%s %s", shape, r == 0 ? "run 1" : r == 1 ? "run 2" : "no scratch");
+    return buf;
+}
+// The same for act buffers (compared as downloaded fp32: bf16 -> fp32 is exact).
+static int same_bits_act(const char *op, const char *shape, const char *what, const void *da, const void *db,
+                         int64_t n) {
+    float *a = tu_host_act(gpu, da, n), *b = tu_host_act(gpu, db, n);
+    float *ga = tu_dev_f32(gpu, a, n), *gb = tu_dev_f32(gpu, b, n);
+    int ok = same_bits(op, shape, what, ga, gb, n);
+    free(a), free(b);
+    tu_dev_free(gpu, ga), tu_dev_free(gpu, gb);
+    return ok;
+}
+
+static void test_rmsnorm_deterministic(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int64_t cases[][2] = {{4096, 2048}, {8192, 64}, {3001, 77}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t N = cases[ci][0];
+        const int d = (int)cases[ci][1];
+        const int64_t n = N * d;
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%lld d=%d", (long long)N, d);
+        float *x = rnd(n, 1.0f), *w = rnd_w(d), *out = tu_hbuf(n), *rstd = tu_hbuf(N), *g = rnd(n, 1.0f);
+        float *dx = tu_hbuf(n), *dw0 = rnd_f32(d, 1.0f), *dw = tu_hdup(dw0, d);
+        cpu->rmsnorm_fwd(cpu, out, rstd, x, w, N, d, 1e-5f);
+        cpu->rmsnorm_bwd(cpu, dx, dw, g, x, w, rstd, N, d);
+        void *dxx = tu_dev_act(gpu, x, n), *dww = tu_dev_act(gpu, w, d), *dg = tu_dev_act(gpu, g, n);
+        float *drs = tu_dev_f32(gpu, rstd, N);
+        void *ddx[3];
+        float *ddw[3];
+        for (int r = 0; r < 3; r++) { // r = 2: scratch arena full
+            ddx[r] = tu_dev_act(gpu, out, n);
+            ddw[r] = tu_dev_f32(gpu, dw0, d);
+            size_t mark = r == 2 ? scratch_fill(gpu) : 0;
+            gpu->rmsnorm_bwd(gpu, ddx[r], ddw[r], dg, dxx, dww, drs, N, d);
+            char rl[160];
+            run_label(rl, sizeof rl, shape, r);
+            int ok = tu_sync(gpu, "rmsnorm_bwd", rl);
+            if (r == 2) arena_reset(&gpu->scratch, mark);
+            fails += !ok || !check_f32("rmsnorm_bwd dw", rl, ddw[r], dw, d, F32);
+        }
+        fails += !same_bits("rmsnorm_bwd dw", shape, "run 2 == run 1", ddw[0], ddw[1], d);
+        fails += !same_bits("rmsnorm_bwd dw", shape, "no scratch == run 1", ddw[0], ddw[2], d);
+        fails += !same_bits_act("rmsnorm_bwd dx", shape, "run 2 == run 1", ddx[0], ddx[1], n);
+        free(x), free(w), free(out), free(rstd), free(g), free(dx), free(dw0), free(dw);
+        tu_dev_free(gpu, dxx), tu_dev_free(gpu, dww), tu_dev_free(gpu, dg), tu_dev_free(gpu, drs);
+        for (int r = 0; r < 3; r++)
+            tu_dev_free(gpu, ddx[r]), tu_dev_free(gpu, ddw[r]);
+    }
+    assert_int_equal(fails, 0);
+}
+
+static void test_gated_rmsnorm_deterministic(void **st) {
+    setup_backends();
+    int fails = 0;
+    // GDN (groups share w) and Mamba-2 (w per channel), both association orders
+    const gncase_t cases[] = {{.N = 2048, .G = 16, .gs = 128, .shared = 1}, {.N = 3000, .G = 8, .gs = 64, .shared = 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            const gncase_t c = cases[ci];
+            const int64_t width = (int64_t)c.G * c.gs, n = c.N * width, wlen = c.shared ? c.gs : width;
+            char shape[128];
+            snprintf(shape, sizeof shape, "%s N=%lld G=%d gs=%d w_len=%lld",
+                     mode == GNORM_NORM_THEN_GATE ? "norm-gate" : "gate-norm", (long long)c.N, c.G, c.gs,
+                     (long long)wlen);
+            float *x = rnd(n, 1.0f), *z = rnd(n, 1.5f), *w = rnd_w(wlen), *out = tu_hbuf(n), *rstd = tu_hbuf(c.N * c.G),
+                  *g = rnd(n, 1.0f), *dx = tu_hbuf(n), *dz = tu_hbuf(n);
+            float *dw0 = rnd_f32(wlen, 1.0f), *dw = tu_hdup(dw0, wlen);
+            cpu->gated_rmsnorm_fwd(cpu, out, rstd, x, z, width, w, wlen, c.N, c.G, c.gs, 1e-5f, mode);
+            cpu->gated_rmsnorm_bwd(cpu, dx, dz, width, dw, g, x, z, width, w, wlen, rstd, c.N, c.G, c.gs, mode);
+            void *dxx = tu_dev_act(gpu, x, n), *dzz = tu_dev_act(gpu, z, n), *dww = tu_dev_act(gpu, w, wlen),
+                 *dg = tu_dev_act(gpu, g, n), *ddx = tu_dev_act(gpu, out, n), *ddz = tu_dev_act(gpu, out, n);
+            float *drs = tu_dev_f32(gpu, rstd, c.N * c.G), *ddw[3];
+            for (int r = 0; r < 3; r++) { // r = 2: scratch arena full
+                ddw[r] = tu_dev_f32(gpu, dw0, wlen);
+                size_t mark = r == 2 ? scratch_fill(gpu) : 0;
+                gpu->gated_rmsnorm_bwd(gpu, ddx, ddz, width, ddw[r], dg, dxx, dzz, width, dww, wlen, drs, c.N, c.G,
+                                       c.gs, mode);
+                char rl[160];
+                run_label(rl, sizeof rl, shape, r);
+                int ok = tu_sync(gpu, "gated_rmsnorm_bwd", rl);
+                if (r == 2) arena_reset(&gpu->scratch, mark);
+                fails += !ok || !check_f32("gated_rmsnorm_bwd dw", rl, ddw[r], dw, wlen, F32);
+            }
+            fails += !same_bits("gated_rmsnorm_bwd dw", shape, "run 2 == run 1", ddw[0], ddw[1], wlen);
+            fails += !same_bits("gated_rmsnorm_bwd dw", shape, "no scratch == run 1", ddw[0], ddw[2], wlen);
+            free(x), free(z), free(w), free(out), free(rstd), free(g), free(dx), free(dz), free(dw0), free(dw);
+            tu_dev_free(gpu, dxx), tu_dev_free(gpu, dzz), tu_dev_free(gpu, dww), tu_dev_free(gpu, dg),
+                tu_dev_free(gpu, ddx), tu_dev_free(gpu, ddz), tu_dev_free(gpu, drs);
+            for (int r = 0; r < 3; r++)
+                tu_dev_free(gpu, ddw[r]);
+        }
+    assert_int_equal(fails, 0);
+}
+
+static void test_conv1d_deterministic(void **st) {
+    setup_backends();
+    int fails = 0;
+    // many chunks per sequence (T = 2000) and several sequences (B = 6)
+    const ccase_t cases[] = {{.B = 2, .T = 2000, .C = 256, .W = 4, .bias = 1, .state = 1, .dstate = 1, .silu = 1},
+                             {.B = 6, .T = 300, .C = 77, .W = 8, .bias = 1, .silu = 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const ccase_t c = cases[ci];
+        const int64_t BT = (int64_t)c.B * c.T, n = BT * c.C, wlen = (int64_t)c.C * c.W, slen = (int64_t)c.B * c.C * c.W;
+        char shape[128];
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d W=%d%s", c.B, c.T, c.C, c.W, c.silu ? " silu" : " linear");
+        float *x = rnd(n, 1.0f), *w = rnd(wlen, 0.5f), *bias = rnd(c.C, 0.5f), *state = rnd(slen, 1.0f);
+        float *g = rnd(n, 1.0f), *dx = tu_hbuf(n), *dw0 = rnd_f32(wlen, 1.0f), *dw = tu_hdup(dw0, wlen);
+        float *db0 = rnd_f32(c.C, 1.0f), *db = tu_hdup(db0, c.C), *dst = tu_hbuf(slen), *nan = tu_nans(n);
+        const float *sp = c.state ? state : NULL;
+        cpu->conv1d_bwd(cpu, dx, c.C, dw, c.bias ? db : NULL, c.dstate ? dst : NULL, g, x, c.C, w, c.bias ? bias : NULL,
+                        sp, c.B, c.T, c.C, c.W, c.silu);
+        void *dxx = tu_dev_act(gpu, x, n), *dww = tu_dev_act(gpu, w, wlen), *dbb = tu_dev_act(gpu, bias, c.C),
+             *dss = tu_dev_act(gpu, state, slen), *dg = tu_dev_act(gpu, g, n);
+        void *ddx[3];
+        float *ddw[3], *ddb[3], *dds[3];
+        for (int r = 0; r < 3; r++) { // r = 2: scratch arena full
+            ddx[r] = tu_dev_act(gpu, nan, n);
+            ddw[r] = tu_dev_f32(gpu, dw0, wlen);
+            ddb[r] = tu_dev_f32(gpu, db0, c.C);
+            dds[r] = tu_dev_f32(gpu, nan, slen);
+            size_t mark = r == 2 ? scratch_fill(gpu) : 0;
+            gpu->conv1d_bwd(gpu, ddx[r], c.C, ddw[r], c.bias ? ddb[r] : NULL, c.dstate ? dds[r] : NULL, dg, dxx, c.C,
+                            dww, c.bias ? dbb : NULL, c.state ? dss : NULL, c.B, c.T, c.C, c.W, c.silu);
+            char rl[160];
+            run_label(rl, sizeof rl, shape, r);
+            int ok = tu_sync(gpu, "conv1d_bwd", rl);
+            if (r == 2) arena_reset(&gpu->scratch, mark);
+            ok = ok && check_f32("conv1d_bwd dw", rl, ddw[r], dw, wlen, F32);
+            if (ok && c.bias) ok = check_f32("conv1d_bwd dbias", rl, ddb[r], db, c.C, F32);
+            fails += !ok;
+        }
+        for (int r = 1; r < 3; r++) {
+            const char *what = r == 1 ? "run 2 == run 1" : "no scratch == run 1";
+            fails += !same_bits("conv1d_bwd dw", shape, what, ddw[0], ddw[r], wlen);
+            if (c.bias) fails += !same_bits("conv1d_bwd dbias", shape, what, ddb[0], ddb[r], c.C);
+            if (c.dstate) fails += !same_bits("conv1d_bwd dstate", shape, what, dds[0], dds[r], slen);
+            fails += !same_bits_act("conv1d_bwd dx", shape, what, ddx[0], ddx[r], n);
+        }
+        free(x), free(w), free(bias), free(state), free(g), free(dx), free(dw0), free(dw), free(db0), free(db);
+        free(dst), free(nan);
+        tu_dev_free(gpu, dxx), tu_dev_free(gpu, dww), tu_dev_free(gpu, dbb), tu_dev_free(gpu, dss),
+            tu_dev_free(gpu, dg);
+        for (int r = 0; r < 3; r++)
+            tu_dev_free(gpu, ddx[r]), tu_dev_free(gpu, ddw[r]), tu_dev_free(gpu, ddb[r]), tu_dev_free(gpu, dds[r]);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// embed_bwd with many repeated ids: N = 4096 rows drawn from 50 ids (runs of
+// ~80 rows that cross the 256-row tiles of the sorted list), a skewed draw
+// (one id takes ~70% of the rows: one run over ~11 tiles), a single id, and
+// an unaligned table (scalar stores). Two runs from the same table must agree
+// bit for bit. The run with the scratch arena full takes the serial path,
+// which adds the rows in position order as the CPU does: EXACT.
+static void test_embed_deterministic(void **st) {
+    setup_backends();
+    int fails = 0;
+    typedef struct {
+        int64_t N;
+        int d, V, skew, toff; // skew: 1 = ~70% one id, 2 = a single id; toff: table offset in floats
+    } ecase_t;
+    const ecase_t cases[] = {{4096, 576, 50, 0, 0}, {4096, 2048, 50, 1, 0}, {4096, 77, 50, 0, 0},
+                             {1000, 64, 3, 2, 0},   {4096, 96, 50, 0, 1},   {300, 128, 1000, 0, 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const ecase_t c = cases[ci];
+        const int64_t N = c.N, n = N * c.d, tl = (int64_t)c.V * c.d + c.toff;
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%lld d=%d V=%d%s%s", (long long)N, c.d, c.V,
+                 c.skew == 1   ? " skewed"
+                 : c.skew == 2 ? " one id"
+                               : "",
+                 c.toff ? " unaligned table" : "");
+        int32_t *ids = rnd_ids(N, c.V);
+        if (c.skew) {
+            float *u = tu_hbuf(N);
+            tu_randu(u, N, g_seed++, 0.0f, 1.0f);
+            for (int64_t i = 0; i < N; i++)
+                if (c.skew == 2 || u[i] < 0.7f) ids[i] = 7 % c.V;
+            free(u);
+        }
+        float *g = rnd(n, 1.0f), *t0 = rnd_f32(tl, 1.0f), *ref = tu_hdup(t0, tl);
+        cpu->embed_bwd(cpu, ref + c.toff, g, ids, N, c.d);
+        int32_t *did = tu_dev_i32(gpu, ids, N);
+        void *dg = tu_dev_act(gpu, g, n);
+        float *dt[3];
+        for (int r = 0; r < 3; r++) { // r = 2: scratch arena full
+            dt[r] = tu_dev_f32(gpu, t0, tl);
+            size_t mark = r == 2 ? scratch_fill(gpu) : 0;
+            gpu->embed_bwd(gpu, dt[r] + c.toff, dg, did, N, c.d);
+            char rl[160];
+            run_label(rl, sizeof rl, shape, r);
+            int ok = tu_sync(gpu, "embed_bwd", rl);
+            if (r == 2) arena_reset(&gpu->scratch, mark);
+            fails += !ok || !check_f32("embed_bwd", rl, dt[r], ref, tl, r == 2 ? EXACT : F32);
+        }
+        fails += !same_bits("embed_bwd", shape, "run 2 == run 1", dt[0], dt[1], tl);
+        free(ids), free(g), free(t0), free(ref);
+        tu_dev_free(gpu, did), tu_dev_free(gpu, dg);
+        for (int r = 0; r < 3; r++)
+            tu_dev_free(gpu, dt[r]);
+    }
+    assert_int_equal(fails, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_scale), cmocka_unit_test(test_copy2d),      cmocka_unit_test(test_embed),
-        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_f32out), cmocka_unit_test(test_gemm_batched),
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_gated_rmsnorm),
-        cmocka_unit_test(test_l2norm),    cmocka_unit_test(test_rope),        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_add_scale),
+        cmocka_unit_test(test_copy2d),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_f32out),
+        cmocka_unit_test(test_gemm_batched),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_add_rmsnorm),
+        cmocka_unit_test(test_gated_rmsnorm),
+        cmocka_unit_test(test_l2norm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_conv1d),
+        cmocka_unit_test(test_rmsnorm_deterministic),
+        cmocka_unit_test(test_gated_rmsnorm_deterministic),
+        cmocka_unit_test(test_conv1d_deterministic),
+        cmocka_unit_test(test_embed_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,7 +56,9 @@ __global__ void k_conv_fwd(bf16 *y, const bf16 *x, int64_t ldx, const bf16 *w, c
     }
 }
 
-// Backward over the chunk [t0, t1). dp_t = dy_t silu'(p_t) (p recomputed).
+// Backward of one slice, sequence b and chunk k = [t0, t1), for channel c:
+// writes its dx (and dstate) and returns its dw taps (right-aligned in dwa, as
+// wv) and dbias term. dp_t = dy_t silu'(p_t) (p recomputed).
 // dp_t feeds dx_s for s = t - 7 + j with weight wv[j]; dxa[j] accumulates
 // dx_{t-7+j}, and dx_{t-7} is final once step t is done (its last
 // contribution comes from t - 7 + W - 1 <= t). The thread computes dp on
@@ -64,21 +66,18 @@ __global__ void k_conv_fwd(bf16 *y, const bf16 *x, int64_t ldx, const bf16 *w, c
 // only on [t0, t1) (the next chunk owns the rest). The first chunk also
 // writes dstate[j] = dx_{j-W} (state slot j holds input time j - W; slots
 // 1..W-1 come out of the loop at s = j - W >= -7, slot 0 is always 0).
-// dw/dbias: to part[slice][c][0..W] (slice = b*nch + chunk; W = bias) when
-// part != NULL, else atomically into dw/dbias.
-__global__ void k_conv_bwd(bf16 *dx, int64_t lddx, float *part, float *dw, float *dbias, float *dstate, const bf16 *dy,
-                           const bf16 *x, int64_t ldx, const bf16 *w, const bf16 *bias, const bf16 *state, int B, int T,
-                           int C, int W, int silu, int nch, int L) {
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const int b = blockIdx.x / nch, k = blockIdx.x % nch;
+__device__ __forceinline__ void conv_bwd_slice(float (&dwa)[CONV_WMAX], float &dba, bf16 *dx, int64_t lddx,
+                                               float *dstate, const bf16 *dy, const bf16 *x, int64_t ldx, const bf16 *w,
+                                               const bf16 *bias, const bf16 *state, int b, int k, int c, int T, int C,
+                                               int W, int silu, int L) {
     const int t0 = k * L, t1 = t0 + L < T ? t0 + L : T;
     const int tend = t1 + W - 1 < T ? t1 + W - 1 : T;
-    float wv[CONV_WMAX], win[CONV_WMAX], dxa[CONV_WMAX], dwa[CONV_WMAX], dba = 0.0f;
+    float wv[CONV_WMAX], win[CONV_WMAX], dxa[CONV_WMAX];
     conv_setup(wv, win, x, ldx, w, state, b, T, C, W, t0, c);
 #pragma unroll
     for (int j = 0; j < CONV_WMAX; j++)
         dxa[j] = dwa[j] = 0.0f;
+    dba = 0.0f;
     const float bs = bias ? __bfloat162float(bias[c]) : 0.0f;
     // slot 0 (input time -W) reaches no output: only the last W-1 slots are read
     if (dstate && t0 == 0) dstate[((int64_t)b * C + c) * W] = 0.0f;
@@ -122,18 +121,50 @@ __global__ void k_conv_bwd(bf16 *dx, int64_t lddx, float *part, float *dw, float
             dxa[j] = dxa[j + 1];
         dxa[CONV_WMAX - 1] = 0.0f;
     }
+}
+
+// Slice sl = b*nch + chunk. dw/dbias: SERIAL false (grid.x = slices, one
+// slice per block): to part[sl][c][0..W] (W = bias), summed by k_conv_reduce;
+// SERIAL true (no scratch): grid.x = 1 and the thread walks the slices in
+// order, adding ((0 + s_0) + s_1) + ... into dw/dbias: the additions of
+// k_conv_reduce on the same per-slice sums, so both paths give the same bits.
+// No atomics. A template, so that the partial path carries no running totals;
+// 9 blocks per multiprocessor keep it at the 56 registers it had before (the
+// serial fallback spills a few bytes).
+template <bool SERIAL>
+__global__ void __launch_bounds__(CONV_THREADS, 9)
+    k_conv_bwd(bf16 *dx, int64_t lddx, float *part, float *dw, float *dbias, float *dstate, const bf16 *dy,
+               const bf16 *x, int64_t ldx, const bf16 *w, const bf16 *bias, const bf16 *state, int B, int T, int C,
+               int W, int silu, int nch, int L) {
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
     const int off = CONV_WMAX - W;
-    if (part) {
-        float *pp = part + (((int64_t)b * nch + k) * C + c) * (W + 1);
+    float dwa[CONV_WMAX], dba;
+    if constexpr (SERIAL) {
+        float totw[CONV_WMAX], totb = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            totw[j] = 0.0f;
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < nch; k++) { // slice b*nch + k: k_conv_reduce's order
+                conv_bwd_slice(dwa, dba, dx, lddx, dstate, dy, x, ldx, w, bias, state, b, k, c, T, C, W, silu, L);
+#pragma unroll
+                for (int j = 0; j < CONV_WMAX; j++)
+                    totw[j] += dwa[j];
+                totb += dba;
+            }
+#pragma unroll
+        for (int j = 0; j < CONV_WMAX; j++)
+            if (j >= off && dw) dw[(int64_t)c * W + (j - off)] += totw[j];
+        if (dbias) dbias[c] += totb;
+    } else {
+        const int b = blockIdx.x / nch, k = blockIdx.x % nch;
+        conv_bwd_slice(dwa, dba, dx, lddx, dstate, dy, x, ldx, w, bias, state, b, k, c, T, C, W, silu, L);
+        float *pp = part + ((int64_t)blockIdx.x * C + c) * (W + 1);
 #pragma unroll
         for (int j = 0; j < CONV_WMAX; j++)
             if (j >= off) pp[j - off] = dwa[j];
         pp[W] = dba;
-    } else {
-#pragma unroll
-        for (int j = 0; j < CONV_WMAX; j++)
-            if (j >= off && dw) atomicAdd(dw + (int64_t)c * W + (j - off), dwa[j]);
-        if (dbias) atomicAdd(dbias + c, dba);
     }
 }
 
@@ -218,11 +249,12 @@ static void cu_conv1d_bwd(be_t *be, void *dx, int64_t lddx, float *dw, float *db
     conv_chunks(be, B, T, C, &nch, &L);
     int64_t slices = (int64_t)B * nch;
     size_t mark = arena_mark(&be->scratch);
+    // no scratch: one block column walks all slices (slow, but the same sums; see k_conv_bwd)
     float *part = (float *)cu_scratch_try(be, (size_t)slices * C * (W + 1) * sizeof(float));
-    dim3 grid((unsigned)slices, (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
-    k_conv_bwd<<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)dx, lddx, part, dw, dbias, dstate, (const bf16 *)dy,
-                                                           (const bf16 *)x, ldx, (const bf16 *)w, (const bf16 *)bias,
-                                                           (const bf16 *)state, B, T, C, W, silu, nch, L);
+    dim3 grid(part ? (unsigned)slices : 1u, (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
+    (part ? k_conv_bwd<false> : k_conv_bwd<true>)<<<grid, CONV_THREADS, 0, cuda_stream(be)>>>(
+        (bf16 *)dx, lddx, part, dw, dbias, dstate, (const bf16 *)dy, (const bf16 *)x, ldx, (const bf16 *)w,
+        (const bf16 *)bias, (const bf16 *)state, B, T, C, W, silu, nch, L);
     cuda_check_launch(be, "conv1d_bwd");
     if (part) {
         k_conv_reduce<<<cu_grid(be, (int64_t)C * (W + 1), 256), 256, 0, cuda_stream(be)>>>(dw, dbias, part, slices, C,

@@ -1,5 +1,6 @@
 // Elementwise ops, strided copies, embedding, and the matrix products through
 // cuBLASLt (bf16 operands, fp32 accumulation, bf16 or fp32 C).
+#include <cub/device/device_radix_sort.cuh> // the embedding backward's (id, position) sort
 #include <pthread.h>
 #include <string.h>
 
@@ -102,18 +103,137 @@ __global__ void k_embed_fwd(bf16 *out, const bf16 *table, const int32_t *ids, in
     }
 }
 
-// fp32 atomics: rows with repeated ids get every contribution (in an
-// unspecified order, so sums may differ from the CPU's in the last bits).
+// Backward, deterministic (no atomics: the same inputs give the same bits).
+// The N (id, position) pairs are sorted by id with a stable radix sort (CUB),
+// so each id's rows form a run in position order. The sorted list is cut into
+// tiles of EMB_TILE rows; a block per (tile, column slab) sums each run piece
+// of its tile in order from 0. A run inside one tile is added to its table row
+// directly (its only writer). A run that crosses tiles is added by the tile
+// that holds its first row: k_embed_bwd_fix adds that tile's piece, then the
+// pieces of the following tiles in tile order (kept in scratch). Long runs
+// (frequent tokens) are thus spread over many blocks. Without the scratch for
+// the sort, k_embed_bwd_serial walks the rows in position order, one thread
+// per column chunk (slow; the same sums as the CPU reference).
+enum { EMB_TILE = 256, EMB_THREADS = 128 };
+
+// dst[0..V) (+)= s; 16-byte accesses when al16 (V = 8: every offset is then a
+// multiple of 8 floats from a 16-byte aligned base).
+template <int V> __device__ __forceinline__ void emb_put(float *dst, const float (&s)[V], bool add, bool al16) {
+    if constexpr (V == 8) {
+        if (al16) {
+#pragma unroll
+            for (int k = 0; k < V; k += 4) {
+                float4 o = add ? *reinterpret_cast<const float4 *>(dst + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+                o.x += s[k], o.y += s[k + 1], o.z += s[k + 2], o.w += s[k + 3];
+                *reinterpret_cast<float4 *>(dst + k) = o;
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        dst[k] = add ? dst[k] + s[k] : s[k];
+}
+
+__global__ void k_iota(int32_t *p, int64_t n) { GRID_STRIDE(i, n) p[i] = (int32_t)i; }
+
+// Block (tile t, slab of EMB_THREADS column chunks of V). Rows [t0, t0 + n) of
+// the sorted list. A run piece goes to in_part[t] when it continues a run of
+// an earlier tile (the tile's first piece), else to out_part[t] when its run
+// goes on past the tile (the last piece), else into the table.
 template <int V>
-__global__ void k_embed_bwd(float *dtable, const bf16 *dout, const int32_t *ids, int64_t N, int64_t dv, int d) {
-    GRID_STRIDE(i, N * dv) {
-        int64_t r = i / dv, c = (i - r * dv) * V;
+__global__ void __launch_bounds__(EMB_THREADS)
+    k_embed_bwd_tile(float *__restrict__ dtable, float *__restrict__ in_part, float *__restrict__ out_part,
+                     const bf16 *__restrict__ dout, const uint32_t *__restrict__ skey,
+                     const int32_t *__restrict__ sperm, int64_t N, int64_t dv, int d, int al16) {
+    __shared__ uint32_t sk[EMB_TILE];
+    __shared__ int32_t sp[EMB_TILE];
+    const int64_t t = blockIdx.x, t0 = t * EMB_TILE;
+    const int n = N - t0 < EMB_TILE ? (int)(N - t0) : EMB_TILE;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        sk[i] = skey[t0 + i], sp[i] = sperm[t0 + i];
+    __syncthreads();
+    const int64_t cv = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (cv >= dv) return; // no barrier below
+    const int64_t c = cv * V;
+    const bool cont_in = t0 > 0 && skey[t0 - 1] == sk[0];
+    const bool cont_out = t0 + n < N && skey[t0 + n] == sk[n - 1];
+    float s[V];
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        s[k] = 0.f;
+    int i0 = 0; // first row of the current piece
+#pragma unroll 4
+    for (int i = 0; i < n; i++) {
         float g[V];
-        ld_bf16<V>(dout + r * d + c, g);
-        float *row = dtable + (int64_t)ids[r] * d + c;
+        ld_bf16<V>(dout + (int64_t)sp[i] * d + c, g);
 #pragma unroll
         for (int k = 0; k < V; k++)
-            atomicAdd(row + k, g[k]);
+            s[k] += g[k];
+        if (i + 1 == n || sk[i + 1] != sk[i]) { // the piece ends here (the same branch for the whole block)
+            if (i0 == 0 && cont_in)
+                emb_put<V>(in_part + t * d + c, s, false, true);
+            else if (i + 1 == n && cont_out)
+                emb_put<V>(out_part + t * d + c, s, false, true);
+            else
+                emb_put<V>(dtable + (int64_t)sk[i] * d + c, s, true, al16);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                s[k] = 0.f;
+            i0 = i + 1;
+        }
+    }
+}
+
+// Block (tile t, slab): when the tile's last run starts in it and goes on past
+// it, adds out_part[t] + in_part[t+1] + ... + in_part[u_last] (tile order)
+// into the run's table row; u_last = the tile of the run's last row.
+template <int V>
+__global__ void __launch_bounds__(EMB_THREADS)
+    k_embed_bwd_fix(float *__restrict__ dtable, const float *__restrict__ in_part, const float *__restrict__ out_part,
+                    const uint32_t *__restrict__ skey, int64_t N, int64_t dv, int d, int al16) {
+    const int64_t t = blockIdx.x, t0 = t * EMB_TILE, t1 = t0 + EMB_TILE < N ? t0 + EMB_TILE : N;
+    const uint32_t key = skey[t1 - 1];
+    if (t1 >= N || skey[t1] != key) return;    // the last run ends in this tile
+    if (t0 > 0 && skey[t0 - 1] == key) return; // it began in an earlier tile, which adds it
+    const int64_t cv = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (cv >= dv) return;
+    const int64_t c = cv * V;
+    int64_t lo = t1, hi = N; // first row past the run: skey[lo] == key, skey[hi] != key (or hi == N)
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (skey[mid] == key)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int64_t u_last = (hi - 1) / EMB_TILE;
+    float s[V];
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        s[k] = out_part[t * d + c + k];
+    for (int64_t u = t + 1; u <= u_last; u++) {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            s[k] += in_part[u * d + c + k];
+    }
+    emb_put<V>(dtable + (int64_t)key * d + c, s, true, al16);
+}
+
+// Rows in position order, one thread per column chunk: dtable[ids[n]] += dout[n]
+// exactly as the CPU reference (no scratch; used when the sort has none).
+template <int V>
+__global__ void k_embed_bwd_serial(float *dtable, const bf16 *dout, const int32_t *ids, int64_t N, int64_t dv, int d) {
+    GRID_STRIDE(cv, dv) {
+        const int64_t c = cv * V;
+        for (int64_t n = 0; n < N; n++) {
+            float g[V];
+            ld_bf16<V>(dout + n * d + c, g);
+            float *row = dtable + (int64_t)ids[n] * d + c;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                row[k] += g[k];
+        }
     }
 }
 
@@ -126,12 +246,70 @@ static void cu_embed_fwd(be_t *be, void *out, const void *table, const int32_t *
     cuda_check_launch(be, "embed_fwd");
 }
 
+// The sorted path of the backward (see k_embed_bwd_tile). 0 when the scratch
+// arena lacks room (nothing queued), else 1 (errors recorded).
+static int embed_bwd_sorted(be_t *be, float *dtable, const bf16 *dout, const int32_t *ids, int64_t N, int d, int V) {
+    cudaStream_t st = cuda_stream(be);
+    const int64_t ntiles = (N + EMB_TILE - 1) / EMB_TILE, dv = d / V;
+    const uint32_t *keys = (const uint32_t *)ids; // ids are in [0, V): bits 0..30
+    size_t tmp_bytes = 0;
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, keys, (uint32_t *)NULL, (const int32_t *)NULL,
+                                                    (int32_t *)NULL, (int)N, 0, 31, st);
+    if (e != cudaSuccess) {
+        cuda_fail(be, "embed_bwd: cub::DeviceRadixSort::SortPairs (size query)", e);
+        return 1;
+    }
+    arena_t *ar = &be->scratch;
+    const size_t mark = arena_mark(ar);
+    uint32_t *skey = (uint32_t *)cu_scratch_try(be, (size_t)N * sizeof(uint32_t));
+    int32_t *pos = skey ? (int32_t *)cu_scratch_try(be, (size_t)N * sizeof(int32_t)) : NULL;
+    int32_t *sperm = pos ? (int32_t *)cu_scratch_try(be, (size_t)N * sizeof(int32_t)) : NULL;
+    void *tmp = sperm ? cu_scratch_try(be, tmp_bytes ? tmp_bytes : 1) : NULL;
+    // piece sums of runs that cross tiles: in_part, out_part [ntiles, d] each
+    float *parts = tmp && ntiles > 1 ? (float *)cu_scratch_try(be, (size_t)2 * ntiles * d * sizeof(float)) : NULL;
+    if (!tmp || (ntiles > 1 && !parts)) {
+        arena_reset(ar, mark);
+        static int warned;
+        if (!warned) {
+            warned = 1;
+            size_t need = 3 * cu_round256((size_t)N * 4) + cu_round256(tmp_bytes) +
+                          (ntiles > 1 ? cu_round256((size_t)2 * ntiles * d * sizeof(float)) : 0);
+            size_t off = cu_round256(ar->used), avail = off < ar->cap ? ar->cap - off : 0;
+            log_warn("cuda embed_bwd: the scratch arena has %zu of the %zu bytes the sorted backward needs (N %lld, "
+                     "d %d): rows are added serially (slow); warned once",
+                     avail, need, (long long)N, d);
+        }
+        return 0;
+    }
+    float *in_part = parts, *out_part = parts ? parts + ntiles * d : NULL;
+    k_iota<<<cu_grid(be, N, 256), 256, 0, st>>>(pos, N);
+    cuda_check_launch(be, "embed_bwd (iota)");
+    e = cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skey, pos, sperm, (int)N, 0, 31, st);
+    if (e != cudaSuccess) {
+        arena_reset(ar, mark);
+        cuda_fail(be, "embed_bwd: cub::DeviceRadixSort::SortPairs", e);
+        return 1;
+    }
+    const int al16 = (uintptr_t)dtable % 16 == 0 && d % 4 == 0;
+    dim3 grid((unsigned)ntiles, cuda_blocks(dv, EMB_THREADS));
+    LAUNCH_V(V, k_embed_bwd_tile, grid, EMB_THREADS, st, dtable, in_part, out_part, dout, skey, sperm, N, dv, d, al16);
+    cuda_check_launch(be, "embed_bwd (tiles)");
+    if (ntiles > 1) {
+        LAUNCH_V(V, k_embed_bwd_fix, grid, EMB_THREADS, st, dtable, in_part, out_part, skey, N, dv, d, al16);
+        cuda_check_launch(be, "embed_bwd (runs across tiles)");
+    }
+    arena_reset(ar, mark); // later users of this memory queue behind these kernels
+    return 1;
+}
+
 static void cu_embed_bwd(be_t *be, float *dtable, const void *dout, const int32_t *ids, int64_t N, int d) {
     if (N <= 0 || d <= 0) return;
     int V = cu_vec_width((uintptr_t)dout, (uint64_t)d);
     int64_t dv = d / V;
-    LAUNCH_V(V, k_embed_bwd, cu_grid(be, N * dv, 256), 256, cuda_stream(be), dtable, (const bf16 *)dout, ids, N, dv, d);
-    cuda_check_launch(be, "embed_bwd");
+    if (N <= INT32_MAX && embed_bwd_sorted(be, dtable, (const bf16 *)dout, ids, N, d, V)) return;
+    LAUNCH_V(V, k_embed_bwd_serial, cuda_blocks(dv, 128), 128, cuda_stream(be), dtable, (const bf16 *)dout, ids, N, dv,
+             d);
+    cuda_check_launch(be, "embed_bwd (serial)");
 }
 
 // ---- matrix products ---------------------------------------------------------------

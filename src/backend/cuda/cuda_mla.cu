@@ -205,23 +205,33 @@ __global__ void __launch_bounds__(512, 1)
         }
     }
     __syncthreads();
+    // The RS row groups add into co in turn (group 0 first), one writer per
+    // element per turn: a fixed order, so the sum has the same bits every run
+    // (shared-memory atomics would add 3 or 4 groups in any order).
+    float f[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int hr = ht * 16 + g + 8 * h;
         float M = -INFINITY;
         for (int r = 0; r < RS; r++)
             M = fmaxf(M, cm[r * HR + hr]);
-        float f = mrow[h] == -INFINITY ? 0.f : exp2_approx(mrow[h] - M);
-        if (f != 0.f) {
+        f[h] = mrow[h] == -INFINITY ? 0.f : exp2_approx(mrow[h] - M);
+    }
+    for (int r = 0; r < RS; r++) { // every thread reaches each barrier
+        if (rs == r) {
 #pragma unroll
-            for (int nt = 0; nt < CW / 8; nt++) {
-                float *dst = co + hr * CCW + cc * CW + nt * 8 + 2 * t4;
-                atomicAdd(dst, o[nt][2 * h] * f);
-                atomicAdd(dst + 1, o[nt][2 * h + 1] * f);
+            for (int h = 0; h < 2; h++) {
+                if (f[h] == 0.f) continue;
+                float *dst = co + (ht * 16 + g + 8 * h) * CCW + cc * CW + 2 * t4;
+#pragma unroll
+                for (int nt = 0; nt < CW / 8; nt++) {
+                    dst[nt * 8] += o[nt][2 * h] * f[h];
+                    dst[nt * 8 + 1] += o[nt][2 * h + 1] * f[h];
+                }
             }
         }
+        __syncthreads();
     }
-    __syncthreads();
     const int64_t pidx = (int64_t)b * a.n_split + split; // partial index
     for (int i = tid; i < a.H * a.r_kv; i += nthr) {
         int h = i / a.r_kv, c = i - h * a.r_kv;

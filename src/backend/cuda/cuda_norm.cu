@@ -4,8 +4,9 @@
 // twice (sum of squares, then output); the second read hits L1/L2. Each
 // element is read and written by the same lane, so outputs may alias inputs.
 // Weight gradients: per-(column tile, row slice) partial sums in the scratch
-// arena, then a fixed-order reduce into dw (deterministic); atomics per tile
-// only when the arena has no room.
+// arena, then a fixed-order reduce into dw; when the arena has no room, one
+// block per column tile walks the same slices in the same order itself. No
+// atomics: the same inputs give the same bits, with or without scratch.
 #include "backend/cuda/cuda_vec.cuh"
 
 enum { NORM_WARPS = 4 }; // rows per 128-thread block
@@ -142,36 +143,41 @@ __device__ __forceinline__ float dw_term(const dw_args_t &a, int64_t q, int64_t 
     return a.mode == GNORM_NORM_THEN_GATE ? v * r * s : v * s * r;
 }
 
-enum { DW_PARTIAL = 0, DW_ATOMIC = 1, DW_DIRECT = 2 };
-
-// Block (32 columns) x (8 row lanes) over one slice of rows; the 8 lanes are
-// summed in shared memory in a fixed order. out_mode: DW_PARTIAL writes
-// part[slice][c]; DW_DIRECT adds into dw (one slice: a single writer per
-// column); DW_ATOMIC adds into dw atomically (no scratch).
-__global__ void k_norm_dw(float *part, float *dw, dw_args_t a, int64_t rows_per_slice, int out_mode) {
+// Block (32 columns) x (8 row lanes). Slice k holds rows [k per, (k+1) per);
+// its column sum s_k: each lane sums its rows in order, then the 8 lanes are
+// added in lane order. part != NULL: one slice per block (grid.y = nslices),
+// s_k to part[k][c], k_dw_reduce adds them into dw. part == NULL (one slice,
+// or no scratch): grid.y = 1 and the block walks the slices in order itself,
+// dw[c] += ((0 + s_0) + s_1) + ...: the additions of k_dw_reduce, so both
+// paths give the same bits. acc uses __fadd_rn so that no copy of this loop
+// the compiler makes can fuse it into an FMA differently.
+__global__ void k_norm_dw(float *part, float *dw, dw_args_t a, int64_t rows_per_slice, int64_t nslices) {
     __shared__ float sh[8][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     const int64_t c = (int64_t)blockIdx.x * 32 + tx;
-    const int64_t q0 = (int64_t)blockIdx.y * rows_per_slice;
-    const int64_t q1 = q0 + rows_per_slice < a.Q ? q0 + rows_per_slice : a.Q;
-    float acc = 0.0f;
-    if (c < a.cols)
-        for (int64_t q = q0 + ty; q < q1; q += 8)
-            acc += dw_term(a, q, c);
-    sh[ty][tx] = acc;
-    __syncthreads();
-    if (ty == 0 && c < a.cols) {
-        float s = 0.0f;
+    float tot = 0.0f;
+    for (int64_t k = blockIdx.y; k < nslices; k += gridDim.y) { // uniform over the block
+        const int64_t q0 = k * rows_per_slice;
+        const int64_t q1 = q0 + rows_per_slice < a.Q ? q0 + rows_per_slice : a.Q;
+        float acc = 0.0f;
+        if (c < a.cols)
+            for (int64_t q = q0 + ty; q < q1; q += 8)
+                acc = __fadd_rn(acc, dw_term(a, q, c));
+        sh[ty][tx] = acc;
+        __syncthreads();
+        if (ty == 0 && c < a.cols) {
+            float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            s += sh[k][tx];
-        if (out_mode == DW_PARTIAL)
-            part[(int64_t)blockIdx.y * a.cols + c] = s;
-        else if (out_mode == DW_DIRECT)
-            dw[c] += s;
-        else
-            atomicAdd(dw + c, s);
+            for (int l = 0; l < 8; l++)
+                s += sh[l][tx];
+            if (part)
+                part[k * a.cols + c] = s;
+            else
+                tot += s;
+        }
+        __syncthreads(); // sh is written again for the next slice
     }
+    if (!part && ty == 0 && c < a.cols) dw[c] += tot;
 }
 
 __global__ void k_dw_reduce(float *dw, const float *part, int64_t nslices, int64_t cols) {
@@ -183,6 +189,9 @@ __global__ void k_dw_reduce(float *dw, const float *part, int64_t nslices, int64
     }
 }
 
+// The slices depend on the row count, the width and the number of
+// multiprocessors only (not on the free scratch), so a run on one GPU model
+// always sums in the same order.
 static void norm_dw(be_t *be, float *dw, dw_args_t a, const char *what) {
     if (!dw || a.Q <= 0 || a.cols <= 0) return;
     int64_t colblocks = (a.cols + 31) / 32;
@@ -195,11 +204,10 @@ static void norm_dw(be_t *be, float *dw, dw_args_t a, const char *what) {
     slices = (a.Q + per - 1) / per;
     size_t mark = arena_mark(&be->scratch);
     float *part = slices > 1 ? (float *)cu_scratch_try(be, (size_t)slices * a.cols * sizeof(float)) : NULL;
-    int mode = slices == 1 ? DW_DIRECT : part ? DW_PARTIAL : DW_ATOMIC;
-    dim3 grid((unsigned)colblocks, (unsigned)slices);
-    k_norm_dw<<<grid, 256, 0, cuda_stream(be)>>>(part, dw, a, per, mode);
+    dim3 grid((unsigned)colblocks, part ? (unsigned)slices : 1u);
+    k_norm_dw<<<grid, 256, 0, cuda_stream(be)>>>(part, dw, a, per, slices);
     cuda_check_launch(be, what);
-    if (mode == DW_PARTIAL) {
+    if (part) {
         k_dw_reduce<<<cu_grid(be, a.cols, 256), 256, 0, cuda_stream(be)>>>(dw, part, slices, a.cols);
         cuda_check_launch(be, what);
     }
