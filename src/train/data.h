@@ -34,6 +34,17 @@ typedef struct {
 // rows than ranks, is an error.
 int data_loader_open(data_loader_t **out, const char *path, const tok_t *tok, int T, uint64_t seed, int rank,
                      int world);
+// A mixture: each source a shard file or folder with a fraction w > 0 (the
+// dataset_mixer of a recipe); source s gives round(w R_s) of its R_s rows to
+// every epoch (w < 1: a subset fixed for the run; w > 1: repeats), rows never
+// cross sources, and the epoch's order shuffles all shares together. One
+// source of fraction 1 is data_loader_open.
+typedef struct {
+    const char *path;
+    double weight;
+} data_source_t;
+int data_loader_open_mix(data_loader_t **out, const data_source_t *srcs, int n_src, const tok_t *tok, int T,
+                         uint64_t seed, int rank, int world);
 // The same over an explicit list of shard files (their stream order).
 int data_loader_open_list(data_loader_t **out, const char *const *paths, int n_paths, const tok_t *tok, int T,
                           uint64_t seed, int rank, int world);

@@ -1,5 +1,6 @@
 // Training settings: defaults, the recipe's keys, and the printout at start.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -54,19 +55,31 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
     TRY(str_key(r, "model_name_or_path", c->student, sizeof c->student));
     TRY(str_key(r, "teacher_model_name_or_path", c->teacher, sizeof c->teacher));
     TRY(str_key(r, "output_dir", c->out_dir, sizeof c->out_dir));
-    // dataset_mixer: {path: fraction}; hylo reads local token shards, one
-    // corpus (a shard file or a folder of them) with fraction 1.
+    // dataset_mixer: {path: fraction, ...}, local token shard files or folders
+    // (hylo data); a fraction f takes round(f x rows) of that corpus per
+    // epoch (train/data.h).
     const recipe_entry_t *e = recipe_find(r, "dataset_mixer");
     if (e) {
-        if (e->kind != RECIPE_MAP || e->n_items != 2)
+        if (e->kind != RECIPE_MAP || e->n_items < 2)
             return err_set(ERR_INPUT,
-                           "%s:%d: dataset_mixer: expected one '{PATH: 1.0}' entry naming a token shard file or "
-                           "folder made by 'hylo data' (mixtures of several corpora: merge them with hylo data)",
+                           "%s:%d: dataset_mixer: expected '{PATH: FRACTION, ...}' entries naming token shard files "
+                           "or folders made by 'hylo data'",
                            r->path, e->line);
-        if (strcmp(e->items[1], "1") && strcmp(e->items[1], "1.0"))
-            return err_set(ERR_INPUT, "%s:%d: dataset_mixer: fraction %s of %s: only 1.0 is supported", r->path,
-                           e->line, e->items[1], e->items[0]);
-        snprintf(c->data, sizeof c->data, "%s", e->items[0]);
+        if (e->n_items / 2 > TRAIN_MAX_SOURCES)
+            return err_set(ERR_INPUT, "%s:%d: dataset_mixer: %d entries, at most %d", r->path, e->line, e->n_items / 2,
+                           TRAIN_MAX_SOURCES);
+        for (int i = 0; i + 1 < e->n_items; i += 2) {
+            char *end;
+            double f = strtod(e->items[i + 1], &end);
+            if (end == e->items[i + 1] || *end || !(f > 0) || f > 1e6)
+                return err_set(ERR_INPUT, "%s:%d: dataset_mixer: fraction '%s' of %s: expected a number > 0", r->path,
+                               e->line, e->items[i + 1], e->items[i]);
+            if (strlen(e->items[i]) >= sizeof c->data[0])
+                return err_set(ERR_INPUT, "%s:%d: dataset_mixer: path of %zu bytes, at most %zu", r->path, e->line,
+                               strlen(e->items[i]), sizeof c->data[0] - 1);
+            snprintf(c->data[c->n_data], sizeof c->data[0], "%s", e->items[i]);
+            c->data_weight[c->n_data++] = f;
+        }
     }
     TRY(bool_key(r, "ILD", &c->ild));
     const char *s = NULL;
@@ -130,7 +143,10 @@ void train_cfg_print(const train_cfg_t *c, FILE *f) {
     fprintf(f, "stage                        %s\n", c->ild ? "1: layer-wise distillation (ILD)" : "2: end-to-end KD");
     fprintf(f, "model_name_or_path           %s\n", c->student);
     fprintf(f, "teacher_model_name_or_path   %s\n", c->teacher[0] ? c->teacher : "(none)");
-    fprintf(f, "dataset_mixer                {%s: 1.0}\n", c->data);
+    fprintf(f, "dataset_mixer                {");
+    for (int i = 0; i < c->n_data; i++)
+        fprintf(f, "%s%s: %g", i ? ", " : "", c->data[i], c->data_weight[i]);
+    fprintf(f, "}\n");
     fprintf(f, "output_dir                   %s\n", c->out_dir);
     fprintf(f, "device                       %s\n", c->device);
     if (c->ild) fprintf(f, "ild_loss                     %s\n", c->ild_mode == DIST_L2 ? "l2" : "mse");

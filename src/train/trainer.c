@@ -448,7 +448,7 @@ int train_run(const train_cfg_t *c) {
     tr.c = c;
     int rc = 0;
     if (!c->student[0]) return err_set(ERR_INPUT, "no student: set model_name_or_path");
-    if (!c->data[0]) return err_set(ERR_INPUT, "no training data: set dataset_mixer to {SHARDS: 1.0} (hylo data)");
+    if (!c->n_data) return err_set(ERR_INPUT, "no training data: set dataset_mixer to {SHARDS: 1.0} (hylo data)");
     if (!c->out_dir[0]) return err_set(ERR_INPUT, "no output_dir");
     if (c->ild && !c->teacher[0]) return err_set(ERR_INPUT, "ILD needs teacher_model_name_or_path");
     if (!c->ild && c->kl_weight > 0 && !c->teacher[0])
@@ -494,13 +494,16 @@ int train_run(const train_cfg_t *c) {
         rc = err_set(ERR_NOMEM, "out of memory");
     data_pos_t pos = {0, 0};
     if (rc == 0 && strcmp(start, c->student)) rc = restore_state(&tr, start, &pos);
-    if (rc == 0) rc = data_loader_open(&tr.dl, c->data, &tr.tok, c->T, c->seed, 0, 1);
+    data_source_t srcs[TRAIN_MAX_SOURCES];
+    for (int i = 0; i < c->n_data; i++)
+        srcs[i] = (data_source_t){c->data[i], c->data_weight[i]};
+    if (rc == 0) rc = data_loader_open_mix(&tr.dl, srcs, c->n_data, &tr.tok, c->T, c->seed, 0, 1);
     if (rc == 0 && (pos.epoch || pos.index)) rc = data_loader_seek(tr.dl, pos);
     if (rc == 0) {
         int64_t rows = data_loader_rows(tr.dl), per_step = (int64_t)c->B * c->GA;
         tr.total_steps = c->max_steps > 0 ? c->max_steps : (int64_t)ceil(c->epochs * rows / per_step);
         if (tr.total_steps < 1)
-            rc = err_set(ERR_INPUT, "%s: %lld rows of %d tokens make no step of %lld rows", c->data, (long long)rows,
+            rc = err_set(ERR_INPUT, "%s: %lld rows of %d tokens make no step of %lld rows", c->data[0], (long long)rows,
                          c->T + 1, (long long)per_step);
         tr.warmup = c->warmup_steps > 0 ? c->warmup_steps : (int64_t)ceil(c->warmup_ratio * tr.total_steps);
         tr.flops_per_token = 6.0 * (double)ptable_count(&tr.s.pt) + (tr.have_t ? 2.0 * ptable_count(&tr.t.pt) : 0);
@@ -508,8 +511,8 @@ int train_run(const train_cfg_t *c) {
                (long long)ptable_count(&tr.s.pt), tr.s.a.n_layers, arch_count(&tr.s.a, LAYER_MLA),
                arch_count(&tr.s.a, LAYER_GDN), arch_count(&tr.s.a, LAYER_M2), arch_count(&tr.s.a, LAYER_ATTN));
         if (tr.have_t) printf("teacher   %s: %lld parameters\n", c->teacher, (long long)ptable_count(&tr.t.pt));
-        printf("data      %s: %lld tokens, %lld rows of %d\n", c->data, (long long)data_loader_tokens(tr.dl),
-               (long long)rows, c->T);
+        printf("data      %s%s: %lld tokens, %lld rows of %d\n", c->data[0], c->n_data > 1 ? " ..." : "",
+               (long long)data_loader_tokens(tr.dl), (long long)rows, c->T);
         printf("steps     %lld of %lld rows (%lld tokens each), warm-up %lld, from step %lld\n",
                (long long)tr.total_steps, (long long)per_step, (long long)per_step * c->T, (long long)tr.warmup,
                (long long)tr.o.step);

@@ -9,11 +9,15 @@
 #include "io/recipe.h"
 #include "train/optim.h"
 
+#define TRAIN_MAX_SOURCES 16
+
 typedef struct {
     // what to train on what
-    char student[1024]; // a hybrid checkpoint folder (the initial student)
-    char teacher[1024]; // teacher_model_name_or_path
-    char data[1024];    // token shard file or folder (hylo data)
+    char student[1024];                    // a hybrid checkpoint folder (the initial student)
+    char teacher[1024];                    // teacher_model_name_or_path
+    char data[TRAIN_MAX_SOURCES][1024];    // dataset_mixer: token shard files or folders (hylo data)
+    double data_weight[TRAIN_MAX_SOURCES]; // and their fractions
+    int n_data;
     char out_dir[1024]; // output_dir
     char device[16];    // cpu | cuda
     int ild;            // 1: stage 1 (ILD), 0: stage 2 (KD)

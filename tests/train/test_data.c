@@ -764,6 +764,62 @@ static void epoch_rows(data_loader_t *dl, int T, int64_t *out) {
     }
 }
 
+// A mixture: rows never cross sources; a source of fraction f gives
+// round(f R) of its R rows to every epoch: f < 1 the same subset each epoch,
+// f > 1 every row floor(f) or ceil(f) times; the epoch shuffles the shares
+// together; a bad fraction is an error naming it.
+static void test_loader_mix(void **state) {
+    const int T = 8, V = 65536;
+    const char *pa = tu_tmp_path("mixa.shard"), *pb = tu_tmp_path("mixb.shard");
+    synth_shard(pa, 0, 8 * 300 + 1, V, 50, 1);     // 300 rows, ids 0 ..
+    synth_shard(pb, 30000, 8 * 120 + 1, V, 40, 1); // 120 rows, ids 30000 ..
+    for (int c = 0; c < 2; c++) {
+        double fb = c ? 2.5 : 0.5;
+        int64_t share = c ? 300 : 60; // round(fb x 120)
+        data_source_t src[2] = {{pa, 1.0}, {pb, fb}};
+        data_loader_t *dl;
+        assert_int_equal(data_loader_open_mix(&dl, src, 2, NULL, T, 3, 0, 1), 0);
+        int64_t R = data_loader_rows(dl);
+        assert_int_equal(R, 300 + share);
+        int count_b[2][120] = {{0}};
+        int seen_a[300] = {0}, from_a = 0, first_b = -1;
+        int32_t ids[8], tg[8];
+        for (int e = 0; e < 2; e++) {
+            for (int64_t i = 0; i < R; i++) {
+                assert_int_equal(data_loader_next(dl, ids, tg), 0);
+                int b = ids[0] >= 30000;
+                int64_t r = (ids[0] - (b ? 30000 : 0)) / T;
+                for (int t = 0; t < T; t++) // the window lies in one source
+                    assert_int_equal(ids[t], (b ? 30000 : 0) + r * T + t);
+                if (b) {
+                    count_b[e][r]++;
+                    if (first_b < 0) first_b = (int)i;
+                } else if (e == 0) {
+                    assert_int_equal(seen_a[r]++, 0), from_a++;
+                }
+            }
+        }
+        assert_int_equal(from_a, 300);
+        assert_true(first_b < 100); // shuffled together, not A then B
+        int64_t total = 0;
+        for (int r = 0; r < 120; r++) {
+            total += count_b[0][r];
+            assert_int_equal(count_b[0][r], count_b[1][r]); // the same share every epoch
+            if (c == 0) assert_true(count_b[0][r] <= 1);
+            if (c == 1) assert_true(count_b[0][r] == 2 || count_b[0][r] == 3);
+        }
+        assert_int_equal(total, share);
+        data_loader_close(dl);
+    }
+    data_source_t bad[2] = {{pa, 1.0}, {pb, 0.001}}; // 0.12 rows
+    data_loader_t *dl;
+    assert_int_equal(data_loader_open_mix(&dl, bad, 2, NULL, T, 3, 0, 1), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "mixb.shard"));
+    bad[1].weight = -1;
+    assert_int_equal(data_loader_open_mix(&dl, bad, 2, NULL, T, 3, 0, 1), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "fraction -1"));
+}
+
 static void test_loader_shuffle(void **state) {
     const char *p = tu_tmp_path("shuf.shard");
     const int T = 16;
@@ -1048,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_loader_windows),
         cmocka_unit_test(test_loader_too_small),
         cmocka_unit_test(test_loader_shuffle),
+        cmocka_unit_test(test_loader_mix),
         cmocka_unit_test(test_loader_ranks),
         cmocka_unit_test(test_loader_seek),
         cmocka_unit_test(test_cli),

@@ -175,6 +175,12 @@ static void test_unknown_key(void **st) {
     assert_int_equal(tu_run_hylo(args, &err), 2);
     assert_non_null(strstr(err, "learning_rat"));
     free(err);
+    // a dataset_mixer fraction that is not a positive number names itself
+    txt = "model_name_or_path: x\noutput_dir: y\ndataset_mixer:\n  a.shard: 1.0\n  b.shard: half\n";
+    assert_int_equal(fs_write_all(r, txt, strlen(txt)), 0);
+    assert_int_equal(tu_run_hylo(args, &err), 2);
+    assert_non_null(strstr(err, "fraction 'half' of b.shard"));
+    free(err);
 }
 
 int main(void) {
