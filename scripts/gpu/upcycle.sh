@@ -10,6 +10,11 @@
 #   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb
 #   call 3: bash scripts/gpu/upcycle.sh stage2
 #   call 4: bash scripts/gpu/upcycle.sh eval
+# or, when one call is all the device time allows after prep:
+#   call 2: bash scripts/gpu/upcycle.sh quick    carry .carry/p2 .carry/cb
+#           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
+# and here, afterwards: bash scripts/gpu/upcycle.sh tally DIR... (scores of
+# evaluations the time limit stopped, from their per-item files).
 # Each of 2-4 returns $OUT/<step>.tar.xz: logs, recipes, metrics, loss plots,
 # evaluation results and samples (the weights stay on the machine).
 #   stage1: tokenize the corpus; sample chat documents from the teacher
@@ -22,6 +27,8 @@
 #           evaluated.
 #   eval:   the three KD checkpoints evaluated, side by side; chat answers of every model;
 #           latency and cache memory against the teacher.
+# The calls must follow each other within the 30 s the machine stays warm: a
+# cold start is a bare machine, and the trained weights are gone with it.
 # Training lengths are set in steps from the throughput each stage measured
 # before (metrics.jsonl), so that a stage ends inside its time slot with its
 # learning-rate schedule complete; a stage that would still overrun is stopped
@@ -128,6 +135,10 @@ assemble() { # GGUF halves -> $M, checked against the sha256 fetch_model.sh hold
     echo "$sha  $M.part" | sha256sum -c --quiet - && mv $M.part $M || echo "GGUF halves do not match" >&2
 }
 mla=$(seq -s, 0 3 29)
+# the teacher's chat samples, when any shard was written, weighted 2 (each
+# sample twice per epoch beside the documentation)
+chat_entry=""
+ls $W/chat/*.shard > /dev/null 2>&1 && chat_entry="  $W/chat: 2.0"
 kd() { # name, T, rows, lr, factor, init lines..., seconds
     local n=$1 T=$2 rows=$3 lr=$4 f=$5 init=$6 secs=$7 ce=${8:-0.0}
     local steps=$(fit $((T * rows)) $secs $rate 20 3000)
@@ -145,7 +156,7 @@ kd() { # name, T, rows, lr, factor, init lines..., seconds
 case $1 in
 stage1)
     assemble
-    mkdir -p $W/corpus $W/mix
+    mkdir -p $W/corpus $W/mix $W/chat
     cat $W/ca .carry/cb/part | xz -d | tar xf - -C $W/corpus
     cp $W/corpus/SOURCES.tsv $W/corpus/OVERLAP.log "$O/" 2>/dev/null
     step data 120 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
@@ -154,7 +165,7 @@ stage1)
         k=0
         while [ $(since) -lt 300 ]; do
             step chat_$k 150 $H data --generate 1024 --batch 512 --self-instruct -n 448 --ctx 640 --temp 0.7 \
-                --seed $((1 + 1024 * k)) --device cuda --model $M --out $W/mix/chat_$k.shard
+                --seed $((1 + 1024 * k)) --device cuda --model $M --out $W/chat/chat_$k.shard
             k=$((k + 1))
         done
     ) > $O/chat_gen.txt 2>&1 &
@@ -179,8 +190,8 @@ stage1)
 stage2)
     mkdir -p $W/kd
     # the teacher samples' share of the mixture, and their text, for the record
-    $H data --show 3 --tokenizer $M $W/mix/chat_0.shard > $O/chat_samples.txt 2>&1
-    ls -la $W/mix > $O/mix.txt
+    $H data --show 3 --tokenizer $M $W/chat/chat_0.shard > $O/chat_samples.txt 2>&1
+    ls -la $W/mix $W/chat > $O/mix.txt
     rate=$(tps $W/ild_mla) # ILD's rate stands in for KD's before KD has run
     [ "$rate" -gt 0 ] || rate=100000
     # untrained hybrid of the same layout, for the table
@@ -221,26 +232,6 @@ linear_ILD_path: $W/ild_gdn/final" ${KD2K_S:-80}
     (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
     kd kd8k 8192 4 1.5e-4 4.0 "model_name_or_path: $W/kd2k/final" ${KD8K_S:-40}
     evaluate kd8k $W/kd8k/final > $O/ev_kd8k.txt 2>&1
-    wait
-    ;;
-final)
-    # stage 2 and the evaluation of its result in one call, when the device
-    # time left allows only one (the first stage-2 call of 2026-12-02 failed on
-    # a recipe quoting bug after evaluating the untrained hybrid)
-    DEADLINE=${FINAL_DEADLINE:-450}
-    mkdir -p $W/kd
-    $H data --show 3 --tokenizer $M $W/mix/chat_0.shard > $O/chat_samples.txt 2>&1
-    ls -la $W/mix > $O/mix.txt
-    rate=$(tps $W/ild_mla)
-    [ "$rate" -gt 0 ] || rate=100000
-    kd kd2k 2048 16 3.0e-4 1.0 "model_name_or_path: $M
-mla_ILD_path: $W/ild_mla/final
-linear_ILD_path: $W/ild_gdn/final" 110
-    NIAH_SAMPLES=10
-    (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
-    kd kd8k 8192 4 1.5e-4 4.0 "model_name_or_path: $W/kd2k/final" 50
-    kd kd32k 32768 1 1.0e-4 16.0 "model_name_or_path: $W/kd8k/final" 40 0.5
-    evaluate kd32k $W/kd32k/final > $O/ev_kd32k.txt 2>&1
     wait
     ;;
 eval)
