@@ -423,3 +423,24 @@ void tu_print_elem(const char *prefix, const float *got, const float *ref, int64
     printf("%s [%c=%lld %c=%lld %c=%lld %c=%lld]: gpu %.6g cpu %.6g (rms %.3g)\n", prefix, axes[0], (long long)c[0],
            axes[1], (long long)c[1], axes[2], (long long)c[2], axes[3], (long long)c[3], got[i], ref[i], rms);
 }
+
+arch_t tu_tiny_arch(const layer_kind_t *plan, int n, int yarn, int tied) {
+    arch_t a;
+    arch_init(&a);
+    a.d = 32, a.n_layers = n, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = tied;
+    a.rope.theta = 1000.0f;
+    for (int l = 0; l < n; l++)
+        a.kind[l] = plan[l];
+    a.mla = (mla_dims_t){.r_q = 16, .r_kv = 12, .d_nope = 4, .d_rope = 4, .d_v = 8, .n_kv = 2};
+    a.mla.rope = a.rope;
+    if (yarn) {
+        a.mla.rope.scaling = ROPE_SCALE_YARN, a.mla.rope.factor = 4, a.mla.rope.orig_max_pos = 16;
+        a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1, a.mla.rope.mscale = 1;
+    }
+    a.m2 = (m2_dims_t){
+        .d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8, .norm_eps = 1e-5f};
+    a.gdn = (gdn_dims_t){
+        .n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
+    a.is_hybrid = 1;
+    return a;
+}

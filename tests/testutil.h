@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "model/layer.h"
+#include "model/arch.h"
 #include "model/params.h"
 
 // Fills x with N(0, std^2) from a seeded generator.
@@ -157,3 +158,10 @@ tu_cmp_t tu_compare(const float *got, const float *ref, int64_t n, double rtol, 
 // a tensor of dims[0..3] named by the 4 letters of axes (unused leading dims 1).
 void tu_print_elem(const char *prefix, const float *got, const float *ref, int64_t i, const int64_t dims[4],
                    const char *axes, double rms);
+
+// A tiny hybrid of the given layer plan (n <= 6 layers, any mixer kinds):
+// d 32, 4 query / 2 KV heads of 8, vocabulary 61, MLA r_q 16 / r_kv 12 /
+// nope 4 / rope 4 / v 8, Mamba-2 chunks of 8 (so sequences cross chunks),
+// GDN with its output gate; YaRN (factor 4 over 16) on the MLA rope when
+// yarn; tied embeddings when tied.
+arch_t tu_tiny_arch(const layer_kind_t *plan, int n, int yarn, int tied);

@@ -11,23 +11,8 @@
 // A hybrid exercising every mixer kind, with YaRN on the MLA rope, GQA
 // everywhere and a Mamba-2 chunk of 8 so that sequences cross chunks.
 static arch_t tiny_hybrid(void) {
-    arch_t a;
-    arch_init(&a);
-    a.d = 32, a.n_layers = 6, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = 0;
-    a.rope.theta = 1000.0f;
-    layer_kind_t plan[6] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_GDN, LAYER_MLA, LAYER_M2};
-    for (int l = 0; l < a.n_layers; l++)
-        a.kind[l] = plan[l];
-    a.mla = (mla_dims_t){.r_q = 16, .r_kv = 12, .d_nope = 4, .d_rope = 4, .d_v = 8, .n_kv = 2};
-    a.mla.rope = a.rope;
-    a.mla.rope.scaling = ROPE_SCALE_YARN, a.mla.rope.factor = 4, a.mla.rope.orig_max_pos = 16;
-    a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1, a.mla.rope.mscale = 1;
-    a.m2 = (m2_dims_t){
-        .d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8, .norm_eps = 1e-5f};
-    a.gdn = (gdn_dims_t){
-        .n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
-    a.is_hybrid = 1;
-    return a;
+    const layer_kind_t plan[6] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_GDN, LAYER_MLA, LAYER_M2};
+    return tu_tiny_arch(plan, 6, 1, 0);
 }
 
 static void load_random(model_t *m, uint64_t seed) {

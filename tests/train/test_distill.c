@@ -14,23 +14,8 @@
 // A student exercising every mixer kind (MLA with YaRN, GDN, Mamba-2 with
 // chunks crossed) and a plain-attention teacher of the same depth and width.
 static arch_t tiny_student(int tied) {
-    arch_t a;
-    arch_init(&a);
-    a.d = 32, a.n_layers = 3, a.H = 4, a.Hkv = 2, a.dh = 8, a.ffn = 48, a.V = 61, a.tie_embeddings = tied;
-    a.rope.theta = 1000.0f;
-    layer_kind_t plan[3] = {LAYER_MLA, LAYER_GDN, LAYER_M2};
-    for (int l = 0; l < a.n_layers; l++)
-        a.kind[l] = plan[l];
-    a.mla = (mla_dims_t){.r_q = 16, .r_kv = 12, .d_nope = 4, .d_rope = 4, .d_v = 8, .n_kv = 2};
-    a.mla.rope = a.rope;
-    a.mla.rope.scaling = ROPE_SCALE_YARN, a.mla.rope.factor = 4, a.mla.rope.orig_max_pos = 16;
-    a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1, a.mla.rope.mscale = 1;
-    a.m2 = (m2_dims_t){
-        .d_inner = 32, .d_xb = 16, .n_heads = 4, .headdim = 8, .d_state = 8, .conv = 4, .chunk = 8, .norm_eps = 1e-5f};
-    a.gdn = (gdn_dims_t){
-        .n_heads = 2, .n_v_heads = 2, .head_k = 8, .head_v = 16, .conv = 4, .use_gate = 1, .norm_eps = 1e-6f};
-    a.is_hybrid = 1;
-    return a;
+    const layer_kind_t plan[3] = {LAYER_MLA, LAYER_GDN, LAYER_M2};
+    return tu_tiny_arch(plan, 3, 1, tied);
 }
 
 static arch_t tiny_teacher(void) {
