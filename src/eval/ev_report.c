@@ -7,21 +7,8 @@
 
 #include "base/err.h"
 #include "base/strbuf.h"
+#include "base/svg.h"
 #include "eval/ev_text.h"
-
-static const char *palette[] = {"#3b6fb6", "#d9822b", "#4a9c5d", "#b04a7a", "#7a5cc2", "#8c8c2e"};
-
-static void esc(strbuf_t *b, const char *s) {
-    for (; s && *s; s++) {
-        switch (*s) {
-        case '<': strbuf_puts(b, "&lt;"); break;
-        case '>': strbuf_puts(b, "&gt;"); break;
-        case '&': strbuf_puts(b, "&amp;"); break;
-        case '"': strbuf_puts(b, "&quot;"); break;
-        default: strbuf_putn(b, s, 1);
-        }
-    }
-}
 
 static double num(const cJSON *o, const char *key, double dflt) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -34,20 +21,6 @@ static const char *str(const cJSON *o, const char *key) {
 }
 
 static const cJSON *obj(const cJSON *o, const char *key) { return o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL; }
-
-// A "nice" step for about n ticks over [0, span].
-static double nice_step(double span, int n) {
-    if (span <= 0) return 1;
-    double raw = span / n, p = pow(10, floor(log10(raw))), f = raw / p;
-    return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * p;
-}
-
-static void fmt_num(char *out, size_t cap, double v) {
-    if (fabs(v) >= 1e6 || (fabs(v) < 1e-3 && v != 0))
-        snprintf(out, cap, "%.3g", v);
-    else
-        snprintf(out, cap, "%g", round(v * 1000) / 1000);
-}
 
 // ---- grouped bars: n groups x s series, values in [0, ymax], optional errors ----
 typedef struct {
@@ -63,20 +36,20 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
         b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
         W, H);
     strbuf_printf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
-    esc(b, title);
+    svg_esc(b, title);
     strbuf_puts(b, "</text>\n");
-    double step = nice_step(ymax, 5);
+    double step = svg_nice_step(ymax, 5);
     for (double t = 0; t <= ymax + 1e-9; t += step) {
         double y = y0 + ph - t / ymax * ph;
         char lab[32];
-        fmt_num(lab, sizeof lab, t);
+        svg_fmt_num(lab, sizeof lab, t);
         strbuf_printf(b,
                       "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
                       "text-anchor='end'>%s</text>\n",
                       x0, W - 10, y, y, x0 - 4, y + 4, lab);
     }
     strbuf_printf(b, "<text transform='translate(14,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
-    esc(b, ylabel);
+    svg_esc(b, ylabel);
     strbuf_puts(b, "</text>\n");
     for (int g = 0; g < n; g++) {
         int gx = x0 + 10 + g * (ns * 22 + 18);
@@ -85,8 +58,8 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
             if (isnan(v)) continue;
             double h = (v < 0 ? 0 : v > ymax ? ymax : v) / ymax * ph;
             strbuf_printf(b, "<rect x='%d' y='%.1f' width='20' height='%.1f' fill='%s'><title>", gx + k * 22,
-                          y0 + ph - h, h, palette[k % 6]);
-            esc(b, s[k].name);
+                          y0 + ph - h, h, svg_palette[k % 6]);
+            svg_esc(b, s[k].name);
             strbuf_printf(b, ": %.2f</title></rect>\n", v);
             double e = s[k].err[g];
             if (!isnan(e) && e > 0) {
@@ -96,103 +69,15 @@ static void svg_bars(strbuf_t *b, const char *title, const char *ylabel, const c
             }
         }
         strbuf_printf(b, "<text transform='translate(%d,%d) rotate(35)'>", gx + 4, y0 + ph + 12);
-        esc(b, labels[g]);
+        svg_esc(b, labels[g]);
         strbuf_puts(b, "</text>\n");
     }
     strbuf_printf(b, "<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='#444'/>\n", x0, W - 10, y0 + ph, y0 + ph);
     for (int k = 0; k < ns; k++) {
         int ly = H - 16 * (ns - k) - 4;
         strbuf_printf(b, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>", x0 + 10, ly,
-                      palette[k % 6], x0 + 28, ly + 10);
-        esc(b, s[k].name);
-        strbuf_puts(b, "</text>\n");
-    }
-    strbuf_puts(b, "</svg>\n");
-}
-
-// ---- line chart: series of (x, y) points; logx for context-length sweeps ----
-typedef struct {
-    const char *name;
-    double *x, *y;
-    int n;
-} line_series_t;
-
-static void svg_lines(strbuf_t *b, const char *title, const char *xlabel, const char *ylabel, const line_series_t *s,
-                      int ns, int logx) {
-    int W = 560, H = 330, x0 = 70, y0 = 36, pw = 440, ph = 210;
-    double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
-    for (int k = 0; k < ns; k++)
-        for (int i = 0; i < s[k].n; i++) {
-            double x = logx ? log2(s[k].x[i]) : s[k].x[i];
-            xmin = fmin(xmin, x), xmax = fmax(xmax, x), ymin = fmin(ymin, s[k].y[i]), ymax = fmax(ymax, s[k].y[i]);
-        }
-    if (!isfinite(xmin)) return;
-    if (xmax == xmin) xmax = xmin + 1;
-    if (ymin > 0 && ymin < 0.5 * ymax) ymin = 0;
-    if (ymax == ymin) ymax = ymin + 1;
-    double ys = nice_step(ymax - ymin, 5);
-    ymin = floor(ymin / ys) * ys, ymax = ceil(ymax / ys) * ys;
-    strbuf_printf(
-        b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
-        W, H);
-    strbuf_printf(b, "<text x='%d' y='18' font-size='14' font-weight='bold'>", x0);
-    esc(b, title);
-    strbuf_puts(b, "</text>\n");
-    for (double t = ymin; t <= ymax + ys * 1e-6; t += ys) {
-        double y = y0 + ph - (t - ymin) / (ymax - ymin) * ph;
-        char lab[32];
-        fmt_num(lab, sizeof lab, t);
-        strbuf_printf(b,
-                      "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='%d' y='%.1f' "
-                      "text-anchor='end'>%s</text>\n",
-                      x0, x0 + pw, y, y, x0 - 4, y + 4, lab);
-    }
-    if (logx) {
-        for (double e = ceil(xmin); e <= xmax + 1e-9; e++) {
-            double x = x0 + (e - xmin) / (xmax - xmin) * pw, v = pow(2, e);
-            char lab[32];
-            if (v >= 1024)
-                snprintf(lab, sizeof lab, "%gK", v / 1024);
-            else
-                fmt_num(lab, sizeof lab, v);
-            strbuf_printf(b,
-                          "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
-                          "text-anchor='middle'>%s</text>\n",
-                          x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
-        }
-    } else {
-        double xs = nice_step(xmax - xmin, 6);
-        for (double t = ceil(xmin / xs) * xs; t <= xmax + 1e-9; t += xs) {
-            double x = x0 + (t - xmin) / (xmax - xmin) * pw;
-            char lab[32];
-            fmt_num(lab, sizeof lab, t);
-            strbuf_printf(b,
-                          "<line x1='%.1f' x2='%.1f' y1='%d' y2='%d' stroke='#eee'/><text x='%.1f' y='%d' "
-                          "text-anchor='middle'>%s</text>\n",
-                          x, x, y0, y0 + ph, x, y0 + ph + 14, lab);
-        }
-    }
-    strbuf_printf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='none' stroke='#444'/>\n", x0, y0, pw, ph);
-    strbuf_printf(b, "<text x='%d' y='%d' text-anchor='middle'>", x0 + pw / 2, y0 + ph + 32);
-    esc(b, xlabel);
-    strbuf_printf(b, "</text><text transform='translate(16,%d) rotate(-90)' text-anchor='middle'>", y0 + ph / 2);
-    esc(b, ylabel);
-    strbuf_puts(b, "</text>\n");
-    for (int k = 0; k < ns; k++) {
-        strbuf_t pts = {0};
-        for (int i = 0; i < s[k].n; i++) {
-            double x = x0 + ((logx ? log2(s[k].x[i]) : s[k].x[i]) - xmin) / (xmax - xmin) * pw;
-            double y = y0 + ph - (s[k].y[i] - ymin) / (ymax - ymin) * ph;
-            strbuf_printf(&pts, "%.1f,%.1f ", x, y);
-            if (s[k].n <= 40) strbuf_printf(b, "<circle cx='%.1f' cy='%.1f' r='3' fill='%s'/>\n", x, y, palette[k % 6]);
-        }
-        strbuf_printf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>\n", palette[k % 6],
-                      pts.s ? pts.s : "");
-        free(pts.s);
-        strbuf_printf(b, "<rect x='%d' y='%d' width='12' height='3' fill='%s'/><text x='%d' y='%d'>",
-                      x0 + 10 + (k % 2) * 230, H - 30 + (k / 2) * 14, palette[k % 6], x0 + 26 + (k % 2) * 230,
-                      H - 25 + (k / 2) * 14);
-        esc(b, s[k].name);
+                      svg_palette[k % 6], x0 + 28, ly + 10);
+        svg_esc(b, s[k].name);
         strbuf_puts(b, "</text>\n");
     }
     strbuf_puts(b, "</svg>\n");
@@ -206,16 +91,16 @@ static void svg_heatmap(strbuf_t *b, const char *title, const char *const *rows,
         b, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n",
         W, H);
     strbuf_printf(b, "<text x='10' y='18' font-size='14' font-weight='bold'>");
-    esc(b, title);
+    svg_esc(b, title);
     strbuf_puts(b, "</text>\n");
     for (int c = 0; c < nc; c++) {
         strbuf_printf(b, "<text x='%d' y='%d' text-anchor='middle'>", x0 + c * cw + cw / 2, y0 - 8);
-        esc(b, cols[c]);
+        svg_esc(b, cols[c]);
         strbuf_puts(b, "</text>\n");
     }
     for (int r = 0; r < nr; r++) {
         strbuf_printf(b, "<text x='%d' y='%d' text-anchor='end'>", x0 - 6, y0 + r * chh + 16);
-        esc(b, rows[r]);
+        svg_esc(b, rows[r]);
         strbuf_puts(b, "</text>\n");
         for (int c = 0; c < nc; c++) {
             double x = v[r * nc + c];
@@ -376,7 +261,7 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
         strbuf_puts(b, "<p class='note'>Not run (data missing): ");
         cJSON_ArrayForEach(m, miss) {
             strbuf_printf(b, "<b>%s</b> ", m->string);
-            esc(b, cJSON_IsString(m) ? m->valuestring : "");
+            svg_esc(b, cJSON_IsString(m) ? m->valuestring : "");
             strbuf_puts(b, "; ");
         }
         strbuf_puts(b, "the averages are over the other tasks.</p>\n");
@@ -386,7 +271,7 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
     if (ra) ruler_heat(b, ra, "teacher: score by task and length");
     strbuf_puts(b, "</div>\n");
     // average per length as a curve when there are several lengths
-    line_series_t s[2];
+    svg_series_t s[2];
     double xs[2][16], ys[2][16];
     int ns = 0;
     const cJSON *src[2] = {ru, ra};
@@ -397,9 +282,11 @@ static void section_ruler(strbuf_t *b, const cJSON *r, const cJSON *a) {
         const cJSON *pl = obj(src[k], "per_length"), *e;
         int n = 0;
         cJSON_ArrayForEach(e, pl) if (n < 16) xs[ns][n] = atof(e->string), ys[ns][n] = num(e, "average", 0), n++;
-        if (n > 1) s[ns] = (line_series_t){names[k], xs[ns], ys[ns], n}, ns++;
+        if (n > 1) s[ns] = (svg_series_t){names[k], xs[ns], ys[ns], n}, ns++;
     }
-    if (ns) svg_lines(b, "RULER average by context length", "context length (tokens)", "average score", s, ns, 1);
+    if (ns)
+        svg_line_chart(b, "RULER average by context length", "context length (tokens)", "average score", s, ns,
+                       SVG_LOGX);
     double avg = num(ru, "average", NAN);
     if (!isnan(avg))
         strbuf_printf(b, "<p>Average over lengths: <b>%.2f</b>%s</p>\n", avg, a && obj(ra, "average") ? "" : "");
@@ -460,19 +347,19 @@ static void section_bench(strbuf_t *b, const cJSON *r, const cJSON *a) {
         }
     }
     strbuf_puts(b, "</table>\n<div class='row'>");
-    line_series_t s[2];
+    svg_series_t s[2];
     int ns = 0;
     for (int k = 0; k < 2; k++)
-        if (n[k]) s[ns++] = (line_series_t){who[k], X[k], P[k], n[k]};
-    svg_lines(b, "Prefill time", "context length (tokens)", "seconds", s, ns, 1);
+        if (n[k]) s[ns++] = (svg_series_t){who[k], X[k], P[k], n[k]};
+    svg_line_chart(b, "Prefill time", "context length (tokens)", "seconds", s, ns, SVG_LOGX);
     ns = 0;
     for (int k = 0; k < 2; k++)
-        if (n[k]) s[ns++] = (line_series_t){who[k], X[k], D[k], n[k]};
-    svg_lines(b, "Decode latency after the context", "context length (tokens)", "ms per token", s, ns, 1);
+        if (n[k]) s[ns++] = (svg_series_t){who[k], X[k], D[k], n[k]};
+    svg_line_chart(b, "Decode latency after the context", "context length (tokens)", "ms per token", s, ns, SVG_LOGX);
     ns = 0;
     for (int k = 0; k < 2; k++)
-        if (n[k]) s[ns++] = (line_series_t){who[k], X[k], M[k], n[k]};
-    svg_lines(b, "Cache memory", "context length (tokens)", "MiB", s, ns, 1);
+        if (n[k]) s[ns++] = (svg_series_t){who[k], X[k], M[k], n[k]};
+    svg_line_chart(b, "Cache memory", "context length (tokens)", "MiB", s, ns, SVG_LOGX);
     strbuf_puts(b, "</div>\n");
 }
 
@@ -480,10 +367,10 @@ static void section_training(strbuf_t *b, const cJSON *r) {
     const cJSON *tr = obj(r, "training");
     if (!tr) return;
     strbuf_puts(b, "<h2>Training curves</h2>\n<p>");
-    esc(b, str(tr, "file"));
+    svg_esc(b, str(tr, "file"));
     strbuf_puts(b, "</p>\n");
     const cJSON *ser = obj(tr, "series"), *e;
-    line_series_t s[6];
+    svg_series_t s[6];
     int ns = 0;
     double *bufs[12] = {0};
     cJSON_ArrayForEach(e, ser) {
@@ -497,9 +384,9 @@ static void section_training(strbuf_t *b, const cJSON *r) {
             x[k] = cJSON_GetArrayItem(pt, 0)->valuedouble, y[k] = cJSON_GetArrayItem(pt, 1)->valuedouble;
             if (isfinite(y[k])) k++;
         }
-        s[ns++] = (line_series_t){e->string, x, y, k};
+        s[ns++] = (svg_series_t){e->string, x, y, k};
     }
-    if (ns) svg_lines(b, "Training losses", "step", "loss", s, ns, 0);
+    if (ns) svg_line_chart(b, "Training losses", "step", "loss", s, ns, 0);
     for (int i = 0; i < 12; i++)
         free(bufs[i]);
 }
@@ -507,7 +394,7 @@ static void section_training(strbuf_t *b, const cJSON *r) {
 int ev_report_html(const cJSON *r, const cJSON *a, char **html) {
     strbuf_t b = {0};
     strbuf_puts(&b, "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>hylo eval: ");
-    esc(&b, model_name(r));
+    svg_esc(&b, model_name(r));
     strbuf_puts(&b, "</title>\n<style>body{font-family:sans-serif;margin:24px;max-width:1200px;color:#222}"
                     "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;"
                     "font-size:13px;text-align:left}th{background:#f2f2f2}.note{color:#555;font-size:12px}"
@@ -516,24 +403,24 @@ int ev_report_html(const cJSON *r, const cJSON *a, char **html) {
     strbuf_puts(&b, "<h1>hylo evaluation report</h1>\n<table>");
     const cJSON *m = obj(r, "model");
     strbuf_printf(&b, "<tr><th>model</th><td>");
-    esc(&b, model_name(r));
+    svg_esc(&b, model_name(r));
     strbuf_printf(&b, " (%s; %s; %.1fM parameters; %s backend)</td></tr>\n", str(m, "arch") ? str(m, "arch") : "?",
                   str(m, "mixers") ? str(m, "mixers") : "?", num(m, "params", 0) / 1e6,
                   str(m, "backend") ? str(m, "backend") : "?");
     if (a) {
         strbuf_printf(&b, "<tr><th>teacher</th><td>");
-        esc(&b, model_name(a));
+        svg_esc(&b, model_name(a));
         strbuf_printf(&b, " (%s)</td></tr>\n", str(obj(a, "model"), "mixers") ? str(obj(a, "model"), "mixers") : "?");
     }
     static const char *meta[] = {"date", "hylo_version", "command"};
     for (size_t i = 0; i < 3; i++) {
         strbuf_printf(&b, "<tr><th>%s</th><td>", meta[i]);
-        esc(&b, str(r, meta[i]));
+        svg_esc(&b, str(r, meta[i]));
         strbuf_puts(&b, "</td></tr>\n");
     }
     const char *dr = str(obj(r, "data"), "root");
     strbuf_puts(&b, "<tr><th>data</th><td>");
-    esc(&b, dr ? dr : "(files by flag)");
+    svg_esc(&b, dr ? dr : "(files by flag)");
     strbuf_puts(&b, "</td></tr></table>\n");
     section_short(&b, r, a);
     section_ruler(&b, r, a);
@@ -544,7 +431,7 @@ int ev_report_html(const cJSON *r, const cJSON *a, char **html) {
     if (st) {
         char *s = cJSON_Print(st);
         strbuf_puts(&b, "<h2>Settings</h2>\n<pre>");
-        esc(&b, s);
+        svg_esc(&b, s);
         strbuf_puts(&b, "</pre>\n");
         free(s);
     }

@@ -12,5 +12,5 @@ int plot_add(plot_series_t *s, double x, double y);
 void plot_free(plot_series_t *s);
 // Writes the series as a self-contained SVG (axes with ticks, a log-scaled y
 // axis when the values span more than a factor of 20), atomically.
-// title is plain text without markup characters.
+// The title is escaped.
 int plot_write_svg(const plot_series_t *s, const char *path, const char *title);
