@@ -292,20 +292,32 @@ static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos) {
 }
 
 // metrics.jsonl keeps the lines up to the resumed step (a killed run may have
-// logged steps after its last checkpoint; they are run again).
+// logged steps after its last checkpoint; they are run again). A line that is
+// not a metrics record ends what is kept, with a warning saying what went.
 static int trim_metrics(const char *path, int64_t step, plot_series_t *curve) {
     char *buf;
     size_t len;
     if (!fs_exists(path)) return 0;
     TRY(fs_read_all(path, &buf, &len));
     size_t keep = 0;
+    int64_t line = 0;
     for (size_t i = 0; i < len;) {
         char *nl = memchr(buf + i, '\n', len - i);
         if (!nl) break;
-        long long s;
-        double loss;
-        if (sscanf(buf + i, "{\"step\": %lld, \"loss\": %lf", &s, &loss) != 2 || s > step) break;
-        plot_add(curve, (double)s, loss);
+        cJSON *o = cJSON_ParseWithLength(buf + i, (size_t)(nl - buf - i));
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(o, "step"),
+                    *jl = cJSON_GetObjectItemCaseSensitive(o, "loss");
+        int ok = cJSON_IsNumber(js) && cJSON_IsNumber(jl);
+        double s = ok ? js->valuedouble : 0, loss = ok ? jl->valuedouble : 0;
+        cJSON_Delete(o);
+        line++;
+        if (!ok) {
+            log_warn("%s:%lld: not a metrics record; it and the %zu bytes after it are dropped", path, (long long)line,
+                     len - i);
+            break;
+        }
+        if (s > (double)step) break;
+        plot_add(curve, s, loss);
         i = keep = (size_t)(nl - buf) + 1;
     }
     int rc = fs_write_all(path, buf, keep);
