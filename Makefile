@@ -42,12 +42,20 @@ WARN = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 CFLAGS = -std=c17 $(OPT) $(WARN) -fopenmp -D_GNU_SOURCE -Isrc -I. -Itests
 LDLIBS = -lopenblas -llapacke -lpcre2-8 -lcjson -lyaml -lzstd -lm -lpthread
 
+# MPI (OpenMPI: libopenmpi-dev + openmpi-bin, scripts/setup.sh): hylo train runs as one
+# rank of an `mpirun -np N` job, or alone (a singleton MPI_Init). The compiler
+# wrapper's flags, or pkg-config's when the wrapper is missing.
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi-c 2>/dev/null)
+CFLAGS += $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
+
 CSRC := $(shell find src -name '*.c' | sort)
 CUSRC :=
 ifeq ($(CUDA),1)
 CFLAGS += -DHYLO_CUDA=1 -I$(CUDA_HOME)/include
 CUSRC := $(shell find src -name '*.cu' | sort)
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++
 endif
 NVFLAGS = -std=c++17 -O3 -g -lineinfo -Isrc -DHYLO_CUDA=1 \
   -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC \

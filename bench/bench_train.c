@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
     if (model_create(&s, &as, be) < 0 || model_create(&t, &ta, be) < 0) die("models");
     fill(&s, 1), fill(&t, 2);
     optim_t o;
-    if (optim_create(&o, &s) < 0) die("optimizer");
+    if (optim_create(&o, &s, NULL) < 0) die("optimizer");
     size_t fr, tot;
     cudaMemGetInfo(&fr, &tot);
     // Arenas: most of what is left (their peaks, not their sizes, are reported).

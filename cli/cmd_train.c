@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "io/recipe.h"
 #include "io/weights.h"
+#include "train/dist.h"
 #include "train/trainer.h"
 
 static const char *help = "usage: hylo train RECIPE.yaml [options]\n"
@@ -33,6 +34,11 @@ static const char *help = "usage: hylo train RECIPE.yaml [options]\n"
                           "trainer_state.json and loss.svg; the last save_total_limit are kept), metrics.jsonl (one\n"
                           "line per logging step) and loss.svg. Ctrl-C (or SIGTERM) saves a checkpoint and exits.\n"
                           "\n"
+                          "Many GPUs (or CPU processes): mpirun -np N hylo train RECIPE.yaml runs N data-parallel\n"
+                          "ranks, each with per_device_train_batch_size rows of its own slice of the data and a\n"
+                          "1/N slice of the optimizer state (ZeRO-1); rank 0 logs and saves. The checkpoints resume\n"
+                          "on any number of ranks (docs/TRAINING.md).\n"
+                          "\n"
                           "options (override the recipe):\n"
                           "  --resume          continue from the newest checkpoint in output_dir: the same losses\n"
                           "                    as a run that was never interrupted\n"
@@ -46,8 +52,9 @@ static void on_signal(int sig) {
     stop_requested = 1;
 }
 
-// A student that is not a hybrid yet is built by convert from the recipe.
-static int build_student(train_cfg_t *c, const char *recipe) {
+// A student that is not a hybrid yet is built by convert from the recipe (by
+// rank 0 when build is set; the other ranks wait for it at a barrier).
+static int build_student(train_cfg_t *c, const char *recipe, int build) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, c->student, &a));
@@ -55,7 +62,7 @@ static int build_student(train_cfg_t *c, const char *recipe) {
     if (a.is_hybrid) return 0;
     char init[sizeof c->student];
     TRY(fs_join(init, sizeof init, c->out_dir, "init"));
-    if (!fs_exists(init)) {
+    if (build && !fs_exists(init)) {
         printf("== building the student from %s (hylo convert --recipe %s --out %s)\n", c->student, recipe, init);
         fflush(stdout);
         char *argv[] = {"convert", "--recipe", (char *)recipe, "--out", init, NULL};
@@ -111,7 +118,21 @@ int cmd_train(int argc, char **argv) {
     c.stop = &stop_requested;
     if (!c.out_dir[0]) return cli_usage("train", "the recipe has no output_dir (or give --out)");
     if (!c.student[0]) return cli_usage("train", "the recipe has no model_name_or_path");
-    if ((rc = fs_mkdir_p(c.out_dir)) < 0 || (rc = build_student(&c, recipe_path)) < 0) return cli_fail(rc);
+    // The ranks of an mpirun job, or one (a singleton) without it.
+    dist_t d;
+    if ((rc = dist_init(&d, &argc, &argv)) < 0) return cli_fail(rc);
+    c.dist = &d;
+    if (d.rank > 0) { // rank 0 speaks for the job; the others report only warnings and errors
+        if (!freopen("/dev/null", "w", stdout)) return cli_fail(err_set(ERR_IO, "rank %d: /dev/null", d.rank));
+        log_set_level(LOG_WARN);
+    }
+    if ((rc = fs_mkdir_p(c.out_dir)) < 0 || (rc = build_student(&c, recipe_path, d.rank == 0)) < 0 ||
+        (rc = dist_barrier(&d)) < 0) {
+        int code = cli_fail(rc);
+        dist_abort(&d, code);
+        dist_finalize(&d);
+        return code;
+    }
     printf("== hylo train %s\n", recipe_path);
     train_cfg_print(&c, stdout);
     fflush(stdout);
@@ -123,5 +144,8 @@ int cmd_train(int argc, char **argv) {
     rc = train_run(&c);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    return rc < 0 ? cli_fail(rc) : 0;
+    int code = rc < 0 ? cli_fail(rc) : 0;
+    if (code) dist_abort(&d, code); // the other ranks may wait in a collective
+    dist_finalize(&d);
+    return code;
 }

@@ -6,36 +6,43 @@
 
 #include "base/err.h"
 
-int optim_create(optim_t *o, model_t *m) {
+int optim_create(optim_t *o, model_t *m, dist_t *d) {
     be_t *be = m->be;
     memset(o, 0, sizeof *o);
+    if (!d) dist_single(&o->single);
+    o->dist = d ? d : &o->single;
+    d = o->dist;
     o->n = m->pt.total;
+    o->S = dist_slice(d, o->n);
+    o->lo = (int64_t)d->rank * o->S < o->n ? (int64_t)d->rank * o->S : o->n;
+    o->hi = o->lo + o->S < o->n ? o->lo + o->S : o->n;
     o->beta1 = 0.9f, o->beta2 = 0.999f, o->eps = 1e-8f;
-    size_t bytes = (size_t)o->n * sizeof(float);
+    size_t bytes = (size_t)o->S * sizeof(float), gbytes = bytes * (size_t)d->world;
     int own_master = be->act_dtype != DT_F32;
-    o->master = own_master ? be->alloc(be, bytes) : m->w;
-    o->m1 = be->alloc(be, bytes), o->m2 = be->alloc(be, bytes), o->grad = be->alloc(be, bytes);
+    o->master = own_master ? be->alloc(be, bytes) : (float *)m->w + o->lo;
+    o->m1 = be->alloc(be, bytes), o->m2 = be->alloc(be, bytes), o->grad = be->alloc(be, gbytes);
     o->d_sumsq = be->alloc(be, (size_t)m->pt.n * sizeof(float));
     o->trainable = malloc((size_t)m->pt.n);
     o->h_sumsq = malloc((size_t)m->pt.n * sizeof(float));
     if (!o->master || !o->m1 || !o->m2 || !o->grad || !o->d_sumsq || !o->trainable || !o->h_sumsq) {
         optim_free(o, m);
-        return err_set(ERR_NOMEM, "optimizer state for %lld parameters (%.1f MiB)", (long long)m->pt.total,
-                       (own_master ? 4.0 : 3.0) * bytes / 1048576.0);
+        return err_set(ERR_NOMEM, "optimizer state for %lld parameters (%.1f MiB: a slice of %lld of them, %d ranks)",
+                       (long long)m->pt.total, ((own_master ? 3.0 : 2.0) * bytes + gbytes) / 1048576.0, (long long)o->S,
+                       d->world);
     }
     memset(o->trainable, 1, (size_t)m->pt.n);
     TRY(be->memset0(be, o->m1, bytes));
     TRY(be->memset0(be, o->m2, bytes));
-    TRY(be->memset0(be, o->grad, bytes));
-    if (own_master) { // master = weights, through the host in slices
-        int64_t slice = (int64_t)1 << 22;
-        float *h = malloc((size_t)slice * sizeof(float));
+    TRY(be->memset0(be, o->grad, gbytes));
+    if (own_master) { // master = the slice's weights, through the host in pieces
+        int64_t piece = (int64_t)1 << 22;
+        float *h = malloc((size_t)piece * sizeof(float));
         if (!h) return err_set(ERR_NOMEM, "out of memory");
         int rc = 0;
-        for (int64_t i = 0; i < o->n && rc == 0; i += slice) {
-            int64_t k = o->n - i < slice ? o->n - i : slice;
+        for (int64_t i = o->lo; i < o->hi && rc == 0; i += piece) {
+            int64_t k = o->hi - i < piece ? o->hi - i : piece;
             rc = be->download_act(be, h, act_at(be, m->w, i), k);
-            if (rc == 0) rc = be->copy_h2d(be, o->master + i, h, (size_t)k * sizeof(float));
+            if (rc == 0) rc = be->copy_h2d(be, o->master + (i - o->lo), h, (size_t)k * sizeof(float));
         }
         free(h);
         TRY(rc);
@@ -45,7 +52,7 @@ int optim_create(optim_t *o, model_t *m) {
 
 void optim_free(optim_t *o, model_t *m) {
     be_t *be = m->be;
-    if (o->master != m->w) be->free(be, o->master);
+    if (o->master != (float *)m->w + o->lo) be->free(be, o->master);
     be->free(be, o->m1), be->free(be, o->m2), be->free(be, o->grad), be->free(be, o->d_sumsq);
     free(o->trainable), free(o->h_sumsq);
     memset(o, 0, sizeof *o);
@@ -56,16 +63,29 @@ void optim_train_only(optim_t *o, const model_t *m, int (*keep)(const char *name
         o->trainable[i] = (uint8_t)(keep(m->pt.p[i].name) != 0);
 }
 
-int optim_zero_grad(optim_t *o, model_t *m) { return m->be->memset0(m->be, o->grad, (size_t)o->n * sizeof(float)); }
+int optim_zero_grad(optim_t *o, model_t *m) {
+    return m->be->memset0(m->be, o->grad, (size_t)o->S * o->dist->world * sizeof(float));
+}
+
+int optim_reduce_grads(optim_t *o) { return dist_reduce_scatter(o->dist, o->grad, o->S); }
+
+// The part [*a, *b) of parameter p inside this rank's slice; 0 when none.
+static int in_slice(const optim_t *o, const param_t *p, int64_t *a, int64_t *b) {
+    *a = p->off > o->lo ? p->off : o->lo;
+    *b = p->off + p->numel < o->hi ? p->off + p->numel : o->hi;
+    return *a < *b;
+}
 
 int optim_grad_norm(optim_t *o, model_t *m, double *norm) {
     be_t *be = m->be;
+    int64_t a, b;
     for (int i = 0; i < m->pt.n; i++)
-        if (o->trainable[i]) be->sumsq(be, o->d_sumsq + i, o->grad + m->pt.p[i].off, m->pt.p[i].numel);
+        if (o->trainable[i] && in_slice(o, &m->pt.p[i], &a, &b)) be->sumsq(be, o->d_sumsq + i, o->grad + a, b - a);
     TRY(be->copy_d2h(be, o->h_sumsq, o->d_sumsq, (size_t)m->pt.n * sizeof(float)));
     double s = 0; // a fixed order: the same norm on every run
     for (int i = 0; i < m->pt.n; i++)
-        if (o->trainable[i]) s += o->h_sumsq[i];
+        if (o->trainable[i] && in_slice(o, &m->pt.p[i], &a, &b)) s += o->h_sumsq[i];
+    TRY(dist_sum(o->dist, &s, 1));
     *norm = sqrt(s);
     return 0;
 }
@@ -74,7 +94,8 @@ int optim_step(optim_t *o, model_t *m, float lr, float grad_scale) {
     be_t *be = m->be;
     o->step++;
     // One call per run of consecutive trainable parameters (the gaps between
-    // parameters are zero in every buffer, so a run may span them).
+    // parameters are zero in every buffer, so a run may span them), cut to
+    // this rank's slice.
     for (int i = 0; i < m->pt.n;) {
         if (!o->trainable[i]) {
             i++;
@@ -90,14 +111,38 @@ int optim_step(optim_t *o, model_t *m, float lr, float grad_scale) {
             int64_t b = k == j ? end : m->pt.p[k + 1].off;
             int nd = m->pt.p[k].no_decay;
             if (k == j || m->pt.p[k + 1].no_decay != nd) {
-                be->adamw(be, o->master + a, act_at(be, m->w, a), o->grad + a, o->m1 + a, o->m2 + a, b - a, lr,
-                          o->beta1, o->beta2, o->eps, nd ? 0.0f : o->weight_decay, grad_scale, (int)o->step);
+                int64_t x = a > o->lo ? a : o->lo, y = b < o->hi ? b : o->hi;
+                if (x < y)
+                    be->adamw(be, o->master + (x - o->lo), act_at(be, m->w, x), o->grad + x, o->m1 + (x - o->lo),
+                              o->m2 + (x - o->lo), y - x, lr, o->beta1, o->beta2, o->eps, nd ? 0.0f : o->weight_decay,
+                              grad_scale, (int)o->step);
                 a = b;
             }
         }
         i = j + 1;
     }
-    return 0;
+    return dist_allgather(o->dist, m->w, o->n, o->S);
+}
+
+int optim_gather(optim_t *o, model_t *m, float *master, float *m1, float *m2) {
+    be_t *be = m->be;
+    int64_t k = o->hi - o->lo;
+    float *h = malloc((size_t)(k > 0 ? k : 1) * sizeof(float));
+    if (!h) return err_set(ERR_NOMEM, "out of memory");
+    const float *src[3] = {o->master, o->m1, o->m2};
+    float *dst[3] = {master, m1, m2};
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        rc = be->copy_d2h(be, h, src[i], (size_t)k * sizeof(float));
+        if (rc == 0) rc = dist_gather(o->dist, h, dst[i], o->n, o->S);
+    }
+    free(h);
+    return rc;
+}
+
+int optim_load(optim_t *o, model_t *m, int k, const float *all) {
+    float *dst[3] = {o->master, o->m1, o->m2};
+    return m->be->copy_h2d(m->be, dst[k], all + o->lo, (size_t)(o->hi - o->lo) * sizeof(float));
 }
 
 double lr_at(lr_sched_t s, double lr, int64_t step, int64_t warmup, int64_t total) {

@@ -33,6 +33,9 @@ typedef struct {
     data_loader_t *dl;
     block_saved_t *blocks;
     int have_t;
+    dist_t *d;          // the ranks (c->dist, or `single`)
+    dist_t single;      // a run of one process
+    int64_t saved_step; // the step of the newest checkpoint (-1: none)
     int64_t total_steps, warmup, tokens_seen;
     double flops_per_token; // 6 N_student + 2 N_teacher (matrix products only)
     plot_series_t curve;    // the logged loss, for the plot
@@ -70,18 +73,27 @@ static int load_tokenizer(tok_t *tok, const char *dir) {
     return tok_load_json(tok, tj, fs_exists(tc) ? tc : NULL);
 }
 
-// One distillation micro-batch on the runs as they are.
-static int micro_step(trainer_t *tr, const int32_t *ids, const int32_t *tgt, int B, distill_loss_t *l) {
+// CE targets (>= 0) among n.
+static int64_t count_ce(const int32_t *tgt, int64_t n) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        k += tgt[i] >= 0;
+    return k;
+}
+
+// One distillation micro-batch on the runs as they are. The loss is
+// normalised by the global micro-batch (B rows on each of `world` ranks;
+// n_ce_all CE targets over all of them), so that the gradients summed over
+// the ranks are those of one rank running all the rows.
+static int micro_step(trainer_t *tr, const int32_t *ids, const int32_t *tgt, int B, int world, int64_t n_ce_all,
+                      distill_loss_t *l) {
     const train_cfg_t *c = tr->c;
     distill_t d = {&tr->rs, tr->have_t ? &tr->rt : NULL, tr->o.grad, c->recompute, c->ild_mode, tr->blocks};
-    int64_t N = (int64_t)B * c->T;
-    if (c->ild) return distill_ild(&d, ids, B, c->T, (float)(1.0 / ((double)N * c->GA)), l);
-    int64_t n_ce = 0;
-    for (int64_t i = 0; i < N; i++)
-        n_ce += tgt[i] >= 0;
+    double rows = (double)B * world;
+    if (c->ild) return distill_ild(&d, ids, B, c->T, (float)(1.0 / (rows * c->T * c->GA)), l);
     // KL "batchmean" (per sequence) as the published runs; CE a token mean.
-    float kl = (float)(c->kl_weight / ((double)B * c->GA));
-    float ce = n_ce ? (float)(c->ce_weight / ((double)n_ce * c->GA)) : 0.0f;
+    float kl = (float)(c->kl_weight / (rows * c->GA));
+    float ce = n_ce_all ? (float)(c->ce_weight / ((double)n_ce_all * c->GA)) : 0.0f;
     return distill_kd(&d, ids, tgt, B, c->T, kl, ce, l);
 }
 
@@ -113,7 +125,7 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
             rc = model_run_create(&probe_tr.rs, &tr->s, probe);
             if (rc == 0 && tr->have_t) rc = model_run_create(&probe_tr.rt, &tr->t, probe);
             distill_loss_t l;
-            if (rc == 0) rc = micro_step(&probe_tr, ids, tgt, c->B, &l);
+            if (rc == 0) rc = micro_step(&probe_tr, ids, tgt, c->B, 1, count_ce(tgt, n), &l);
             peak_s[k] = probe_tr.rs.arena.peak, peak_t[k] = probe_tr.rt.arena.peak, peak_x[k] = tr->be->scratch.peak;
             int full = rc == ERR_NOMEM && (probe_tr.rs.arena.overflowed || probe_tr.rt.arena.overflowed);
             model_run_free(&probe_tr.rs);
@@ -140,46 +152,37 @@ static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
 
 typedef struct {
     trainer_t *tr;
-    data_pos_t pos;
+    int64_t epoch, index; // the data position: positions of the epoch's order taken by all ranks together
+    float *opt[3];        // master, exp_avg, exp_avg_sq [n] (host), gathered from every rank's slice
 } save_ctx_t;
 
 static int write_state(const char *tmp, void *user) {
     save_ctx_t *sc = user;
     trainer_t *tr = sc->tr;
     const train_cfg_t *c = tr->c;
-    be_t *be = tr->be;
     int64_t n = tr->o.n;
-    float *h = malloc((size_t)n * sizeof(float));
-    if (!h) return err_set(ERR_NOMEM, "out of memory");
-    // optimizer.safetensors: the fp32 master weights and both moments, flat.
+    // optimizer.safetensors: the fp32 master weights and both moments, flat
+    // and whole, whatever the number of ranks that held them.
     st_writer_t w;
     st_writer_init(&w);
     const char *names[3] = {"master", "exp_avg", "exp_avg_sq"};
-    float *bufs[3] = {tr->o.master, tr->o.m1, tr->o.m2};
-    float *copies[3] = {NULL, NULL, NULL};
     int rc = 0;
-    for (int i = 0; i < 3 && rc == 0; i++) {
-        if (!(copies[i] = malloc((size_t)n * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
-        if (rc == 0) rc = be->copy_d2h(be, copies[i], bufs[i], (size_t)n * sizeof(float));
-        if (rc == 0) rc = st_writer_add(&w, names[i], ST_F32, 1, &n, copies[i]);
-    }
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = st_writer_add(&w, names[i], ST_F32, 1, &n, sc->opt[i]);
     char path[1100];
     if (rc == 0) rc = fs_join(path, sizeof path, tmp, "optimizer.safetensors");
     if (rc == 0) rc = st_writer_write(&w, path, NULL);
     st_writer_free(&w);
-    for (int i = 0; i < 3; i++)
-        free(copies[i]);
-    free(h);
     if (rc < 0) return rc;
     char js[2048];
     int len = snprintf(js, sizeof js,
                        "{\n  \"global_step\": %lld,\n  \"max_steps\": %lld,\n  \"tokens_seen\": %lld,\n"
                        "  \"data_epoch\": %lld,\n  \"data_index\": %lld,\n  \"seed\": %llu,\n"
                        "  \"stage\": \"%s\",\n  \"max_seq_length\": %d,\n  \"per_device_train_batch_size\": %d,\n"
-                       "  \"gradient_accumulation_steps\": %d,\n  \"parameters\": %lld\n}\n",
+                       "  \"gradient_accumulation_steps\": %d,\n  \"world_size\": %d,\n  \"parameters\": %lld\n}\n",
                        (long long)tr->o.step, (long long)tr->total_steps, (long long)tr->tokens_seen,
-                       (long long)sc->pos.epoch, (long long)sc->pos.index, (unsigned long long)c->seed,
-                       c->ild ? "ild" : "kd", c->T, c->B, c->GA, (long long)n);
+                       (long long)sc->epoch, (long long)sc->index, (unsigned long long)c->seed, c->ild ? "ild" : "kd",
+                       c->T, c->B, c->GA, tr->d->world, (long long)n);
     TRY(fs_join(path, sizeof path, tmp, "trainer_state.json"));
     TRY(fs_write_all(path, js, (size_t)len));
     TRY(fs_join(path, sizeof path, tmp, "loss.svg"));
@@ -206,19 +209,29 @@ static int list_checkpoints(const char *dir, int64_t *steps, int cap) {
     return n;
 }
 
+// Every rank calls it (each sends its slice of the optimizer state); rank 0
+// writes.
 static int save_checkpoint(trainer_t *tr, const char *name) {
     const train_cfg_t *c = tr->c;
     model_t *m = &tr->s;
-    char dir[1100];
-    TRY(fs_join(dir, sizeof dir, c->out_dir, name));
-    if (fs_exists(dir)) return 0; // this step is saved already (the last periodic save)
-    float *host = malloc((size_t)tr->o.n * sizeof(float));
-    if (!host) return err_set(ERR_NOMEM, "checkpoint: %lld parameters", (long long)tr->o.n);
-    int rc = m->be->copy_d2h(m->be, host, tr->o.master, (size_t)tr->o.n * sizeof(float));
-    save_ctx_t sc = {tr, data_loader_pos(tr->dl)};
-    if (rc == 0) rc = ckpt_write_with(dir, &m->a, &m->pt, host, ST_F32, &tr->tok, NULL, write_state, &sc);
-    free(host);
+    if (tr->o.step == tr->saved_step) return 0; // this step is saved already (the last periodic save)
+    int root = tr->d->rank == 0;
+    data_pos_t pos = data_loader_pos(tr->dl);
+    save_ctx_t sc = {tr, pos.epoch, pos.index * tr->d->world, {NULL, NULL, NULL}};
+    int rc = 0;
+    char dir[1100] = "";
+    for (int i = 0; i < 3 && root && rc == 0; i++)
+        if (!(sc.opt[i] = malloc((size_t)tr->o.n * sizeof(float))))
+            rc = err_set(ERR_NOMEM, "checkpoint: %lld parameters", (long long)tr->o.n);
+    if (rc == 0) rc = optim_gather(&tr->o, m, sc.opt[0], sc.opt[1], sc.opt[2]);
+    if (rc == 0) rc = fs_join(dir, sizeof dir, c->out_dir, name);
+    if (rc == 0 && root && !fs_exists(dir))
+        rc = ckpt_write_with(dir, &m->a, &m->pt, sc.opt[0], ST_F32, &tr->tok, NULL, write_state, &sc);
+    for (int i = 0; i < 3; i++)
+        free(sc.opt[i]);
     if (rc < 0) return err_wrap(rc, "saving %s (the previous checkpoints are intact): ", dir);
+    tr->saved_step = tr->o.step;
+    if (!root) return 0;
     log_info("saved %s", dir);
     if (c->save_total_limit > 0) {
         int64_t steps[4096];
@@ -246,9 +259,11 @@ static int link_final(const char *out_dir, const char *name) {
     return 0;
 }
 
-// Restores the optimizer and the data position from checkpoint dir (the
-// student's weights were loaded from it already).
-static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos) {
+// Restores the optimizer (this rank's slice) and the data position (pos:
+// the epoch and the positions of its order that all ranks took together)
+// from checkpoint dir, written by any number of ranks (the student's weights
+// were loaded from it already).
+static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos, int *world) {
     char path[1100];
     TRY(fs_join(path, sizeof path, dir, "trainer_state.json"));
     char *js;
@@ -267,6 +282,13 @@ static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos) {
         else
             v[i] = x->valuedouble;
     }
+    // checkpoints from before data-parallel runs: one rank
+    cJSON *ws = cJSON_GetObjectItemCaseSensitive(root, "world_size");
+    *world = 1;
+    if (rc == 0 && ws && (!cJSON_IsNumber(ws) || ws->valuedouble < 1 || ws->valuedouble > 1 << 20))
+        rc = err_set(ERR_INPUT, "%s: world_size: expected a number of ranks", path);
+    else if (ws)
+        *world = (int)ws->valuedouble;
     cJSON_Delete(root);
     TRY(rc);
     tr->o.step = (int64_t)v[0], tr->tokens_seen = (int64_t)v[1];
@@ -275,7 +297,6 @@ static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos) {
     st_file_t f;
     TRY(st_open(&f, path));
     const char *names[3] = {"master", "exp_avg", "exp_avg_sq"};
-    float *bufs[3] = {tr->o.master, tr->o.m1, tr->o.m2};
     float *h = malloc((size_t)tr->o.n * sizeof(float));
     if (!h) rc = err_set(ERR_NOMEM, "out of memory");
     for (int i = 0; i < 3 && rc == 0; i++) {
@@ -284,11 +305,31 @@ static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos) {
             rc = err_set(ERR_INPUT, "%s: tensor %s: expected [%lld] fp32 for this model", path, names[i],
                          (long long)tr->o.n);
         if (rc == 0) rc = st_read_f32(&f, t, h);
-        if (rc == 0) rc = tr->be->copy_h2d(tr->be, bufs[i], h, (size_t)tr->o.n * sizeof(float));
+        if (rc == 0) rc = optim_load(&tr->o, &tr->s, i, h);
     }
     free(h);
     st_close(&f);
     return rc;
+}
+
+// This rank's place in the data from the position all ranks reached
+// together, saved by a run of `saved_world` ranks. The same number of ranks
+// continues exactly; another number continues at the same global position
+// of the same epoch order (rounded down to a multiple of the ranks), but the
+// rows left out at each epoch's end (rows % world) differ.
+static int seek_data(trainer_t *tr, data_pos_t global, int saved_world) {
+    int world = tr->d->world;
+    data_pos_t p = {global.epoch, global.index / world};
+    if (global.index % world)
+        log_warn("the checkpoint's data position %lld (by %d ranks) is not a multiple of %d ranks: %lld rows are "
+                 "taken again",
+                 (long long)global.index, saved_world, world, (long long)(global.index % world));
+    if (p.index >= data_loader_rows(tr->dl)) p.epoch++, p.index = 0; // that epoch's rows are all taken
+    if (saved_world != world)
+        log_info("resuming a run of %d ranks on %d: the same global data order from position %lld of epoch %lld "
+                 "(docs/TRAINING.md: not bitwise the same as continuing on %d)",
+                 saved_world, world, (long long)global.index, (long long)global.epoch, saved_world);
+    return p.epoch || p.index ? data_loader_seek(tr->dl, p) : 0;
 }
 
 // metrics.jsonl keeps the lines up to the resumed step (a killed run may have
@@ -348,31 +389,42 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
     const train_cfg_t *c = tr->c;
     be_t *be = tr->be;
     int64_t N = (int64_t)c->B * c->T;
+    int world = tr->d->world, root = tr->d->rank == 0;
+    int kd_ce = !c->ild && c->ce_weight > 0; // the CE token mean needs the global count of targets
     int32_t *ids = malloc((size_t)N * sizeof(int32_t)), *tgt = malloc((size_t)N * sizeof(int32_t));
     if (!ids || !tgt) {
         free(ids), free(tgt);
         return err_set(ERR_NOMEM, "out of memory");
     }
-    int rc = 0;
+    int rc = 0, stop = 0;
     double t_start = time_now(), t_log = t_start;
     int64_t tok_log = 0, first = tr->o.step;
     distill_loss_t acc = {0};
     int is_cuda = be->kind == BE_CUDA;
     while (rc == 0 && tr->o.step < tr->total_steps) {
-        if (c->stop && *c->stop) break;
+        if (stop) break;
         TRY(optim_zero_grad(&tr->o, &tr->s));
         distill_loss_t st = {0};
         for (int k = 0; k < c->GA && rc == 0; k++) {
             for (int b = 0; b < c->B && rc == 0; b++)
                 rc = data_loader_next(tr->dl, ids + (int64_t)b * c->T, tgt + (int64_t)b * c->T);
             distill_loss_t l;
-            if (rc == 0) rc = micro_step(tr, ids, tgt, c->B, &l);
+            double n_ce = kd_ce ? (double)count_ce(tgt, N) : 0;
+            if (rc == 0 && kd_ce) rc = dist_sum(tr->d, &n_ce, 1);
+            if (rc == 0) rc = micro_step(tr, ids, tgt, c->B, world, (int64_t)n_ce, &l);
             if (rc == 0) {
                 st.kl += l.kl, st.ce += l.ce, st.ild_h += l.ild_h, st.ild_a += l.ild_a;
                 st.n_tok += l.n_tok, st.n_ce += l.n_ce;
             }
         }
         if (rc < 0) break;
+        // The step's sums over all ranks, and whether any rank was asked to stop.
+        double sums[7] = {
+            st.kl, st.ce, st.ild_h, st.ild_a, (double)st.n_tok, (double)st.n_ce, c->stop && *c->stop ? 1.0 : 0.0};
+        TRY(dist_sum(tr->d, sums, 7));
+        st.kl = sums[0], st.ce = sums[1], st.ild_h = sums[2], st.ild_a = sums[3];
+        st.n_tok = (int64_t)sums[4], st.n_ce = (int64_t)sums[5], stop = sums[6] > 0;
+        TRY(optim_reduce_grads(&tr->o));
         double gnorm;
         TRY(optim_grad_norm(&tr->o, &tr->s, &gnorm));
         if (!isfinite(gnorm)) {
@@ -395,22 +447,24 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             double now = time_now(), dt = now - t_log;
             double tps = tok_log / (dt > 0 ? dt : 1e-9);
             // the optimised objective, averaged over the logging window
-            double loss, n_steps = (double)acc.n_tok / N / c->GA;
+            double loss, n_steps = (double)acc.n_tok / ((double)N * world) / c->GA;
             if (c->ild) {
                 loss = (acc.ild_h + acc.ild_a) / acc.n_tok;
             } else {
-                loss = c->kl_weight * acc.kl / (c->B * c->GA * n_steps);
+                loss = c->kl_weight * acc.kl / ((double)c->B * world * c->GA * n_steps);
                 if (c->ce_weight > 0 && acc.n_ce) loss += c->ce_weight * acc.ce / acc.n_ce;
             }
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
-            double mem_gib = is_cuda ? (double)(tr->o.n * (4.0 * 4) + tr->s.pt.total * be->act_size +
+            // per rank: the whole gradient, the optimizer state of its slice
+            double mem_gib = is_cuda ? (double)(tr->o.S * (4.0 * (3 + world)) + tr->s.pt.total * be->act_size +
                                                 (tr->have_t ? tr->t.pt.total * be->act_size : 0) + tr->rs.arena.peak +
                                                 tr->rt.arena.peak) /
                                            (1 << 30)
                                      : ru.ru_maxrss / 1048576.0;
             char extra[160] = "";
-            if (is_cuda) snprintf(extra, sizeof extra, "  MFU %.1f%%", 100.0 * tps * tr->flops_per_token / 989.4e12);
+            if (is_cuda)
+                snprintf(extra, sizeof extra, "  MFU %.1f%%", 100.0 * tps * tr->flops_per_token / (989.4e12 * world));
             if (isatty(2)) fputc('\n', stderr);
             if (c->ild)
                 printf("step %6lld  loss %.5f  (hidden %.5f  mixer %.5f)  lr %.3e  gnorm %.3f  %.0f tok/s%s  mem %.2f "
@@ -423,13 +477,15 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
                        (long long)step, loss, acc.kl / acc.n_tok, acc.n_ce ? acc.ce / acc.n_ce : 0.0, lr, gnorm, tps,
                        extra, mem_gib);
             fflush(stdout);
-            fprintf(metrics,
+            if (root)
+                fprintf(
+                    metrics,
                     "{\"step\": %lld, \"loss\": %.9g, \"kl_per_token\": %.9g, \"ce\": %.9g, \"ild_hidden\": %.9g, "
                     "\"ild_mixer\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %lld, \"tokens_per_s\": %.1f, "
                     "\"mem_gib\": %.3f}\n",
                     (long long)step, loss, acc.kl / acc.n_tok, acc.n_ce ? acc.ce / acc.n_ce : 0.0,
                     acc.ild_h / acc.n_tok, acc.ild_a / acc.n_tok, lr, gnorm, (long long)tr->tokens_seen, tps, mem_gib);
-            fflush(metrics);
+            if (root) fflush(metrics);
             plot_add(&tr->curve, (double)step, loss);
             memset(&acc, 0, sizeof acc);
             tok_log = 0, t_log = time_now();
@@ -449,8 +505,8 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
     char nm[64];
     snprintf(nm, sizeof nm, "checkpoint-%lld", (long long)tr->o.step);
     TRY(save_checkpoint(tr, nm));
-    TRY(link_final(c->out_dir, nm));
-    if (c->stop && *c->stop) log_info("stopped at step %lld on request; resume with --resume", (long long)tr->o.step);
+    if (root) TRY(link_final(c->out_dir, nm));
+    if (stop) log_info("stopped at step %lld on request; resume with --resume", (long long)tr->o.step);
     return 0;
 }
 
@@ -458,6 +514,13 @@ int train_run(const train_cfg_t *c) {
     trainer_t tr;
     memset(&tr, 0, sizeof tr);
     tr.c = c;
+    tr.saved_step = -1;
+    if (c->dist) {
+        tr.d = c->dist;
+    } else {
+        dist_single(&tr.single);
+        tr.d = &tr.single;
+    }
     int rc = 0;
     if (!c->student[0]) return err_set(ERR_INPUT, "no student: set model_name_or_path");
     if (!c->n_data) return err_set(ERR_INPUT, "no training data: set dataset_mixer to {SHARDS: 1.0} (hylo data)");
@@ -466,6 +529,7 @@ int train_run(const train_cfg_t *c) {
     if (!c->ild && c->kl_weight > 0 && !c->teacher[0])
         return err_set(ERR_INPUT, "KD with kl_weight %g needs teacher_model_name_or_path", c->kl_weight);
     TRY(fs_mkdir_p(c->out_dir));
+    int root = tr.d->rank == 0;
     // Where to start: the newest checkpoint when resuming.
     char start[1100];
     snprintf(start, sizeof start, "%s", c->student);
@@ -483,8 +547,10 @@ int train_run(const train_cfg_t *c) {
                        c->out_dir);
     }
     size_t scratch = !strcmp(c->device, "cuda") ? (size_t)2 << 30 : (size_t)64 << 20;
+    TRY(dist_use_device(tr.d, c->device));
     TRY(be_create(&tr.be, c->device, scratch));
-    rc = load_tokenizer(&tr.tok, c->student);
+    rc = dist_attach(tr.d, tr.be);
+    if (rc == 0) rc = load_tokenizer(&tr.tok, c->student);
     if (rc == 0) rc = load_student(&tr, start);
     if (rc == 0 && c->teacher[0] && (c->ild || c->kl_weight > 0)) {
         rc = model_load(&tr.t, c->teacher, tr.be);
@@ -493,7 +559,7 @@ int train_run(const train_cfg_t *c) {
             rc = err_set(ERR_INPUT, "%s: teacher vocabulary %d differs from the student's %d", c->teacher, tr.t.a.V,
                          tr.s.a.V);
     }
-    if (rc == 0) rc = optim_create(&tr.o, &tr.s);
+    if (rc == 0) rc = optim_create(&tr.o, &tr.s, tr.d);
     if (rc == 0) {
         tr.o.weight_decay = (float)c->weight_decay;
         tr.o.beta1 = (float)c->beta1, tr.o.beta2 = (float)c->beta2, tr.o.eps = (float)c->adam_eps;
@@ -505,12 +571,18 @@ int train_run(const train_cfg_t *c) {
     if (rc == 0 && !(tr.blocks = calloc((size_t)tr.s.a.n_layers, sizeof *tr.blocks)))
         rc = err_set(ERR_NOMEM, "out of memory");
     data_pos_t pos = {0, 0};
-    if (rc == 0 && strcmp(start, c->student)) rc = restore_state(&tr, start, &pos);
+    int saved_world = tr.d->world;
+    if (rc == 0 && strcmp(start, c->student)) {
+        rc = restore_state(&tr, start, &pos, &saved_world);
+        tr.saved_step = tr.o.step;
+    }
+    // each rank its own slice of the rows (data.h)
     data_source_t srcs[TRAIN_MAX_SOURCES];
     for (int i = 0; i < c->n_data; i++)
         srcs[i] = (data_source_t){c->data[i], c->data_weight[i]};
-    if (rc == 0) rc = data_loader_open_mix(&tr.dl, srcs, c->n_data, &tr.tok, c->T, c->seed, 0, 1);
-    if (rc == 0 && (pos.epoch || pos.index)) rc = data_loader_seek(tr.dl, pos);
+    if (rc == 0)
+        rc = data_loader_open_mix(&tr.dl, srcs, c->n_data, &tr.tok, c->T, c->seed, tr.d->rank, tr.d->world);
+    if (rc == 0) rc = seek_data(&tr, pos, saved_world);
     if (rc == 0) {
         int64_t rows = data_loader_rows(tr.dl), per_step = (int64_t)c->B * c->GA;
         tr.total_steps = c->max_steps > 0 ? c->max_steps : (int64_t)ceil(c->epochs * rows / per_step);
@@ -523,11 +595,15 @@ int train_run(const train_cfg_t *c) {
                (long long)ptable_count(&tr.s.pt), tr.s.a.n_layers, arch_count(&tr.s.a, LAYER_MLA),
                arch_count(&tr.s.a, LAYER_GDN), arch_count(&tr.s.a, LAYER_M2), arch_count(&tr.s.a, LAYER_ATTN));
         if (tr.have_t) printf("teacher   %s: %lld parameters\n", c->teacher, (long long)ptable_count(&tr.t.pt));
-        printf("data      %s%s: %lld tokens, %lld rows of %d\n", c->data[0], c->n_data > 1 ? " ..." : "",
-               (long long)data_loader_tokens(tr.dl), (long long)rows, c->T);
+        printf("data      %s%s: %lld tokens, %lld rows of %d%s\n", c->data[0], c->n_data > 1 ? " ..." : "",
+               (long long)data_loader_tokens(tr.dl), (long long)rows * tr.d->world, c->T,
+               tr.d->world > 1 ? " (a slice per rank)" : "");
+        if (tr.d->world > 1)
+            printf("ranks     %d (data parallel; optimizer state sharded, a slice of %lld of %lld per rank)\n",
+                   tr.d->world, (long long)tr.o.S, (long long)tr.o.n);
         printf("steps     %lld of %lld rows (%lld tokens each), warm-up %lld, from step %lld\n",
-               (long long)tr.total_steps, (long long)per_step, (long long)per_step * c->T, (long long)tr.warmup,
-               (long long)tr.o.step);
+               (long long)tr.total_steps, (long long)per_step * tr.d->world, (long long)per_step * tr.d->world * c->T,
+               (long long)tr.warmup, (long long)tr.o.step);
     }
     size_t as = 0, at = 0;
     if (rc == 0) rc = plan_arenas(&tr, &as, &at);
@@ -541,12 +617,14 @@ int train_run(const train_cfg_t *c) {
     FILE *metrics = NULL;
     char mpath[1100];
     if (rc == 0) rc = fs_join(mpath, sizeof mpath, c->out_dir, "metrics.jsonl");
-    if (rc == 0) rc = trim_metrics(mpath, tr.o.step, &tr.curve);
-    if (rc == 0 && !(metrics = fopen(mpath, "a"))) rc = err_set(ERR_IO, "%s: cannot open: %s", mpath, strerror(errno));
+    // the log, metrics and plot are rank 0's
+    if (rc == 0 && root) rc = trim_metrics(mpath, tr.o.step, &tr.curve);
+    if (rc == 0 && root && !(metrics = fopen(mpath, "a")))
+        rc = err_set(ERR_IO, "%s: cannot open: %s", mpath, strerror(errno));
     fflush(stdout);
     if (rc == 0) rc = run_loop(&tr, metrics);
     if (metrics) fclose(metrics);
-    if (rc == 0) {
+    if (rc == 0 && root) {
         char svg[1100];
         if (fs_join(svg, sizeof svg, c->out_dir, "loss.svg") == 0)
             rc = plot_write_svg(&tr.curve, svg, c->ild ? "ILD loss" : "KD loss");

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "io/recipe.h"
+#include "train/dist.h"
 #include "train/optim.h"
 
 #define TRAIN_MAX_SOURCES 16
@@ -43,6 +44,7 @@ typedef struct {
     uint64_t seed;
     int resume;                  // continue from the newest checkpoint in out_dir
     volatile sig_atomic_t *stop; // set by a signal handler: save and return
+    dist_t *dist;                // the ranks of a data-parallel run (NULL: one process)
 } train_cfg_t;
 
 // The recipe defaults (transformers' TrainingArguments and the published

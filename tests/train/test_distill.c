@@ -193,7 +193,7 @@ static void test_optim_frozen(void **st) {
     assert_int_equal(model_create(&m, &a, tu_cpu()), 0);
     fill(&m, 3, 0.3f);
     optim_t o;
-    assert_int_equal(optim_create(&o, &m), 0);
+    assert_int_equal(optim_create(&o, &m, NULL), 0);
     optim_train_only(&o, &m, keep_not_embed);
     float *before = malloc((size_t)m.pt.total * sizeof(float));
     memcpy(before, m.w, (size_t)m.pt.total * sizeof(float));
