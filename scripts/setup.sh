@@ -2,11 +2,12 @@
 # Installs hylo's build and test dependencies from Debian packages (idempotent).
 # The CUDA toolkit (nvcc, cuBLASLt) is used when present; it is not installed here.
 set -euo pipefail
-# python3 + pip: scripts/fetch_model.sh; libzstd: hylo data (.jsonl.zst); libcmocka: the tests;
+# python3 + pip: scripts/fetch_model.sh; libzstd: hylo data (.jsonl.zst); libmicrohttpd: hylo serve;
+# libcmocka: the tests; curl: the hylo serve tests' HTTP client;
 # clang-format: make format; clang + libclang-rt (libFuzzer): make fuzz / fuzz-smoke (docs/FUZZING.md).
 pkgs=(build-essential make python3 python3-pip
       libopenblas-dev liblapacke-dev libpcre2-dev libcjson-dev libyaml-dev
-      libzstd-dev libcmocka-dev clang-format clang libclang-rt-14-dev)
+      libzstd-dev libmicrohttpd-dev libcmocka-dev curl clang-format clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
