@@ -44,6 +44,14 @@ static cJSON *parse_body(const char *body, size_t n, srv_oai_err_t *e) {
         srv_oai_err(e, 400, NULL, "invalid_json", "the request body is not valid JSON (at byte %zu)", at);
         return NULL;
     }
+    while (end && end < body + n && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
+    if (end && end < body + n) {
+        cJSON_Delete(j);
+        srv_oai_err(e, 400, NULL, "invalid_json", "the request body has more after its JSON value (at byte %zu)",
+                    (size_t)(end - body));
+        return NULL;
+    }
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         srv_oai_err(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
