@@ -48,8 +48,10 @@ typedef struct {
     srv_stop_t stop;
     strbuf_t scratch;
     int stop_hit;
-    // Under mu: text ready to send (streaming takes it as it comes), the end.
+    // Under mu: text ready to send (streaming takes it as it comes), tokens
+    // generated so far, the end.
     strbuf_t out;
+    int n_tokens;
     int done;
     srv_done_t res;
     // The HTTP thread's: the event stream being written.
@@ -80,11 +82,12 @@ static int on_token(void *user, int32_t id) {
     job_t *j = user;
     const char *s;
     size_t n;
-    if (tok_stream_feed(&j->ts, id, &s, &n) < 0 || n == 0) return 0;
+    if (tok_stream_feed(&j->ts, id, &s, &n) < 0) n = 0;
     j->scratch.n = 0;
-    j->stop_hit = srv_stop_feed(&j->stop, s, n, &j->scratch);
+    if (n) j->stop_hit = srv_stop_feed(&j->stop, s, n, &j->scratch);
     int oom = j->scratch.oom || srv_stop_oom(&j->stop);
     pthread_mutex_lock(&j->mu);
+    j->n_tokens++;
     if (j->scratch.n) strbuf_putn(&j->out, j->scratch.s, j->scratch.n);
     oom |= j->out.oom;
     pthread_cond_signal(&j->cv);
@@ -125,10 +128,11 @@ static int client_gone(int fd) {
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-// Waits (j->mu held) until the request is done or, when `fresh`, text is
-// ready; 1 when the client went away meanwhile.
-static int job_wait(job_t *j, int fresh) {
-    while (!j->done && !(fresh && j->out.n)) {
+enum { WAIT_DONE, WAIT_TEXT, WAIT_TOKEN };
+// Waits (j->mu held) until the request is done or, by `what`, text is ready
+// or a first token came; 1 when the client went away meanwhile.
+static int job_wait(job_t *j, int what) {
+    while (!j->done && !(what == WAIT_TEXT && j->out.n) && !(what == WAIT_TOKEN && j->n_tokens)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000L;
@@ -210,7 +214,7 @@ static int sse_more(job_t *j) {
         return 0;
     }
     pthread_mutex_lock(&j->mu);
-    if (job_wait(j, 1)) {
+    if (job_wait(j, WAIT_TEXT)) {
         pthread_mutex_unlock(&j->mu);
         return 1;
     }
@@ -310,6 +314,18 @@ static enum MHD_Result generate(srv_http_t *h, struct MHD_Connection *c, conn_t 
         if (rc == SRV_SHUTTING_DOWN) return fail(h, c, 503, NULL, NULL, "the server is shutting down");
         return fail(h, c, err_code() == ERR_INPUT ? 400 : 503, NULL, NULL, err_msg());
     }
+    // A stream starts (status 200) with the first token: a request that fails
+    // before, as when its cache cannot be allocated, still gets its status.
+    pthread_mutex_lock(&j->mu);
+    int gone = job_wait(j, j->stream ? WAIT_TOKEN : WAIT_DONE);
+    int failed = j->done && (j->res.finish == SRV_FINISH_ERROR || j->res.finish == SRV_FINISH_CANCELLED);
+    pthread_mutex_unlock(&j->mu);
+    if (gone) {
+        srv_engine_cancel(h->e, j->eid);
+        srv_metrics_request(h->m, 499); // nginx's "client closed request": no response was sent
+        return MHD_NO;                  // closes the connection
+    }
+    if (failed) return fail(h, c, j->res.status, NULL, NULL, j->res.msg);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
         if (!r) {
@@ -326,16 +342,6 @@ static enum MHD_Result generate(srv_http_t *h, struct MHD_Connection *c, conn_t 
         srv_metrics_request(h->m, 200);
         return ok;
     }
-    pthread_mutex_lock(&j->mu);
-    int gone = job_wait(j, 0);
-    pthread_mutex_unlock(&j->mu);
-    if (gone) {
-        srv_engine_cancel(h->e, j->eid);
-        srv_metrics_request(h->m, 499); // nginx's "client closed request": no response was sent
-        return MHD_NO;                  // closes the connection
-    }
-    if (j->res.finish == SRV_FINISH_ERROR || j->res.finish == SRV_FINISH_CANCELLED)
-        return fail(h, c, j->res.status, NULL, NULL, j->res.msg);
     return reply_json(h, c, 200,
                       srv_oai_response_json(kind, j->id, j->created, h->model, j->out.s ? j->out.s : "",
                                             finish_name(j->res.finish), j->res.n_prompt, j->res.n_new));
