@@ -142,6 +142,9 @@ static char *cli_output(const char *args) {
 
 static const char *Q = "What is the capital of France?";
 static const char *P = "The capital of France is";
+// A prompt whose greedy continuation goes on for long (counting), for the
+// requests that must still be running when the test acts (whatever the speed).
+static const char *LONG = "1, 2, 3, 4, 5,";
 
 static char *chat_body(const char *msg, int max_tokens, const char *extra) {
     static char b[4096];
@@ -153,7 +156,7 @@ static char *chat_body(const char *msg, int max_tokens, const char *extra) {
 }
 
 static char *completion_body(const char *prompt, int max_tokens, const char *extra) {
-    static char b[4096];
+    static char b[16384];
     snprintf(b, sizeof b, "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0%s}", prompt, max_tokens,
              extra ? extra : "");
     return b;
@@ -269,7 +272,7 @@ static int teardown(void **state) {
 
 static void ensure_server(void) {
     if (S.pid > 0) return;
-    server_start(&S, "", "--ctx 256 --max-seqs 4 --queue 4");
+    server_start(&S, "", "--ctx 1024 --max-seqs 4 --queue 4");
     char args[1024];
     snprintf(args, sizeof args, "chat %s --prompt '%s' -n 8", tu_model_path(), Q);
     want_chat = cli_output(args);
@@ -395,7 +398,7 @@ static void test_errors(void **state) {
         {"/v1/completions", "{\"prompt\": \"hi\", \"temperature\": -1}", "temperature", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"top_p\": 0}", "top_p", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", "max_tokens", 400},
-        {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1000}", "max_tokens", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1024}", "max_tokens", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"stop\": 5}", "stop", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"frobnicate\": true}", "frobnicate", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"presence_penalty\": 1}", "presence_penalty", 400},
@@ -413,9 +416,9 @@ static void test_errors(void **state) {
         expect_error(r, cases[i].status, cases[i].param);
         free(r);
     }
-    // A prompt beyond the context (--ctx 256): refused before anything runs.
+    // A prompt beyond the context (--ctx 1024): refused before anything runs.
     char big[8192] = "";
-    for (int i = 0; i < 300; i++)
+    for (int i = 0; i < 1100; i++)
         strcat(big, "word ");
     char *r;
     assert_int_equal(http(&S, "/v1/completions", completion_body(big, 4, NULL), &r), 400);
@@ -497,8 +500,7 @@ static void test_disconnect(void **state) {
     double c0 = metric(&S, "hylo_requests_cancelled_total");
     for (int k = 0; k < 2; k++) { // streaming, then not
         call_t c;
-        call_start(&c, &S, k ? "/v1/completions" : "/v1/chat/completions",
-                   k ? completion_body(P, 200, NULL) : chat_body("Tell me a long story.", 200, ", \"stream\": true"),
+        call_start(&c, &S, "/v1/completions", completion_body(LONG, 900, k ? NULL : ", \"stream\": true"),
                    "--max-time 1.5");
         char *r;
         call_end(&c, &r);
@@ -524,7 +526,7 @@ static void test_disconnect(void **state) {
 // waiting at most (a third request at once gets 429), /v1/models.
 static void test_key_and_queue(void **state) {
     server_t s2;
-    server_start(&s2, "HYLO_API_KEY=sekret", "--ctx 256 --max-seqs 1 --queue 1 --model-name smol");
+    server_start(&s2, "HYLO_API_KEY=sekret", "--ctx 1024 --max-seqs 1 --queue 1 --model-name smol");
     char *r;
     assert_int_equal(http(&s2, "/v1/models", NULL, &r), 401);
     expect_error(r, 401, NULL);
@@ -541,7 +543,7 @@ static void test_key_and_queue(void **state) {
     free(r);
     call_t c[3];
     for (int i = 0; i < 3; i++)
-        call_start(&c[i], &s2, "/v1/completions", completion_body(P, 48, NULL), NULL);
+        call_start(&c[i], &s2, "/v1/completions", completion_body(LONG, 48, NULL), NULL);
     int n200 = 0, n429 = 0;
     for (int i = 0; i < 3; i++) {
         int st = call_end(&c[i], &r);
@@ -553,7 +555,7 @@ static void test_key_and_queue(void **state) {
     assert_int_equal(n200, 2);
     assert_int_equal(n429, 1);
     // SIGTERM with a request running: it is cancelled, the server exits 0.
-    call_start(&c[0], &s2, "/v1/completions", completion_body(P, 200, ", \"stream\": true"), NULL);
+    call_start(&c[0], &s2, "/v1/completions", completion_body(LONG, 900, ", \"stream\": true"), NULL);
     int waited = 0;
     while (metric(&s2, "hylo_running_sequences") != 1 && waited++ < 600)
         usleep(100000);
