@@ -57,3 +57,4 @@ int cmd_train(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);

@@ -1,5 +1,5 @@
-// hylo: convert a pretrained Transformer into a long-context hybrid, run it
-// and compare it with its teacher (training and serving are the next steps).
+// hylo: convert a pretrained Transformer into a long-context hybrid, run it,
+// compare it with its teacher and serve it over HTTP.
 // This file dispatches to the subcommands.
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +25,7 @@ static const char *usage =
     "  data              encode training text (txt, jsonl, jsonl.zst, chat) into a token shard\n"
     "  eval PATH         RULER, lm-eval-style short benchmarks and perplexity, with an HTML report\n"
     "  bench PATH        prefill / decode latency and cache memory over a sweep of context lengths\n"
+    "  serve PATH        OpenAI-compatible HTTP server (chat / completions, streaming, metrics)\n"
     "\n"
     "PATH is a GGUF file or a Hugging Face / hybrid checkpoint folder.\n"
     "Run 'hylo <command> --help' for the options of a command.\n";
@@ -124,6 +125,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "hylo: error: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

@@ -1,0 +1,165 @@
+// hylo serve: an OpenAI-compatible HTTP server over one model (serve/).
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "cli/cli.h"
+#include "infer/gen.h"
+#include "model/model.h"
+#include "serve/engine.h"
+#include "serve/http.h"
+#include "serve/metrics.h"
+#include "tok/tok.h"
+
+static const char *help =
+    "usage: hylo serve PATH [options]\n"
+    "\n"
+    "Serves the model at PATH over HTTP with OpenAI's API (docs/SERVING.md):\n"
+    "  POST /v1/chat/completions, POST /v1/completions   (\"stream\": true for server-sent events)\n"
+    "  GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize\n"
+    "Chat messages go through the model's chat template; their text never becomes\n"
+    "control tokens. Sampling: temperature, top_p, top_k, seed, max_tokens\n"
+    "(max_completion_tokens), stop (up to 4 strings), n = 1.\n"
+    "One engine thread runs up to --max-seqs requests at once, a step of each in\n"
+    "turn (each with its own cache); --queue more wait, and beyond that a request\n"
+    "gets 429. A request whose prompt and max_tokens exceed --ctx gets 400. A client\n"
+    "that disconnects cancels its request. SIGINT / SIGTERM stop the server: what\n"
+    "is running is cancelled, everything freed.\n"
+    "Prints 'hylo: serving NAME on http://HOST:PORT' once it listens.\n"
+    "\n"
+    "options:\n"
+    "  --host H          address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
+    "  --port P          port (default 8080; 0 = a free one, printed)\n"
+    "  --api-key KEY     require 'Authorization: Bearer KEY' (default: $HYLO_API_KEY, else none);\n"
+    "                    /health and /metrics stay open\n"
+    "  --model-name N    the model's name in the API (default: PATH's file name)\n"
+    "  --ctx N           most tokens of one request, prompt and answer (default 4096); each\n"
+    "                    request's cache grows with use up to what it needs\n"
+    "  --max-seqs N      requests generating at once (default 4)\n"
+    "  --queue N         requests waiting beyond them (default 16)\n"
+    "  --chunk N         prefill tokens of a request per turn (default 512)\n"
+    "  --device D        cpu or cuda (default cpu)\n"
+    "  --threads N       CPU threads of the engine (default: all)\n";
+
+int cmd_serve(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        fputs(help, stdout);
+        return 0;
+    }
+    const char *path = NULL, *host = "127.0.0.1", *key = getenv("HYLO_API_KEY"), *name = NULL, *device = "cpu";
+    long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int r;
+        if ((r = cli_opt("serve", argc, argv, &i, "--host", &v))) {
+            if (r < 0) return cli_fail(r);
+            host = v;
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--api-key", &v))) {
+            if (r < 0) return cli_fail(r);
+            key = v;
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--model-name", &v))) {
+            if (r < 0) return cli_fail(r);
+            name = v;
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--device", &v))) {
+            if (r < 0) return cli_fail(r);
+            device = v;
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--port", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--port", v, 0, 65535, &port)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--ctx", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--ctx", v, 16, 1 << 30, &ctx)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--max-seqs", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--max-seqs", v, 1, 4096, &max_seqs)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--queue", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--queue", v, 0, 1 << 20, &queue)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--chunk", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--chunk", v, 1, 1 << 20, &chunk)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--threads", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--threads", v, 1, 1024, &threads)) < 0) return cli_fail(r);
+        } else if (argv[i][0] == '-') {
+            return cli_usage("serve", "unknown option '%s'", argv[i]);
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            return cli_usage("serve", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!path) return cli_usage("serve", "missing PATH (a GGUF file or a checkpoint folder)");
+    if (!name) {
+        const char *s = path + strlen(path);
+        while (s > path && s[-1] == '/') // a folder's name, not its trailing slash
+            s--;
+        const char *b = s;
+        while (b > path && b[-1] != '/')
+            b--;
+        static char buf[256];
+        snprintf(buf, sizeof buf, "%.*s", (int)(s - b), b);
+        name = buf;
+    }
+    if (threads) omp_set_num_threads((int)threads);
+
+    // SIGINT / SIGTERM are taken by sigwait below: blocked before any thread
+    // starts, so that every thread inherits the mask. A write to a closed
+    // socket must not kill the server.
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    be_t *be = NULL;
+    model_t m = {0};
+    tok_t tok = {0};
+    srv_metrics_t met;
+    srv_metrics_init(&met);
+    srv_engine_t *e = NULL;
+    srv_http_t *h = NULL;
+    int32_t stop_ids[16];
+    int rc = cli_backend(device, &be);
+    if (rc == 0) rc = cli_load_model(path, be, &m, &tok);
+    if (rc == 0 && tok.n_vocab > m.a.V)
+        rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", path, tok.n_vocab,
+                     m.a.V);
+    if (rc == 0) {
+        srv_engine_cfg_t ec = {.max_seqs = (int)max_seqs,
+                               .queue = (int)queue,
+                               .ctx = (int)ctx,
+                               .chunk = (int)chunk,
+                               .threads = (int)threads,
+                               .stop_ids = stop_ids,
+                               .n_stop_ids = gen_stop_ids(&tok, &m.a, stop_ids, 16)};
+        rc = srv_engine_create(&e, &m, &ec, &met);
+    }
+    if (rc == 0) {
+        srv_http_cfg_t hc = {.host = host,
+                             .port = (int)port,
+                             .api_key = key,
+                             .model_name = name,
+                             .ctx = (int)ctx,
+                             .max_conns = (int)(max_seqs + queue + 64)};
+        rc = srv_http_start(&h, &hc, e, &tok, &met);
+    }
+    if (rc == 0) {
+        int v6 = strchr(host, ':') != NULL;
+        printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld%s)\n", name, v6 ? "[" : "", host,
+               v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, key && key[0] ? ", API key required" : "");
+        fflush(stdout);
+        int sig = 0;
+        sigwait(&stop, &sig);
+        fprintf(stderr, "hylo: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        // No new connections; what runs or waits is cancelled (its client gets
+        // the end of its stream or a 503); then the connections close.
+        srv_http_quiesce(h);
+        srv_engine_shutdown(e);
+        srv_http_stop(h);
+    }
+    srv_engine_free(e);
+    if (m.be) model_free(&m);
+    tok_free(&tok);
+    be_destroy(be);
+    srv_metrics_free(&met);
+    return rc < 0 ? cli_fail(rc) : 0;
+}

@@ -1,0 +1,337 @@
+#include "serve/engine.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/log.h"
+#include "base/timer.h"
+
+typedef struct req {
+    uint64_t id;
+    srv_submit_t s;
+    int32_t *prompt; // owned copy of s.prompt
+    int fed;         // prompt tokens fed so far
+    int decoding;    // the prompt is in; next is the token to feed
+    int32_t next;
+    int n_new;
+    int cancel; // set under the engine's mutex
+    int has_state;
+    model_state_t st;
+    sampler_t smp;
+    double t_last; // when the last token was handed on
+    struct req *link;
+} req_t;
+
+struct srv_engine {
+    model_t *m;
+    model_run_t run;
+    srv_engine_cfg_t cfg;
+    int32_t *stop_ids;
+    srv_metrics_t *metrics;
+    float *logits; // [V], the engine thread's
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req_t *q_head, *q_tail; // waiting, oldest first
+    int n_queued;
+    req_t **active; // [max_seqs], running
+    int n_active;
+    req_t **turn;     // [max_seqs] the engine thread's copy of active for one turn
+    int *turn_cancel; // [max_seqs] and their cancel flags
+    uint64_t next_id;
+    int stopping; // no more submits; everything is cancelled
+    int has_run, sync_init, joined;
+};
+
+static void req_free(const srv_engine_t *e, req_t *r) {
+    if (r->has_state) {
+        model_state_free(e->m, &r->st);
+        sampler_free(&r->smp);
+    }
+    free(r->prompt);
+    free(r);
+}
+
+// Hands the request's end to its owner and frees it (engine thread, no lock
+// held). The cache is freed before the owner hears, so a finished request
+// never holds memory.
+static void finish(srv_engine_t *e, req_t *r, srv_finish_t how, int status, const char *msg) {
+    srv_done_t d = {.finish = how, .n_prompt = r->s.n_prompt, .n_new = r->n_new, .status = status};
+    if (msg) snprintf(d.msg, sizeof d.msg, "%s", msg);
+    if (how == SRV_FINISH_CANCELLED && e->metrics) srv_metrics_cancelled(e->metrics);
+    void (*on_done)(void *, const srv_done_t *) = r->s.on_done;
+    void *user = r->s.user;
+    req_free(e, r);
+    on_done(user, &d);
+}
+
+// An error of the model: out of memory is the server's lack (503), anything
+// else an internal failure (500).
+static void finish_error(srv_engine_t *e, req_t *r, int rc) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s", err_msg());
+    log_warn("request %llu failed: %s", (unsigned long long)r->id, msg);
+    finish(e, r, SRV_FINISH_ERROR, rc == ERR_NOMEM ? 503 : rc == ERR_INPUT ? 400 : 500, msg);
+}
+
+static int is_stop_id(const srv_engine_t *e, int32_t id) {
+    for (int i = 0; i < e->cfg.n_stop_ids; i++)
+        if (e->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+// A request's first turn: its cache (room for its prompt and answer at
+// most, growing with use) and its sampler. 0, or the request is finished.
+static int start(srv_engine_t *e, req_t *r) {
+    int rc = model_state_alloc(e->m, &r->st, 1, r->s.n_prompt + r->s.max_new);
+    if (rc == 0) {
+        rc = sampler_init(&r->smp, &r->s.sampler, e->m->a.V);
+        if (rc < 0) model_state_free(e->m, &r->st);
+    }
+    if (rc < 0) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "cannot allocate the request's cache: %s", err_msg());
+        finish(e, r, SRV_FINISH_ERROR, rc == ERR_INPUT ? 400 : 503, msg);
+        return -1;
+    }
+    r->has_state = 1;
+    return 0;
+}
+
+// One unit of work of a running request: a prefill chunk (and, after the
+// last, the first token), or a decode step. 1 when the request finished
+// (it is freed), else 0.
+static int work(srv_engine_t *e, req_t *r) {
+    int rc;
+    if (!r->decoding) {
+        int n = r->s.n_prompt - r->fed;
+        if (n > e->cfg.chunk) n = e->cfg.chunk;
+        int last = r->fed + n == r->s.n_prompt;
+        rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, n, n, last ? e->logits : NULL);
+        if (rc < 0) return finish_error(e, r, rc), 1;
+        r->fed += n;
+        if (!last) return 0;
+        if (e->metrics) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
+        r->decoding = 1;
+    } else {
+        rc = model_step(&e->run, &r->st, &r->next, e->logits);
+        if (rc < 0) return finish_error(e, r, rc), 1;
+    }
+    int32_t id = sampler_sample(&r->smp, e->logits);
+    if (is_stop_id(e, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
+    double now = time_now();
+    if (e->metrics) {
+        if (r->n_new == 0)
+            srv_metrics_ttft(e->metrics, now - r->s.t_arrival);
+        else
+            srv_metrics_tpot(e->metrics, now - r->t_last);
+        srv_metrics_tokens(e->metrics, 0, 1);
+    }
+    r->t_last = now;
+    r->n_new++;
+    if (r->s.on_token(r->s.user, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
+    if (r->n_new >= r->s.max_new) return finish(e, r, SRV_FINISH_LENGTH, 200, NULL), 1;
+    r->next = id;
+    return 0;
+}
+
+static void publish_gauges(srv_engine_t *e) {
+    if (!e->metrics) return;
+    int64_t bytes = 0;
+    for (int i = 0; i < e->n_active; i++)
+        if (e->active[i]->has_state) bytes += (int64_t)e->active[i]->st.bytes;
+    srv_metrics_gauges(e->metrics, e->n_queued, e->n_active, bytes);
+}
+
+static void *engine_main(void *arg) {
+    srv_engine_t *e = arg;
+    if (e->cfg.threads > 0) omp_set_num_threads(e->cfg.threads); // the setting is per thread
+    req_t **turn = e->turn;
+    int *cancelled = e->turn_cancel;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        // Cancelled waiting requests leave the queue; the rest move up into
+        // free slots in arrival order. Only this thread changes `active`.
+        req_t *gone = NULL, **pp = &e->q_head;
+        e->q_tail = NULL;
+        while (*pp) {
+            req_t *r = *pp;
+            if (r->cancel || e->stopping) {
+                *pp = r->link;
+                r->link = gone, gone = r;
+                e->n_queued--;
+            } else {
+                e->q_tail = r;
+                pp = &r->link;
+            }
+        }
+        while (e->q_head && e->n_active < e->cfg.max_seqs) {
+            req_t *r = e->q_head;
+            e->q_head = r->link;
+            if (!e->q_head) e->q_tail = NULL;
+            e->n_queued--;
+            r->link = NULL;
+            e->active[e->n_active++] = r;
+        }
+        int n = e->n_active;
+        if (n == 0 && !gone) {
+            publish_gauges(e);
+            if (e->stopping) break;
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            turn[i] = e->active[i];
+            cancelled[i] = e->active[i]->cancel || e->stopping;
+        }
+        const char *why = e->stopping ? "the server is shutting down" : "cancelled";
+        publish_gauges(e);
+        pthread_mutex_unlock(&e->mu);
+
+        while (gone) {
+            req_t *r = gone;
+            gone = r->link;
+            finish(e, r, SRV_FINISH_CANCELLED, 503, why);
+        }
+        // One unit of work per running request; finished ones leave the slots.
+        for (int i = 0; i < n; i++) {
+            req_t *r = turn[i];
+            if (cancelled[i]) {
+                finish(e, r, SRV_FINISH_CANCELLED, 503, why);
+                turn[i] = NULL;
+            } else if ((!r->has_state && start(e, r) < 0) || work(e, r)) {
+                turn[i] = NULL;
+            }
+        }
+        pthread_mutex_lock(&e->mu);
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (turn[i]) e->active[k++] = turn[i];
+        e->n_active = k;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics) {
+    *out = NULL;
+    if (cfg->max_seqs < 1 || cfg->queue < 0 || cfg->ctx < 2 || cfg->chunk < 1 || cfg->n_stop_ids < 0)
+        return err_set(ERR_INPUT, "engine: max_seqs %d, queue %d, ctx %d, chunk %d out of range", cfg->max_seqs,
+                       cfg->queue, cfg->ctx, cfg->chunk);
+    srv_engine_t *e = calloc(1, sizeof *e);
+    if (!e) return err_set(ERR_NOMEM, "out of memory");
+    e->m = m;
+    e->cfg = *cfg;
+    e->metrics = metrics;
+    e->next_id = 1;
+    e->logits = malloc((size_t)m->a.V * sizeof(float));
+    e->active = calloc((size_t)cfg->max_seqs, sizeof *e->active);
+    e->turn = calloc((size_t)cfg->max_seqs, sizeof *e->turn);
+    e->turn_cancel = calloc((size_t)cfg->max_seqs, sizeof *e->turn_cancel);
+    e->stop_ids = malloc(((size_t)cfg->n_stop_ids + 1) * sizeof(int32_t));
+    if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids) {
+        srv_engine_free(e);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    if (cfg->n_stop_ids) memcpy(e->stop_ids, cfg->stop_ids, (size_t)cfg->n_stop_ids * sizeof(int32_t));
+    e->cfg.stop_ids = e->stop_ids;
+    int rc = model_run_create(&e->run, m, (size_t)1 << 30);
+    if (rc < 0) {
+        srv_engine_free(e);
+        return rc;
+    }
+    e->has_run = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->sync_init = 1;
+    if (pthread_create(&e->th, NULL, engine_main, e) != 0) {
+        srv_engine_free(e);
+        return err_set(ERR_RUNTIME, "cannot start the engine thread");
+    }
+    e->started = 1;
+    *out = e;
+    return 0;
+}
+
+int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
+    if (s->n_prompt < 1 || s->max_new < 1 || (int64_t)s->n_prompt + s->max_new > e->cfg.ctx)
+        return err_set(ERR_INPUT, "a prompt of %d tokens and %d new ones do not fit the context of %d", s->n_prompt,
+                       s->max_new, e->cfg.ctx);
+    pthread_mutex_lock(&e->mu);
+    // Room for max_seqs running and queue waiting (the queue is where every
+    // request passes through, so it may briefly hold more than `queue`).
+    int64_t cap = (int64_t)e->cfg.max_seqs + e->cfg.queue;
+    int refuse = e->stopping ? SRV_SHUTTING_DOWN : e->n_active + e->n_queued >= cap ? SRV_QUEUE_FULL : 0;
+    pthread_mutex_unlock(&e->mu);
+    if (refuse) return refuse;
+    req_t *r = calloc(1, sizeof *r);
+    int32_t *p = malloc((size_t)s->n_prompt * sizeof(int32_t));
+    if (!r || !p) {
+        free(r), free(p);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    memcpy(p, s->prompt, (size_t)s->n_prompt * sizeof(int32_t));
+    r->s = *s;
+    r->s.prompt = r->prompt = p;
+    pthread_mutex_lock(&e->mu);
+    // Checked again: another thread may have filled the queue meanwhile.
+    refuse = e->stopping ? SRV_SHUTTING_DOWN : e->n_active + e->n_queued >= cap ? SRV_QUEUE_FULL : 0;
+    if (!refuse) {
+        r->id = e->next_id++;
+        *id = r->id;
+        if (e->q_tail)
+            e->q_tail->link = r;
+        else
+            e->q_head = r;
+        e->q_tail = r;
+        e->n_queued++;
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (refuse) free(p), free(r);
+    return refuse;
+}
+
+void srv_engine_cancel(srv_engine_t *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    int found = 0;
+    for (req_t *r = e->q_head; r && !found; r = r->link)
+        if (r->id == id) r->cancel = found = 1;
+    for (int i = 0; i < e->n_active && !found; i++)
+        if (e->active[i]->id == id) e->active[i]->cancel = found = 1;
+    if (found) pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int srv_engine_ctx(const srv_engine_t *e) { return e->cfg.ctx; }
+
+void srv_engine_shutdown(srv_engine_t *e) {
+    if (!e->started || e->joined) return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->th, NULL);
+    e->joined = 1;
+}
+
+void srv_engine_free(srv_engine_t *e) {
+    if (!e) return;
+    srv_engine_shutdown(e);
+    if (e->sync_init) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+    }
+    if (e->has_run) model_run_free(&e->run);
+    free(e->logits);
+    free(e->active);
+    free(e->turn);
+    free(e->turn_cancel);
+    free(e->stop_ids);
+    free(e);
+}

@@ -1,0 +1,70 @@
+// The serving engine: one thread owns the model and runs every accepted
+// request to its end; HTTP threads submit requests and get their tokens back
+// through callbacks. Today each running request has its own cache
+// (model_state_t, B = 1) and the engine interleaves them step by step:
+// each turn, every running sequence does one unit of work (a prefill chunk,
+// or one decode step); up to max_seqs run at once, others wait in a bounded
+// queue. A batched decode of sequences of different lengths can replace the
+// per-sequence loop behind this same interface (docs/SERVING.md).
+#pragma once
+#include <stdint.h>
+
+#include "infer/sampler.h"
+#include "model/model.h"
+#include "serve/metrics.h"
+
+typedef struct srv_engine srv_engine_t;
+
+typedef struct {
+    int max_seqs;            // sequences running at once
+    int queue;               // requests waiting beyond them
+    int ctx;                 // most tokens of one sequence (prompt + answer)
+    int chunk;               // prefill tokens per turn of a sequence
+    int threads;             // OpenMP threads of the engine thread (0: the default)
+    const int32_t *stop_ids; // token ids that end a generation (not output)
+    int n_stop_ids;
+} srv_engine_cfg_t;
+
+typedef enum { SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR } srv_finish_t;
+
+typedef struct {
+    srv_finish_t finish;
+    int n_prompt, n_new; // tokens prefilled, tokens generated (handed to on_token)
+    int status;          // SRV_FINISH_ERROR / CANCELLED: the HTTP status that fits (503, 500, 400)
+    char msg[320];       // and the message
+} srv_done_t;
+
+typedef struct {
+    const int32_t *prompt; // copied by srv_engine_submit
+    int n_prompt;
+    int max_new; // n_prompt + max_new <= ctx
+    sampler_cfg_t sampler;
+    double t_arrival; // time_now() when the request arrived (time to first token)
+    // Called on the engine thread. on_token gets every generated token (never
+    // a stop id); nonzero ends the request with SRV_FINISH_STOP. on_done is
+    // called exactly once for every accepted request, last: after it the
+    // engine never touches user again.
+    int (*on_token)(void *user, int32_t id);
+    void (*on_done)(void *user, const srv_done_t *d);
+    void *user;
+} srv_submit_t;
+
+// srv_engine_submit's refusals (positive: not errors of the engine).
+enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };
+
+// Starts the engine thread over m (the caller keeps m alive until
+// srv_engine_free). metrics may be NULL.
+int srv_engine_create(srv_engine_t **e, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics);
+// Queues a request: 0 (accepted: *id names it, on_done will come),
+// SRV_QUEUE_FULL, SRV_SHUTTING_DOWN, or a negative ERR_* (bad sizes, memory).
+int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id);
+// Ends request id as soon as the engine thread sees it (within one step):
+// its cache is freed and on_done comes with SRV_FINISH_CANCELLED. Nothing
+// when it has finished already.
+void srv_engine_cancel(srv_engine_t *e, uint64_t id);
+int srv_engine_ctx(const srv_engine_t *e);
+// Cancels everything queued and running (each gets on_done) and joins the
+// engine thread; later submits are refused. Idempotent.
+void srv_engine_shutdown(srv_engine_t *e);
+// Shuts down if needed and frees the engine.
+void srv_engine_free(srv_engine_t *e);

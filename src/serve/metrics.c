@@ -1,0 +1,100 @@
+#include "serve/metrics.h"
+
+#include <string.h>
+
+// Upper bounds of the histogram buckets in seconds, as vLLM's (a CPU decode
+// step of a small model is tens of milliseconds, a GPU one a few).
+static const double bounds[SRV_HIST_BUCKETS] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+                                                0.1,   0.25,  0.5,  1.0,  2.5,  5.0,  10.0};
+
+void srv_metrics_init(srv_metrics_t *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+}
+
+void srv_metrics_free(srv_metrics_t *m) { pthread_mutex_destroy(&m->mu); }
+
+void srv_metrics_request(srv_metrics_t *m, int status) {
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < SRV_STATUS_SLOTS; i++) {
+        if (m->status[i] == status || m->status[i] == 0) {
+            m->status[i] = status;
+            m->status_n[i]++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_tokens(srv_metrics_t *m, int64_t prompt, int64_t gen) {
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens += (uint64_t)prompt;
+    m->gen_tokens += (uint64_t)gen;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_cancelled(srv_metrics_t *m) {
+    pthread_mutex_lock(&m->mu);
+    m->cancelled++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64_t cache_bytes) {
+    pthread_mutex_lock(&m->mu);
+    m->queued = queued, m->running = running, m->cache_bytes = cache_bytes;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void hist_add(srv_metrics_t *m, srv_hist_t *h, double s) {
+    pthread_mutex_lock(&m->mu);
+    int b = 0;
+    while (b < SRV_HIST_BUCKETS && s > bounds[b])
+        b++;
+    h->count[b]++;
+    h->n++;
+    h->sum += s;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_ttft(srv_metrics_t *m, double s) { hist_add(m, &m->ttft, s); }
+void srv_metrics_tpot(srv_metrics_t *m, double s) { hist_add(m, &m->tpot, s); }
+
+static void hist_render(strbuf_t *o, const char *name, const char *help, const srv_hist_t *h) {
+    strbuf_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t acc = 0;
+    for (int b = 0; b < SRV_HIST_BUCKETS; b++) {
+        acc += h->count[b];
+        strbuf_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[b], (unsigned long long)acc);
+    }
+    acc += h->count[SRV_HIST_BUCKETS];
+    strbuf_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)acc, name,
+                  h->sum, name, (unsigned long long)h->n);
+}
+
+void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
+    pthread_mutex_lock(&m->mu);
+    strbuf_puts(o, "# HELP hylo_requests_total HTTP responses sent, by status code.\n"
+                   "# TYPE hylo_requests_total counter\n");
+    for (int i = 0; i < SRV_STATUS_SLOTS && m->status[i]; i++)
+        strbuf_printf(o, "hylo_requests_total{status=\"%d\"} %llu\n", m->status[i], (unsigned long long)m->status_n[i]);
+    strbuf_printf(o,
+                  "# HELP hylo_requests_cancelled_total Requests cancelled (client gone, shutdown).\n"
+                  "# TYPE hylo_requests_cancelled_total counter\nhylo_requests_cancelled_total %llu\n"
+                  "# HELP hylo_prompt_tokens_total Prompt tokens prefilled.\n"
+                  "# TYPE hylo_prompt_tokens_total counter\nhylo_prompt_tokens_total %llu\n"
+                  "# HELP hylo_generation_tokens_total Tokens generated.\n"
+                  "# TYPE hylo_generation_tokens_total counter\nhylo_generation_tokens_total %llu\n"
+                  "# HELP hylo_queue_length Requests waiting for a sequence slot.\n"
+                  "# TYPE hylo_queue_length gauge\nhylo_queue_length %lld\n"
+                  "# HELP hylo_running_sequences Sequences being prefilled or decoded.\n"
+                  "# TYPE hylo_running_sequences gauge\nhylo_running_sequences %lld\n"
+                  "# HELP hylo_cache_bytes Device bytes held by the running sequences' caches.\n"
+                  "# TYPE hylo_cache_bytes gauge\nhylo_cache_bytes %lld\n",
+                  (unsigned long long)m->cancelled, (unsigned long long)m->prompt_tokens,
+                  (unsigned long long)m->gen_tokens, (long long)m->queued, (long long)m->running,
+                  (long long)m->cache_bytes);
+    hist_render(o, "hylo_time_to_first_token_seconds", "Time from arrival to the first generated token.", &m->ttft);
+    hist_render(o, "hylo_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
+                &m->tpot);
+    pthread_mutex_unlock(&m->mu);
+}

@@ -1,0 +1,37 @@
+// The server's counters, gauges and latency histograms, shared by the HTTP
+// threads and the engine thread (one mutex), rendered in the Prometheus text
+// exposition format for GET /metrics.
+#pragma once
+#include <pthread.h>
+#include <stdint.h>
+
+#include "base/strbuf.h"
+
+enum { SRV_HIST_BUCKETS = 14, SRV_STATUS_SLOTS = 16 };
+
+typedef struct {
+    uint64_t count[SRV_HIST_BUCKETS + 1]; // per bucket (not cumulative); the last is +Inf
+    uint64_t n;
+    double sum;
+} srv_hist_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    int status[SRV_STATUS_SLOTS]; // HTTP status codes seen, with their counts
+    uint64_t status_n[SRV_STATUS_SLOTS];
+    uint64_t prompt_tokens, gen_tokens, cancelled;
+    int64_t queued, running, cache_bytes;
+    srv_hist_t ttft, tpot; // seconds: submit -> first token; between output tokens
+} srv_metrics_t;
+
+void srv_metrics_init(srv_metrics_t *m);
+void srv_metrics_free(srv_metrics_t *m);
+// A response sent with this HTTP status.
+void srv_metrics_request(srv_metrics_t *m, int status);
+void srv_metrics_tokens(srv_metrics_t *m, int64_t prompt, int64_t gen);
+void srv_metrics_cancelled(srv_metrics_t *m);
+void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64_t cache_bytes);
+void srv_metrics_ttft(srv_metrics_t *m, double s);
+void srv_metrics_tpot(srv_metrics_t *m, double s);
+// Appends the exposition text (out->oom on a failed allocation).
+void srv_metrics_render(srv_metrics_t *m, strbuf_t *out);
