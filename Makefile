@@ -136,7 +136,7 @@ demo: $(BIN)
 # The fuzz targets share one library of the sources they reach, compiled once
 # with the fuzzer's coverage instrumentation and the sanitizers.
 FUZZ_TARGETS := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/fuzz_*.c))
-FUZZSRC := $(filter src/base/%.c src/io/%.c src/tok/%.c src/model/arch.c src/model/params.c src/train/shard.c,$(CSRC))
+FUZZSRC := $(filter src/base/%.c src/io/%.c src/tok/%.c src/model/arch.c src/model/params.c src/train/shard.c src/serve/openai.c,$(CSRC))
 FUZZOBJ := $(FUZZSRC:%.c=build-fuzz/obj/%.o)
 FUZZFLAGS = -std=c17 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -Isrc
 fuzz: $(FUZZ_TARGETS)
