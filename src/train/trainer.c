@@ -580,8 +580,7 @@ int train_run(const train_cfg_t *c) {
     data_source_t srcs[TRAIN_MAX_SOURCES];
     for (int i = 0; i < c->n_data; i++)
         srcs[i] = (data_source_t){c->data[i], c->data_weight[i]};
-    if (rc == 0)
-        rc = data_loader_open_mix(&tr.dl, srcs, c->n_data, &tr.tok, c->T, c->seed, tr.d->rank, tr.d->world);
+    if (rc == 0) rc = data_loader_open_mix(&tr.dl, srcs, c->n_data, &tr.tok, c->T, c->seed, tr.d->rank, tr.d->world);
     if (rc == 0) rc = seek_data(&tr, pos, saved_world);
     if (rc == 0) {
         int64_t rows = data_loader_rows(tr.dl), per_step = (int64_t)c->B * c->GA;
