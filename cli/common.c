@@ -32,11 +32,11 @@ int cli_source_tokenizer(const wsrc_t *src, tok_t *tok) {
     return 1;
 }
 
-int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok) {
+int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok, int flags) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
-    int rc = model_load_src(m, src, &a, be);
+    int rc = model_load_src(m, src, &a, be, flags);
     if (rc == 0 && tok && (rc = cli_load_tokenizer(src, tok)) < 0) model_free(m);
     wsrc_close(src);
     return rc;

@@ -147,16 +147,18 @@ int gguf_name_for(const char *hf, char *out, size_t cap) {
 
 // llama.cpp stores llama q/k rows per head as [dh/2, 2] pairs (interleaved
 // RoPE); HF uses [2, dh/2] (rotate_half). GGUF row 2i = HF row i, GGUF row
-// 2i+1 = HF row i + dh/2 within each head.
-static int unpermute_rows(float *w, int64_t rows, int64_t cols, int heads) {
+// 2i+1 = HF row i + dh/2 within each head. Rows of row_bytes bytes: fp32 rows
+// or rows of quantised blocks alike.
+static int unpermute_rows(void *w_, int64_t rows, size_t row_bytes, int heads) {
+    char *w = w_;
     int64_t dh = rows / heads;
-    float *tmp = malloc((size_t)rows * cols * sizeof(float));
+    char *tmp = malloc((size_t)rows * row_bytes);
     if (!tmp) return err_set(ERR_NOMEM, "out of memory");
-    memcpy(tmp, w, (size_t)rows * cols * sizeof(float));
+    memcpy(tmp, w, (size_t)rows * row_bytes);
     for (int h = 0; h < heads; h++)
         for (int64_t i = 0; i < dh / 2; i++) {
-            memcpy(w + (h * dh + i) * cols, tmp + (h * dh + 2 * i) * cols, (size_t)cols * sizeof(float));
-            memcpy(w + (h * dh + i + dh / 2) * cols, tmp + (h * dh + 2 * i + 1) * cols, (size_t)cols * sizeof(float));
+            memcpy(w + (h * dh + i) * row_bytes, tmp + (h * dh + 2 * i) * row_bytes, row_bytes);
+            memcpy(w + (h * dh + i + dh / 2) * row_bytes, tmp + (h * dh + 2 * i + 1) * row_bytes, row_bytes);
         }
     free(tmp);
     return 0;
@@ -267,6 +269,14 @@ static int read_folder(wsrc_t *s, const char *name, const int64_t *shape, int nd
     return st_read_f32(f, t, out);
 }
 
+// Llama GGUFs: q/k rows back into HF order (rows of row_bytes bytes).
+static int unpermute_qk(const wsrc_t *s, const char *name, void *rows, const int64_t *shape, int nd, size_t row_bytes) {
+    if (!s->permute_qk || nd != 2) return 0;
+    if (strstr(name, "self_attn.q_proj.weight")) return unpermute_rows(rows, shape[0], row_bytes, s->H);
+    if (strstr(name, "self_attn.k_proj.weight")) return unpermute_rows(rows, shape[0], row_bytes, s->Hkv);
+    return 0;
+}
+
 int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out) {
     if (!s->is_gguf) return read_folder(s, name, shape, nd, out);
     char gname[128], want[96], got[96];
@@ -283,11 +293,45 @@ int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *
         return err_set(ERR_INPUT, "%s: tensor %s has shape %s, expected %s", s->path, gname, got, want);
     }
     TRY(gguf_read_tensor_f32(&s->gguf, t, out));
-    if (s->permute_qk && nd == 2) {
-        if (strstr(name, "self_attn.q_proj.weight")) TRY(unpermute_rows(out, shape[0], shape[1], s->H));
-        if (strstr(name, "self_attn.k_proj.weight")) TRY(unpermute_rows(out, shape[0], shape[1], s->Hkv));
+    return unpermute_qk(s, name, out, shape, nd, (size_t)shape[nd - 1] * sizeof(float));
+}
+
+// Block formats (and bf16) a matrix can stay in for inference.
+static int raw_type(uint32_t type) {
+    switch (type) {
+    case GGML_Q4_0:
+    case GGML_Q4_1:
+    case GGML_Q8_0:
+    case GGML_Q4_K:
+    case GGML_Q6_K:
+    case GGML_BF16: return 1;
+    default: return 0;
     }
-    return 0;
+}
+
+int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int nd, uint32_t *type, size_t *row_bytes) {
+    char gname[128];
+    if (!s->is_gguf || nd != 2 || gguf_name_for(name, gname, sizeof gname) < 0) return 0;
+    const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
+    int blk, bytes;
+    if (!t || t->n_dims != 2 || t->ne[0] != shape[1] || t->ne[1] != shape[0] || !raw_type(t->type) ||
+        !ggml_type_block(t->type, &blk, &bytes) || t->ne[0] % 32)
+        return 0;
+    *type = t->type;
+    *row_bytes = (size_t)(t->ne[0] / blk) * (size_t)bytes;
+    return 1;
+}
+
+int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, void *out) {
+    uint32_t type;
+    size_t rb;
+    if (!wsrc_raw_info(s, name, shape, nd, &type, &rb))
+        return err_set(ERR_INPUT, "%s: tensor %s is not a matrix stored in a block format", s->path, name);
+    char gname[128];
+    TRY(gguf_name_for(name, gname, sizeof gname));
+    const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
+    memcpy(out, s->gguf.mf.data + t->offset, (size_t)shape[0] * rb); // gguf_open checked it lies in the file
+    return unpermute_qk(s, name, out, shape, nd, rb);
 }
 
 void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {

@@ -17,6 +17,14 @@ void wsrc_close(wsrc_t *s);
 int wsrc_has(const wsrc_t *s, const char *name);
 // Reads tensor `name`, checking it has exactly `shape` (nd dims, PyTorch order).
 int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out);
+// Weights kept as stored (quantised inference): 1 when tensor `name` is a
+// matrix of exactly `shape` (nd == 2) in a block format the CPU products take
+// (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) or bf16, with its ggml type and the bytes of
+// one row; 0 otherwise (then wsrc_read it). GGUF sources only for now.
+int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int nd, uint32_t *type, size_t *row_bytes);
+// Copies such a tensor's rows as stored (shape[0] rows of row_bytes), with
+// llama q/k rows un-permuted as wsrc_read does.
+int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, void *out);
 // Folders: every tensor of the folder must be one of `known` (our parameter
 // names); an unknown one is ERR_INPUT naming it, or a warning when allow.
 int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow);

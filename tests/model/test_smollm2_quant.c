@@ -1,0 +1,152 @@
+// The default model loaded with MODEL_QUANT (matrices kept in the GGUF's
+// Q4_1 / Q8_0 blocks, activations rounded to 8 bits in the products) against
+// the same model loaded in fp32 (model_load, the path test_smollm2_ref checks
+// against transformers). The weights are the same values; what differs is
+// the 8-bit rounding of every product's input activations, so the two
+// next-token distributions must stay close, not equal:
+//   - mean KL(p_f32 || p_quant) over the positions of the fixture's prompts
+//     below KL_MEAN_TOL and every position below KL_MAX_TOL;
+//   - the same top-1 token wherever fp32's best logit leads the second by
+//     more than MARGIN (a near-tie may flip under any rounding change);
+//   - prefill + decode steps of the quantised model (one-token products,
+//     other kernels' tails) giving the logits of its all-positions forward.
+// Also: the quantised matrices take about the file's size, not fp32's.
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/fs.h"
+#include "model/model.h"
+#include "testutil.h"
+
+// Measured over the fixture's 3 prompts (97 positions): mean KL 4.1e-3 nats,
+// max 2.2e-2 (8-bit activations are ~0.4% relative noise per product, through
+// 30 layers). Bounds about 4x those: a wrong block layout, scale or row order
+// gives KL of O(1) (the text becomes noise).
+#define KL_MEAN_TOL 1.5e-2
+#define KL_MAX_TOL 1e-1
+// Logit margin (the logits are ~10-30) beyond which the top-1 must agree: the
+// top-1 logit moved by at most 0.6 (any logit by 2.0, in the unlikely tail),
+// so a margin of 1.5 cannot be closed by the top two moving apart.
+#define MARGIN 1.5
+// Decode steps against the all-positions forward of the same quantised
+// model: the same products on the same rounded activations, fp32 sums in
+// another order (4 rows at a time vs 1): 1e-3 on logits of ~10-30.
+#define STEP_TOL 1e-3
+
+static int *json_ints(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int *v = malloc((size_t)(*n ? *n : 1) * sizeof(int));
+    for (int i = 0; i < *n; i++)
+        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    return v;
+}
+
+// KL(p || q) of two logit rows, in nats.
+static double kl_logits(const float *lp, const float *lq, int V) {
+    double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, kl = 0;
+    for (int v = 0; v < V; v++)
+        mp = fmax(mp, lp[v]), mq = fmax(mq, lq[v]);
+    for (int v = 0; v < V; v++)
+        zp += exp(lp[v] - mp), zq += exp(lq[v] - mq);
+    for (int v = 0; v < V; v++) {
+        double a = lp[v] - mp - log(zp), b = lq[v] - mq - log(zq);
+        kl += exp(a) * (a - b);
+    }
+    return kl;
+}
+
+static int argmax2(const float *l, int V, double *margin) {
+    int a = 0, b = -1;
+    for (int v = 1; v < V; v++)
+        if (l[v] > l[a])
+            b = a, a = v;
+        else if (b < 0 || l[v] > l[b])
+            b = v;
+    *margin = l[a] - l[b];
+    return a;
+}
+
+static void test_quant_against_f32(void **st) {
+    const char *path = tu_model_path();
+    char *text;
+    assert_int_equal(fs_read_all("tests/fixtures/model/smollm2_ref.json", &text, NULL), 0);
+    cJSON *root = cJSON_Parse(text);
+    assert_non_null(root);
+    model_t mf, mq;
+    model_run_t rf, rq;
+    assert_int_equal(model_load(&mf, path, tu_cpu()), 0);
+    assert_int_equal(model_load_ex(&mq, path, tu_cpu(), MODEL_QUANT), 0);
+    assert_int_equal(model_run_create(&rf, &mf, (size_t)1 << 30), 0);
+    assert_int_equal(model_run_create(&rq, &mq, (size_t)1 << 30), 0);
+    // every projection, the MLPs and the tied embedding / head: 30 x 7 + 1
+    assert_int_equal(mq.n_qw, 30 * 7 + 1);
+    size_t qbytes = 0, fsize;
+    for (int i = 0; i < mq.n_qw; i++)
+        qbytes += (size_t)mq.qw[i].rows * mq.qw[i].row_bytes;
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    fsize = (size_t)sb.st_size;
+    printf("  quantised matrices %.1f MB, file %.1f MB, fp32 weights %.1f MB\n", qbytes / 1e6, fsize / 1e6,
+           ptable_count(&mf.pt) * 4 / 1e6);
+    assert_true(qbytes <= fsize);
+    int V = mf.a.V, n_pos = 0, n_margin = 0, agree = 0;
+    double kl_sum = 0, kl_max = 0, dl_max = 0, dtop_max = 0, step_max = 0;
+    const cJSON *prompts = cJSON_GetObjectItem(root, "prompts");
+    for (int p = 0; p < cJSON_GetArraySize(prompts); p++) {
+        int T;
+        int32_t *ids = (int32_t *)json_ints(cJSON_GetObjectItem(cJSON_GetArrayItem(prompts, p), "ids"), &T);
+        float *lf = malloc((size_t)T * V * sizeof(float)), *lq = malloc((size_t)T * V * sizeof(float));
+        assert_int_equal(model_logits_all(&rf, ids, 1, T, lf), 0);
+        assert_int_equal(model_logits_all(&rq, ids, 1, T, lq), 0);
+        for (int t = 0; t < T; t++) {
+            const float *a = lf + (int64_t)t * V, *b = lq + (int64_t)t * V;
+            double kl = kl_logits(a, b, V), mf_, mq_;
+            kl_sum += kl, kl_max = fmax(kl_max, kl), n_pos++;
+            for (int v = 0; v < V; v++)
+                dl_max = fmax(dl_max, fabs(a[v] - b[v]));
+            int tf = argmax2(a, V, &mf_), tq = argmax2(b, V, &mq_);
+            dtop_max = fmax(dtop_max, fabs(a[tf] - b[tf]));
+            if (mf_ > MARGIN) {
+                n_margin++;
+                if (tf == tq)
+                    agree++;
+                else
+                    printf("  prompt %d position %d: top-1 %d (fp32, margin %.2f) vs %d\n", p, t, tf, mf_, tq);
+            }
+        }
+        // prefill of the first half, then one decode step per token
+        model_state_t s;
+        assert_int_equal(model_state_alloc(&mq, &s, 1, T + 1), 0);
+        float *l = malloc((size_t)V * sizeof(float));
+        int h = T / 2;
+        assert_int_equal(model_prefill(&rq, &s, ids, h, 0, l), 0);
+        for (int t = h; t <= T; t++) {
+            for (int v = 0; v < V; v++)
+                step_max = fmax(step_max, fabs(l[v] - lq[(int64_t)(t - 1) * V + v]));
+            if (t < T) assert_int_equal(model_step(&rq, &s, &ids[t], l), 0);
+        }
+        model_state_free(&mq, &s);
+        free(l), free(lf), free(lq), free(ids);
+    }
+    printf("  %d positions: KL(fp32 || quant) mean %.2e max %.2e nats; max |logit diff| %.3f (%.3f at fp32's top-1); "
+           "top-1 agrees at "
+           "%d of %d positions with margin > %.1f; decode steps vs all-positions forward %.2e\n",
+           n_pos, kl_sum / n_pos, kl_max, dl_max, dtop_max, agree, n_margin, MARGIN, step_max);
+    assert_true(kl_sum / n_pos < KL_MEAN_TOL);
+    assert_true(kl_max < KL_MAX_TOL);
+    assert_int_equal(agree, n_margin);
+    assert_true(n_margin >= n_pos / 4); // the check above must have had something to check (34 of 97 here)
+    assert_true(step_max < STEP_TOL);
+    model_run_free(&rf), model_run_free(&rq);
+    model_free(&mf), model_free(&mq);
+    cJSON_Delete(root);
+    free(text);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_quant_against_f32)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
