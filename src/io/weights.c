@@ -322,16 +322,27 @@ int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int n
     return 1;
 }
 
-int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, void *out) {
+int wsrc_raw_permuted(const wsrc_t *s, const char *name) {
+    return s->is_gguf && s->permute_qk &&
+           (strstr(name, "self_attn.q_proj.weight") || strstr(name, "self_attn.k_proj.weight"));
+}
+
+int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, int64_t row0, int64_t nrows, void *out) {
     uint32_t type;
     size_t rb;
     if (!wsrc_raw_info(s, name, shape, nd, &type, &rb))
         return err_set(ERR_INPUT, "%s: tensor %s is not a matrix stored in a block format", s->path, name);
+    int perm = wsrc_raw_permuted(s, name);
+    if (row0 < 0 || nrows < 0 || row0 + nrows > shape[0] || (perm && (row0 != 0 || nrows != shape[0])))
+        return err_set(ERR_INPUT, "%s: rows [%lld, +%lld) of %s (%lld rows%s)", s->path, (long long)row0,
+                       (long long)nrows, name, (long long)shape[0], perm ? ", read whole: permuted" : "");
     char gname[128];
     TRY(gguf_name_for(name, gname, sizeof gname));
     const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
-    memcpy(out, s->gguf.mf.data + t->offset, (size_t)shape[0] * rb); // gguf_open checked it lies in the file
-    return unpermute_qk(s, name, out, shape, nd, rb);
+    size_t off = (size_t)t->offset + (size_t)row0 * rb, len = (size_t)nrows * rb;
+    memcpy(out, s->gguf.mf.data + off, len); // gguf_open checked that the tensor lies in the file
+    mfile_release(&s->gguf.mf, off, len);
+    return perm ? unpermute_qk(s, name, out, shape, nd, rb) : 0;
 }
 
 void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {

@@ -22,9 +22,13 @@ int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *
 // (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) or bf16, with its ggml type and the bytes of
 // one row; 0 otherwise (then wsrc_read it). GGUF sources only for now.
 int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int nd, uint32_t *type, size_t *row_bytes);
-// Copies such a tensor's rows as stored (shape[0] rows of row_bytes), with
-// llama q/k rows un-permuted as wsrc_read does.
-int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, void *out);
+// Copies rows [row0, row0 + nrows) of such a tensor as stored (row_bytes
+// each) into out and gives the file's pages of them back (mfile_release: the
+// caller keeps the copy, the process need not hold the file too). Llama q/k
+// rows are un-permuted as wsrc_read does: those tensors (wsrc_raw_permuted)
+// are read whole.
+int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, int64_t row0, int64_t nrows, void *out);
+int wsrc_raw_permuted(const wsrc_t *s, const char *name);
 // Folders: every tensor of the folder must be one of `known` (our parameter
 // names); an unknown one is ERR_INPUT naming it, or a warning when allow.
 int wsrc_check_unknown(const wsrc_t *s, const char *const *known, int n_known, int allow);

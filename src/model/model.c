@@ -281,14 +281,26 @@ int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
     return check_unknown(src, pt, flags);
 }
 
+// Rows of a quantised matrix copied at a time: the host buffer stays small and
+// the file's pages are given back part by part (peak memory: the copy, not the
+// copy plus the file).
+#define LOAD_CHUNK_BYTES ((size_t)4 << 20)
+
+static int64_t load_rows(const wsrc_t *src, const param_t *p, const be_qmat_t *q) {
+    if (wsrc_raw_permuted(src, p->name)) return q->rows;
+    int64_t n = (int64_t)(LOAD_CHUNK_BYTES / q->row_bytes);
+    return n < 1 ? 1 : n > q->rows ? q->rows : n;
+}
+
 int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags) {
     TRY(create(m, a, be, src, flags));
-    // One tensor at a time through a host buffer of the largest one (floats
-    // for act weights, stored bytes for the quantised ones).
+    // One tensor (or chunk of rows) at a time through a host buffer of the
+    // largest: floats for act weights, stored bytes for the quantised ones.
     size_t maxb = 0;
     for (int i = 0; i < m->pt.n; i++) {
+        const param_t *p = &m->pt.p[i];
         const be_qmat_t *q = m->n_qw ? qmat_of(m, m->addr[i]) : NULL;
-        size_t b = q ? (size_t)q->rows * q->row_bytes : (size_t)m->pt.p[i].numel * sizeof(float);
+        size_t b = q ? (size_t)load_rows(src, p, q) * q->row_bytes : (size_t)p->numel * sizeof(float);
         if (b > maxb) maxb = b;
     }
     void *host = malloc(maxb ? maxb : 4);
@@ -297,8 +309,13 @@ int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags
         const param_t *p = &m->pt.p[i];
         const be_qmat_t *q = m->n_qw ? qmat_of(m, m->addr[i]) : NULL;
         if (q) {
-            rc = wsrc_read_raw(src, p->name, p->shape, p->nd, host);
-            if (rc == 0) rc = be->copy_h2d(be, (void *)q->data, host, (size_t)q->rows * q->row_bytes);
+            int64_t step = load_rows(src, p, q);
+            for (int64_t r0 = 0; rc == 0 && r0 < q->rows; r0 += step) {
+                int64_t n = q->rows - r0 < step ? q->rows - r0 : step;
+                rc = wsrc_read_raw(src, p->name, p->shape, p->nd, r0, n, host);
+                if (rc == 0)
+                    rc = be->copy_h2d(be, (char *)q->data + (size_t)r0 * q->row_bytes, host, (size_t)n * q->row_bytes);
+            }
         } else {
             rc = read_param(src, p, 0, host);
             void *dst = m->n_qw ? m->addr[i] : act_at(be, m->w, p->off);
