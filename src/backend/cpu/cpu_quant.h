@@ -1,8 +1,10 @@
 // CPU products on weights kept in their GGUF block formats (Q4_0, Q4_1, Q8_0,
 // Q4_K, Q6_K) or bf16: the activation blocks, the per-format dot kernels and
 // the kernel sets among which the backend chooses at run time (cpu_quant.c:
-// plain C, the reference; cpu_quant_avx2.c: AVX2 + FMA; cpu_quant_avx512.c:
-// AVX-512 BW + VNNI). Block layouts: docs/FORMATS.md and io/quant.c.
+// plain C, the reference; cpu_quant_avx2.c: AVX2 + FMA). An AVX-512 VNNI set
+// (two blocks per register, vpdpbusd) measured 5-13% slower than the AVX2 one
+// on the development VM, its per-block fp32 scale work the limit, so there is
+// none (docs/PERFORMANCE.md). Block layouts: docs/FORMATS.md and io/quant.c.
 #pragma once
 #include <stdint.h>
 
