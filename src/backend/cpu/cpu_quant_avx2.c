@@ -9,6 +9,9 @@
 #include "backend/cpu/cpu_quant.h"
 
 #define AVX2 __attribute__((always_inline)) static inline
+// The loops over the NX activation rows carry `#pragma GCC unroll 4`: -O2
+// leaves them rolled, and then each row's accumulator lives in memory (a
+// store-to-load chain per block, half the prefill speed).
 
 // Weight bytes ahead to prefetch: decode streams each thread's rows once, and
 // on this VM the hardware prefetcher alone left the kernels waiting on the
@@ -51,18 +54,24 @@ AVX2 void q4_step(const uint8_t *w, int64_t i, const cpu_q8_t *x, int64_t ldx, c
                   __m256 acc[][2], const int a, float *macc) {
     float dw = f16(w), mw = q40 ? -8.0f * dw : f16(w + 2);
     __m256i u = nibbles16(w + (q40 ? 2 : 4));
+    __m256 dwv = _mm256_set1_ps(dw); // once per block; each row's dx comes as a broadcast load (no shuffle uop)
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++) {
         const cpu_q8_t *xb = &x[j * ldx + i];
-        acc[j][a] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), dot_us(u, ld(xb->q)), acc[j][a]);
+        __m256 s = _mm256_mul_ps(dot_us(u, ld(xb->q)), _mm256_broadcast_ss(&xb->d));
+        acc[j][a] = _mm256_fmadd_ps(dwv, s, acc[j][a]);
         macc[j] += mw * xb->s;
     }
 }
 
-// Q4_0 and Q4_1 with NX activation rows; two accumulators per row over even /
-// odd blocks so that one row's FMA chain does not serialise decode.
+// Q4_0 and Q4_1 with NX activation rows. One row (decode) takes two
+// accumulators, over even and odd blocks, so that its FMA chain does not
+// serialise the loop; several rows are independent chains already, and a
+// second accumulator each would spill registers (16 ymm).
 AVX2 void q4(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const int NX, const int q40, float *out) {
     __m256 acc[CPU_QNX][2];
     float macc[CPU_QNX];
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         acc[j][0] = acc[j][1] = _mm256_setzero_ps(), macc[j] = 0.0f;
     const int bs = q40 ? 18 : 20;
@@ -70,9 +79,10 @@ AVX2 void q4(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const
     for (; i + 2 <= nb; i += 2, w += 2 * bs) {
         _mm_prefetch((const char *)w + PREFETCH, _MM_HINT_T0);
         q4_step(w, i, x, ldx, NX, q40, acc, 0, macc);
-        q4_step(w + bs, i + 1, x, ldx, NX, q40, acc, 1, macc);
+        q4_step(w + bs, i + 1, x, ldx, NX, q40, acc, NX == 1, macc);
     }
     if (i < nb) q4_step(w, i, x, ldx, NX, q40, acc, 0, macc);
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         out[j] = hsum(_mm256_add_ps(acc[j][0], acc[j][1])) + macc[j];
 }
@@ -81,6 +91,7 @@ AVX2 void q8_step(const uint8_t *w, int64_t i, const cpu_q8_t *x, int64_t ldx, c
                   const int a) {
     float dw = f16(w);
     __m256i v = ld(w + 2), av = _mm256_sign_epi8(v, v); // |w| unsigned, its sign moved onto x
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++) {
         const cpu_q8_t *xb = &x[j * ldx + i];
         __m256 s = dot_us(av, _mm256_sign_epi8(ld(xb->q), v));
@@ -90,15 +101,17 @@ AVX2 void q8_step(const uint8_t *w, int64_t i, const cpu_q8_t *x, int64_t ldx, c
 
 AVX2 void q8(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const int NX, float *out) {
     __m256 acc[CPU_QNX][2];
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2, w += 68) {
         _mm_prefetch((const char *)w + PREFETCH, _MM_HINT_T0);
         q8_step(w, i, x, ldx, NX, acc, 0);
-        q8_step(w + 34, i + 1, x, ldx, NX, acc, 1);
+        q8_step(w + 34, i + 1, x, ldx, NX, acc, NX == 1);
     }
     if (i < nb) q8_step(w, i, x, ldx, NX, acc, 0);
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         out[j] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
 }
@@ -106,6 +119,7 @@ AVX2 void q8(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const
 AVX2 void q4k(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const int NX, float *out) {
     __m256 acc[CPU_QNX][2];
     float macc[CPU_QNX];
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         acc[j][0] = acc[j][1] = _mm256_setzero_ps(), macc[j] = 0.0f;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -120,6 +134,7 @@ AVX2 void q4k(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, cons
         for (int c = 0; c < 4; c++) {
             __m256i v = ld(w + 16 + 32 * c);
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#pragma GCC unroll 4
             for (int j = 0; j < NX; j++) {
                 const cpu_q8_t *xb = &x[j * ldx + i + 2 * c];
                 __m256 s0 = dot_us(lo, ld(xb[0].q)), s1 = dot_us(hi, ld(xb[1].q));
@@ -129,12 +144,14 @@ AVX2 void q4k(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, cons
             }
         }
     }
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         out[j] = hsum(_mm256_add_ps(acc[j][0], acc[j][1])) + macc[j];
 }
 
 AVX2 void q6k(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const int NX, float *out) {
     __m256 acc[CPU_QNX][2];
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
@@ -155,6 +172,7 @@ AVX2 void q6k(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, cons
                 // int16 scales: the first 16 values' in the low lane, the next 16's in the high one
                 __m256i scv =
                     _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s[0])), _mm_set1_epi16(s[1]), 1);
+#pragma GCC unroll 4
                 for (int j = 0; j < NX; j++) {
                     const cpu_q8_t *xb = &x[j * ldx + i + 4 * h + k];
                     __m256i q = ld(xb->q);
@@ -166,21 +184,25 @@ AVX2 void q6k(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, cons
             }
         }
     }
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         out[j] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
 }
 
 AVX2 void bf16(int64_t n, const uint16_t *w, const float *x, int64_t ldx, const int NX, float *out) {
     __m256 acc[CPU_QNX];
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++)
         acc[j] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m128i h = _mm_loadu_si128((const __m128i *)(w + i));
         __m256 wf = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#pragma GCC unroll 4
         for (int j = 0; j < NX; j++)
             acc[j] = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + j * ldx + i), acc[j]);
     }
+#pragma GCC unroll 4
     for (int j = 0; j < NX; j++) {
         float s = hsum(acc[j]);
         for (int64_t t = i; t < n; t++) {
