@@ -3,14 +3,18 @@
 // the same model loaded in fp32 (model_load, the path test_smollm2_ref checks
 // against transformers). The weights are the same values; what differs is
 // the 8-bit rounding of every product's input activations, so the two
-// next-token distributions must stay close, not equal:
-//   - mean KL(p_f32 || p_quant) over the positions of the fixture's prompts
-//     below KL_MEAN_TOL and every position below KL_MAX_TOL;
+// next-token distributions must stay close, not equal. Checked for the
+// quantised all-positions forward and for its prefill + decode steps (the
+// one-row kernels, which sum in another order: any fp32 difference may flip
+// an 8-bit rounding further on, so the steps are held to the same bounds
+// against fp32, not to equality with the all-positions forward):
+//   - mean KL(p_f32 || p_quant) over the fixture's prompts' positions below
+//     KL_MEAN_TOL and every position below KL_MAX_TOL;
 //   - the same top-1 token wherever fp32's best logit leads the second by
-//     more than MARGIN (a near-tie may flip under any rounding change);
-//   - prefill + decode steps of the quantised model (one-token products,
-//     other kernels' tails) giving the logits of its all-positions forward.
-// Also: the quantised matrices take about the file's size, not fp32's.
+//     more than MARGIN (a near-tie may flip under any rounding change), and
+//     at 85% of all positions at least (95% and 98% seen: the flips are
+//     near-ties).
+// Also: the quantised matrices take at most the file's size, not fp32's.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,20 +25,17 @@
 #include "model/model.h"
 #include "testutil.h"
 
-// Measured over the fixture's 3 prompts (97 positions): mean KL 4.1e-3 nats,
-// max 2.2e-2 (8-bit activations are ~0.4% relative noise per product, through
-// 30 layers). Bounds about 4x those: a wrong block layout, scale or row order
-// gives KL of O(1) (the text becomes noise).
+// Measured over the fixture's 3 prompts (97 positions, both paths): mean KL
+// 4-5e-3 nats, max 2-3e-2 (8-bit activations are ~0.4% relative noise per
+// product, through 30 layers). Bounds about 3x those: a wrong block layout,
+// scale or row order gives KL of O(1) (the text becomes noise).
 #define KL_MEAN_TOL 1.5e-2
 #define KL_MAX_TOL 1e-1
 // Logit margin (the logits are ~10-30) beyond which the top-1 must agree: the
-// top-1 logit moved by at most 0.6 (any logit by 2.0, in the unlikely tail),
-// so a margin of 1.5 cannot be closed by the top two moving apart.
-#define MARGIN 1.5
-// Decode steps against the all-positions forward of the same quantised
-// model: the same products on the same rounded activations, fp32 sums in
-// another order (4 rows at a time vs 1): 1e-3 on logits of ~10-30.
-#define STEP_TOL 1e-3
+// top-1 logit moved by at most 1.1 in those runs (any logit by 3, in the
+// unlikely tail); top-1 and runner-up moving 1.25 apart each way is beyond
+// anything seen.
+#define MARGIN 2.5
 
 static int *json_ints(const cJSON *arr, int *n) {
     *n = cJSON_GetArraySize(arr);
@@ -69,6 +70,38 @@ static int argmax2(const float *l, int V, double *margin) {
     return a;
 }
 
+typedef struct {
+    int n_pos, n_margin, agree, same_top1;
+    double kl_sum, kl_max, dtop_max;
+} agree_t;
+
+// One position: fp32 logits a against quantised logits b.
+static void compare(agree_t *g, const float *a, const float *b, int V, const char *what, int pos) {
+    double kl = kl_logits(a, b, V), ma, mb;
+    g->kl_sum += kl, g->kl_max = fmax(g->kl_max, kl), g->n_pos++;
+    int ta = argmax2(a, V, &ma), tb = argmax2(b, V, &mb);
+    g->dtop_max = fmax(g->dtop_max, fabs(a[ta] - b[ta]));
+    g->same_top1 += ta == tb;
+    if (ma > MARGIN) {
+        g->n_margin++;
+        if (ta == tb)
+            g->agree++;
+        else
+            printf("  %s position %d: top-1 %d (fp32, margin %.2f) vs %d\n", what, pos, ta, ma, tb);
+    }
+}
+
+static void check(const agree_t *g, const char *what) {
+    printf("  %s: %d positions, KL(fp32 || quant) mean %.2e max %.2e nats; top-1 logit moved <= %.3f; same top-1 "
+           "at %d positions, at %d of %d with margin > %.1f\n",
+           what, g->n_pos, g->kl_sum / g->n_pos, g->kl_max, g->dtop_max, g->same_top1, g->agree, g->n_margin, MARGIN);
+    assert_true(g->kl_sum / g->n_pos < KL_MEAN_TOL);
+    assert_true(g->kl_max < KL_MAX_TOL);
+    assert_int_equal(g->agree, g->n_margin);
+    assert_true(g->n_margin >= g->n_pos / 8); // the check above must have had something to check
+    assert_true(g->same_top1 >= 0.85 * g->n_pos);
+}
+
 static void test_quant_against_f32(void **st) {
     const char *path = tu_model_path();
     char *text;
@@ -92,8 +125,8 @@ static void test_quant_against_f32(void **st) {
     printf("  quantised matrices %.1f MB, file %.1f MB, fp32 weights %.1f MB\n", qbytes / 1e6, fsize / 1e6,
            ptable_count(&mf.pt) * 4 / 1e6);
     assert_true(qbytes <= fsize);
-    int V = mf.a.V, n_pos = 0, n_margin = 0, agree = 0;
-    double kl_sum = 0, kl_max = 0, dl_max = 0, dtop_max = 0, step_max = 0;
+    int V = mf.a.V;
+    agree_t all = {0}, steps = {0};
     const cJSON *prompts = cJSON_GetObjectItem(root, "prompts");
     for (int p = 0; p < cJSON_GetArraySize(prompts); p++) {
         int T;
@@ -101,22 +134,8 @@ static void test_quant_against_f32(void **st) {
         float *lf = malloc((size_t)T * V * sizeof(float)), *lq = malloc((size_t)T * V * sizeof(float));
         assert_int_equal(model_logits_all(&rf, ids, 1, T, lf), 0);
         assert_int_equal(model_logits_all(&rq, ids, 1, T, lq), 0);
-        for (int t = 0; t < T; t++) {
-            const float *a = lf + (int64_t)t * V, *b = lq + (int64_t)t * V;
-            double kl = kl_logits(a, b, V), mf_, mq_;
-            kl_sum += kl, kl_max = fmax(kl_max, kl), n_pos++;
-            for (int v = 0; v < V; v++)
-                dl_max = fmax(dl_max, fabs(a[v] - b[v]));
-            int tf = argmax2(a, V, &mf_), tq = argmax2(b, V, &mq_);
-            dtop_max = fmax(dtop_max, fabs(a[tf] - b[tf]));
-            if (mf_ > MARGIN) {
-                n_margin++;
-                if (tf == tq)
-                    agree++;
-                else
-                    printf("  prompt %d position %d: top-1 %d (fp32, margin %.2f) vs %d\n", p, t, tf, mf_, tq);
-            }
-        }
+        for (int t = 0; t < T; t++)
+            compare(&all, lf + (int64_t)t * V, lq + (int64_t)t * V, V, "all positions", t);
         // prefill of the first half, then one decode step per token
         model_state_t s;
         assert_int_equal(model_state_alloc(&mq, &s, 1, T + 1), 0);
@@ -124,22 +143,14 @@ static void test_quant_against_f32(void **st) {
         int h = T / 2;
         assert_int_equal(model_prefill(&rq, &s, ids, h, 0, l), 0);
         for (int t = h; t <= T; t++) {
-            for (int v = 0; v < V; v++)
-                step_max = fmax(step_max, fabs(l[v] - lq[(int64_t)(t - 1) * V + v]));
+            compare(&steps, lf + (int64_t)(t - 1) * V, l, V, "decode steps", t - 1);
             if (t < T) assert_int_equal(model_step(&rq, &s, &ids[t], l), 0);
         }
         model_state_free(&mq, &s);
         free(l), free(lf), free(lq), free(ids);
     }
-    printf("  %d positions: KL(fp32 || quant) mean %.2e max %.2e nats; max |logit diff| %.3f (%.3f at fp32's top-1); "
-           "top-1 agrees at "
-           "%d of %d positions with margin > %.1f; decode steps vs all-positions forward %.2e\n",
-           n_pos, kl_sum / n_pos, kl_max, dl_max, dtop_max, agree, n_margin, MARGIN, step_max);
-    assert_true(kl_sum / n_pos < KL_MEAN_TOL);
-    assert_true(kl_max < KL_MAX_TOL);
-    assert_int_equal(agree, n_margin);
-    assert_true(n_margin >= n_pos / 4); // the check above must have had something to check (34 of 97 here)
-    assert_true(step_max < STEP_TOL);
+    check(&all, "all positions");
+    check(&steps, "prefill + decode steps");
     model_run_free(&rf), model_run_free(&rq);
     model_free(&mf), model_free(&mq);
     cJSON_Delete(root);
