@@ -4,15 +4,18 @@
 // for R rounds so both see the same machine load; prints every round, the
 // median of each side and the ratios hylo / llama.cpp (>= 1: hylo is faster).
 //
-//   OMP_WAIT_POLICY=passive OPENBLAS_CORETYPE=SkylakeX build-cpu/bench/bench_vs_llama MODEL.gguf
-//       [--python .venv-llama/bin/python] [--prompt 256] [--decode 64] [--threads 2] [--rounds 3] [--f32]
+//   GOMP_SPINCOUNT=10000 OPENBLAS_THREAD_TIMEOUT=4 OPENBLAS_CORETYPE=SkylakeX
+//       build-cpu/bench/bench_vs_llama MODEL.gguf [--python .venv-llama/bin/python] [--prompt 256]
+//       [--decode 64] [--threads 2] [--rounds 3] [--f32]
 //
-// The environment is the one hylo sets for itself (cli/main.c); llama.cpp's
-// process gets it without those two variables (its OpenMP threads spin by
-// default, as in its own tools). --f32: hylo with every weight dequantised
-// (the path before quantised products), for the record. Memory: peak RSS of
-// each process (hylo's includes the cache of P + D + 1 tokens and its arenas'
-// touched pages; llama.cpp's the mapped file and its buffers).
+// The environment is the one hylo generate / chat set for themselves
+// (cli/main.c); llama.cpp's process gets it without those variables (its
+// OpenMP threads spin by default, as in its own tools). --f32: hylo with every
+// weight dequantised at load (the path before quantised products), for the
+// record; run it with OMP_WAIT_POLICY=passive, what hylo sets for that path.
+// Memory: peak RSS of each process (hylo's includes the cache of P + D + 1
+// tokens and its arenas' touched pages; llama.cpp's the mapped file and its
+// buffers).
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +90,8 @@ int main(int argc, char **argv) {
     model_prefill(&r, &st, ids, 32, 0, logits); // warm-up, as the script's
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "env -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE %s scripts/ref/bench_llama_cpp.py '%s' --prompt %d "
+             "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OPENBLAS_THREAD_TIMEOUT -u OPENBLAS_CORETYPE %s "
+             "scripts/ref/bench_llama_cpp.py '%s' --prompt %d "
              "--decode %d --threads %d",
              py, model, P, D, threads);
     for (int k = 0; k < R; k++) {

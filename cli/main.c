@@ -118,6 +118,10 @@ static void tune_runtime(char **argv) {
             setenv("OMP_WAIT_POLICY", "passive", 1);
         change = 1;
     }
+    // Their prefill runs OpenBLAS's sgemm on dequantised panels
+    // (cpu_quant.c), whose threads then spin for ~0.1 s (2^28 cycles) and
+    // slowed the decode steps that follow by ~25%; 2^4 lets them sleep at once.
+    if (quant_infer && !getenv("OPENBLAS_THREAD_TIMEOUT")) setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1), change = 1;
     if (!change) return;
     setenv("HYLO_TUNED", "1", 1);
     execv("/proc/self/exe", argv); // returns only on failure: then run as we are

@@ -264,6 +264,47 @@ static void test_real_tensors(void **st) {
     gguf_close(&g);
 }
 
+// The backend's op from 16 activation rows on (prefill) dequantises the matrix
+// and runs sgemm: the exact products up to fp32 rounding, 1e-5 sum |w x|
+// (no activation-rounding term), for every format.
+static void test_op_many_rows(void **st) {
+    rng_t r;
+    rng_seed(&r, 5);
+    be_t *be = tu_cpu();
+    uint32_t all[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_BF16};
+    for (size_t t = 0; t < sizeof all / sizeof all[0]; t++) {
+        int64_t rows = 45, cols = 512, N = 33;
+        size_t rb;
+        uint8_t *w;
+        if (all[t] == GGML_BF16) {
+            rb = (size_t)cols * 2;
+            w = malloc((size_t)rows * rb);
+            for (int64_t i = 0; i < rows * cols; i++)
+                ((uint16_t *)w)[i] = f32_to_bf16(rng_normal(&r) * 0.05f);
+        } else {
+            w = rand_rows(all[t], rows, cols, &r, &rb);
+        }
+        be_qmat_t W = {all[t], rows, cols, rb, w};
+        float *x = malloc((size_t)N * cols * sizeof(float)), *y = malloc((size_t)N * rows * sizeof(float));
+        float *wf = malloc((size_t)cols * sizeof(float));
+        rng_fill_normal(&r, x, (long)(N * cols), 0.0f, 1.0f);
+        be->qmatmul(be, y, x, &W, N);
+        double worst = 0;
+        for (int64_t rr = 0; rr < rows; rr++) {
+            ggml_dequant(W.type, w + rr * rb, wf, cols);
+            for (int64_t n = 0; n < N; n++) {
+                double a, exact = dot_abs(wf, x + n * cols, cols, &a);
+                double e = fabs(y[n * rows + rr] - exact) / (1e-5 * a);
+                if (e > worst) worst = e;
+                assert_true(e <= 1.0);
+            }
+        }
+        print_message("  op, N %lld, %-5s: worst error %.3f of 1e-5 sum |w x|\n", (long long)N, ggml_type_name(all[t]),
+                      worst);
+        free(wf), free(y), free(x), free(w);
+    }
+}
+
 // Embedding rows dequantised on lookup equal ggml_dequant's.
 static void test_qembed(void **st) {
     gguf_t g;
@@ -305,8 +346,9 @@ static void test_probe(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_probe), cmocka_unit_test(test_hand_blocks),  cmocka_unit_test(test_random_blocks),
-        cmocka_unit_test(test_bf16),  cmocka_unit_test(test_real_tensors), cmocka_unit_test(test_qembed),
+        cmocka_unit_test(test_probe),        cmocka_unit_test(test_hand_blocks),  cmocka_unit_test(test_random_blocks),
+        cmocka_unit_test(test_bf16),         cmocka_unit_test(test_real_tensors), cmocka_unit_test(test_qembed),
+        cmocka_unit_test(test_op_many_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 // in the order of the fp32 additions, and from the dequantised product only
 // by the rounding of x to 8 bits: |error| <= sum over blocks of
 // (dx / 2) sum_i |w_i| (tests/backend/test_quant_ops.c checks that bound).
+#include <cblas.h>
 #include <omp.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -266,6 +267,37 @@ void cpu_qmatmul_with(const cpu_qkernels_t *k, float *y, const float *x, const b
         }
 }
 
+// From this many activation rows on (prefill), a product dequantises the
+// matrix, up to SGEMM_PANEL_FLOATS of it at a time, and runs OpenBLAS's sgemm:
+// measured on the default model's matrices (2 threads, 256 rows), sgemm's
+// AVX-512 FMA kernels plus the dequantisation beat the 8-bit kernels
+// (cpu_qmatmul_with) by ~1.4x, and the products are then exact (no rounding
+// of the activations). Decode (one row per sequence) streams the blocks.
+#define QMM_SGEMM_MIN 16
+#define SGEMM_PANEL_FLOATS ((int64_t)1 << 23) // 32 MB: every matrix of a 1B model in one panel
+
+static void qmatmul_sgemm(be_t *be, float *y, const float *x, const be_qmat_t *W, int64_t N) {
+    int64_t rows = W->rows, cols = W->cols;
+    int64_t prow = SGEMM_PANEL_FLOATS / cols < rows ? SGEMM_PANEL_FLOATS / cols : rows;
+    if (prow < 1) prow = 1;
+    cpu_tmp_t t;
+    float *panel = cpu_tmp_take(be, &t, prow * cols, "qmatmul (dequantised panel)");
+    if (!panel) {
+        cpu_fill_nan(y, N * rows);
+        return;
+    }
+    const uint8_t *wd = W->data;
+    for (int64_t r0 = 0; r0 < rows; r0 += prow) {
+        int64_t n = rows - r0 < prow ? rows - r0 : prow;
+#pragma omp parallel for schedule(static) if (n * cols > CPU_PAR_MIN)
+        for (int64_t r = 0; r < n; r++)
+            ggml_dequant(W->type, wd + (r0 + r) * W->row_bytes, panel + r * cols, cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)n, (int)cols, 1.0f, x, (int)cols, panel,
+                    (int)cols, 0.0f, y + r0, (int)rows);
+    }
+    cpu_tmp_give(be, &t);
+}
+
 static void cpu_qmatmul(be_t *be, void *y, const void *x, const be_qmat_t *W, int64_t N) {
     const cpu_qkernels_t *k = be->impl ? be->impl : &cpu_qk_ref;
     int blk, bytes;
@@ -274,6 +306,10 @@ static void cpu_qmatmul(be_t *be, void *y, const void *x, const be_qmat_t *W, in
         err_set(ERR_UNSUP, "cpu qmatmul: weights of type %s (%lld columns) are not supported", ggml_type_name(W->type),
                 (long long)W->cols);
         cpu_fill_nan(y, N * W->rows);
+        return;
+    }
+    if (N >= QMM_SGEMM_MIN) {
+        qmatmul_sgemm(be, y, x, W, N);
         return;
     }
     cpu_tmp_t t = {0};
