@@ -310,8 +310,18 @@ static int raw_type(uint32_t type) {
 }
 
 int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int nd, uint32_t *type, size_t *row_bytes) {
+    if (nd != 2) return 0;
+    if (!s->is_gguf) { // checkpoint folders: bf16 matrices (what convert and train write)
+        char fname[160];
+        folder_name(s, name, fname, sizeof fname);
+        const st_tensor_t *t = st_set_find(&s->st, fname, NULL);
+        if (!t || t->dtype != ST_BF16 || !same_shape(t->shape, t->ndim, shape, nd)) return 0;
+        *type = GGML_BF16;
+        *row_bytes = (size_t)shape[1] * 2;
+        return 1;
+    }
     char gname[128];
-    if (!s->is_gguf || nd != 2 || gguf_name_for(name, gname, sizeof gname) < 0) return 0;
+    if (gguf_name_for(name, gname, sizeof gname) < 0) return 0;
     const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
     int blk, bytes;
     if (!t || t->n_dims != 2 || t->ne[0] != shape[1] || t->ne[1] != shape[0] || !raw_type(t->type) ||
@@ -336,10 +346,21 @@ int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, int
     if (row0 < 0 || nrows < 0 || row0 + nrows > shape[0] || (perm && (row0 != 0 || nrows != shape[0])))
         return err_set(ERR_INPUT, "%s: rows [%lld, +%lld) of %s (%lld rows%s)", s->path, (long long)row0,
                        (long long)nrows, name, (long long)shape[0], perm ? ", read whole: permuted" : "");
+    size_t len = (size_t)nrows * rb;
+    if (!s->is_gguf) {
+        char fname[160];
+        folder_name(s, name, fname, sizeof fname);
+        const st_file_t *f;
+        const st_tensor_t *t = st_set_find(&s->st, fname, &f);
+        const uint8_t *src = t->data + (size_t)row0 * rb; // st_open checked that the tensor lies in the file
+        memcpy(out, src, len);
+        mfile_release(&f->mf, (size_t)(src - f->buf), len);
+        return 0;
+    }
     char gname[128];
     TRY(gguf_name_for(name, gname, sizeof gname));
     const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
-    size_t off = (size_t)t->offset + (size_t)row0 * rb, len = (size_t)nrows * rb;
+    size_t off = (size_t)t->offset + (size_t)row0 * rb;
     memcpy(out, s->gguf.mf.data + off, len); // gguf_open checked that the tensor lies in the file
     mfile_release(&s->gguf.mf, off, len);
     return perm ? unpermute_qk(s, name, out, shape, nd, rb) : 0;

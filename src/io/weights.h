@@ -19,8 +19,8 @@ int wsrc_has(const wsrc_t *s, const char *name);
 int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out);
 // Weights kept as stored (quantised inference): 1 when tensor `name` is a
 // matrix of exactly `shape` (nd == 2) in a block format the CPU products take
-// (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) or bf16, with its ggml type and the bytes of
-// one row; 0 otherwise (then wsrc_read it). GGUF sources only for now.
+// (GGUF: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16; checkpoint folders: BF16), with
+// its ggml type and the bytes of one row; 0 otherwise (then wsrc_read it).
 int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int nd, uint32_t *type, size_t *row_bytes);
 // Copies rows [row0, row0 + nrows) of such a tensor as stored (row_bytes
 // each) into out and gives the file's pages of them back (mfile_release: the

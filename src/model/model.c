@@ -69,16 +69,16 @@ static int check_ops(const be_t *be, const arch_t *a) {
 }
 
 // Which parameters a MODEL_QUANT load may keep as stored: the matrices read
-// only through lin_fwd or the embedding lookup (the embedding and head, every
-// MLP projection, the projections of attention layers). The hybrid mixers
-// stay act: MLA multiplies kv_b directly in its absorbed decode.
-static int quant_candidate(const arch_t *a, const param_t *p) {
+// only through lin_fwd or the embedding lookup: the embedding and head, and
+// every projection (attention, MLP, MLA, GDN, Mamba-2: the *_proj weights)
+// except MLA's kv_b, which its absorbed decode multiplies directly.
+static int quant_candidate(const param_t *p) {
     if (!strcmp(p->name, "model.embed_tokens.weight") || !strcmp(p->name, "lm_head.weight")) return 1;
     if (p->layer < 0 || p->nd != 2) return 0;
-    const char *suffix = strchr(p->name + strlen("model.layers."), '.');
-    size_t n = suffix ? strlen(++suffix) : 0;
-    if (n < 12 || strcmp(suffix + n - 12, "_proj.weight")) return 0;
-    return !strncmp(suffix, "mlp.", 4) || (a->kind[p->layer] == LAYER_ATTN && !strncmp(suffix, "self_attn.", 10));
+    size_t n = strlen(p->name);
+    int proj = (n > 12 && !strcmp(p->name + n - 12, "_proj.weight")) ||
+               (n > 21 && !strcmp(p->name + n - 21, "_proj_with_mqa.weight"));
+    return proj && !strstr(p->name, "kv_b_proj");
 }
 
 // The descriptor p is when it is one of m->qw, else NULL.
@@ -110,7 +110,7 @@ static int place_quantised(model_t *m, wsrc_t *src) {
         uint32_t type;
         size_t rb;
         qoff[i] = SIZE_MAX;
-        if (quant_candidate(&m->a, p) && wsrc_raw_info(src, p->name, p->shape, p->nd, &type, &rb)) {
+        if (quant_candidate(p) && wsrc_raw_info(src, p->name, p->shape, p->nd, &type, &rb)) {
             m->qw[m->n_qw++] = (be_qmat_t){type, p->shape[0], p->shape[1], rb, NULL};
             qoff[i] = qbytes;
             qbytes += ((size_t)p->shape[0] * rb + 63) & ~(size_t)63;

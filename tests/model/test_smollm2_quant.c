@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "base/fs.h"
+#include "io/gguf.h"
 #include "model/model.h"
 #include "testutil.h"
 
@@ -159,7 +160,66 @@ static void test_quant_against_f32(void **st) {
     free(text);
 }
 
+// A bf16 hybrid checkpoint (`hylo convert --dtype bf16`: MLA + GDN layers,
+// from the default model) loaded with MODEL_QUANT keeps its projections in
+// bf16 (every *_proj but MLA's kv_b, and the embedding / tied head) and
+// multiplies them with fp32 activations: the same values as the fp32 load,
+// summed in another order. Both run the same prefill + decode steps, so the
+// logits differ by fp32 rounding only, amplified through 30 untrained hybrid
+// layers: 4.3e-3 measured on logits up to 32 (1.3e-4 relative); bound 2e-2,
+// where a wrong row, type or stride moves logits by O(1).
+#define BF16_TOL 2e-2
+static void test_hybrid_bf16(void **st) {
+    char dir[600], args[1400];
+    snprintf(dir, sizeof dir, "%s/hybrid_bf16", tu_tmpdir());
+    snprintf(args, sizeof args, "convert --teacher %s --out %s --mla-every 3 --linear gdn --dtype bf16",
+             tu_model_path(), dir);
+    assert_int_equal(tu_run_hylo(args, NULL), 0);
+    model_t mf, mq;
+    model_run_t rf, rq;
+    assert_int_equal(model_load(&mf, dir, tu_cpu()), 0);
+    assert_int_equal(model_load_ex(&mq, dir, tu_cpu(), MODEL_QUANT), 0);
+    int kvb = 0;
+    for (int l = 0; l < mq.a.n_layers; l++)
+        kvb += mq.a.kind[l] == LAYER_MLA;
+    // 10 MLA layers x 4 (q_proj, kv_a, out; kv_b stays fp32) + 20 GDN x 7 (+ g_proj when used: here
+    // counted from the table) + 30 MLPs x 3 + the embedding: at least that many, all bf16
+    assert_true(mq.n_qw >= kvb * 3 + (mq.a.n_layers - kvb) * 6 + mq.a.n_layers * 3 + 1);
+    for (int i = 0; i < mq.n_qw; i++)
+        assert_int_equal(mq.qw[i].type, GGML_BF16);
+    assert_int_equal(model_run_create(&rf, &mf, (size_t)1 << 28), 0);
+    assert_int_equal(model_run_create(&rq, &mq, (size_t)1 << 28), 0);
+    int T = 20, V = mf.a.V;
+    int32_t ids[20];
+    for (int t = 0; t < T; t++)
+        ids[t] = (t * 7919 + 13) % V;
+    // both loads: a prefill of 4 tokens (the bf16 kernels: fewer than 16 rows), then decode steps
+    float *lf = malloc((size_t)V * sizeof(float)), *lq = malloc((size_t)V * sizeof(float));
+    model_state_t sf, sq;
+    assert_int_equal(model_state_alloc(&mf, &sf, 1, T + 1), 0);
+    assert_int_equal(model_state_alloc(&mq, &sq, 1, T + 1), 0);
+    assert_int_equal(model_prefill(&rf, &sf, ids, 4, 0, lf), 0);
+    assert_int_equal(model_prefill(&rq, &sq, ids, 4, 0, lq), 0);
+    double worst = 0, big = 0;
+    for (int t = 4; t <= T; t++) {
+        for (int v = 0; v < V; v++)
+            worst = fmax(worst, fabs(lq[v] - lf[v])), big = fmax(big, fabs(lf[v]));
+        if (t < T) {
+            assert_int_equal(model_step(&rf, &sf, &ids[t], lf), 0);
+            assert_int_equal(model_step(&rq, &sq, &ids[t], lq), 0);
+        }
+    }
+    printf("  bf16 hybrid: %d matrices kept in bf16; decode logits (max |logit| %.1f) vs the fp32 load: max |diff| "
+           "%.2e\n",
+           mq.n_qw, big, worst);
+    assert_true(worst < BF16_TOL);
+    model_state_free(&mf, &sf), model_state_free(&mq, &sq);
+    free(lf), free(lq);
+    model_run_free(&rf), model_run_free(&rq);
+    model_free(&mf), model_free(&mq);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_quant_against_f32)};
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_quant_against_f32), cmocka_unit_test(test_hybrid_bf16)};
+    return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
