@@ -47,6 +47,8 @@ int cli_source_tokenizer(const wsrc_t *src, tok_t *tok);
 int cli_backend(const char *device, be_t **be);
 // "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
 int cli_dtype(const char *s);
+// --quantize q8_0|q4_0|q4_1 -> the checkpoint dtype CKPT_QUANT + type (model/checkpoint.h), -1 otherwise.
+int cli_quant_dtype(const char *s);
 
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -19,6 +19,7 @@ struct wsrc {
     char gdn_prefix[32]; // the module name the folder's GDN tensors use
     int permute_qk;      // llama GGUFs store q/k rows permuted for interleaved RoPE
     int H, Hkv;          // the head counts of the q/k rows to un-permute
+    int qtype;           // folders: the block format of their U8 matrices (WSRC_QUANT_KEY), or -1
 };
 
 // ---- GGUF metadata -> arch ------------------------------------------------
@@ -181,6 +182,22 @@ int wsrc_open(wsrc_t **out, const char *path, arch_t *arch) {
         // Zebra-Llama / HyLo checkpoints store lm_head.weight even when the base
         // config ties it; the two are then independent parameters.
         if (arch->tie_embeddings && st_set_find(&s->st, "lm_head.weight", NULL)) arch->tie_embeddings = 0;
+        s->qtype = -1;
+        for (int fi = 0; fi < s->st.n_files; fi++)
+            for (int k = 0; k < s->st.files[fi].n_meta; k++)
+                if (!strcmp(s->st.files[fi].meta_key[k], WSRC_QUANT_KEY)) {
+                    int t = ggml_type_from_name(s->st.files[fi].meta_val[k]);
+                    int blk, bytes;
+                    if (t < 0 || !ggml_type_supported((uint32_t)t) || !ggml_type_block((uint32_t)t, &blk, &bytes) ||
+                        blk == 1) {
+                        err_set(ERR_INPUT, "%s: %s '%s' is not a block format hylo reads", s->st.files[fi].path,
+                                WSRC_QUANT_KEY, s->st.files[fi].meta_val[k]);
+                        st_set_close(&s->st);
+                        free(s);
+                        return ERR_INPUT;
+                    }
+                    s->qtype = t;
+                }
         // GDN module name: ours is "gdn"; accept the other names in use.
         snprintf(s->gdn_prefix, sizeof s->gdn_prefix, "gdn");
         static const char *alias[] = {"gdn", "linear_attn", "gated_deltanet", "attn"};
@@ -261,6 +278,13 @@ static int read_folder(wsrc_t *s, const char *name, const int64_t *shape, int nd
     const st_file_t *f;
     const st_tensor_t *t = st_set_find(&s->st, fname, &f);
     if (!t) return err_set(ERR_INPUT, "%s: missing tensor %s", s->path, fname);
+    uint32_t qt;
+    size_t rb;
+    if (t->dtype == ST_U8 && wsrc_raw_info(s, name, shape, nd, &qt, &rb)) { // a quantised matrix
+        for (int64_t r = 0; r < shape[0]; r++)
+            ggml_dequant(qt, t->data + (size_t)r * rb, out + r * shape[1], shape[1]);
+        return 0;
+    }
     if (!same_shape(t->shape, t->ndim, shape, nd)) {
         shape_str(want, sizeof want, shape, nd);
         shape_str(got, sizeof got, t->shape, t->ndim);
@@ -315,9 +339,18 @@ int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int n
         char fname[160];
         folder_name(s, name, fname, sizeof fname);
         const st_tensor_t *t = st_set_find(&s->st, fname, NULL);
-        if (!t || t->dtype != ST_BF16 || !same_shape(t->shape, t->ndim, shape, nd)) return 0;
-        *type = GGML_BF16;
-        *row_bytes = (size_t)shape[1] * 2;
+        if (t && t->dtype == ST_BF16 && same_shape(t->shape, t->ndim, shape, nd)) {
+            *type = GGML_BF16;
+            *row_bytes = (size_t)shape[1] * 2;
+            return 1;
+        }
+        int blk, bytes;
+        if (!t || t->dtype != ST_U8 || s->qtype < 0 || t->ndim != 2 || t->shape[0] != shape[0] ||
+            !ggml_type_block((uint32_t)s->qtype, &blk, &bytes) || shape[1] % blk ||
+            t->shape[1] != shape[1] / blk * bytes)
+            return 0;
+        *type = (uint32_t)s->qtype;
+        *row_bytes = (size_t)t->shape[1];
         return 1;
     }
     char gname[128];

@@ -68,19 +68,6 @@ static int check_ops(const be_t *be, const arch_t *a) {
     return 0;
 }
 
-// Which parameters a MODEL_QUANT load may keep as stored: the matrices read
-// only through lin_fwd or the embedding lookup: the embedding and head, and
-// every projection (attention, MLP, MLA, GDN, Mamba-2: the *_proj weights)
-// except MLA's kv_b, which its absorbed decode multiplies directly.
-static int quant_candidate(const param_t *p) {
-    if (!strcmp(p->name, "model.embed_tokens.weight") || !strcmp(p->name, "lm_head.weight")) return 1;
-    if (p->layer < 0 || p->nd != 2) return 0;
-    size_t n = strlen(p->name);
-    int proj = (n > 12 && !strcmp(p->name + n - 12, "_proj.weight")) ||
-               (n > 21 && !strcmp(p->name + n - 21, "_proj_with_mqa.weight"));
-    return proj && !strstr(p->name, "kv_b_proj");
-}
-
 // The descriptor p is when it is one of m->qw, else NULL.
 static const be_qmat_t *qmat_of(const model_t *m, const void *p) {
     uintptr_t u = (uintptr_t)p, lo = (uintptr_t)m->qw, hi = (uintptr_t)(m->qw + m->n_qw);
@@ -89,7 +76,7 @@ static const be_qmat_t *qmat_of(const model_t *m, const void *p) {
 
 static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
-// Places the quantised matrices (those of src that quant_candidate allows
+// Places the quantised matrices (those of src that ptable_quantisable allows
 // and the source stores in a block format) in m->qw / m->qmem and the other
 // parameters packed in m->w; m->addr says where each one is. Nothing is kept
 // quantised when none qualifies (then the caller lays out m->w by pt).
@@ -110,7 +97,7 @@ static int place_quantised(model_t *m, wsrc_t *src) {
         uint32_t type;
         size_t rb;
         qoff[i] = SIZE_MAX;
-        if (quant_candidate(p) && wsrc_raw_info(src, p->name, p->shape, p->nd, &type, &rb)) {
+        if (ptable_quantisable(p) && wsrc_raw_info(src, p->name, p->shape, p->nd, &type, &rb)) {
             m->qw[m->n_qw++] = (be_qmat_t){type, p->shape[0], p->shape[1], rb, NULL};
             qoff[i] = qbytes;
             qbytes += ((size_t)p->shape[0] * rb + 63) & ~(size_t)63;

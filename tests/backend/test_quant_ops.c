@@ -305,6 +305,46 @@ static void test_op_many_rows(void **st) {
     }
 }
 
+// ggml_quantize (checkpoints written quantised) then ggml_dequant: every
+// value within the format's step of the stored scale d: d / 2 for Q8_0 and
+// Q4_1 (codes against the f16-rounded scale; plus the f16 rounding of Q4_1's
+// minimum and of an 8-bit code clamped at 127, 1e-3 of the block's range),
+// |d| for Q4_0 (its codes reach -8 d on the side of the largest magnitude but
+// only 7 d on the other).
+static void test_quantize_roundtrip(void **st) {
+    rng_t r;
+    rng_seed(&r, 9);
+    uint32_t ts[] = {GGML_Q8_0, GGML_Q4_0, GGML_Q4_1};
+    int64_t n = 32 * 64;
+    float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    rng_fill_normal(&r, x, (long)n, 0.0f, 0.3f);
+    x[5] = 0, x[40] = 7.0f; // a block with an outlier
+    for (int i = 64; i < 96; i++)
+        x[i] = 0; // an all-zero block
+    uint8_t *b = malloc((size_t)n * 2);
+    for (size_t t = 0; t < sizeof ts / sizeof ts[0]; t++) {
+        int blk, bytes;
+        ggml_type_block(ts[t], &blk, &bytes);
+        assert_true(ggml_quantize(ts[t], x, b, n));
+        ggml_dequant(ts[t], b, y, n);
+        for (int64_t k = 0; k < n / 32; k++) {
+            const uint8_t *p = b + k * bytes;
+            uint16_t h;
+            memcpy(&h, p, 2);
+            float d = fabsf(f16_to_f32(h)), lo = INFINITY, hi = -INFINITY;
+            for (int i = 0; i < 32; i++)
+                lo = fminf(lo, x[k * 32 + i]), hi = fmaxf(hi, x[k * 32 + i]);
+            double tol = (ts[t] == GGML_Q4_0 ? d : d / 2) + 1e-3 * fmax(fabs(lo), fabs(hi)) + 1e-30;
+            for (int i = 0; i < 32; i++)
+                if (!(fabs(y[k * 32 + i] - x[k * 32 + i]) <= tol))
+                    fail_msg("%s block %lld value %d: %g -> %g (step %g)", ggml_type_name(ts[t]), (long long)k, i,
+                             x[k * 32 + i], y[k * 32 + i], d);
+        }
+    }
+    assert_false(ggml_quantize(GGML_Q6_K, x, b, n)); // not a checkpoint format
+    free(x), free(y), free(b);
+}
+
 // Embedding rows dequantised on lookup equal ggml_dequant's.
 static void test_qembed(void **st) {
     gguf_t g;
@@ -346,9 +386,10 @@ static void test_probe(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_probe),        cmocka_unit_test(test_hand_blocks),  cmocka_unit_test(test_random_blocks),
-        cmocka_unit_test(test_bf16),         cmocka_unit_test(test_real_tensors), cmocka_unit_test(test_qembed),
-        cmocka_unit_test(test_op_many_rows),
+        cmocka_unit_test(test_probe),         cmocka_unit_test(test_hand_blocks),
+        cmocka_unit_test(test_random_blocks), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_real_tensors),  cmocka_unit_test(test_qembed),
+        cmocka_unit_test(test_op_many_rows),  cmocka_unit_test(test_quantize_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
