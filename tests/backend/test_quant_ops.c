@@ -345,6 +345,28 @@ static void test_quantize_roundtrip(void **st) {
     free(x), free(y), free(b);
 }
 
+// A NaN or infinity in the activations makes the products it enters NaN in
+// every kernel set, as the fp32 product would (not finite numbers from codes).
+static void test_nonfinite(void **st) {
+    rng_t r;
+    rng_seed(&r, 13);
+    size_t rb;
+    uint8_t *w = rand_rows(GGML_Q4_1, 3, 64, &r, &rb);
+    be_qmat_t W = {GGML_Q4_1, 3, 64, rb, w};
+    float x[2 * 64], y[2 * 3];
+    cpu_q8_t q[4];
+    rng_fill_normal(&r, x, 128, 0.0f, 1.0f);
+    x[40] = NAN, x[64 + 3] = INFINITY;
+    const cpu_qkernels_t *ks[4];
+    int nk = sets(ks);
+    for (int s = 0; s < nk; s++) {
+        cpu_qmatmul_with(ks[s], y, x, &W, 2, q);
+        for (int i = 0; i < 6; i++)
+            assert_true(isnan(y[i]));
+    }
+    free(w);
+}
+
 // Embedding rows dequantised on lookup equal ggml_dequant's.
 static void test_qembed(void **st) {
     gguf_t g;
@@ -390,6 +412,7 @@ int main(void) {
         cmocka_unit_test(test_random_blocks), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_real_tensors),  cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_op_many_rows),  cmocka_unit_test(test_quantize_roundtrip),
+        cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 // Matrix products on weights kept in their GGUF block formats: the plain-C
 // reference kernels, the run-time choice among the kernel sets, and the
-// product itself (activation rows quantised once per call, threads over
-// output rows). Decode streams ~100 MB of Q4_1 / Q8_0 blocks per token for
-// the default model instead of 538 MB of fp32.
+// product itself: with few activation rows (decode) the rows are quantised
+// once per call and the kernels stream the blocks, threads over output rows
+// (~100 MB of Q4_1 / Q8_0 per token for the default model instead of 538 MB
+// of fp32); with many (prefill) the matrix is dequantised for sgemm.
 //
 // The arithmetic, the same in every kernel set: a weight block of 32 values
 // w_i = dw * u_i + mw (Q4_0: u_i in [0,16), mw = -8 dw; Q4_1: u_i in [0,16);
@@ -33,11 +34,19 @@ static float rd_f16(const uint8_t *p) {
 
 // ---- reference kernels ------------------------------------------------------
 
+// A block holding a NaN or infinity gets codes 0 and scale NaN, so the
+// products it enters are NaN as in fp32 (8-bit codes cannot carry it, and a
+// broken activation must not turn into finite numbers).
 static void ref_quantize(const float *x, cpu_q8_t *q, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, x += 32, q++) {
-        float amax = 0.0f;
+        float amax = 0.0f, z = 0.0f;
         for (int i = 0; i < 32; i++)
-            amax = fmaxf(amax, fabsf(x[i]));
+            amax = fmaxf(amax, fabsf(x[i])), z += x[i] * 0.0f; // z: NaN unless every x is finite
+        if (z != 0.0f) {
+            memset(q->q, 0, sizeof q->q);
+            q->d = q->s = NAN;
+            continue;
+        }
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int i = 0; i < 32; i++) {

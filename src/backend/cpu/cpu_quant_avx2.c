@@ -4,6 +4,7 @@
 // 32-value block (maddubs: unsigned weight bytes x signed activation bytes
 // -> int16 pairs; madd with ones -> int32), one fp32 FMA per block.
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_quant.h"
@@ -261,15 +262,16 @@ static void k_bf16(int64_t n, const uint16_t *w, const float *x, int64_t ldx, in
 static void k_quantize(const float *x, cpu_q8_t *q, int64_t n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / 32; b++, x += 32, q++) {
-        __m256 v[4], mx = _mm256_setzero_ps();
+        __m256 v[4], mx = _mm256_setzero_ps(), z = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) {
             v[k] = _mm256_loadu_ps(x + 8 * k);
             mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
+            z = _mm256_add_ps(z, _mm256_mul_ps(v[k], _mm256_setzero_ps())); // NaN unless every x is finite
         }
         __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        float d = _mm_cvtss_f32(m) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        float d = hsum(z) == 0.0f ? _mm_cvtss_f32(m) / 127.0f : NAN, id = d > 0.0f ? 1.0f / d : 0.0f;
         __m256i i32[4];
         for (int k = 0; k < 4; k++)
             i32[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
