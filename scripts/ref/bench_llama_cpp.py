@@ -14,11 +14,21 @@ warm-up of 32 tokens first. Prints one line `llama.cpp prefill TOK_S decode
 TOK_S rss_mb MB` for the C program to read, preceded by the library's version
 and system info.
 
-Install (it builds llama.cpp from source; GGML_NATIVE off and AVX2 on because
-this VM's cpuid lists AVX-512 extensions that a native build would assume):
+Install (it builds llama.cpp from source, ~10 minutes on 2 cores): the AVX2
+build the issue measured,
     python3 -m venv .venv-llama
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" \\
         .venv-llama/bin/pip install llama-cpp-python==0.3.36
+and an AVX-512 one (bench_vs_llama --python .venv-llama-native/bin/python).
+GGML_NATIVE=ON does not run on the development VM: its cpuid lists AMX, and
+the native build's first tile instruction (ldtilecfg) faults, so AMX is
+turned off by hand:
+    python3 -m venv .venv-llama-native
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \\
+        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \\
+        -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \\
+        .venv-llama-native/bin/pip install --no-cache-dir llama-cpp-python==0.3.36
+(--no-cache-dir: pip would otherwise reuse the first build's wheel.)
 """
 import argparse
 import resource
