@@ -83,6 +83,10 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# Kernels chosen at run time (src/backend/cpu/cpu_quant.c probes the CPU):
+# compiled for their instruction set whatever -march the build uses.
+$(BUILD)/obj/src/backend/cpu/cpu_quant_avx2.o: CFLAGS += -mavx2 -mfma -mf16c
+
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@

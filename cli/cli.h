@@ -32,8 +32,9 @@ int cli_load_tokenizer(const wsrc_t *src, tok_t *tok);
 // The model's weights at path onto be and, when tok is not NULL, its
 // tokenizer, from one open source: a GGUF is opened and parsed once. On
 // failure neither is left loaded (m->be is NULL). Runs over the weights take
-// CLI_RUN_ARENA bytes of activation arena (model_run_create).
-int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok);
+// CLI_RUN_ARENA bytes of activation arena (model_run_create). flags: 0 or
+// MODEL_QUANT (model.h: inference on the stored block formats).
+int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok, int flags);
 #define CLI_RUN_ARENA ((size_t)1 << 30)
 // The tokenizer to write beside a checkpoint made from an open source (export,
 // convert): from the open GGUF's metadata or the folder's tokenizer files. 1
@@ -46,6 +47,8 @@ int cli_source_tokenizer(const wsrc_t *src, tok_t *tok);
 int cli_backend(const char *device, be_t **be);
 // "--dtype" values f32 | bf16 | f16 -> safetensors dtype, or -1.
 int cli_dtype(const char *s);
+// --quantize q8_0|q4_0|q4_1 -> the checkpoint dtype CKPT_QUANT + type (model/checkpoint.h), -1 otherwise.
+int cli_quant_dtype(const char *s);
 
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -119,8 +119,8 @@ int cmd_compare(int argc, char **argv) {
     tok_t tok = {0};
     char **files = NULL;
     int nf = 0, rc = cli_backend(device, &be);
-    if (rc == 0) rc = cli_load_model(paths[0], be, &mt, &tok);
-    if (rc == 0) rc = cli_load_model(paths[1], be, &ms, NULL);
+    if (rc == 0) rc = cli_load_model(paths[0], be, &mt, &tok, 0);
+    if (rc == 0) rc = cli_load_model(paths[1], be, &ms, NULL, 0);
     if (rc == 0) rc = model_run_create(&rt, &mt, CLI_RUN_ARENA);
     if (rc == 0) rc = model_run_create(&rs, &ms, CLI_RUN_ARENA);
     if (rc == 0 && mt.a.V != ms.a.V)

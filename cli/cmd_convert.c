@@ -54,6 +54,9 @@ static const char *help = "usage: hylo convert --teacher PATH --out DIR PLAN [op
                           "                      linear_ILD_path, output_dir, seed; flags override it\n"
                           "  --seed S            seed of the random initialisations (default 42)\n"
                           "  --dtype f32|bf16|f16  matrices' dtype in model.safetensors (default f32)\n"
+                          "  --quantize q8_0|q4_0|q4_1  projection and embedding matrices stored in that\n"
+                          "                      ggml block format (inference: hylo generate keeps them so),\n"
+                          "                      the other matrices bf16\n"
                           "  --allow-missing     a tensor missing from the teacher or a stage-1 checkpoint\n"
                           "                      is left at zero, an unknown one ignored, each with a\n"
                           "                      warning (default: an error naming it)\n";
@@ -148,6 +151,10 @@ static int parse(int argc, char **argv, conv_opts_t *o) {
         } else if ((r = cli_opt("convert", argc, argv, &i, "--dtype", &v))) {
             TRY(r);
             if ((o->dtype = cli_dtype(v)) < 0) return cli_usage("convert", "--dtype must be f32, bf16 or f16");
+        } else if ((r = cli_opt("convert", argc, argv, &i, "--quantize", &v))) {
+            TRY(r);
+            if ((o->dtype = cli_quant_dtype(v)) < 0)
+                return cli_usage("convert", "--quantize must be q8_0, q4_0 or q4_1 (got '%s')", v);
         } else if (cli_flag(argv, i, "--all-mla")) {
             o->all_mla = 1, o->have_plan++;
         } else if (cli_flag(argv, i, "--all-linear")) {

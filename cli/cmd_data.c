@@ -353,7 +353,7 @@ static int run_generate(const data_opts_t *o) {
     float *logits = NULL;
     uint8_t *mask = NULL;
     int loaded = 0, rc = smp && sam && next ? cli_backend(o->device, &be) : err_set(ERR_NOMEM, "out of memory");
-    if (rc == 0 && (rc = cli_load_model(o->model, be, &m, &tok)) == 0) loaded = 1;
+    if (rc == 0 && (rc = cli_load_model(o->model, be, &m, &tok, MODEL_QUANT)) == 0) loaded = 1;
     if (rc == 0 && tok.n_vocab > m.a.V)
         rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->model,
                      tok.n_vocab, m.a.V);

@@ -305,7 +305,7 @@ typedef struct {
 static int load(const char *device, const char *path, long max_len, long chunk, loaded_t *l) {
     memset(l, 0, sizeof *l);
     TRY(cli_backend(device, &l->be));
-    TRY(cli_load_model(path, l->be, &l->m, &l->tok));
+    TRY(cli_load_model(path, l->be, &l->m, &l->tok, 0));
     l->loaded = 1;
     return ev_model_wrap(&l->lm, &l->m, &l->tok, (int)max_len, (int)chunk);
 }

@@ -11,7 +11,7 @@
 #include "model/model.h"
 #include "tok/tok.h"
 
-static const char *help = "usage: hylo export PATH --out DIR [--dtype f32|bf16|f16]\n"
+static const char *help = "usage: hylo export PATH --out DIR [--dtype f32|bf16|f16] [--quantize q8_0|q4_0|q4_1]\n"
                           "\n"
                           "Writes a Hugging Face folder: model.safetensors (Hugging Face / Zebra-Llama /\n"
                           "HyLo tensor names; GGUF weights dequantised and llama q/k rows un-permuted),\n"
@@ -21,14 +21,17 @@ static const char *help = "usage: hylo export PATH --out DIR [--dtype f32|bf16|f
                           "anything is read; a trailing slash is fine); it is written as DIR.hylo-tmp.PID\n"
                           "and appears only when complete (one left by an interrupted run is removed by\n"
                           "the next run). A tokenizer with more tokens than the model's vocabulary is\n"
-                          "refused. --dtype applies to matrices (1-D tensors stay f32); default f32.\n";
+                          "refused. --dtype applies to matrices (1-D tensors stay f32); default f32.\n"
+                          "--quantize stores the projection and embedding matrices in that ggml block\n"
+                          "format (U8 tensors, named in the file's metadata; only hylo reads them), the\n"
+                          "other matrices bf16.\n";
 
 int cmd_export(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(help, stdout);
         return 0;
     }
-    const char *path = NULL, *out = NULL, *dt = "f32";
+    const char *path = NULL, *out = NULL, *dt = "f32", *quant = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
@@ -38,6 +41,9 @@ int cmd_export(int argc, char **argv) {
         } else if ((r = cli_opt("export", argc, argv, &i, "--dtype", &v))) {
             if (r < 0) return cli_fail(r);
             dt = v;
+        } else if ((r = cli_opt("export", argc, argv, &i, "--quantize", &v))) {
+            if (r < 0) return cli_fail(r);
+            quant = v;
         } else if (argv[i][0] == '-') {
             return cli_usage("export", "unknown option '%s'", argv[i]);
         } else if (!path) {
@@ -48,7 +54,8 @@ int cmd_export(int argc, char **argv) {
     }
     if (!path) return cli_usage("export", "missing PATH");
     if (!out) return cli_usage("export", "missing --out DIR");
-    int dtype = cli_dtype(dt);
+    int dtype = quant ? cli_quant_dtype(quant) : cli_dtype(dt);
+    if (dtype < 0 && quant) return cli_usage("export", "--quantize must be q8_0, q4_0 or q4_1 (got '%s')", quant);
     if (dtype < 0) return cli_usage("export", "--dtype must be f32, bf16 or f16 (got '%s')", dt);
     // The output is checked (and its temporary made) before anything is read,
     // and the tokenizer against the model before the weights are.

@@ -119,7 +119,7 @@ int cmd_serve(int argc, char **argv) {
     srv_http_t *h = NULL;
     int32_t stop_ids[16];
     int rc = cli_backend(device, &be);
-    if (rc == 0) rc = cli_load_model(path, be, &m, &tok);
+    if (rc == 0) rc = cli_load_model(path, be, &m, &tok, MODEL_QUANT);
     if (rc == 0 && tok.n_vocab > m.a.V)
         rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", path, tok.n_vocab,
                      m.a.V);

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "backend/backend.h"
 #include "tok/tok.h"
@@ -32,14 +33,19 @@ int cli_source_tokenizer(const wsrc_t *src, tok_t *tok) {
     return 1;
 }
 
-int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok) {
+int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok, int flags) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
-    int rc = model_load_src(m, src, &a, be);
+    int rc = model_load_src(m, src, &a, be, flags);
     if (rc == 0 && tok && (rc = cli_load_tokenizer(src, tok)) < 0) model_free(m);
     wsrc_close(src);
     return rc;
+}
+
+int cli_quant_dtype(const char *s) {
+    int t = ggml_type_from_name(s);
+    return t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q4_1 ? CKPT_QUANT + t : -1;
 }
 
 int cli_dtype(const char *s) {

@@ -31,7 +31,8 @@ device="${DEVICE:-cpu}"
 echo "== hylo info $model"
 "$bin" info "$model"
 echo
-echo "== hylo chat (one turn)"
+echo "== hylo chat (one turn; greedy. Its first token is a near-tie: on the GGUF's quantised weights hylo, like"
+echo "   llama.cpp, starts with \"L'\"; with --f32 the answer is \"The capital of France is Paris.\")"
 "$bin" chat "$model" --prompt "What is the capital of France?" -n 64 --stats
 echo
 echo "== hylo convert: 10 MLA + 20 GDN layers"

@@ -49,6 +49,18 @@ enum { DIST_L2 = 0, DIST_MSE = 1 };
 
 typedef struct be be_t;
 
+// A weight matrix W [rows, cols] kept in its file's storage format for
+// inference (CPU: the ggml block formats of a GGUF, or bf16), instead of the
+// act copy. type: a ggml type number (io/gguf.h enum ggml_type); row r is
+// row_bytes bytes at data + r * row_bytes (host memory, the file's mapping or
+// a copy). cols is a multiple of the format's block size.
+typedef struct {
+    uint32_t type;
+    int64_t rows, cols;
+    size_t row_bytes;
+    const void *data;
+} be_qmat_t;
+
 struct be {
     int kind;      // BE_CPU or BE_CUDA
     int act_dtype; // DT_F32 (cpu) or DT_BF16 (cuda)
@@ -92,6 +104,16 @@ struct be {
     void (*gemm_batched)(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                          int64_t lda, int64_t strideA, const void *B, int64_t ldb, int64_t strideB, float beta, void *C,
                          int64_t ldc, int64_t strideC, int64_t batch);
+
+    // ---- quantised weights (CPU inference; NULL on backends without them) ----
+    // y[N, W->rows] = x[N, W->cols] W^T, x and y act. With few rows (decode)
+    // block formats take x quantised on the fly to 8-bit blocks of 32 (one
+    // fp32 scale each), so the result differs from the dequantised weights'
+    // product by that rounding; with many (prefill) the CPU dequantises the
+    // matrix and the product is exact (see cpu_quant.c).
+    void (*qmatmul)(be_t *be, void *y, const void *x, const be_qmat_t *W, int64_t N);
+    // out[N, W->cols] = rows ids[n] of W, dequantised (a quantised embedding table).
+    void (*qembed_fwd)(be_t *be, void *out, const be_qmat_t *W, const int32_t *ids, int64_t N);
 
     // ---- embedding ----------------------------------------------------------
     // out[N,d] = table[ids[n]]

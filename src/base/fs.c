@@ -45,6 +45,15 @@ static int open_regular(const char *path, int *fd_out, size_t *size) {
     return 0;
 }
 
+void mfile_release(const mfile_t *mf, size_t off, size_t len) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!mf->data || off >= mf->size) return;
+    if (len > mf->size - off) len = mf->size - off;
+    size_t lo = (off + page - 1) / page * page, hi = (off + len) / page * page;
+    if (off + len == mf->size) hi = (mf->size + page - 1) / page * page;   // the last page is the file's own
+    if (hi > lo) madvise((void *)(mf->data + lo), hi - lo, MADV_DONTNEED); // advice only: failure is harmless
+}
+
 int mfile_open(mfile_t *mf, const char *path) {
     memset(mf, 0, sizeof *mf);
     mf->fd = -1;

@@ -16,6 +16,11 @@ typedef struct {
 // ERR_INPUT naming it, refused before anything could block on it.
 int mfile_open(mfile_t *mf, const char *path);
 void mfile_close(mfile_t *mf);
+// Gives back the pages of [off, off + len) that a read has touched (whole
+// pages inside the range; the mapping stays valid and rereads from the page
+// cache). A loader that copies a file's contents elsewhere calls it after
+// each part so that the process does not hold the file twice.
+void mfile_release(const mfile_t *mf, size_t off, size_t len);
 
 // Reads a whole regular file (at most LIM_TEXT_BYTES) into a malloc'ed,
 // NUL-terminated buffer.

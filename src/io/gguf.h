@@ -115,3 +115,9 @@ int ggml_type_block(uint32_t type, int *blk, int *bytes);
 int ggml_type_supported(uint32_t type); // dequantisation implemented
 // Dequantises n elements (a multiple of the block size) of one type.
 void ggml_dequant(uint32_t type, const void *src, float *dst, int64_t n);
+// Quantises n floats (a multiple of 32) into blocks of Q8_0, Q4_0 or Q4_1
+// (each element within half a quantisation step of the block's scale); 0 for
+// other types.
+int ggml_quantize(uint32_t type, const float *src, void *dst, int64_t n);
+// "Q8_0" / "q8_0" ... -> the type, -1 when unknown.
+int ggml_type_from_name(const char *name);

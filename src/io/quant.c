@@ -1,8 +1,10 @@
 // Dequantisation of the ggml block formats (layouts in docs/FORMATS.md and
 // ../shared/spec/formats.md section 2.5). Each function turns n elements (a
 // multiple of the block size) of one format into fp32.
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base/half.h"
 #include "io/gguf.h"
@@ -112,6 +114,84 @@ void ggml_dequant(uint32_t type, const void *src, float *dst, int64_t n) {
     case GGML_Q6_K: deq_q6_k(b, dst, n); break;
     default: memset(dst, 0, (size_t)n * 4); break; // callers check ggml_type_supported first
     }
+}
+
+// ---- quantisation (checkpoints stored in block formats) ----------------------
+// Each block's scale is rounded to f16 first and the codes computed against
+// the rounded scale, so the stored block reproduces x within half a step.
+
+static void put_f16(uint8_t *p, float v) {
+    uint16_t h = f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+static void q_q8_0(const float *x, uint8_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, x += 32, b += 34) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        put_f16(b, amax / 127.0f);
+        float d = rd_f16(b), id = d > 0 ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float q = nearbyintf(x[j] * id);
+            b[2 + j] = (uint8_t)(int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+        }
+    }
+}
+
+// Q4_0: w = d (u - 8), u in [0, 16): the value of largest magnitude maps to
+// code 0 (d takes its sign), so the other end reaches +7 d.
+static void q_q4_0(const float *x, uint8_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, x += 32, b += 18) {
+        float vmax = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > fabsf(vmax)) vmax = x[j];
+        put_f16(b, vmax / -8.0f);
+        float d = rd_f16(b), id = d != 0 ? 1.0f / d : 0.0f;
+        uint8_t u[32];
+        for (int j = 0; j < 32; j++) {
+            float q = nearbyintf(x[j] * id) + 8.0f;
+            u[j] = (uint8_t)(q < 0 ? 0 : q > 15 ? 15 : q);
+        }
+        for (int j = 0; j < 16; j++)
+            b[2 + j] = (uint8_t)(u[j] | (u[j + 16] << 4));
+    }
+}
+
+// Q4_1: w = d u + m, m the block's minimum, d = (max - min) / 15.
+static void q_q4_1(const float *x, uint8_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, x += 32, b += 20) {
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < 32; j++)
+            lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
+        put_f16(b, (hi - lo) / 15.0f);
+        put_f16(b + 2, lo);
+        float d = rd_f16(b), m = rd_f16(b + 2), id = d > 0 ? 1.0f / d : 0.0f;
+        uint8_t u[32];
+        for (int j = 0; j < 32; j++) {
+            float q = nearbyintf((x[j] - m) * id);
+            u[j] = (uint8_t)(q < 0 ? 0 : q > 15 ? 15 : q);
+        }
+        for (int j = 0; j < 16; j++)
+            b[4 + j] = (uint8_t)(u[j] | (u[j + 16] << 4));
+    }
+}
+
+int ggml_quantize(uint32_t type, const float *src, void *dst, int64_t n) {
+    if (n % 32) return 0;
+    switch (type) {
+    case GGML_Q8_0: q_q8_0(src, dst, n); return 1;
+    case GGML_Q4_0: q_q4_0(src, dst, n); return 1;
+    case GGML_Q4_1: q_q4_1(src, dst, n); return 1;
+    default: return 0;
+    }
+}
+
+int ggml_type_from_name(const char *name) {
+    static const uint32_t t[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_BF16, GGML_F16, GGML_F32};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcasecmp(name, ggml_type_name(t[i]))) return (int)t[i];
+    return -1;
 }
 
 int ggml_type_supported(uint32_t type) {

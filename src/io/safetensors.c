@@ -671,6 +671,23 @@ void st_writer_free(st_writer_t *w) {
     memset(w, 0, sizeof *w);
 }
 
+int st_writer_add_raw(st_writer_t *w, const char *name, int ndim, const int64_t *shape, const uint8_t *raw) {
+    // added as an F32 tensor of no data, for the checks, then made U8
+    int64_t zero[ST_MAX_DIMS] = {0};
+    TRY(st_writer_add(w, name, ST_F32, ndim, ndim > 0 && ndim <= ST_MAX_DIMS ? zero : shape, NULL));
+    st_wtensor_t *t = &w->t[w->n - 1];
+    t->dtype = ST_U8;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++)
+        t->shape[i] = shape[i], t->numel *= shape[i];
+    t->raw = raw;
+    if (t->numel > 0 && !raw) {
+        free(t->name), w->n--;
+        return err_set(ERR_INPUT, "safetensors writer: tensor %s: no data", name);
+    }
+    return 0;
+}
+
 int st_writer_add(st_writer_t *w, const char *name, int dtype, int ndim, const int64_t *shape, const float *data) {
     if (!name || !name[0]) return err_set(ERR_INPUT, "safetensors writer: empty tensor name");
     if (!strcmp(name, "__metadata__")) return err_set(ERR_INPUT, "safetensors writer: tensor %s: reserved name", name);
@@ -719,7 +736,9 @@ static void sb_fmt_u64(strbuf_t *b, uint64_t v) {
     strbuf_putn(b, t, (size_t)n);
 }
 
-static uint64_t wbytes(const st_wtensor_t *t) { return (uint64_t)t->numel * (t->dtype == ST_F32 ? 4 : 2); }
+static uint64_t wbytes(const st_wtensor_t *t) {
+    return (uint64_t)t->numel * (t->dtype == ST_F32 ? 4 : t->dtype == ST_U8 ? 1 : 2);
+}
 
 static int cmp_wtensor(const void *a, const void *b) {
     const st_wtensor_t *x = *(const st_wtensor_t *const *)a, *y = *(const st_wtensor_t *const *)b;
@@ -730,6 +749,7 @@ static int cmp_wtensor(const void *a, const void *b) {
 // Converts and writes one tensor in pieces of `chunk` elements.
 static int write_tensor(afile_t *af, const st_wtensor_t *t, uint16_t *tmp, int64_t chunk) {
     if (t->dtype == ST_F32) return fs_write(af, t->data, (size_t)t->numel * 4);
+    if (t->dtype == ST_U8) return fs_write(af, t->raw, (size_t)t->numel);
     for (int64_t i0 = 0; i0 < t->numel; i0 += chunk) {
         int64_t n = t->numel - i0 < chunk ? t->numel - i0 : chunk;
         const float *x = t->data + i0;

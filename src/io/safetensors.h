@@ -117,11 +117,12 @@ int st_set_read_f32(const st_set_t *s, const char *name, float *out);
 // model), the file appearing under its name only when complete.
 typedef struct {
     char *name;
-    int dtype; // ST_F32, ST_F16 or ST_BF16
+    int dtype; // ST_F32, ST_F16 or ST_BF16; ST_U8 for raw bytes
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     int64_t numel;
     const float *data;
+    const uint8_t *raw; // ST_U8: the bytes, written as they are
 } st_wtensor_t;
 
 typedef struct {
@@ -133,6 +134,9 @@ void st_writer_init(st_writer_t *w);
 // Rejects (ERR_INPUT, naming the tensor) empty or duplicate names,
 // "__metadata__", other dtypes, negative dims and more than ST_MAX_DIMS dims.
 int st_writer_add(st_writer_t *w, const char *name, int dtype, int ndim, const int64_t *shape, const float *data);
+// A U8 tensor of raw bytes (numel of shape bytes at raw, caller-owned): blocks
+// of a quantised matrix, which the format has no dtype for.
+int st_writer_add_raw(st_writer_t *w, const char *name, int ndim, const int64_t *shape, const uint8_t *raw);
 // meta: NULL, or key, value, key, value, ..., NULL (strings) for __metadata__.
 int st_writer_write(const st_writer_t *w, const char *path, const char *const *meta);
 void st_writer_free(st_writer_t *w);

@@ -19,6 +19,7 @@ struct wsrc {
     char gdn_prefix[32]; // the module name the folder's GDN tensors use
     int permute_qk;      // llama GGUFs store q/k rows permuted for interleaved RoPE
     int H, Hkv;          // the head counts of the q/k rows to un-permute
+    int qtype;           // folders: the block format of their U8 matrices (WSRC_QUANT_KEY), or -1
 };
 
 // ---- GGUF metadata -> arch ------------------------------------------------
@@ -147,16 +148,18 @@ int gguf_name_for(const char *hf, char *out, size_t cap) {
 
 // llama.cpp stores llama q/k rows per head as [dh/2, 2] pairs (interleaved
 // RoPE); HF uses [2, dh/2] (rotate_half). GGUF row 2i = HF row i, GGUF row
-// 2i+1 = HF row i + dh/2 within each head.
-static int unpermute_rows(float *w, int64_t rows, int64_t cols, int heads) {
+// 2i+1 = HF row i + dh/2 within each head. Rows of row_bytes bytes: fp32 rows
+// or rows of quantised blocks alike.
+static int unpermute_rows(void *w_, int64_t rows, size_t row_bytes, int heads) {
+    char *w = w_;
     int64_t dh = rows / heads;
-    float *tmp = malloc((size_t)rows * cols * sizeof(float));
+    char *tmp = malloc((size_t)rows * row_bytes);
     if (!tmp) return err_set(ERR_NOMEM, "out of memory");
-    memcpy(tmp, w, (size_t)rows * cols * sizeof(float));
+    memcpy(tmp, w, (size_t)rows * row_bytes);
     for (int h = 0; h < heads; h++)
         for (int64_t i = 0; i < dh / 2; i++) {
-            memcpy(w + (h * dh + i) * cols, tmp + (h * dh + 2 * i) * cols, (size_t)cols * sizeof(float));
-            memcpy(w + (h * dh + i + dh / 2) * cols, tmp + (h * dh + 2 * i + 1) * cols, (size_t)cols * sizeof(float));
+            memcpy(w + (h * dh + i) * row_bytes, tmp + (h * dh + 2 * i) * row_bytes, row_bytes);
+            memcpy(w + (h * dh + i + dh / 2) * row_bytes, tmp + (h * dh + 2 * i + 1) * row_bytes, row_bytes);
         }
     free(tmp);
     return 0;
@@ -179,6 +182,22 @@ int wsrc_open(wsrc_t **out, const char *path, arch_t *arch) {
         // Zebra-Llama / HyLo checkpoints store lm_head.weight even when the base
         // config ties it; the two are then independent parameters.
         if (arch->tie_embeddings && st_set_find(&s->st, "lm_head.weight", NULL)) arch->tie_embeddings = 0;
+        s->qtype = -1;
+        for (int fi = 0; fi < s->st.n_files; fi++)
+            for (int k = 0; k < s->st.files[fi].n_meta; k++)
+                if (!strcmp(s->st.files[fi].meta_key[k], WSRC_QUANT_KEY)) {
+                    int t = ggml_type_from_name(s->st.files[fi].meta_val[k]);
+                    int blk, bytes;
+                    if (t < 0 || !ggml_type_supported((uint32_t)t) || !ggml_type_block((uint32_t)t, &blk, &bytes) ||
+                        blk == 1) {
+                        err_set(ERR_INPUT, "%s: %s '%s' is not a block format hylo reads", s->st.files[fi].path,
+                                WSRC_QUANT_KEY, s->st.files[fi].meta_val[k]);
+                        st_set_close(&s->st);
+                        free(s);
+                        return ERR_INPUT;
+                    }
+                    s->qtype = t;
+                }
         // GDN module name: ours is "gdn"; accept the other names in use.
         snprintf(s->gdn_prefix, sizeof s->gdn_prefix, "gdn");
         static const char *alias[] = {"gdn", "linear_attn", "gated_deltanet", "attn"};
@@ -259,12 +278,27 @@ static int read_folder(wsrc_t *s, const char *name, const int64_t *shape, int nd
     const st_file_t *f;
     const st_tensor_t *t = st_set_find(&s->st, fname, &f);
     if (!t) return err_set(ERR_INPUT, "%s: missing tensor %s", s->path, fname);
+    uint32_t qt;
+    size_t rb;
+    if (t->dtype == ST_U8 && wsrc_raw_info(s, name, shape, nd, &qt, &rb)) { // a quantised matrix
+        for (int64_t r = 0; r < shape[0]; r++)
+            ggml_dequant(qt, t->data + (size_t)r * rb, out + r * shape[1], shape[1]);
+        return 0;
+    }
     if (!same_shape(t->shape, t->ndim, shape, nd)) {
         shape_str(want, sizeof want, shape, nd);
         shape_str(got, sizeof got, t->shape, t->ndim);
         return err_set(ERR_INPUT, "%s: tensor %s has shape %s, expected %s", s->path, fname, got, want);
     }
     return st_read_f32(f, t, out);
+}
+
+// Llama GGUFs: q/k rows back into HF order (rows of row_bytes bytes).
+static int unpermute_qk(const wsrc_t *s, const char *name, void *rows, const int64_t *shape, int nd, size_t row_bytes) {
+    if (!s->permute_qk || nd != 2) return 0;
+    if (strstr(name, "self_attn.q_proj.weight")) return unpermute_rows(rows, shape[0], row_bytes, s->H);
+    if (strstr(name, "self_attn.k_proj.weight")) return unpermute_rows(rows, shape[0], row_bytes, s->Hkv);
+    return 0;
 }
 
 int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *out) {
@@ -283,11 +317,86 @@ int wsrc_read(wsrc_t *s, const char *name, const int64_t *shape, int nd, float *
         return err_set(ERR_INPUT, "%s: tensor %s has shape %s, expected %s", s->path, gname, got, want);
     }
     TRY(gguf_read_tensor_f32(&s->gguf, t, out));
-    if (s->permute_qk && nd == 2) {
-        if (strstr(name, "self_attn.q_proj.weight")) TRY(unpermute_rows(out, shape[0], shape[1], s->H));
-        if (strstr(name, "self_attn.k_proj.weight")) TRY(unpermute_rows(out, shape[0], shape[1], s->Hkv));
+    return unpermute_qk(s, name, out, shape, nd, (size_t)shape[nd - 1] * sizeof(float));
+}
+
+// Block formats (and bf16) a matrix can stay in for inference.
+static int raw_type(uint32_t type) {
+    switch (type) {
+    case GGML_Q4_0:
+    case GGML_Q4_1:
+    case GGML_Q8_0:
+    case GGML_Q4_K:
+    case GGML_Q6_K:
+    case GGML_BF16: return 1;
+    default: return 0;
     }
-    return 0;
+}
+
+int wsrc_raw_info(const wsrc_t *s, const char *name, const int64_t *shape, int nd, uint32_t *type, size_t *row_bytes) {
+    if (nd != 2) return 0;
+    if (!s->is_gguf) { // checkpoint folders: bf16 matrices (what convert and train write)
+        char fname[160];
+        folder_name(s, name, fname, sizeof fname);
+        const st_tensor_t *t = st_set_find(&s->st, fname, NULL);
+        if (t && t->dtype == ST_BF16 && same_shape(t->shape, t->ndim, shape, nd)) {
+            *type = GGML_BF16;
+            *row_bytes = (size_t)shape[1] * 2;
+            return 1;
+        }
+        int blk, bytes;
+        if (!t || t->dtype != ST_U8 || s->qtype < 0 || t->ndim != 2 || t->shape[0] != shape[0] ||
+            !ggml_type_block((uint32_t)s->qtype, &blk, &bytes) || shape[1] % blk ||
+            t->shape[1] != shape[1] / blk * bytes)
+            return 0;
+        *type = (uint32_t)s->qtype;
+        *row_bytes = (size_t)t->shape[1];
+        return 1;
+    }
+    char gname[128];
+    if (gguf_name_for(name, gname, sizeof gname) < 0) return 0;
+    const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
+    int blk, bytes;
+    if (!t || t->n_dims != 2 || t->ne[0] != shape[1] || t->ne[1] != shape[0] || !raw_type(t->type) ||
+        !ggml_type_block(t->type, &blk, &bytes) || t->ne[0] % 32)
+        return 0;
+    *type = t->type;
+    *row_bytes = (size_t)(t->ne[0] / blk) * (size_t)bytes;
+    return 1;
+}
+
+int wsrc_raw_permuted(const wsrc_t *s, const char *name) {
+    return s->is_gguf && s->permute_qk &&
+           (strstr(name, "self_attn.q_proj.weight") || strstr(name, "self_attn.k_proj.weight"));
+}
+
+int wsrc_read_raw(wsrc_t *s, const char *name, const int64_t *shape, int nd, int64_t row0, int64_t nrows, void *out) {
+    uint32_t type;
+    size_t rb;
+    if (!wsrc_raw_info(s, name, shape, nd, &type, &rb))
+        return err_set(ERR_INPUT, "%s: tensor %s is not a matrix stored in a block format", s->path, name);
+    int perm = wsrc_raw_permuted(s, name);
+    if (row0 < 0 || nrows < 0 || row0 + nrows > shape[0] || (perm && (row0 != 0 || nrows != shape[0])))
+        return err_set(ERR_INPUT, "%s: rows [%lld, +%lld) of %s (%lld rows%s)", s->path, (long long)row0,
+                       (long long)nrows, name, (long long)shape[0], perm ? ", read whole: permuted" : "");
+    size_t len = (size_t)nrows * rb;
+    if (!s->is_gguf) {
+        char fname[160];
+        folder_name(s, name, fname, sizeof fname);
+        const st_file_t *f;
+        const st_tensor_t *t = st_set_find(&s->st, fname, &f);
+        const uint8_t *src = t->data + (size_t)row0 * rb; // st_open checked that the tensor lies in the file
+        memcpy(out, src, len);
+        mfile_release(&f->mf, (size_t)(src - f->buf), len);
+        return 0;
+    }
+    char gname[128];
+    TRY(gguf_name_for(name, gname, sizeof gname));
+    const gguf_tensor_t *t = gguf_find_tensor(&s->gguf, gname);
+    size_t off = (size_t)t->offset + (size_t)row0 * rb;
+    memcpy(out, s->gguf.mf.data + off, len); // gguf_open checked that the tensor lies in the file
+    mfile_release(&s->gguf.mf, off, len);
+    return perm ? unpermute_qk(s, name, out, shape, nd, rb) : 0;
 }
 
 void wsrc_dtype_summary(const wsrc_t *s, char *buf, size_t cap) {

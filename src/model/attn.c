@@ -27,9 +27,9 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
     float *lse = sv ? ctx_f32(c, N * a->H) : NULL;
     int32_t *pos = ctx_positions(c, B, T, pos0);
     if (!q || !k || !v || !att || !pos || (sv && !lse)) return ERR_NOMEM;
-    lin_fwd(be, q, x, w->q, N, a->d, qw);
-    lin_fwd(be, k, x, w->k, N, a->d, kw);
-    lin_fwd(be, v, x, w->v, N, a->d, kw);
+    lin_fwd(c, q, x, w->q, N, a->d, qw);
+    lin_fwd(c, k, x, w->k, N, a->d, kw);
+    lin_fwd(c, v, x, w->v, N, a->d, kw);
     if (w->q_norm) { // Qwen3: RMSNorm over each head's dh before RoPE
         void *qn = ctx_act(c, N * qw), *kn = ctx_act(c, N * kw);
         float *qr = ctx_f32(c, N * a->H), *kr = ctx_f32(c, N * a->Hkv);
@@ -62,7 +62,7 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
     } else {
         be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, scale);
     }
-    lin_fwd(be, out, att, w->o, N, qw, a->d);
+    lin_fwd(c, out, att, w->o, N, qw, a->d);
     if (sv) {
         sv->x = x, sv->q = q, sv->k = k, sv->v = v, sv->att = att, sv->lse = lse, sv->pos = pos;
         sv->B = B, sv->T = T;

@@ -15,6 +15,11 @@ int bind_param(void **dst, const ptable_t *pt, void *flat, size_t elt, int layer
         *dst = NULL;
         return optional ? 0 : err_set(ERR_INPUT, "parameter %s is not in the model's layout", name);
     }
-    *dst = (char *)flat + (size_t)off * elt;
+    if (elt == 0) { // per-parameter addresses (model_bind's note)
+        const param_t *p = ptable_find(pt, name);
+        *dst = ((void *const *)flat)[p - pt->p];
+    } else {
+        *dst = (char *)flat + (size_t)off * elt;
+    }
     return 0;
 }

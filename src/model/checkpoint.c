@@ -7,7 +7,9 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "io/config.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 
 static int write_files(const char *tmp, const arch_t *a, const ptable_t *pt, const float *host, int dtype,
                        const tok_t *tok, const char *const *meta) {
@@ -23,16 +25,47 @@ static int write_files(const char *tmp, const arch_t *a, const ptable_t *pt, con
     if (tok) TRY(tok_write_hf(tok, tmp));
     st_writer_t w;
     st_writer_init(&w);
-    int rc = 0;
+    int rc = 0, qtype = dtype >= CKPT_QUANT ? dtype - CKPT_QUANT : -1;
+    uint8_t **blocks = calloc((size_t)(pt->n ? pt->n : 1), sizeof *blocks); // quantised copies, alive until written
+    if (!blocks) rc = err_set(ERR_NOMEM, "out of memory");
     for (int i = 0; i < pt->n && rc == 0; i++) {
         const param_t *p = &pt->p[i];
+        int blk, bytes;
+        if (qtype >= 0 && p->nd == 2 && ptable_quantisable(p) && p->shape[1] % 32 == 0 &&
+            ggml_type_block((uint32_t)qtype, &blk, &bytes)) {
+            int64_t rb = p->shape[1] / blk * bytes, shape[2] = {p->shape[0], rb};
+            if (!(blocks[i] = malloc((size_t)(p->shape[0] * rb)))) {
+                rc = err_set(ERR_NOMEM, "%s: out of memory quantising %s", tmp, p->name);
+                break;
+            }
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < p->shape[0]; r++)
+                ggml_quantize((uint32_t)qtype, host + p->off + r * p->shape[1], blocks[i] + r * rb, p->shape[1]);
+            rc = st_writer_add_raw(&w, p->name, 2, shape, blocks[i]);
+            continue;
+        }
         // 1-D parameters (norms, A_log, dt_bias, D) stay fp32 whatever the dtype:
         // they are tiny and the recurrences are sensitive to their precision.
-        rc = st_writer_add(&w, p->name, p->nd == 1 ? ST_F32 : dtype, p->nd, p->shape, host + p->off);
+        // Next to quantised matrices the other matrices (MLA's kv_b, convs) are bf16.
+        rc = st_writer_add(&w, p->name,
+                           p->nd == 1   ? ST_F32
+                           : qtype >= 0 ? ST_BF16
+                                        : dtype,
+                           p->nd, p->shape, host + p->off);
     }
+    // __metadata__: the caller's pairs, then the block format of the U8 tensors
+    const char *qmeta[64];
+    int nm = 0;
+    for (; meta && meta[nm] && nm < 60; nm++)
+        qmeta[nm] = meta[nm];
+    if (qtype >= 0) qmeta[nm++] = WSRC_QUANT_KEY, qmeta[nm++] = ggml_type_name((uint32_t)qtype);
+    qmeta[nm] = NULL;
     if (rc == 0) rc = fs_join(path, sizeof path, tmp, "model.safetensors");
-    if (rc == 0) rc = st_writer_write(&w, path, meta);
+    if (rc == 0) rc = st_writer_write(&w, path, qmeta);
     st_writer_free(&w);
+    for (int i = 0; blocks && i < pt->n; i++)
+        free(blocks[i]);
+    free(blocks);
     return rc;
 }
 

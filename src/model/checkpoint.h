@@ -9,8 +9,16 @@
 #include "model/params.h"
 #include "tok/tok.h"
 
+// dtype CKPT_QUANT + a ggml type (GGML_Q8_0, GGML_Q4_0, GGML_Q4_1): the
+// matrices ptable_quantisable allows (and whose rows are a multiple of 32)
+// are stored in that block format, as U8 tensors [rows, bytes per row], with
+// __metadata__ WSRC_QUANT_KEY (io/weights.h) naming the format; the other matrices bf16, 1-D
+// parameters fp32. io/weights reads such a folder (dequantised, or kept as
+// blocks by a MODEL_QUANT load).
+enum { CKPT_QUANT = 1024 };
+
 // Writes the folder `dir` from host fp32 weights laid out by pt, in dtype
-// (ST_F32, ST_BF16 or ST_F16). The folder appears complete or not at all: the
+// (ST_F32, ST_BF16 or ST_F16, or CKPT_QUANT + type above). The folder appears complete or not at all: the
 // files are written into "<dir>.hylo-tmp.<pid>" and that is renamed onto dir,
 // which must not exist or be empty (base/fs.h outdir_t: a trailing slash is
 // dropped; temporaries of killed runs are removed). meta: extra safetensors

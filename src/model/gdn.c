@@ -100,14 +100,14 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
     NEED(s->vpre = ctx_act(c, N * m.vd));
     NEED(s->a = ctx_act(c, N * m.HV));
     NEED(s->b = ctx_act(c, N * m.HV));
-    lin_fwd(be, s->qpre, x, w->q_proj, N, m.d, m.kd);
-    lin_fwd(be, s->kpre, x, w->k_proj, N, m.d, m.kd);
-    lin_fwd(be, s->vpre, x, w->v_proj, N, m.d, m.vd);
-    lin_fwd(be, s->a, x, w->a_proj, N, m.d, m.HV);
-    lin_fwd(be, s->b, x, w->b_proj, N, m.d, m.HV);
+    lin_fwd(c, s->qpre, x, w->q_proj, N, m.d, m.kd);
+    lin_fwd(c, s->kpre, x, w->k_proj, N, m.d, m.kd);
+    lin_fwd(c, s->vpre, x, w->v_proj, N, m.d, m.vd);
+    lin_fwd(c, s->a, x, w->a_proj, N, m.d, m.HV);
+    lin_fwd(c, s->b, x, w->b_proj, N, m.d, m.HV);
     if (m.use_gate) {
         NEED(s->z = ctx_act(c, N * m.vd));
-        lin_fwd(be, s->z, x, w->g_proj, N, m.d, m.vd);
+        lin_fwd(c, s->z, x, w->g_proj, N, m.d, m.vd);
     }
 
     // short convs + SiLU, three separate depthwise convs; with a cache they
@@ -165,7 +165,7 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
                               GNORM_NORM_THEN_GATE);
     else
         be->rmsnorm_fwd(be, s->y, s->rstd, s->o, w->o_norm, N * m.HV, m.Dv, m.eps);
-    lin_fwd(be, out, s->y, w->o_proj, N, m.vd, m.d);
+    lin_fwd(c, out, s->y, w->o_proj, N, m.vd, m.d);
     return 0;
 }
 

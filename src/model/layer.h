@@ -37,6 +37,11 @@ typedef struct {
     int rope_npos;        // positions covered by the tables
     const ctx_pos_t *pos; // prepared position arrays (may be NULL)
     int n_pos;
+    // The model's matrices kept in their stored format (quantised inference,
+    // model.h MODEL_QUANT): a weight view pointing into qw[0..n_qw) is one of
+    // them, and lin_fwd runs be->qmatmul on it. NULL / 0 otherwise.
+    const be_qmat_t *qw;
+    int n_qw;
 } layer_ctx_t;
 
 // Element i of an act buffer (i elements of be->act_size bytes past p).

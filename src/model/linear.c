@@ -1,7 +1,19 @@
 #include "model/linear.h"
 
-void lin_fwd(be_t *be, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out) {
-    be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+#include <stdint.h>
+
+const be_qmat_t *lin_qmat(const layer_ctx_t *c, const void *W) {
+    uintptr_t p = (uintptr_t)W, lo = (uintptr_t)c->qw, hi = (uintptr_t)(c->qw + c->n_qw);
+    return c->n_qw && p >= lo && p < hi ? (const be_qmat_t *)W : NULL;
+}
+
+void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out) {
+    be_t *be = c->be;
+    const be_qmat_t *q = lin_qmat(c, W);
+    if (q)
+        be->qmatmul(be, y, x, q, N);
+    else
+        be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
 }
 
 void lin_bwd(be_t *be, void *dx, int acc, void *dW, const void *dy, const void *x, const void *W, int64_t N, int64_t in,

@@ -94,7 +94,7 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
     if (!xbc || !yn) return ERR_NOMEM;
 
     // in_proj, conv + SiLU over x | B | C (the conv state rolls forward), dt'
-    lin_fwd(be, zxbcdt, x, w->in_proj, N, s.d, s.din);
+    lin_fwd(c, zxbcdt, x, w->in_proj, N, s.d, s.din);
     const void *xbc_in = act_at(be, zxbcdt, s.o_xbc);
     be->conv1d_fwd(be, xbc, xbc_in, s.din, w->conv_w, w->conv_b, conv_state, B, T, (int)s.cd, s.W, 1);
     if (cache) be->conv1d_update_state(be, conv_state, xbc_in, s.din, B, T, (int)s.cd, s.W);
@@ -111,7 +111,7 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
 
     // gated norm (z = the first di columns of zxbcdt), out_proj
     be->gated_rmsnorm_fwd(be, yn, rstd, y, zxbcdt, s.din, w->norm, s.di, N, s.H, s.P, s.eps, GNORM_GATE_THEN_NORM);
-    lin_fwd(be, out, yn, w->out_proj, N, s.di, s.d);
+    lin_fwd(c, out, yn, w->out_proj, N, s.di, s.d);
 
     if (sv) {
         sv->x = x, sv->zxbcdt = zxbcdt, sv->dt = dt, sv->y = y, sv->rstd = rstd;

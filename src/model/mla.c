@@ -83,16 +83,16 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     ACT(p->q, N * D->H * D->qd);
     if (D->rq > 0) {
         ACT(p->cq, N * D->rq);
-        lin_fwd(be, p->cq, x, w->q_a, N, D->d, D->rq);
+        lin_fwd(c, p->cq, x, w->q_a, N, D->d, D->rq);
         p->cqn = p->cq;
         if (D->latent_norm) {
             ACT(p->cqn, N * D->rq);
             if (save) F32(p->rstd_cq, N);
             be->rmsnorm_fwd(be, p->cqn, p->rstd_cq, p->cq, w->q_a_norm, N, D->rq, LATENT_EPS);
         }
-        lin_fwd(be, p->q, p->cqn, w->q_b, N, D->rq, (int64_t)D->H * D->qd);
+        lin_fwd(c, p->q, p->cqn, w->q_b, N, D->rq, (int64_t)D->H * D->qd);
     } else {
-        lin_fwd(be, p->q, x, w->q_proj, N, D->d, (int64_t)D->H * D->qd);
+        lin_fwd(c, p->q, x, w->q_proj, N, D->d, (int64_t)D->H * D->qd);
     }
     if (D->qk_norm) { // Qwen3: RMSNorm over each head's qd values, before RoPE
         p->q_raw = p->q;
@@ -103,7 +103,7 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     // kv: [c | k_pe] = kv_a(x), split into contiguous buffers for the norms
     void *ckv;
     ACT(ckv, N * D->L);
-    lin_fwd(be, ckv, x, w->kv_a, N, D->d, D->L);
+    lin_fwd(c, ckv, x, w->kv_a, N, D->d, D->L);
     ACT(p->c, N * D->rkv);
     be->copy2d(be, p->c, D->rkv, ckv, D->L, N, D->rkv, 0);
     p->cn = p->c;
@@ -180,7 +180,7 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
     void *kvd, *k, *v, *att;
     ACT(kvd, NK * kvw);
     if (!cache)
-        lin_fwd(be, kvd, lat, w->kv_b, NK, D.rkv, kvw);
+        lin_fwd(c, kvd, lat, w->kv_b, NK, D.rkv, kvw);
     else
         for (int b = 0; b < B; b++)
             be->gemm(be, 0, 1, Tk, kvw, D.rkv, 1.0f, act_at(be, lat, (int64_t)b * seq * ld_lat), ld_lat, w->kv_b, D.rkv,
@@ -205,7 +205,7 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
     ACT(att, N * D.H * D.dv);
     F32(lse, (int64_t)B * D.H * T);
     be->attn_fwd(be, att, lse, p.q, k, v, B, T, Tk, D.H, D.G, D.qd, D.dv, D.scale);
-    lin_fwd(be, out, att, w->o, N, (int64_t)D.H * D.dv, D.d);
+    lin_fwd(c, out, att, w->o, N, (int64_t)D.H * D.dv, D.d);
 
     if (sv) {
         *sv = (mla_saved_t){.B = B,
@@ -373,6 +373,6 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
                          (int64_t)D.hpg * D.rkv, act_at(be, w->kv_b, (int64_t)D.dn * D.rkv), D.rkv,
                          (int64_t)D.kvh * D.rkv, 0.0f, act_at(be, att, (int64_t)j * D.dv), Hdv, (int64_t)D.hpg * D.dv,
                          D.G);
-    lin_fwd(be, out, att, w->o, B, Hdv, D.d);
+    lin_fwd(c, out, att, w->o, B, Hdv, D.d);
     return 0;
 }

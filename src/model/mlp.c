@@ -16,10 +16,10 @@ int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x
     int d = c->a->d, f = c->a->ffn;
     void *gate = ctx_act(c, N * f), *up = ctx_act(c, N * f), *h = ctx_act(c, N * f);
     if (!gate || !up || !h) return ERR_NOMEM;
-    lin_fwd(be, gate, x, w->gate, N, d, f);
-    lin_fwd(be, up, x, w->up, N, d, f);
+    lin_fwd(c, gate, x, w->gate, N, d, f);
+    lin_fwd(c, up, x, w->up, N, d, f);
     be->swiglu_fwd(be, h, gate, up, N * f);
-    lin_fwd(be, out, h, w->down, N, f, d);
+    lin_fwd(c, out, h, w->down, N, f, d);
     if (sv) sv->x = x, sv->gate = gate, sv->up = up, sv->h = h, sv->N = N;
     return 0;
 }

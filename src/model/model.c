@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,25 +68,106 @@ static int check_ops(const be_t *be, const arch_t *a) {
     return 0;
 }
 
-int model_create(model_t *m, const arch_t *a, be_t *be) {
+// The descriptor p is when it is one of m->qw, else NULL.
+static const be_qmat_t *qmat_of(const model_t *m, const void *p) {
+    uintptr_t u = (uintptr_t)p, lo = (uintptr_t)m->qw, hi = (uintptr_t)(m->qw + m->n_qw);
+    return m->n_qw && u >= lo && u < hi ? (const be_qmat_t *)p : NULL;
+}
+
+static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+// Places the quantised matrices (those of src that ptable_quantisable allows
+// and the source stores in a block format) in m->qw / m->qmem and the other
+// parameters packed in m->w; m->addr says where each one is. Nothing is kept
+// quantised when none qualifies (then the caller lays out m->w by pt).
+static int place_quantised(model_t *m, wsrc_t *src) {
+    const ptable_t *pt = &m->pt;
+    be_t *be = m->be;
+    if (!be->qmatmul || !be->qembed_fwd) return 0;
+    m->qw = calloc((size_t)pt->n, sizeof *m->qw);
+    size_t *qoff = malloc((size_t)pt->n * sizeof *qoff); // per parameter: offset in qmem, or SIZE_MAX
+    if (!m->qw || !qoff) {
+        free(qoff);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    size_t qbytes = 0;
+    int64_t dense = 0;
+    for (int i = 0; i < pt->n; i++) {
+        const param_t *p = &pt->p[i];
+        uint32_t type;
+        size_t rb;
+        qoff[i] = SIZE_MAX;
+        if (ptable_quantisable(p) && wsrc_raw_info(src, p->name, p->shape, p->nd, &type, &rb)) {
+            m->qw[m->n_qw++] = (be_qmat_t){type, p->shape[0], p->shape[1], rb, NULL};
+            qoff[i] = qbytes;
+            qbytes += ((size_t)p->shape[0] * rb + 63) & ~(size_t)63;
+        } else {
+            dense += round64(p->numel);
+        }
+    }
+    int rc = 0;
+    if (m->n_qw) {
+        m->w = be->alloc(be, (size_t)dense * be->act_size);
+        m->qmem = be->alloc(be, qbytes);
+        m->addr = malloc((size_t)pt->n * sizeof *m->addr);
+        if (!m->w || !m->qmem || !m->addr)
+            rc = err_wrap(ERR_NOMEM, "weights of %.1f MiB quantised + %.1f MiB act: ", qbytes / 1048576.0,
+                          dense * (double)be->act_size / 1048576.0);
+    }
+    if (rc == 0 && m->n_qw) {
+        be->memset0(be, m->w, (size_t)dense * be->act_size);
+        int64_t off = 0;
+        for (int i = 0, k = 0; i < pt->n; i++) {
+            if (qoff[i] != SIZE_MAX) {
+                m->qw[k].data = (const char *)m->qmem + qoff[i];
+                m->addr[i] = &m->qw[k++];
+            } else {
+                m->addr[i] = act_at(be, m->w, off);
+                off += round64(pt->p[i].numel);
+            }
+        }
+    }
+    free(qoff);
+    if (rc == 0 && !m->n_qw) { // nothing qualified: the caller lays out every weight as act
+        free(m->qw);
+        m->qw = NULL;
+    }
+    return rc;
+}
+
+// src NULL, or flags without MODEL_QUANT: every weight act, laid out by pt.
+static int create(model_t *m, const arch_t *a, be_t *be, wsrc_t *src, int flags) {
     memset(m, 0, sizeof *m);
     TRY(check_ops(be, a));
     m->a = *a;
     m->be = be;
     TRY(arch_validate(a, "model"));
     TRY(ptable_build(&m->pt, a));
-    m->w = be->alloc(be, (size_t)m->pt.total * be->act_size);
     m->lw = calloc((size_t)a->n_layers, sizeof *m->lw);
-    if (!m->w || !m->lw) {
-        size_t bytes = (size_t)m->pt.total * be->act_size;
-        long long n = (long long)m->pt.total;
+    int rc = m->lw ? 0 : err_set(ERR_NOMEM, "out of memory");
+    if (rc == 0 && src && (flags & MODEL_QUANT)) rc = place_quantised(m, src);
+    if (rc < 0) {
         model_free(m);
-        return err_wrap(ERR_NOMEM, "weights of a model of %lld parameters (%.1f MiB): ", n, bytes / 1048576.0);
+        return rc;
     }
-    be->memset0(be, m->w, (size_t)m->pt.total * be->act_size); // the alignment gaps stay zero
-    TRY(model_bind(m, m->w, be->act_size, m->lw, &m->embed, &m->final_norm, &m->lm_head));
-    return model_ensure_positions(m, 4096);
+    if (m->n_qw) {
+        rc = model_bind(m, m->addr, 0, m->lw, &m->embed, &m->final_norm, &m->lm_head);
+    } else {
+        size_t bytes = (size_t)m->pt.total * be->act_size;
+        if (!(m->w = be->alloc(be, bytes))) {
+            long long n = (long long)m->pt.total;
+            model_free(m);
+            return err_wrap(ERR_NOMEM, "weights of a model of %lld parameters (%.1f MiB): ", n, bytes / 1048576.0);
+        }
+        be->memset0(be, m->w, bytes); // the alignment gaps stay zero
+        rc = model_bind(m, m->w, be->act_size, m->lw, &m->embed, &m->final_norm, &m->lm_head);
+    }
+    if (rc == 0) rc = model_ensure_positions(m, 4096);
+    if (rc < 0) model_free(m);
+    return rc;
 }
+
+int model_create(model_t *m, const arch_t *a, be_t *be) { return create(m, a, be, NULL, 0); }
 
 void model_free(model_t *m) {
     be_t *be = m->be;
@@ -96,6 +178,9 @@ void model_free(model_t *m) {
         be->free(be, m->mla_cos);
         be->free(be, m->mla_sin);
     }
+    if (be) be->free(be, m->qmem);
+    free(m->qw);
+    free(m->addr);
     free(m->lw);
     ptable_free(&m->pt);
     memset(m, 0, sizeof *m);
@@ -183,18 +268,46 @@ int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags) {
     return check_unknown(src, pt, flags);
 }
 
-int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be) {
-    int rc = model_create(m, a, be);
-    // One tensor at a time through a host buffer of the largest one.
-    float *host = NULL;
-    int64_t maxn = 0;
-    for (int i = 0; rc == 0 && i < m->pt.n; i++)
-        if (m->pt.p[i].numel > maxn) maxn = m->pt.p[i].numel;
-    if (rc == 0 && !(host = malloc((size_t)maxn * sizeof(float)))) rc = err_set(ERR_NOMEM, "out of memory");
+// Rows of a quantised matrix copied at a time: the host buffer stays small and
+// the file's pages are given back part by part (peak memory: the copy, not the
+// copy plus the file).
+#define LOAD_CHUNK_BYTES ((size_t)4 << 20)
+
+static int64_t load_rows(const wsrc_t *src, const param_t *p, const be_qmat_t *q) {
+    if (wsrc_raw_permuted(src, p->name)) return q->rows;
+    int64_t n = (int64_t)(LOAD_CHUNK_BYTES / q->row_bytes);
+    return n < 1 ? 1 : n > q->rows ? q->rows : n;
+}
+
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags) {
+    TRY(create(m, a, be, src, flags));
+    // One tensor (or chunk of rows) at a time through a host buffer of the
+    // largest: floats for act weights, stored bytes for the quantised ones.
+    size_t maxb = 0;
+    for (int i = 0; i < m->pt.n; i++) {
+        const param_t *p = &m->pt.p[i];
+        const be_qmat_t *q = m->n_qw ? qmat_of(m, m->addr[i]) : NULL;
+        size_t b = q ? (size_t)load_rows(src, p, q) * q->row_bytes : (size_t)p->numel * sizeof(float);
+        if (b > maxb) maxb = b;
+    }
+    void *host = malloc(maxb ? maxb : 4);
+    int rc = host ? 0 : err_set(ERR_NOMEM, "out of memory");
     for (int i = 0; rc == 0 && i < m->pt.n; i++) {
         const param_t *p = &m->pt.p[i];
-        rc = read_param(src, p, 0, host);
-        if (rc == 0) rc = be->upload_act(be, act_at(be, m->w, p->off), host, p->numel);
+        const be_qmat_t *q = m->n_qw ? qmat_of(m, m->addr[i]) : NULL;
+        if (q) {
+            int64_t step = load_rows(src, p, q);
+            for (int64_t r0 = 0; rc == 0 && r0 < q->rows; r0 += step) {
+                int64_t n = q->rows - r0 < step ? q->rows - r0 : step;
+                rc = wsrc_read_raw(src, p->name, p->shape, p->nd, r0, n, host);
+                if (rc == 0)
+                    rc = be->copy_h2d(be, (char *)q->data + (size_t)r0 * q->row_bytes, host, (size_t)n * q->row_bytes);
+            }
+        } else {
+            rc = read_param(src, p, 0, host);
+            void *dst = m->n_qw ? m->addr[i] : act_at(be, m->w, p->off);
+            if (rc == 0) rc = be->upload_act(be, dst, host, p->numel);
+        }
     }
     if (rc == 0) rc = check_unknown(src, &m->pt, 0);
     free(host);
@@ -202,14 +315,16 @@ int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be) {
     return rc;
 }
 
-int model_load(model_t *m, const char *path, be_t *be) {
+int model_load_ex(model_t *m, const char *path, be_t *be, int flags) {
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
-    int rc = model_load_src(m, src, &a, be);
+    int rc = model_load_src(m, src, &a, be, flags);
     wsrc_close(src);
     return rc;
 }
+
+int model_load(model_t *m, const char *path, be_t *be) { return model_load_ex(m, path, be, 0); }
 
 // ---- inference state -----------------------------------------------------------
 
@@ -412,7 +527,8 @@ int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
 
 layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
     const model_t *m = r->m;
-    layer_ctx_t c = {m->be, &m->a, l, &r->arena, m->rope_cos, m->rope_sin, m->rope_npos, r->pos, r->n_pos};
+    layer_ctx_t c = {m->be,        &m->a,  l,        &r->arena, m->rope_cos, m->rope_sin,
+                     m->rope_npos, r->pos, r->n_pos, m->qw,     m->n_qw};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
@@ -422,7 +538,11 @@ int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids,
         if (ids[i] < 0 || ids[i] >= m->a.V)
             return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
     TRY(m->be->copy_h2d(m->be, d_ids, ids, (size_t)N * sizeof(int32_t)));
-    m->be->embed_fwd(m->be, x, m->embed, d_ids, N, m->a.d);
+    const be_qmat_t *q = qmat_of(m, m->embed);
+    if (q)
+        m->be->qembed_fwd(m->be, x, q, d_ids, N);
+    else
+        m->be->embed_fwd(m->be, x, m->embed, d_ids, N, m->a.d);
     return 0;
 }
 
@@ -511,6 +631,7 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
     void *hn = arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size);
     void *lg = arena_alloc(&r->arena, (size_t)slice * a->V * be->act_size);
     if ((stride != 1 && !h) || !hn || !lg) return ERR_NOMEM;
+    layer_ctx_t c = model_layer_ctx(r, 0); // the head's product may be a quantised one
     for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
         int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
         const void *rows = act_at(be, x, (first + r0 * stride) * a->d);
@@ -519,7 +640,7 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
             rows = h;
         }
         be->rmsnorm_fwd(be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
-        lin_fwd(be, lg, hn, m->lm_head, n, a->d, a->V);
+        lin_fwd(&c, lg, hn, m->lm_head, n, a->d, a->V);
         TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
     }
     return be->sync(be);

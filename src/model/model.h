@@ -34,12 +34,20 @@ typedef struct {
     arch_t a;
     ptable_t pt;
     be_t *be;
-    void *w;                            // flat weights (act), on the device
+    void *w;                            // flat weights (act), on the device; laid out by pt unless n_qw > 0
     layer_w_t *lw;                      // [n_layers] views into w
     void *embed, *final_norm, *lm_head; // lm_head == embed when tied
     float *rope_cos, *rope_sin;         // attention RoPE tables on the device [rope_npos, dh/2]
     float *mla_cos, *mla_sin;           // MLA RoPE tables [rope_npos, d_rope/2]
     int rope_npos;
+    // Quantised inference (MODEL_QUANT): the matrices kept in their stored
+    // format (the views point at these descriptors, see layer_ctx_t), the
+    // memory behind them, and where every parameter lives (w then holds only
+    // the others, packed, not laid out by pt: such a model cannot train).
+    be_qmat_t *qw;
+    int n_qw;
+    void *qmem;
+    void **addr; // [pt.n]
 } model_t;
 
 // One run's execution context over a model's weights.
@@ -55,19 +63,26 @@ typedef struct {
 
 // Builds an empty model (weights uninitialised) for an architecture.
 int model_create(model_t *m, const arch_t *a, be_t *be);
-// Loads a GGUF file or a checkpoint folder onto the backend. Strict: a
-// missing, unknown or wrongly shaped tensor is an error naming it.
+// MODEL_ALLOW_MISSING (model_read_host): missing tensors stay zero and
+// unknown ones are ignored, each with a warning (the opt-out of
+// --allow-missing). MODEL_QUANT (model_load_ex / model_load_src): on a
+// backend with quantised products (be->qmatmul: the CPU), the linear and
+// embedding matrices that the source stores in a block format or bf16 stay in
+// it (inference only: about the file's size instead of fp32; products round
+// the activations to 8 bits, backend.h qmatmul). Without it every weight is
+// act, as training and exact evaluation need.
+enum { MODEL_ALLOW_MISSING = 1, MODEL_QUANT = 2 };
+// Loads a GGUF file or a checkpoint folder onto the backend (all weights act).
+// Strict: a missing, unknown or wrongly shaped tensor is an error naming it.
 int model_load(model_t *m, const char *path, be_t *be);
+int model_load_ex(model_t *m, const char *path, be_t *be, int flags);
 // The same from an open source and the architecture wsrc_open filled, for a
 // caller that reads more from it (the tokenizer in a GGUF's metadata) without
 // opening and parsing the file a second time.
-int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be);
+int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags);
 // A run over m's weights with an activation arena of arena_bytes on m's device.
 int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes);
 void model_run_free(model_run_t *r);
-// MODEL_ALLOW_MISSING: missing tensors stay zero and unknown ones are
-// ignored, each with a warning (the opt-out of --allow-missing).
-enum { MODEL_ALLOW_MISSING = 1 };
 // Reads every parameter of an open source into a host fp32 flat buffer laid
 // out by pt (export and convert); flags 0 is model_load's strictness.
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);

@@ -152,6 +152,18 @@ int64_t ptable_off(const ptable_t *t, const char *name) {
     return p ? p->off : -1;
 }
 
+// The matrices read only through lin_fwd or the embedding lookup: the embedding and head, and
+// every projection (attention, MLP, MLA, GDN, Mamba-2: the *_proj weights)
+// except MLA's kv_b, which its absorbed decode multiplies directly.
+int ptable_quantisable(const param_t *p) {
+    if (!strcmp(p->name, "model.embed_tokens.weight") || !strcmp(p->name, "lm_head.weight")) return 1;
+    if (p->layer < 0 || p->nd != 2) return 0;
+    size_t n = strlen(p->name);
+    int proj = (n > 12 && !strcmp(p->name + n - 12, "_proj.weight")) ||
+               (n > 21 && !strcmp(p->name + n - 21, "_proj_with_mqa.weight"));
+    return proj && !strstr(p->name, "kv_b_proj");
+}
+
 int64_t ptable_count(const ptable_t *t) {
     int64_t n = 0;
     for (int i = 0; i < t->n; i++)

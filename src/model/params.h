@@ -32,6 +32,10 @@ const param_t *ptable_find(const ptable_t *t, const char *name);
 int64_t ptable_off(const ptable_t *t, const char *name);
 // Parameter count (sum of numel).
 int64_t ptable_count(const ptable_t *t);
+// 1 for the parameters that may be kept in a block format (quantised
+// inference, model.h MODEL_QUANT; quantised checkpoints, checkpoint.h): the
+// matrices only ever multiplied by activations or looked up by row.
+int ptable_quantisable(const param_t *p);
 // A host fp32 buffer laid out by t (zeroed when zero), for `what` ("the
 // teacher's weights"); ERR_NOMEM saying how many bytes and parameters could
 // not be allocated for what.

@@ -61,7 +61,7 @@ static int load_student(trainer_t *tr, const char *path) {
         if (a.mla.rope.beta_fast == 0) a.mla.rope.beta_fast = 32, a.mla.rope.beta_slow = 1;
         if (a.mla.rope.mscale == 0) a.mla.rope.mscale = 1;
     }
-    if (rc == 0) rc = model_load_src(&tr->s, src, &a, tr->be);
+    if (rc == 0) rc = model_load_src(&tr->s, src, &a, tr->be, 0);
     wsrc_close(src);
     return rc;
 }

@@ -17,6 +17,7 @@ void cpu_register_ssd(be_t *be);   // cpu_ssd.c: Mamba-2 SSD
 void cpu_register_mla(be_t *be);   // cpu_mla.c: MLA decode over the latent cache
 void cpu_register_loss(be_t *be);  // cpu_loss.c: fused CE / KL over vocabulary tiles, ILD distance
 void cpu_register_optim(be_t *be); // cpu_optim.c: sumsq, AdamW
+void cpu_register_quant(be_t *be); // cpu_quant.c: products on quantised / bf16 weights
 
 // Parallel regions cost microseconds to wake; below this much work (elements
 // touched) a loop runs on the calling thread. Decode steps are made of many

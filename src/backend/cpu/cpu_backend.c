@@ -74,6 +74,7 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     cpu_register_mla(be);
     cpu_register_loss(be);
     cpu_register_optim(be);
+    cpu_register_quant(be);
     *out = be;
     return 0;
 }
