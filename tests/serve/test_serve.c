@@ -162,8 +162,16 @@ static char *completion_body(const char *prompt, int max_tokens, const char *ext
     return b;
 }
 
-// choices[0]'s text (message.content or text) of a response; finish and usage checked.
+// choices[0]'s text (message.content or text) of a response; finish and usage
+// checked. want_finish NULL: the finish the budget of max_new tokens implies
+// ("stop" when fewer came, else "length"): the CLI's greedy chat answer may or
+// may not end within it (on quantised weights SmolLM2's first token is a near
+// tie, docs/RESULTS.md).
+static char *answer_within(const char *resp, const char *want_finish, int max_new, int *n_new);
 static char *answer(const char *resp, const char *want_finish, int *n_new) {
+    return answer_within(resp, want_finish, 0, n_new);
+}
+static char *answer_within(const char *resp, const char *want_finish, int max_new, int *n_new) {
     cJSON *j = cJSON_Parse(resp);
     if (!j) fail_msg("not JSON: %s", resp);
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
@@ -171,10 +179,12 @@ static char *answer(const char *resp, const char *want_finish, int *n_new) {
     cJSON *msg = cJSON_GetObjectItem(ch, "message");
     cJSON *t = msg ? cJSON_GetObjectItem(msg, "content") : cJSON_GetObjectItem(ch, "text");
     assert_true(cJSON_IsString(t));
-    assert_string_equal(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, want_finish);
     cJSON *u = cJSON_GetObjectItem(j, "usage");
     int np = cJSON_GetObjectItem(u, "prompt_tokens")->valueint,
         nn = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+    assert_string_equal(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, want_finish    ? want_finish
+                                                                               : nn < max_new ? "stop"
+                                                                                              : "length");
     assert_true(np > 0);
     assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, np + nn);
     assert_non_null(cJSON_GetObjectItem(j, "id"));
@@ -291,7 +301,7 @@ static void test_greedy_matches_cli(void **state) {
     int n_new;
     assert_int_equal(http(&S, "/v1/chat/completions", chat_body(Q, 8, NULL), &r), 200);
     assert_non_null(strstr(r, "\"object\":\"chat.completion\""));
-    t = answer(r, strlen(want_chat) ? "stop" : "length", &n_new);
+    t = answer_within(r, NULL, 8, &n_new);
     assert_string_equal(t, want_chat);
     free(r), free(t);
     assert_int_equal(http(&S, "/v1/completions", completion_body(P, 8, NULL), &r), 200);
@@ -344,7 +354,7 @@ static void test_concurrent(void **state) {
     for (int i = 0; i < 4; i++) {
         char *r, *t, finish[32];
         assert_int_equal(call_end(&c[i], &r), 200);
-        t = i >= 2 ? stream_text(r, finish, NULL, NULL) : answer(r, i % 2 ? "length" : "stop", NULL);
+        t = i >= 2 ? stream_text(r, finish, NULL, NULL) : answer_within(r, i % 2 ? "length" : NULL, 8, NULL);
         assert_string_equal(t, i % 2 ? want_completion : want_chat);
         free(r), free(t);
     }
