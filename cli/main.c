@@ -90,7 +90,7 @@ int cli_wants_help(int argc, char **argv) {
 //  - OpenMP threads spin between parallel regions by default; with OpenBLAS's
 //    own threads on a few cores the spinning starves them (decode of SmolLM2 on
 //    2 cores: 2.1 tok/s spinning, 9.3 tok/s with passive waiting), except
-//    in generate / chat / serve on quantised weights (below).
+//    in generate / chat on quantised weights (below).
 // An explicit setting in the environment always wins. scripts/run_tests.sh
 // applies the same rule to the test binaries (keep the two in step).
 char *openblas_get_corename(void);
@@ -103,14 +103,13 @@ static void tune_runtime(char **argv) {
                                                              : NULL;
         if (core) setenv("OPENBLAS_CORETYPE", core, 1), change = 1;
     }
-    // generate / chat / serve on quantised weights call no OpenBLAS, but run ~8
+    // generate / chat on quantised weights call no OpenBLAS, but run ~8
     // parallel regions per layer and token: waking passive threads costs
     // ~40 us per region on this 2-core VM (decode 38 tok/s), spinning ~1 us
     // (92 tok/s). A bounded spin (GOMP_SPINCOUNT pause loops, ~0.1 ms) keeps
     // the threads awake across one token's regions and lets them sleep
     // between user turns or under OpenBLAS (--f32, checkpoint folders).
-    int quant_infer =
-        argv[1] && (!strcmp(argv[1], "generate") || !strcmp(argv[1], "chat") || !strcmp(argv[1], "serve"));
+    int quant_infer = argv[1] && (!strcmp(argv[1], "generate") || !strcmp(argv[1], "chat"));
     for (int i = 2; quant_infer && argv[i]; i++)
         if (!strcmp(argv[i], "--f32")) quant_infer = 0;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
