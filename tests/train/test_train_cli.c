@@ -83,6 +83,65 @@ static char *losses(const char *out_dir) {
 }
 
 // tu_tmp_path's buffers rotate: the paths a test keeps are copied here.
+// The processes whose parent is `parent` (the ranks of an mpirun, which
+// OpenMPI puts into process groups of their own), at most cap.
+static int children_of(pid_t parent, pid_t *out, int cap) {
+    int n = 0;
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? fopen(path, "r") : NULL;
+        if (!f) continue;
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[k] = 0;
+        const char *rp = strrchr(buf, ')'); // "pid (comm) state ppid"
+        char state;
+        int ppid;
+        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+// Runs the shell command `cmd` (exec'ed, so its pid is the process's: hylo or
+// mpirun) with its output discarded, and kills it and its children (an
+// mpirun's ranks) with SIGKILL once the file `ck` exists (a checkpoint is
+// complete); the run must still have been going then.
+static void kill_at_checkpoint(const char *cmd, const char *ck) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen("/dev/null", "w", stderr);
+        char line[8400];
+        snprintf(line, sizeof line, "exec %s", cmd);
+        execl("/bin/sh", "sh", "-c", line, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0, killed = 0;
+    for (int i = 0; i < 12000 && !killed; i++) {
+        if (fs_exists(ck)) { // the process and its children, all at once
+            pid_t kids[16];
+            int n = children_of(pid, kids, 16);
+            kill(pid, SIGKILL);
+            for (int j = 0; j < n; j++)
+                kill(kids[j], SIGKILL);
+            killed = 1;
+        } else if (waitpid(pid, &status, WNOHANG) == pid) {
+            break;
+        } else {
+            usleep(10000);
+        }
+    }
+    assert_true(killed);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL); // it was still running
+}
+
 static char student[1100], teacher[1100];
 
 static void test_data_and_kd_resume(void **st) {
@@ -112,28 +171,9 @@ static void test_data_and_kd_resume(void **st) {
     snprintf(ob, sizeof ob, "%s", tu_tmp_path("out_b"));
     write_recipe(rb, student, teacher, ob, 0, 6);
     snprintf(ck, sizeof ck, "%s/checkpoint-3/trainer_state.json", ob);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        freopen("/dev/null", "w", stdout);
-        freopen("/dev/null", "w", stderr);
-        execl(getenv("HYLO_BIN"), "hylo", "train", rb, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0, killed = 0;
-    for (int i = 0; i < 6000 && !killed; i++) {
-        if (fs_exists(ck)) {
-            kill(pid, SIGKILL);
-            killed = 1;
-        } else if (waitpid(pid, &status, WNOHANG) == pid) {
-            break;
-        } else {
-            usleep(10000);
-        }
-    }
-    assert_true(killed);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL); // it was still running
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "%s train %s", getenv("HYLO_BIN"), rb);
+    kill_at_checkpoint(cmd, ck);
     char fin[1200];
     snprintf(fin, sizeof fin, "%s/checkpoint-6", ob);
     assert_false(fs_exists(fin)); // killed midway
@@ -258,30 +298,6 @@ static void assert_close_logs(const char *a, const char *b, int first, int n_exp
     }
 }
 
-// The processes whose parent is `parent` (the ranks of an mpirun, which
-// OpenMPI puts into process groups of their own), at most cap.
-static int children_of(pid_t parent, pid_t *out, int cap) {
-    int n = 0;
-    DIR *d = opendir("/proc");
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) && n < cap) {
-        char path[300], buf[512];
-        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-        FILE *f = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? fopen(path, "r") : NULL;
-        if (!f) continue;
-        size_t k = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[k] = 0;
-        const char *rp = strrchr(buf, ')'); // "pid (comm) state ppid"
-        char state;
-        int ppid;
-        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out[n++] = (pid_t)atoi(e->d_name);
-    }
-    closedir(d);
-    return n;
-}
-
 // mpirun -np 2 with 2 rows per rank against one process with 4 rows: the
 // same losses to reduction order; 2 ranks killed with SIGKILL after a
 // checkpoint and resumed: the uninterrupted 2-rank losses bit for bit; a
@@ -320,34 +336,7 @@ static void test_mpi_ranks(void **st) {
     snprintf(ck, sizeof ck, "%s/checkpoint-2/trainer_state.json", ok);
     snprintf(args, sizeof args, "train %s", rk);
     mpi_cmd(cmd, sizeof cmd, 2, args);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        freopen("/dev/null", "w", stdout);
-        freopen("/dev/null", "w", stderr);
-        char line[8300];
-        snprintf(line, sizeof line, "exec %s", cmd); // pid is mpirun's
-        execl("/bin/sh", "sh", "-c", line, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0, killed = 0;
-    for (int i = 0; i < 12000 && !killed; i++) {
-        if (fs_exists(ck)) { // mpirun and its ranks, all at once
-            pid_t ranks[16];
-            int n = children_of(pid, ranks, 16);
-            kill(pid, SIGKILL);
-            for (int j = 0; j < n; j++)
-                kill(ranks[j], SIGKILL);
-            killed = 1;
-        } else if (waitpid(pid, &status, WNOHANG) == pid) {
-            break;
-        } else {
-            usleep(10000);
-        }
-    }
-    assert_true(killed);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL); // it was still running
+    kill_at_checkpoint(cmd, ck);
     char fin[1200];
     snprintf(fin, sizeof fin, "%s/checkpoint-4", ok);
     assert_false(fs_exists(fin)); // killed midway
