@@ -135,6 +135,29 @@ assemble() { # GGUF halves -> $M, checked against the sha256 fetch_model.sh hold
     echo "$sha  $M.part" | sha256sum -c --quiet - && mv $M.part $M || echo "GGUF halves do not match" >&2
 }
 mla=$(seq -s, 0 3 29)
+# the corpus carried in two parts (ca, cb), unpacked; shards go to mix/ (the
+# documentation) and chat/ (the teacher's samples)
+unpack_corpus() {
+    mkdir -p $W/corpus $W/mix $W/chat
+    cat $W/ca .carry/cb/part | xz -d | tar xf - -C $W/corpus
+}
+# stage 1 of the pure-MLA and the pure-GDN students at 2K, side by side
+ild() { # steps, save_steps, timeout (s)
+    for s in mla gdn; do
+        if [ $s = mla ]; then layers="[$(seq -s, 0 29)]"; else layers="[]"; fi
+        recipe $W/ild_$s.yaml "model_name_or_path: $M" "teacher_model_name_or_path: $M" "linear_type: gdn" \
+            "mla_layers: $layers" "ILD: true" "max_seq_length: 2048" "per_device_train_batch_size: 16" \
+            "gradient_accumulation_steps: 1" "learning_rate: 1.0e-3" "warmup_ratio: 0.05" "max_steps: $1" \
+            "dataset_mixer:" "  $W/mix/docs.shard: 1.0" "output_dir: $W/ild_$s" "save_steps: $2" \
+            "save_total_limit: 1" "logging_steps: 10" "device: cuda" "seed: 42"
+        step ild_$s $3 $H train $W/ild_$s.yaml &
+    done
+    wait
+}
+# stage 2's first student: the hybrid assembled from both stage-1 results
+from_ild="model_name_or_path: $M
+mla_ILD_path: $W/ild_mla/final
+linear_ILD_path: $W/ild_gdn/final"
 # the teacher's chat samples, when any shard was written, weighted 2 (each
 # sample twice per epoch beside the documentation)
 chat_entry=""
@@ -156,8 +179,7 @@ kd() { # name, T, rows, lr, factor, init lines..., seconds
 case $1 in
 stage1)
     assemble
-    mkdir -p $W/corpus $W/mix $W/chat
-    cat $W/ca .carry/cb/part | xz -d | tar xf - -C $W/corpus
+    unpack_corpus
     cp $W/corpus/SOURCES.tsv $W/corpus/OVERLAP.log "$O/" 2>/dev/null
     step data 120 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
     # chat documents sampled from the teacher, 1,024 a shard, while the slot lasts
@@ -176,16 +198,7 @@ stage1)
         $H export $M --out $W/smol_hf > /dev/null 2>&1
         step agree 200 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa --device cuda
     ) > $O/agree.txt 2>&1 &
-    for s in mla gdn; do
-        if [ $s = mla ]; then layers="[$(seq -s, 0 29)]"; else layers="[]"; fi
-        recipe $W/ild_$s.yaml "model_name_or_path: $M" "teacher_model_name_or_path: $M" "linear_type: gdn" \
-            "mla_layers: $layers" "ILD: true" "max_seq_length: 2048" "per_device_train_batch_size: 16" \
-            "gradient_accumulation_steps: 1" "learning_rate: 1.0e-3" "warmup_ratio: 0.05" "max_steps: 450" \
-            "dataset_mixer:" "  $W/mix/docs.shard: 1.0" "output_dir: $W/ild_$s" "save_steps: 150" \
-            "save_total_limit: 1" "logging_steps: 10" "device: cuda" "seed: 42"
-        step ild_$s 380 $H train $W/ild_$s.yaml &
-    done
-    wait
+    ild 450 150 380
     ;;
 stage2)
     mkdir -p $W/kd
@@ -197,9 +210,7 @@ stage2)
     # untrained hybrid of the same layout, for the table
     step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
     (evaluate untrained $W/untrained) > $O/ev_untrained.txt 2>&1 &
-    kd kd2k 2048 16 3.0e-4 1.0 "model_name_or_path: $M
-mla_ILD_path: $W/ild_mla/final
-linear_ILD_path: $W/ild_gdn/final" 170
+    kd kd2k 2048 16 3.0e-4 1.0 "$from_ild" 170
     (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
     kd kd8k 8192 4 1.5e-4 4.0 "model_name_or_path: $W/kd2k/final" 130
     kd kd32k 32768 1 1.0e-4 16.0 "model_name_or_path: $W/kd8k/final" 130 0.5
@@ -210,24 +221,12 @@ quick)
     # more: a short stage 1, KD at 2K and 8K, the evaluation of both results
     DEADLINE=${QUICK_DEADLINE:-380}
     assemble
-    mkdir -p $W/corpus $W/mix
-    cat $W/ca .carry/cb/part | xz -d | tar xf - -C $W/corpus
+    unpack_corpus
     step data 60 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
-    for s in mla gdn; do
-        if [ $s = mla ]; then layers="[$(seq -s, 0 29)]"; else layers="[]"; fi
-        recipe $W/ild_$s.yaml "model_name_or_path: $M" "teacher_model_name_or_path: $M" "linear_type: gdn" \
-            "mla_layers: $layers" "ILD: true" "max_seq_length: 2048" "per_device_train_batch_size: 16" \
-            "gradient_accumulation_steps: 1" "learning_rate: 1.0e-3" "warmup_ratio: 0.05" "max_steps: ${ILD_STEPS:-200}" \
-            "dataset_mixer:" "  $W/mix/docs.shard: 1.0" "output_dir: $W/ild_$s" "save_steps: 100000" \
-            "save_total_limit: 1" "logging_steps: 10" "device: cuda" "seed: 42"
-        step ild_$s 130 $H train $W/ild_$s.yaml &
-    done
-    wait
+    ild ${ILD_STEPS:-200} 100000 130
     rate=$(tps $W/ild_gdn)
     [ "$rate" -gt 0 ] || rate=60000
-    kd kd2k 2048 16 3.0e-4 1.0 "model_name_or_path: $M
-mla_ILD_path: $W/ild_mla/final
-linear_ILD_path: $W/ild_gdn/final" ${KD2K_S:-80}
+    kd kd2k 2048 16 3.0e-4 1.0 "$from_ild" ${KD2K_S:-80}
     NIAH_SAMPLES=${NIAH_SAMPLES:-10}
     (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
     kd kd8k 8192 4 1.5e-4 4.0 "model_name_or_path: $W/kd2k/final" ${KD8K_S:-40}
