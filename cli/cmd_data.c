@@ -350,9 +350,10 @@ static int run_generate(const data_opts_t *o) {
     sample_t *smp = calloc((size_t)B, sizeof *smp);
     sampler_t *sam = calloc((size_t)B, sizeof *sam);
     int32_t *next = malloc((size_t)B * sizeof *next);
+    uint8_t *keep = malloc((size_t)B); // next[s] belongs in document s
     float *logits = NULL;
     uint8_t *mask = NULL;
-    int loaded = 0, rc = smp && sam && next ? cli_backend(o->device, &be) : err_set(ERR_NOMEM, "out of memory");
+    int loaded = 0, rc = smp && sam && next && keep ? cli_backend(o->device, &be) : err_set(ERR_NOMEM, "out of memory");
     if (rc == 0 && (rc = cli_load_model(o->model, be, &m, &tok, MODEL_QUANT)) == 0) loaded = 1;
     if (rc == 0 && tok.n_vocab > m.a.V)
         rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->model,
@@ -411,40 +412,31 @@ static int run_generate(const data_opts_t *o) {
 #pragma omp parallel for reduction(+ : active) schedule(dynamic, 4)
             for (int s = 0; s < B; s++) {
                 sample_t *x = &smp[s];
-                next[s] = tok.eos; // what a finished sequence is fed
+                next[s] = tok.eos, keep[s] = 0; // what a finished sequence is fed, not recorded
                 if (x->done) continue;
-                if (x->forced_at < x->n_forced) {
-                    next[s] = header[x->forced_at++];
-                    if (x->forced_at == x->n_forced) x->answer_at = x->doc.n + 1;
-                    active++;
-                    continue;
-                }
-                int32_t id = sampler_sample(&sam[s], logits + (size_t)s * m.a.V);
-                int is_stop = 0;
-                for (int k = 0; k < n_stop; k++)
-                    is_stop |= id == stop[k];
-                // the user's message ends (by a stop id, or at half the budget):
-                // the template's assistant header follows
-                if (x->in_user && (is_stop || step >= max_new / 2)) {
+                if (x->forced_at == x->n_forced) { // sampling
+                    int32_t id = sampler_sample(&sam[s], logits + (size_t)s * m.a.V);
+                    int is_stop = 0;
+                    for (int k = 0; k < n_stop; k++)
+                        is_stop |= id == stop[k];
+                    if (!(x->in_user && (is_stop || step >= max_new / 2))) {
+                        next[s] = id, keep[s] = 1;
+                        if (is_stop)
+                            x->done = x->stopped = 1;
+                        else
+                            active++;
+                        continue;
+                    }
+                    // the user's message ends (by a stop id, or at half the
+                    // budget): the template's assistant header follows
                     x->in_user = 0, x->n_forced = n_header, x->forced_at = 0;
-                    next[s] = header[x->forced_at++];
-                    if (x->forced_at == x->n_forced) x->answer_at = x->doc.n + 1;
-                    active++;
-                    continue;
                 }
-                if (is_stop) {
-                    x->done = x->stopped = 1;
-                    next[s] = id;
-                    continue;
-                }
-                next[s] = id;
+                next[s] = header[x->forced_at++], keep[s] = 1;
+                if (x->forced_at == x->n_forced) x->answer_at = x->doc.n + 1;
                 active++;
             }
             for (int s = 0; rc == 0 && s < B; s++)
-                if (!smp[s].done || smp[s].stopped == 1) {
-                    rc = idvec_push(&smp[s].doc, next[s]);
-                    if (smp[s].stopped) smp[s].stopped = 2; // its stop id is recorded once
-                }
+                if (keep[s]) rc = idvec_push(&smp[s].doc, next[s]);
             if (rc == 0 && active == 0) break;
             if (rc == 0) rc = model_step(&run, &st, next, logits);
         }
@@ -485,7 +477,7 @@ static int run_generate(const data_opts_t *o) {
         free(smp[s].doc.ids);
     for (int s = 0; s < B && sam; s++)
         sampler_free(&sam[s]);
-    free(smp), free(sam), free(next), free(logits), free(mask), free(head), free(tail), free(header);
+    free(smp), free(sam), free(next), free(keep), free(logits), free(mask), free(head), free(tail), free(header);
     if (loaded) {
         model_state_free(&m, &st);
         model_run_free(&run);
