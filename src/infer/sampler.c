@@ -78,22 +78,15 @@ int sampler_sample(sampler_t *s, const float *logits) {
     for (int v = 0; v < V; v++)
         s->prob[v] = expf((logits[v] - m) / s->cfg.temperature);
     int n = s->cfg.top_k > 0 && s->cfg.top_k < V ? s->cfg.top_k : V;
-    if (n == V && s->cfg.top_p >= 1.0f) {
-        // Plain temperature sampling: the inverse CDF in id order needs no
-        // sorted candidates (sorting V per token dominated batched sampling).
-        double kept = 0;
+    // Candidates: for plain temperature sampling every id in id order (the
+    // inverse CDF needs no order, and sorting V per token dominated batched
+    // sampling); else sorted by probability (ties by id), the top k kept, then
+    // the smallest prefix whose mass reaches top_p.
+    if (n == V && s->cfg.top_p >= 1.0f)
         for (int v = 0; v < V; v++)
-            kept += s->prob[v];
-        double r = (double)rng_uniform(&s->rng) * kept, acc = 0;
-        for (int v = 0; v < V; v++) {
-            acc += s->prob[v];
-            if (r < acc) return v;
-        }
-        return sampler_argmax(logits, V);
-    }
-    // Candidates sorted by probability (ties by id); keep the top k, then the
-    // smallest prefix whose mass reaches top_p.
-    best_candidates(s->idx, V, n, s->prob);
+            s->idx[v] = v;
+    else
+        best_candidates(s->idx, V, n, s->prob);
     double kept = 0;
     for (int i = 0; i < n; i++)
         kept += s->prob[s->idx[i]];
