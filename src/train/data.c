@@ -233,9 +233,9 @@ static int finish(data_loader_t *dl, const char *label, int T, uint64_t seed, in
         const source_t *s = &dl->src[i];
         int64_t left = s->n_tokens - 1 - s->rows * T;
         log_info("data: %s%s: %" PRId64 " tokens in %d shard%s, %" PRId64 " rows of %d+1 tokens (%" PRId64
-                 " token%s after the last full window dropped)%s",
+                 " token%s after the last full window dropped)",
                  dl->sh[s->sh0].mf.path, s->n_sh > 1 ? " ..." : "", s->n_tokens, s->n_sh, s->n_sh > 1 ? "s" : "",
-                 s->rows, T, left, left == 1 ? "" : "s", "");
+                 s->rows, T, left, left == 1 ? "" : "s");
         if (dl->n_src > 1)
             log_info("data:   fraction %g: %" PRId64 " rows per epoch, %.1f%% of the mixture", s->weight, s->share,
                      100.0 * (double)s->share / (double)dl->rows_all);
