@@ -5,10 +5,11 @@
 # 64 MiB carried a call, the machine given back 30 s after a call: the calls
 # run back to back). Here:
 #   bash scripts/gpu/upcycle.sh pack      build, corpus (scripts/corpus.sh), fill .carry/
+#                                         (a .carry/corpus.tar.xz already there is reused unless CORPUS=DIR)
 # then one device call each, in this order:
 #   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/lib .carry/p1 .carry/ca .carry/evaldata.tar.xz
 #   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb
-#   call 3: bash scripts/gpu/upcycle.sh stage2
+#   call 3: bash scripts/gpu/upcycle.sh stage2   carry .carry/t (the CUDA test binaries)
 #   call 4: bash scripts/gpu/upcycle.sh eval
 # or, when one call is all the device time allows after prep:
 #   call 2: bash scripts/gpu/upcycle.sh quick    carry .carry/p2 .carry/cb
@@ -62,13 +63,22 @@ if [ "$1" = pack ]; then
     mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
+    # the CUDA tests, run beside stage 2 (scripts/gpu/tests.sh)
+    make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') >/dev/null
+    mkdir -p .carry/stage/build/tests/cuda .carry/t && cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ &&
+        strip .carry/stage/build/tests/cuda/test_*
+    tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
     for l in libcjson.so.1 libyaml-0.so.2 libpcre2-8.so.0 libzstd.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .carry/lib/; done
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
     head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
     tar cf - -C .. shared/data/eval shared/data/essays shared/data/words | xz -6 -T2 > .carry/evaldata.tar.xz
-    corpus=${CORPUS:-.carry/corpus}
-    [ -d "$corpus" ] || scripts/corpus.sh "$corpus" ../shared/data
-    tar cf - -C "$corpus" . | xz -9e -T2 > .carry/corpus.tar.xz
+    # the corpus: built (or taken from CORPUS=DIR) and compressed, unless a
+    # compressed one is already here and CORPUS is not given
+    if [ -n "${CORPUS:-}" ] || [ ! -f .carry/corpus.tar.xz ]; then
+        corpus=${CORPUS:-.carry/corpus}
+        [ -d "$corpus" ] || scripts/corpus.sh "$corpus" ../shared/data
+        tar cf - -C "$corpus" . | xz -9e -T2 > .carry/corpus.tar.xz
+    fi
     n=$(stat -c %s .carry/corpus.tar.xz)
     head -c $((n / 3)) .carry/corpus.tar.xz > .carry/ca/part && tail -c +$((n / 3 + 1)) .carry/corpus.tar.xz > .carry/cb/part
     du -sh .carry/*
@@ -90,7 +100,7 @@ mkdir -p "$O"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$O/gpu.txt"
 T0=$(date +%s)
 since() { echo $(( $(date +%s) - T0 )); }
-DEADLINE=540 # every step ends by then, so the call returns inside its 10 minutes
+DEADLINE=${DEADLINE:-540} # every step ends by then, so the call returns inside its 10 minutes
 step() { # name, timeout (s), command...: logged to $O/name.log with its exit status and time
     local name=$1 t=$2; shift 2
     local left=$((DEADLINE - $(since)))
@@ -160,8 +170,8 @@ mla_ILD_path: $W/ild_mla/final
 linear_ILD_path: $W/ild_gdn/final"
 # the teacher's chat samples, when any shard was written, weighted 2 (each
 # sample twice per epoch beside the documentation)
-chat_entry=""
-ls $W/chat/*.shard > /dev/null 2>&1 && chat_entry="  $W/chat: 2.0"
+chat_entry=()
+ls $W/chat/*.shard > /dev/null 2>&1 && chat_entry=("  $W/chat: 2.0")
 kd() { # name, T, rows, lr, factor, init lines..., seconds
     local n=$1 T=$2 rows=$3 lr=$4 f=$5 init=$6 secs=$7 ce=${8:-0.0}
     local steps=$(fit $((T * rows)) $secs $rate 20 3000)
@@ -169,7 +179,7 @@ kd() { # name, T, rows, lr, factor, init lines..., seconds
         "ILD: false" "max_seq_length: $T" "per_device_train_batch_size: $rows" "gradient_accumulation_steps: 1" \
         "learning_rate: $lr" "warmup_ratio: 0.03" "max_steps: $steps" "factor: $f" \
         "original_max_position_embeddings: 2048" "kl_weight: 1.0" "ce_weight: $ce" "gradient_checkpointing: true" \
-        "dataset_mixer:" "  $W/mix: 1.0" "output_dir: $W/$n" "save_steps: 1000000" "save_total_limit: 1" \
+        "dataset_mixer:" "  $W/mix: 1.0" "${chat_entry[@]}" "output_dir: $W/$n" "save_steps: 1000000" "save_total_limit: 1" \
         "logging_steps: 10" "device: cuda" "seed: 42"
     step $n $((secs + 60)) $H train $W/$n.yaml
     rate=$(tps $W/$n)
@@ -209,6 +219,9 @@ stage2)
     [ "$rate" -gt 0 ] || rate=100000
     # untrained hybrid of the same layout, for the table
     step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
+    # the CUDA tests against the CPU ops, beside the training
+    [ -f .carry/t/tests.tar.xz ] && (tar xJf .carry/t/tests.tar.xz && mkdir -p $O/tests &&
+        OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1 &
     (evaluate untrained $W/untrained) > $O/ev_untrained.txt 2>&1 &
     kd kd2k 2048 16 3.0e-4 1.0 "$from_ild" 170
     (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
