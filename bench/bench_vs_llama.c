@@ -75,7 +75,9 @@ int main(int argc, char **argv) {
     model_state_t st;
     if (be_create(&be, "cpu", 64u << 20) < 0) die("backend");
     if (model_load_ex(&m, model, be, f32 ? 0 : MODEL_QUANT) < 0) die(model);
-    if (model_run_create(&r, &m, (size_t)1 << 30) < 0 || model_state_alloc(&m, &st, 1, P + D + 1) < 0) die("run");
+    if (model_run_create(&r, &m, (size_t)1 << 30) < 0 || model_state_alloc(&m, &st, 1, P + D + 1) < 0 ||
+        model_state_fit(&m, &st, P + D + 1) < 0) // the whole request up front, as gen_run takes it
+        die("run");
     size_t qbytes = 0;
     for (int i = 0; i < m.n_qw; i++)
         qbytes += (size_t)m.qw[i].rows * m.qw[i].row_bytes;

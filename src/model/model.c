@@ -388,13 +388,9 @@ static int grow_all(const model_t *m, model_state_t *st, int cap) {
     return rc;
 }
 
-int model_state_reserve(const model_t *m, model_state_t *st, int n) {
-    if (n <= st->cap) return 0;
-    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
-    // Doubling keeps the copies at O(1) per token; near the memory's end the
-    // exact room asked for may still fit where double does not.
-    int want = st->cap > st->ctx / 2 ? st->ctx : 2 * st->cap;
-    if (want < n) want = n;
+// Grows to want tokens (n when want does not fit and is more); n is what the
+// caller needs, named in the error.
+static int grow_to(const model_t *m, model_state_t *st, int n, int want) {
     int rc = grow_all(m, st, want);
     if (rc == ERR_NOMEM && want > n) rc = grow_all(m, st, n);
     if (rc < 0) {
@@ -406,6 +402,21 @@ int model_state_reserve(const model_t *m, model_state_t *st, int n) {
                         st->cache_bytes);
     }
     return 0;
+}
+
+int model_state_reserve(const model_t *m, model_state_t *st, int n) {
+    if (n <= st->cap) return 0;
+    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    // Doubling keeps the copies at O(1) per token; near the memory's end the
+    // exact room asked for may still fit where double does not.
+    int want = st->cap > st->ctx / 2 ? st->ctx : 2 * st->cap;
+    return grow_to(m, st, n, want < n ? n : want);
+}
+
+int model_state_fit(const model_t *m, model_state_t *st, int n) {
+    if (n <= st->cap) return 0;
+    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    return grow_to(m, st, n, n);
 }
 
 int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {

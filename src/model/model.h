@@ -134,6 +134,10 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx);
 // ERR_NOMEM naming the tokens and bytes asked for; the cache keeps what it
 // held and stays usable.
 int model_state_reserve(const model_t *m, model_state_t *st, int n);
+// Room for exactly n tokens per sequence when cap < n (no doubling; errors as
+// model_state_reserve): for a caller that knows the whole request (gen_run:
+// the prompt and the answer), whose cache is then one allocation of its size.
+int model_state_fit(const model_t *m, model_state_t *st, int n);
 void model_state_free(const model_t *m, model_state_t *st);
 // len = 0, fixed states zeroed; the growing buffers keep their room (rows
 // past len are never read).

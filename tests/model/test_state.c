@@ -97,6 +97,26 @@ static void test_huge_ctx_starts_small(void **state) {
 
 enum { B = 2, T = 700, P = 300 };
 
+// model_state_fit: exactly the room asked for (reserve would double), never
+// shrinking, never past ctx.
+static void test_fit_is_exact(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, 1, 1 << 20), 0);
+    assert_int_equal(st.cap, MODEL_STATE_CAP0);
+    assert_int_equal(model_state_fit(&t.m, &st, 300), 0);
+    assert_int_equal(st.cap, 300);
+    assert_accounted(&t.m, &st);
+    assert_int_equal(model_state_fit(&t.m, &st, 100), 0);
+    assert_int_equal(st.cap, 300);
+    assert_int_equal(model_state_fit(&t.m, &st, (1 << 20) + 1), ERR_INPUT);
+    assert_int_equal(st.cap, 300);
+    model_state_free(&t.m, &st);
+    tiny_close(&t);
+}
+
 // B sequences: a prefill of P tokens in chunks of 64, then decode steps to T
 // tokens; the logits of every step into lg [T - P + 1][B, V].
 static void run(tiny_t *t, model_state_t *st, const int32_t *ids, float *lg, int *caps, int *n_caps) {
@@ -288,9 +308,8 @@ static void test_info_is_the_allocation(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_huge_ctx_starts_small),
-        cmocka_unit_test(test_growth_is_exact),
-        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_huge_ctx_starts_small),  cmocka_unit_test(test_fit_is_exact),
+        cmocka_unit_test(test_growth_is_exact),        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_info_is_the_allocation),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
