@@ -165,7 +165,7 @@ struct be {
                      int dv, float scale);
 
     // ---- MLP ----------------------------------------------------------------
-    // out = silu(gate) * up over n elements
+    // out = silu(gate) * up over n elements; out may be gate or up (elementwise)
     void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t n);
     void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
 

@@ -605,6 +605,7 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *st, 
         if (rec && rec->x) be->copy_d2d(be, rec->x[l], x, (size_t)N * a->d * be->act_size);
         TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, st ? &st->layers[l] : NULL, NULL));
         if (rec && rec->a) be->copy_d2d(be, rec->a[l], y, (size_t)N * a->d * be->act_size);
+        arena_reset(&r->arena, mark); // the mixer's temporaries: only y is used from here
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
         if (l + 1 < a->n_layers)
