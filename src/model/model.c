@@ -162,7 +162,7 @@ static int create(model_t *m, const arch_t *a, be_t *be, wsrc_t *src, int flags)
         be->memset0(be, m->w, bytes); // the alignment gaps stay zero
         rc = model_bind(m, m->w, be->act_size, m->lw, &m->embed, &m->final_norm, &m->lm_head);
     }
-    if (rc == 0) rc = model_ensure_positions(m, 4096);
+    if (rc == 0) rc = model_ensure_positions(m, MODEL_ROPE_POS0);
     if (rc < 0) model_free(m);
     return rc;
 }
@@ -231,7 +231,7 @@ static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float
 
 int model_ensure_positions(model_t *m, int n_pos) {
     if (n_pos <= m->rope_npos) return 0;
-    int n = m->rope_npos ? m->rope_npos : 4096;
+    int n = m->rope_npos ? m->rope_npos : MODEL_ROPE_POS0;
     while (n < n_pos)
         n *= 2;
     const arch_t *a = &m->a;

@@ -92,7 +92,11 @@ void model_free(model_t *m);
 // do when the last call prepared the same). They stay valid (arena resets do
 // not touch them) until the next call.
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0);
-// Grows the RoPE tables to cover positions [0, n_pos).
+// Grows the RoPE tables to cover positions [0, n_pos), doubling from
+// MODEL_ROPE_POS0: a model starts with tables for that many positions (fp32
+// cos + sin: 64 KiB for head dim 64) and the forwards grow them to what they
+// run, where 4096 from the start were 1 MiB that a short generation never reads.
+enum { MODEL_ROPE_POS0 = 256 };
 int model_ensure_positions(model_t *m, int n_pos);
 // Binds a weight-view struct set to any flat buffer laid out by m->pt
 // (elt: element size: act for weights, 4 for float gradients).
