@@ -47,6 +47,7 @@ int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prom
     }
     double t0 = time_now();
     int rc = model_prefill(r, st, prompt, n_prompt, cfg->prefill_chunk, logits);
+    model_run_trim(r); // the prefill's temporaries: decode steps need a fraction of them
     stats->n_prompt = n_prompt;
     stats->prefill_s = time_now() - t0;
     t0 = time_now();

@@ -205,6 +205,14 @@ void model_run_free(model_run_t *r) {
     memset(r, 0, sizeof *r);
 }
 
+void model_run_trim(model_run_t *r) {
+    be_t *be = r->m->be;
+    arena_reset(&r->arena, 0);
+    if (!be->discard) return;
+    be->discard(be, r->arena.base, r->arena.peak);
+    if (be->scratch.used == 0) be->discard(be, be->scratch.base, be->scratch.peak);
+}
+
 static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float **dcos, float **dsin) {
     size_t n = (size_t)n_pos * (dr / 2);
     float *hc = malloc(n * sizeof(float)), *hs = malloc(n * sizeof(float));

@@ -83,6 +83,13 @@ int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags
 // A run over m's weights with an activation arena of arena_bytes on m's device.
 int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes);
 void model_run_free(model_run_t *r);
+// Between inference forwards (nothing of the run lives in its arena): empties
+// the arena and gives the pages the run's arena and the backend's scratch
+// touched back to the system (be->discard; a no-op where the backend has
+// none). After a prefill, whose temporaries are MBs that decode steps never
+// touch again, this takes them out of the resident memory the cache then
+// grows into.
+void model_run_trim(model_run_t *r);
 // Reads every parameter of an open source into a host fp32 flat buffer laid
 // out by pt (export and convert); flags 0 is model_load's strictness.
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
