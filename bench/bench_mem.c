@@ -1,6 +1,7 @@
 // Where hylo's memory goes on the CPU with quantised weights: the steps of
 // hylo generate (backend, model, tokenizer, run, state, prefill of P tokens in
-// one chunk, D decode steps through gen_run with greedy sampling; the token
+// one chunk, D decode steps with greedy sampling, each of gen_run's steps
+// (cache fitted to the request, prefill, trim, decode) on its own; the token
 // ids of bench_vs_llama), and after each step the process's resident memory
 // (/proc/self/status: VmRSS, VmHWM, RssAnon, RssFile), glibc's heap
 // (mallinfo2: bytes in use from the heap and from mmap) and the resident bytes
@@ -21,7 +22,8 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "infer/gen.h"
+#include "base/timer.h"
+#include "infer/sampler.h"
 #include "io/weights.h"
 #include "model/model.h"
 #include "tok/tok.h"
@@ -99,17 +101,6 @@ static void report(const char *stage, const bufs_t *b) {
     fflush(stdout);
 }
 
-typedef struct {
-    bufs_t *b;
-    int n;
-} cb_t;
-
-static int on_token(void *user, int32_t id) {
-    cb_t *c = user;
-    if (++c->n == 1) report("prefill + 1 step", c->b);
-    return 0;
-}
-
 int main(int argc, char **argv) {
     const char *path = NULL;
     int P = 256, D = 64, threads = 2, ctx = 4096;
@@ -163,13 +154,30 @@ int main(int argc, char **argv) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)P);
     for (int i = 0; i < P; i++)
         ids[i] = (int32_t)((i * 7919 + 13) % m.a.V);
-    gen_cfg_t c = {.max_new = D, .prefill_chunk = 512, .sampler = {.top_p = 1}}; // greedy, no stop ids: D steps
-    gen_stats_t gs;
-    cb_t cb = {&b, 0};
-    if (gen_run(&r, &st, ids, P, &c, on_token, &cb, &gs) < 0) die("generate");
+    // gen_run's steps one by one (greedy, no stop ids), reporting between them.
+    if (model_state_fit(&m, &st, P + D) < 0) die("cache");
+    report("cache fitted", &b);
+    sampler_t smp;
+    sampler_cfg_t sc = {.top_p = 1};
+    float *logits = malloc((size_t)m.a.V * sizeof(float));
+    if (!logits || sampler_init(&smp, &sc, m.a.V) < 0) die("sampler");
+    double t0 = time_now();
+    if (model_prefill(&r, &st, ids, P, 512, logits) < 0) die("prefill");
+    double tp = time_now() - t0;
+    report("prefilled", &b);
+    model_run_trim(&r);
+    report("trimmed", &b);
+    t0 = time_now();
+    for (int i = 0; i < D; i++) {
+        int32_t id = sampler_sample(&smp, logits);
+        if (model_step(&r, &st, &id, logits) < 0) die("decode");
+        if (i == 0) report("1 step", &b);
+    }
+    double td = time_now() - t0;
+    sampler_free(&smp);
+    free(logits);
     report("decoded", &b);
-    printf("prefill %d tokens %.1f tok/s, decode %d tokens %.2f tok/s\n", gs.n_prompt, gs.n_prompt / gs.prefill_s,
-           gs.n_new, gs.n_new / gs.decode_s);
+    printf("prefill %d tokens %.1f tok/s, decode %d tokens %.2f tok/s\n", P, P / tp, D, D / td);
     struct stat sb;
     double file = stat(path, &sb) == 0 ? (double)sb.st_size : 0;
     double cache = (double)(P + D) * (double)model_cache_bytes_per_token(&m);
