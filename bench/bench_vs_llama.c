@@ -6,21 +6,26 @@
 //
 //   GOMP_SPINCOUNT=10000 OPENBLAS_THREAD_TIMEOUT=4 OPENBLAS_CORETYPE=SkylakeX
 //       build-cpu/bench/bench_vs_llama MODEL.gguf [--python .venv-llama/bin/python] [--prompt 256]
-//       [--decode 64] [--threads 2] [--rounds 3] [--f32]
+//       [--decode 64] [--threads 2] [--rounds 3] [--f32] [--no-llama]
 //
 // The environment is the one hylo generate / chat set for themselves
 // (cli/main.c); llama.cpp's process gets it without those variables (its
 // OpenMP threads spin by default, as in its own tools). --f32: hylo with every
 // weight dequantised at load (the path before quantised products), for the
 // record; run it with OMP_WAIT_POLICY=passive, what hylo sets for that path.
-// Memory: peak RSS of each process (hylo's includes the cache of P + D + 1
-// tokens and its arenas' touched pages; llama.cpp's the mapped file and its
-// buffers).
+// --no-llama: hylo's side alone (its rounds, medians and peak RSS).
+// hylo's side does what gen_run does: the cache sized to the request (P + D
+// + 1 tokens) up front, the prefill's temporaries given back before decoding.
+// Memory: peak RSS of each process (hylo's: the weights, the cache, the
+// touched pages of its arenas, code and libraries; llama.cpp's the mapped
+// file and its buffers); MB are 10^6 bytes.
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "base/err.h"
 #include "base/timer.h"
@@ -42,7 +47,7 @@ static void die(const char *what) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *py = ".venv-llama/bin/python";
-    int P = 256, D = 64, threads = 2, R = 3, f32 = 0;
+    int P = 256, D = 64, threads = 2, R = 3, f32 = 0, no_llama = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--python") && i + 1 < argc)
             py = argv[++i];
@@ -56,11 +61,13 @@ int main(int argc, char **argv) {
             R = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--f32"))
             f32 = 1;
+        else if (!strcmp(argv[i], "--no-llama"))
+            no_llama = 1;
         else if (argv[i][0] != '-' && !model)
             model = argv[i];
         else {
             fprintf(stderr, "usage: bench_vs_llama MODEL [--python PY] [--prompt P] [--decode D] [--threads N] "
-                            "[--rounds R] [--f32]\n");
+                            "[--rounds R] [--f32] [--no-llama]\n");
             return 2;
         }
     }
@@ -75,7 +82,9 @@ int main(int argc, char **argv) {
     model_state_t st;
     if (be_create(&be, "cpu", 64u << 20) < 0) die("backend");
     if (model_load_ex(&m, model, be, f32 ? 0 : MODEL_QUANT) < 0) die(model);
-    if (model_run_create(&r, &m, (size_t)1 << 30) < 0 || model_state_alloc(&m, &st, 1, P + D + 1) < 0) die("run");
+    if (model_run_create(&r, &m, (size_t)1 << 30) < 0 || model_state_alloc(&m, &st, 1, P + D + 1) < 0 ||
+        model_state_fit(&m, &st, P + D + 1) < 0) // the whole request up front, as gen_run takes it
+        die("run");
     size_t qbytes = 0;
     for (int i = 0; i < m.n_qw; i++)
         qbytes += (size_t)m.qw[i].rows * m.qw[i].row_bytes;
@@ -98,12 +107,18 @@ int main(int argc, char **argv) {
         model_state_reset(&m, &st);
         double t0 = time_now();
         if (model_prefill(&r, &st, ids, P, 512, logits) < 0) die("prefill");
+        model_run_trim(&r); // as gen_run
         double tp = time_now() - t0;
         t0 = time_now();
         for (int i = 0; i < D; i++)
             if (model_step(&r, &st, &ids[P + i], logits) < 0) die("decode");
         double td = time_now() - t0;
         hp[k] = P / tp, hd[k] = D / td;
+        if (no_llama) {
+            printf("round %d              hylo prefill %7.1f tok/s decode %6.2f tok/s\n", k + 1, hp[k], hd[k]);
+            fflush(stdout);
+            continue;
+        }
         FILE *f = popen(cmd, "r");
         char line[512];
         int got = 0;
@@ -120,13 +135,23 @@ int main(int argc, char **argv) {
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double mhp = median(hp, R), mhd = median(hd, R), mlp = median(lp, R), mld = median(ld, R);
-    printf("median               hylo prefill %7.1f tok/s decode %6.2f tok/s | llama.cpp prefill %7.1f tok/s "
-           "decode %6.2f tok/s\n",
-           mhp, mhd, mlp, mld);
-    printf("ratio hylo/llama.cpp prefill %.2fx  decode %.2fx (medians)\n", mhp / mlp, mhd / mld);
-    printf("peak RSS             hylo %.1f MB (cache %.1f MB) | llama.cpp %.1f MB\n", ru.ru_maxrss / 1024.0,
-           st.bytes / 1048576.0, lrss);
+    struct stat sb;
+    double file = stat(model, &sb) == 0 ? (double)sb.st_size / 1e6 : 0, cache = st.bytes / 1e6;
+    double rss = ru.ru_maxrss * 1024.0 / 1e6; // ru_maxrss: KiB
+    double mhp = median(hp, R), mhd = median(hd, R);
+    if (no_llama) {
+        printf("median               hylo prefill %7.1f tok/s decode %6.2f tok/s\n", mhp, mhd);
+    } else {
+        double mlp = median(lp, R), mld = median(ld, R);
+        printf("median               hylo prefill %7.1f tok/s decode %6.2f tok/s | llama.cpp prefill %7.1f tok/s "
+               "decode %6.2f tok/s\n",
+               mhp, mhd, mlp, mld);
+        printf("ratio hylo/llama.cpp prefill %.2fx  decode %.2fx (medians)\n", mhp / mlp, mhd / mld);
+    }
+    printf("peak RSS             hylo %.1f MB", rss);
+    if (!no_llama) printf(" | llama.cpp %.1f MB", lrss * 1048576.0 / 1e6); // the script's MiB
+    printf("\ntarget file + cache  %.1f MB + %.1f MB = %.1f MB: hylo %s by %.1f MB\n", file, cache, file + cache,
+           rss <= file + cache ? "under it" : "over it", fabs(rss - file - cache));
     model_state_free(&m, &st);
     model_run_free(&r);
     model_free(&m);

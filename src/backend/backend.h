@@ -76,6 +76,10 @@ struct be {
     int (*copy_h2d)(be_t *be, void *dst, const void *src, size_t bytes);
     int (*copy_d2h)(be_t *be, void *dst, const void *src, size_t bytes);
     int (*copy_d2d)(be_t *be, void *dst, const void *src, size_t bytes);
+    // Optional (NULL: nothing happens): nothing in [p, p + bytes) is needed any
+    // more, and the whole pages inside it may go back to the system until they
+    // are written again (CPU: madvise DONTNEED; their bytes are then undefined).
+    void (*discard)(be_t *be, void *p, size_t bytes);
     // host fp32 <-> device act (conversion happens on the way)
     int (*upload_act)(be_t *be, void *dst, const float *src, int64_t n);
     int (*download_act)(be_t *be, float *dst, const void *src, int64_t n);
@@ -165,7 +169,7 @@ struct be {
                      int dv, float scale);
 
     // ---- MLP ----------------------------------------------------------------
-    // out = silu(gate) * up over n elements
+    // out = silu(gate) * up over n elements; out may be gate or up (elementwise)
     void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t n);
     void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
 

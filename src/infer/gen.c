@@ -31,6 +31,13 @@ int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prom
     if (st->B != 1) return err_set(ERR_INPUT, "gen_run generates one sequence at a time");
     if (n_prompt < 1) return err_set(ERR_INPUT, "empty prompt");
     const model_t *m = r->m;
+    // Room for the whole request at once (the prompt and every answer token,
+    // within the context): one allocation of exactly that, where growing with
+    // use would double the cache (half of it unused) and copy it, both
+    // buffers held during the copy. Without that much memory the cache grows
+    // with use as before (a step may then run out of memory).
+    int64_t need = (int64_t)st->len + n_prompt + (cfg->max_new > 0 ? cfg->max_new : 0);
+    if (model_state_fit(m, st, need < st->ctx ? (int)need : st->ctx) < 0) err_clear();
     sampler_t smp;
     TRY(sampler_init(&smp, &cfg->sampler, m->a.V));
     float *logits = malloc((size_t)m->a.V * sizeof(float));
@@ -40,6 +47,7 @@ int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prom
     }
     double t0 = time_now();
     int rc = model_prefill(r, st, prompt, n_prompt, cfg->prefill_chunk, logits);
+    model_run_trim(r); // the prefill's temporaries: decode steps need a fraction of them
     stats->n_prompt = n_prompt;
     stats->prefill_s = time_now() - t0;
     t0 = time_now();

@@ -14,7 +14,9 @@ int mlp_w_bind(mlp_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer
 int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x, int64_t N, mlp_saved_t *sv) {
     be_t *be = c->be;
     int d = c->a->d, f = c->a->ffn;
-    void *gate = ctx_act(c, N * f), *up = ctx_act(c, N * f), *h = ctx_act(c, N * f);
+    // Without a backward to save for (inference), h overwrites gate: swiglu is
+    // elementwise, and the arena holds two [N, f] buffers instead of three.
+    void *gate = ctx_act(c, N * f), *up = ctx_act(c, N * f), *h = sv ? ctx_act(c, N * f) : gate;
     if (!gate || !up || !h) return ERR_NOMEM;
     lin_fwd(c, gate, x, w->gate, N, d, f);
     lin_fwd(c, up, x, w->up, N, d, f);

@@ -162,7 +162,7 @@ static int create(model_t *m, const arch_t *a, be_t *be, wsrc_t *src, int flags)
         be->memset0(be, m->w, bytes); // the alignment gaps stay zero
         rc = model_bind(m, m->w, be->act_size, m->lw, &m->embed, &m->final_norm, &m->lm_head);
     }
-    if (rc == 0) rc = model_ensure_positions(m, 4096);
+    if (rc == 0) rc = model_ensure_positions(m, MODEL_ROPE_POS0);
     if (rc < 0) model_free(m);
     return rc;
 }
@@ -205,6 +205,14 @@ void model_run_free(model_run_t *r) {
     memset(r, 0, sizeof *r);
 }
 
+void model_run_trim(model_run_t *r) {
+    be_t *be = r->m->be;
+    arena_reset(&r->arena, 0);
+    if (!be->discard) return;
+    be->discard(be, r->arena.base, r->arena.peak);
+    if (be->scratch.used == 0) be->discard(be, be->scratch.base, be->scratch.peak);
+}
+
 static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float **dcos, float **dsin) {
     size_t n = (size_t)n_pos * (dr / 2);
     float *hc = malloc(n * sizeof(float)), *hs = malloc(n * sizeof(float));
@@ -231,7 +239,7 @@ static int upload_tables(be_t *be, const rope_cfg_t *r, int dr, int n_pos, float
 
 int model_ensure_positions(model_t *m, int n_pos) {
     if (n_pos <= m->rope_npos) return 0;
-    int n = m->rope_npos ? m->rope_npos : 4096;
+    int n = m->rope_npos ? m->rope_npos : MODEL_ROPE_POS0;
     while (n < n_pos)
         n *= 2;
     const arch_t *a = &m->a;
@@ -388,13 +396,9 @@ static int grow_all(const model_t *m, model_state_t *st, int cap) {
     return rc;
 }
 
-int model_state_reserve(const model_t *m, model_state_t *st, int n) {
-    if (n <= st->cap) return 0;
-    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
-    // Doubling keeps the copies at O(1) per token; near the memory's end the
-    // exact room asked for may still fit where double does not.
-    int want = st->cap > st->ctx / 2 ? st->ctx : 2 * st->cap;
-    if (want < n) want = n;
+// Grows to want tokens (n when want does not fit and is more); n is what the
+// caller needs, named in the error.
+static int grow_to(const model_t *m, model_state_t *st, int n, int want) {
     int rc = grow_all(m, st, want);
     if (rc == ERR_NOMEM && want > n) rc = grow_all(m, st, n);
     if (rc < 0) {
@@ -406,6 +410,21 @@ int model_state_reserve(const model_t *m, model_state_t *st, int n) {
                         st->cache_bytes);
     }
     return 0;
+}
+
+int model_state_reserve(const model_t *m, model_state_t *st, int n) {
+    if (n <= st->cap) return 0;
+    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    // Doubling keeps the copies at O(1) per token; near the memory's end the
+    // exact room asked for may still fit where double does not.
+    int want = st->cap > st->ctx / 2 ? st->ctx : 2 * st->cap;
+    return grow_to(m, st, n, want < n ? n : want);
+}
+
+int model_state_fit(const model_t *m, model_state_t *st, int n) {
+    if (n <= st->cap) return 0;
+    if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    return grow_to(m, st, n, n);
 }
 
 int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
@@ -594,6 +613,7 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *st, 
         if (rec && rec->x) be->copy_d2d(be, rec->x[l], x, (size_t)N * a->d * be->act_size);
         TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, st ? &st->layers[l] : NULL, NULL));
         if (rec && rec->a) be->copy_d2d(be, rec->a[l], y, (size_t)N * a->d * be->act_size);
+        arena_reset(&r->arena, mark); // the mixer's temporaries: only y is used from here
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
         if (l + 1 < a->n_layers)

@@ -83,6 +83,13 @@ int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags
 // A run over m's weights with an activation arena of arena_bytes on m's device.
 int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes);
 void model_run_free(model_run_t *r);
+// Between inference forwards (nothing of the run lives in its arena): empties
+// the arena and gives the pages the run's arena and the backend's scratch
+// touched back to the system (be->discard; a no-op where the backend has
+// none). After a prefill, whose temporaries are MBs that decode steps never
+// touch again, this takes them out of the resident memory the cache then
+// grows into.
+void model_run_trim(model_run_t *r);
 // Reads every parameter of an open source into a host fp32 flat buffer laid
 // out by pt (export and convert); flags 0 is model_load's strictness.
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
@@ -92,7 +99,11 @@ void model_free(model_t *m);
 // do when the last call prepared the same). They stay valid (arena resets do
 // not touch them) until the next call.
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0);
-// Grows the RoPE tables to cover positions [0, n_pos).
+// Grows the RoPE tables to cover positions [0, n_pos), doubling from
+// MODEL_ROPE_POS0: a model starts with tables for that many positions (fp32
+// cos + sin: 64 KiB for head dim 64) and the forwards grow them to what they
+// run, where 4096 from the start were 1 MiB that a short generation never reads.
+enum { MODEL_ROPE_POS0 = 256 };
 int model_ensure_positions(model_t *m, int n_pos);
 // Binds a weight-view struct set to any flat buffer laid out by m->pt
 // (elt: element size: act for weights, 4 for float gradients).
@@ -134,6 +145,10 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx);
 // ERR_NOMEM naming the tokens and bytes asked for; the cache keeps what it
 // held and stays usable.
 int model_state_reserve(const model_t *m, model_state_t *st, int n);
+// Room for exactly n tokens per sequence when cap < n (no doubling; errors as
+// model_state_reserve): for a caller that knows the whole request (gen_run:
+// the prompt and the answer), whose cache is then one allocation of its size.
+int model_state_fit(const model_t *m, model_state_t *st, int n);
 void model_state_free(const model_t *m, model_state_t *st);
 // len = 0, fixed states zeroed; the growing buffers keep their room (rows
 // past len are never read).

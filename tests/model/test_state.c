@@ -5,6 +5,7 @@
 // allocates per token.
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -96,6 +97,76 @@ static void test_huge_ctx_starts_small(void **state) {
 }
 
 enum { B = 2, T = 700, P = 300 };
+
+// model_state_fit: exactly the room asked for (reserve would double), never
+// shrinking, never past ctx.
+static void test_fit_is_exact(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, 1, 1 << 20), 0);
+    assert_int_equal(st.cap, MODEL_STATE_CAP0);
+    assert_int_equal(model_state_fit(&t.m, &st, 300), 0);
+    assert_int_equal(st.cap, 300);
+    assert_accounted(&t.m, &st);
+    assert_int_equal(model_state_fit(&t.m, &st, 100), 0);
+    assert_int_equal(st.cap, 300);
+    assert_int_equal(model_state_fit(&t.m, &st, (1 << 20) + 1), ERR_INPUT);
+    assert_int_equal(st.cap, 300);
+    model_state_free(&t.m, &st);
+    tiny_close(&t);
+}
+
+// Resident pages of [p, p + n) (mincore; whole pages inside the range).
+static size_t resident_pages(const void *p, size_t n) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
+              e = ((uintptr_t)p + n) & ~(pg - 1);
+    if (e <= a) return 0;
+    size_t np = (e - a) / pg, r = 0;
+    unsigned char *v = malloc(np);
+    assert_non_null(v);
+    assert_int_equal(mincore((void *)a, e - a, v), 0);
+    for (size_t i = 0; i < np; i++)
+        r += v[i] & 1;
+    free(v);
+    return r;
+}
+
+// model_run_trim after a prefill (what gen_run does): the arena's and the
+// scratch's pages leave the resident set, and the decode steps that follow
+// give the bits they give without it.
+static void test_trim_after_prefill(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    be_t *be = t.m.be;
+    int V = t.m.a.V, n = 200;
+    int32_t ids[201];
+    for (int i = 0; i < 201; i++)
+        ids[i] = (i * 13 + 1) % V;
+    float *lg = malloc(4 * (size_t)V * sizeof(float));
+    model_state_t st[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(model_state_alloc(&t.m, &st[k], 1, 512), 0);
+        assert_int_equal(model_prefill(&t.r, &st[k], ids, n, 0, lg + (size_t)k * 2 * V), 0);
+        if (k == 1) {
+            size_t before = resident_pages(t.r.arena.base, t.r.arena.peak);
+            printf("  arena: %zu pages resident after the prefill\n", before);
+            assert_true(before > 0);
+            model_run_trim(&t.r);
+            assert_int_equal(t.r.arena.used, 0);
+            assert_int_equal(resident_pages(t.r.arena.base, t.r.arena.peak), 0);
+            assert_int_equal(resident_pages(be->scratch.base, be->scratch.peak), 0);
+        }
+        assert_int_equal(model_step(&t.r, &st[k], &ids[n], lg + (size_t)k * 2 * V + V), 0);
+    }
+    assert_memory_equal(lg, lg + 2 * (size_t)V, 2 * (size_t)V * sizeof(float));
+    for (int k = 0; k < 2; k++)
+        model_state_free(&t.m, &st[k]);
+    free(lg);
+    tiny_close(&t);
+}
 
 // B sequences: a prefill of P tokens in chunks of 64, then decode steps to T
 // tokens; the logits of every step into lg [T - P + 1][B, V].
@@ -288,10 +359,9 @@ static void test_info_is_the_allocation(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_huge_ctx_starts_small),
-        cmocka_unit_test(test_growth_is_exact),
-        cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_info_is_the_allocation),
+        cmocka_unit_test(test_huge_ctx_starts_small), cmocka_unit_test(test_fit_is_exact),
+        cmocka_unit_test(test_trim_after_prefill),    cmocka_unit_test(test_growth_is_exact),
+        cmocka_unit_test(test_out_of_memory),         cmocka_unit_test(test_info_is_the_allocation),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

@@ -2,6 +2,8 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu.h"
 #include "base/err.h"
@@ -31,6 +33,11 @@ static int cpu_download_act(be_t *be, float *dst, const void *src, int64_t n) {
     memmove(dst, src, (size_t)n * sizeof(float));
     return 0;
 }
+static void cpu_discard(be_t *be, void *p, size_t n) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
+              e = ((uintptr_t)p + n) & ~(pg - 1); // the whole pages inside: no neighbour's bytes
+    if (p && e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
 static int cpu_sync(be_t *be) { return 0; }
 static void cpu_destroy(be_t *be) {
     free(be->scratch.base);
@@ -50,6 +57,7 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_h2d = cpu_copy;
     be->copy_d2h = cpu_copy;
     be->copy_d2d = cpu_copy;
+    be->discard = cpu_discard;
     be->upload_act = cpu_upload_act;
     be->download_act = cpu_download_act;
     be->sync = cpu_sync;
