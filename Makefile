@@ -40,7 +40,7 @@ endif
 
 WARN = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 CFLAGS = -std=c17 $(OPT) $(WARN) -fopenmp -D_GNU_SOURCE -Isrc -I. -Itests
-LDLIBS = -lopenblas -lpcre2-8 -lcjson -lyaml -lzstd -lmicrohttpd -lm -lpthread
+LDLIBS = -lopenblas -llapacke -lpcre2-8 -lcjson -lyaml -lzstd -lmicrohttpd -lm -lpthread
 
 # MPI (OpenMPI: libopenmpi-dev + openmpi-bin, scripts/setup.sh): hylo train runs as one
 # rank of an `mpirun -np N` job, or alone (a singleton MPI_Init). The compiler

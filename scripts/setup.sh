@@ -2,12 +2,12 @@
 # Installs hylo's build and test dependencies from Debian packages (idempotent).
 # The CUDA toolkit (nvcc, cuBLASLt) is used when present; it is not installed here.
 set -euo pipefail
-# libopenblas: BLAS and LAPACK (the SVD of hylo convert calls its dgesdd_); python3 + pip: scripts/fetch_model.sh; libzstd: hylo data (.jsonl.zst); libmicrohttpd: hylo serve;
+# python3 + pip: scripts/fetch_model.sh; libzstd: hylo data (.jsonl.zst); libmicrohttpd: hylo serve;
 # libopenmpi-dev + openmpi-bin: hylo train's ranks (mpirun; docs/TRAINING.md); libcmocka: the tests;
 # curl: the hylo serve tests' HTTP client; clang-format: make format; clang + libclang-rt (libFuzzer):
 # make fuzz / fuzz-smoke (docs/FUZZING.md).
 pkgs=(build-essential make python3 python3-pip
-      libopenblas-dev libpcre2-dev libcjson-dev libyaml-dev
+      libopenblas-dev liblapacke-dev libpcre2-dev libcjson-dev libyaml-dev
       libzstd-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin libcmocka-dev curl clang-format clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,5 +1,6 @@
 #include "upcycle/upcycle.h"
 
+#include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,49 +103,29 @@ static int copy_param(const ptable_t *tpt, const float *tw, const ptable_t *spt,
     return 0;
 }
 
-// LAPACK's dgesdd (Fortran, column-major) from OpenBLAS, which carries LAPACK:
-// called directly so that hylo links no LAPACKE (liblapacke pulled in the
-// reference liblapack / libblas / libtmglib too: ~0.8 MB of every process's
-// resident memory, for this one call of hylo convert). The trailing size_t is
-// gfortran's hidden length of the character argument jobz.
-void dgesdd_(const char *jobz, const int *m, const int *n, double *a, const int *lda, double *s, double *u,
-             const int *ldu, double *vt, const int *ldvt, double *work, const int *lwork, int *iwork, int *info,
-             size_t jobz_len);
-
 int upc_svd(const float *A, int m, int n, int r, float *U, float *S, float *Vt, float *s_all) {
     int k = m < n ? m : n;
     if (r < 1 || r > k) return err_set(ERR_INPUT, "SVD rank %d out of range for a %d x %d matrix (max %d)", r, m, n, k);
-    // Column-major throughout (a [n][m]: A transposed, u [k][m], vt [n][k]):
-    // the same call LAPACKE's row-major interface made after transposing.
     double *a = malloc((size_t)m * n * sizeof(double)), *s = malloc((size_t)k * sizeof(double));
     double *u = malloc((size_t)m * k * sizeof(double)), *vt = malloc((size_t)k * n * sizeof(double));
-    int *iwork = malloc((size_t)8 * k * sizeof(int));
-    double *work = NULL, wq = 0;
-    int rc = 0, info = 0, lwork = -1;
-    if (!a || !s || !u || !vt || !iwork) rc = err_set(ERR_NOMEM, "out of memory for a %d x %d SVD", m, n);
+    int rc = 0;
+    if (!a || !s || !u || !vt) rc = err_set(ERR_NOMEM, "out of memory for a %d x %d SVD", m, n);
     if (rc == 0) {
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++)
-                a[j * m + i] = A[i * n + j];
+        for (int64_t i = 0; i < (int64_t)m * n; i++)
+            a[i] = A[i];
         // double precision: the factors are exact to fp32 rounding.
-        dgesdd_("S", &m, &n, a, &m, s, u, &m, vt, &k, &wq, &lwork, iwork, &info, 1); // workspace query
-        lwork = info == 0 && wq < 2e9 ? (int)wq : -1;
-        if (lwork < 1 || !(work = malloc((size_t)lwork * sizeof(double))))
-            rc = err_set(ERR_NOMEM, "out of memory for a %d x %d SVD's workspace", m, n);
-    }
-    if (rc == 0) {
-        dgesdd_("S", &m, &n, a, &m, s, u, &m, vt, &k, work, &lwork, iwork, &info, 1);
-        if (info != 0) rc = err_set(ERR_RUNTIME, "SVD of a %d x %d matrix failed (LAPACK info %d)", m, n, info);
+        lapack_int info = LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', m, n, a, n, s, u, k, vt, n);
+        if (info != 0) rc = err_set(ERR_RUNTIME, "SVD of a %d x %d matrix failed (LAPACK info %d)", m, n, (int)info);
     }
     if (rc == 0) {
         for (int i = 0; i < m; i++)
             for (int j = 0; j < r; j++)
-                U[(int64_t)i * r + j] = (float)u[(int64_t)j * m + i];
+                U[(int64_t)i * r + j] = (float)u[(int64_t)i * k + j];
         for (int j = 0; j < r; j++)
             S[j] = (float)s[j];
         for (int j = 0; j < r; j++)
             for (int c = 0; c < n; c++)
-                Vt[(int64_t)j * n + c] = (float)vt[(int64_t)c * k + j];
+                Vt[(int64_t)j * n + c] = (float)vt[(int64_t)j * n + c];
         if (s_all)
             for (int j = 0; j < k; j++)
                 s_all[j] = (float)s[j];
@@ -153,8 +134,6 @@ int upc_svd(const float *A, int m, int n, int r, float *U, float *S, float *Vt, 
     free(s);
     free(u);
     free(vt);
-    free(iwork);
-    free(work);
     return rc;
 }
 
