@@ -33,8 +33,7 @@ struct srv_engine {
     int32_t *stop_ids;
     srv_metrics_t *metrics;
     float *logits; // [V], the engine thread's
-    pthread_t th;
-    int started;
+    int ran;       // srv_engine_run has returned
     pthread_mutex_t mu;
     pthread_cond_t cv;
     req_t *q_head, *q_tail; // waiting, oldest first
@@ -45,7 +44,7 @@ struct srv_engine {
     int *turn_cancel; // [max_seqs] and their cancel flags
     uint64_t next_id;
     int stopping; // no more submits; everything is cancelled
-    int has_run, sync_init, joined;
+    int has_run, sync_init;
 };
 
 static void req_free(const srv_engine_t *e, req_t *r) {
@@ -148,8 +147,7 @@ static void publish_gauges(srv_engine_t *e) {
     srv_metrics_gauges(e->metrics, e->n_queued, e->n_active, bytes);
 }
 
-static void *engine_main(void *arg) {
-    srv_engine_t *e = arg;
+void srv_engine_run(srv_engine_t *e) {
     if (e->cfg.threads > 0) omp_set_num_threads(e->cfg.threads); // the setting is per thread
     req_t **turn = e->turn;
     int *cancelled = e->turn_cancel;
@@ -214,8 +212,8 @@ static void *engine_main(void *arg) {
             if (turn[i]) e->active[k++] = turn[i];
         e->n_active = k;
     }
+    e->ran = 1;
     pthread_mutex_unlock(&e->mu);
-    return NULL;
 }
 
 int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics) {
@@ -249,11 +247,6 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->sync_init = 1;
-    if (pthread_create(&e->th, NULL, engine_main, e) != 0) {
-        srv_engine_free(e);
-        return err_set(ERR_RUNTIME, "cannot start the engine thread");
-    }
-    e->started = 1;
     *out = e;
     return 0;
 }
@@ -311,18 +304,18 @@ void srv_engine_cancel(srv_engine_t *e, uint64_t id) {
 int srv_engine_ctx(const srv_engine_t *e) { return e->cfg.ctx; }
 
 void srv_engine_shutdown(srv_engine_t *e) {
-    if (!e->started || e->joined) return;
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->th, NULL);
-    e->joined = 1;
 }
 
 void srv_engine_free(srv_engine_t *e) {
     if (!e) return;
-    srv_engine_shutdown(e);
+    if (e->sync_init && !e->ran) { // never run: what was queued still gets its on_done
+        srv_engine_shutdown(e);
+        srv_engine_run(e);
+    }
     if (e->sync_init) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
