@@ -1,11 +1,11 @@
 // The serving engine: the thread in srv_engine_run owns the model and runs
-// every accepted request to its end; HTTP threads submit requests and get their tokens back
-// through callbacks. Today each running request has its own cache
-// (model_state_t, B = 1) and the engine interleaves them step by step:
-// each turn, every running sequence does one unit of work (a prefill chunk,
-// or one decode step); up to max_seqs run at once, others wait in a bounded
-// queue. A batched decode of sequences of different lengths can replace the
-// per-sequence loop behind this same interface (docs/SERVING.md).
+// every accepted request to its end; HTTP threads submit requests and get
+// their tokens back through callbacks. Each running request has its own cache
+// (model_state_t, B = 1, growing with use). Each turn, every request still
+// in its prompt feeds one prefill chunk, and every request already decoding
+// gets its next token from one decode step of all of them together
+// (model_step_batch: continuous batching, each at its own length); up to
+// max_seqs run at once, others wait in a bounded queue (docs/SERVING.md).
 #pragma once
 #include <stdint.h>
 
