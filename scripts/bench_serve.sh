@@ -5,7 +5,8 @@
 # B on port 18431 and binary A on 18432 -- with the requests alternated so that
 # both see the same machine load. Ends with each server's mean time per output
 # token from /metrics and checks that the answers agree.
-#   scripts/bench_serve.sh B A ROUNDS      (GEN=binary for generate, default A)
+#   scripts/bench_serve.sh B A ROUNDS      (GEN=binary for generate, default A;
+#                                          CONC=4 requests at once after, 0: none)
 # B and A may carry an environment: "env GOMP_SPINCOUNT=10000 build-cpu/hylo".
 set -u
 B=$1 A=$2 N=${3:-5}
@@ -38,9 +39,38 @@ for p in 18431 18432; do
         /^hylo_time_per_output_token_seconds_sum/ {s = $2} /^hylo_time_per_output_token_seconds_count/ {c = $2}
         END {printf "# port %s: time per output token %.2f ms (mean of %d)\n", p, 1000 * s / c, c}'
 done
-strip() { sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//' "$1"; }
-cmp -s <(strip "$T/r18431.json") <(strip "$T/r18432.json") && echo "# B and A answer the same"
-txt=$(sed 's/.*"text":"\([^"\\]*\).*/\1/' "$T/r18432.json" | cut -c1-60)
-grep -qF "$txt" "$T/gen.txt" && echo "# and as generate does"
+text() { jq -r '.choices[0].text' "$1"; }
+[ "Once upon a time$(text "$T/r18432.json")" = "$(cat "$T/gen.txt")" ] && echo "# A answers as generate does"
+[ "$(text "$T/r18431.json")" = "$(text "$T/r18432.json")" ] && echo "# B answers as A does"
+# Then CONC requests at once (default 4; 0: none), each 64 greedy tokens of
+# its own prompt, on B then A, ROUNDS times: the wall time until all are
+# answered, and every answer checked against the same request sent alone to
+# the same server.
+conc() { # port -> wall seconds of CONC requests at once
+    local t0 t1 i
+    t0=$EPOCHREALTIME
+    for i in $(seq "$CONC"); do
+        curl -s -o "$T/c$1_$i.json" "http://127.0.0.1:$1/v1/completions" \
+            -d "{\"prompt\":\"Story $i: once upon a time\",\"max_tokens\":64,\"temperature\":0}" &
+    done
+    wait
+    t1=$EPOCHREALTIME
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'
+}
+CONC=${CONC:-4}
+if [ "$CONC" -gt 0 ]; then
+    for i in $(seq "$N"); do
+        echo "round $i: $CONC at once: serve B $(conc 18431) s, serve A $(conc 18432) s ($((CONC * 64)) tokens each)"
+    done
+    for p in 18431 18432; do
+        same=1
+        for i in $(seq "$CONC"); do
+            curl -s -o "$T/alone.json" "http://127.0.0.1:$p/v1/completions" \
+                -d "{\"prompt\":\"Story $i: once upon a time\",\"max_tokens\":64,\"temperature\":0}"
+            [ "$(text "$T/alone.json")" = "$(text "$T/c${p}_$i.json")" ] || same=0
+        done
+        echo "# port $p: the answers of the requests at once $([ $same = 1 ] && echo are || echo are NOT) those alone"
+    done
+fi
 kill $PB $PA
 wait $PB $PA
