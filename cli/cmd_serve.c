@@ -1,9 +1,12 @@
 // hylo serve: an OpenAI-compatible HTTP server over one model (serve/).
+#include <errno.h>
 #include <omp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "cli/cli.h"
@@ -23,8 +26,9 @@ static const char *help =
     "Chat messages go through the model's chat template; their text never becomes\n"
     "control tokens. Sampling: temperature, top_p, top_k, seed, max_tokens\n"
     "(max_completion_tokens), stop (up to 4 strings), n = 1.\n"
-    "One engine thread runs up to --max-seqs requests at once, a step of each in\n"
-    "turn (each with its own cache); --queue more wait, and beyond that a request\n"
+    "The engine runs up to --max-seqs requests at once (each with its own cache):\n"
+    "a prefill chunk of each new one per turn, and one decode step of all the\n"
+    "others together; --queue more wait, and beyond that a request\n"
     "gets 429. A request whose prompt and max_tokens exceed --ctx gets 400. A client\n"
     "that disconnects cancels its request. SIGINT / SIGTERM stop the server: what\n"
     "is running is cancelled, everything freed.\n"
@@ -43,6 +47,38 @@ static const char *help =
     "  --chunk N         prefill tokens of a request per turn (default 512)\n"
     "  --device D        cpu or cuda (default cpu)\n"
     "  --threads N       CPU threads of the engine (default: all)\n";
+
+// SIGINT / SIGTERM stop the server. The main thread runs the engine, so they
+// cannot be taken by sigwait there; nor by sigwait in another thread with the
+// signals blocked everywhere else: OpenBLAS starts its threads before main,
+// with nothing blocked, and the kernel may hand them the signal. A handler,
+// on whichever thread gets it, writes the signal to a pipe; the signal thread
+// reads it and stops the server: no new connections; what runs or waits is
+// cancelled (its client gets the end of its stream or a 503) by the engine
+// loop, which then returns.
+static int stop_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig) {
+    unsigned char c = (unsigned char)sig;
+    ssize_t n = write(stop_pipe[1], &c, 1); // async-signal-safe; if full, a signal is there already
+    (void)n;
+}
+
+typedef struct {
+    srv_http_t *h;
+    srv_engine_t *e;
+} stopper_t;
+
+static void *wait_stop(void *arg) {
+    stopper_t *s = arg;
+    unsigned char sig = 0;
+    while (read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    fprintf(stderr, "hylo: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    srv_http_quiesce(s->h);
+    srv_engine_shutdown(s->e);
+    return NULL;
+}
 
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
@@ -100,14 +136,14 @@ int cmd_serve(int argc, char **argv) {
     }
     if (threads) omp_set_num_threads((int)threads);
 
-    // SIGINT / SIGTERM are taken by sigwait below: blocked before any thread
-    // starts, so that every thread inherits the mask. A write to a closed
-    // socket must not kill the server.
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    // SIGINT / SIGTERM: on_stop_signal. A write to a closed socket must not
+    // kill the server.
+    stopper_t stop = {0};
+    if (pipe(stop_pipe) < 0) return cli_fail(err_set(ERR_RUNTIME, "cannot create the signal pipe"));
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     be_t *be = NULL;
@@ -147,13 +183,18 @@ int cmd_serve(int argc, char **argv) {
         printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld%s)\n", name, v6 ? "[" : "", host,
                v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, key && key[0] ? ", API key required" : "");
         fflush(stdout);
-        int sig = 0;
-        sigwait(&stop, &sig);
-        fprintf(stderr, "hylo: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-        // No new connections; what runs or waits is cancelled (its client gets
-        // the end of its stream or a 503); then the connections close.
-        srv_http_quiesce(h);
-        srv_engine_shutdown(e);
+        // The engine runs here, on the thread that loaded the model (its
+        // OpenMP pool: srv_engine_run says why), until the signal thread
+        // stops it; then the connections close.
+        stop.h = h, stop.e = e;
+        pthread_t th;
+        if (pthread_create(&th, NULL, wait_stop, &stop) != 0) {
+            rc = err_set(ERR_RUNTIME, "cannot start the signal thread");
+            srv_http_quiesce(h);
+            srv_engine_shutdown(e); // the run below cancels what came meanwhile
+        }
+        srv_engine_run(e);
+        if (rc == 0) pthread_join(th, NULL);
         srv_http_stop(h);
     }
     srv_engine_free(e);
@@ -161,5 +202,8 @@ int cmd_serve(int argc, char **argv) {
     tok_free(&tok);
     be_destroy(be);
     srv_metrics_free(&met);
+    signal(SIGINT, SIG_IGN); // the handler must not write to a closed (or reused) descriptor
+    signal(SIGTERM, SIG_IGN);
+    close(stop_pipe[0]), close(stop_pipe[1]);
     return rc < 0 ? cli_fail(rc) : 0;
 }

@@ -103,13 +103,16 @@ static void tune_runtime(char **argv) {
                                                              : NULL;
         if (core) setenv("OPENBLAS_CORETYPE", core, 1), change = 1;
     }
-    // generate / chat on quantised weights call no OpenBLAS, but run ~8
+    // generate / chat / serve on quantised weights call no OpenBLAS, but run ~8
     // parallel regions per layer and token: waking passive threads costs
     // ~40 us per region on this 2-core VM (decode 38 tok/s), spinning ~1 us
     // (92 tok/s). A bounded spin (GOMP_SPINCOUNT pause loops, ~0.1 ms) keeps
     // the threads awake across one token's regions and lets them sleep
-    // between user turns or under OpenBLAS (--f32, checkpoint folders).
-    int quant_infer = argv[1] && (!strcmp(argv[1], "generate") || !strcmp(argv[1], "chat"));
+    // between user turns or under OpenBLAS (--f32, checkpoint folders). serve
+    // gains from it only because its engine runs on the thread that loaded
+    // the model (srv_engine_run in serve/engine.h says why).
+    int quant_infer =
+        argv[1] && (!strcmp(argv[1], "generate") || !strcmp(argv[1], "chat") || !strcmp(argv[1], "serve"));
     for (int i = 2; quant_infer && argv[i]; i++)
         if (!strcmp(argv[i], "--f32")) quant_infer = 0;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {

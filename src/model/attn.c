@@ -16,17 +16,15 @@ int attn_w_bind(attn_w_t *w, const ptable_t *pt, void *flat, size_t elt, int lay
     return 0;
 }
 
-int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
-                 layer_cache_t *cache, attn_saved_t *sv) {
+// q, k, v [N, H|Hkv, dh] of x at positions pos: projections, Qwen3's q/k
+// norms, RoPE. sv (training) keeps what the backward needs of the norms.
+static int project(const layer_ctx_t *c, const attn_w_t *w, const void *x, int64_t N, const int32_t *pos,
+                   attn_saved_t *sv, void **q_, void **k_, void **v_) {
     be_t *be = c->be;
     const arch_t *a = c->a;
-    int64_t N = (int64_t)B * T, qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
-    if (pos0 + T > c->rope_npos)
-        return err_set(ERR_INPUT, "position %d is beyond the RoPE table (%d positions)", pos0 + T, c->rope_npos);
-    void *q = ctx_act(c, N * qw), *k = ctx_act(c, N * kw), *v = ctx_act(c, N * kw), *att = ctx_act(c, N * qw);
-    float *lse = sv ? ctx_f32(c, N * a->H) : NULL;
-    int32_t *pos = ctx_positions(c, B, T, pos0);
-    if (!q || !k || !v || !att || !pos || (sv && !lse)) return ERR_NOMEM;
+    int64_t qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    void *q = ctx_act(c, N * qw), *k = ctx_act(c, N * kw), *v = ctx_act(c, N * kw);
+    if (!q || !k || !v || !pos) return ERR_NOMEM;
     lin_fwd(c, q, x, w->q, N, a->d, qw);
     lin_fwd(c, k, x, w->k, N, a->d, kw);
     lin_fwd(c, v, x, w->v, N, a->d, kw);
@@ -43,24 +41,49 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
     }
     be->rope_fwd(be, q, qw, a->dh, pos, c->rope_cos, c->rope_sin, N, a->H, a->dh, ROPE_NEOX);
     be->rope_fwd(be, k, kw, a->dh, pos, c->rope_cos, c->rope_sin, N, a->Hkv, a->dh, ROPE_NEOX);
-    float scale = 1.0f / sqrtf((float)a->dh);
+    *q_ = q, *k_ = k, *v_ = v;
+    return 0;
+}
+
+// Appends T new rows (k, v [T, Hkv, dh] of sequence b, at its position pos0)
+// to the cache and attends q [T, H, dh] over the sequence's cached prefix.
+static void cached_attn(const layer_ctx_t *c, layer_cache_t *cache, int b, int pos0, int T, void *att, const void *q,
+                        const void *k, const void *v) {
+    be_t *be = c->be;
+    const arch_t *a = c->a;
+    int64_t kw = (int64_t)a->Hkv * a->dh, seq = (int64_t)b * cache->cap; // the sequence's first cache row
+    size_t rows = (size_t)T * kw * be->act_size;
+    attn_cache_t *kc = &cache->u.attn;
+    be->copy_d2d(be, act_at(be, kc->k, (seq + pos0) * kw), k, rows);
+    be->copy_d2d(be, act_at(be, kc->v, (seq + pos0) * kw), v, rows);
+    be->attn_fwd(be, att, NULL, q, act_at(be, kc->k, seq * kw), act_at(be, kc->v, seq * kw), 1, T, pos0 + T, a->H,
+                 a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh));
+}
+
+int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                 layer_cache_t *cache, attn_saved_t *sv) {
+    be_t *be = c->be;
+    const arch_t *a = c->a;
+    int64_t N = (int64_t)B * T, qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    if (pos0 + T > c->rope_npos)
+        return err_set(ERR_INPUT, "position %d is beyond the RoPE table (%d positions)", pos0 + T, c->rope_npos);
+    void *q, *k, *v, *att = ctx_act(c, N * qw);
+    float *lse = sv ? ctx_f32(c, N * a->H) : NULL;
+    int32_t *pos = ctx_positions(c, B, T, pos0);
+    if (!att || (sv && !lse)) return ERR_NOMEM;
+    TRY(project(c, w, x, N, pos, sv, &q, &k, &v));
     if (cache) {
         // Append rows [pos0, pos0 + T) of every sequence, then attend over the
         // whole cached prefix of that sequence.
-        attn_cache_t *kc = &cache->u.attn;
         if (pos0 + T > cache->cap)
             return err_set(ERR_INPUT, "context of %d tokens exceeds the cache capacity %d", pos0 + T, cache->cap);
-        size_t rows = (size_t)T * kw * be->act_size; // this call's rows of one sequence
         for (int b = 0; b < B; b++) {
-            int64_t seq = (int64_t)b * cache->cap; // the sequence's first cache row
-            be->copy_d2d(be, act_at(be, kc->k, (seq + pos0) * kw), act_at(be, k, (int64_t)b * T * kw), rows);
-            be->copy_d2d(be, act_at(be, kc->v, (seq + pos0) * kw), act_at(be, v, (int64_t)b * T * kw), rows);
-            be->attn_fwd(be, act_at(be, att, (int64_t)b * T * qw), NULL, act_at(be, q, (int64_t)b * T * qw),
-                         act_at(be, kc->k, seq * kw), act_at(be, kc->v, seq * kw), 1, T, pos0 + T, a->H, a->Hkv, a->dh,
-                         a->dh, scale);
+            int64_t r = (int64_t)b * T;
+            cached_attn(c, cache, b, pos0, T, act_at(be, att, r * qw), act_at(be, q, r * qw), act_at(be, k, r * kw),
+                        act_at(be, v, r * kw));
         }
     } else {
-        be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, scale);
+        be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh));
     }
     lin_fwd(c, out, att, w->o, N, qw, a->d);
     if (sv) {
@@ -96,6 +119,19 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
     return 0;
 }
 
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
-    return attn_forward(c, w, out, x, B, 1, cache->len, cache, NULL);
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+    be_t *be = c->be;
+    const arch_t *a = c->a;
+    int64_t N = step_rows(runs, n_runs), qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    TRY(step_check(c, runs, n_runs, 1, 1));
+    void *q, *k, *v, *att = ctx_act(c, N * qw);
+    if (!att) return ERR_NOMEM;
+    TRY(project(c, w, x, N, ctx_step_positions(c, runs, n_runs), NULL, &q, &k, &v));
+    // each row at its own sequence's position (the batch's rows are independent)
+    for (int i = 0, r = 0; i < n_runs; i++)
+        for (int j = 0; j < runs[i].n; j++, r++)
+            cached_attn(c, runs[i].cache, runs[i].seq0 + j, runs[i].cache->len, 1, act_at(be, att, r * qw),
+                        act_at(be, q, r * qw), act_at(be, k, r * kw), act_at(be, v, r * kw));
+    lin_fwd(c, out, att, w->o, N, qw, a->d);
+    return 0;
 }

@@ -25,4 +25,6 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
                  layer_cache_t *cache, attn_saved_t *sv);
 int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx, const void *dout,
                   const attn_saved_t *sv);
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache);
+// One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out
+// [N,d], each at its cache's position len: appends its K and V rows (not len).
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);

@@ -81,15 +81,18 @@ static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
 // ---- forward -----------------------------------------------------------------
 
 // Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
-// token-by-token recurrence); everything but the rule is the same code.
-static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, layer_cache_t *cache,
-                   gdn_saved_t *sv, int recurrent) {
+// token-by-token recurrence); everything but the rule is the same code. The
+// B sequences come in runs (layer.h step_run_t; none without a cache): the
+// convolutions and the rule run once per run, on its sequences' states.
+static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T,
+                   const step_run_t *runs, int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     dims_t m = dims(c);
     int64_t N = (int64_t)B * T;
-    if (cache && cache->B != B)
-        return err_set(ERR_INPUT, "gdn layer %d: cache holds %d sequences, input has %d", c->layer, cache->B, B);
-    gdn_cache_t *gc = cache ? &cache->u.gdn : NULL;
+    const step_run_t none = {NULL, 0, B}; // no cache: one run of every sequence, without states
+    if (!n_runs) runs = &none, n_runs = 1;
+    // training through a cache keeps the entering states (gdn_forward: one run, the whole cache)
+    const gdn_cache_t *gc = sv && runs[0].cache ? &runs[0].cache->u.gdn : NULL;
     gdn_saved_t local, *s = sv ? sv : &local; // inference: the same buffers, dropped with the arena
     memset(s, 0, sizeof *s);
     s->B = B, s->T = T, s->x = x;
@@ -112,7 +115,7 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
 
     // short convs + SiLU, three separate depthwise convs; with a cache they
     // continue from its last W inputs, which are then rolled forward
-    if (gc && sv) {
+    if (gc) {
         NEED(s->conv0_q = copy_act(c, gc->conv_q, (int64_t)B * m.kd * m.W));
         NEED(s->conv0_k = copy_act(c, gc->conv_k, (int64_t)B * m.kd * m.W));
         NEED(s->conv0_v = copy_act(c, gc->conv_v, (int64_t)B * m.vd * m.W));
@@ -121,13 +124,23 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
     NEED(qc = ctx_act(c, N * m.kd));
     NEED(kc = ctx_act(c, N * m.kd));
     NEED(s->v = ctx_act(c, N * m.vd));
-    be->conv1d_fwd(be, qc, s->qpre, m.kd, w->q_conv, NULL, gc ? gc->conv_q : NULL, B, T, (int)m.kd, m.W, 1);
-    be->conv1d_fwd(be, kc, s->kpre, m.kd, w->k_conv, NULL, gc ? gc->conv_k : NULL, B, T, (int)m.kd, m.W, 1);
-    be->conv1d_fwd(be, s->v, s->vpre, m.vd, w->v_conv, NULL, gc ? gc->conv_v : NULL, B, T, (int)m.vd, m.W, 1);
-    if (gc) {
-        be->conv1d_update_state(be, gc->conv_q, s->qpre, m.kd, B, T, (int)m.kd, m.W);
-        be->conv1d_update_state(be, gc->conv_k, s->kpre, m.kd, B, T, (int)m.kd, m.W);
-        be->conv1d_update_state(be, gc->conv_v, s->vpre, m.vd, B, T, (int)m.vd, m.W);
+    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+        gdn_cache_t *rc = runs[i].cache ? &runs[i].cache->u.gdn : NULL;
+        int nb = runs[i].n, kd = (int)m.kd, vd = (int)m.vd;
+        int64_t r = (int64_t)b * T, ok = (int64_t)runs[i].seq0 * kd * m.W, ov = (int64_t)runs[i].seq0 * vd * m.W;
+        const void *qi = act_at(be, s->qpre, r * kd), *ki = act_at(be, s->kpre, r * kd),
+                   *vi = act_at(be, s->vpre, r * vd);
+        be->conv1d_fwd(be, act_at(be, qc, r * kd), qi, kd, w->q_conv, NULL, rc ? act_at(be, rc->conv_q, ok) : NULL, nb,
+                       T, kd, m.W, 1);
+        be->conv1d_fwd(be, act_at(be, kc, r * kd), ki, kd, w->k_conv, NULL, rc ? act_at(be, rc->conv_k, ok) : NULL, nb,
+                       T, kd, m.W, 1);
+        be->conv1d_fwd(be, act_at(be, s->v, r * vd), vi, vd, w->v_conv, NULL, rc ? act_at(be, rc->conv_v, ov) : NULL,
+                       nb, T, vd, m.W, 1);
+        if (rc) { // roll each sequence's window forward
+            be->conv1d_update_state(be, act_at(be, rc->conv_q, ok), qi, kd, nb, T, kd, m.W);
+            be->conv1d_update_state(be, act_at(be, rc->conv_k, ok), ki, kd, nb, T, kd, m.W);
+            be->conv1d_update_state(be, act_at(be, rc->conv_v, ov), vi, vd, nb, T, vd, m.W);
+        }
     }
 
     // L2 norm of q and k per head: rows of K
@@ -145,17 +158,23 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
 
     // the rule; the cache's state is the initial state and receives the final one
     NEED(s->o = ctx_act(c, N * m.vd));
-    if (gc && sv) {
+    if (gc) {
         int64_t ns = (int64_t)B * m.HV * m.Dv * m.K;
         NEED(s->state0 = ctx_f32(c, ns));
         be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
     }
-    if (recurrent)
-        be->gdn_recurrent_fwd(be, s->o, gc->state, s->q, s->k, s->v, s->g, s->beta, m.scale, B, T, m.H, m.HV, m.K,
+    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+        float *state = runs[i].cache ? runs[i].cache->u.gdn.state + (int64_t)runs[i].seq0 * m.HV * m.Dv * m.K : NULL;
+        int64_t r = (int64_t)b * T;
+        void *o = act_at(be, s->o, r * m.vd);
+        const void *q = act_at(be, s->q, r * m.kd), *k = act_at(be, s->k, r * m.kd), *v = act_at(be, s->v, r * m.vd);
+        const float *g = s->g + r * m.HV, *beta = s->beta + r * m.HV;
+        if (recurrent)
+            be->gdn_recurrent_fwd(be, o, state, q, k, v, g, beta, m.scale, runs[i].n, T, m.H, m.HV, m.K, m.Dv);
+        else
+            be->gdn_chunk_fwd(be, o, state, state != NULL, q, k, v, g, beta, m.scale, runs[i].n, T, m.H, m.HV, m.K,
                               m.Dv);
-    else
-        be->gdn_chunk_fwd(be, s->o, gc ? gc->state : NULL, gc != NULL, s->q, s->k, s->v, s->g, s->beta, m.scale, B, T,
-                          m.H, m.HV, m.K, m.Dv);
+    }
 
     // output norm (per value head over Dv, one shared weight of Dv), gate, o_proj
     NEED(s->y = ctx_act(c, N * m.vd));
@@ -172,7 +191,10 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
 int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, int pos0,
                 layer_cache_t *cache, gdn_saved_t *sv) {
     (void)pos0; // no positions in a linear-attention layer
-    return gdn_run(c, w, out, x, B, T, cache, sv, 0);
+    if (cache && cache->B != B)
+        return err_set(ERR_INPUT, "gdn layer %d: cache holds %d sequences, input has %d", c->layer, cache->B, B);
+    step_run_t all = {cache, 0, B};
+    return gdn_run(c, w, out, x, B, T, &all, cache != NULL, sv, 0);
 }
 
 // ---- backward ----------------------------------------------------------------
@@ -250,7 +272,7 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
 
 // ---- decode step ---------------------------------------------------------------
 
-int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
-    if (!cache) return err_set(ERR_INPUT, "gdn layer %d: a decode step needs the layer's cache", c->layer);
-    return gdn_run(c, w, out, x, B, 1, cache, NULL, 1);
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+    TRY(step_check(c, runs, n_runs, 0, 0));
+    return gdn_run(c, w, out, x, step_rows(runs, n_runs), 1, runs, n_runs, NULL, 1);
 }

@@ -63,6 +63,7 @@ int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x
 // Gradients with respect to the cache's initial states are not produced.
 int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, const void *dout, const gdn_saved_t *sv);
 
-// One token per sequence: x [B,d] -> out [B,d], through the conv states and
-// the token-by-token recurrence; updates the cache (not its len).
-int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, layer_cache_t *cache);
+// One token per sequence of the runs (layer.h step_run_t): x [N,d] -> out
+// [N,d], through the conv states and the token-by-token recurrence; updates the
+// caches (not their len).
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);

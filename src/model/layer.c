@@ -30,3 +30,43 @@ int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0) {
     free(h);
     return rc < 0 ? NULL : d;
 }
+
+int step_rows(const step_run_t *runs, int n_runs) {
+    int n = 0;
+    for (int i = 0; i < n_runs; i++)
+        n += runs[i].n;
+    return n;
+}
+
+int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs) {
+    if (c->step_pos) return (int32_t *)c->step_pos;
+    int N = step_rows(runs, n_runs);
+    int32_t *d = arena_alloc(c->arena, (size_t)2 * N * sizeof(int32_t));
+    int32_t *h = malloc((size_t)2 * N * sizeof(int32_t));
+    if (!d || !h) {
+        free(h);
+        err_set(ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    for (int i = 0, row = 0; i < n_runs; i++)
+        for (int j = 0; j < runs[i].n; j++, row++)
+            h[row] = runs[i].cache->len, h[N + row] = runs[i].cache->len + 1;
+    int rc = c->be->copy_h2d(c->be, d, h, (size_t)2 * N * sizeof(int32_t));
+    free(h);
+    return rc < 0 ? NULL : d;
+}
+
+int step_check(const layer_ctx_t *c, const step_run_t *runs, int n_runs, int room, int rope) {
+    for (int i = 0; i < n_runs; i++) {
+        const layer_cache_t *k = runs[i].cache;
+        if (!k || runs[i].n < 1 || runs[i].seq0 < 0 || runs[i].seq0 + runs[i].n > k->B)
+            return err_set(ERR_INPUT, "layer %d: decode run %d: sequences [%d, %d) of a cache of %d", c->layer, i,
+                           runs[i].seq0, runs[i].seq0 + runs[i].n, k ? k->B : 0);
+        if (room && k->len >= k->cap)
+            return err_set(ERR_INPUT, "layer %d: cache full (%d of %d tokens)", c->layer, k->len, k->cap);
+        if (rope && k->len >= c->rope_npos)
+            return err_set(ERR_INPUT, "layer %d: position %d beyond the RoPE tables (%d positions)", c->layer, k->len,
+                           c->rope_npos);
+    }
+    return 0;
+}

@@ -11,7 +11,9 @@
 //               cache NULL in training, else read and appended to;
 //               sv NULL in inference, else filled for the backward.
 //   X_backward  dout -> dx (overwritten) and weight gradients (+=).
-//   X_step      one new token per sequence, x [B,d], with the cache.
+//   X_step      one new token per sequence, x [N,d], with the caches: the N
+//               rows are runs of sequences (step_run_t), each sequence at its
+//               own position (its cache's len): a continuous batch.
 //   X_init_from_attention (in upcycle/) upcycling from a teacher attention layer.
 #pragma once
 #include <stdint.h>
@@ -37,6 +39,9 @@ typedef struct {
     int rope_npos;        // positions covered by the tables
     const ctx_pos_t *pos; // prepared position arrays (may be NULL)
     int n_pos;
+    // A decode step's prepared positions (NULL: X_step uploads its own): the
+    // N rows' positions, then their visible lengths (position + 1), [2N].
+    const int32_t *step_pos;
     // The model's matrices kept in their stored format (quantised inference,
     // model.h MODEL_QUANT): a weight view pointing into qw[0..n_qw) is one of
     // them, and lin_fwd runs be->qmatmul on it. NULL / 0 otherwise.
@@ -57,8 +62,10 @@ int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0);
 const ctx_pos_t *ctx_pos_find(const ctx_pos_t *pos, int n_pos, int B, int T, int pos0);
 
 // ---- inference caches (one per layer, by kind) ------------------------------
-// All sequences of a batch share the cached length `len` (prefill and decode
+// All sequences of one cache share the cached length `len` (prefill and decode
 // advance them together); the caller advances len after the whole model step.
+// A decode step may take sequences of several caches, of different lengths
+// (step_run_t).
 typedef struct {
     void *k, *v; // act [B, cap, Hkv, dh]
 } attn_cache_t;
@@ -86,3 +93,25 @@ typedef struct {
         m2_cache_t m2;
     } u;
 } layer_cache_t;
+
+// A decode step's rows come in runs: run i is sequences [seq0, seq0 + n) of
+// `cache`, at position cache->len, taking the step's next n rows. One cache of
+// B sequences in lockstep is one run; a server's requests, each with its own
+// cache, are one run each. The per-sequence ops (cache appends, attention over
+// the cache, convolution windows, recurrent states) run once per run; the
+// projections and everything else once over all N rows.
+typedef struct {
+    layer_cache_t *cache;
+    int seq0, n;
+} step_run_t;
+
+// Rows of a step: the sum of the runs' n.
+int step_rows(const step_run_t *runs, int n_runs);
+// Device int32 [2N] of a step's N rows: positions (their cache's len), then
+// visible lengths (len + 1); c->step_pos when prepared, else uploaded into the
+// arena.
+int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
+// 0, or an error naming the layer when a run's sequences lie outside its
+// cache, or (room) its cache has no room for another token, or (rope) its
+// position is beyond the RoPE tables.
+int step_check(const layer_ctx_t *c, const step_run_t *runs, int n_runs, int room, int rope);

@@ -59,23 +59,32 @@ static m2_shape_t m2_shape(const arch_t *a) {
 }
 
 // The mixer over T tokens per sequence. recurrent: SSD token by token (decode
-// steps), else chunked.
-static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, layer_cache_t *cache,
-                  m2_saved_t *sv, int recurrent) {
+// steps), else chunked. The B sequences come in runs (layer.h step_run_t; none
+// without a cache): the convolution and the SSD run once per run, on its
+// sequences' states.
+static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, const step_run_t *runs,
+                  int n_runs, m2_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     m2_shape_t s = m2_shape(c->a);
-    int64_t N = (int64_t)B * T, n_conv = (int64_t)B * s.cd * s.W, n_state = (int64_t)B * s.H * s.P * s.Ns;
-    if (recurrent && !cache) return err_set(ERR_INPUT, "Mamba-2 layer %d: a decode step needs a cache", c->layer);
+    int64_t N = (int64_t)B * T, per_conv = (int64_t)s.cd * s.W, per_state = (int64_t)s.H * s.P * s.Ns;
+    int64_t n_conv = (int64_t)B * per_conv, n_state = (int64_t)B * per_state;
+    if (recurrent && !n_runs) return err_set(ERR_INPUT, "Mamba-2 layer %d: a decode step needs a cache", c->layer);
+    const step_run_t none = {NULL, 0, B}; // no cache: one run of every sequence, without states
+    if (!n_runs) runs = &none, n_runs = 1;
     size_t mark = arena_mark(c->arena);
 
     // Entering states. len == 0 starts a sequence: zero them so a reused slot never leaks.
-    void *conv_state = cache ? cache->u.m2.conv : NULL;
-    float *ssm_state = cache ? cache->u.m2.state : NULL;
-    int carried = cache && cache->len > 0;
-    if (cache && !carried) {
-        TRY(be->memset0(be, conv_state, (size_t)n_conv * be->act_size));
-        TRY(be->memset0(be, ssm_state, (size_t)n_state * sizeof(float)));
+    for (int i = 0; i < n_runs; i++) {
+        const layer_cache_t *k = runs[i].cache;
+        if (!k || k->len > 0) continue;
+        TRY(be->memset0(be, act_at(be, k->u.m2.conv, runs[i].seq0 * per_conv),
+                        (size_t)(runs[i].n * per_conv) * be->act_size));
+        TRY(be->memset0(be, k->u.m2.state + runs[i].seq0 * per_state, (size_t)(runs[i].n * per_state) * sizeof(float)));
     }
+    // training through a cache keeps the entering states (m2_forward: one run, the whole cache)
+    int carried = runs[0].cache && runs[0].cache->len > 0;
+    void *conv_state = runs[0].cache ? runs[0].cache->u.m2.conv : NULL;
+    float *ssm_state = runs[0].cache ? runs[0].cache->u.m2.state : NULL;
 
     // What the backward keeps first, then temporaries (released at the end).
     void *zxbcdt = ctx_act(c, N * s.din), *y = ctx_act(c, N * s.di);
@@ -95,19 +104,27 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
 
     // in_proj, conv + SiLU over x | B | C (the conv state rolls forward), dt'
     lin_fwd(c, zxbcdt, x, w->in_proj, N, s.d, s.din);
-    const void *xbc_in = act_at(be, zxbcdt, s.o_xbc);
-    be->conv1d_fwd(be, xbc, xbc_in, s.din, w->conv_w, w->conv_b, conv_state, B, T, (int)s.cd, s.W, 1);
-    if (cache) be->conv1d_update_state(be, conv_state, xbc_in, s.din, B, T, (int)s.cd, s.W);
     be->softplus_bias_fwd(be, dt, act_at(be, zxbcdt, s.o_dt), s.din, w->dt_bias, N, s.H);
+    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+        const layer_cache_t *k = runs[i].cache;
+        int64_t r = (int64_t)b * T;
+        void *conv = k ? act_at(be, k->u.m2.conv, runs[i].seq0 * per_conv) : NULL;
+        float *state = k ? k->u.m2.state + runs[i].seq0 * per_state : NULL;
+        const void *xbc_in = act_at(be, zxbcdt, r * s.din + s.o_xbc);
+        void *xbc_r = act_at(be, xbc, r * s.cd);
+        be->conv1d_fwd(be, xbc_r, xbc_in, s.din, w->conv_w, w->conv_b, conv, runs[i].n, T, (int)s.cd, s.W, 1);
+        if (k) be->conv1d_update_state(be, conv, xbc_in, s.din, runs[i].n, T, (int)s.cd, s.W);
 
-    // SSD over the column slices of the conv output; the cache state is read and replaced.
-    const void *xs = xbc, *Bs = act_at(be, xbc, s.dxb), *Cs = act_at(be, xbc, 2 * (int64_t)s.dxb);
-    if (recurrent)
-        be->ssd_recurrent_fwd(be, y, ssm_state, xs, s.cd, Bs, s.cd, Cs, s.cd, dt, w->A_log, w->D, B, T, s.H, s.Hx, s.GB,
-                              s.GC, s.P, s.Ns);
-    else
-        be->ssd_chunk_fwd(be, y, ssm_state, carried, xs, s.cd, Bs, s.cd, Cs, s.cd, dt, w->A_log, w->D, B, T, s.H, s.Hx,
-                          s.GB, s.GC, s.P, s.Ns, s.chunk);
+        // SSD over the column slices of the conv output; the cache state is read and replaced.
+        const void *xs = xbc_r, *Bs = act_at(be, xbc_r, s.dxb), *Cs = act_at(be, xbc_r, 2 * (int64_t)s.dxb);
+        void *yr = act_at(be, y, r * s.di);
+        if (recurrent)
+            be->ssd_recurrent_fwd(be, yr, state, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D, runs[i].n,
+                                  T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns);
+        else
+            be->ssd_chunk_fwd(be, yr, state, carried, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D,
+                              runs[i].n, T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
+    }
 
     // gated norm (z = the first di columns of zxbcdt), out_proj
     be->gated_rmsnorm_fwd(be, yn, rstd, y, zxbcdt, s.din, w->norm, s.di, N, s.H, s.P, s.eps, GNORM_GATE_THEN_NORM);
@@ -126,7 +143,8 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
 int m2_forward(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, int pos0,
                layer_cache_t *cache, m2_saved_t *sv) {
     (void)pos0;
-    return m2_run(c, w, out, x, B, T, cache, sv, 0);
+    step_run_t all = {cache, 0, B};
+    return m2_run(c, w, out, x, B, T, &all, cache != NULL, sv, 0);
 }
 
 // Backward, each step the transpose of the forward line it names.
@@ -167,6 +185,7 @@ int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, cons
     return 0;
 }
 
-int m2_step(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
-    return m2_run(c, w, out, x, B, 1, cache, NULL, 1);
+int m2_step(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+    TRY(step_check(c, runs, n_runs, 0, 0));
+    return m2_run(c, w, out, x, step_rows(runs, n_runs), 1, runs, n_runs, NULL, 1);
 }

@@ -45,5 +45,7 @@ int m2_forward(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, 
                layer_cache_t *cache, m2_saved_t *sv);
 // dx [B,T,d] (overwritten) and the weight gradients g (float, +=) from dout [B,T,d].
 int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, const void *dout, const m2_saved_t *sv);
-// One token per sequence, x [B,d] -> out [B,d]: conv state + recurrent SSD.
-int m2_step(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, layer_cache_t *cache);
+// One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out
+// [N,d]: conv state + recurrent SSD; a run whose cache has len 0 starts from
+// zeroed states.
+int m2_step(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);

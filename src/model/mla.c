@@ -321,30 +321,28 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
 // over the cached latents with q_lat = q_nope wk_g, and wv_g is applied once to
 // the attended latent: no per-token decompression of the cache.
 
-int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, layer_cache_t *cache) {
+int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
     be_t *be = c->be;
     dims_t D = dims(c);
-    int len = cache->len;
-    int64_t cap = cache->cap;
+    int64_t B = step_rows(runs, n_runs); // rows, one per sequence
     TRY(check_weights(c, &D, w));
-    if (len >= cache->cap || B > cache->B)
-        return err_set(ERR_INPUT, "MLA layer %d: cache full (%d of %d tokens, %d of %d sequences)", c->layer, len,
-                       cache->cap, B, cache->B);
-    if (len >= c->rope_npos)
-        return err_set(ERR_INPUT, "MLA layer %d: position %d beyond the RoPE tables (%d positions)", c->layer, len,
-                       c->rope_npos);
+    TRY(step_check(c, runs, n_runs, 1, 1));
 
-    int32_t *pos = ctx_positions(c, B, 1, len);
-    // the kernel's visible rows: len + 1 for every sequence (the new row included)
-    int32_t *vis = ctx_positions(c, B, 1, len + 1);
-    if (!pos || !vis) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
+    // positions of the rows, then the kernel's visible rows (the new row included)
+    int32_t *pos = ctx_step_positions(c, runs, n_runs);
+    if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
+    const int32_t *vis = pos + B;
     proj_t p;
     TRY(project(c, &D, w, x, B, pos, 0, &p));
 
-    // append row len of every sequence: sequences are cap rows apart
-    void *row = act_at(be, cache->u.mla.kv, (int64_t)len * D.L);
-    be->copy2d(be, row, cap * D.L, p.cn, D.rkv, B, D.rkv, 0);
-    be->copy2d(be, act_at(be, row, D.rkv), cap * D.L, p.kpe, D.dr, B, D.dr, 0);
+    // append row len of every sequence of a run: sequences are cap rows apart
+    for (int i = 0, r = 0; i < n_runs; r += runs[i++].n) {
+        const layer_cache_t *k = runs[i].cache;
+        void *row = act_at(be, k->u.mla.kv, ((int64_t)runs[i].seq0 * k->cap + k->len) * D.L);
+        be->copy2d(be, row, k->cap * D.L, act_at(be, p.cn, (int64_t)r * D.rkv), D.rkv, runs[i].n, D.rkv, 0);
+        be->copy2d(be, act_at(be, row, D.rkv), k->cap * D.L, act_at(be, p.kpe, (int64_t)r * D.dr), D.dr, runs[i].n,
+                   D.dr, 0);
+    }
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
     // batch over the G groups (A steps hpg heads, B steps one KV head's rows).
@@ -362,8 +360,15 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     ACT(qpe, (int64_t)B * D.H * D.dr);
     be->copy2d(be, qpe, D.dr, act_at(be, p.q, D.dn), D.qd, (int64_t)B * D.H, D.dr, 0);
 
+    // attention over each run's own cache, its rows' visible lengths from vis
     ACT(olat, B * Hr);
-    be->mla_decode_attn(be, olat, qlat, qpe, cache->u.mla.kv, cap, vis, B, D.H, D.rkv, D.dr, D.scale);
+    for (int i = 0, r = 0; i < n_runs; r += runs[i++].n) {
+        const layer_cache_t *k = runs[i].cache;
+        be->mla_decode_attn(be, act_at(be, olat, r * Hr), act_at(be, qlat, r * Hr),
+                            act_at(be, qpe, (int64_t)r * D.H * D.dr),
+                            act_at(be, k->u.mla.kv, (int64_t)runs[i].seq0 * k->cap * D.L), k->cap, vis + r, runs[i].n,
+                            D.H, D.rkv, D.dr, D.scale);
+    }
 
     // att[b, h] = wv_g(h) olat[b, h], batched as above
     int64_t Hdv = (int64_t)D.H * D.dv;

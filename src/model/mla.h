@@ -82,8 +82,8 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
 // dout [B, T, d] -> dx [B, T, d] (overwritten); g (float) += weight gradients.
 int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, const void *dout, const mla_saved_t *sv);
 
-// One token per sequence, x [B, d] -> out [B, d], at position cache->len:
-// appends its cache row and attends over rows 0 .. len with the absorbed
-// weights (spec §3.3). Does not advance cache->len (the visible lengths
-// len + 1 come from the prepared positions, ctx_positions).
-int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, layer_cache_t *cache);
+// One token per sequence of the runs (layer.h step_run_t), x [N, d] -> out
+// [N, d], each at its cache's position len: appends its cache row and attends
+// over rows 0 .. len with the absorbed weights (spec §3.3). Does not advance
+// cache->len (the visible lengths len + 1 come from ctx_step_positions).
+int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +203,7 @@ void model_run_free(model_run_t *r) {
         be->free(be, r->pos_buf);
     }
     free(r->pos_host);
+    free(r->runs);
     memset(r, 0, sizeof *r);
 }
 
@@ -512,42 +514,68 @@ void model_state_reset(const model_t *m, model_state_t *st) {
 
 // ---- forward (inference) ---------------------------------------------------------
 
+// Room for `need` elements in the position buffers (device and host).
+static int pos_room(model_run_t *r, int64_t need) {
+    be_t *be = r->m->be;
+    if (need <= r->pos_cap) return 0; // grown, never shrunk: a decode token allocates nothing
+    int64_t cap = need > 4096 ? need : 4096;
+    int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
+    int32_t *host = malloc((size_t)cap * sizeof(int32_t));
+    if (!buf || !host) {
+        be->free(be, buf);
+        free(host);
+        return err_set(ERR_NOMEM, "position arrays for %lld tokens", (long long)need);
+    }
+    be->free(be, r->pos_buf);
+    free(r->pos_host);
+    r->pos_buf = buf, r->pos_host = host, r->pos_cap = cap;
+    r->n_pos = 0, r->step_pos = NULL; // what was prepared is gone
+    return 0;
+}
+
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
     be_t *be = r->m->be;
-    // pos[0] only: pos[1] is the visible lengths of a step, which a later step
-    // at pos0 + 1 reads as positions but then needs its own lengths too.
-    if (ctx_pos_find(r->pos, r->n_pos ? 1 : 0, B, T, pos0)) return 0;
-    int64_t need = (int64_t)B * T + B;
-    if (need > r->pos_cap) { // grown, never shrunk: a decode token allocates nothing
-        int64_t cap = need > 4096 ? need : 4096;
-        int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
-        int32_t *host = malloc((size_t)cap * sizeof(int32_t));
-        if (!buf || !host) {
-            be->free(be, buf);
-            free(host);
-            return err_set(ERR_NOMEM, "position arrays for %lld tokens", (long long)need);
-        }
-        be->free(be, r->pos_buf);
-        free(r->pos_host);
-        r->pos_buf = buf, r->pos_host = host, r->pos_cap = cap;
-    }
+    if (ctx_pos_find(r->pos, r->n_pos, B, T, pos0)) return 0;
+    int64_t need = (int64_t)B * T;
+    TRY(pos_room(r, need));
     int32_t *h = r->pos_host;
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
-        h[(int64_t)B * T + b] = pos0 + 1;
-    }
-    r->n_pos = 0; // a failed upload leaves nothing prepared
+    r->n_pos = 0, r->step_pos = NULL; // a failed upload leaves nothing prepared
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)need * sizeof(int32_t)));
     r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf, B, T, pos0};
-    if (T == 1) r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf + B, B, 1, pos0 + 1};
+    return 0;
+}
+
+// A decode step's positions (layer_ctx_t step_pos): every sequence of sts[k]
+// at sts[k]->len, for the N rows in order, then the visible lengths len + 1.
+static int prepare_step_positions(model_run_t *r, model_state_t *const *sts, int n_st, int N) {
+    TRY(pos_room(r, 2 * (int64_t)N));
+    int32_t *h = r->pos_host;
+    for (int k = 0, row = 0; k < n_st; k++)
+        for (int b = 0; b < sts[k]->B; b++, row++)
+            h[row] = sts[k]->len, h[N + row] = sts[k]->len + 1;
+    r->n_pos = 0, r->step_pos = NULL;
+    TRY(r->m->be->copy_h2d(r->m->be, r->pos_buf, h, (size_t)2 * N * sizeof(int32_t)));
+    r->step_pos = r->pos_buf;
     return 0;
 }
 
 layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
     const model_t *m = r->m;
-    layer_ctx_t c = {m->be,        &m->a,  l,        &r->arena, m->rope_cos, m->rope_sin,
-                     m->rope_npos, r->pos, r->n_pos, m->qw,     m->n_qw};
+    layer_ctx_t c = {.be = m->be,
+                     .a = &m->a,
+                     .layer = l,
+                     .arena = &r->arena,
+                     .rope_cos = m->rope_cos,
+                     .rope_sin = m->rope_sin,
+                     .rope_npos = m->rope_npos,
+                     .pos = r->pos,
+                     .n_pos = r->n_pos,
+                     .step_pos = r->step_pos,
+                     .qw = m->qw,
+                     .n_qw = m->n_qw};
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
@@ -567,24 +595,26 @@ int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids,
 
 int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
                         layer_cache_t *cache, mixer_saved_t *sv) {
-    int step = cache && T == 1, rc;
+    int rc;
     switch (w->kind) {
-    case LAYER_ATTN:
-        rc = step ? attn_step(c, &w->attn, out, x, B, cache)
-                  : attn_forward(c, &w->attn, out, x, B, T, pos0, cache, sv ? &sv->attn : NULL);
-        break;
-    case LAYER_MLA:
-        rc = step ? mla_step(c, &w->mla, out, x, B, cache)
-                  : mla_forward(c, &w->mla, out, x, B, T, pos0, cache, sv ? &sv->mla : NULL);
-        break;
-    case LAYER_GDN:
-        rc = step ? gdn_step(c, &w->gdn, out, x, B, cache)
-                  : gdn_forward(c, &w->gdn, out, x, B, T, pos0, cache, sv ? &sv->gdn : NULL);
-        break;
-    case LAYER_M2:
-        rc = step ? m2_step(c, &w->m2, out, x, B, cache)
-                  : m2_forward(c, &w->m2, out, x, B, T, pos0, cache, sv ? &sv->m2 : NULL);
-        break;
+    case LAYER_ATTN: rc = attn_forward(c, &w->attn, out, x, B, T, pos0, cache, sv ? &sv->attn : NULL); break;
+    case LAYER_MLA: rc = mla_forward(c, &w->mla, out, x, B, T, pos0, cache, sv ? &sv->mla : NULL); break;
+    case LAYER_GDN: rc = gdn_forward(c, &w->gdn, out, x, B, T, pos0, cache, sv ? &sv->gdn : NULL); break;
+    case LAYER_M2: rc = m2_forward(c, &w->m2, out, x, B, T, pos0, cache, sv ? &sv->m2 : NULL); break;
+    default: rc = err_set(ERR_UNSUP, "unknown layer kind %d", (int)w->kind);
+    }
+    if (rc < 0) return err_wrap(rc, "layer %d (%s): ", c->layer, layer_kind_name(w->kind));
+    return 0;
+}
+
+int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int n_runs,
+                     const step_run_t *runs) {
+    int rc;
+    switch (w->kind) {
+    case LAYER_ATTN: rc = attn_step(c, &w->attn, out, x, n_runs, runs); break;
+    case LAYER_MLA: rc = mla_step(c, &w->mla, out, x, n_runs, runs); break;
+    case LAYER_GDN: rc = gdn_step(c, &w->gdn, out, x, n_runs, runs); break;
+    case LAYER_M2: rc = m2_step(c, &w->m2, out, x, n_runs, runs); break;
     default: rc = err_set(ERR_UNSUP, "unknown layer kind %d", (int)w->kind);
     }
     if (rc < 0) return err_wrap(rc, "layer %d (%s): ", c->layer, layer_kind_name(w->kind));
@@ -592,14 +622,23 @@ int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, con
 }
 
 // Runs every layer over x [B*T, d] (the residual stream, updated in place).
-// With st: T tokens per sequence at position st->len (T == 1 uses the step path).
-// rec (may be NULL) records each layer's input and mixer output.
-static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *st, const model_record_t *rec) {
+// With states: a decode step when T == 1 (one token for each sequence of the
+// n_st states, B = their total, each at its own length: the layers' X_step
+// over one run per state), else T tokens per sequence at sts[0]->len (n_st
+// is 1). rec (may be NULL) records each layer's input and mixer output.
+static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *const *sts, int n_st,
+                      const model_record_t *rec) {
     const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
-    int pos0 = st ? st->len : 0;
+    int step = n_st > 0 && T == 1, pos0 = n_st ? sts[0]->len : 0;
+    assert(step || n_st <= 1);
+    if (step && n_st > r->runs_cap) { // grown, never shrunk
+        step_run_t *p = realloc(r->runs, (size_t)n_st * sizeof *p);
+        if (!p) return err_set(ERR_NOMEM, "out of memory");
+        r->runs = p, r->runs_cap = n_st;
+    }
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them.
     void *xn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
@@ -611,7 +650,13 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *st, 
         const layer_w_t *w = &m->lw[l];
         size_t mark = arena_mark(&r->arena);
         if (rec && rec->x) be->copy_d2d(be, rec->x[l], x, (size_t)N * a->d * be->act_size);
-        TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, st ? &st->layers[l] : NULL, NULL));
+        if (step) {
+            for (int k = 0; k < n_st; k++)
+                r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+            TRY(model_mixer_step(&c, w, y, xn, n_st, r->runs));
+        } else {
+            TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, n_st ? &sts[0]->layers[l] : NULL, NULL));
+        }
         if (rec && rec->a) be->copy_d2d(be, rec->a[l], y, (size_t)N * a->d * be->act_size);
         arena_reset(&r->arena, mark); // the mixer's temporaries: only y is used from here
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
@@ -626,22 +671,29 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *st, 
     return 0;
 }
 
-// Embeds ids (host [N]), runs the layers, final norm, and returns into host
-// `logits` [n_rows, V] the logits of rows first + i * stride, i < n_rows.
-static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
-                          int64_t stride, int64_t n_rows, float *logits) {
+// Embeds ids (host [N]), runs the layers (run_layers: sts / n_st), final norm,
+// and returns into host `logits` [n_rows, V] the logits of rows first + i *
+// stride, i < n_rows.
+static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, model_state_t *const *sts, int n_st,
+                          int64_t first, int64_t stride, int64_t n_rows, float *logits) {
     model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
-    TRY(model_ensure_positions(m, (st ? st->len : 0) + T));
+    int step = n_st > 0 && T == 1, end = 0; // end: the positions' limit
+    for (int k = 0; k < n_st; k++)
+        if (sts[k]->len + T > end) end = sts[k]->len + T;
+    TRY(model_ensure_positions(m, n_st ? end : T));
     arena_reset(&r->arena, 0);
     int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
     void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
-    TRY(model_prepare_positions(r, B, T, st ? st->len : 0));
-    TRY(run_layers(r, x, B, T, st, NULL));
+    if (step)
+        TRY(prepare_step_positions(r, sts, n_st, (int)N));
+    else
+        TRY(model_prepare_positions(r, B, T, n_st ? sts[0]->len : 0));
+    TRY(run_layers(r, x, B, T, sts, n_st, NULL));
     if (!logits) return be->sync(be);
     // Normalise and project the wanted rows, in slices to bound memory.
     // Consecutive rows (decode steps, every position) are read in place; others
@@ -678,7 +730,7 @@ int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, cons
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
     TRY(model_prepare_positions(r, B, T, 0));
-    TRY(run_layers(r, x, B, T, NULL, rec));
+    TRY(run_layers(r, x, B, T, NULL, 0, rec));
     be->rmsnorm_fwd(be, h, NULL, x, m->final_norm, N, a->d, a->eps);
     arena_reset(&r->arena, mark);
     return 0;
@@ -700,7 +752,7 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
             memcpy(part + (size_t)b * n, ids + (size_t)b * T + t0, (size_t)n * sizeof(int32_t));
         int last = t0 + n == T;
         // each sequence's last token: rows n - 1, 2n - 1, ...
-        rc = forward_logits(r, part, B, n, st, n - 1, n, B, last ? logits : NULL);
+        rc = forward_logits(r, part, B, n, &st, 1, n - 1, n, B, last ? logits : NULL);
         if (rc == 0) set_len(r->m, st, st->len + n);
     }
     free(part);
@@ -708,13 +760,24 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
 }
 
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits) {
-    if (st->len + 1 > st->ctx) return err_set(ERR_INPUT, "context capacity %d reached", st->ctx);
-    TRY(model_state_reserve(r->m, st, st->len + 1));
-    TRY(forward_logits(r, ids, st->B, 1, st, 0, 1, st->B, logits));
-    set_len(r->m, st, st->len + 1);
+    return model_step_batch(r, &st, 1, ids, logits);
+}
+
+int model_step_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *ids, float *logits) {
+    int64_t N = 0;
+    for (int k = 0; k < n_st; k++) {
+        model_state_t *st = sts[k];
+        if (st->len + 1 > st->ctx) return err_set(ERR_INPUT, "context capacity %d reached", st->ctx);
+        TRY(model_state_reserve(r->m, st, st->len + 1));
+        N += st->B;
+    }
+    if (N < 1 || N > (1 << 20)) return err_set(ERR_INPUT, "a decode step of %lld sequences", (long long)N);
+    TRY(forward_logits(r, ids, (int)N, 1, sts, n_st, 0, 1, N, logits));
+    for (int k = 0; k < n_st; k++)
+        set_len(r->m, sts[k], sts[k]->len + 1);
     return 0;
 }
 
 int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits) {
-    return forward_logits(r, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
+    return forward_logits(r, ids, B, T, NULL, 0, 0, 1, (int64_t)B * T, logits);
 }

@@ -54,11 +54,16 @@ typedef struct {
 typedef struct {
     model_t *m;
     arena_t arena;    // device memory for one step's activations
-    ctx_pos_t pos[2]; // the current step's position arrays (positions; decode: visible lengths)
+    ctx_pos_t pos[1]; // the current forward's positions (model_prepare_positions)
     int n_pos;
     int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
     int32_t *pos_host; // its host staging buffer
     int64_t pos_cap;   // elements of each
+    // A decode step's positions (model_step_batch): the rows' positions then
+    // their visible lengths, [2N] in pos_buf; NULL when no step is prepared.
+    const int32_t *step_pos;
+    step_run_t *runs; // host: one layer's runs of a step (rebuilt per layer)
+    int runs_cap;
 } model_run_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.
@@ -94,10 +99,10 @@ void model_run_trim(model_run_t *r);
 // out by pt (export and convert); flags 0 is model_load's strictness.
 int model_read_host(wsrc_t *src, const ptable_t *pt, float *host, int flags);
 void model_free(model_t *m);
-// Uploads a step's position arrays for every layer to share: pos0 + t for B
-// rows of T tokens and, when T == 1, the visible lengths pos0 + 1 (nothing to
-// do when the last call prepared the same). They stay valid (arena resets do
-// not touch them) until the next call.
+// Uploads a forward's positions for every layer to share: pos0 + t for B rows
+// of T tokens (nothing to do when the last call prepared the same). They stay
+// valid (arena resets do not touch them) until the next call. (A decode step's
+// per-sequence positions are model_step_batch's own.)
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0);
 // Grows the RoPE tables to cover positions [0, n_pos), doubling from
 // MODEL_ROPE_POS0: a model starts with tables for that many positions (fp32
@@ -160,6 +165,14 @@ void model_state_reset(const model_t *m, model_state_t *st);
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
 // One token per sequence (ids host [B]); logits host [B, V].
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits);
+// One decode step over several states at once (continuous batching): one
+// token for each sequence of sts[0], then of sts[1], ... (ids host [N], N the
+// sum of their B), each state at its own length; logits host [N, V]. The
+// projections and MLPs run once over the N rows, the caches' own parts once
+// per state. Room for the token is reserved in every state first; a state
+// that cannot grow fails the whole step (the caller reserves each first to
+// tell which). Each state's len advances by one.
+int model_step_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *ids, float *logits);
 // Logits of every position of B sequences of T tokens without a cache (host [B*T, V]).
 int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits);
 
@@ -191,7 +204,11 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l);
 // (act [N, d]).
 int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x);
 // The token mixer of layer c->layer with weights w over x [B*T, d] (normed)
-// -> out: its kind's X_step for one token per sequence with a cache, else
-// X_forward (layer.h contract). sv (training) NULL, or filled for the backward.
+// -> out: its kind's X_forward (layer.h contract). sv (training) NULL, or
+// filled for the backward.
 int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
                         layer_cache_t *cache, mixer_saved_t *sv);
+// The same for a decode step: one token per sequence of the runs (layer.h
+// step_run_t), x [N, d] -> out, through its kind's X_step.
+int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int n_runs,
+                     const step_run_t *runs);

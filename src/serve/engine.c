@@ -32,9 +32,8 @@ struct srv_engine {
     srv_engine_cfg_t cfg;
     int32_t *stop_ids;
     srv_metrics_t *metrics;
-    float *logits; // [V], the engine thread's
-    pthread_t th;
-    int started;
+    float *logits; // [max_seqs, V]: a prefill's last row, or a decode step's rows
+    int ran;       // srv_engine_run has returned
     pthread_mutex_t mu;
     pthread_cond_t cv;
     req_t *q_head, *q_tail; // waiting, oldest first
@@ -43,9 +42,14 @@ struct srv_engine {
     int n_active;
     req_t **turn;     // [max_seqs] the engine thread's copy of active for one turn
     int *turn_cancel; // [max_seqs] and their cancel flags
+    // a decode step: the decoding requests (indices into turn), and those in
+    // the step: their turn indices, states and tokens
+    int *dec_idx, *step_idx;
+    model_state_t **step_st;
+    int32_t *step_ids;
     uint64_t next_id;
     int stopping; // no more submits; everything is cancelled
-    int has_run, sync_init, joined;
+    int has_run, sync_init;
 };
 
 static void req_free(const srv_engine_t *e, req_t *r) {
@@ -103,26 +107,10 @@ static int start(srv_engine_t *e, req_t *r) {
     return 0;
 }
 
-// One unit of work of a running request: a prefill chunk (and, after the
-// last, the first token), or a decode step. 1 when the request finished
-// (it is freed), else 0.
-static int work(srv_engine_t *e, req_t *r) {
-    int rc;
-    if (!r->decoding) {
-        int n = r->s.n_prompt - r->fed;
-        if (n > e->cfg.chunk) n = e->cfg.chunk;
-        int last = r->fed + n == r->s.n_prompt;
-        rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, n, n, last ? e->logits : NULL);
-        if (rc < 0) return finish_error(e, r, rc), 1;
-        r->fed += n;
-        if (!last) return 0;
-        if (e->metrics) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
-        r->decoding = 1;
-    } else {
-        rc = model_step(&e->run, &r->st, &r->next, e->logits);
-        if (rc < 0) return finish_error(e, r, rc), 1;
-    }
-    int32_t id = sampler_sample(&r->smp, e->logits);
+// Hands on the token sampled from logits (the request's row): 1 when the
+// request finished (it is freed), else 0.
+static int emit(srv_engine_t *e, req_t *r, const float *logits) {
+    int32_t id = sampler_sample(&r->smp, logits);
     if (is_stop_id(e, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
     double now = time_now();
     if (e->metrics) {
@@ -140,6 +128,46 @@ static int work(srv_engine_t *e, req_t *r) {
     return 0;
 }
 
+// A prefill chunk of a request and, after the last, its first token. 1 when
+// the request finished (it is freed), else 0.
+static int prefill(srv_engine_t *e, req_t *r) {
+    int n = r->s.n_prompt - r->fed;
+    if (n > e->cfg.chunk) n = e->cfg.chunk;
+    int last = r->fed + n == r->s.n_prompt;
+    int rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, n, n, last ? e->logits : NULL);
+    if (rc < 0) return finish_error(e, r, rc), 1;
+    r->fed += n;
+    if (!last) return 0;
+    if (e->metrics) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
+    r->decoding = 1;
+    return emit(e, r, e->logits);
+}
+
+// The next token of every decoding request turn[idx[0..n)], from one batched
+// decode step (model_step_batch: each request's own cache and length).
+// Finished requests are freed and their turn[] entries set to NULL.
+static void decode(srv_engine_t *e, req_t **turn, const int *idx, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) { // room for the token first, so that a cache that cannot grow fails alone
+        req_t *r = turn[idx[i]];
+        int rc = model_state_reserve(e->m, &r->st, r->st.len + 1);
+        if (rc < 0) {
+            finish_error(e, r, rc);
+            turn[idx[i]] = NULL;
+            continue;
+        }
+        e->step_idx[k] = idx[i], e->step_st[k] = &r->st, e->step_ids[k] = r->next;
+        k++;
+    }
+    if (!k) return;
+    int rc = model_step_batch(&e->run, e->step_st, k, e->step_ids, e->logits);
+    for (int i = 0; i < k; i++) {
+        req_t *r = turn[e->step_idx[i]];
+        if (rc < 0 ? (finish_error(e, r, rc), 1) : emit(e, r, e->logits + (size_t)i * e->m->a.V))
+            turn[e->step_idx[i]] = NULL;
+    }
+}
+
 static void publish_gauges(srv_engine_t *e) {
     if (!e->metrics) return;
     int64_t bytes = 0;
@@ -148,8 +176,7 @@ static void publish_gauges(srv_engine_t *e) {
     srv_metrics_gauges(e->metrics, e->n_queued, e->n_active, bytes);
 }
 
-static void *engine_main(void *arg) {
-    srv_engine_t *e = arg;
+void srv_engine_run(srv_engine_t *e) {
     if (e->cfg.threads > 0) omp_set_num_threads(e->cfg.threads); // the setting is per thread
     req_t **turn = e->turn;
     int *cancelled = e->turn_cancel;
@@ -198,24 +225,32 @@ static void *engine_main(void *arg) {
             gone = r->link;
             finish(e, r, SRV_FINISH_CANCELLED, 503, why);
         }
-        // One unit of work per running request; finished ones leave the slots.
+        // One unit of work per running request: a prefill chunk each, then one
+        // batched decode step of those that were decoding already; finished
+        // ones leave the slots.
+        int n_dec = 0;
         for (int i = 0; i < n; i++) {
             req_t *r = turn[i];
             if (cancelled[i]) {
                 finish(e, r, SRV_FINISH_CANCELLED, 503, why);
                 turn[i] = NULL;
-            } else if ((!r->has_state && start(e, r) < 0) || work(e, r)) {
+            } else if (!r->has_state && start(e, r) < 0) {
+                turn[i] = NULL;
+            } else if (r->decoding) {
+                e->dec_idx[n_dec++] = i;
+            } else if (prefill(e, r)) {
                 turn[i] = NULL;
             }
         }
+        decode(e, turn, e->dec_idx, n_dec);
         pthread_mutex_lock(&e->mu);
         int k = 0;
         for (int i = 0; i < n; i++)
             if (turn[i]) e->active[k++] = turn[i];
         e->n_active = k;
     }
+    e->ran = 1;
     pthread_mutex_unlock(&e->mu);
-    return NULL;
 }
 
 int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics) {
@@ -229,12 +264,17 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->cfg = *cfg;
     e->metrics = metrics;
     e->next_id = 1;
-    e->logits = malloc((size_t)m->a.V * sizeof(float));
+    e->logits = malloc((size_t)cfg->max_seqs * m->a.V * sizeof(float));
+    e->dec_idx = calloc((size_t)cfg->max_seqs, sizeof *e->dec_idx);
+    e->step_idx = calloc((size_t)cfg->max_seqs, sizeof *e->step_idx);
+    e->step_st = calloc((size_t)cfg->max_seqs, sizeof *e->step_st);
+    e->step_ids = calloc((size_t)cfg->max_seqs, sizeof *e->step_ids);
     e->active = calloc((size_t)cfg->max_seqs, sizeof *e->active);
     e->turn = calloc((size_t)cfg->max_seqs, sizeof *e->turn);
     e->turn_cancel = calloc((size_t)cfg->max_seqs, sizeof *e->turn_cancel);
     e->stop_ids = malloc(((size_t)cfg->n_stop_ids + 1) * sizeof(int32_t));
-    if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids) {
+    if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids || !e->dec_idx || !e->step_idx ||
+        !e->step_st || !e->step_ids) {
         srv_engine_free(e);
         return err_set(ERR_NOMEM, "out of memory");
     }
@@ -249,11 +289,6 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->sync_init = 1;
-    if (pthread_create(&e->th, NULL, engine_main, e) != 0) {
-        srv_engine_free(e);
-        return err_set(ERR_RUNTIME, "cannot start the engine thread");
-    }
-    e->started = 1;
     *out = e;
     return 0;
 }
@@ -311,18 +346,18 @@ void srv_engine_cancel(srv_engine_t *e, uint64_t id) {
 int srv_engine_ctx(const srv_engine_t *e) { return e->cfg.ctx; }
 
 void srv_engine_shutdown(srv_engine_t *e) {
-    if (!e->started || e->joined) return;
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->th, NULL);
-    e->joined = 1;
 }
 
 void srv_engine_free(srv_engine_t *e) {
     if (!e) return;
-    srv_engine_shutdown(e);
+    if (e->sync_init && !e->ran) { // never run: what was queued still gets its on_done
+        srv_engine_shutdown(e);
+        srv_engine_run(e);
+    }
     if (e->sync_init) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
@@ -332,6 +367,10 @@ void srv_engine_free(srv_engine_t *e) {
     free(e->active);
     free(e->turn);
     free(e->turn_cancel);
+    free(e->dec_idx);
+    free(e->step_idx);
+    free(e->step_st);
+    free(e->step_ids);
     free(e->stop_ids);
     free(e);
 }

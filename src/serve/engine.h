@@ -1,11 +1,11 @@
-// The serving engine: one thread owns the model and runs every accepted
-// request to its end; HTTP threads submit requests and get their tokens back
-// through callbacks. Today each running request has its own cache
-// (model_state_t, B = 1) and the engine interleaves them step by step:
-// each turn, every running sequence does one unit of work (a prefill chunk,
-// or one decode step); up to max_seqs run at once, others wait in a bounded
-// queue. A batched decode of sequences of different lengths can replace the
-// per-sequence loop behind this same interface (docs/SERVING.md).
+// The serving engine: the thread in srv_engine_run owns the model and runs
+// every accepted request to its end; HTTP threads submit requests and get
+// their tokens back through callbacks. Each running request has its own cache
+// (model_state_t, B = 1, growing with use). Each turn, every request still
+// in its prompt feeds one prefill chunk, and every request already decoding
+// gets its next token from one decode step of all of them together
+// (model_step_batch: continuous batching, each at its own length); up to
+// max_seqs run at once, others wait in a bounded queue (docs/SERVING.md).
 #pragma once
 #include <stdint.h>
 
@@ -20,7 +20,7 @@ typedef struct {
     int queue;               // requests waiting beyond them
     int ctx;                 // most tokens of one sequence (prompt + answer)
     int chunk;               // prefill tokens per turn of a sequence
-    int threads;             // OpenMP threads of the engine thread (0: the default)
+    int threads;             // OpenMP threads of srv_engine_run (0: the default)
     const int32_t *stop_ids; // token ids that end a generation (not output)
     int n_stop_ids;
 } srv_engine_cfg_t;
@@ -52,8 +52,8 @@ typedef struct {
 // srv_engine_submit's refusals (positive: not errors of the engine).
 enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };
 
-// Starts the engine thread over m (the caller keeps m alive until
-// srv_engine_free). metrics may be NULL.
+// An engine over m (the caller keeps m alive until srv_engine_free); nothing
+// runs until srv_engine_run. metrics may be NULL.
 int srv_engine_create(srv_engine_t **e, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics);
 // Queues a request: 0 (accepted: *id names it, on_done will come),
 // SRV_QUEUE_FULL, SRV_SHUTTING_DOWN, or a negative ERR_* (bad sizes, memory).
@@ -63,8 +63,17 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id);
 // when it has finished already.
 void srv_engine_cancel(srv_engine_t *e, uint64_t id);
 int srv_engine_ctx(const srv_engine_t *e);
-// Cancels everything queued and running (each gets on_done) and joins the
-// engine thread; later submits are refused. Idempotent.
+// The engine loop, on the calling thread, until srv_engine_shutdown: then
+// everything queued and running is cancelled (each gets on_done) and it
+// returns. Call it on the thread that loaded the model, so that the model's
+// OpenMP regions run in the process's one thread pool: a second pool (an
+// engine thread of its own) makes libgomp count more threads than cores and
+// stop spinning between regions, and every region of a decode step then
+// waits for a futex wake-up (docs/SERVING.md: it halved single-stream speed).
+void srv_engine_run(srv_engine_t *e);
+// Asks srv_engine_run to cancel everything and return; any thread, does not
+// wait. Later submits are refused. Idempotent.
 void srv_engine_shutdown(srv_engine_t *e);
-// Shuts down if needed and frees the engine.
+// Frees the engine, once srv_engine_run has returned (if it never ran, what
+// was queued is cancelled first).
 void srv_engine_free(srv_engine_t *e);

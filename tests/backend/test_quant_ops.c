@@ -228,6 +228,48 @@ static void test_bf16(void **st) {
     free(w);
 }
 
+// A row's product does not depend on the rows beside it: for every format and
+// kernel set, N rows at once give bitwise what each row gives alone (N = 1).
+// A server's batched decode step relies on it (a request's answer must not
+// change with the requests it runs with); the AVX2 Q4 / Q8 kernels once took
+// a second accumulator for one row only, and then differed in the last bits.
+static void test_rows_independent(void **st) {
+    rng_t r;
+    rng_seed(&r, 13);
+    const cpu_qkernels_t *ks[4];
+    int nk = sets(ks);
+    uint32_t all[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_BF16};
+    enum { N = 15 }; // the most rows the 8-bit kernels see (cpu_quant.c QMM_SGEMM_MIN - 1)
+    for (size_t t = 0; t < sizeof all / sizeof all[0]; t++) {
+        int64_t rows = 37, cols = all[t] == GGML_Q4_K || all[t] == GGML_Q6_K ? 768 : 576; // odd / even block counts
+        size_t rb;
+        uint8_t *w = NULL;
+        if (all[t] == GGML_BF16) {
+            w = malloc((size_t)rows * cols * 2), rb = (size_t)cols * 2;
+            for (int64_t i = 0; i < rows * cols; i++)
+                ((uint16_t *)w)[i] = f32_to_bf16(rng_normal(&r) * 0.05f);
+        } else {
+            w = rand_rows(all[t], rows, cols, &r, &rb);
+        }
+        be_qmat_t W = {all[t], rows, cols, rb, w};
+        float *x = malloc((size_t)N * cols * sizeof(float)), *yN = malloc((size_t)N * rows * sizeof(float));
+        float y1[37];
+        cpu_q8_t *q = malloc((size_t)N * (cols / 32) * sizeof(cpu_q8_t));
+        rng_fill_normal(&r, x, (long)(N * cols), 0.0f, 1.0f);
+        for (int s = 0; s < nk; s++)
+            for (int n = 1; n <= N; n++) { // n rows at once, against each alone
+                cpu_qmatmul_with(ks[s], yN, x, &W, n, q);
+                for (int j = 0; j < n; j++) {
+                    cpu_qmatmul_with(ks[s], y1, x + (int64_t)j * cols, &W, 1, q);
+                    if (memcmp(y1, yN + (int64_t)j * rows, sizeof y1))
+                        fail_msg("%s (%s): row %d of %d differs from the row alone", ggml_type_name(all[t]),
+                                 ks[s]->name, j, n);
+                }
+            }
+        free(q), free(x), free(yN), free(w);
+    }
+}
+
 // The backend's op on tensors of the default GGUF (its Q4_1 projections and
 // Q8_0 embedding), 5 tokens, against the bound.
 static void test_real_tensors(void **st) {
@@ -412,7 +454,7 @@ int main(void) {
         cmocka_unit_test(test_random_blocks), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_real_tensors),  cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_op_many_rows),  cmocka_unit_test(test_quantize_roundtrip),
-        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_nonfinite),     cmocka_unit_test(test_rows_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

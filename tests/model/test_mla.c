@@ -299,7 +299,8 @@ static void decode_case(int variant, const int *chunks, int n_chunks) {
     while (cache.len < T) {
         tu_rows_gather(xc, t.x, B, T, cache.len, 1, d);
         tu_ctx_reset(&t.c);
-        assert_int_equal(mla_step(&t.c, &t.w, oc, xc, B, &cache), 0);
+        step_run_t run = {&cache, 0, B};
+        assert_int_equal(mla_step(&t.c, &t.w, oc, xc, 1, &run), 0);
         tu_rows_scatter(got, oc, B, T, cache.len, 1, d);
         cache.len++;
     }

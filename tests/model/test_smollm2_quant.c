@@ -14,7 +14,8 @@
 //     more than MARGIN (a near-tie may flip under any rounding change), and
 //     at 85% of all positions at least (95-100% seen: the flips are
 //     near-ties).
-// Also: the quantised matrices take at most the file's size, not fp32's.
+// Also: the quantised matrices take at most the file's size, not fp32's; and
+// sequences decoded together in one step are bitwise as decoded alone.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -273,8 +274,56 @@ static void test_export_quantised(void **st) {
     model_free(&mg), model_free(&mf), model_free(&mq);
 }
 
+// The serving path: the default model on its quantised weights, three
+// sequences of different prompt lengths decoded in one batch
+// (model_step_batch) get bitwise the logits each gets decoded alone. Every
+// product of a step of fewer than 16 rows treats each row by itself
+// (test_quant_ops test_rows_independent) and attention runs per sequence, so
+// nothing mixes rows; a server's answers then never depend on what runs
+// beside them.
+static void test_batch_decode_bitwise(void **st) {
+    model_t m;
+    model_run_t r;
+    assert_int_equal(model_load_ex(&m, tu_model_path(), tu_cpu(), MODEL_QUANT), 0);
+    assert_int_equal(model_run_create(&r, &m, (size_t)1 << 28), 0);
+    enum { NS = 3, STEPS = 5 };
+    const int P[NS] = {3, 11, 6};
+    int V = m.a.V;
+    float *alone = malloc((size_t)NS * STEPS * V * sizeof(float)), *lg = malloc((size_t)NS * V * sizeof(float));
+    model_state_t sts[NS], *in[NS];
+    int32_t prompt[16], ids[NS];
+    for (int pass = 0; pass < 2; pass++) { // 0: each alone, 1: together
+        for (int s = 0; s < NS; s++) {
+            for (int t = 0; t < P[s]; t++)
+                prompt[t] = (int32_t)((s * 977 + t * 131 + 17) % V);
+            assert_int_equal(model_state_alloc(&m, &sts[s], 1, 64), 0);
+            assert_int_equal(model_prefill(&r, &sts[s], prompt, P[s], 0, lg), 0);
+            in[s] = &sts[s];
+        }
+        for (int k = 0; k < STEPS; k++) {
+            for (int s = 0; s < NS; s++)
+                ids[s] = (int32_t)((s * 389 + k * 71 + 5) % V);
+            if (pass == 0) {
+                for (int s = 0; s < NS; s++)
+                    assert_int_equal(model_step(&r, &sts[s], &ids[s], alone + ((int64_t)s * STEPS + k) * V), 0);
+                continue;
+            }
+            assert_int_equal(model_step_batch(&r, in, NS, ids, lg), 0);
+            for (int s = 0; s < NS; s++)
+                if (memcmp(lg + (int64_t)s * V, alone + ((int64_t)s * STEPS + k) * V, (size_t)V * sizeof(float)))
+                    fail_msg("step %d: sequence %d (prompt of %d) differs from its decode alone", k, s, P[s]);
+        }
+        for (int s = 0; s < NS; s++)
+            model_state_free(&m, &sts[s]);
+    }
+    free(alone), free(lg);
+    model_run_free(&r);
+    model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_quant_against_f32), cmocka_unit_test(test_hybrid_bf16),
-                                       cmocka_unit_test(test_export_quantised)};
+                                       cmocka_unit_test(test_export_quantised),
+                                       cmocka_unit_test(test_batch_decode_bitwise)};
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

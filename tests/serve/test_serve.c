@@ -342,22 +342,33 @@ static void test_stream(void **state) {
 }
 
 // Four requests at once (two chats, two completions) each get the answer
-// they get alone.
+// they get alone, while a longer one that started first is mid-answer: the
+// engine decodes them in one batched step at different lengths (and, with
+// --max-seqs 4, the last to come waits and joins when a slot frees), and the
+// longer one's answer is its answer alone too.
 static void test_concurrent(void **state) {
     ensure_server();
-    call_t c[4];
+    char *r, *t, finish[32];
+    assert_int_equal(http(&S, "/v1/completions", completion_body(LONG, 24, NULL), &r), 200);
+    char *want_long = answer_within(r, NULL, 24, NULL);
+    free(r);
+    call_t c[5];
+    call_start(&c[4], &S, "/v1/completions", completion_body(LONG, 24, NULL), NULL);
     for (int i = 0; i < 4; i++)
         call_start(&c[i], &S, i % 2 ? "/v1/completions" : "/v1/chat/completions",
                    i % 2 ? completion_body(P, 8, i == 3 ? ", \"stream\": true" : NULL)
                          : chat_body(Q, 8, i == 2 ? ", \"stream\": true" : NULL),
                    NULL);
-    for (int i = 0; i < 4; i++) {
-        char *r, *t, finish[32];
+    for (int i = 0; i < 5; i++) {
         assert_int_equal(call_end(&c[i], &r), 200);
-        t = i >= 2 ? stream_text(r, finish, NULL, NULL) : answer_within(r, i % 2 ? "length" : NULL, 8, NULL);
-        assert_string_equal(t, i % 2 ? want_completion : want_chat);
+        if (i == 4)
+            t = answer_within(r, NULL, 24, NULL);
+        else
+            t = i >= 2 ? stream_text(r, finish, NULL, NULL) : answer_within(r, i % 2 ? "length" : NULL, 8, NULL);
+        assert_string_equal(t, i == 4 ? want_long : i % 2 ? want_completion : want_chat);
         free(r), free(t);
     }
+    free(want_long);
 }
 
 // A stop string across token boundaries: the text ends right before it,

@@ -65,10 +65,12 @@ AVX2 void q4_step(const uint8_t *w, int64_t i, const cpu_q8_t *x, int64_t ldx, c
     }
 }
 
-// Q4_0 and Q4_1 with NX activation rows. One row (decode) takes two
-// accumulators, over even and odd blocks, so that its FMA chain does not
-// serialise the loop; several rows are independent chains already, and a
-// second accumulator each would spill registers (16 ymm).
+// Q4_0 and Q4_1 with NX activation rows. Each row takes two accumulators,
+// over even and odd blocks, so that one row's FMA chain (decode) does not
+// serialise the loop; with several rows they are not needed for speed, but
+// they keep every row's sum in the same order whatever NX is: a sequence's
+// logits in a batched decode step (several requests at once) are then
+// bitwise those it gets alone.
 AVX2 void q4(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const int NX, const int q40, float *out) {
     __m256 acc[CPU_QNX][2];
     float macc[CPU_QNX];
@@ -80,7 +82,7 @@ AVX2 void q4(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const
     for (; i + 2 <= nb; i += 2, w += 2 * bs) {
         _mm_prefetch((const char *)w + PREFETCH, _MM_HINT_T0);
         q4_step(w, i, x, ldx, NX, q40, acc, 0, macc);
-        q4_step(w + bs, i + 1, x, ldx, NX, q40, acc, NX == 1, macc);
+        q4_step(w + bs, i + 1, x, ldx, NX, q40, acc, 1, macc);
     }
     if (i < nb) q4_step(w, i, x, ldx, NX, q40, acc, 0, macc);
 #pragma GCC unroll 4
@@ -100,6 +102,7 @@ AVX2 void q8_step(const uint8_t *w, int64_t i, const cpu_q8_t *x, int64_t ldx, c
     }
 }
 
+// Q8_0: two accumulators per row as q4.
 AVX2 void q8(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const int NX, float *out) {
     __m256 acc[CPU_QNX][2];
 #pragma GCC unroll 4
@@ -109,7 +112,7 @@ AVX2 void q8(int64_t nb, const uint8_t *w, const cpu_q8_t *x, int64_t ldx, const
     for (; i + 2 <= nb; i += 2, w += 68) {
         _mm_prefetch((const char *)w + PREFETCH, _MM_HINT_T0);
         q8_step(w, i, x, ldx, NX, acc, 0);
-        q8_step(w + 34, i + 1, x, ldx, NX, acc, NX == 1);
+        q8_step(w + 34, i + 1, x, ldx, NX, acc, 1);
     }
     if (i < nb) q8_step(w, i, x, ldx, NX, acc, 0);
 #pragma GCC unroll 4
