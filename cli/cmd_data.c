@@ -439,6 +439,10 @@ static int run_generate(const data_opts_t *o) {
                 if (keep[s]) rc = idvec_push(&smp[s].doc, next[s]);
             if (rc == 0 && active == 0) break;
             if (rc == 0) rc = model_step(&run, &st, next, logits);
+            // a batch can take minutes: where it stands, every 64 steps
+            if (rc == 0 && step % 64 == 63)
+                log_info("data: documents %ld-%ld: step %d of at most %d, %d still sampling (%.1f s)", b0 + 1,
+                         b0 + B < o->generate ? b0 + B : o->generate, step + 1, max_new, active, time_now() - t0);
         }
         for (int s = 0; rc == 0 && s < B && b0 + s < o->generate; s++) {
             sample_t *x = &smp[s];

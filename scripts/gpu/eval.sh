@@ -16,7 +16,7 @@ if [ "$1" = pack ]; then
     mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
     tar cf - -C .carry/stage build | xz -9 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
-    for l in libcjson.so.1 libyaml-0.so.2 libpcre2-8.so.0; do cp -L /usr/lib/x86_64-linux-gnu/$l .carry/lib/; done
+    scripts/gpu/carry_libs.sh
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$(scripts/fetch_model.sh --path)") + 1) / 2 ))
     head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
     tar cf - -C .. shared/data/eval shared/data/essays shared/data/words | xz -6 -T2 > .carry/data.tar.xz

@@ -2,8 +2,7 @@
 # Run here (no GPU): builds hylo with CUDA, packs the binaries the GPU machine
 # needs into .carry/ (ignored by git) for the device tool's `carry`:
 #   .carry/bins.tar.xz   stripped build/hylo, build/tests/cuda/*, build/bench/*
-#   .carry/lib/          shared libraries the GPU image lacks (cJSON, libyaml, cmocka, PCRE2; libzstd,
-#                        which hylo data links, in case the image has none)
+#   .carry/lib/          shared libraries the GPU image lacks (scripts/gpu/carry_libs.sh)
 #   .carry/p1, .carry/p2 the default GGUF in two halves (one call carries at most 64 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,9 +15,7 @@ cp build/bench/* .carry/stage/build/bench/
 strip .carry/stage/build/hylo .carry/stage/build/tests/cuda/* .carry/stage/build/bench/*
 tar cf - -C .carry/stage build | xz -9 -T2 > .carry/bins.tar.xz
 rm -rf .carry/stage
-for l in libcjson.so.1 libyaml-0.so.2 libcmocka.so.0 libpcre2-8.so.0 libzstd.so.1; do
-    cp -L "/usr/lib/x86_64-linux-gnu/$l" .carry/lib/ 2>/dev/null || cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/
-done
+scripts/gpu/carry_libs.sh
 model=$(scripts/fetch_model.sh)
 if [ ! -f .carry/p1/gguf.part ]; then
     half=$(( ($(stat -c %s "$model") + 1) / 2 ))

@@ -68,7 +68,7 @@ if [ "$1" = pack ]; then
     mkdir -p .carry/stage/build/tests/cuda .carry/t && cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ &&
         strip .carry/stage/build/tests/cuda/test_*
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
-    for l in libcjson.so.1 libyaml-0.so.2 libpcre2-8.so.0 libzstd.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .carry/lib/; done
+    scripts/gpu/carry_libs.sh
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
     head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
     tar cf - -C .. shared/data/eval shared/data/essays shared/data/words | xz -6 -T2 > .carry/evaldata.tar.xz
