@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "base/err.h"
@@ -474,6 +475,9 @@ static int run(int argc, char **argv) {
     char sd[1200], sdt[1200];
     snprintf(sd, sizeof sd, "%s/samples", o.out);
     snprintf(sdt, sizeof sdt, "%s/samples_teacher", o.out);
+    // folders this run makes: an evaluation that fails before writing into
+    // them leaves none behind (rmdir removes only empty ones)
+    const char *made[3] = {fs_exists(o.out) ? NULL : o.out, fs_exists(sd) ? NULL : sd, fs_exists(sdt) ? NULL : sdt};
     cJSON *r = NULL, *a = NULL;
     int rc = !cmd ? err_set(ERR_NOMEM, "out of memory") : eval_model(&o, o.model, sd, cmd, &r);
     if (rc == 0 && o.against) {
@@ -491,6 +495,8 @@ static int run(int argc, char **argv) {
         print_summary(r);
         printf("wrote %s/result.json and %s/report.html\n", o.out, o.out);
     }
+    for (int i = 2; rc < 0 && i >= 0; i--)
+        if (made[i]) rmdir(made[i]);
     cJSON_Delete(r);
     cJSON_Delete(training);
     free(cmd);

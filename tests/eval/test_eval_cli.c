@@ -155,6 +155,11 @@ static void test_errors(void **st) {
     assert_int_equal(fs_write_all(bad, "{\"query\": \"x\"}\n", 15), 0);
     snprintf(args, sizeof args, "eval %s --task arc_easy --file arc_easy=%s", model, bad);
     expect_error(args, 2, "arc_easy: item 1: field 'query'");
+    // a failed evaluation leaves no empty output folders behind
+    const char *out = tu_tmp_path("failed_out");
+    snprintf(args, sizeof args, "eval %s --task arc_easy --file arc_easy=%s --out %s", model, bad, out);
+    expect_error(args, 2, "arc_easy: item 1: field 'query'");
+    assert_false(fs_exists(out));
 }
 
 int main(void) {
