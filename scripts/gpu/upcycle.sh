@@ -257,7 +257,7 @@ eval)
 esac
 for r in $W/ild_mla $W/ild_gdn $W/kd2k $W/kd8k $W/kd32k; do
     [ "$1" != prep ] || break
-    [ -d $r ] || continue
+    [ $r/metrics.jsonl -nt "$O/gpu.txt" ] || continue # trained in this call (gpu.txt: its start)
     n=$(basename $r)
     mkdir -p $O/train && cp $r/metrics.jsonl $O/train/$n.metrics.jsonl 2>/dev/null
     cp $r/loss.svg $O/train/$n.loss.svg 2>/dev/null
