@@ -119,13 +119,16 @@ typedef struct {
     int64_t len;
     int n_copies;
     void **cache, *q_lat, *q_pe, *out;
+    void ***rows; // per copy: device array of the B sequences' row 0 (the op takes a pointer per row)
     int32_t *len_d;
 } mla_ctx_t;
 
 static void run_mla(void *p, int rep) {
     mla_ctx_t *c = p;
-    be->mla_decode_attn(be, c->out, c->q_lat, c->q_pe, c->cache[rep % c->n_copies], c->len, c->len_d, c->B, c->H,
-                        c->r_kv, c->dr, 1.0f / sqrtf((float)(c->r_kv + c->dr)));
+    int i = rep % c->n_copies;
+    // one buffer holds the B sequences: it is the pool (the tiled copies' tensor map)
+    be->mla_decode_attn(be, c->out, c->q_lat, c->q_pe, c->rows[i], c->len_d, (int)c->len, c->cache[i], c->B * c->len,
+                        c->B, c->H, c->r_kv, c->dr, 1.0f / sqrtf((float)(c->r_kv + c->dr)));
 }
 
 static int sweep; // v2 decode over HYLO_MLA_WARPS x HYLO_MLA_STAGES (--sweep)
@@ -141,6 +144,14 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
     for (int i = 1; i < c.n_copies; i++) {
         c.cache[i] = dalloc((size_t)bytes);
         if (be->copy_d2d(be, c.cache[i], c.cache[0], (size_t)bytes) < 0) die("cache copy");
+    }
+    c.rows = calloc((size_t)c.n_copies, sizeof(void **));
+    for (int i = 0; i < c.n_copies; i++) {
+        void *h[64];
+        for (int b = 0; b < B; b++)
+            h[b] = (char *)c.cache[i] + (size_t)b * len * (r_kv + dr) * 2;
+        c.rows[i] = dalloc(sizeof(void *) * B);
+        if (be->copy_h2d(be, c.rows[i], h, sizeof(void *) * B) < 0) die("upload rows");
     }
     c.q_lat = dev_rand((int64_t)B * H * r_kv, 12, 0.0f, 1.0f), c.q_pe = dev_rand((int64_t)B * H * dr, 13, 0.0f, 1.0f);
     c.out = dalloc((size_t)B * H * r_kv * 2);
@@ -192,8 +203,8 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
     printf("%s\n", row->line);
     fflush(stdout);
     for (int i = 0; i < c.n_copies; i++)
-        be->free(be, c.cache[i]);
-    free(c.cache);
+        be->free(be, c.cache[i]), be->free(be, c.rows[i]);
+    free(c.cache), free(c.rows);
     be->free(be, c.q_lat), be->free(be, c.q_pe), be->free(be, c.out), be->free(be, c.len_d);
 }
 

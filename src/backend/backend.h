@@ -240,12 +240,47 @@ struct be {
                               const void *Cm, int64_t ldc, const float *dt, const void *A_log, const void *D, int B,
                               int T, int H, int Hx, int GB, int GC, int P, int N);
 
-    // ---- MLA decode over the latent cache (weight absorption) ----------------
-    // For each sequence b and head h: scores over cache rows u < len[b] of
-    // (q_lat[b,h] . c_u + q_pe[b,h] . kpe_u) * scale, softmax, out[b,h] = sum p_u c_u.
-    // cache [B, ld_cache rows, r_kv + dr] rows laid out [c | rotated k_pe].
-    void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
-                            int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale);
+    // ---- decode over per-sequence caches --------------------------------------
+    // A decode step has N rows, one new token per sequence, and every sequence
+    // has a cache of its own: rows (cache entries, one per token) `ld` elements
+    // apart, row u of the sequence of step row r at base[r] + u * ld, where
+    // base is a device array of N device pointers (act). The sequences may come
+    // from different allocations (a server's requests each own their cache), so
+    // these ops take one pointer per row rather than one buffer and a stride;
+    // the caller uploads the step's pointer arrays once per step (model.c), and
+    // each op is one launch for all N rows whatever buffers they live in.
+    // Per-row pointers are also what the coming paged cache grows into: base[r]
+    // becomes row r's block table (one pointer per block of rows, blocks a
+    // whole number of the kernels' tiles so that no tile straddles two blocks),
+    // and `pool` below becomes the block pool.
+    //
+    // Appends each row's new entry at its own position pos[r] (device int32
+    // [N]): k[r, 0..kw) to k_rows[r] + pos[r] * ld and v[r, 0..vw) to
+    // v_rows[r] + pos[r] * ld + v_off. k [N, kw], v [N, vw] contiguous act.
+    // Attention: K and V caches (v_off 0); MLA: k_rows = v_rows = the latent
+    // cache, k = the latent c, v = the rotated rope key at column v_off = r_kv.
+    void (*kv_append)(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off, const int32_t *pos,
+                      const void *k, int kw, const void *v, int vw, int N);
+    // One query per row over its own sequence's cache: q [N, H, dqk] (rotated),
+    // keys and values are the cache rows u < len[r] (device int32 [N]; the new
+    // token's row included), K row u at k_rows[r] + u * Hkv * dqk laid out
+    // [Hkv, dqk], V row at v_rows[r] + u * Hkv * dv, [Hkv, dv]; query head h
+    // reads KV head h / (H / Hkv). out [N, H, dv] = softmax(scale q k^T) v (zero
+    // where len[r] <= 0). max_len (host) >= every len[r]: sizes the work.
+    void (*attn_decode)(be_t *be, void *out, const void *q, void *const *k_rows, void *const *v_rows,
+                        const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale);
+    // MLA over the latent cache (weight absorption). For each row b and head h:
+    // scores over cache rows u < len[b] of (q_lat[b,h] . c_u + q_pe[b,h] . kpe_u)
+    // * scale, softmax, out[b,h] = sum p_u c_u. q_lat, out [B, H, r_kv], q_pe
+    // [B, H, dr]; cache rows [c | rotated k_pe] of r_kv + dr elements, row u of
+    // row b's sequence at rows[b] + u * (r_kv + dr). max_len (host) >= every
+    // len[b]. pool / pool_rows: optional (NULL, 0), a buffer of pool_rows cache
+    // rows that holds every row's cache, each rows[b] at a whole row of it (one
+    // state's cache, the paged cache's block pool): CUDA then reads tiles of
+    // rows through one TMA tensor map over it, else one copy per row.
+    void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows,
+                            const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
+                            int r_kv, int dr, float scale);
 
     // ---- losses (CE / KL over vocabulary tiles: never a T x V tensor) -------
     // Normalisation is the caller's, through `scale`: 1/(valid rows) for a per

@@ -122,16 +122,19 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
 int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
     be_t *be = c->be;
     const arch_t *a = c->a;
-    int64_t N = step_rows(runs, n_runs), qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    int N = step_rows(runs, n_runs);
+    int64_t qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
     TRY(step_check(c, runs, n_runs, 1, 1));
     void *q, *k, *v, *att = ctx_act(c, N * qw);
-    if (!att) return ERR_NOMEM;
-    TRY(project(c, w, x, N, ctx_step_positions(c, runs, n_runs), NULL, &q, &k, &v));
-    // each row at its own sequence's position (the batch's rows are independent)
-    for (int i = 0, r = 0; i < n_runs; i++)
-        for (int j = 0; j < runs[i].n; j++, r++)
-            cached_attn(c, runs[i].cache, runs[i].seq0 + j, runs[i].cache->len, 1, act_at(be, att, r * qw),
-                        act_at(be, q, r * qw), act_at(be, k, r * kw), act_at(be, v, r * kw));
+    int32_t *pos = ctx_step_positions(c, runs, n_runs);   // positions [N], then visible lengths [N]
+    void *const *base = ctx_step_caches(c, runs, n_runs); // K caches [N], then V caches [N]
+    if (!att || !pos || !base) return ERR_NOMEM;
+    TRY(project(c, w, x, N, pos, NULL, &q, &k, &v));
+    // every row at its own sequence's position, in its own cache: one append
+    // and one attention call for all rows of all runs
+    be->kv_append(be, base, base + N, kw, 0, pos, k, (int)kw, v, (int)kw, N);
+    be->attn_decode(be, att, q, base, base + N, pos + N, step_max_len(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
+                    1.0f / sqrtf((float)a->dh));
     lin_fwd(c, out, att, w->o, N, qw, a->d);
     return 0;
 }

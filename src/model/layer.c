@@ -56,6 +56,50 @@ int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_
     return rc < 0 ? NULL : d;
 }
 
+int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *runs, int n_runs, void **out) {
+    int kind = a->kind[layer], N = step_rows(runs, n_runs);
+    if (kind != LAYER_ATTN && kind != LAYER_MLA) return 0;
+    // elements of one sequence's cache row
+    int64_t row = kind == LAYER_ATTN ? (int64_t)a->Hkv * a->dh : (int64_t)arch_mla_rkv(a, layer) + a->mla.d_rope;
+    if (out)
+        for (int i = 0, r = 0; i < n_runs; i++) {
+            const layer_cache_t *k = runs[i].cache;
+            for (int j = 0; j < runs[i].n; j++, r++) {
+                int64_t first = ((int64_t)runs[i].seq0 + j) * k->cap * row; // the sequence's row 0
+                if (kind == LAYER_ATTN) {
+                    out[r] = (char *)k->u.attn.k + first * (int64_t)act;
+                    out[N + r] = (char *)k->u.attn.v + first * (int64_t)act;
+                } else {
+                    out[r] = (char *)k->u.mla.kv + first * (int64_t)act;
+                }
+            }
+        }
+    return kind == LAYER_ATTN ? 2 * N : N;
+}
+
+void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n_runs) {
+    if (c->step_cache) return c->step_cache;
+    int n = step_cache_bases(c->a, c->layer, c->be->act_size, runs, n_runs, NULL);
+    void **d = arena_alloc(c->arena, (size_t)(n > 0 ? n : 1) * sizeof(void *));
+    void **h = malloc((size_t)(n > 0 ? n : 1) * sizeof(void *));
+    if (!d || !h) {
+        free(h);
+        err_set(ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    step_cache_bases(c->a, c->layer, c->be->act_size, runs, n_runs, h);
+    int rc = c->be->copy_h2d(c->be, d, h, (size_t)n * sizeof(void *));
+    free(h);
+    return rc < 0 ? NULL : d;
+}
+
+int step_max_len(const step_run_t *runs, int n_runs) {
+    int m = 0;
+    for (int i = 0; i < n_runs; i++)
+        if (runs[i].cache->len + 1 > m) m = runs[i].cache->len + 1;
+    return m;
+}
+
 int step_check(const layer_ctx_t *c, const step_run_t *runs, int n_runs, int room, int rope) {
     for (int i = 0; i < n_runs; i++) {
         const layer_cache_t *k = runs[i].cache;

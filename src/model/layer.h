@@ -42,6 +42,10 @@ typedef struct {
     // A decode step's prepared positions (NULL: X_step uploads its own): the
     // N rows' positions, then their visible lengths (position + 1), [2N].
     const int32_t *step_pos;
+    // A decode step's per-row cache bases of this layer (NULL: X_step uploads
+    // its own; step_cache_bases says what they are), for the backend's decode
+    // ops (backend.h kv_append, attn_decode, mla_decode_attn).
+    void *const *step_cache;
     // The model's matrices kept in their stored format (quantised inference,
     // model.h MODEL_QUANT): a weight view pointing into qw[0..n_qw) is one of
     // them, and lin_fwd runs be->qmatmul on it. NULL / 0 otherwise.
@@ -111,6 +115,16 @@ int step_rows(const step_run_t *runs, int n_runs);
 // visible lengths (len + 1); c->step_pos when prepared, else uploaded into the
 // arena.
 int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
+// A decode step's per-row cache bases for layer `layer` of kind a->kind[layer]
+// (act elements of `act` bytes): attention 2N pointers, row r's sequence's K
+// cache (its row 0) then its V cache; MLA N, the latent cache; other kinds
+// none. Written to out (may be NULL: only counted); returns how many.
+int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *runs, int n_runs, void **out);
+// Device array of the step's cache bases of c's layer: c->step_cache when
+// prepared, else uploaded into the arena (NULL + error slot on failure).
+void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
+// The largest visible length of a step's rows (their cache's len + 1).
+int step_max_len(const step_run_t *runs, int n_runs);
 // 0, or an error naming the layer when a run's sequences lie outside its
 // cache, or (room) its cache has no room for another token, or (rope) its
 // position is beyond the RoPE tables.

@@ -335,14 +335,10 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     proj_t p;
     TRY(project(c, &D, w, x, B, pos, 0, &p));
 
-    // append row len of every sequence of a run: sequences are cap rows apart
-    for (int i = 0, r = 0; i < n_runs; r += runs[i++].n) {
-        const layer_cache_t *k = runs[i].cache;
-        void *row = act_at(be, k->u.mla.kv, ((int64_t)runs[i].seq0 * k->cap + k->len) * D.L);
-        be->copy2d(be, row, k->cap * D.L, act_at(be, p.cn, (int64_t)r * D.rkv), D.rkv, runs[i].n, D.rkv, 0);
-        be->copy2d(be, act_at(be, row, D.rkv), k->cap * D.L, act_at(be, p.kpe, (int64_t)r * D.dr), D.dr, runs[i].n,
-                   D.dr, 0);
-    }
+    // every row's [c | k_pe] at its own position of its own cache: one append for all runs
+    void *const *rows = ctx_step_caches(c, runs, n_runs);
+    if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
+    be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, D.rkv, p.kpe, D.dr, (int)B);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
     // batch over the G groups (A steps hpg heads, B steps one KV head's rows).
@@ -360,15 +356,15 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     ACT(qpe, (int64_t)B * D.H * D.dr);
     be->copy2d(be, qpe, D.dr, act_at(be, p.q, D.dn), D.qd, (int64_t)B * D.H, D.dr, 0);
 
-    // attention over each run's own cache, its rows' visible lengths from vis
+    // attention of every row over its own cache, its visible length from vis:
+    // one call for all runs. One run's sequences lie in one buffer, which the
+    // CUDA kernel can read through one tensor map (pool).
     ACT(olat, B * Hr);
-    for (int i = 0, r = 0; i < n_runs; r += runs[i++].n) {
-        const layer_cache_t *k = runs[i].cache;
-        be->mla_decode_attn(be, act_at(be, olat, r * Hr), act_at(be, qlat, r * Hr),
-                            act_at(be, qpe, (int64_t)r * D.H * D.dr),
-                            act_at(be, k->u.mla.kv, (int64_t)runs[i].seq0 * k->cap * D.L), k->cap, vis + r, runs[i].n,
-                            D.H, D.rkv, D.dr, D.scale);
-    }
+    const layer_cache_t *k0 = runs[0].cache;
+    const void *pool = n_runs == 1 ? k0->u.mla.kv : NULL;
+    int64_t pool_rows = n_runs == 1 ? (int64_t)k0->B * k0->cap : 0;
+    be->mla_decode_attn(be, olat, qlat, qpe, rows, vis, step_max_len(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv,
+                        D.dr, D.scale);
 
     // att[b, h] = wv_g(h) olat[b, h], batched as above
     int64_t Hdv = (int64_t)D.H * D.dv;

@@ -52,7 +52,10 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
         {be->rope_fwd, "rope_fwd", LAYER_ATTN},
         {be->attn_fwd, "attn_fwd", LAYER_MLA},
+        {be->attn_decode, "attn_decode", LAYER_ATTN},
+        {be->kv_append, "kv_append", LAYER_ATTN},
         {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
+        {be->kv_append, "kv_append", LAYER_MLA},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
         {be->gdn_chunk_fwd, "gdn_chunk_fwd", LAYER_GDN},
         {be->gdn_recurrent_fwd, "gdn_recurrent_fwd", LAYER_GDN},
@@ -201,9 +204,12 @@ void model_run_free(model_run_t *r) {
         be_t *be = r->m->be;
         be->free(be, r->arena.base);
         be->free(be, r->pos_buf);
+        be->free(be, r->cache_buf);
     }
     free(r->pos_host);
     free(r->runs);
+    free(r->cache_host);
+    free(r->cache_off);
     memset(r, 0, sizeof *r);
 }
 
@@ -542,7 +548,7 @@ int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
-    r->n_pos = 0, r->step_pos = NULL; // a failed upload leaves nothing prepared
+    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL; // a failed upload leaves nothing prepared
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)need * sizeof(int32_t)));
     r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf, B, T, pos0};
     return 0;
@@ -562,6 +568,58 @@ static int prepare_step_positions(model_run_t *r, model_state_t *const *sts, int
     return 0;
 }
 
+// Room for n_st runs in r->runs (grown, never shrunk).
+static int runs_room(model_run_t *r, int n_st) {
+    if (n_st <= r->runs_cap) return 0;
+    step_run_t *p = realloc(r->runs, (size_t)n_st * sizeof *p);
+    if (!p) return err_set(ERR_NOMEM, "out of memory");
+    r->runs = p, r->runs_cap = n_st;
+    return 0;
+}
+
+// A decode step's cache bases (layer_ctx_t step_cache) of every layer, for
+// the N rows of the states sts[0..n_st) in order: one upload per step, so
+// that a layer's decode ops take every row of every state in one call.
+static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_st) {
+    const model_t *m = r->m;
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    r->step_cache = NULL;
+    TRY(runs_room(r, n_st));
+    if (!r->cache_off && !(r->cache_off = malloc((size_t)(a->n_layers ? a->n_layers : 1) * sizeof(int64_t))))
+        return err_set(ERR_NOMEM, "out of memory");
+    int64_t need = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        for (int k = 0; k < n_st; k++)
+            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+        int n = step_cache_bases(a, l, be->act_size, r->runs, n_st, NULL);
+        r->cache_off[l] = n ? need : -1;
+        need += n;
+    }
+    if (need == 0) return 0;
+    if (need > r->cache_cap) { // grown, never shrunk
+        int64_t cap = need > 1024 ? need : 1024;
+        void **buf = be->alloc(be, (size_t)cap * sizeof(void *)), **host = malloc((size_t)cap * sizeof(void *));
+        if (!buf || !host) {
+            be->free(be, buf);
+            free(host);
+            return err_set(ERR_NOMEM, "cache pointers for %lld rows", (long long)need);
+        }
+        be->free(be, r->cache_buf);
+        free(r->cache_host);
+        r->cache_buf = buf, r->cache_host = host, r->cache_cap = cap;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        if (r->cache_off[l] < 0) continue;
+        for (int k = 0; k < n_st; k++)
+            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+        step_cache_bases(a, l, be->act_size, r->runs, n_st, r->cache_host + r->cache_off[l]);
+    }
+    TRY(be->copy_h2d(be, r->cache_buf, r->cache_host, (size_t)need * sizeof(void *)));
+    r->step_cache = r->cache_buf;
+    return 0;
+}
+
 layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
     const model_t *m = r->m;
     layer_ctx_t c = {.be = m->be,
@@ -576,6 +634,7 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
                      .step_pos = r->step_pos,
                      .qw = m->qw,
                      .n_qw = m->n_qw};
+    if (r->step_cache && r->cache_off[l] >= 0) c.step_cache = r->step_cache + r->cache_off[l];
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
@@ -634,11 +693,7 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     int64_t N = (int64_t)B * T;
     int step = n_st > 0 && T == 1, pos0 = n_st ? sts[0]->len : 0;
     assert(step || n_st <= 1);
-    if (step && n_st > r->runs_cap) { // grown, never shrunk
-        step_run_t *p = realloc(r->runs, (size_t)n_st * sizeof *p);
-        if (!p) return err_set(ERR_NOMEM, "out of memory");
-        r->runs = p, r->runs_cap = n_st;
-    }
+    if (step) TRY(runs_room(r, n_st));
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them.
     void *xn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
@@ -689,9 +744,10 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
     void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
-    if (step)
+    if (step) {
         TRY(prepare_step_positions(r, sts, n_st, (int)N));
-    else
+        TRY(prepare_step_caches(r, sts, n_st));
+    } else
         TRY(model_prepare_positions(r, B, T, n_st ? sts[0]->len : 0));
     TRY(run_layers(r, x, B, T, sts, n_st, NULL));
     if (!logits) return be->sync(be);

@@ -64,6 +64,14 @@ typedef struct {
     const int32_t *step_pos;
     step_run_t *runs; // host: one layer's runs of a step (rebuilt per layer)
     int runs_cap;
+    // A decode step's per-row cache bases of every attention / MLA layer
+    // (layer.h step_cache_bases), uploaded in one copy per step: layer l's at
+    // step_cache + cache_off[l] (cache_off [n_layers], -1: none); step_cache
+    // NULL when no step is prepared.
+    void **cache_buf, **cache_host; // device, host staging
+    int64_t cache_cap;              // pointers of each
+    int64_t *cache_off;
+    void *const *step_cache;
 } model_run_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.

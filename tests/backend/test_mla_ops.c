@@ -7,9 +7,12 @@
 #include "testutil.h"
 
 // Two sequences with different visible lengths; the cache has more rows than
-// either (cache_rows is the per-sequence capacity, so the row stride between
-// sequences differs from len). Rows at or beyond len[b] hold NaN: if the op read
-// any of them the output would be NaN and the comparison fails.
+// either (CAP is the per-sequence capacity, so the row stride between sequences
+// differs from len). Rows at or beyond len[b] hold NaN: if the op read any of
+// them the output would be NaN and the comparison fails. The op takes a
+// pointer per row: sequence 1 is read from a copy in a separate allocation
+// (another state's cache) whose sequence-0 slot is NaN, and the op is called
+// with the rows in reverse order as well.
 static void test_mla_decode_attn(void **st) {
     be_t *be = tu_cpu();
     enum { B = 2, H = 4, R = 16, DR = 8, CAP = 19 };
@@ -25,7 +28,23 @@ static void test_mla_decode_attn(void **st) {
         for (int u = len[b]; u < CAP; u++)
             for (int i = 0; i < L; i++)
                 cache[((int64_t)b * CAP + u) * L + i] = NAN;
-    be->mla_decode_attn(be, out, ql, qp, cache, CAP, len, B, H, R, DR, scale);
+    float *other = malloc(sizeof(float) * B * CAP * L); // sequence 1 again, elsewhere
+    for (int64_t i = 0; i < (int64_t)B * CAP * L; i++)
+        other[i] = i < (int64_t)CAP * L ? NAN : cache[i];
+    void *rows[B] = {cache, other + (int64_t)CAP * L};
+    be->mla_decode_attn(be, out, ql, qp, rows, len, 13, NULL, 0, B, H, R, DR, scale);
+    // reversed: row 0 is sequence 1, row 1 sequence 0 (queries and lengths swapped too)
+    float *ql2 = malloc(sizeof(float) * B * H * R), *qp2 = malloc(sizeof(float) * B * H * DR);
+    float *out2 = malloc(sizeof(float) * B * H * R);
+    memcpy(ql2, ql + H * R, sizeof(float) * H * R), memcpy(ql2 + H * R, ql, sizeof(float) * H * R);
+    memcpy(qp2, qp + H * DR, sizeof(float) * H * DR), memcpy(qp2 + H * DR, qp, sizeof(float) * H * DR);
+    void *rows2[B] = {rows[1], rows[0]};
+    int32_t len2[B] = {len[1], len[0]};
+    be->mla_decode_attn(be, out2, ql2, qp2, rows2, len2, 13, NULL, 0, B, H, R, DR, scale);
+    // the same arithmetic per (row, head) whatever the order: bitwise
+    assert_memory_equal(out2, out + H * R, sizeof(float) * H * R);
+    assert_memory_equal(out2 + H * R, out, sizeof(float) * H * R);
+    free(other), free(ql2), free(qp2), free(out2);
 
     double max_err = 0;
     for (int b = 0; b < B; b++)

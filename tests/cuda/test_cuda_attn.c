@@ -1,4 +1,5 @@
-// CUDA attention ops (attn_fwd, attn_bwd, mla_decode_attn) against the CPU
+// CUDA attention ops (attn_fwd, attn_bwd, mla_decode_attn, attn_decode,
+// kv_append) against the CPU
 // reference (tu_cpu()) on the GPU machine. Inputs are rounded to bf16 first, so
 // both backends see the same numbers and differences come only from the
 // computation; every GPU output is poisoned with NaN before the call, so an
@@ -17,6 +18,11 @@
 //    error is ~1e-6 on values of order log(Tk); one key masked wrongly changes a
 //    row's lse by about log(1 + 1/Tk) >= 1e-3 at these sizes.
 //  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward.
+//  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
+//    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
+//    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
+//    ~1.2e-3.
+//  - kv_append: exact (memcmp of the caches): bf16 copies of bf16-rounded inputs.
 // A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
 // A failure prints the shape, the error, and the first element off by more
 // than 8 * tol * rms(reference) with its coordinates.
@@ -182,7 +188,9 @@ static void test_attn_bwd_small_arena(void **st) {
 // the 32-row tiles and slice boundaries, long ones split over many blocks).
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
 // Every case runs under each kernel (HYLO_MLA_DECODE 0 = v2 with tiled tensor
-// copies, 1 = v1, 2 = v2 with cp.async, 3 = v2 with a bulk copy per row) and
+// copies, 1 = v1, 2 = v2 with cp.async, 3 = v2 with a bulk copy per row), with
+// the sequences in one buffer (the pool) and each in its own allocation (no
+// pool: variant 0 then falls back to the bulk copy per row), and
 // under small v2 rings (HYLO_MLA_STAGES / HYLO_MLA_WARPS), so that the slots
 // wrap many times and one or two row groups consume them.
 typedef struct {
@@ -192,13 +200,17 @@ typedef struct {
     float scale_mul; // scale = scale_mul / sqrt(r_kv + dr)
 } mla_case_t;
 
-static int run_mla(const mla_case_t *c, uint64_t seed) {
+// separate: every sequence in an allocation of its own (a server's states; no
+// pool: the kernels copy row by row), else all in one buffer passed as the pool
+// (one state: tiled tensor copies under the default variant).
+static int run_mla(const mla_case_t *c, uint64_t seed, int separate) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int B = c->B, H = c->H, R = c->r_kv, DR = c->dr, L = R + DR;
     const int64_t ncache = (int64_t)B * c->cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
     const float scale = c->scale_mul / sqrtf((float)L);
     char label[160];
-    int n = snprintf(label, sizeof label, "mla B%d H%d r_kv%d dr%d cap%lld len", B, H, R, DR, (long long)c->cap);
+    int n = snprintf(label, sizeof label, "mla%s B%d H%d r_kv%d dr%d cap%lld len", separate ? " sep" : "", B, H, R, DR,
+                     (long long)c->cap);
     for (int b = 0; b < B && n < (int)sizeof label - 12; b++)
         n += snprintf(label + n, sizeof label - n, " %d", c->len[b]);
 
@@ -208,15 +220,30 @@ static int run_mla(const mla_case_t *c, uint64_t seed) {
             for (int i = 0; i < L; i++)
                 cache[((int64_t)b * c->cap + u) * L + i] = NAN;
     float *out_c = malloc(nq * sizeof(float));
-    cpu->mla_decode_attn(cpu, out_c, ql, qp, cache, c->cap, c->len, B, H, R, DR, scale);
+    int max_len = 0;
+    void *rows_h[8];
+    for (int b = 0; b < B; b++) {
+        max_len = c->len[b] > max_len ? c->len[b] : max_len;
+        rows_h[b] = cache + (int64_t)b * c->cap * L;
+    }
+    cpu->mla_decode_attn(cpu, out_c, ql, qp, rows_h, c->len, max_len, NULL, 0, B, H, R, DR, scale);
 
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
+    void *seq_d[8] = {0}; // separate: each sequence's copy
+    for (int b = 0; b < B; b++) {
+        seq_d[b] = separate ? tu_dev_act(gpu, cache + (int64_t)b * c->cap * L, c->cap * L) : NULL;
+        rows_h[b] = separate ? seq_d[b] : tu_gat(gpu, cache_d, (int64_t)b * c->cap * L);
+    }
+    void **rows_d = gpu->alloc(gpu, sizeof(void *) * 8);
+    assert_non_null(rows_d);
+    assert_int_equal(gpu->copy_h2d(gpu, rows_d, rows_h, sizeof(void *) * B), 0);
     float *poison = tu_nans(nq);
     void *out_d = tu_dev_act(gpu, poison, nq);
     int32_t *len_d = gpu->alloc(gpu, sizeof(int32_t) * 8);
     assert_non_null(len_d);
     assert_int_equal(gpu->copy_h2d(gpu, len_d, c->len, sizeof(int32_t) * B), 0);
-    gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, cache_d, c->cap, len_d, B, H, R, DR, scale);
+    gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, rows_d, len_d, max_len, separate ? NULL : cache_d,
+                         separate ? 0 : B * c->cap, B, H, R, DR, scale);
     int rc = gpu->sync(gpu);
     if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
     assert_int_equal(rc, 0);
@@ -230,6 +257,9 @@ static int run_mla(const mla_case_t *c, uint64_t seed) {
         printf("    sequence %d (len %d): rel %.3e\n", b, c->len[b], e);
     }
     gpu->free(gpu, cache_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, out_d), gpu->free(gpu, len_d);
+    gpu->free(gpu, rows_d);
+    for (int b = 0; b < B; b++)
+        gpu->free(gpu, seq_d[b]);
     free(cache), free(ql), free(qp), free(out_c), free(out_g), free(poison);
     return fails;
 }
@@ -268,7 +298,8 @@ static void test_mla_decode(void **st) {
         printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s]\n", vars[v].dec,
                vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-");
         for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
-            fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v); // fresh inputs per variant
+            for (int sep = 0; sep < 2; sep++)
+                fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep); // fresh inputs per variant
     }
     unsetenv("HYLO_MLA_DECODE");
     unsetenv("HYLO_MLA_STAGES");
@@ -291,8 +322,13 @@ static void test_mla_decode_deterministic(void **st) {
     const float scale = 1.0f / sqrtf((float)L);
     float *cache = tu_rnd(ncache, 9001, 1.0f), *ql = tu_rnd(nq, 9002, 1.0f), *qp = tu_rnd(np, 9003, 1.0f);
     float *out_c = malloc(nq * sizeof(float)), *poison = tu_nans(nq);
-    cpu->mla_decode_attn(cpu, out_c, ql, qp, cache, cap, len, B, H, R, DR, scale);
+    void *rows_h[2] = {cache, cache + cap * L};
+    cpu->mla_decode_attn(cpu, out_c, ql, qp, rows_h, len, 4999, NULL, 0, B, H, R, DR, scale);
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
+    rows_h[0] = cache_d, rows_h[1] = tu_gat(gpu, cache_d, cap * L);
+    void **rows_d = gpu->alloc(gpu, sizeof rows_h);
+    assert_non_null(rows_d);
+    assert_int_equal(gpu->copy_h2d(gpu, rows_d, rows_h, sizeof rows_h), 0);
     int32_t *len_d = tu_dev_i32(gpu, len, B);
     const int64_t dims[4] = {1, B, H, R};
     static const char *vars[] = {"1", "0"};
@@ -304,7 +340,7 @@ static void test_mla_decode_deterministic(void **st) {
         float *got[2];
         for (int r = 0; r < 2; r++) {
             void *out_d = tu_dev_act(gpu, poison, nq);
-            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, cache_d, cap, len_d, B, H, R, DR, scale);
+            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, rows_d, len_d, 4999, cache_d, B * cap, B, H, R, DR, scale);
             int rc = gpu->sync(gpu);
             if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
             assert_int_equal(rc, 0);
@@ -319,16 +355,194 @@ static void test_mla_decode_deterministic(void **st) {
     }
     unsetenv("HYLO_MLA_DECODE");
     gpu->free(gpu, cache_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, len_d);
+    gpu->free(gpu, rows_d);
     free(cache), free(ql), free(qp), free(out_c), free(poison);
+    assert_int_equal(fails, 0);
+}
+
+// ---- decode over per-sequence caches (attn_decode, kv_append) -------------------
+//
+// A step's rows as a server makes them: n_runs states, each a buffer of its own
+// holding some of the rows' sequences ([n, cap, Hkv, dh] K and V, cap the run's
+// longest length + 3), row r in run r % n_runs (rows of one run need not be
+// adjacent for the op). Lengths 1..2000 (pseudo-random) with 0, 1, 31, 32, 33
+// and 2000 among them: tile boundaries of the kernel (32 rows) and an empty row
+// (zeros). Cache rows at or past a row's length hold NaN: a read of any of them
+// poisons that row's output.
+typedef struct {
+    int H, Hkv, dh, B, n_runs;
+    float qstd;
+} dec_case_t;
+
+typedef struct {
+    int n, cap;     // sequences, rows of each
+    float *kh, *vh; // host [n, cap, Hkv, dh]
+    void *kd, *vd;  // device copies
+} dec_run_t;
+
+static int dec_len(int r, uint64_t seed) {
+    static const int special[6] = {0, 1, 31, 32, 33, 2000};
+    if (r < 6) return special[(r + (int)seed) % 6];
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)r * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    return 1 + (int)(x % 2000);
+}
+
+static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    const int B = c->B, H = c->H, Hkv = c->Hkv, dh = c->dh, R = c->n_runs;
+    const int64_t kw = (int64_t)Hkv * dh, nq = (int64_t)B * H * dh;
+    const float scale = 1.0f / sqrtf((float)dh);
+    char label[160];
+    snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dh%d%s", B, R, H, Hkv, dh,
+             c->qstd > 1.5f ? " peaky" : "");
+    int32_t *len = malloc(sizeof(int32_t) * B);
+    int max_len = 0;
+    dec_run_t *runs = calloc((size_t)R, sizeof *runs);
+    for (int r = 0; r < B; r++) {
+        len[r] = dec_len(r, seed);
+        max_len = len[r] > max_len ? len[r] : max_len;
+        dec_run_t *u = &runs[r % R];
+        u->n++;
+        u->cap = len[r] + 3 > u->cap ? len[r] + 3 : u->cap;
+    }
+    for (int k = 0; k < R; k++) {
+        dec_run_t *u = &runs[k];
+        int64_t n = (int64_t)u->n * u->cap * kw;
+        u->kh = tu_rnd(n, seed + 10 + 2 * k, 1.0f), u->vh = tu_rnd(n, seed + 11 + 2 * k, 1.0f);
+    }
+    void **kb_h = malloc(sizeof(void *) * B), **vb_h = malloc(sizeof(void *) * B);
+    void **kb_d = malloc(sizeof(void *) * B), **vb_d = malloc(sizeof(void *) * B);
+    for (int pass = 0; pass < 2; pass++) // 0: poison the rows past each length; 1: upload, pointers
+        for (int r = 0; r < B; r++) {
+            dec_run_t *u = &runs[r % R];
+            int64_t first = (int64_t)(r / R) * u->cap * kw; // the sequence's row 0
+            if (pass == 0) {
+                for (int64_t i = first + (int64_t)len[r] * kw; i < first + (int64_t)u->cap * kw; i++)
+                    u->kh[i] = u->vh[i] = NAN;
+                continue;
+            }
+            if (!u->kd) {
+                u->kd = tu_dev_act(gpu, u->kh, (int64_t)u->n * u->cap * kw);
+                u->vd = tu_dev_act(gpu, u->vh, (int64_t)u->n * u->cap * kw);
+            }
+            kb_h[r] = u->kh + first, vb_h[r] = u->vh + first;
+            kb_d[r] = tu_gat(gpu, u->kd, first), vb_d[r] = tu_gat(gpu, u->vd, first);
+        }
+    float *q = tu_rnd(nq, seed + 1, c->qstd), *out_c = malloc(sizeof(float) * nq);
+    cpu->attn_decode(cpu, out_c, q, kb_h, vb_h, len, max_len, B, H, Hkv, dh, dh, scale);
+
+    void *q_d = tu_dev_act(gpu, q, nq);
+    float *poison = tu_nans(nq);
+    void *out_d = tu_dev_act(gpu, poison, nq);
+    void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * B);
+    assert_non_null(ptr_d);
+    assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_d, sizeof(void *) * B), 0);
+    assert_int_equal(gpu->copy_h2d(gpu, ptr_d + B, vb_d, sizeof(void *) * B), 0);
+    int32_t *len_d = tu_dev_i32(gpu, len, B);
+    gpu->attn_decode(gpu, out_d, q_d, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dh, scale);
+    int rc = gpu->sync(gpu);
+    if (rc) printf("  %s: attn_decode failed: %s\n", label, err_msg());
+    assert_int_equal(rc, 0);
+    float *out_g = tu_host_act(gpu, out_d, nq);
+    const int64_t dims[4] = {1, B, H, dh};
+    int fails = cmp(label, "out", out_g, out_c, nq, dims, "-rHc", 5e-3, 0);
+    for (int r = 0; r < B && fails; r++) { // per row, so a failure names the length that broke
+        const int64_t off = (int64_t)r * H * dh;
+        printf("    row %d (run %d, len %d): rel %.3e\n", r, r % R, len[r],
+               tu_rel_err(out_g + off, out_c + off, (int64_t)H * dh));
+    }
+    for (int k = 0; k < R; k++) {
+        gpu->free(gpu, runs[k].kd), gpu->free(gpu, runs[k].vd);
+        free(runs[k].kh), free(runs[k].vh);
+    }
+    gpu->free(gpu, q_d), gpu->free(gpu, out_d), gpu->free(gpu, ptr_d), gpu->free(gpu, len_d);
+    free(runs), free(len), free(kb_h), free(vb_h), free(kb_d), free(vb_d), free(q), free(out_c), free(poison);
+    free(out_g);
+    return fails;
+}
+
+// Head layouts of the teachers (SmolLM2 9/3 x 64, Llama 32/8 x 128, Qwen3 16/8
+// x 128), plain MHA, wide groups (6, 8), dh 96 and 256 (shared memory past the
+// 48 KB default), B up to 64 rows over 1 to 7 runs, and a peaky softmax.
+static void test_attn_decode(void **st) {
+    static const dec_case_t cases[] = {
+        {9, 3, 64, 64, 5, 1.0f},   {32, 8, 128, 24, 4, 1.0f}, {16, 8, 128, 33, 3, 1.0f}, {4, 4, 64, 7, 7, 1.0f},
+        {12, 2, 128, 20, 2, 3.0f}, {8, 1, 256, 6, 1, 1.0f},   {6, 2, 96, 10, 2, 1.0f},   {9, 3, 64, 1, 1, 3.0f},
+    };
+    int fails = 0;
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
+        fails += run_attn_decode(&cases[i], 7000 + 31 * i);
+    printf("attn_decode: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
+// kv_append: N rows over 3 runs, each row's new K and V at its own position
+// (random, the last row of a cache among them) of its own cache; the attention
+// form (K and V caches, v_off 0) and the MLA form (one cache, [c | k_pe] at
+// column v_off = r_kv). The whole caches must equal the CPU's bit for bit.
+static void test_kv_append(void **st) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    enum { N = 40, R = 3, CAP = 50 };
+    static const struct {
+        int kw, vw;
+        int64_t ld, v_off;
+        int one_cache; // MLA: k_rows = v_rows
+    } forms[] = {{3 * 64, 3 * 64, 3 * 64, 0, 0}, {128, 32, 160, 128, 1}, {512, 64, 576, 512, 1}};
+    int fails = 0;
+    for (int f = 0; f < 3; f++) {
+        const int kw = forms[f].kw, vw = forms[f].vw;
+        const int64_t ld = forms[f].ld, per = (int64_t)((N + R - 1) / R) * CAP * ld; // one run's cache
+        float *kh[R], *vh[R];
+        void *kd[R], *vd[R], *kb_h[N], *vb_h[N], *kb_d[N], *vb_d[N];
+        int32_t pos[N];
+        for (int k = 0; k < R; k++) {
+            kh[k] = tu_rnd(per, 100 + k + 10 * f, 1.0f), vh[k] = tu_rnd(per, 200 + k + 10 * f, 1.0f);
+            kd[k] = tu_dev_act(gpu, kh[k], per), vd[k] = tu_dev_act(gpu, vh[k], per);
+        }
+        for (int r = 0; r < N; r++) {
+            int k = r % R;
+            int64_t first = (int64_t)(r / R) * CAP * ld;
+            pos[r] = r == 0 ? CAP - 1 : dec_len(r, 5 + f) % CAP;
+            kb_h[r] = kh[k] + first, kb_d[r] = tu_gat(gpu, kd[k], first);
+            vb_h[r] = forms[f].one_cache ? kb_h[r] : vh[k] + first;
+            vb_d[r] = forms[f].one_cache ? kb_d[r] : tu_gat(gpu, vd[k], first);
+        }
+        float *k = tu_rnd((int64_t)N * kw, 300 + f, 1.0f), *v = tu_rnd((int64_t)N * vw, 400 + f, 1.0f);
+        cpu->kv_append(cpu, kb_h, vb_h, ld, forms[f].v_off, pos, k, kw, v, vw, N);
+        void *k_d = tu_dev_act(gpu, k, (int64_t)N * kw), *v_d = tu_dev_act(gpu, v, (int64_t)N * vw);
+        void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * N);
+        assert_non_null(ptr_d);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_d, sizeof kb_d), 0);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d + N, vb_d, sizeof vb_d), 0);
+        int32_t *pos_d = tu_dev_i32(gpu, pos, N);
+        gpu->kv_append(gpu, ptr_d, ptr_d + N, ld, forms[f].v_off, pos_d, k_d, kw, v_d, vw, N);
+        int rc = gpu->sync(gpu);
+        if (rc) printf("  kv_append failed: %s\n", err_msg());
+        assert_int_equal(rc, 0);
+        int bad = 0;
+        for (int c = 0; c < R; c++) {
+            float *kg = tu_host_act(gpu, kd[c], per), *vg = tu_host_act(gpu, vd[c], per);
+            bad += memcmp(kg, kh[c], sizeof(float) * per) != 0;
+            bad += memcmp(vg, vh[c], sizeof(float) * per) != 0;
+            free(kg), free(vg);
+        }
+        printf("  kv_append kw %d vw %d ld %lld v_off %lld%s: %s\n", kw, vw, (long long)ld, (long long)forms[f].v_off,
+               forms[f].one_cache ? " (one cache)" : "", bad ? "caches DIFFER  FAIL" : "caches equal");
+        fails += bad > 0;
+        for (int c = 0; c < R; c++)
+            gpu->free(gpu, kd[c]), gpu->free(gpu, vd[c]), free(kh[c]), free(vh[c]);
+        gpu->free(gpu, k_d), gpu->free(gpu, v_d), gpu->free(gpu, ptr_d), gpu->free(gpu, pos_d);
+        free(k), free(v);
+    }
     assert_int_equal(fails, 0);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_attn_bwd_small_arena),
-        cmocka_unit_test(test_mla_decode),
-        cmocka_unit_test(test_mla_decode_deterministic),
+        cmocka_unit_test(test_attn),        cmocka_unit_test(test_attn_bwd_small_arena),
+        cmocka_unit_test(test_mla_decode),  cmocka_unit_test(test_mla_decode_deterministic),
+        cmocka_unit_test(test_attn_decode), cmocka_unit_test(test_kv_append),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

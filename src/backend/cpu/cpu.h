@@ -9,7 +9,7 @@
 void cpu_register_core(be_t *be);  // cpu_core.c: elementwise, copies, gemm, embedding
 void cpu_register_norm(be_t *be);  // cpu_norm.c: rmsnorm, gated rmsnorm, l2norm
 void cpu_register_rope(be_t *be);  // cpu_rope.c
-void cpu_register_attn(be_t *be);  // cpu_attn.c: causal attention forward/backward
+void cpu_register_attn(be_t *be);  // cpu_attn.c: causal attention forward/backward, decode over caches
 void cpu_register_mlp(be_t *be);   // cpu_mlp.c: swiglu
 void cpu_register_conv(be_t *be);  // cpu_conv.c: depthwise causal conv
 void cpu_register_gdn(be_t *be);   // cpu_gdn.c: gates, chunked + recurrent gated delta rule

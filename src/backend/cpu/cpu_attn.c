@@ -1,5 +1,6 @@
 // Causal attention, the plain reference: one query row at a time, scores over
-// the visible keys, softmax, weighted sum. Saves lse for the backward.
+// the visible keys, softmax, weighted sum. Saves lse for the backward. Also the
+// decode ops over per-sequence caches (attn_decode, kv_append).
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -121,7 +122,67 @@ static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *
                 }
 }
 
+// Decode: one query row per sequence over its own cache (backend.h
+// attn_decode). The same arithmetic, in the same order, as cpu_attn_fwd's row
+// for a query at the end of a Tk = len[r] cache, so a step through this op has
+// the bits of the former per-row attn_fwd calls.
+static void cpu_attn_decode(be_t *be, void *out_, const void *q_, void *const *k_rows, void *const *v_rows,
+                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
+    float *out = out_;
+    const float *q = q_;
+    int grp = H / Hkv, nthr = omp_get_max_threads(), per = max_len > 0 ? max_len : 1;
+    cpu_tmp_t tmp; // one row of scores per thread
+    float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * per, "attention decode");
+    if (!scores) {
+        cpu_fill_nan(out, (int64_t)N * H * dv);
+        return;
+    }
+#pragma omp parallel num_threads(nthr) if ((int64_t)N * H * per * (dqk + dv) > CPU_PAR_MIN)
+    {
+        float *p = scores + (int64_t)omp_get_thread_num() * per;
+#pragma omp for collapse(2) schedule(dynamic, 4)
+        for (int r = 0; r < N; r++)
+            for (int h = 0; h < H; h++) {
+                const float *qr = q + ((int64_t)r * H + h) * dqk;
+                const float *k = (const float *)k_rows[r] + (int64_t)(h / grp) * dqk;
+                const float *v = (const float *)v_rows[r] + (int64_t)(h / grp) * dv;
+                int64_t ldk = (int64_t)Hkv * dqk, ldv = (int64_t)Hkv * dv;
+                int n = len[r] < per ? len[r] : per; // max_len bounds the scores buffer
+                float *o = out + ((int64_t)r * H + h) * dv;
+                memset(o, 0, (size_t)dv * sizeof(float));
+                if (n <= 0) continue; // nothing cached: a zero output rather than 0/0
+                float m = -INFINITY;
+                for (int u = 0; u < n; u++) {
+                    p[u] = dot8(qr, k + u * ldk, dqk) * scale;
+                    if (p[u] > m) m = p[u];
+                }
+                double sum = 0;
+                for (int u = 0; u < n; u++) {
+                    p[u] = expf(p[u] - m);
+                    sum += p[u];
+                }
+                float inv = (float)(1.0 / sum);
+                for (int u = 0; u < n; u++)
+                    axpy8(o, p[u] * inv, v + u * ldv, dv);
+            }
+    }
+    cpu_tmp_give(be, &tmp);
+}
+
+// Each row's new K / V (or latent / rope key) at its own position of its own
+// cache (backend.h kv_append): plain copies.
+static void cpu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
+                          const int32_t *pos, const void *k_, int kw, const void *v_, int vw, int N) {
+    const float *k = k_, *v = v_;
+    for (int r = 0; r < N; r++) {
+        memcpy((float *)k_rows[r] + pos[r] * ld, k + (int64_t)r * kw, (size_t)kw * sizeof(float));
+        memcpy((float *)v_rows[r] + pos[r] * ld + v_off, v + (int64_t)r * vw, (size_t)vw * sizeof(float));
+    }
+}
+
 void cpu_register_attn(be_t *be) {
     be->attn_fwd = cpu_attn_fwd;
     be->attn_bwd = cpu_attn_bwd;
+    be->attn_decode = cpu_attn_decode;
+    be->kv_append = cpu_kv_append;
 }

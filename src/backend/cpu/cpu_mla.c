@@ -9,16 +9,16 @@
 
 #include "backend/cpu/cpu.h"
 
-// q_lat [B, H, r_kv], q_pe [B, H, dr] (rotated), cache [B, cache_rows, r_kv + dr]
-// rows [c | rotated k_pe], len[b] visible rows of sequence b, out [B, H, r_kv].
-static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const void *q_pe_, const void *cache_,
-                                int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
+// q_lat [B, H, r_kv], q_pe [B, H, dr] (rotated), rows[b]: row b's cache, rows
+// [c | rotated k_pe] of r_kv + dr, len[b] visible rows of it, out [B, H, r_kv].
+// pool is for the CUDA kernel's tiled copies; the CPU reads through rows[].
+static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const void *q_pe_, void *const *rows_,
+                                const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
+                                int r_kv, int dr, float scale) {
     float *out = out_;
-    const float *q_lat = q_lat_, *q_pe = q_pe_, *cache = cache_;
+    const float *q_lat = q_lat_, *q_pe = q_pe_;
     int64_t L = (int64_t)r_kv + dr; // one cache row
-    int maxlen = 0;
-    for (int b = 0; b < B; b++)
-        if (len[b] > maxlen) maxlen = len[b];
+    int maxlen = max_len > 0 ? max_len : 0;
     int nthr = omp_get_max_threads(), per = maxlen > 0 ? maxlen : 1;
     cpu_tmp_t tmp; // one row of scores per thread
     float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * per, "MLA decode attention");
@@ -33,9 +33,9 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
                 const float *ql = q_lat + ((int64_t)b * H + h) * r_kv, *qp = q_pe + ((int64_t)b * H + h) * dr;
-                const float *rows = cache + (int64_t)b * cache_rows * L;
+                const float *rows = rows_[b];
                 float *o = out + ((int64_t)b * H + h) * r_kv;
-                int n = len[b];
+                int n = len[b] < maxlen ? len[b] : maxlen; // max_len bounds the scores buffer
                 memset(o, 0, (size_t)r_kv * sizeof(float));
                 if (n <= 0) continue; // nothing cached: a zero output rather than 0/0
                 float m = -INFINITY;

@@ -58,7 +58,7 @@ extern "C" {
 void cuda_register_core(be_t *be);  // cuda_core.cu: elementwise, copies, GEMM (cuBLASLt), embedding
 void cuda_register_norm(be_t *be);  // cuda_norm.cu
 void cuda_register_rope(be_t *be);  // cuda_rope.cu
-void cuda_register_attn(be_t *be);  // cuda_attn.cu: flash attention forward/backward
+void cuda_register_attn(be_t *be);  // cuda_attn.cu: flash attention forward/backward, decode over caches
 void cuda_register_mlp(be_t *be);   // cuda_mlp.cu
 void cuda_register_conv(be_t *be);  // cuda_conv.cu
 void cuda_register_gdn(be_t *be);   // cuda_gdn.cu

@@ -1096,7 +1096,156 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
     arena_reset(ar, mark); // later work on the stream may reuse the memory: stream order protects it
 }
 
+// ---- decode over per-sequence caches (attn_decode, kv_append) -----------------
+//
+// One query row per sequence, each over its own cache (backend.h): a step's
+// rows arrive as per-row cache pointers, and both ops are one launch for all
+// rows. k_attn_decode is deliberately plain (no tensor cores, no split of a
+// long cache over blocks): one block per (row, KV head) loads its cache in
+// tiles of DEC_TK rows into shared memory as fp32, computes the scores of the
+// H / Hkv query heads that read that KV head, and keeps an online softmax and
+// the output in fp32 shared memory. Decode attention reads each cache row once
+// per KV head, so it is bound by those bytes, and a step of many sequences
+// has N * Hkv blocks to fill the GPU with; a single long sequence would want
+// its cache split over blocks (flash-decoding's split-K), not done yet.
+
+enum { DEC_TK = 32, DEC_THREADS = 128 }; // cache rows per tile (= warp size: one lane per row); threads
+
+// Shared floats of k_attn_decode for grp query heads per KV head.
+static size_t dec_smem_floats(int grp, int dqk, int dv) {
+    return (size_t)grp * dqk + (size_t)DEC_TK * (dqk + 1) + (size_t)DEC_TK * dv + (size_t)grp * DEC_TK +
+           (size_t)grp * dv + 3 * (size_t)grp;
+}
+
+// Grid (N, Hkv), DEC_THREADS threads. out [N, H, dv] bf16.
+__global__ void __launch_bounds__(DEC_THREADS)
+    k_attn_decode(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *const *__restrict__ k_rows,
+                  const bf16 *const *__restrict__ v_rows, const int32_t *__restrict__ len, int max_len, int H, int Hkv,
+                  int dqk, int dv, float scale) {
+    extern __shared__ float dsm[];
+    const int r = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, nthr = blockDim.x;
+    const int grp = H / Hkv, ldk = dqk + 1; // K rows padded: lanes reading 32 rows hit 32 banks
+    float *sq = dsm;                        // [grp][dqk] the group's queries
+    float *sk = sq + grp * dqk;             // [DEC_TK][ldk] keys of the tile
+    float *sv = sk + DEC_TK * ldk;          // [DEC_TK][dv] values of the tile
+    float *sp = sv + DEC_TK * dv;           // [grp][DEC_TK] scores, then weights
+    float *so = sp + grp * DEC_TK;          // [grp][dv] unnormalised output
+    float *smax = so + grp * dv;            // [grp] running maximum
+    float *ssum = smax + grp;               // [grp] running sum of weights
+    float *salpha = ssum + grp;             // [grp] rescale of the output by this tile
+
+    int n = len[r];
+    n = n < 0 ? 0 : n > max_len ? max_len : n;
+    const int64_t ldK = (int64_t)Hkv * dqk, ldV = (int64_t)Hkv * dv;
+    const bf16 *kb = k_rows[r] + (int64_t)g * dqk, *vb = v_rows[r] + (int64_t)g * dv;
+    const bf16 *qb = q + ((int64_t)r * H + (int64_t)g * grp) * dqk; // the group's heads are consecutive
+    for (int i = tid; i < grp * dqk; i += nthr)
+        sq[i] = __bfloat162float(qb[i]);
+    for (int i = tid; i < grp * dv; i += nthr)
+        so[i] = 0.f;
+    for (int j = tid; j < grp; j += nthr)
+        smax[j] = -INFINITY, ssum[j] = 0.f;
+    __syncthreads();
+
+    const int warp = tid >> 5, lane = tid & 31, nwarps = nthr >> 5;
+    for (int u0 = 0; u0 < n; u0 += DEC_TK) {
+        const int nt = n - u0 < DEC_TK ? n - u0 : DEC_TK;
+        for (int i = tid; i < nt * dqk; i += nthr) {
+            int u = i / dqk, c = i - u * dqk;
+            sk[u * ldk + c] = __bfloat162float(kb[(int64_t)(u0 + u) * ldK + c]);
+        }
+        for (int i = tid; i < nt * dv; i += nthr) {
+            int u = i / dv, c = i - u * dv;
+            sv[u * dv + c] = __bfloat162float(vb[(int64_t)(u0 + u) * ldV + c]);
+        }
+        __syncthreads();
+        // scores s = scale q . k in fp32; rows past the cache -inf
+        for (int i = tid; i < grp * DEC_TK; i += nthr) {
+            int j = i / DEC_TK, u = i - j * DEC_TK;
+            float s = -INFINITY;
+            if (u < nt) {
+                float acc = 0.f;
+                for (int c = 0; c < dqk; c++)
+                    acc = fmaf(sq[j * dqk + c], sk[u * ldk + c], acc);
+                s = acc * scale;
+            }
+            sp[i] = s;
+        }
+        __syncthreads();
+        // online softmax, one warp per head: lane u holds row u of the tile
+        for (int j = warp; j < grp; j += nwarps) {
+            float s = sp[j * DEC_TK + lane], mx = s;
+            for (int o = 16; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_old = smax[j], m_new = fmaxf(m_old, mx); // finite: row u0 is visible
+            float p = expf(s - m_new), sum = p;                    // 0 for the -inf rows
+            for (int o = 16; o > 0; o >>= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            sp[j * DEC_TK + lane] = p;
+            __syncwarp();
+            if (lane == 0) {
+                const float alpha = expf(m_old - m_new); // 0 on the first tile (m_old = -inf)
+                salpha[j] = alpha, ssum[j] = ssum[j] * alpha + sum, smax[j] = m_new;
+            }
+        }
+        __syncthreads();
+        // O = alpha O + P V
+        for (int i = tid; i < grp * dv; i += nthr) {
+            int j = i / dv, c = i - j * dv;
+            float acc = so[i] * salpha[j];
+            for (int u = 0; u < nt; u++)
+                acc = fmaf(sp[j * DEC_TK + u], sv[u * dv + c], acc);
+            so[i] = acc;
+        }
+        __syncthreads(); // the next tile overwrites sk, sv, sp
+    }
+    bf16 *ob = out + ((int64_t)r * H + (int64_t)g * grp) * dv;
+    for (int i = tid; i < grp * dv; i += nthr) {
+        const float l = ssum[i / dv];
+        ob[i] = __float2bfloat16_rn(l > 0.f ? so[i] / l : 0.f); // no visible row: zeros, as on the CPU
+    }
+}
+
+static void cu_attn_decode(be_t *be, void *out, const void *q, void *const *k_rows, void *const *v_rows,
+                           const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
+    if (N <= 0 || H <= 0) return;
+    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || max_len < 0 || Hkv > 65535) {
+        cu_op_error(be, "cuda attn_decode: H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", H, Hkv, dqk, dv,
+                    max_len);
+        return;
+    }
+    const size_t smem = dec_smem_floats(H / Hkv, dqk, dv) * sizeof(float);
+    if (cuda_smem_limit(be, (const void *)k_attn_decode, smem, "k_attn_decode") < 0) return;
+    k_attn_decode<<<dim3((unsigned)N, (unsigned)Hkv), DEC_THREADS, smem, cuda_stream(be)>>>(
+        (bf16 *)out, (const bf16 *)q, (const bf16 *const *)k_rows, (const bf16 *const *)v_rows, len, max_len, H, Hkv,
+        dqk, dv, scale);
+    cuda_check_launch(be, "k_attn_decode");
+}
+
+// Grid N (one block per row): the row's k and v into its own cache rows.
+__global__ void k_kv_append(bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, int64_t ld,
+                            int64_t v_off, const int32_t *__restrict__ pos, const bf16 *__restrict__ k, int kw,
+                            const bf16 *__restrict__ v, int vw) {
+    const int r = blockIdx.x;
+    const int64_t p = pos[r];
+    bf16 *kd = k_rows[r] + p * ld, *vd = v_rows[r] + p * ld + v_off;
+    for (int i = threadIdx.x; i < kw; i += blockDim.x)
+        kd[i] = k[(int64_t)r * kw + i];
+    for (int i = threadIdx.x; i < vw; i += blockDim.x)
+        vd[i] = v[(int64_t)r * vw + i];
+}
+
+static void cu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
+                         const int32_t *pos, const void *k, int kw, const void *v, int vw, int N) {
+    if (N <= 0) return;
+    k_kv_append<<<(unsigned)N, 128, 0, cuda_stream(be)>>>((bf16 *const *)k_rows, (bf16 *const *)v_rows, ld, v_off, pos,
+                                                          (const bf16 *)k, kw, (const bf16 *)v, vw);
+    cuda_check_launch(be, "k_kv_append");
+}
+
 extern "C" void cuda_register_attn(be_t *be) {
     be->attn_fwd = cu_attn_fwd;
     be->attn_bwd = cu_attn_bwd;
+    be->attn_decode = cu_attn_decode;
+    be->kv_append = cu_kv_append;
 }

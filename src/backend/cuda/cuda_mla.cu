@@ -46,7 +46,7 @@ typedef struct {
 template <int CW>
 __global__ void __launch_bounds__(512, 1)
     k_mla_decode(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
-                 const bf16 *__restrict__ q_pe, const bf16 *__restrict__ cache, int64_t cache_rows,
+                 const bf16 *__restrict__ q_pe, const bf16 *const *__restrict__ rows, int64_t max_rows,
                  const int32_t *__restrict__ len, mla_args_t a) {
     constexpr int NR = MLA_NR, NSTG = MLA_NSTG;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(512, 1)
     const int ht = warp % a.HT, cc = (warp / a.HT) % a.CC, rs = warp / (a.HT * a.CC);
 
     int64_t n = len[b];
-    if (n > cache_rows) n = cache_rows;
+    if (n > max_rows) n = max_rows;
     if (n < 0) n = 0;
     // this block's rows [start, end): equal slices rounded up to whole row tiles
     int64_t rps = (n + a.n_split - 1) / a.n_split;
@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(512, 1)
     const int64_t end = start + rps < n ? start + rps : n;
     const int nrows = end > start ? (int)(end - start) : 0;
     const int n_st = (nrows + ST_ROWS - 1) / ST_ROWS;
-    const bf16 *rows_g = cache + ((int64_t)b * cache_rows + start) * L;
+    const bf16 *cache = rows[b]; // row 0 of this sequence's cache
+    const bf16 *rows_g = cache + start * L;
 
     // Q [HR][SQ] = [q_lat | q_pe | 0], zero rows past H (plain 16-byte loads)
     for (int i = tid; i < HR * (SQ / 8); i += nthr) {
@@ -400,8 +401,9 @@ static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcon
 template <int CW, int LOAD>
 __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     k_mla_decode2(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
-                  const bf16 *__restrict__ q_pe, const bf16 *__restrict__ cache, int64_t cache_rows,
-                  const int32_t *__restrict__ len, mla2_args_t a, const __grid_constant__ CUtensorMap tmap) {
+                  const bf16 *__restrict__ q_pe, const bf16 *const *__restrict__ rows, const bf16 *pool,
+                  int64_t max_rows, const int32_t *__restrict__ len, mla2_args_t a,
+                  const __grid_constant__ CUtensorMap tmap) {
     constexpr int NR = MLA2_NR;
     constexpr bool TILES = LOAD == MLA2_LOAD_TILES;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -417,7 +419,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     const int b = blockIdx.y, split = blockIdx.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int64_t n = len[b];
-    if (n > cache_rows) n = cache_rows;
+    if (n > max_rows) n = max_rows;
     if (n < 0) n = 0;
     int64_t rps = (n + a.n_split - 1) / a.n_split;
     rps = (rps + NR - 1) / NR * NR;
@@ -425,7 +427,10 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     const int64_t end = start + rps < n ? start + rps : n;
     const int nrows = end > start ? (int)(end - start) : 0;
     const int n_tiles = (nrows + NR - 1) / NR;
-    const bf16 *rows_g = cache + ((int64_t)b * cache_rows + start) * L;
+    const bf16 *cache = rows[b]; // row 0 of this sequence's cache
+    const bf16 *rows_g = cache + start * L;
+    // MLA2_LOAD_TILES: the sequence's row 0 as a row of the pool the tensor map describes
+    const int64_t row0 = TILES ? (int64_t)(cache - pool) / L : 0;
 
     if (tid == 0) {
         for (int s = 0; s < NSTG; s++) {
@@ -456,7 +461,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
                 if (lane == 0) {
                     const uint32_t bar = bar_full + 8 * slot;
                     mbar_arrive_expect_tx(bar, slot_bytes);
-                    const int y = (int)((int64_t)b * cache_rows + start + (int64_t)t * NR);
+                    const int y = (int)(row0 + start + (int64_t)t * NR);
                     for (int bx = 0; bx < a.NB; bx++)
                         tensor_g2s(smem_u32(dst) + bx * MLA2_BOX_BYTES, &tmap, bx * MLA2_BOX, y, bar);
                 }
@@ -758,7 +763,7 @@ typedef struct {
 // unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed (recorded; *mark
 // restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
-                                size_t smem, int B, int64_t cache_rows, int rows_per_tile, int H, int r_kv,
+                                size_t smem, int B, int64_t max_rows, int rows_per_tile, int H, int r_kv,
                                 float **part_o, float **part_ml, size_t *mark) {
     cuda_impl_t *ci = cuda_impl(be);
     if (cuda_smem_limit(be, kern, smem, name) < 0) return 0;
@@ -775,7 +780,7 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
         ls->occ_threads = threads, ls->occ_smem = smem;
     }
     int64_t ns = (int64_t)ls->occ * ci->sm_count / B;
-    int64_t tiles = (cache_rows + rows_per_tile - 1) / rows_per_tile;
+    int64_t tiles = (max_rows + rows_per_tile - 1) / rows_per_tile;
     if (ns > tiles) ns = tiles;
     if (ns < 1) ns = 1;
     arena_t *ar = &be->scratch;
@@ -792,7 +797,7 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
 }
 
 template <int CW>
-static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
+static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows, int64_t max_rows,
                        const int32_t *len, int B, mla_args_t a) {
     cuda_impl_t *ci = cuda_impl(be);
     auto kern = k_mla_decode<CW>;
@@ -817,12 +822,12 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
     static mla_launch_state_t ls;
     float *part_o, *part_ml;
     size_t mark;
-    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode", &ls, threads, smem, B, cache_rows,
-                                        MLA_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
+    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode", &ls, threads, smem, B, max_rows, MLA_NR,
+                                        a.H, a.r_kv, &part_o, &part_ml, &mark);
     if (ns == 0) return;
     a.n_split = (int)ns;
     kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
-        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a);
+        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows, max_rows, len, a);
     cuda_check_launch(be, "k_mla_decode");
     k_mla_combine<<<dim3((unsigned)a.H, (unsigned)B), 128, ns * sizeof(float), cuda_stream(be)>>>(
         (bf16 *)out, part_o, part_ml, a.H, a.r_kv, (int)ns);
@@ -852,7 +857,7 @@ static encode_tiled_fn encode_tiled(void) {
     return fn;
 }
 
-// The cache [B * cache_rows, L] bf16 as a 2-D tensor of boxes MLA2_BOX x MLA2_NR,
+// The pool [rows, L] bf16 (every sequence's cache) as a 2-D tensor of boxes MLA2_BOX x MLA2_NR,
 // 128-byte swizzle, zeros outside; false when it cannot be described.
 static bool cache_tensor_map(CUtensorMap *m, const void *cache, int64_t rows, int L) {
     encode_tiled_fn enc = encode_tiled();
@@ -866,15 +871,16 @@ static bool cache_tensor_map(CUtensorMap *m, const void *cache, int64_t rows, in
 
 // Launches v2; false when the shape does not fit its layout (the caller runs v1).
 template <int CW, int LOAD>
-static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache, int64_t cache_rows,
-                        const int32_t *len, int B, mla2_args_t a) {
+static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows, const void *pool,
+                        int64_t pool_rows, int64_t max_rows, const int32_t *len, int B, mla2_args_t a) {
     cuda_impl_t *ci = cuda_impl(be);
     auto kern = k_mla_decode2<CW, LOAD>;
     const int HR = a.HT * 16, wpr = a.HT * a.CC; // warps per row group
     if (wpr > MLA2_MAXW) return false;
     CUtensorMap tmap;
     memset(&tmap, 0, sizeof tmap);
-    if (LOAD == MLA2_LOAD_TILES && !cache_tensor_map(&tmap, cache, (int64_t)B * cache_rows, a.L)) return false;
+    // the tensor map needs the pool that holds every sequence's rows
+    if (LOAD == MLA2_LOAD_TILES && (!pool || !cache_tensor_map(&tmap, pool, pool_rows, a.L))) return false;
     const int wide = a.Lp > a.CC * CW ? a.Lp : a.CC * CW; // columns the consumers read
     a.NB = (wide + MLA2_BOX - 1) / MLA2_BOX;
     const size_t slot = LOAD == MLA2_LOAD_TILES ? (size_t)a.NB * MLA2_BOX_BYTES : (size_t)MLA2_NR * a.SR * sizeof(bf16);
@@ -906,12 +912,13 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     static mla_launch_state_t ls;
     float *part_o, *part_ml;
     size_t mark;
-    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode2", &ls, threads, smem, B, cache_rows,
+    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode2", &ls, threads, smem, B, max_rows,
                                         MLA2_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
     if (ns == 0) return true;
     a.n_split = (int)ns;
     kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
-        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *)cache, cache_rows, len, a, tmap);
+        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows, (const bf16 *)pool,
+        max_rows, len, a, tmap);
     cuda_check_launch(be, "k_mla_decode2");
 
     // the combine, launched early (programmatic dependent launch); plain launch if refused
@@ -940,11 +947,12 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
 }
 
 template <int LOAD>
-static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
-                           int64_t cache_rows, const int32_t *len, int B, mla2_args_t a) {
-    return CW == 32   ? launch_mla2<32, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
-           : CW == 64 ? launch_mla2<64, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a)
-                      : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows,
+                           const void *pool, int64_t pool_rows, int64_t max_rows, const int32_t *len, int B,
+                           mla2_args_t a) {
+    return CW == 32   ? launch_mla2<32, LOAD>(be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a)
+           : CW == 64 ? launch_mla2<64, LOAD>(be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a)
+                      : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
 }
 
 // Variant overrides for benchmarks and tests, read on every call (they are
@@ -954,18 +962,23 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
 //   3: v2 with one bulk copy per row (the default of run 7).
 //   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
 //   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
-static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, const void *cache,
-                               int64_t cache_rows, const int32_t *len, int B, int H, int r_kv, int dr, float scale) {
+static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows,
+                               const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
+                               int r_kv, int dr, float scale) {
     if (B <= 0 || H <= 0) return;
-    if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || cache_rows < 0) {
-        cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d cache_rows=%lld not supported (r_kv, dr multiples of 8)",
-                    r_kv, dr, (long long)cache_rows);
+    if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || max_len < 0 || pool_rows < 0) {
+        cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d max_len=%d not supported (r_kv, dr multiples of 8)", r_kv,
+                    dr, max_len);
         return;
     }
-    if (((uintptr_t)q_lat | (uintptr_t)q_pe | (uintptr_t)cache) & 15) {
-        cu_op_error(be, "cuda mla_decode_attn: q_lat, q_pe and cache must be 16-byte aligned");
+    // The per-row cache pointers live on the device and are not checked here:
+    // each must be 16-byte aligned as well (rows of r_kv + dr, a multiple of 8
+    // bf16, keep every row so), and within pool at a whole row when pool is given.
+    if (((uintptr_t)q_lat | (uintptr_t)q_pe | (uintptr_t)pool) & 15) {
+        cu_op_error(be, "cuda mla_decode_attn: q_lat, q_pe and the pool must be 16-byte aligned");
         return;
     }
+    const int64_t max_rows = max_len;
     const int HT = (H + 15) / 16, CC = (r_kv + 127) / 128;
     const int per = (r_kv + CC - 1) / CC;
     const int CW = per <= 32 ? 32 : per <= 64 ? 64 : 128;
@@ -982,11 +995,15 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
         a.neg = scale < 0.f;
         a.sl2 = sl2 > 1e-30f ? sl2 : 1e-30f; // scale 0: uniform weights (a zero sl2 would turn -inf * 0 into NaN)
         bool done = false;
-        if (var == 0) done = launch_mla2_cw<MLA2_LOAD_TILES>(CW, be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        if (var == 0)
+            done =
+                launch_mla2_cw<MLA2_LOAD_TILES>(CW, be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
         // the per-row copies also take what the tiled copies cannot (no tensor map)
         if (!done && (var == 0 || var == 3))
-            done = launch_mla2_cw<MLA2_LOAD_ROWS>(CW, be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
-        if (var == 2) done = launch_mla2_cw<MLA2_LOAD_CPASYNC>(CW, be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+            done = launch_mla2_cw<MLA2_LOAD_ROWS>(CW, be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
+        if (var == 2)
+            done =
+                launch_mla2_cw<MLA2_LOAD_CPASYNC>(CW, be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
         if (done) return;
     }
     mla_args_t a;
@@ -1004,11 +1021,11 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     a.SR = (wide + 15) / 16 * 16 + 8;
     a.sl2 = scale * 1.4426950408889634f;
     if (CW == 32)
-        launch_mla<32>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        launch_mla<32>(be, out, q_lat, q_pe, rows, max_rows, len, B, a);
     else if (CW == 64)
-        launch_mla<64>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        launch_mla<64>(be, out, q_lat, q_pe, rows, max_rows, len, B, a);
     else
-        launch_mla<128>(be, out, q_lat, q_pe, cache, cache_rows, len, B, a);
+        launch_mla<128>(be, out, q_lat, q_pe, rows, max_rows, len, B, a);
 }
 
 extern "C" void cuda_register_mla(be_t *be) { be->mla_decode_attn = cu_mla_decode_attn; }
