@@ -18,7 +18,7 @@
 // cache bytes read (B len (r_kv + dr) 2) against a device-to-device copy of a
 // 4 GiB buffer measured in the same run (read + write bytes). Several copies
 // of the cache are rotated so that repeated calls do not run out of L2.
-// HYLO_ATTN_FWD / HYLO_ATTN_BWD select alternative kernel configurations.
+// HYLO_ATTN_BWD / HYLO_MLA_DECODE select alternative kernel configurations.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -204,12 +204,11 @@ int main(int argc, char **argv) {
                                   {"--sweep", &compare, 1},       {"--sweep", &sweep, 1}};
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     bench_init((size_t)4 << 30);
-    const char *vf = getenv("HYLO_ATTN_FWD"), *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
+    const char *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
     if (compare)
-        printf("bench_attn: --compare: every variant (HYLO_ATTN_FWD %s)\n", vf ? vf : "0");
+        printf("bench_attn: --compare: every variant\n");
     else
-        printf("bench_attn: kernel variants fwd %s, bwd %s, mla decode %s\n", vf ? vf : "0", vb ? vb : "0",
-               vm ? vm : "0");
+        printf("bench_attn: kernel variants bwd %s, mla decode %s\n", vb ? vb : "0", vm ? vm : "0");
 
     static const attn_shape_t shapes[] = {
         {"MLA 64/64", 1, 0, 32, 32, 64, 64},     {"MLA 128/128", 1, 0, 24, 24, 128, 128},

@@ -936,10 +936,10 @@ static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const voi
     cuda_check_launch(be, "k_attn_fwd");
 }
 
-// Variant override for benchmarks and tests: HYLO_ATTN_FWD=<n> / HYLO_ATTN_BWD=<n>
-// selects an alternative configuration where one exists (0 or unset = default;
-// read on every call, a getenv is nothing next to a launch). Backward at the
-// 64 and 128 instantiations: 0 = default (v1 at 64, v2 at 128), 1 = v1 with its
+// Variant override for benchmarks and tests: HYLO_ATTN_BWD=<n> selects an
+// alternative configuration where one exists (0 or unset = default; read on
+// every call, a getenv is nothing next to a launch). Backward at the 64 and 128
+// instantiations: 0 = default (v1 at 64, v2 at 128), 1 = v1 with its
 // alternative tiles, 2 = v1 with its default tiles (the default before v2),
 // 3 = v2 (k_attn_bwd2).
 
@@ -948,21 +948,14 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
     const void *ptrs[] = {out, q, k, v};
     if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4)) return;
     if (B == 0 || Tq == 0) return;
-    const int var = cu_env_int("HYLO_ATTN_FWD", 0);
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale)
-    // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB); variant 1 = one m-tile per warp
+    // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB)
     if (dqk <= 64 && dv <= 64) {
-        if (var == 1)
-            FWD(64, 64, 8, 64, 1, false, 2);
-        else
-            FWD(64, 64, 4, 64, 2, true, 2);
+        FWD(64, 64, 4, 64, 2, true, 2);
     } else if (dqk <= 96 && dv <= 64) {
         FWD(96, 64, 4, 64, 2, false, 2);
     } else if (dqk <= 128 && dv <= 128) {
-        if (var == 1)
-            FWD(128, 128, 8, 64, 1, false, 2);
-        else
-            FWD(128, 128, 4, 32, 2, false, 2);
+        FWD(128, 128, 4, 32, 2, false, 2);
     } else if (dqk <= 192 && dv <= 128) {
         FWD(192, 128, 4, 32, 2, false, 1);
     } else if (dqk <= 192 && dv <= 192) {
