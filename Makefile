@@ -7,7 +7,7 @@
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
-#   make bench           the benchmarks (bench/), and the bench-variants build below
+#   make bench           the benchmarks (bench/), bench_attn also in the bench-variants build (below)
 #   make fuzz            libFuzzer targets of every file parser (token shards included) (clang; docs/FUZZING.md)
 #   make fuzz-smoke      each of them briefly on its corpus (CI)
 #   make format / make format-check
@@ -18,8 +18,8 @@
 # bench-variants build: the CUDA files that hold them compiled again into
 # $(BUILD)/bench-variants/, a library of those and the rest of libhylo.a's
 # objects, and, against it, bench_attn (--compare, --sweep) and the CUDA test
-# of the variants (docs/PERFORMANCE.md). `make bench` and `make test` build it
-# (with CUDA), `make test-cuda` runs its test too.
+# of the variants (docs/PERFORMANCE.md). `make bench` builds its bench_attn,
+# `make test` (with CUDA) both, `make test-cuda` runs its test too.
 
 MODE ?= release
 CC ?= gcc

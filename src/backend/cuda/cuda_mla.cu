@@ -323,7 +323,7 @@ enum { MLA2_NR = 32, MLA2_MAXW = 11, MLA2_MAXSTG = 32, MLA2_BAR_BYTES = 2 * MLA2
 //    without padding. Columns past L come back as zeros (out of the tensor).
 //  - MLA2_LOAD_ROWS: one 1-D bulk copy per row into padded rows of SR elements.
 //  - MLA2_LOAD_CPASYNC: 16-byte cp.async by the producer's 32 lanes, same layout
-//    (bench-only: 2-6x slower than the tiles in run 9; instantiated only in
+//    (bench-only: 2-7x slower than the tiles in run 9; instantiated only in
 //    the bench-variants build).
 // Run 7 measured the same ~25M rows/s per SM at r_kv 128 and 512 with
 // MLA2_LOAD_ROWS, whatever the bytes per row or the heads: the per-row copies
