@@ -7,9 +7,19 @@
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
+#   make bench           the benchmarks (bench/), bench_attn also in the bench-variants build (below)
 #   make fuzz            libFuzzer targets of every file parser (token shards included) (clang; docs/FUZZING.md)
 #   make fuzz-smoke      each of them briefly on its corpus (CI)
 #   make format / make format-check
+#
+# One kernel per job: build/hylo and libhylo.a have no kernel variants and read
+# no environment knobs that pick one. Variants kept for comparison (attention
+# backward, MLA decode) are compiled only with -DHYLO_BENCH_VARIANTS, in the
+# bench-variants build: the CUDA files that hold them compiled again into
+# $(BUILD)/bench-variants/, a library of those and the rest of libhylo.a's
+# objects, and, against it, bench_attn (--compare, --sweep) and the CUDA test
+# of the variants (docs/PERFORMANCE.md). `make bench` builds its bench_attn,
+# `make test` (with CUDA) both, `make test-cuda` runs its test too.
 
 MODE ?= release
 CC ?= gcc
@@ -75,6 +85,18 @@ TESTUTIL := $(BUILD)/obj/tests/testutil.o
 BENCHSRC := $(shell find bench -name '*.c' | sort)
 BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
+# The bench-variants build (header): its objects, library and binaries.
+VARDIR := $(BUILD)/bench-variants
+VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu
+VAROBJ := $(filter-out $(VARCU:%.cu=$(BUILD)/obj/%.cu.o),$(OBJ)) $(VARCU:%.cu=$(VARDIR)/obj/%.cu.o)
+VARLIB := $(VARDIR)/libhylo.a
+VARBENCHBIN :=
+VARTESTBIN :=
+ifeq ($(CUDA),1)
+VARBENCHBIN := $(VARDIR)/bench/bench_attn
+VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn
+endif
+
 .PHONY: all test test-cuda bench fuzz fuzz-smoke format format-check clean model demo
 .SECONDARY: $(TESTUTIL)
 all: $(BIN)
@@ -92,6 +114,14 @@ $(BUILD)/obj/%.cu.o: %.cu
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(VARDIR)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -DHYLO_BENCH_VARIANTS -MMD -MP -c $< -o $@
+
+$(VARLIB): $(VAROBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -113,23 +143,32 @@ $(BUILD)/bench/%: bench/%.c bench/bench_util.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) $< $(LIB) $(LDLIBS) -o $@
 
+$(VARDIR)/tests/%: tests/%.c $(VARLIB) $(TESTUTIL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DHYLO_BENCH_VARIANTS $(LDSAN) $< $(TESTUTIL) $(VARLIB) $(LDLIBS) -lcmocka -o $@
+
+$(VARDIR)/bench/%: bench/%.c bench/bench_util.h $(VARLIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DHYLO_BENCH_VARIANTS $(LDSAN) $< $(VARLIB) $(LDLIBS) -o $@
+
 # The tests run from the repository root; HYLO_MODEL points at the default GGUF.
 # With the CUDA backend, the CUDA tests and the benchmarks are built too (not
 # run: they need a GPU), so that CI compiles them.
 TESTDEPS := $(BIN) $(TESTBIN)
 ifeq ($(CUDA),1)
-TESTDEPS += $(CUDATESTBIN) $(BENCHBIN)
+TESTDEPS += $(CUDATESTBIN) $(BENCHBIN) $(VARTESTBIN) $(VARBENCHBIN)
 endif
 test: $(TESTDEPS)
 	@scripts/fetch_model.sh >/dev/null
 	@HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(TESTBIN)
 
 # HYLO_REQUIRE_GPU=1: a missing GPU fails the tests instead of skipping them.
-test-cuda: $(BIN) $(CUDATESTBIN)
+test-cuda: $(BIN) $(CUDATESTBIN) $(VARTESTBIN)
 	@scripts/fetch_model.sh >/dev/null
-	@HYLO_REQUIRE_GPU=1 HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh $(CUDATESTBIN)
+	@HYLO_REQUIRE_GPU=1 HYLO_MODEL=$$(scripts/fetch_model.sh --path) HYLO_BIN=$(BIN) scripts/run_tests.sh \
+	  $(CUDATESTBIN) $(VARTESTBIN)
 
-bench: $(BIN) $(BENCHBIN)
+bench: $(BIN) $(BENCHBIN) $(VARBENCHBIN)
 
 model:
 	@scripts/fetch_model.sh
@@ -174,5 +213,5 @@ format-check:
 clean:
 	rm -rf build build-cpu build-asan build-debug build-fuzz
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(VARDIR)/obj -name '*.d' 2>/dev/null)
 -include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)

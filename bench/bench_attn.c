@@ -1,14 +1,18 @@
 // Attention and MLA decode timings on the GPU (CUDA backend): CUDA events on
 // the backend's stream, warm-up runs first, the median of the timed runs.
 //
-//   build-X/bench/bench_attn [--quick] [--no-attn] [--no-decode] [--compare] [--sweep]
+//   build-X/bench/bench_attn [--quick] [--no-attn] [--no-decode]
+//   build-X/bench-variants/bench/bench_attn [same] [--compare] [--sweep]
 //
-// --compare times every kernel variant in one run, set through the same
-// environment variables the library reads: attention backward HYLO_ATTN_BWD =
-// 3 (v2, k_attn_bwd2), 2 (v1 with its default tiles), 1 (v1's alternative tiles);
-// MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy per row), 2 (v2,
-// cp.async), 0 (v2, tiled tensor copies: the default).
-// --sweep adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
+// build-X/bench/bench_attn links libhylo.a: the production kernels, one per
+// job. The bench-variants build (Makefile: compiled with -DHYLO_BENCH_VARIANTS
+// against the library whose CUDA files keep the bench-only kernel variants)
+// adds --compare, which times every variant in one run, set through the
+// environment variables only that library reads: attention backward
+// HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its default tiles), 1 (v1's
+// alternative tiles); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
+// per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep
+// adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
 // Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
@@ -18,7 +22,6 @@
 // cache bytes read (B len (r_kv + dr) 2) against a device-to-device copy of a
 // 4 GiB buffer measured in the same run (read + write bytes). Several copies
 // of the cache are rotated so that repeated calls do not run out of L2.
-// HYLO_ATTN_FWD / HYLO_ATTN_BWD select alternative kernel configurations.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -64,7 +67,7 @@ typedef struct {
     char line[256];
 } row_t;
 
-static int compare; // time every variant (--compare)
+static int compare; // time every variant (--compare; bench-variants build only)
 
 static void set_env(const char *name, const char *val) {
     if (val)
@@ -131,7 +134,7 @@ static void run_mla(void *p, int rep) {
                         c->B, c->H, c->r_kv, c->dr, 1.0f / sqrtf((float)(c->r_kv + c->dr)));
 }
 
-static int sweep; // v2 decode over HYLO_MLA_WARPS x HYLO_MLA_STAGES (--sweep)
+static int sweep; // v2 decode over HYLO_MLA_WARPS x HYLO_MLA_STAGES (--sweep; bench-variants build only)
 
 static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_gbs, row_t *row) {
     mla_ctx_t c = {.B = B, .H = H, .r_kv = r_kv, .dr = dr, .len = len};
@@ -210,17 +213,24 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
 
 int main(int argc, char **argv) {
     int quick = 0, do_attn = 1, do_decode = 1;
-    const bench_flag_t flags[] = {{"--quick", &quick, 1},         {"--no-attn", &do_attn, 0},
-                                  {"--no-decode", &do_decode, 0}, {"--compare", &compare, 1},
-                                  {"--sweep", &compare, 1},       {"--sweep", &sweep, 1}};
+    const bench_flag_t flags[] = {
+        {"--quick", &quick, 1},     {"--no-attn", &do_attn, 0}, {"--no-decode", &do_decode, 0},
+#ifdef HYLO_BENCH_VARIANTS
+        {"--compare", &compare, 1}, {"--sweep", &compare, 1},   {"--sweep", &sweep, 1},
+#endif
+    };
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     bench_init((size_t)4 << 30);
-    const char *vf = getenv("HYLO_ATTN_FWD"), *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
+#ifdef HYLO_BENCH_VARIANTS
+    const char *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
     if (compare)
-        printf("bench_attn: --compare: every variant (HYLO_ATTN_FWD %s)\n", vf ? vf : "0");
+        printf("bench_attn (bench-variants build): --compare: every variant\n");
     else
-        printf("bench_attn: kernel variants fwd %s, bwd %s, mla decode %s\n", vf ? vf : "0", vb ? vb : "0",
+        printf("bench_attn (bench-variants build): kernel variants bwd %s, mla decode %s\n", vb ? vb : "0",
                vm ? vm : "0");
+#else
+    printf("bench_attn: production kernels\n");
+#endif
 
     static const attn_shape_t shapes[] = {
         {"MLA 64/64", 1, 0, 32, 32, 64, 64},     {"MLA 128/128", 1, 0, 24, 24, 128, 128},

@@ -24,7 +24,6 @@
 // v, o, g, beta are < 0.1% of it) against a device-to-device copy of a 4 GiB
 // buffer measured in the same run (read + write bytes). Several copies of the
 // states are rotated so that repeated calls do not hit in the 50 MB L2.
-// HYLO_GDN_NW=2|4 selects the warps per block of the state passes.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -228,8 +227,7 @@ int main(int argc, char **argv) {
         }
     scratch += (size_t)64 << 20; // gate partials and alignment
     bench_init(scratch);
-    const char *nw = getenv("HYLO_GDN_NW");
-    printf("bench_gdn: scratch %.2f GB, state-pass warps per block %s\n", scratch / 1e9, nw ? nw : "4 (default)");
+    printf("bench_gdn: scratch %.2f GB\n", scratch / 1e9);
 
     row_t rows[8], krows[64], drows[16];
     int n_rows = 0, n_krows = 0, n_drows = 0;

@@ -26,6 +26,13 @@
 // A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
 // A failure prints the shape, the error, and the first element off by more
 // than 8 * tol * rms(reference) with its coordinates.
+//
+// Built twice (Makefile): build/tests/cuda/test_cuda_attn against libhylo.a
+// runs the production kernels (one per job, no variants); the bench-variants
+// build (build/bench-variants/tests/cuda/test_cuda_attn, -DHYLO_BENCH_VARIANTS,
+// against the library whose CUDA files hold the bench-only kernel variants) also
+// runs every case under each variant the benchmarks compare, chosen through the
+// environment variables that only that library reads.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +40,14 @@
 
 #include "base/err.h"
 #include "testutil.h"
+
+// Sets (val) or clears (NULL) a kernel variant knob of the bench-variants build.
+static void set_knob(const char *name, const char *val) {
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+}
 
 typedef struct {
     int B, Tq, Tk, H, Hkv, dqk, dv;
@@ -147,22 +162,24 @@ static const shape_t attn_shapes[] = {
     {2, 200, 455, 6, 2, 128, 128, 3.0f}, {1, 385, 385, 3, 3, 64, 64, 1.0f},   {1, 97, 160, 2, 1, 64, 48, 1.0f},
 };
 
-// Every shape under the default kernels and under the alternative
-// configurations (HYLO_ATTN_FWD = 1, HYLO_ATTN_BWD = 1, 2, 3, where they exist:
-// backward 2 is v1 with its default tiles, 3 is k_attn_bwd2 at d <= 64 too).
+// Every shape under the default kernels; in the bench-variants build also
+// under the backward variants (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1
+// with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist).
 static void test_attn(void **st) {
     be_t *gpu = tu_gpu();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
-    static const char *fwd_var[4] = {"0", "1", "0", "0"}, *bwd_var[4] = {"0", "1", "2", "3"};
-    static const char *tags[4] = {"", " [variant 1]", " [bwd variant 2]", " [bwd variant 3]"};
-    for (int var = 0; var < 4; var++) {
-        setenv("HYLO_ATTN_FWD", fwd_var[var], 1);
-        setenv("HYLO_ATTN_BWD", bwd_var[var], 1);
+#ifdef HYLO_BENCH_VARIANTS
+    static const char *bwd_var[] = {NULL, "1", "2", "3"};
+    static const char *tags[] = {"", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]"};
+#else
+    static const char *bwd_var[] = {NULL}, *tags[] = {""};
+#endif
+    for (int var = 0; var < (int)(sizeof bwd_var / sizeof bwd_var[0]); var++) {
+        set_knob("HYLO_ATTN_BWD", bwd_var[var]);
         for (int i = 0; i < n; i++)
             fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, tags[var]);
     }
-    unsetenv("HYLO_ATTN_FWD");
-    unsetenv("HYLO_ATTN_BWD");
+    set_knob("HYLO_ATTN_BWD", NULL);
     printf("attention: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
@@ -187,12 +204,14 @@ static void test_attn_bwd_small_arena(void **st) {
 // MLA decode: sequences of different lengths in one call (len = 0, 1, around
 // the 32-row tiles and slice boundaries, long ones split over many blocks).
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
-// Every case runs under each kernel (HYLO_MLA_DECODE 0 = v2 with tiled tensor
-// copies, 1 = v1, 2 = v2 with cp.async, 3 = v2 with a bulk copy per row), with
-// the sequences in one buffer (the pool) and each in its own allocation (no
-// pool: variant 0 then falls back to the bulk copy per row), and
-// under small v2 rings (HYLO_MLA_STAGES / HYLO_MLA_WARPS), so that the slots
-// wrap many times and one or two row groups consume them.
+// Every case runs under the production dispatch (v2 with tiled tensor copies,
+// and v1 for the shape v2 does not lay out: the last case), with the sequences
+// in one buffer (the pool) and each in its own allocation (no pool: v2 then
+// takes a bulk copy per row). In the bench-variants build each case also runs
+// under each kernel forced (HYLO_MLA_DECODE 1 = v1, 2 = v2 with cp.async, 3 =
+// v2 with a bulk copy per row) and under small v2 rings (HYLO_MLA_STAGES /
+// HYLO_MLA_WARPS), so that the slots wrap many times and one or two row groups
+// consume them.
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -279,40 +298,44 @@ static void test_mla_decode(void **st) {
         {2, 32, 128, 32, 200000, {200000, 150001}, 1.0f},
         {3, 9, 128, 64, 9000, {8999, 4097, 7}, -1.0f},
         {2, 5, 136, 16, 3000, {2999, 1234}, 2.0f},
+        // 3 head tiles x 4 column chunks = 12 warps per row group, more than v2's
+        // 11 (MLA2_MAXW): the production dispatch falls back to v1
+        {2, 48, 512, 64, 3000, {2999, 1000}, 1.0f},
     };
     static const struct {
         const char *dec, *stages, *warps;
-    } vars[] = {{"0", NULL, NULL}, {"1", NULL, NULL}, {"2", NULL, NULL}, {"3", NULL, NULL},
-                {"0", "3", NULL},  {"0", "4", "2"},   {"3", "3", NULL},  {"2", "5", "2"}};
+#ifdef HYLO_BENCH_VARIANTS
+    } vars[] = {{NULL, NULL, NULL}, {"1", NULL, NULL}, {"2", NULL, NULL}, {"3", NULL, NULL},
+                {"0", "3", NULL},   {"0", "4", "2"},   {"3", "3", NULL},  {"2", "5", "2"}};
+#else
+    } vars[] = {{NULL, NULL, NULL}};
+#endif
     int fails = 0;
     for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
-        setenv("HYLO_MLA_DECODE", vars[v].dec, 1);
-        if (vars[v].stages)
-            setenv("HYLO_MLA_STAGES", vars[v].stages, 1);
-        else
-            unsetenv("HYLO_MLA_STAGES");
-        if (vars[v].warps)
-            setenv("HYLO_MLA_WARPS", vars[v].warps, 1);
-        else
-            unsetenv("HYLO_MLA_WARPS");
-        printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s]\n", vars[v].dec,
-               vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-");
+        set_knob("HYLO_MLA_DECODE", vars[v].dec);
+        set_knob("HYLO_MLA_STAGES", vars[v].stages);
+        set_knob("HYLO_MLA_WARPS", vars[v].warps);
+        if (v) // variants only exist in the bench-variants build
+            printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s]\n", vars[v].dec,
+                   vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-");
         for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
             for (int sep = 0; sep < 2; sep++)
                 fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep); // fresh inputs per variant
     }
-    unsetenv("HYLO_MLA_DECODE");
-    unsetenv("HYLO_MLA_STAGES");
-    unsetenv("HYLO_MLA_WARPS");
+    set_knob("HYLO_MLA_DECODE", NULL);
+    set_knob("HYLO_MLA_STAGES", NULL);
+    set_knob("HYLO_MLA_WARPS", NULL);
     printf("mla_decode_attn: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
 
 // MLA decode, run twice on the same inputs: the outputs must agree bit for bit
-// (memcmp). v1 (HYLO_MLA_DECODE=1) merges its row groups in shared memory; at
+// (memcmp). v2 merges in a fixed order. In the bench-variants build also v1
+// forced (HYLO_MLA_DECODE=1): it merges its row groups in shared memory; at
 // H <= 16 and r_kv <= 128 it has 4 of them per block, whose sums an unordered
-// merge could associate differently from run to run; v2 merges in a fixed
-// order. Also checked against the CPU (tolerance as in test_mla_decode).
+// merge could associate differently from run to run (production runs v1 only
+// for shapes of more than 11 warps per row group, one row group per block).
+// Also checked against the CPU (tolerance as in test_mla_decode).
 static void test_mla_decode_deterministic(void **st) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int B = 2, H = 9, R = 128, DR = 32, L = R + DR;
@@ -331,12 +354,17 @@ static void test_mla_decode_deterministic(void **st) {
     assert_int_equal(gpu->copy_h2d(gpu, rows_d, rows_h, sizeof rows_h), 0);
     int32_t *len_d = tu_dev_i32(gpu, len, B);
     const int64_t dims[4] = {1, B, H, R};
-    static const char *vars[] = {"1", "0"};
+#ifdef HYLO_BENCH_VARIANTS
+    static const char *vars[] = {"1", NULL};
+#else
+    static const char *vars[] = {NULL};
+#endif
     int fails = 0;
-    for (int v = 0; v < 2; v++) {
-        setenv("HYLO_MLA_DECODE", vars[v], 1);
+    for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
+        set_knob("HYLO_MLA_DECODE", vars[v]);
         char label[96];
-        snprintf(label, sizeof label, "mla twice B%d H%d r_kv%d HYLO_MLA_DECODE=%s", B, H, R, vars[v]);
+        snprintf(label, sizeof label, "mla twice B%d H%d r_kv%d%s%s", B, H, R, vars[v] ? " HYLO_MLA_DECODE=" : "",
+                 vars[v] ? vars[v] : "");
         float *got[2];
         for (int r = 0; r < 2; r++) {
             void *out_d = tu_dev_act(gpu, poison, nq);
@@ -353,7 +381,7 @@ static void test_mla_decode_deterministic(void **st) {
         fails += !same;
         free(got[0]), free(got[1]);
     }
-    unsetenv("HYLO_MLA_DECODE");
+    set_knob("HYLO_MLA_DECODE", NULL);
     gpu->free(gpu, cache_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, len_d);
     gpu->free(gpu, rows_d);
     free(cache), free(ql), free(qp), free(out_c), free(poison);

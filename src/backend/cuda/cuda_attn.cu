@@ -586,7 +586,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 // bytes per pair against v2's ~50), so v1 stays the default at d <= 64.
 // Registers: dK, dV 2 x 32 x (d/2) / 32 = 64 + 64 floats, S, dP 32 + 32: 255,
 // no spill at d = 128 (ptxas), 8 bytes at d = 64.
-// HYLO_ATTN_BWD = 1 / 2 / 3: v1's alternative tiles / v1's default tiles / v2.
+// Bench-only builds (HYLO_BENCH_VARIANTS) also run v2 at d = 64 and v1 at d = 128
+// (cu_attn_bwd's variants).
 template <int D> struct bwd2_cfg {
     static constexpr int BM = 64, BN = 128, WARPS = 8, NT = 256;
     static constexpr int SD = D + 8, SP = BN + 8; // padded row strides (elements)
@@ -936,33 +937,19 @@ static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const voi
     cuda_check_launch(be, "k_attn_fwd");
 }
 
-// Variant override for benchmarks and tests: HYLO_ATTN_FWD=<n> / HYLO_ATTN_BWD=<n>
-// selects an alternative configuration where one exists (0 or unset = default;
-// read on every call, a getenv is nothing next to a launch). Backward at the
-// 64 and 128 instantiations: 0 = default (v1 at 64, v2 at 128), 1 = v1 with its
-// alternative tiles, 2 = v1 with its default tiles (the default before v2),
-// 3 = v2 (k_attn_bwd2).
-
 static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
                         int Tk, int H, int Hkv, int dqk, int dv, float scale) {
     const void *ptrs[] = {out, q, k, v};
     if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4)) return;
     if (B == 0 || Tq == 0) return;
-    const int var = cu_env_int("HYLO_ATTN_FWD", 0);
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale)
-    // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB); variant 1 = one m-tile per warp
+    // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB)
     if (dqk <= 64 && dv <= 64) {
-        if (var == 1)
-            FWD(64, 64, 8, 64, 1, false, 2);
-        else
-            FWD(64, 64, 4, 64, 2, true, 2);
+        FWD(64, 64, 4, 64, 2, true, 2);
     } else if (dqk <= 96 && dv <= 64) {
         FWD(96, 64, 4, 64, 2, false, 2);
     } else if (dqk <= 128 && dv <= 128) {
-        if (var == 1)
-            FWD(128, 128, 8, 64, 1, false, 2);
-        else
-            FWD(128, 128, 4, 32, 2, false, 2);
+        FWD(128, 128, 4, 32, 2, false, 2);
     } else if (dqk <= 192 && dv <= 128) {
         FWD(192, 128, 4, 32, 2, false, 1);
     } else if (dqk <= 192 && dv <= 192) {
@@ -1039,6 +1026,43 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
             dv, scale, Tqp);
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+// Bench-only backward variants (bench-variants build, bench_attn --compare; the
+// production build has none), chosen by HYLO_ATTN_BWD: 1 = v1 with its
+// alternative tiles (d 64 and 128), 2 = v1 with its default tiles at d 128 (the
+// default before v2), 3 = v2 at d 64. All lost to the defaults in run 7
+// (docs/PERFORMANCE.md). True when a variant ran; false leaves the call to the
+// default kernels.
+static bool bwd_variant(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                        const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
+                        int dqk, int dv, float scale, int Tqp) {
+    const int var = cu_env_int("HYLO_ATTN_BWD", 0);
+    if (dqk <= 64 && dv <= 64) {
+        if (var == 1)
+            launch_bwd<64, 64, 1, 4, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale,
+                                         Tqp);
+        else if (var == 3)
+            launch_bwd2<64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+        else
+            return false;
+        return true;
+    }
+    if (dqk <= 96 && dv <= 64) return false;
+    if (dqk <= 128 && dv <= 128) {
+        if (var == 1)
+            launch_bwd<128, 128, 1, 8, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale,
+                                           Tqp);
+        else if (var == 2)
+            launch_bwd<128, 128, 1, 8, 32>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale,
+                                           Tqp);
+        else
+            return false;
+        return true;
+    }
+    return false;
+}
+#endif
+
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                         const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale) {
@@ -1062,35 +1086,28 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
             Dd, lse2, (const bf16 *)dout, (const bf16 *)out, lse, B * H, H, Tq, Tqp, dv);
         cuda_check_launch(be, "k_attn_bwd_pre");
     }
-    const int var = cu_env_int("HYLO_ATTN_BWD", 0);
 #define BWD(...)                                                                                                       \
     launch_bwd<__VA_ARGS__>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp)
-    // v2 where instantiated when asked (3), and by default at d <= 128, where it
-    // cuts ldmatrix traffic by ~29%. At d <= 64 v1 keeps K and V fragments in
-    // registers and already moves ~48 bytes per pair against v2's ~50: v1 stays
-    // the default there until a GPU run says otherwise.
-    if (dqk <= 64 && dv <= 64) {
-        if (var == 1)
-            BWD(64, 64, 1, 4, 64);
-        else if (var == 3)
-            launch_bwd2<64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
-        else
+#ifdef HYLO_BENCH_VARIANTS
+    if (!bwd_variant(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp))
+#endif
+    {
+        // v2 at d <= 128, where it cuts ldmatrix traffic by ~29%. At d <= 64 v1
+        // keeps K and V fragments in registers and already moves ~48 bytes per
+        // pair against v2's ~50: v1 stays there (run 7: v2 1.11-1.17x slower).
+        if (dqk <= 64 && dv <= 64) {
             BWD(64, 64, 1, 8, 64);
-    } else if (dqk <= 96 && dv <= 64) {
-        BWD(96, 64, 1, 8, 64);
-    } else if (dqk <= 128 && dv <= 128) {
-        if (var == 1)
-            BWD(128, 128, 1, 8, 64);
-        else if (var == 2)
-            BWD(128, 128, 1, 8, 32);
-        else
+        } else if (dqk <= 96 && dv <= 64) {
+            BWD(96, 64, 1, 8, 64);
+        } else if (dqk <= 128 && dv <= 128) {
             launch_bwd2<128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
-    } else if (dqk <= 192 && dv <= 128) {
-        BWD(192, 128, 1, 8, 32);
-    } else if (dqk <= 192 && dv <= 192) {
-        BWD(192, 192, 2, 4, 32);
-    } else {
-        BWD(256, 256, 2, 4, 32);
+        } else if (dqk <= 192 && dv <= 128) {
+            BWD(192, 128, 1, 8, 32);
+        } else if (dqk <= 192 && dv <= 192) {
+            BWD(192, 192, 2, 4, 32);
+        } else {
+            BWD(256, 256, 2, 4, 32);
+        }
     }
 #undef BWD
     arena_reset(ar, mark); // later work on the stream may reuse the memory: stream order protects it

@@ -1798,15 +1798,9 @@ static int gdn_take(be_t *be, gdn_tmp_t *t, const char *op, int B, int T, int H,
     return ok;
 }
 
-// HYLO_GDN_NW=2|4 overrides the warps (16 value rows each) per state-pass block.
-static int gdn_nw(void) {
-    static int nw; // read once
-    if (!nw) {
-        const int v = cu_env_int("HYLO_GDN_NW", 4);
-        nw = v == 2 ? 2 : 4;
-    }
-    return nw;
-}
+// Warps (16 value rows each) per state-pass block. (A 2-warp configuration,
+// selectable by environment, was never measured faster and is gone.)
+enum { GDN_NW = 4 };
 
 template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const state_args &a) {
     auto kfn = k_state<KP, NW>;
@@ -1818,17 +1812,13 @@ template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const 
 
 // passes = 1: forward pass only (rev_z = -1); 2: reverse (z = 0) and forward (z = 1) together.
 static void launch_state(be_t *be, int B, int passes, const state_args &a) {
-    const int nw = gdn_nw(), kp = a.K <= 64 ? 64 : a.K <= 128 ? 128 : 256;
-    const dim3 grid((unsigned)((a.Dv + 16 * nw - 1) / (16 * nw)), (unsigned)(B * a.HV), (unsigned)passes);
-#define GDN_STATE_CASE(KP_, NW_)                                                                                       \
-    if (kp == KP_ && nw == NW_) return launch_state_t<KP_, NW_>(be, grid, a);
-    GDN_STATE_CASE(64, 2)
-    GDN_STATE_CASE(64, 4)
-    GDN_STATE_CASE(128, 2)
-    GDN_STATE_CASE(128, 4)
-    GDN_STATE_CASE(256, 2)
-    GDN_STATE_CASE(256, 4)
-#undef GDN_STATE_CASE
+    const dim3 grid((unsigned)((a.Dv + 16 * GDN_NW - 1) / (16 * GDN_NW)), (unsigned)(B * a.HV), (unsigned)passes);
+    if (a.K <= 64)
+        launch_state_t<64, GDN_NW>(be, grid, a);
+    else if (a.K <= 128)
+        launch_state_t<128, GDN_NW>(be, grid, a);
+    else
+        launch_state_t<256, GDN_NW>(be, grid, a);
 }
 
 static void launch_prep(be_t *be, const void *q, const void *k, const void *v, const float *g, const float *beta,

@@ -14,9 +14,10 @@
 //      beta = 1: the weight gradient accumulates in fp32 inside the GEMM).
 // Memory: the chunk buffers only, C * ld * 2 bytes each, C chosen so that one
 // buffer stays within LOSS_BUF_BYTES and everything fits in the free part of
-// the scratch arena; nothing grows with N. The GEMMs call cuBLASLt directly
-// (this file does not depend on the table's gemm), with the backend's stream
-// and workspace.
+// the scratch arena; nothing grows with N. The GEMMs are the table's gemm /
+// gemm_f32out (cuda_core.cu): cuBLASLt through the backend's one plan cache, so
+// the descriptors and the algorithm of each chunk shape are built once, not on
+// every call.
 //
 // The layer-wise distillation distance (ild_dist) is a row kernel of its own:
 // one warp per row computes the row's sum of squared differences in fp32, its
@@ -34,73 +35,17 @@ enum {
 };
 static const size_t LOSS_BUF_BYTES = (size_t)256 << 20; // one [C, V] bf16 logits buffer
 
-// ---- cuBLASLt, row-major -----------------------------------------------------
-
-static void lt_fail(be_t *be, const char *what, cublasStatus_t st) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "cuda: %s failed: %s", what, cublasLtGetStatusString(st));
-    cuda_record_error(be, ERR_RUNTIME, msg);
-}
-
-// Largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte
-// aligned operands unless told otherwise, and chunk offsets need not be.
-static uint32_t ptr_align(const void *p) {
-    uintptr_t a = (uintptr_t)p;
-    uint32_t al = 256;
-    while (al > 1 && (a & (al - 1)))
-        al >>= 1;
-    return al;
-}
+// ---- GEMMs -------------------------------------------------------------------
 
 // C[M,N] (row-major, ldc) = alpha op(A) op(B) + beta C with A, B bf16 row-major
-// and C bf16 (c_f32 = 0) or fp32 (c_f32 = 1); fp32 accumulation. Row-major C is
-// column-major C^T = op(B)^T op(A)^T, so cuBLASLt gets (B, A) and (N, M).
-static void lt_gemm(be_t *be, const char *what, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc,
-                    int c_f32) {
-    if (M <= 0 || N <= 0 || K <= 0) return; // K = 0 never occurs here (K is d, V or a chunk)
-    cuda_impl_t *ci = cuda_impl(be);
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
-    uint32_t al_a = ptr_align(B), al_b = ptr_align(A), al_c = ptr_align(C);
-    size_t ws = ci->lt_workspace_size;
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0;
-    cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    // Stored shapes in column-major terms: cuBLAS A = our B, cuBLAS B = our A.
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&lc, ct, N, M, ldc);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceCreate(&pref);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(ci->lt, op, la, lb, lc, lc, pref, 1, &res, &nres);
-    if (st == CUBLAS_STATUS_SUCCESS && nres == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmul(ci->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res.algo, ci->lt_workspace,
-                            ci->lt_workspace_size, ci->stream);
-    if (st != CUBLAS_STATUS_SUCCESS) lt_fail(be, what, st);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+// and C bf16 (c_f32 = 0) or fp32 (c_f32 = 1); fp32 accumulation. Errors are
+// recorded by the gemm and reported by sync().
+static void loss_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc, int c_f32) {
+    if (c_f32)
+        be->gemm_f32out(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, (float *)C, ldc);
+    else
+        be->gemm(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // ---- row kernels ------------------------------------------------------------
@@ -369,13 +314,13 @@ static void cu_fused_ce(be_t *be, float *loss, void *dh, float *dW, const void *
     cudaMemsetAsync(p.acc, 0, sizeof(double), stream);
     for (int64_t r0 = 0; r0 < N; r0 += p.C) {
         const int64_t c = N - r0 < p.C ? N - r0 : p.C;
-        lt_gemm(be, "fused_ce logits", 0, 1, c, V, d, 1.0f, hb + r0 * d, d, W, d, 0.0f, p.buf[0], p.ld, 0);
+        loss_gemm(be, 0, 1, c, V, d, 1.0f, hb + r0 * d, d, W, d, 0.0f, p.buf[0], p.ld, 0);
         k_ce_rows<<<(unsigned)c, LOSS_THREADS, 0, stream>>>(p.buf[0], p.ld, V, targets + r0, p.rowloss, grad);
         cuda_check_launch(be, "fused_ce rows");
         k_sum_rows<<<1, SUM_THREADS, 0, stream>>>(p.rowloss, c, p.acc);
         cuda_check_launch(be, "fused_ce sum");
-        if (dh) lt_gemm(be, "fused_ce dh", 0, 0, c, d, V, scale, p.buf[0], p.ld, W, d, 0.0f, (bf16 *)dh + r0 * d, d, 0);
-        if (dW) lt_gemm(be, "fused_ce dW", 1, 0, V, d, c, scale, p.buf[0], p.ld, hb + r0 * d, d, 1.0f, dW, d, 1);
+        if (dh) loss_gemm(be, 0, 0, c, d, V, scale, p.buf[0], p.ld, W, d, 0.0f, (bf16 *)dh + r0 * d, d, 0);
+        if (dW) loss_gemm(be, 1, 0, V, d, c, scale, p.buf[0], p.ld, hb + r0 * d, d, 1.0f, dW, d, 1);
     }
     k_finish<<<1, 32, 0, stream>>>(loss, p.acc, scale);
     cuda_check_launch(be, "fused_ce finish");
@@ -399,20 +344,15 @@ static void cu_fused_kl(be_t *be, float *loss, void *dhs, float *dWs, const void
     cudaMemsetAsync(p.acc, 0, sizeof(double), stream);
     for (int64_t r0 = 0; r0 < N; r0 += p.C) {
         const int64_t c = N - r0 < p.C ? N - r0 : p.C;
-        lt_gemm(be, "fused_kl student logits", 0, 1, c, V, ds, 1.0f, hsb + r0 * ds, ds, Ws, ds, 0.0f, p.buf[0], p.ld,
-                0);
-        lt_gemm(be, "fused_kl teacher logits", 0, 1, c, V, dt, 1.0f, htb + r0 * dt, dt, Wt, dt, 0.0f, p.buf[1], p.ld,
-                0);
+        loss_gemm(be, 0, 1, c, V, ds, 1.0f, hsb + r0 * ds, ds, Ws, ds, 0.0f, p.buf[0], p.ld, 0);
+        loss_gemm(be, 0, 1, c, V, dt, 1.0f, htb + r0 * dt, dt, Wt, dt, 0.0f, p.buf[1], p.ld, 0);
         k_kl_rows<<<(unsigned)c, LOSS_THREADS, 0, stream>>>(p.buf[0], p.buf[1], p.ld, V, mask ? mask + r0 : NULL,
                                                             p.rowloss, grad);
         cuda_check_launch(be, "fused_kl rows");
         k_sum_rows<<<1, SUM_THREADS, 0, stream>>>(p.rowloss, c, p.acc);
         cuda_check_launch(be, "fused_kl sum");
-        if (dhs)
-            lt_gemm(be, "fused_kl dhs", 0, 0, c, ds, V, scale, p.buf[0], p.ld, Ws, ds, 0.0f, (bf16 *)dhs + r0 * ds, ds,
-                    0);
-        if (dWs)
-            lt_gemm(be, "fused_kl dWs", 1, 0, V, ds, c, scale, p.buf[0], p.ld, hsb + r0 * ds, ds, 1.0f, dWs, ds, 1);
+        if (dhs) loss_gemm(be, 0, 0, c, ds, V, scale, p.buf[0], p.ld, Ws, ds, 0.0f, (bf16 *)dhs + r0 * ds, ds, 0);
+        if (dWs) loss_gemm(be, 1, 0, V, ds, c, scale, p.buf[0], p.ld, hsb + r0 * ds, ds, 1.0f, dWs, ds, 1);
     }
     k_finish<<<1, 32, 0, stream>>>(loss, p.acc, scale);
     cuda_check_launch(be, "fused_kl finish");

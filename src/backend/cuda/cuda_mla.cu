@@ -8,7 +8,7 @@
 //
 // Two versions. v2 (k_mla_decode2 + k_mla_combine2, further down) is the
 // default: a producer warp and a ring of 32-row tiles, described there. v1
-// (HYLO_MLA_DECODE=1, and the fallback for shapes v2 does not lay out):
+// (the fallback for shapes v2 does not lay out):
 // k_mla_decode: grid (n_split, B). A block takes one contiguous slice of the
 // visible rows of its sequence and streams it through shared memory in stages
 // of RS * 32 rows (cp.async, 3 stages in flight). Warp (ht, cc, rs) computes,
@@ -323,7 +323,9 @@ enum { MLA2_NR = 32, MLA2_MAXW = 11, MLA2_MAXSTG = 32, MLA2_BAR_BYTES = 2 * MLA2
 //    stored at chunk j ^ (r % 8), so ldmatrix reads stay free of bank conflicts
 //    without padding. Columns past L come back as zeros (out of the tensor).
 //  - MLA2_LOAD_ROWS: one 1-D bulk copy per row into padded rows of SR elements.
-//  - MLA2_LOAD_CPASYNC: 16-byte cp.async by the producer's 32 lanes, same layout.
+//  - MLA2_LOAD_CPASYNC: 16-byte cp.async by the producer's 32 lanes, same layout
+//    (bench-only: 2-7x slower than the tiles in run 9; instantiated only in
+//    the bench-variants build).
 // Run 7 measured the same ~25M rows/s per SM at r_kv 128 and 512 with
 // MLA2_LOAD_ROWS, whatever the bytes per row or the heads: the per-row copies
 // were the limit, hence the tiled copies.
@@ -888,14 +890,20 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     const size_t fixed = MLA2_BAR_BYTES + (size_t)HR * a.SQ * sizeof(bf16) + (LOAD == MLA2_LOAD_TILES ? 1024 : 0);
     if (ci->smem_optin < fixed + 3 * slot) return false;
     int fit = (int)((ci->smem_optin - fixed) / slot);
-    int cap = cu_env_int("HYLO_MLA_STAGES", MLA2_MAXSTG);
+    // ring slots: as many as fit, at most MLA2_MAXSTG; consumer warps: MLA2_MAXW
+    // (run 11's sweep of both: docs/PERFORMANCE.md)
+    int cap = MLA2_MAXSTG, want = MLA2_MAXW;
+#ifdef HYLO_BENCH_VARIANTS
+    // bench-only (bench_attn --sweep; the small rings of test_cuda_attn's variant build)
+    cap = cu_env_int("HYLO_MLA_STAGES", MLA2_MAXSTG);
     if (cap > MLA2_MAXSTG) cap = MLA2_MAXSTG;
     if (cap < 3) cap = 3;
+    want = cu_env_int("HYLO_MLA_WARPS", MLA2_MAXW);
+    if (want > MLA2_MAXW) want = MLA2_MAXW;
+#endif
     a.NSTG = fit < cap ? fit : cap;
     // row groups: up to the warp target, and at most half the slots so that the
     // other half can be in flight while every group computes
-    int want = cu_env_int("HYLO_MLA_WARPS", MLA2_MAXW);
-    if (want > MLA2_MAXW) want = MLA2_MAXW;
     int rs = want / wpr;
     if (rs > a.NSTG / 2) rs = a.NSTG / 2;
     a.RS = rs < 1 ? 1 : rs;
@@ -955,11 +963,13 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
                       : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
 }
 
-// Variant overrides for benchmarks and tests, read on every call (they are
-// switched within one process; launch_mla2 reads the last two):
-//   HYLO_MLA_DECODE = 0 / unset: v2 with tiled tensor copies (MLA2_LOAD_TILES);
-//   1: v1, the original kernel and combine; 2: v2 with a cp.async producer;
-//   3: v2 with one bulk copy per row (the default of run 7).
+// v2 with tiled tensor copies (MLA2_LOAD_TILES); where there is no tensor map
+// or its ring does not fit, v2 with one bulk copy per row; where v2 does not
+// lay out the shape, v1.
+// The bench-variants build (HYLO_BENCH_VARIANTS, Makefile) also takes, read on
+// every call (bench_attn --compare switches them within one process):
+//   HYLO_MLA_DECODE = 0 / unset: the above; 1: v1 only; 2: v2 with a cp.async
+//   producer; 3: v2 with one bulk copy per row (the default of run 7).
 //   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
 //   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
 static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows,
@@ -984,7 +994,11 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     const int CW = per <= 32 ? 32 : per <= 64 ? 64 : 128;
     const int L = r_kv + dr, Lp = (L + 15) / 16 * 16;
     const int wide = Lp > CC * CW ? Lp : CC * CW;
+#ifdef HYLO_BENCH_VARIANTS
     const int var = cu_env_int("HYLO_MLA_DECODE", 0);
+#else
+    const int var = 0; // production: no variants
+#endif
     if (var != 1) {
         mla2_args_t a;
         memset(&a, 0, sizeof a);
@@ -1001,9 +1015,11 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
         // the per-row copies also take what the tiled copies cannot (no tensor map)
         if (!done && (var == 0 || var == 3))
             done = launch_mla2_cw<MLA2_LOAD_ROWS>(CW, be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
+#ifdef HYLO_BENCH_VARIANTS
         if (var == 2)
             done =
                 launch_mla2_cw<MLA2_LOAD_CPASYNC>(CW, be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
+#endif
         if (done) return;
     }
     mla_args_t a;

@@ -121,12 +121,17 @@ static inline unsigned cu_grid(be_t *be, int64_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : b);
 }
 
-// An integer environment knob (kernel variant overrides for benchmarks and
-// tests); `dflt` when unset or empty.
+#ifdef HYLO_BENCH_VARIANTS
+// An integer environment knob that picks a kernel variant; `dflt` when unset or
+// empty. Only in the bench-only build of the CUDA files that hold variants
+// (Makefile: $(BUILD)/bench-variants/); production builds have one kernel per
+// job and no such knobs, so a use outside #ifdef HYLO_BENCH_VARIANTS does not
+// compile.
 static inline int cu_env_int(const char *name, int dflt) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : dflt;
 }
+#endif
 
 // n rounded up to the arena's 256-byte alignment (base/arena.c): what a piece
 // of n bytes takes from an arena, padding included.
