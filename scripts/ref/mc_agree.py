@@ -14,6 +14,7 @@ head) for machines without torch. Tokenisation by Hugging Face `tokenizers`
 from the checkpoint's tokenizer.json (or transformers' AutoTokenizer).
 
 usage: mc_agree.py HF_MODEL_DIR DATA_DIR HYLO_SAMPLES_DIR TASK... [--backend torch|numpy] [--device cuda|cpu]
+       [--dtype float32|bfloat16] (torch: the weights' and activations' type; default float32)
 A reference tool only (numpy, tokenizers, safetensors; or torch, transformers).
 """
 import json
@@ -107,19 +108,18 @@ def option(name, default):
 
 def main():
     device, backend = option("--device", "cpu"), option("--backend", "torch")
-    args = [a for a in sys.argv[1:] if not a.startswith("--") and a not in (device, backend)]
+    skip = {option("--device", None), option("--backend", None), option("--dtype", None)}
+    args = [a for a in sys.argv[1:] if not a.startswith("--") and a not in skip]
     model_dir, data, samples, tasks = args[0], args[1], args[2], args[3:]
     if backend == "torch":
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         tok = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device).eval()
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[option("--dtype", "float32")]
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         max_len = model.config.max_position_embeddings
         enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
 
-        def row_logits(inp, n):  # the last n rows only: copying every row's V logits dominated the run
-            with torch.no_grad():
-                return model(torch.tensor([inp], device=device), logits_to_keep=n).logits[0, -n:].double().cpu().numpy()
     else:
         from tokenizers import Tokenizer
         tk = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
@@ -128,18 +128,45 @@ def main():
         enc = lambda s: tk.encode(s, add_special_tokens=False).ids
         row_logits = lambda inp, n: model.logits(np.array(inp))[-n:].astype(np.float64)
 
-    def loglik(ctx, cont):
+    def request(ctx, cont):
         # lm-eval _encode_pair: trailing whitespace moves to the continuation
         n = len(ctx) - len(ctx.rstrip())
         if n:
             cont, ctx = ctx[-n:] + cont, ctx[:-n]
         whole, c = enc(ctx + cont), enc(ctx)
         cont_ids = whole[len(c):]
-        inp = (c + cont_ids)[-(max_len + 1):][:-1]
-        lg = row_logits(inp, len(cont_ids))
-        m = lg.max(-1, keepdims=True)
-        lp = lg - m - np.log(np.exp(lg - m).sum(-1, keepdims=True))
-        return float(lp[np.arange(len(cont_ids)), cont_ids].sum()), bool((lp.argmax(-1) == cont_ids).all())
+        return (c + cont_ids)[-(max_len + 1):][:-1], cont_ids
+
+    def logliks(reqs):
+        """Sum of the continuation's log-probabilities for each (input, continuation ids)."""
+        if backend != "torch":
+            out = []
+            for inp, cont_ids in reqs:
+                lg = row_logits(inp, len(cont_ids))
+                m = lg.max(-1, keepdims=True)
+                lp = lg - m - np.log(np.exp(lg - m).sum(-1, keepdims=True))
+                out.append(float(lp[np.arange(len(cont_ids)), cont_ids].sum()))
+            return out
+        # transformers: batches of similar lengths, right-padded under an
+        # attention mask (a causal row never sees the padding after it); only
+        # the continuation's rows go through a float64 log-softmax
+        out = [0.0] * len(reqs)
+        order = sorted(range(len(reqs)), key=lambda i: len(reqs[i][0]))
+        for b0 in range(0, len(order), 64):
+            idx = order[b0:b0 + 64]
+            L = max(len(reqs[i][0]) for i in idx)
+            ids = torch.zeros((len(idx), L), dtype=torch.long)
+            mask = torch.zeros((len(idx), L), dtype=torch.long)
+            for j, i in enumerate(idx):
+                ids[j, :len(reqs[i][0])] = torch.tensor(reqs[i][0])
+                mask[j, :len(reqs[i][0])] = 1
+            with torch.no_grad():
+                lg = model(ids.to(device), attention_mask=mask.to(device)).logits
+                for j, i in enumerate(idx):
+                    inp, cont_ids = reqs[i]
+                    rows = lg[j, len(inp) - len(cont_ids):len(inp)].double().log_softmax(-1)
+                    out[i] = float(rows[torch.arange(len(cont_ids)), torch.tensor(cont_ids)].sum())
+        return out
 
     ref = "transformers" if backend == "torch" else "numpy reference"
     for task in tasks:
@@ -147,12 +174,13 @@ def main():
         n = same_prompt = same_acc = same_norm = acc = acc_h = norm = norm_h = 0
         max_dll = 0.0
         diffs = []
-        for i, (ctxs, conts, lens, gold) in enumerate(docs(task, data)):
-            if i >= len(hylo):
-                break
+        items = [d for _, d in zip(range(len(hylo)), docs(task, data))]
+        flat = logliks([request(x, c) for ctxs, conts, _, _ in items for x, c in zip(ctxs, conts)])
+        at = 0
+        for i, (ctxs, conts, lens, gold) in enumerate(items):
             h = hylo[i]
             same_prompt += h["ctx"] == ctxs and h["cont"] == conts
-            lls = [loglik(x, c)[0] for x, c in zip(ctxs, conts)]
+            lls, at = flat[at:at + len(conts)], at + len(conts)
             p = max(range(len(lls)), key=lambda k: (lls[k], -k))
             pn = max(range(len(lls)), key=lambda k: (lls[k] / lens[k], -k))
             n += 1
