@@ -45,6 +45,10 @@ static const char *help =
     "  --max-seqs N      requests generating at once (default 4)\n"
     "  --queue N         requests waiting beyond them (default 16)\n"
     "  --chunk N         prefill tokens of a request per turn (default 512)\n"
+    "  --prefix-cache-mb N  bytes (MiB) of the prefix cache (default 256; 0 = off): requests whose\n"
+    "                    prompt starts with an earlier prompt (a chat's next turn) restore its\n"
+    "                    state and prefill only the rest; least recently used entries go first\n"
+    "  --prefix-block N  tokens between the recurrent-state snapshots of a prompt (default 1024)\n"
     "  --device D        cpu or cuda (default cpu)\n"
     "  --threads N       CPU threads of the engine (default: all)\n";
 
@@ -86,7 +90,8 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     const char *path = NULL, *host = "127.0.0.1", *key = getenv("HYLO_API_KEY"), *name = NULL, *device = "cpu";
-    long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0;
+    long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0, prefix_mb = 256,
+         prefix_block = 1024;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;
@@ -112,6 +117,11 @@ int cmd_serve(int argc, char **argv) {
             if (r < 0 || (r = cli_int("serve", "--queue", v, 0, 1 << 20, &queue)) < 0) return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--chunk", &v))) {
             if (r < 0 || (r = cli_int("serve", "--chunk", v, 1, 1 << 20, &chunk)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--prefix-cache-mb", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--prefix-cache-mb", v, 0, 1L << 30, &prefix_mb)) < 0)
+                return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--prefix-block", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--prefix-block", v, 1, 1 << 30, &prefix_block)) < 0) return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--threads", &v))) {
             if (r < 0 || (r = cli_int("serve", "--threads", v, 1, 1024, &threads)) < 0) return cli_fail(r);
         } else if (argv[i][0] == '-') {
@@ -166,7 +176,9 @@ int cmd_serve(int argc, char **argv) {
                                .chunk = (int)chunk,
                                .threads = (int)threads,
                                .stop_ids = stop_ids,
-                               .n_stop_ids = gen_stop_ids(&tok, &m.a, stop_ids, 16)};
+                               .n_stop_ids = gen_stop_ids(&tok, &m.a, stop_ids, 16),
+                               .prefix_bytes = (int64_t)prefix_mb << 20,
+                               .prefix_block = (int)prefix_block};
         rc = srv_engine_create(&e, &m, &ec, &met);
     }
     if (rc == 0) {

@@ -518,6 +518,84 @@ void model_state_reset(const model_t *m, model_state_t *st) {
     set_len(m, st, 0);
 }
 
+// ---- snapshots -------------------------------------------------------------------
+
+int64_t model_snapshot_rows_bytes(const model_t *m, int n) { return (int64_t)n * model_cache_bytes_per_token(m); }
+
+// Layer l's fixed buffers (none when it grows): their bytes for one sequence
+// (w, arch_cache_parts' order) and where they are (slot: [B, ...] each).
+static int fixed_parts(const model_t *m, const model_state_t *st, int l, int64_t w[4], void *slot[4]) {
+    if (arch_cache_grows(&m->a, l)) return 0;
+    const layer_cache_t *c = &st->layers[l];
+    if (m->a.kind[l] == LAYER_GDN)
+        slot[0] = c->u.gdn.state, slot[1] = c->u.gdn.conv_q, slot[2] = c->u.gdn.conv_k, slot[3] = c->u.gdn.conv_v;
+    else if (m->a.kind[l] == LAYER_M2)
+        slot[0] = c->u.m2.state, slot[1] = c->u.m2.conv;
+    else
+        return 0;
+    return arch_cache_parts(&m->a, l, 1, 1, sizeof(float), (int)m->be->act_size, w);
+}
+
+int64_t model_snapshot_fixed_bytes(const model_t *m) {
+    int64_t w[4], total = 0;
+    for (int l = 0; l < m->a.n_layers; l++) {
+        if (arch_cache_grows(&m->a, l)) continue;
+        int np = arch_cache_parts(&m->a, l, 1, 1, sizeof(float), (int)m->be->act_size, w);
+        for (int i = 0; i < np; i++)
+            total += w[i];
+    }
+    return total;
+}
+
+// The copies of a snapshot or a restore: sequence b's rows [0, n) between the
+// state and a compact buffer of n_rows rows, and its fixed states; to_state
+// says which way.
+static int snap_copy(const model_t *m, model_state_t *st, int b, int n, int n_rows, void *rows, void *fixed,
+                     int to_state) {
+    be_t *be = m->be;
+    char *pr = rows, *pf = fixed;
+    for (int l = 0; l < m->a.n_layers; l++) {
+        int64_t w[4];
+        void **gslot[2], *fslot[4];
+        int np = grow_parts(m, st, l, w, gslot);
+        for (int i = 0; i < np && rows; i++) {
+            char *s = (char *)*gslot[i] + (int64_t)b * st->layers[l].cap * w[i];
+            size_t bytes = (size_t)((int64_t)n * w[i]);
+            if (n > 0) TRY(to_state ? be->copy_d2d(be, s, pr, bytes) : be->copy_d2d(be, pr, s, bytes));
+            pr += (int64_t)n_rows * w[i];
+        }
+        np = fixed_parts(m, st, l, w, fslot);
+        for (int i = 0; i < np && fixed; i++) {
+            char *s = (char *)fslot[i] + (int64_t)b * w[i];
+            TRY(to_state ? be->copy_d2d(be, s, pf, (size_t)w[i]) : be->copy_d2d(be, pf, s, (size_t)w[i]));
+            pf += w[i];
+        }
+    }
+    return 0;
+}
+
+int model_state_snapshot(const model_t *m, const model_state_t *st, int b, int n, void *rows, void *fixed) {
+    if (b < 0 || b >= st->B || n < 0 || n > st->len)
+        return err_set(ERR_INPUT, "snapshot of sequence %d, %d rows: the state has %d sequences of %d tokens", b, n,
+                       st->B, st->len);
+    return snap_copy(m, (model_state_t *)st, b, n, n, rows, fixed, 0);
+}
+
+int model_state_restore(const model_t *m, model_state_t *st, const void *rows, int n_rows, const void *fixed, int len) {
+    if (st->B != 1 || len < 0 || len > n_rows || len > st->ctx || (!fixed && model_snapshot_fixed_bytes(m) > 0) ||
+        (!rows && model_snapshot_rows_bytes(m, len) > 0))
+        return err_set(ERR_INPUT,
+                       "restore of %d tokens from a snapshot of %d rows%s%s into a state of %d sequences of at most %d",
+                       len, n_rows, rows ? "" : " (no rows)", fixed ? "" : " (no fixed states)", st->B, st->ctx);
+    TRY(model_state_reserve(m, st, len));
+    int rc = snap_copy(m, st, 0, len, n_rows, (void *)rows, (void *)fixed, 1);
+    if (rc < 0) { // half copied: a fresh sequence rather than a mixed one
+        model_state_reset(m, st);
+        return rc;
+    }
+    set_len(m, st, len);
+    return 0;
+}
 // ---- forward (inference) ---------------------------------------------------------
 
 // Room for `need` elements in the position buffers (device and host).

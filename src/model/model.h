@@ -167,6 +167,32 @@ void model_state_free(const model_t *m, model_state_t *st);
 // past len are never read).
 void model_state_reset(const model_t *m, model_state_t *st);
 
+// ---- snapshots (prefix caching) -------------------------------------------------
+// A sequence's state copied into compact buffers on m's device and back, so
+// that a later sequence starting with the same tokens skips their prefill
+// (the server's prefix cache, docs/SERVING.md). Two parts, exactly the bytes
+// needed:
+// - rows: every growing layer's cached rows [0, n) (attention K then V, MLA
+//   latent + rope key), layer by layer, each part's n rows contiguous:
+//   model_snapshot_rows_bytes(m, n) = n * model_cache_bytes_per_token(m).
+//   The first p rows of each part are what a snapshot of p would hold, so one
+//   snapshot of n rows serves every shorter prefix (restore's n_rows).
+// - fixed: every GDN / Mamba-2 recurrent state and convolution window of one
+//   sequence, model_snapshot_fixed_bytes(m) (0 for attention / MLA alone).
+//   They sum up the whole prefix: a restore to length p needs the fixed part
+//   taken at exactly p.
+int64_t model_snapshot_rows_bytes(const model_t *m, int n);
+int64_t model_snapshot_fixed_bytes(const model_t *m);
+// Copies sequence b's rows [0, n) (n <= st->len) into rows and its fixed
+// states into fixed (device buffers; either NULL: that part is not taken).
+int model_state_snapshot(const model_t *m, const model_state_t *st, int b, int n, void *rows, void *fixed);
+// Makes a state of one sequence hold a prefix of len tokens: the first len
+// rows of rows (a snapshot of n_rows >= len rows) and fixed (taken at len;
+// NULL when the model has no fixed states). Room for len tokens is reserved
+// first (errors as model_state_reserve, the state then as it was); after it
+// st->len = len, as if those tokens had been prefilled.
+int model_state_restore(const model_t *m, model_state_t *st, const void *rows, int n_rows, const void *fixed, int len);
+
 // Feeds T tokens per sequence (ids host [B*T]) in chunks of `chunk` tokens,
 // extending the cache (room for all T is reserved first: out of memory leaves
 // the state as it was); logits (host, [B, V]) of each sequence's last token.

@@ -22,7 +22,8 @@ typedef struct req {
     int has_state;
     model_state_t st;
     sampler_t smp;
-    double t_last; // when the last token was handed on
+    srv_prefix_rec_t rec; // the prefix cache's boundaries of this prompt
+    double t_last;        // when the last token was handed on
     struct req *link;
 } req_t;
 
@@ -32,8 +33,9 @@ struct srv_engine {
     srv_engine_cfg_t cfg;
     int32_t *stop_ids;
     srv_metrics_t *metrics;
-    float *logits; // [max_seqs, V]: a prefill's last row, or a decode step's rows
-    int ran;       // srv_engine_run has returned
+    srv_prefix_t *prefix; // NULL: no prefix cache
+    float *logits;        // [max_seqs, V]: a prefill's last row, or a decode step's rows
+    int ran;              // srv_engine_run has returned
     pthread_mutex_t mu;
     pthread_cond_t cv;
     req_t *q_head, *q_tail; // waiting, oldest first
@@ -53,6 +55,7 @@ struct srv_engine {
 };
 
 static void req_free(const srv_engine_t *e, req_t *r) {
+    if (e->prefix) srv_prefix_rec_free(e->prefix, &r->rec);
     if (r->has_state) {
         model_state_free(e->m, &r->st);
         sampler_free(&r->smp);
@@ -89,6 +92,13 @@ static int is_stop_id(const srv_engine_t *e, int32_t id) {
     return 0;
 }
 
+// The prefix cache's counters, as they are now, to /metrics.
+static void publish_prefix(srv_engine_t *e) {
+    if (!e->metrics || !e->prefix) return;
+    srv_prefix_stats_t s = srv_prefix_stats(e->prefix);
+    srv_metrics_prefix(e->metrics, s.hits, s.misses, s.reused_tokens, s.evictions, s.bytes, s.entries);
+}
+
 // A request's first turn: its cache (room for its prompt and answer at
 // most, growing with use) and its sampler. 0, or the request is finished.
 static int start(srv_engine_t *e, req_t *r) {
@@ -104,6 +114,10 @@ static int start(srv_engine_t *e, req_t *r) {
         return -1;
     }
     r->has_state = 1;
+    if (e->prefix) {
+        r->fed = srv_prefix_restore(e->prefix, &r->st, r->prompt, r->s.n_prompt, &r->rec);
+        publish_prefix(e);
+    }
     return 0;
 }
 
@@ -131,12 +145,27 @@ static int emit(srv_engine_t *e, req_t *r, const float *logits) {
 // A prefill chunk of a request and, after the last, its first token. 1 when
 // the request finished (it is freed), else 0.
 static int prefill(srv_engine_t *e, req_t *r) {
-    int n = r->s.n_prompt - r->fed;
-    if (n > e->cfg.chunk) n = e->cfg.chunk;
+    // Chunks end on multiples of --chunk (and of the prefix cache's block,
+    // where its boundaries are taken), also after a restored prefix: its
+    // rest then goes through the products in the chunks a prefill from
+    // token 0 would use, but for the first (docs/SERVING.md, prefix caching).
+    int n = r->s.n_prompt - r->fed, to = e->cfg.chunk - r->fed % e->cfg.chunk;
+    if (e->prefix) {
+        int block = srv_prefix_block(e->prefix), tb = block - r->fed % block;
+        if (tb < to) to = tb;
+    }
+    if (n > to) n = to;
     int last = r->fed + n == r->s.n_prompt;
     int rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, n, n, last ? e->logits : NULL);
     if (rc < 0) return finish_error(e, r, rc), 1;
     r->fed += n;
+    if (e->prefix) {
+        if (last)
+            srv_prefix_insert(e->prefix, &r->rec, &r->st, r->prompt, r->s.n_prompt);
+        else
+            srv_prefix_mark(e->prefix, &r->rec, &r->st);
+        publish_prefix(e);
+    }
     if (!last) return 0;
     if (e->metrics) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
     r->decoding = 1;
@@ -286,6 +315,13 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
         return rc;
     }
     e->has_run = 1;
+    if (cfg->prefix_bytes > 0) {
+        rc = srv_prefix_create(&e->prefix, m, cfg->prefix_bytes, cfg->prefix_block);
+        if (rc < 0) {
+            srv_engine_free(e);
+            return rc;
+        }
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->sync_init = 1;
@@ -362,6 +398,7 @@ void srv_engine_free(srv_engine_t *e) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
     }
+    srv_prefix_free(e->prefix); // after the requests, whose records it frees
     if (e->has_run) model_run_free(&e->run);
     free(e->logits);
     free(e->active);

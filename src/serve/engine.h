@@ -12,6 +12,7 @@
 #include "infer/sampler.h"
 #include "model/model.h"
 #include "serve/metrics.h"
+#include "serve/prefix.h"
 
 typedef struct srv_engine srv_engine_t;
 
@@ -23,6 +24,8 @@ typedef struct {
     int threads;             // OpenMP threads of srv_engine_run (0: the default)
     const int32_t *stop_ids; // token ids that end a generation (not output)
     int n_stop_ids;
+    int64_t prefix_bytes; // the prefix cache's budget (serve/prefix.h); 0: none
+    int prefix_block;     // its boundaries of recurrent states, in tokens
 } srv_engine_cfg_t;
 
 typedef enum { SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR } srv_finish_t;

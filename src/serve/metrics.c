@@ -45,6 +45,14 @@ void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64_t reused, uint64_t evictions,
+                        int64_t bytes, int64_t entries) {
+    pthread_mutex_lock(&m->mu);
+    m->prefix_hits = hits, m->prefix_misses = misses, m->prefix_reused = reused, m->prefix_evictions = evictions;
+    m->prefix_bytes = bytes, m->prefix_entries = entries;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void hist_add(srv_metrics_t *m, srv_hist_t *h, double s) {
     pthread_mutex_lock(&m->mu);
     int b = 0;
@@ -93,6 +101,22 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   (unsigned long long)m->cancelled, (unsigned long long)m->prompt_tokens,
                   (unsigned long long)m->gen_tokens, (long long)m->queued, (long long)m->running,
                   (long long)m->cache_bytes);
+    strbuf_printf(o,
+                  "# HELP hylo_prefix_cache_hits_total Requests that restored a cached prefix.\n"
+                  "# TYPE hylo_prefix_cache_hits_total counter\nhylo_prefix_cache_hits_total %llu\n"
+                  "# HELP hylo_prefix_cache_misses_total Requests that found no cached prefix.\n"
+                  "# TYPE hylo_prefix_cache_misses_total counter\nhylo_prefix_cache_misses_total %llu\n"
+                  "# HELP hylo_prefix_cache_reused_tokens_total Prompt tokens restored instead of prefilled.\n"
+                  "# TYPE hylo_prefix_cache_reused_tokens_total counter\nhylo_prefix_cache_reused_tokens_total %llu\n"
+                  "# HELP hylo_prefix_cache_evictions_total Entries evicted to stay within the budget.\n"
+                  "# TYPE hylo_prefix_cache_evictions_total counter\nhylo_prefix_cache_evictions_total %llu\n"
+                  "# HELP hylo_prefix_cache_bytes Bytes held by the prefix cache's entries.\n"
+                  "# TYPE hylo_prefix_cache_bytes gauge\nhylo_prefix_cache_bytes %lld\n"
+                  "# HELP hylo_prefix_cache_entries Entries in the prefix cache.\n"
+                  "# TYPE hylo_prefix_cache_entries gauge\nhylo_prefix_cache_entries %lld\n",
+                  (unsigned long long)m->prefix_hits, (unsigned long long)m->prefix_misses,
+                  (unsigned long long)m->prefix_reused, (unsigned long long)m->prefix_evictions,
+                  (long long)m->prefix_bytes, (long long)m->prefix_entries);
     hist_render(o, "hylo_time_to_first_token_seconds", "Time from arrival to the first generated token.", &m->ttft);
     hist_render(o, "hylo_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
                 &m->tpot);

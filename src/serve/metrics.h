@@ -21,6 +21,8 @@ typedef struct {
     uint64_t status_n[SRV_STATUS_SLOTS];
     uint64_t prompt_tokens, gen_tokens, cancelled;
     int64_t queued, running, cache_bytes;
+    uint64_t prefix_hits, prefix_misses, prefix_reused, prefix_evictions; // the prefix cache (serve/prefix.h)
+    int64_t prefix_bytes, prefix_entries;
     srv_hist_t ttft, tpot; // seconds: submit -> first token; between output tokens
 } srv_metrics_t;
 
@@ -31,6 +33,9 @@ void srv_metrics_request(srv_metrics_t *m, int status);
 void srv_metrics_tokens(srv_metrics_t *m, int64_t prompt, int64_t gen);
 void srv_metrics_cancelled(srv_metrics_t *m);
 void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64_t cache_bytes);
+// The prefix cache's counters and gauges, as they are now.
+void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64_t reused, uint64_t evictions,
+                        int64_t bytes, int64_t entries);
 void srv_metrics_ttft(srv_metrics_t *m, double s);
 void srv_metrics_tpot(srv_metrics_t *m, double s);
 // Appends the exposition text (out->oom on a failed allocation).

@@ -357,11 +357,75 @@ static void test_info_is_the_allocation(void **state) {
     tiny_close(&t);
 }
 
+// Snapshot and restore (the server's prefix cache): a state restored from a
+// snapshot gives the bits the original gives (the same arithmetic on the same
+// bytes: memcmp, no tolerance), whether restored at the snapshot's own length
+// or at a shorter prefix (the first rows of the longer snapshot with the fixed
+// states taken there), into a state that must grow first (n > MODEL_STATE_CAP0)
+// and into one that held another sequence. Without the fixed states the
+// logits differ, so the comparison can fail.
+static void test_snapshot_restore(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    be_t *be = t.m.be;
+    enum { NT = 300, PRE = 264, CH = 64 };
+    int V = t.m.a.V;
+    int32_t ids[NT + 1];
+    for (int i = 0; i <= NT; i++)
+        ids[i] = (i * 7 + 3) % V;
+    int64_t rb = model_snapshot_rows_bytes(&t.m, NT), fb = model_snapshot_fixed_bytes(&t.m);
+    assert_int_equal(rb, (int64_t)NT * PER_TOKEN);
+    assert_true(fb > 0);
+    void *rows = be->alloc(be, (size_t)rb), *fix_p = be->alloc(be, (size_t)fb), *fix_n = be->alloc(be, (size_t)fb);
+    size_t vb = (size_t)V * sizeof(float);
+    float *want = malloc(3 * vb), *got = malloc(3 * vb);
+    // the original: PRE tokens, the fixed states at PRE, the rest, everything at NT, a step
+    model_state_t st;
+    assert_int_equal(model_state_alloc(&t.m, &st, 1, 1024), 0);
+    assert_int_equal(model_prefill(&t.r, &st, ids, PRE, CH, NULL), 0);
+    assert_int_equal(model_state_snapshot(&t.m, &st, 0, PRE, NULL, fix_p), 0);
+    assert_int_equal(model_prefill(&t.r, &st, ids + PRE, NT - PRE, CH, want), 0);
+    assert_int_equal(model_state_snapshot(&t.m, &st, 0, NT, rows, fix_n), 0);
+    assert_int_equal(model_state_snapshot(&t.m, &st, 0, NT + 1, rows, fix_n), ERR_INPUT);
+    assert_int_equal(model_step(&t.r, &st, &ids[NT], want + V), 0);
+    model_state_free(&t.m, &st);
+
+    model_state_t r;
+    assert_int_equal(model_state_alloc(&t.m, &r, 1, 1024), 0);
+    assert_int_equal(model_prefill(&t.r, &r, ids + 5, 40, CH, NULL), 0); // something else first
+    // at NT: the step's logits
+    assert_int_equal(model_state_restore(&t.m, &r, rows, NT, fix_n, NT), 0);
+    assert_int_equal(r.len, NT);
+    assert_int_equal(model_step(&t.r, &r, &ids[NT], got + V), 0);
+    assert_memory_equal(got + V, want + V, vb);
+    // at PRE from the snapshot of NT: the rest's prefill, then the step
+    assert_int_equal(model_state_restore(&t.m, &r, rows, NT, fix_p, PRE), 0);
+    assert_int_equal(model_prefill(&t.r, &r, ids + PRE, NT - PRE, CH, got), 0);
+    assert_memory_equal(got, want, vb);
+    assert_int_equal(model_step(&t.r, &r, &ids[NT], got + V), 0);
+    assert_memory_equal(got + V, want + V, vb);
+    // the fixed states matter: those of NT at PRE give other logits
+    assert_int_equal(model_state_restore(&t.m, &r, rows, NT, fix_n, PRE), 0);
+    assert_int_equal(model_prefill(&t.r, &r, ids + PRE, NT - PRE, CH, got), 0);
+    assert_true(memcmp(got, want, vb) != 0);
+    // bad requests leave the state alone
+    int len = r.len;
+    assert_int_equal(model_state_restore(&t.m, &r, rows, NT, fix_n, NT + 1), ERR_INPUT);
+    assert_int_equal(model_state_restore(&t.m, &r, rows, NT, NULL, PRE), ERR_INPUT);
+    assert_int_equal(r.len, len);
+    model_state_free(&t.m, &r);
+    be->free(be, rows), be->free(be, fix_p), be->free(be, fix_n);
+    free(want), free(got);
+    tiny_close(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_huge_ctx_starts_small), cmocka_unit_test(test_fit_is_exact),
         cmocka_unit_test(test_trim_after_prefill),    cmocka_unit_test(test_growth_is_exact),
         cmocka_unit_test(test_out_of_memory),         cmocka_unit_test(test_info_is_the_allocation),
+        cmocka_unit_test(test_snapshot_restore),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }

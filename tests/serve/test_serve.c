@@ -585,6 +585,101 @@ static void test_key_and_queue(void **state) {
     free(r);
 }
 
+// A chat body of the messages (role, content) pairs, greedy, max_tokens (malloc'ed).
+static char *messages_body(const char *const *msgs, int n, int max_tokens) {
+    cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "messages");
+    for (int i = 0; i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", msgs[2 * i]);
+        cJSON_AddStringToObject(m, "content", msgs[2 * i + 1]);
+        cJSON_AddItemToArray(arr, m);
+    }
+    cJSON_AddNumberToObject(j, "max_tokens", max_tokens);
+    cJSON_AddNumberToObject(j, "temperature", 0);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+// Prefix caching: a chat's second turn (the first conversation, its answer
+// and a new message) restores the first turn's prompt instead of prefilling
+// it, and answers what a server without the cache answers (greedy, the same
+// tokens: docs/SERVING.md says when the bits may differ); /metrics counts the
+// reused tokens, and the second turn's entry replaces the first's.
+static void test_prefix_cache(void **state) {
+    server_t on, off;
+    server_start(&on, "", "--ctx 1024 --chunk 32 --prefix-cache-mb 64");
+    server_start(&off, "", "--ctx 1024 --chunk 32 --prefix-cache-mb 0");
+    const char *msgs[8] = {"system", "You are a helpful assistant. Answer in two sentences.", "user",
+                           "What is the capital of France, and what is it known for?"};
+    char *ans[2][2];
+    int n_prompt[2];
+    for (int turn = 0; turn < 2; turn++) {
+        char *body = messages_body(msgs, turn ? 4 : 2, 24);
+        for (int k = 0; k < 2; k++) {
+            char *r;
+            assert_int_equal(http(k ? &off : &on, "/v1/chat/completions", body, &r), 200);
+            ans[turn][k] = answer_within(r, NULL, 24, NULL);
+            cJSON *j = cJSON_Parse(r);
+            n_prompt[turn] = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens")->valueint;
+            cJSON_Delete(j);
+            free(r);
+        }
+        free(body);
+        printf("  turn %d (%d prompt tokens): '%s'\n", turn + 1, n_prompt[turn], ans[turn][0]);
+        assert_string_equal(ans[turn][0], ans[turn][1]);
+        if (turn == 0) {
+            assert_true(metric(&on, "hylo_prefix_cache_misses_total") == 1);
+            assert_true(metric(&on, "hylo_prefix_cache_entries") == 1);
+            msgs[4] = "assistant", msgs[5] = ans[0][0], msgs[6] = "user", msgs[7] = "And the capital of Germany?";
+        }
+    }
+    assert_true(n_prompt[1] > n_prompt[0]);
+    assert_true(metric(&on, "hylo_prefix_cache_hits_total") == 1);
+    assert_true(metric(&on, "hylo_prefix_cache_reused_tokens_total") == n_prompt[0]);
+    assert_true(metric(&on, "hylo_prefix_cache_entries") == 1); // turn 2's holds turn 1's
+    assert_true(metric(&on, "hylo_prefix_cache_bytes") > 0);
+    assert_true(metric(&off, "hylo_prefix_cache_hits_total") == 0);
+    assert_true(metric(&off, "hylo_prefix_cache_bytes") == 0);
+    for (int t = 0; t < 2; t++)
+        free(ans[t][0]), free(ans[t][1]);
+    server_stop(&on);
+    server_stop(&off);
+}
+
+// A budget of 1 MiB holds a few short prompts (~46 KB per token in fp32):
+// more evict the least recently used, the bytes stay within it, and a prompt
+// asked again restores all but its last token and answers as before.
+static void test_prefix_eviction(void **state) {
+    server_t s;
+    server_start(&s, "", "--ctx 256 --prefix-cache-mb 1");
+    const char *prompts[5] = {"Apples are red or green fruits that grow on",
+                              "Blue whales are the largest animals that ever",
+                              "Copper is a soft metal that conducts heat and",
+                              "Dogs like to run in the park with their", "Every morning I drink a cup of hot black"};
+    char *first = NULL, *r;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(http(&s, "/v1/completions", completion_body(prompts[i], 6, NULL), &r), 200);
+        if (i == 4) first = answer(r, "length", NULL);
+        free(r);
+    }
+    double ev = metric(&s, "hylo_prefix_cache_evictions_total"), bytes = metric(&s, "hylo_prefix_cache_bytes"),
+           entries = metric(&s, "hylo_prefix_cache_entries"),
+           reused = metric(&s, "hylo_prefix_cache_reused_tokens_total");
+    printf("  5 prompts in 1 MiB: %.0f entries, %.0f bytes, %.0f evicted\n", entries, bytes, ev);
+    assert_true(ev >= 1);
+    assert_true(entries >= 1 && entries < 5);
+    assert_true(bytes > 0 && bytes <= 1 << 20);
+    assert_int_equal(http(&s, "/v1/completions", completion_body(prompts[4], 6, NULL), &r), 200);
+    char *again = answer(r, "length", NULL);
+    assert_string_equal(again, first);
+    cJSON *j = cJSON_Parse(r);
+    int np = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens")->valueint;
+    cJSON_Delete(j);
+    assert_true(metric(&s, "hylo_prefix_cache_reused_tokens_total") == reused + np - 1);
+    free(r), free(first), free(again);
+    server_stop(&s);
+}
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_cli),
@@ -596,6 +691,8 @@ int main(void) {
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_key_and_queue),
+        cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_eviction),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
