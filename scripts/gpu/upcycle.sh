@@ -27,7 +27,8 @@
 #           meanwhile the untrained and the assembled (ILD-only) hybrids are
 #           evaluated.
 #   eval:   the three KD checkpoints evaluated, side by side; chat answers of every model;
-#           latency and cache memory against the teacher.
+#           latency and cache memory against the teacher; RULER at 4K and 8K for the
+#           teacher and the untrained hybrid.
 # The calls must follow each other within the 30 s the machine stays warm: a
 # cold start is a bare machine, and the trained weights are gone with it.
 # Training lengths are set in steps from the throughput each stage measured
@@ -206,7 +207,9 @@ stage1)
     (
         step ev_teacher_agree_mc 200 $H eval $M --task arc_easy,piqa --device cuda --data $D --out $O/ev_teacher_agree
         $H export $M --out $W/smol_hf > /dev/null 2>&1
-        step agree 200 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa --device cuda
+        step agree 150 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa --device cuda
+        step agree_bf16 150 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa \
+            --device cuda --dtype bfloat16
     ) > $O/agree.txt 2>&1 &
     ild 450 150 380
     ;;
@@ -247,6 +250,12 @@ quick)
     wait
     ;;
 eval)
+    # issue 9's RULER table: every offline task at 4K and 8K, the teacher and
+    # the untrained hybrid of the same layout
+    step ruler_teacher 420 $H eval $M --task ruler --lengths 4K,8K --samples 10 --device cuda --chunk 8192 \
+        --data $D --out $O/ruler_teacher &
+    step ruler_untrained 420 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
+        --chunk 8192 --data $D --out $O/ruler_untrained &
     (evaluate kd2k $W/kd2k/final) > $O/ev_kd2k.txt 2>&1 &
     (evaluate kd8k $W/kd8k/final) > $O/ev_kd8k.txt 2>&1 &
     (evaluate kd32k $W/kd32k/final) > $O/ev_kd32k.txt 2>&1 &
