@@ -598,23 +598,31 @@ int model_state_restore(const model_t *m, model_state_t *st, const void *rows, i
 }
 // ---- forward (inference) ---------------------------------------------------------
 
+// Room for `need` elements of `elt` bytes in a device buffer and its host
+// staging twin, at least `least`: grown, never shrunk, so that a decode token
+// allocates nothing. 1 when they were replaced (what they held is gone).
+static int mirror_room(be_t *be, void **dev, void **host, int64_t *cap, int64_t need, int64_t least, size_t elt,
+                       const char *what) {
+    if (need <= *cap) return 0;
+    int64_t n = need > least ? need : least;
+    void *d = be->alloc(be, (size_t)n * elt), *h = malloc((size_t)n * elt);
+    if (!d || !h) {
+        be->free(be, d);
+        free(h);
+        return err_set(ERR_NOMEM, "%s for %lld rows", what, (long long)need);
+    }
+    be->free(be, *dev);
+    free(*host);
+    *dev = d, *host = h, *cap = n;
+    return 1;
+}
+
 // Room for `need` elements in the position buffers (device and host).
 static int pos_room(model_run_t *r, int64_t need) {
-    be_t *be = r->m->be;
-    if (need <= r->pos_cap) return 0; // grown, never shrunk: a decode token allocates nothing
-    int64_t cap = need > 4096 ? need : 4096;
-    int32_t *buf = be->alloc(be, (size_t)cap * sizeof(int32_t));
-    int32_t *host = malloc((size_t)cap * sizeof(int32_t));
-    if (!buf || !host) {
-        be->free(be, buf);
-        free(host);
-        return err_set(ERR_NOMEM, "position arrays for %lld tokens", (long long)need);
-    }
-    be->free(be, r->pos_buf);
-    free(r->pos_host);
-    r->pos_buf = buf, r->pos_host = host, r->pos_cap = cap;
-    r->n_pos = 0, r->step_pos = NULL; // what was prepared is gone
-    return 0;
+    int rc = mirror_room(r->m->be, (void **)&r->pos_buf, (void **)&r->pos_host, &r->pos_cap, need, 4096,
+                         sizeof(int32_t), "position arrays");
+    if (rc > 0) r->n_pos = 0, r->step_pos = NULL; // what was prepared is gone
+    return rc < 0 ? rc : 0;
 }
 
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
@@ -675,18 +683,9 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
         need += n;
     }
     if (need == 0) return 0;
-    if (need > r->cache_cap) { // grown, never shrunk
-        int64_t cap = need > 1024 ? need : 1024;
-        void **buf = be->alloc(be, (size_t)cap * sizeof(void *)), **host = malloc((size_t)cap * sizeof(void *));
-        if (!buf || !host) {
-            be->free(be, buf);
-            free(host);
-            return err_set(ERR_NOMEM, "cache pointers for %lld rows", (long long)need);
-        }
-        be->free(be, r->cache_buf);
-        free(r->cache_host);
-        r->cache_buf = buf, r->cache_host = host, r->cache_cap = cap;
-    }
+    int rc = mirror_room(be, (void **)&r->cache_buf, (void **)&r->cache_host, &r->cache_cap, need, 1024, sizeof(void *),
+                         "cache pointers");
+    if (rc < 0) return rc;
     for (int l = 0; l < a->n_layers; l++) {
         if (r->cache_off[l] < 0) continue;
         for (int k = 0; k < n_st; k++)
