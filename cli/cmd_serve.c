@@ -49,6 +49,11 @@ static const char *help =
     "                    prompt starts with an earlier prompt (a chat's next turn) restore its\n"
     "                    state and prefill only the rest; least recently used entries go first\n"
     "  --prefix-block N  tokens between the recurrent-state snapshots of a prompt (default 1024)\n"
+    "  --cache-mb N      MiB the running requests' caches may plan together (default: 85% of the\n"
+    "                    device's free memory after loading, less the prefix cache; printed at\n"
+    "                    start). Each request plans its prompt + max_tokens; one that would pass\n"
+    "                    the budget waits for running ones to finish, one that can never fit\n"
+    "                    gets 400\n"
     "  --device D        cpu or cuda (default cpu)\n"
     "  --threads N       CPU threads of the engine (default: all)\n";
 
@@ -90,7 +95,7 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     const char *path = NULL, *host = "127.0.0.1", *key = getenv("HYLO_API_KEY"), *name = NULL, *device = "cpu";
-    long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0, prefix_mb = 256,
+    long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0, prefix_mb = 256, cache_mb = -1,
          prefix_block = 1024;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -120,6 +125,8 @@ int cmd_serve(int argc, char **argv) {
         } else if ((r = cli_opt("serve", argc, argv, &i, "--prefix-cache-mb", &v))) {
             if (r < 0 || (r = cli_int("serve", "--prefix-cache-mb", v, 0, 1L << 30, &prefix_mb)) < 0)
                 return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--cache-mb", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--cache-mb", v, 1, 1L << 30, &cache_mb)) < 0) return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--prefix-block", &v))) {
             if (r < 0 || (r = cli_int("serve", "--prefix-block", v, 1, 1 << 30, &prefix_block)) < 0) return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--threads", &v))) {
@@ -169,6 +176,18 @@ int cmd_serve(int argc, char **argv) {
     if (rc == 0 && tok.n_vocab > m.a.V)
         rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", path, tok.n_vocab,
                      m.a.V);
+    // The cache budget: given, or planned from what the device has free now
+    // (the weights loaded) less the prefix cache's budget, with 15% left
+    // for the run's arena, the decode step's buffers and a growing cache's
+    // copy (model_state_reserve holds old and new rows while it copies).
+    int64_t budget = (int64_t)cache_mb << 20;
+    if (rc == 0 && cache_mb < 0) {
+        int64_t fr = be->mem_free ? be->mem_free(be) : -1;
+        budget = fr < 0 ? 0 : (fr - ((int64_t)prefix_mb << 20)) / 100 * 85;
+        if (fr >= 0 && budget < srv_request_bytes(&m, 64))
+            rc = err_set(ERR_NOMEM, "%s: %.0f MiB free on the device leave no room for caches (prefix cache %ld MiB)",
+                         device, fr / 1048576.0, prefix_mb);
+    }
     if (rc == 0) {
         srv_engine_cfg_t ec = {.max_seqs = (int)max_seqs,
                                .queue = (int)queue,
@@ -178,6 +197,7 @@ int cmd_serve(int argc, char **argv) {
                                .stop_ids = stop_ids,
                                .n_stop_ids = gen_stop_ids(&tok, &m.a, stop_ids, 16),
                                .prefix_bytes = (int64_t)prefix_mb << 20,
+                               .cache_budget = budget,
                                .prefix_block = (int)prefix_block};
         rc = srv_engine_create(&e, &m, &ec, &met);
     }
@@ -192,8 +212,11 @@ int cmd_serve(int argc, char **argv) {
     }
     if (rc == 0) {
         int v6 = strchr(host, ':') != NULL;
-        printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld%s)\n", name, v6 ? "[" : "", host,
-               v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, key && key[0] ? ", API key required" : "");
+        char cb[48] = "no cache budget (free memory unknown)";
+        if (budget) snprintf(cb, sizeof cb, "cache budget %.0f MiB", budget / 1048576.0);
+        printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld, %s%s)\n", name, v6 ? "[" : "",
+               host, v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, cb,
+               key && key[0] ? ", API key required" : "");
         fflush(stdout);
         // The engine runs here, on the thread that loaded the model (its
         // OpenMP pool: srv_engine_run says why), until the signal thread

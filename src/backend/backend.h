@@ -80,6 +80,10 @@ struct be {
     // more, and the whole pages inside it may go back to the system until they
     // are written again (CPU: madvise DONTNEED; their bytes are then undefined).
     void (*discard)(be_t *be, void *p, size_t bytes);
+    // Bytes the device can still allocate now (CUDA: cudaMemGetInfo's free;
+    // CPU: MemAvailable of /proc/meminfo); -1 when unknown. For plans that
+    // size themselves to the machine (hylo serve's cache budget).
+    int64_t (*mem_free)(be_t *be);
     // host fp32 <-> device act (conversion happens on the way)
     int (*upload_act)(be_t *be, void *dst, const float *src, int64_t n);
     int (*download_act)(be_t *be, float *dst, const void *src, int64_t n);

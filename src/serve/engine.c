@@ -23,6 +23,7 @@ typedef struct req {
     model_state_t st;
     sampler_t smp;
     srv_prefix_rec_t rec; // the prefix cache's boundaries of this prompt
+    int64_t need;         // cache bytes planned (srv_request_bytes), counted in planned while running
     double t_last;        // when the last token was handed on
     struct req *link;
 } req_t;
@@ -42,6 +43,7 @@ struct srv_engine {
     int n_queued;
     req_t **active; // [max_seqs], running
     int n_active;
+    int64_t planned;  // the running requests' need, summed (under cfg.cache_budget)
     req_t **turn;     // [max_seqs] the engine thread's copy of active for one turn
     int *turn_cancel; // [max_seqs] and their cancel flags
     // a decode step: the decoding requests (indices into turn), and those in
@@ -54,7 +56,16 @@ struct srv_engine {
     int has_run, sync_init;
 };
 
-static void req_free(const srv_engine_t *e, req_t *r) {
+int64_t srv_request_bytes(const model_t *m, int n) {
+    return (int64_t)n * model_cache_bytes_per_token(m) + model_snapshot_fixed_bytes(m);
+}
+
+static void req_free(srv_engine_t *e, req_t *r) {
+    if (r->need) { // it was running: its plan leaves the budget
+        pthread_mutex_lock(&e->mu);
+        e->planned -= r->need;
+        pthread_mutex_unlock(&e->mu);
+    }
     if (e->prefix) srv_prefix_rec_free(e->prefix, &r->rec);
     if (r->has_state) {
         model_state_free(e->m, &r->st);
@@ -90,6 +101,15 @@ static int is_stop_id(const srv_engine_t *e, int32_t id) {
     for (int i = 0; i < e->cfg.n_stop_ids; i++)
         if (e->stop_ids[i] == id) return 1;
     return 0;
+}
+
+static int64_t request_need(const srv_engine_t *e, const req_t *r) {
+    return srv_request_bytes(e->m, r->s.n_prompt + r->s.max_new);
+}
+
+// Whether r may start now under the cache budget (e->mu held).
+static int fits(const srv_engine_t *e, const req_t *r) {
+    return !e->cfg.cache_budget || e->planned + request_need(e, r) <= e->cfg.cache_budget;
 }
 
 // The prefix cache's counters, as they are now, to /metrics.
@@ -226,8 +246,12 @@ void srv_engine_run(srv_engine_t *e) {
                 pp = &r->link;
             }
         }
-        while (e->q_head && e->n_active < e->cfg.max_seqs) {
+        // In arrival order while the cache budget holds: the oldest waiting
+        // request is never passed by a smaller one.
+        while (e->q_head && e->n_active < e->cfg.max_seqs && fits(e, e->q_head)) {
             req_t *r = e->q_head;
+            r->need = request_need(e, r);
+            e->planned += r->need;
             e->q_head = r->link;
             if (!e->q_head) e->q_tail = NULL;
             e->n_queued--;
@@ -333,6 +357,12 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
     if (s->n_prompt < 1 || s->max_new < 1 || (int64_t)s->n_prompt + s->max_new > e->cfg.ctx)
         return err_set(ERR_INPUT, "a prompt of %d tokens and %d new ones do not fit the context of %d", s->n_prompt,
                        s->max_new, e->cfg.ctx);
+    int64_t need = srv_request_bytes(e->m, s->n_prompt + s->max_new);
+    if (e->cfg.cache_budget && need > e->cfg.cache_budget)
+        return err_set(ERR_INPUT,
+                       "a prompt of %d tokens and %d new ones need %.1f MiB of cache, more than the server's cache "
+                       "budget of %.1f MiB (hylo serve --cache-mb)",
+                       s->n_prompt, s->max_new, need / 1048576.0, e->cfg.cache_budget / 1048576.0);
     pthread_mutex_lock(&e->mu);
     // Room for max_seqs running and queue waiting (the queue is where every
     // request passes through, so it may briefly hold more than `queue`).

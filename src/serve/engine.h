@@ -25,7 +25,13 @@ typedef struct {
     const int32_t *stop_ids; // token ids that end a generation (not output)
     int n_stop_ids;
     int64_t prefix_bytes; // the prefix cache's budget (serve/prefix.h); 0: none
-    int prefix_block;     // its boundaries of recurrent states, in tokens
+    // Bytes the running requests' caches may plan together (0: no limit): a
+    // request plans its whole context (prompt + max_new tokens, and its
+    // fixed states; srv_request_bytes) when it starts; one that would pass
+    // the budget waits until running ones finish, and one that could never
+    // fit is refused at submit (ERR_INPUT naming both figures).
+    int64_t cache_budget;
+    int prefix_block; // its boundaries of recurrent states, in tokens
 } srv_engine_cfg_t;
 
 typedef enum { SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR } srv_finish_t;
@@ -51,6 +57,11 @@ typedef struct {
     void (*on_done)(void *user, const srv_done_t *d);
     void *user;
 } srv_submit_t;
+
+// The cache bytes a request of n tokens (prompt + max_new) plans on m's
+// device: n rows of every attention / MLA layer, and the GDN / Mamba-2
+// states and conv windows (allocation padding aside).
+int64_t srv_request_bytes(const model_t *m, int n);
 
 // srv_engine_submit's refusals (positive: not errors of the engine).
 enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };

@@ -92,7 +92,7 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   "# TYPE hylo_prompt_tokens_total counter\nhylo_prompt_tokens_total %llu\n"
                   "# HELP hylo_generation_tokens_total Tokens generated.\n"
                   "# TYPE hylo_generation_tokens_total counter\nhylo_generation_tokens_total %llu\n"
-                  "# HELP hylo_queue_length Requests waiting for a sequence slot.\n"
+                  "# HELP hylo_queue_length Requests waiting for a sequence slot or for room in the cache budget.\n"
                   "# TYPE hylo_queue_length gauge\nhylo_queue_length %lld\n"
                   "# HELP hylo_running_sequences Sequences being prefilled or decoded.\n"
                   "# TYPE hylo_running_sequences gauge\nhylo_running_sequences %lld\n"

@@ -680,6 +680,44 @@ static void test_prefix_eviction(void **state) {
     free(r), free(first), free(again);
     server_stop(&s);
 }
+// The cache budget: the default model on the CPU plans 46080 bytes a token
+// (30 layers x K and V x 3 heads x 64 x fp32), so 8 MiB hold 182 tokens: a
+// chat prompt with 200 max_tokens never fits (400 naming both figures); a
+// running 14 + 160-token completion (7.6 MiB) leaves no room for a second
+// one of ~14 tokens (0.6 MiB), which waits in the queue with a slot free,
+// then runs; both answer as the CLI does.
+static void test_cache_budget(void **state) {
+    ensure_server(); // the CLI's answers
+    server_t s2;
+    server_start(&s2, "", "--ctx 1024 --max-seqs 2 --cache-mb 8");
+    char *r;
+    assert_int_equal(http(&s2, "/v1/chat/completions", chat_body(Q, 200, NULL), &r), 400);
+    expect_error(r, 400, NULL);
+    if (!strstr(r, "cache budget of 8.0 MiB")) fail_msg("the refusal does not name the budget: %s", r);
+    free(r);
+    call_t c[2];
+    call_start(&c[0], &s2, "/v1/completions", completion_body(LONG, 160, ", \"stream\": true"), NULL);
+    int waited = 0;
+    while (metric(&s2, "hylo_running_sequences") != 1 && waited++ < 600)
+        usleep(10000);
+    call_start(&c[1], &s2, "/v1/completions", completion_body(P, 8, NULL), NULL);
+    int queued = 0;
+    for (int i = 0; i < 200 && !queued && metric(&s2, "hylo_running_sequences") == 1; i++) {
+        queued = metric(&s2, "hylo_queue_length") == 1;
+        usleep(5000);
+    }
+    assert_true(queued); // seen waiting beside the running one, with a slot free
+    char finish[32];
+    assert_int_equal(call_end(&c[0], &r), 200);
+    free(stream_text(r, finish, NULL, NULL));
+    free(r);
+    assert_int_equal(call_end(&c[1], &r), 200);
+    char *t = answer_within(r, NULL, 8, NULL);
+    assert_string_equal(t, want_completion);
+    free(r), free(t);
+    server_stop(&s2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_cli),
@@ -693,6 +731,7 @@ int main(void) {
         cmocka_unit_test(test_key_and_queue),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_eviction),
+        cmocka_unit_test(test_cache_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

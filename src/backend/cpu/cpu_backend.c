@@ -1,5 +1,6 @@
 #include <cblas.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -38,6 +39,15 @@ static void cpu_discard(be_t *be, void *p, size_t n) {
               e = ((uintptr_t)p + n) & ~(pg - 1); // the whole pages inside: no neighbour's bytes
     if (p && e > a) madvise((void *)a, e - a, MADV_DONTNEED);
 }
+static int64_t cpu_mem_free(be_t *be) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb < 0 ? -1 : (int64_t)kb * 1024;
+}
 static int cpu_sync(be_t *be) { return 0; }
 static void cpu_destroy(be_t *be) {
     free(be->scratch.base);
@@ -58,6 +68,7 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_d2h = cpu_copy;
     be->copy_d2d = cpu_copy;
     be->discard = cpu_discard;
+    be->mem_free = cpu_mem_free;
     be->upload_act = cpu_upload_act;
     be->download_act = cpu_download_act;
     be->sync = cpu_sync;

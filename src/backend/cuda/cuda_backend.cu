@@ -88,6 +88,15 @@ static void *cu_alloc(be_t *be, size_t bytes) {
     return p;
 }
 
+static int64_t cu_mem_free(be_t *be) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return (int64_t)fr;
+}
+
 static void cu_free(be_t *be, void *p) {
     if (p) cudaFree(p);
 }
@@ -268,6 +277,7 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     arena_init(&be->scratch, scratch, scratch_bytes, "cuda scratch");
     be->alloc = cu_alloc;
     be->free = cu_free;
+    be->mem_free = cu_mem_free;
     be->memset0 = cu_memset0;
     be->copy_h2d = cu_copy_h2d;
     be->copy_d2h = cu_copy_d2h;
