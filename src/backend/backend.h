@@ -286,6 +286,34 @@ struct be {
                             const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
                             int r_kv, int dr, float scale);
 
+    // The recurrent layers' decode step over per-row states: row r's conv
+    // window and recurrent state are wherever rows[r] points (device arrays
+    // of N device pointers, uploaded once per step with the attention rows'
+    // ones), so each op is one launch for every row of every cache, as
+    // kv_append / attn_decode are for attention.
+    //
+    // Depthwise causal conv of one new token per row, then the window rolled
+    // forward: x [N, C] (row stride ldx), w [C, W], bias [C] or NULL; rows[r]
+    // is row r's window, act [C, W] (the W previous inputs, oldest first; the
+    // last W - 1 are read), which afterwards holds the last W inputs (x[r]
+    // newest). y [N, C] contiguous (silu as conv1d_fwd). The same results as
+    // conv1d_fwd (T = 1) then conv1d_update_state on each row's window.
+    void (*conv1d_step)(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
+                        void *const *rows, int N, int C, int W, int silu);
+    // Gated delta rule, one token per row: q, k [N, H, K], v [N, HV, Dv], g,
+    // beta float [N, HV] as gdn_recurrent_fwd; rows[r] is row r's state, float
+    // [HV, Dv, K], read and updated in place. o [N, HV, Dv]. The same results
+    // as gdn_recurrent_fwd (B = 1, T = 1) on each row.
+    void (*gdn_recurrent_step)(be_t *be, void *o, void *const *rows, const void *q, const void *k, const void *v,
+                               const float *g, const float *beta, float scale, int N, int H, int HV, int K, int Dv);
+    // Mamba-2 SSD, one token per row: x, Bm, Cm, dt, A_log, D as
+    // ssd_recurrent_fwd with B = N, T = 1; rows[r] is row r's state, float
+    // [H, P, N], read and updated in place. y [N, H, P]. The same results as
+    // ssd_recurrent_fwd (B = 1, T = 1) on each row.
+    void (*ssd_recurrent_step)(be_t *be, void *y, void *const *rows, const void *x, int64_t ldx, const void *Bm,
+                               int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
+                               const void *D, int N, int H, int Hx, int GB, int GC, int P, int Ns);
+
     // ---- losses (CE / KL over vocabulary tiles: never a T x V tensor) -------
     // Normalisation is the caller's, through `scale`: 1/(valid rows) for a per
     // token mean (FLA, Liger), 1/B for a per sequence "batchmean" (MambaInLlama,

@@ -82,8 +82,9 @@ static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
 
 // Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
 // token-by-token recurrence); everything but the rule is the same code. The
-// B sequences come in runs (layer.h step_run_t; none without a cache): the
-// convolutions and the rule run once per run, on its sequences' states.
+// B sequences come in runs (layer.h step_run_t; none without a cache): in a
+// forward the convolutions and the rule run once per run, on its sequences'
+// states; in a step once over all rows, through per-row state pointers.
 static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T,
                    const step_run_t *runs, int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
@@ -124,7 +125,17 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
     NEED(qc = ctx_act(c, N * m.kd));
     NEED(kc = ctx_act(c, N * m.kd));
     NEED(s->v = ctx_act(c, N * m.vd));
-    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+    // a decode step: every row's state and windows by pointer (layer.h
+    // step_cache_bases: states, then the q, k, v windows), one call per op
+    void *const *rows = NULL;
+    if (recurrent) NEED(rows = ctx_step_caches(c, runs, n_runs));
+    if (recurrent) {
+        int n = (int)N, kd = (int)m.kd, vd = (int)m.vd;
+        be->conv1d_step(be, qc, s->qpre, kd, w->q_conv, NULL, rows + n, n, kd, m.W, 1);
+        be->conv1d_step(be, kc, s->kpre, kd, w->k_conv, NULL, rows + 2 * n, n, kd, m.W, 1);
+        be->conv1d_step(be, s->v, s->vpre, vd, w->v_conv, NULL, rows + 3 * n, n, vd, m.W, 1);
+    }
+    for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
         gdn_cache_t *rc = runs[i].cache ? &runs[i].cache->u.gdn : NULL;
         int nb = runs[i].n, kd = (int)m.kd, vd = (int)m.vd;
         int64_t r = (int64_t)b * T, ok = (int64_t)runs[i].seq0 * kd * m.W, ov = (int64_t)runs[i].seq0 * vd * m.W;
@@ -163,17 +174,15 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
         NEED(s->state0 = ctx_f32(c, ns));
         be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
     }
-    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+    if (recurrent)
+        be->gdn_recurrent_step(be, s->o, rows, s->q, s->k, s->v, s->g, s->beta, m.scale, (int)N, m.H, m.HV, m.K, m.Dv);
+    for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
         float *state = runs[i].cache ? runs[i].cache->u.gdn.state + (int64_t)runs[i].seq0 * m.HV * m.Dv * m.K : NULL;
         int64_t r = (int64_t)b * T;
         void *o = act_at(be, s->o, r * m.vd);
         const void *q = act_at(be, s->q, r * m.kd), *k = act_at(be, s->k, r * m.kd), *v = act_at(be, s->v, r * m.vd);
         const float *g = s->g + r * m.HV, *beta = s->beta + r * m.HV;
-        if (recurrent)
-            be->gdn_recurrent_fwd(be, o, state, q, k, v, g, beta, m.scale, runs[i].n, T, m.H, m.HV, m.K, m.Dv);
-        else
-            be->gdn_chunk_fwd(be, o, state, state != NULL, q, k, v, g, beta, m.scale, runs[i].n, T, m.H, m.HV, m.K,
-                              m.Dv);
+        be->gdn_chunk_fwd(be, o, state, state != NULL, q, k, v, g, beta, m.scale, runs[i].n, T, m.H, m.HV, m.K, m.Dv);
     }
 
     // output norm (per value head over Dv, one shared weight of Dv), gate, o_proj

@@ -58,6 +58,32 @@ int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_
 
 int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *runs, int n_runs, void **out) {
     int kind = a->kind[layer], N = step_rows(runs, n_runs);
+    if (kind == LAYER_GDN || kind == LAYER_M2) {
+        // elements per sequence: the recurrent state (float), the conv windows (act)
+        const gdn_dims_t *g = &a->gdn;
+        const m2_dims_t *m = &a->m2;
+        int64_t st = kind == LAYER_GDN ? (int64_t)g->n_v_heads * g->head_v * g->head_k
+                                       : (int64_t)m->n_heads * m->headdim * m->d_state;
+        int64_t wk = (int64_t)g->n_heads * g->head_k * g->conv, wv = (int64_t)g->n_v_heads * g->head_v * g->conv;
+        int64_t wm = ((int64_t)m->d_inner + 2 * (int64_t)m->d_xb) * m->conv;
+        if (out)
+            for (int i = 0, r = 0; i < n_runs; i++) {
+                const layer_cache_t *k = runs[i].cache;
+                for (int j = 0; j < runs[i].n; j++, r++) {
+                    int64_t seq = (int64_t)runs[i].seq0 + j;
+                    if (kind == LAYER_GDN) {
+                        out[r] = k->u.gdn.state + seq * st;
+                        out[N + r] = (char *)k->u.gdn.conv_q + seq * wk * (int64_t)act;
+                        out[2 * N + r] = (char *)k->u.gdn.conv_k + seq * wk * (int64_t)act;
+                        out[3 * N + r] = (char *)k->u.gdn.conv_v + seq * wv * (int64_t)act;
+                    } else {
+                        out[r] = k->u.m2.state + seq * st;
+                        out[N + r] = (char *)k->u.m2.conv + seq * wm * (int64_t)act;
+                    }
+                }
+            }
+        return kind == LAYER_GDN ? 4 * N : 2 * N;
+    }
     if (kind != LAYER_ATTN && kind != LAYER_MLA) return 0;
     // elements of one sequence's cache row
     int64_t row = kind == LAYER_ATTN ? (int64_t)a->Hkv * a->dh : (int64_t)arch_mla_rkv(a, layer) + a->mla.d_rope;

@@ -44,7 +44,8 @@ typedef struct {
     const int32_t *step_pos;
     // A decode step's per-row cache bases of this layer (NULL: X_step uploads
     // its own; step_cache_bases says what they are), for the backend's decode
-    // ops (backend.h kv_append, attn_decode, mla_decode_attn).
+    // ops (backend.h kv_append, attn_decode, mla_decode_attn, conv1d_step,
+    // gdn_recurrent_step, ssd_recurrent_step).
     void *const *step_cache;
     // The model's matrices kept in their stored format (quantised inference,
     // model.h MODEL_QUANT): a weight view pointing into qw[0..n_qw) is one of
@@ -101,9 +102,10 @@ typedef struct {
 // A decode step's rows come in runs: run i is sequences [seq0, seq0 + n) of
 // `cache`, at position cache->len, taking the step's next n rows. One cache of
 // B sequences in lockstep is one run; a server's requests, each with its own
-// cache, are one run each. The per-sequence ops (cache appends, attention over
-// the cache, convolution windows, recurrent states) run once per run; the
-// projections and everything else once over all N rows.
+// cache, are one run each. The per-sequence ops of a step (cache appends,
+// attention over the cache, convolution windows, recurrent states) take one
+// pointer per row (step_cache_bases), so they too run once over all N rows,
+// whatever runs the rows come from.
 typedef struct {
     layer_cache_t *cache;
     int seq0, n;
@@ -117,8 +119,10 @@ int step_rows(const step_run_t *runs, int n_runs);
 int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
 // A decode step's per-row cache bases for layer `layer` of kind a->kind[layer]
 // (act elements of `act` bytes): attention 2N pointers, row r's sequence's K
-// cache (its row 0) then its V cache; MLA N, the latent cache; other kinds
-// none. Written to out (may be NULL: only counted); returns how many.
+// cache (its row 0) then its V cache; MLA N, the latent cache; GDN 4N, the
+// recurrent state (float [HV, Dv, K]) then the q, k and v conv windows (act
+// [C, W]); Mamba-2 2N, the state (float [H, P, N]) then the conv window.
+// Written to out (may be NULL: only counted); returns how many.
 int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *runs, int n_runs, void **out);
 // Device array of the step's cache bases of c's layer: c->step_cache when
 // prepared, else uploaded into the arena (NULL + error slot on failure).

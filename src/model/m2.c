@@ -60,8 +60,9 @@ static m2_shape_t m2_shape(const arch_t *a) {
 
 // The mixer over T tokens per sequence. recurrent: SSD token by token (decode
 // steps), else chunked. The B sequences come in runs (layer.h step_run_t; none
-// without a cache): the convolution and the SSD run once per run, on its
-// sequences' states.
+// without a cache): in a forward the convolution and the SSD run once per run,
+// on its sequences' states; in a step once over all rows, through per-row
+// state pointers.
 static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, const step_run_t *runs,
                   int n_runs, m2_saved_t *sv, int recurrent) {
     be_t *be = c->be;
@@ -105,7 +106,17 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
     // in_proj, conv + SiLU over x | B | C (the conv state rolls forward), dt'
     lin_fwd(c, zxbcdt, x, w->in_proj, N, s.d, s.din);
     be->softplus_bias_fwd(be, dt, act_at(be, zxbcdt, s.o_dt), s.din, w->dt_bias, N, s.H);
-    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+    if (recurrent) { // a decode step: every row's state and window by pointer (layer.h step_cache_bases), one call each
+        void *const *rows = ctx_step_caches(c, runs, n_runs);
+        if (!rows) return err_wrap(ERR_NOMEM, "Mamba-2 layer %d: ", c->layer);
+        int n = (int)N;
+        be->conv1d_step(be, xbc, act_at(be, zxbcdt, s.o_xbc), s.din, w->conv_w, w->conv_b, rows + n, n, (int)s.cd, s.W,
+                        1);
+        be->ssd_recurrent_step(be, y, rows, xbc, s.cd, act_at(be, xbc, s.dxb), s.cd,
+                               act_at(be, xbc, 2 * (int64_t)s.dxb), s.cd, dt, w->A_log, w->D, n, s.H, s.Hx, s.GB, s.GC,
+                               s.P, s.Ns);
+    }
+    for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
         const layer_cache_t *k = runs[i].cache;
         int64_t r = (int64_t)b * T;
         void *conv = k ? act_at(be, k->u.m2.conv, runs[i].seq0 * per_conv) : NULL;
@@ -118,12 +129,8 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
         // SSD over the column slices of the conv output; the cache state is read and replaced.
         const void *xs = xbc_r, *Bs = act_at(be, xbc_r, s.dxb), *Cs = act_at(be, xbc_r, 2 * (int64_t)s.dxb);
         void *yr = act_at(be, y, r * s.di);
-        if (recurrent)
-            be->ssd_recurrent_fwd(be, yr, state, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D, runs[i].n,
-                                  T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns);
-        else
-            be->ssd_chunk_fwd(be, yr, state, carried, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D,
-                              runs[i].n, T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
+        be->ssd_chunk_fwd(be, yr, state, carried, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D, runs[i].n,
+                          T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
     }
 
     // gated norm (z = the first di columns of zxbcdt), out_proj

@@ -1,6 +1,8 @@
-// The decode ops over per-sequence caches (attn_decode, kv_append) on the CPU
-// against the per-row calls a decode step made before them: a cache copy per
-// row and attn_fwd with Tq = 1 over that sequence's cache.
+// The decode ops over per-sequence caches (attn_decode, kv_append,
+// conv1d_step, gdn_recurrent_step, ssd_recurrent_step) on the CPU against the
+// per-row calls a decode step made before them: a cache copy per row and
+// attn_fwd with Tq = 1 over that sequence's cache; the per-state conv,
+// update and recurrences on each row alone.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,11 +89,115 @@ static void test_kv_append(void **st) {
         free(kc[r]), free(vc[r]), free(kc0[r]), free(vc0[r]);
 }
 
+// ---- the recurrent layers' step ops over per-row states ---------------------
+// Each must equal, bit for bit, its per-state form called on every row alone
+// (B = 1, T = 1: what a decode step did per run before), with each row's
+// state in an allocation of its own. Sizes put every op past its OpenMP
+// threshold, so rows run on several threads.
+
+// A row's state: n floats at a fresh address, and a copy for the reference.
+static float *row_state(int64_t n, uint64_t seed, float std, float **copy) {
+    float *p = malloc(sizeof(float) * n);
+    tu_randn(p, n, seed, std);
+    *copy = malloc(sizeof(float) * n);
+    memcpy(*copy, p, sizeof(float) * n);
+    return p;
+}
+
+// conv1d_step against conv1d_fwd (T = 1, the window as state) then
+// conv1d_update_state, per row; x rows with a stride (as the layers' column
+// slices), with and without bias and SiLU, W = 4 and 2.
+static void check_conv1d_step(int W, int with_bias, int silu) {
+    be_t *be = tu_cpu();
+    enum { N = 6, C = 2000, LDX = 2100 };
+    float *x = malloc(sizeof(float) * N * LDX), *w = malloc(sizeof(float) * C * W), *bias = malloc(sizeof(float) * C);
+    float *y = malloc(sizeof(float) * N * C), *ref = malloc(sizeof(float) * C);
+    tu_randn(x, (int64_t)N * LDX, 50, 1.0f), tu_randn(w, (int64_t)C * W, 51, 0.5f), tu_randn(bias, C, 52, 0.1f);
+    float *win[N], *win0[N];
+    void *rows[N];
+    for (int r = 0; r < N; r++)
+        rows[r] = win[r] = row_state((int64_t)C * W, 60 + r, 1.0f, &win0[r]);
+    be->conv1d_step(be, y, x, LDX, w, with_bias ? bias : NULL, rows, N, C, W, silu);
+    for (int r = 0; r < N; r++) {
+        be->conv1d_fwd(be, ref, x + (int64_t)r * LDX, LDX, w, with_bias ? bias : NULL, win0[r], 1, 1, C, W, silu);
+        be->conv1d_update_state(be, win0[r], x + (int64_t)r * LDX, LDX, 1, 1, C, W);
+        assert_memory_equal(y + (int64_t)r * C, ref, sizeof(float) * C);
+        assert_memory_equal(win[r], win0[r], sizeof(float) * C * W);
+    }
+    for (int r = 0; r < N; r++)
+        free(win[r]), free(win0[r]);
+    free(x), free(w), free(bias), free(y), free(ref);
+}
+static void test_conv1d_step(void **st) {
+    check_conv1d_step(4, 0, 1);
+    check_conv1d_step(4, 1, 1);
+    check_conv1d_step(2, 1, 0);
+}
+
+// gdn_recurrent_step against gdn_recurrent_fwd (B = 1, T = 1) per row; GVA
+// (HV = 2 H).
+static void test_gdn_recurrent_step(void **st) {
+    be_t *be = tu_cpu();
+    enum { N = 16, H = 2, HV = 4, K = 128, Dv = 128 };
+    const int64_t SS = (int64_t)HV * Dv * K;
+    const float scale = 1.0f / sqrtf((float)K);
+    float *q = malloc(sizeof(float) * N * H * K), *k = malloc(sizeof(float) * N * H * K);
+    float *v = malloc(sizeof(float) * N * HV * Dv), *g = malloc(sizeof(float) * N * HV),
+          *beta = malloc(sizeof(float) * N * HV);
+    float *o = malloc(sizeof(float) * N * HV * Dv), *ref = malloc(sizeof(float) * HV * Dv);
+    tu_randn(q, (int64_t)N * H * K, 70, 0.1f), tu_randn(k, (int64_t)N * H * K, 71, 0.1f);
+    tu_randn(v, (int64_t)N * HV * Dv, 72, 1.0f);
+    tu_randu(g, N * HV, 73, -2.0f, -0.01f), tu_randu(beta, N * HV, 74, 0.0f, 1.0f);
+    float *S[N], *S0[N];
+    void *rows[N];
+    for (int r = 0; r < N; r++)
+        rows[r] = S[r] = row_state(SS, 80 + r, 0.1f, &S0[r]);
+    be->gdn_recurrent_step(be, o, rows, q, k, v, g, beta, scale, N, H, HV, K, Dv);
+    for (int r = 0; r < N; r++) {
+        be->gdn_recurrent_fwd(be, ref, S0[r], q + (int64_t)r * H * K, k + (int64_t)r * H * K, v + (int64_t)r * HV * Dv,
+                              g + r * HV, beta + r * HV, scale, 1, 1, H, HV, K, Dv);
+        assert_memory_equal(o + (int64_t)r * HV * Dv, ref, sizeof(float) * HV * Dv);
+        assert_memory_equal(S[r], S0[r], sizeof(float) * SS);
+    }
+    for (int r = 0; r < N; r++)
+        free(S[r]), free(S0[r]);
+    free(q), free(k), free(v), free(g), free(beta), free(o), free(ref);
+}
+
+// ssd_recurrent_step against ssd_recurrent_fwd (B = 1, T = 1) per row; x, B
+// and C column slices of one xBC row (the layer's strides), grouped as
+// MambaInLlama (Hx = GB = 2 heads of x and B for H = 4, GC = H).
+static void test_ssd_recurrent_step(void **st) {
+    be_t *be = tu_cpu();
+    enum { N = 6, H = 4, Hx = 2, GB = 2, GC = 4, P = 32, Ns = 64 };
+    const int64_t ld = (int64_t)Hx * P + GB * Ns + GC * Ns, oB = (int64_t)Hx * P, oC = oB + GB * Ns;
+    const int64_t PN = (int64_t)H * P * Ns;
+    float *xbc = malloc(sizeof(float) * N * ld), *dt = malloc(sizeof(float) * N * H);
+    float A_log[H], D[H], *y = malloc(sizeof(float) * N * H * P), *ref = malloc(sizeof(float) * H * P);
+    tu_randn(xbc, N * ld, 90, 1.0f), tu_randu(dt, N * H, 91, 0.01f, 1.0f);
+    tu_randu(A_log, H, 92, -1.0f, 1.0f), tu_randn(D, H, 93, 1.0f);
+    float *S[N], *S0[N];
+    void *rows[N];
+    for (int r = 0; r < N; r++)
+        rows[r] = S[r] = row_state(PN, 100 + r, 0.5f, &S0[r]);
+    be->ssd_recurrent_step(be, y, rows, xbc, ld, xbc + oB, ld, xbc + oC, ld, dt, A_log, D, N, H, Hx, GB, GC, P, Ns);
+    for (int r = 0; r < N; r++) {
+        const float *xr = xbc + r * ld;
+        be->ssd_recurrent_fwd(be, ref, S0[r], xr, ld, xr + oB, ld, xr + oC, ld, dt + r * H, A_log, D, 1, 1, H, Hx, GB,
+                              GC, P, Ns);
+        assert_memory_equal(y + (int64_t)r * H * P, ref, sizeof(float) * H * P);
+        assert_memory_equal(S[r], S0[r], sizeof(float) * PN);
+    }
+    for (int r = 0; r < N; r++)
+        free(S[r]), free(S0[r]);
+    free(xbc), free(dt), free(y), free(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attn_decode_gqa),
-        cmocka_unit_test(test_attn_decode_mha),
-        cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_attn_decode_gqa),    cmocka_unit_test(test_attn_decode_mha),
+        cmocka_unit_test(test_kv_append),          cmocka_unit_test(test_conv1d_step),
+        cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_ssd_recurrent_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

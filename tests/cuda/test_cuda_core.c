@@ -8,7 +8,8 @@
 // relative L2 error, max abs difference and the first mismatching index.
 //
 // Tolerances (every check states which one it uses):
-//  EXACT     copies, embedding, state rolls: bit-identical. add / scale /
+//  EXACT     copies, embedding, state rolls (conv1d_update_state, conv1d_step
+//            windows): bit-identical. add / scale /
 //            accumulating copy: one fp32 op on bf16 inputs, then one
 //            round-to-nearest-even to bf16 on both sides, so the GPU result
 //            equals the CPU result rounded to bf16 exactly.
@@ -1029,6 +1030,59 @@ static void test_gated_rmsnorm_deterministic(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// conv1d_step: N rows, each row's window [C, W] in an allocation of its own,
+// against the CPU op on the same bf16 inputs. y: BF16 (fp32 sums of the same
+// bf16 products, one rounding); the rolled windows: EXACT (bf16 copies).
+static int conv_step_case(int N, int C, int W, int64_t ldx, int bias, int silu) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "N=%d C=%d W=%d ldx=%lld%s%s", N, C, W, (long long)ldx, bias ? " bias" : "",
+             silu ? " silu" : " linear");
+    int64_t wl = (int64_t)C * W;
+    float *x = rnd(N * ldx, 1.0f), *w = rnd(wl, 0.5f), *b = bias ? rnd(C, 0.5f) : NULL, *y = tu_hbuf((int64_t)N * C);
+    float *nan = tu_nans((int64_t)N * C), **win = malloc(sizeof(float *) * N);
+    void **rows_h = malloc(sizeof(void *) * N), **rows_d = malloc(sizeof(void *) * N);
+    for (int r = 0; r < N; r++) {
+        win[r] = rnd(wl, 1.0f);
+        rows_d[r] = tu_dev_act(gpu, win[r], wl);
+        rows_h[r] = win[r];
+    }
+    void **ptr_d = gpu->alloc(gpu, sizeof(void *) * N);
+    assert_non_null(ptr_d);
+    assert_int_equal(gpu->copy_h2d(gpu, ptr_d, rows_d, sizeof(void *) * N), 0);
+    void *dx = tu_dev_act(gpu, x, N * ldx), *dw = tu_dev_act(gpu, w, wl), *db = bias ? tu_dev_act(gpu, b, C) : NULL;
+    void *dy = tu_dev_act(gpu, nan, (int64_t)N * C);
+    cpu->conv1d_step(cpu, y, x, ldx, w, b, rows_h, N, C, W, silu);
+    gpu->conv1d_step(gpu, dy, dx, ldx, dw, db, ptr_d, N, C, W, silu);
+    int fails = !tu_sync(gpu, "conv1d_step", shape) || !check_act("conv1d_step y", shape, dy, y, (int64_t)N * C, BF16);
+    float *got = tu_hbuf(N * wl), *want = tu_hbuf(N * wl); // every row's window, compared at once
+    for (int r = 0; r < N; r++) {
+        float *h = tu_host_act(gpu, rows_d[r], wl);
+        memcpy(got + r * wl, h, sizeof(float) * wl), memcpy(want + r * wl, win[r], sizeof(float) * wl);
+        free(h);
+    }
+    fails += !check("conv1d_step windows", shape, got, want, N * wl, EXACT);
+    free(got), free(want);
+    for (int r = 0; r < N; r++)
+        free(win[r]), tu_dev_free(gpu, rows_d[r]);
+    gpu->free(gpu, ptr_d);
+    tu_dev_free(gpu, dx), tu_dev_free(gpu, dw), tu_dev_free(gpu, dy);
+    if (db) tu_dev_free(gpu, db);
+    free(x), free(w), free(b), free(y), free(nan), free(win), free(rows_h), free(rows_d);
+    return fails;
+}
+
+static void test_conv1d_step(void **st) {
+    setup_backends();
+    int fails = 0;
+    fails += conv_step_case(1, 1, 4, 1, 1, 1);
+    fails += conv_step_case(5, 33, 4, 40, 1, 1);
+    fails += conv_step_case(64, 2048 + 256, 4, 2 * 2048 + 256, 1, 1); // Mamba-2-like xBC slice, 64 streams
+    fails += conv_step_case(3, 77, 8, 80, 0, 0);
+    fails += conv_step_case(7, 130, 2, 384, 0, 1);
+    fails += conv_step_case(2, 16, 1, 16, 1, 1);
+    assert_int_equal(fails, 0);
+}
+
 static void test_conv1d_deterministic(void **st) {
     setup_backends();
     int fails = 0;
@@ -1154,6 +1208,7 @@ int main(void) {
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_conv1d),
+        cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_rmsnorm_deterministic),
         cmocka_unit_test(test_gated_rmsnorm_deterministic),
         cmocka_unit_test(test_conv1d_deterministic),

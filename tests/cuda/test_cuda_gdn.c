@@ -33,6 +33,8 @@
 //  REC_O      4e-3  decode output: fp32 math on the same inputs, one bf16
 //                   rounding of the output (2^-9, ~1.1e-3 in L2).
 //  REC_S      1e-5  decode state: fp32, only the summation order differs.
+//                   Both also for gdn_recurrent_step (per-row states: the
+//                   same kernel and math, the state found through a pointer).
 //  GATE_F32   1e-5  g, beta, dA_log, ddt_bias: the same fp32 formulas (device
 //                   expf/log1pf within 2 ulp of the host's); sums in double.
 //  GATE_BF16  4e-3  da, db: one bf16 rounding.
@@ -263,6 +265,59 @@ static void test_recurrent(void **st) {
         free(q), free(k), free(v), free(g), free(beta), free(s0), free(o_ref), free(s_ref), free(nan);
         tu_dev_free(gpu, dq), tu_dev_free(gpu, dk), tu_dev_free(gpu, dv), tu_dev_free(gpu, d_o), tu_dev_free(gpu, dg),
             tu_dev_free(gpu, dbeta), tu_dev_free(gpu, ds);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// gdn_recurrent_step: N rows, each row's state [HV, Dv, K] in an allocation
+// of its own, against the CPU op. REC_O / REC_S as the recurrence (the same
+// kernel, reading the state through the row's pointer).
+static void test_recurrent_step(void **st) {
+    setup();
+    int fails = 0;
+    // N, H, HV, K, Dv
+    static const int cases[][5] = {{1, 2, 2, 64, 64}, {5, 2, 4, 256, 512}, {64, 2, 2, 64, 128}, {3, 1, 1, 80, 48}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int N = cases[ci][0], H = cases[ci][1], HV = cases[ci][2], K = cases[ci][3], Dv = cases[ci][4];
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%d H=%d HV=%d K=%d Dv=%d (per-row states)", N, H, HV, K, Dv);
+        const int64_t nq = (int64_t)N * H * K, nv = (int64_t)N * HV * Dv, ns = (int64_t)HV * Dv * K;
+        const int64_t dov[4] = {N, 1, HV, Dv}, dst[4] = {N, HV, Dv, K};
+        float *q = rnd_unit_rows((int64_t)N * H, K), *k = rnd_unit_rows((int64_t)N * H, K), *v = rnd(nv, 1.0f);
+        float *g = tu_hbuf((int64_t)N * HV), *beta = tu_hbuf((int64_t)N * HV), *nan = tu_nans(nv);
+        make_gates(g, beta, N, HV);
+        const float scale = 1.0f / sqrtf((float)K);
+        float *o_ref = tu_hbuf(nv), **s_ref = malloc(sizeof(float *) * N);
+        void **rows_h = malloc(sizeof(void *) * N), **rows_d = malloc(sizeof(void *) * N);
+        for (int r = 0; r < N; r++) {
+            float *s0 = rnd_f32(ns, 0.1f);
+            rows_d[r] = tu_dev_f32(gpu, s0, ns);
+            rows_h[r] = s_ref[r] = s0;
+        }
+        void **ptr_d = gpu->alloc(gpu, sizeof(void *) * N);
+        assert_non_null(ptr_d);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d, rows_d, sizeof(void *) * N), 0);
+        cpu->gdn_recurrent_step(cpu, o_ref, rows_h, q, k, v, g, beta, scale, N, H, HV, K, Dv);
+        void *dq = tu_dev_act(gpu, q, nq), *dk = tu_dev_act(gpu, k, nq), *dv = tu_dev_act(gpu, v, nv),
+             *d_o = tu_dev_act(gpu, nan, nv);
+        float *dg = tu_dev_f32(gpu, g, (int64_t)N * HV), *dbeta = tu_dev_f32(gpu, beta, (int64_t)N * HV);
+        gpu->gdn_recurrent_step(gpu, d_o, ptr_d, dq, dk, dv, dg, dbeta, scale, N, H, HV, K, Dv);
+        fails += !tu_sync(gpu, "recurrent_step", shape) ||
+                 !check_act("recurrent_step o", shape, d_o, o_ref, nv, dov, "btnv", REC_O);
+        float *got = tu_hbuf(N * ns), *want = tu_hbuf(N * ns); // every row's state, compared at once
+        for (int r = 0; r < N; r++) {
+            float *h = tu_host_f32(gpu, rows_d[r], ns);
+            memcpy(got + r * ns, h, sizeof(float) * ns), memcpy(want + r * ns, s_ref[r], sizeof(float) * ns);
+            free(h);
+        }
+        fails += !check("recurrent_step state", shape, got, want, N * ns, dst, "bhvk", REC_S);
+        free(got), free(want);
+        for (int r = 0; r < N; r++)
+            free(s_ref[r]), tu_dev_free(gpu, rows_d[r]);
+        gpu->free(gpu, ptr_d);
+        free(q), free(k), free(v), free(g), free(beta), free(nan), free(o_ref), free(s_ref), free(rows_h), free(rows_d);
+        tu_dev_free(gpu, dq), tu_dev_free(gpu, dk), tu_dev_free(gpu, dv), tu_dev_free(gpu, d_o), tu_dev_free(gpu, dg),
+            tu_dev_free(gpu, dbeta);
     }
     assert_int_equal(fails, 0);
 }
@@ -522,9 +577,8 @@ static void test_layer(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gates), cmocka_unit_test(test_recurrent),
-        cmocka_unit_test(test_chunk), cmocka_unit_test(test_chunk_small_scratch),
-        cmocka_unit_test(test_layer),
+        cmocka_unit_test(test_gates), cmocka_unit_test(test_recurrent),           cmocka_unit_test(test_recurrent_step),
+        cmocka_unit_test(test_chunk), cmocka_unit_test(test_chunk_small_scratch), cmocka_unit_test(test_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -521,6 +521,80 @@ static void test_ssd_recurrent(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// ssd_recurrent_step: the rows' states [H, P, N] each in an allocation of its
+// own, against the CPU op; tolerances as ssd_recurrent_fwd (the same kernel,
+// the state found through the row's pointer): y 5e-3 (fp32 math, one bf16
+// rounding), state 1e-5 (fp32, another summation order).
+static void test_ssd_recurrent_step(void **st) {
+    setup_backends();
+    static const int cases[][7] = {
+        // N  H  Hx GB GC P    N
+        {1, 4, 2, 2, 4, 64, 64},
+        {5, 4, 2, 2, 4, 64, 128},
+        {64, 24, 8, 8, 24, 64, 64},
+        {3, 9, 3, 3, 9, 48, 80},
+    };
+    int fails = 0;
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        const int *c = cases[ci];
+        ssd_case_t k = {.B = c[0],
+                        .T = 1,
+                        .H = c[1],
+                        .Hx = c[2],
+                        .GB = c[3],
+                        .GC = c[4],
+                        .P = c[5],
+                        .N = c[6],
+                        .chunk = 1,
+                        .init = 1};
+        char label[128];
+        snprintf(label, sizeof label, "recurrent_step N%d H%d/%d/%d/%d P%d N%d", k.B, k.H, k.Hx, k.GB, k.GC, k.P, k.N);
+        ssd_in_t in;
+        make_inputs(&k, &in);
+        const int64_t per = in.ns / k.B; // one row's state
+        float *y_c = tu_hbuf(in.ny), *st_c = tu_hdup(in.s0, in.ns), *poison = tu_nans(in.ny);
+        void **rows_h = malloc(sizeof(void *) * k.B), **rows_d = malloc(sizeof(void *) * k.B);
+        for (int r = 0; r < k.B; r++) {
+            rows_h[r] = st_c + r * per;
+            rows_d[r] = tu_dev_f32(gpu, in.s0 + r * per, per);
+        }
+        void **ptr_d = gpu->alloc(gpu, sizeof(void *) * k.B);
+        assert_non_null(ptr_d);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d, rows_d, sizeof(void *) * k.B), 0);
+        cpu->ssd_recurrent_step(cpu, y_c, rows_h, in.xbc, in.ld, in.xbc + in.oB, in.ld, in.xbc + in.oC, in.ld, in.dt,
+                                in.A_log, in.D, k.B, k.H, k.Hx, k.GB, k.GC, k.P, k.N);
+        void *xbc_d = tu_dev_act(gpu, in.xbc, in.nxbc), *y_d = tu_dev_act(gpu, poison, in.ny),
+             *Al_d = tu_dev_act(gpu, in.A_log, k.H), *D_d = tu_dev_act(gpu, in.D, k.H);
+        float *dt_d = tu_dev_f32(gpu, in.dt, in.ndt);
+        gpu->ssd_recurrent_step(gpu, y_d, ptr_d, xbc_d, in.ld, tu_gat(gpu, xbc_d, in.oB), in.ld,
+                                tu_gat(gpu, xbc_d, in.oC), in.ld, dt_d, Al_d, D_d, k.B, k.H, k.Hx, k.GB, k.GC, k.P,
+                                k.N);
+        if (!tu_sync(gpu, label, "ssd_recurrent_step")) {
+            fails++;
+        } else {
+            float *y_g = tu_host_act(gpu, y_d, in.ny), *st_g = tu_hbuf(in.ns);
+            for (int r = 0; r < k.B; r++) {
+                float *h = tu_host_f32(gpu, rows_d[r], per);
+                memcpy(st_g + r * per, h, sizeof(float) * per);
+                free(h);
+            }
+            out_t o[2] = {{"y", y_g, y_c, in.ny, {k.B, 1, k.H, k.P}, "bthp", 5e-3},
+                          {"state", st_g, st_c, in.ns, {k.B, k.H, k.P, k.N}, "bhpn", 1e-5}};
+            fails += report(label, o, 2) > 0;
+            free(y_g), free(st_g);
+        }
+        for (int r = 0; r < k.B; r++)
+            tu_dev_free(gpu, rows_d[r]);
+        gpu->free(gpu, ptr_d);
+        tu_dev_free(gpu, xbc_d), tu_dev_free(gpu, y_d), tu_dev_free(gpu, Al_d), tu_dev_free(gpu, D_d),
+            tu_dev_free(gpu, dt_d);
+        free(y_c), free(st_c), free(poison), free(rows_h), free(rows_d);
+        free_inputs(&in);
+    }
+    printf("ssd_recurrent_step: %d case(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
 // ---- softplus(dt + dt_bias) ---------------------------------------------------------------
 
 static void test_softplus_bias(void **st) {
@@ -724,10 +798,10 @@ static void test_m2_layer(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_softplus_bias),     cmocka_unit_test(test_ssd_recurrent),
-        cmocka_unit_test(test_ssd_chunk),         cmocka_unit_test(test_ssd_chunk_extra),
-        cmocka_unit_test(test_ssd_deterministic), cmocka_unit_test(test_ssd_small_scratch),
-        cmocka_unit_test(test_m2_layer),
+        cmocka_unit_test(test_softplus_bias),      cmocka_unit_test(test_ssd_recurrent),
+        cmocka_unit_test(test_ssd_recurrent_step), cmocka_unit_test(test_ssd_chunk),
+        cmocka_unit_test(test_ssd_chunk_extra),    cmocka_unit_test(test_ssd_deterministic),
+        cmocka_unit_test(test_ssd_small_scratch),  cmocka_unit_test(test_m2_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -278,7 +278,8 @@ static void test_continuous_batch_equals_alone(void **st) {
     // The one difference from decoding alone is the summation order of the
     // dense products: OpenBLAS's sgemv for a step of one row, its sgemm (whose
     // kernels depend on the row count) for several; every other op treats each
-    // row, or each state, by itself, with the calls decoding alone makes. That
+    // row, or each state, by itself, in the order decoding alone does (the
+    // per-row decode ops are bitwise their per-state forms: test_decode_ops). That
     // is fp32 rounding of logits up to ~7: seen 8e-5 (6e-6 with sgemm for one
     // row too), bound 5e-4 as check_decode_equals_forward. Rows given another
     // sequence's position or visible length were off by 8 to 9 (tried).

@@ -108,8 +108,34 @@ static void cpu_conv1d_update_state(be_t *be, void *state_, const void *x_, int6
         }
 }
 
+// One token per row, each row's window at its own address: the conv of
+// cpu_conv1d_fwd at T = 1 (the same terms in the same order: the window's
+// slots 1..W-1, then x), then the roll of cpu_conv1d_update_state.
+static void cpu_conv1d_step(be_t *be, void *y_, const void *x_, int64_t ldx, const void *w_, const void *bias_,
+                            void *const *rows, int N, int C, int W, int silu) {
+    float *y = y_;
+    const float *x = x_, *w = w_, *bias = bias_;
+#pragma omp parallel for schedule(static) if ((int64_t)N * C * W > CPU_PAR_MIN)
+    for (int r = 0; r < N; r++) {
+        float *st = rows[r];
+        const float *xr = x + (int64_t)r * ldx;
+        for (int c = 0; c < C; c++) {
+            float *s = st + (int64_t)c * W, xc = xr[c];
+            float p = bias ? bias[c] : 0.0f;
+            for (int i = 0; i < W - 1; i++)
+                p += w[(int64_t)c * W + i] * s[i + 1];
+            p += w[(int64_t)c * W + W - 1] * xc;
+            y[(int64_t)r * C + c] = silu ? cpu_silu(p) : p;
+            for (int j = 0; j + 1 < W; j++)
+                s[j] = s[j + 1];
+            s[W - 1] = xc;
+        }
+    }
+}
+
 void cpu_register_conv(be_t *be) {
     be->conv1d_fwd = cpu_conv1d_fwd;
     be->conv1d_bwd = cpu_conv1d_bwd;
     be->conv1d_update_state = cpu_conv1d_update_state;
+    be->conv1d_step = cpu_conv1d_step;
 }

@@ -150,6 +150,24 @@ static void cpu_gdn_recurrent_fwd(be_t *be, void *o_, float *state, const void *
     if (!state) cpu_tmp_give(be, &tmp);
 }
 
+// One token per row, each row's state at its own address: recurrent_head of
+// a lone sequence (B = 1, T = 1) on row r's slices, so every row's numbers
+// are those of cpu_gdn_recurrent_fwd on that row alone.
+static void cpu_gdn_recurrent_step(be_t *be, void *o_, void *const *rows, const void *q_, const void *k_,
+                                   const void *v_, const float *g, const float *beta, float scale, int N, int H, int HV,
+                                   int K, int Dv) {
+    float *o = o_;
+    const float *q = q_, *k = k_, *v = v_;
+    int64_t SS = (int64_t)Dv * K;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads(N, 1, HV, K, Dv))
+    for (int r = 0; r < N; r++)
+        for (int h = 0; h < HV; h++) {
+            int64_t qo = (int64_t)r * H * K, vo = (int64_t)r * HV * Dv, go = (int64_t)r * HV;
+            recurrent_head((float *)rows[r] + h * SS, o + vo, q + qo, k + qo, v + vo, g + go, beta + go, scale, 0, h, 1,
+                           H, HV, K, Dv);
+        }
+}
+
 // Backpropagation through time over the stored states (test oracle).
 int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0, const float *dout,
                           const float *dstate_final, const float *q, const float *k, const float *v, const float *g,
@@ -688,4 +706,5 @@ void cpu_register_gdn(be_t *be) {
     be->gdn_chunk_fwd = cpu_gdn_chunk_fwd;
     be->gdn_chunk_bwd = cpu_gdn_chunk_bwd;
     be->gdn_recurrent_fwd = cpu_gdn_recurrent_fwd;
+    be->gdn_recurrent_step = cpu_gdn_recurrent_step;
 }

@@ -482,6 +482,26 @@ static void cpu_ssd_chunk_bwd(be_t *be, void *dx_, void *dB_, void *dC_, float *
 
 // ---- recurrence: decode steps and the oracle ----------------------------------
 
+// Sequence b, head h over its T tokens; S its state [P, N], updated in place.
+static void recurrent_head(const ssd_shape_t *s, int b, int h, float *S, float *y, const float *x, const float *Bm,
+                           const float *Cm, const float *dt, const float *A_log, const float *D) {
+    int T = s->T, H = s->H, P = s->P, N = s->N;
+    ssd_head_t v = head_view(s, b, h, x, Bm, Cm, dt, A_log, D);
+    for (int t = 0; t < T; t++) {
+        float dtt = dt_at(s, &v, t), a = expf(dtt * v.A);
+        const float *xt = x_at(s, &v, t), *bt = b_at(s, &v, t), *ct = c_at(s, &v, t);
+        float *yt = y + (((int64_t)b * T + t) * H + h) * P;
+        for (int p = 0; p < P; p++) {
+            float wx = dtt * xt[p], *row = S + (int64_t)p * N, o = 0;
+            for (int n = 0; n < N; n++) {
+                row[n] = a * row[n] + wx * bt[n];
+                o += row[n] * ct[n];
+            }
+            yt[p] = o + v.D * xt[p];
+        }
+    }
+}
+
 static void cpu_ssd_recurrent_fwd(be_t *be, void *y_, float *state, const void *x, int64_t ldx, const void *Bm,
                                   int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
                                   const void *D, int B, int T, int H, int Hx, int GB, int GC, int P, int N) {
@@ -490,23 +510,21 @@ static void cpu_ssd_recurrent_fwd(be_t *be, void *y_, float *state, const void *
     int64_t PN = (int64_t)P * N;
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * H * PN > CPU_PAR_MIN)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            ssd_head_t v = head_view(&s, b, h, x, Bm, Cm, dt, A_log, D);
-            float *S = state + ((int64_t)b * H + h) * PN;
-            for (int t = 0; t < T; t++) {
-                float dtt = dt_at(&s, &v, t), a = expf(dtt * v.A);
-                const float *xt = x_at(&s, &v, t), *bt = b_at(&s, &v, t), *ct = c_at(&s, &v, t);
-                float *yt = y + (((int64_t)b * T + t) * H + h) * P;
-                for (int p = 0; p < P; p++) {
-                    float wx = dtt * xt[p], *row = S + (int64_t)p * N, o = 0;
-                    for (int n = 0; n < N; n++) {
-                        row[n] = a * row[n] + wx * bt[n];
-                        o += row[n] * ct[n];
-                    }
-                    yt[p] = o + v.D * xt[p];
-                }
-            }
-        }
+        for (int h = 0; h < H; h++)
+            recurrent_head(&s, b, h, state + ((int64_t)b * H + h) * PN, y, x, Bm, Cm, dt, A_log, D);
+}
+
+// One token per row, each row's state at its own address: row r is sequence
+// r of a step of B = N sequences of T = 1, through the same recurrent_head.
+static void cpu_ssd_recurrent_step(be_t *be, void *y, void *const *rows, const void *x, int64_t ldx, const void *Bm,
+                                   int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
+                                   const void *D, int N, int H, int Hx, int GB, int GC, int P, int Ns) {
+    ssd_shape_t s = make_shape(N, 1, H, Hx, GB, GC, P, Ns, 1, ldx, ldb, ldc);
+    int64_t PN = (int64_t)P * Ns;
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)N * H * PN > CPU_PAR_MIN)
+    for (int r = 0; r < N; r++)
+        for (int h = 0; h < H; h++)
+            recurrent_head(&s, r, h, (float *)rows[r] + h * PN, y, x, Bm, Cm, dt, A_log, D);
 }
 
 // Naive backward through time (the test oracle). Serial and in double, with
@@ -608,4 +626,5 @@ void cpu_register_ssd(be_t *be) {
     be->ssd_chunk_fwd = cpu_ssd_chunk_fwd;
     be->ssd_chunk_bwd = cpu_ssd_chunk_bwd;
     be->ssd_recurrent_fwd = cpu_ssd_recurrent_fwd;
+    be->ssd_recurrent_step = cpu_ssd_recurrent_step;
 }

@@ -203,6 +203,26 @@ __global__ void k_conv_state(bf16 *state, const bf16 *x, int64_t ldx, int B, int
     }
 }
 
+// One token per row (blockIdx.y), row r's window at rows[r] ([C, W]): the sum
+// of k_conv_fwd at T = 1 (the same terms in the same order; its zero-padded
+// taps add exact zeros first), then the roll of k_conv_state. One thread per
+// channel: it reads its window before writing it.
+__global__ void k_conv_step(bf16 *y, const bf16 *x, int64_t ldx, const bf16 *w, const bf16 *bias, bf16 *const *rows,
+                            int C, int W, int silu) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (c >= C) return;
+    bf16 *s = rows[r] + (int64_t)c * W;
+    const bf16 xc = x[(int64_t)r * ldx + c];
+    float p = bias ? __bfloat162float(bias[c]) : 0.0f;
+    for (int i = 0; i + 1 < W; i++)
+        p += __bfloat162float(w[(int64_t)c * W + i]) * __bfloat162float(s[i + 1]);
+    p += __bfloat162float(w[(int64_t)c * W + W - 1]) * __bfloat162float(xc);
+    y[(int64_t)r * C + c] = __float2bfloat16_rn(silu ? dev_silu(p) : p);
+    for (int j = 0; j + 1 < W; j++)
+        s[j] = s[j + 1];
+    s[W - 1] = xc;
+}
+
 static int conv_check(be_t *be, const char *what, int W) {
     if (W >= 1 && W <= CONV_WMAX) return 1;
     cu_op_error(be, "cuda %s: conv width W = %d; the CUDA kernels take 1..%d", what, W, CONV_WMAX);
@@ -271,8 +291,22 @@ static void cu_conv1d_update_state(be_t *be, void *state, const void *x, int64_t
     cuda_check_launch(be, "conv1d_update_state");
 }
 
+static void cu_conv1d_step(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
+                           void *const *rows, int N, int C, int W, int silu) {
+    if (!conv_check(be, "conv1d_step", W) || N <= 0 || C <= 0) return;
+    if (N > 65535) {
+        cu_op_error(be, "cuda conv1d_step: %d rows; the kernel takes at most 65535", N);
+        return;
+    }
+    dim3 grid((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)N);
+    k_conv_step<<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)y, (const bf16 *)x, ldx, (const bf16 *)w,
+                                                            (const bf16 *)bias, (bf16 *const *)rows, C, W, silu);
+    cuda_check_launch(be, "conv1d_step");
+}
+
 extern "C" void cuda_register_conv(be_t *be) {
     be->conv1d_fwd = cu_conv1d_fwd;
     be->conv1d_bwd = cu_conv1d_bwd;
     be->conv1d_update_state = cu_conv1d_update_state;
+    be->conv1d_step = cu_conv1d_step;
 }

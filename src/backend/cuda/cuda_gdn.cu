@@ -47,7 +47,9 @@
 //          (deterministic dA_log / ddt_bias).
 //  k_recurrent (decode): one warp per 4 value rows of one (sequence, head),
 //          K spread over the lanes, the state rows in registers across the T
-//          tokens; memory-bound (reads and writes 4 K Dv bytes per head).
+//          tokens; memory-bound (reads and writes 4 K Dv bytes per head). The
+//          states are one [B, HV, Dv, K] buffer, or (gdn_recurrent_step) each
+//          sequence's own at a per-row pointer.
 //
 // ---- scratch (be->scratch; bytes per sequence-token per value head) -------------
 // With Tc = 64 NT (T rounded up to whole chunks), every buffer rounded up to
@@ -316,18 +318,21 @@ enum { REC_ROWS = 4, REC_WARPS = 4 };
 // E = K/32 state elements per lane (lane l holds columns [l E, l E + E)).
 template <int E>
 __global__ void __launch_bounds__(REC_WARPS * 32)
-    k_recurrent(bf16 *o, float *state, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                float scale, int T, int H, int HV, int K, int Dv) {
+    k_recurrent(bf16 *o, float *state, float *const *rows, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+                const float *beta, float scale, int T, int H, int HV, int K, int Dv) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
     const int v0 = (blockIdx.x * REC_WARPS + warp) * REC_ROWS;
     const int x0 = lane * E;
     const bool kval = x0 < K;
+    // this (sequence, head)'s state [Dv, K]: in state [B, HV, Dv, K], or in
+    // sequence b's own [HV, Dv, K] at rows[b] (a decode step over many caches)
+    float *sb = rows ? rows[b] + (int64_t)h * Dv * K : state ? state + (int64_t)bh * Dv * K : nullptr;
     float s[REC_ROWS][E];
 #pragma unroll
     for (int r = 0; r < REC_ROWS; r++) {
-        const bool ok = state && kval && v0 + r < Dv;
-        const float *sp = state + ((int64_t)bh * Dv + v0 + r) * K + x0;
+        const bool ok = sb && kval && v0 + r < Dv;
+        const float *sp = sb + (int64_t)(v0 + r) * K + x0;
 #pragma unroll
         for (int e = 0; e < E; e++)
             s[r][e] = ok ? sp[e] : 0.0f;
@@ -385,8 +390,8 @@ __global__ void __launch_bounds__(REC_WARPS * 32)
     }
 #pragma unroll
     for (int r = 0; r < REC_ROWS; r++)
-        if (state && kval && v0 + r < Dv) {
-            float *sp = state + ((int64_t)bh * Dv + v0 + r) * K + x0;
+        if (sb && kval && v0 + r < Dv) {
+            float *sp = sb + (int64_t)(v0 + r) * K + x0;
 #pragma unroll
             for (int e = 0; e < E; e++)
                 sp[e] = s[r][e];
@@ -1947,14 +1952,16 @@ static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, 
     arena_reset(&be->scratch, mark);
 }
 
-static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q, const void *k, const void *v,
-                                 const float *g, const float *beta, float scale, int B, int T, int H, int HV, int K,
-                                 int Dv) {
+// Launches k_recurrent over B sequences of T tokens: states in `state` [B,
+// HV, Dv, K], or (rows non-NULL) sequence b's at rows[b].
+static void gdn_recurrent(be_t *be, const char *op, void *o, float *state, float *const *rows, const void *q,
+                          const void *k, const void *v, const float *g, const float *beta, float scale, int B, int T,
+                          int H, int HV, int K, int Dv) {
     if (B < 1 || T < 1) return;
-    if (H < 1 || HV < H || HV % H || K < 2 || K > 256 || K % 2) {
-        cu_op_error(be,
-                    "gdn_recurrent_fwd: unsupported shape H %d HV %d K %d Dv %d (HV a multiple of H, even K <= 256)", H,
-                    HV, K, Dv);
+    if (H < 1 || HV < H || HV % H || K < 2 || K > 256 || K % 2 || (int64_t)B * HV > 65535) {
+        cu_op_error(
+            be, "%s: unsupported shape B %d H %d HV %d K %d Dv %d (HV a multiple of H, even K <= 256, B HV <= 65535)",
+            op, B, H, HV, K, Dv);
         gdn_poison(be, o, (size_t)B * T * HV * Dv * 2);
         return;
     }
@@ -1964,15 +1971,26 @@ static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q,
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     if (K <= 64) {
         auto kfn = k_recurrent<2>;
-        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, rows, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
     } else if (K <= 128) {
         auto kfn = k_recurrent<4>;
-        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, rows, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
     } else {
         auto kfn = k_recurrent<8>;
-        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, rows, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
     }
     cuda_check_launch(be, "gdn k_recurrent");
+}
+
+static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q, const void *k, const void *v,
+                                 const float *g, const float *beta, float scale, int B, int T, int H, int HV, int K,
+                                 int Dv) {
+    gdn_recurrent(be, "gdn_recurrent_fwd", o, state, NULL, q, k, v, g, beta, scale, B, T, H, HV, K, Dv);
+}
+
+static void cu_gdn_recurrent_step(be_t *be, void *o, void *const *rows, const void *q, const void *k, const void *v,
+                                  const float *g, const float *beta, float scale, int N, int H, int HV, int K, int Dv) {
+    gdn_recurrent(be, "gdn_recurrent_step", o, NULL, (float *const *)rows, q, k, v, g, beta, scale, N, 1, H, HV, K, Dv);
 }
 
 static void cu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a, int64_t lda, const void *b, int64_t ldb,
@@ -2020,4 +2038,5 @@ extern "C" void cuda_register_gdn(be_t *be) {
     be->gdn_chunk_fwd = cu_gdn_chunk_fwd;
     be->gdn_chunk_bwd = cu_gdn_chunk_bwd;
     be->gdn_recurrent_fwd = cu_gdn_recurrent_fwd;
+    be->gdn_recurrent_step = cu_gdn_recurrent_step;
 }

@@ -1154,13 +1154,15 @@ __global__ void __launch_bounds__(256)
 
 // state [B,H,P,N] fp32 read once, updated in registers over the T tokens, written
 // once. Each warp owns STEP_RW rows p; lane k holds columns lane + 32 k (N <= 128).
-__global__ void __launch_bounds__(128) k_ssd_step(bf16 *__restrict__ y, float *__restrict__ state, ssd_dims_t a) {
+// rows non-NULL (ssd_recurrent_step): sequence b's state [H, P, N] is at rows[b] instead.
+__global__ void __launch_bounds__(128)
+    k_ssd_step(bf16 *__restrict__ y, float *__restrict__ state, float *const *__restrict__ rows, ssd_dims_t a) {
     const int bh = blockIdx.y, b = bh / a.H, h = bh - b * a.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p0 = (blockIdx.x * 4 + warp) * STEP_RW;
     if (p0 >= a.P) return; // warp-uniform; no block barrier below
     const float A = -expf(bf(a.A_log[h])), Dh = bf(a.D[h]);
-    float *S = state + ((int64_t)bh * a.P + p0) * a.N;
+    float *S = (rows ? rows[b] + (int64_t)h * a.P * a.N : state + (int64_t)bh * a.P * a.N) + (int64_t)p0 * a.N;
     float s[STEP_RW][4];
 #pragma unroll
     for (int r = 0; r < STEP_RW; r++)
@@ -1456,8 +1458,18 @@ static void cu_ssd_recurrent_fwd(be_t *be, void *y, float *state, const void *x,
     if (!ssd_args_ok(be, "ssd_recurrent_fwd", B, T, H, Hx, GB, GC, P, N, 1, 0) || B == 0) return;
     ssd_dims_t a = make_dims(B, T, H, Hx, GB, GC, P, N, 1, x, ldx, Bm, ldb, Cm, ldc, dt, A_log, D);
     dim3 grid((unsigned)((P + 4 * STEP_RW - 1) / (4 * STEP_RW)), B * H);
-    k_ssd_step<<<grid, 128, 0, cuda_stream(be)>>>((bf16 *)y, state, a);
+    k_ssd_step<<<grid, 128, 0, cuda_stream(be)>>>((bf16 *)y, state, NULL, a);
     cuda_check_launch(be, "k_ssd_step");
+}
+
+static void cu_ssd_recurrent_step(be_t *be, void *y, void *const *rows, const void *x, int64_t ldx, const void *Bm,
+                                  int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
+                                  const void *D, int N, int H, int Hx, int GB, int GC, int P, int Ns) {
+    if (!ssd_args_ok(be, "ssd_recurrent_step", N, 1, H, Hx, GB, GC, P, Ns, 1, 0) || N == 0) return;
+    ssd_dims_t a = make_dims(N, 1, H, Hx, GB, GC, P, Ns, 1, x, ldx, Bm, ldb, Cm, ldc, dt, A_log, D);
+    dim3 grid((unsigned)((P + 4 * STEP_RW - 1) / (4 * STEP_RW)), N * H);
+    k_ssd_step<<<grid, 128, 0, cuda_stream(be)>>>((bf16 *)y, NULL, (float *const *)rows, a);
+    cuda_check_launch(be, "k_ssd_step (rows)");
 }
 
 static void cu_softplus_bias_fwd(be_t *be, float *out, const void *dt, int64_t ld, const void *dt_bias, int64_t N,
@@ -1497,4 +1509,5 @@ extern "C" void cuda_register_ssd(be_t *be) {
     be->ssd_chunk_fwd = cu_ssd_chunk_fwd;
     be->ssd_chunk_bwd = cu_ssd_chunk_bwd;
     be->ssd_recurrent_fwd = cu_ssd_recurrent_fwd;
+    be->ssd_recurrent_step = cu_ssd_recurrent_step;
 }
