@@ -28,7 +28,8 @@
 #           evaluated.
 #   eval:   the three KD checkpoints evaluated, side by side; chat answers of every model;
 #           latency and cache memory against the teacher; RULER at 4K and 8K for the
-#           teacher and the untrained hybrid.
+#           teacher and the untrained hybrid; the serve load test (64 streams) of the
+#           teacher and the KD 8K hybrid.
 # The calls must follow each other within the 30 s the machine stays warm: a
 # cold start is a bare machine, and the trained weights are gone with it.
 # Training lengths are set in steps from the throughput each stage measured
@@ -256,6 +257,17 @@ eval)
         --data $D --out $O/ruler_teacher &
     step ruler_untrained 420 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
         --chunk 8192 --data $D --out $O/ruler_untrained &
+    # issue 12's load test: 64 streams of mixed lengths against the teacher,
+    # then the distilled hybrid (beside the evaluations: latencies contended)
+    cat $D/essays/*.txt > $W/essays.txt
+    (
+        for n in teacher kd8k; do
+            p=$M
+            [ $n = teacher ] || p=$W/$n/final
+            step serve_load_$n 200 env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$n \
+                SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $p $W/essays.txt
+        done
+    ) &
     (evaluate kd2k $W/kd2k/final) > $O/ev_kd2k.txt 2>&1 &
     (evaluate kd8k $W/kd8k/final) > $O/ev_kd8k.txt 2>&1 &
     (evaluate kd32k $W/kd32k/final) > $O/ev_kd32k.txt 2>&1 &
