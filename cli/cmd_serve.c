@@ -180,7 +180,7 @@ int cmd_serve(int argc, char **argv) {
     // (the weights loaded) less the prefix cache's budget, with 15% left
     // for the run's arena, the decode step's buffers and a growing cache's
     // copy (model_state_reserve holds old and new rows while it copies).
-    int64_t budget = (int64_t)cache_mb << 20;
+    int64_t budget = cache_mb > 0 ? (int64_t)cache_mb * 1048576 : 0;
     if (rc == 0 && cache_mb < 0) {
         int64_t fr = be->mem_free ? be->mem_free(be) : -1;
         budget = fr < 0 ? 0 : (fr - ((int64_t)prefix_mb << 20)) / 100 * 85;

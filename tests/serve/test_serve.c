@@ -280,9 +280,9 @@ static int teardown(void **state) {
     return tu_tmpdir_teardown(state);
 }
 
-static void ensure_server(void) {
-    if (S.pid > 0) return;
-    server_start(&S, "", "--ctx 1024 --max-seqs 4 --queue 4");
+// The CLI's greedy answers (want_chat, want_completion), computed once.
+static void cli_answers(void) {
+    if (want_chat) return;
     char args[1024];
     snprintf(args, sizeof args, "chat %s --prompt '%s' -n 8", tu_model_path(), Q);
     want_chat = cli_output(args);
@@ -292,6 +292,12 @@ static void ensure_server(void) {
     want_completion = strdup(g + strlen(P));
     free(g);
     printf("  chat: '%s'\n  generate: '%s'\n", want_chat, want_completion);
+}
+
+static void ensure_server(void) {
+    if (S.pid > 0) return;
+    server_start(&S, "", "--ctx 1024 --max-seqs 4 --queue 4");
+    cli_answers();
 }
 
 // Non-streaming chat and completion with temperature 0 = the CLI's answers.
@@ -687,7 +693,7 @@ static void test_prefix_eviction(void **state) {
 // one of ~14 tokens (0.6 MiB), which waits in the queue with a slot free,
 // then runs; both answer as the CLI does.
 static void test_cache_budget(void **state) {
-    ensure_server(); // the CLI's answers
+    cli_answers();
     server_t s2;
     server_start(&s2, "", "--ctx 1024 --max-seqs 2 --cache-mb 8");
     char *r;
