@@ -24,6 +24,17 @@ void cpu_register_quant(be_t *be); // cpu_quant.c: products on quantised / bf16 
 // such small ops.
 #define CPU_PAR_MIN (1 << 15)
 
+// p[u] = exp(p[u] - m) for u < n (m: their maximum), returning their sum in
+// double: the softmax's numerator and denominator, shared by the attention
+// ops so that every path rounds the same way.
+static inline double cpu_exp_shift(float *p, int64_t n, float m) {
+    double sum = 0;
+    for (int64_t u = 0; u < n; u++) {
+        p[u] = expf(p[u] - m);
+        sum += p[u];
+    }
+    return sum;
+}
 static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float cpu_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -60,11 +60,7 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
                         p[u] = dot8(qr, kr, dqk) * scale;
                         if (p[u] > m) m = p[u];
                     }
-                    double sum = 0;
-                    for (int u = 0; u <= last; u++) {
-                        p[u] = expf(p[u] - m);
-                        sum += p[u];
-                    }
+                    double sum = cpu_exp_shift(p, last + 1, m);
                     float *o = out + (((int64_t)b * Tq + t) * H + h) * dv;
                     memset(o, 0, (size_t)dv * sizeof(float));
                     float inv = (float)(1.0 / sum);
@@ -156,11 +152,7 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, void *const *k
                     p[u] = dot8(qr, k + u * ldk, dqk) * scale;
                     if (p[u] > m) m = p[u];
                 }
-                double sum = 0;
-                for (int u = 0; u < n; u++) {
-                    p[u] = expf(p[u] - m);
-                    sum += p[u];
-                }
+                double sum = cpu_exp_shift(p, n, m);
                 float inv = (float)(1.0 / sum);
                 for (int u = 0; u < n; u++)
                     axpy8(o, p[u] * inv, v + u * ldv, dv);

@@ -49,11 +49,7 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
                     p[u] = s * scale;
                     if (p[u] > m) m = p[u];
                 }
-                double sum = 0;
-                for (int u = 0; u < n; u++) {
-                    p[u] = expf(p[u] - m);
-                    sum += p[u];
-                }
+                double sum = cpu_exp_shift(p, n, m);
                 float inv = (float)(1.0 / sum);
                 for (int u = 0; u < n; u++) {
                     const float *row = rows + u * L;
