@@ -10,7 +10,7 @@
 
 typedef struct {
     model_run_t *student;
-    model_run_t *teacher;  // KD: NULL when the loss is CE alone
+    model_run_t *teacher;  // KD: NULL when the loss is CE alone; created with no arena, it runs in student's
     float *grad;           // the student's flat gradient (device)
     int recompute;         // KD: activation checkpointing of the student's blocks
     int ild_mode;          // DIST_L2 (the published loss) or DIST_MSE
