@@ -56,6 +56,9 @@ int distill_kd(distill_t *d, const int32_t *ids, const int32_t *targets, int B, 
     acts.blocks = d->blocks;
     TRY(model_forward_train(rs, ids, B, T, d->recompute, &acts));
     float *dW = head_grad(s, d->grad);
+    // the losses' scratch peak apart from the rest (the trainer's plan)
+    size_t peak_before = be->scratch.peak;
+    be->scratch.peak = be->scratch.used;
     if (use_kl)
         be->fused_kl(be, d_loss, dh, dW, acts.h, s->lm_head, ht, t->lm_head, NULL, N, a->d, t->a.d, a->V, kl_scale);
     if (use_ce) {
@@ -63,7 +66,12 @@ int distill_kd(distill_t *d, const int32_t *ids, const int32_t *targets, int B, 
         be->fused_ce(be, d_loss + 1, dh_ce, dW, acts.h, s->lm_head, d_tgt, N, a->d, a->V, ce_scale);
         if (dh_ce != dh) be->add(be, dh, dh_ce, N * a->d);
     }
-    TRY(model_backward(rs, &acts, dh, d->grad));
+    out->scratch_loss = be->scratch.peak;
+    be->scratch.peak = peak_before;
+    int rc = model_backward(rs, &acts, dh, d->grad);
+    out->scratch_rest = be->scratch.peak;
+    if (out->scratch_loss > be->scratch.peak) be->scratch.peak = out->scratch_loss;
+    TRY(rc);
     float l[2] = {0, 0};
     TRY(be->copy_d2h(be, l, d_loss, sizeof l));
     if (use_kl) out->kl = l[0] / kl_scale;
@@ -127,6 +135,7 @@ int distill_ild(distill_t *d, const int32_t *ids, int B, int T, float scale, dis
     if (rc == 0) rc = be->copy_d2h(be, l, d_loss, (size_t)2 * L * sizeof(float));
     for (int i = 0; rc == 0 && i < L; i++)
         out->ild_h += l[2 * i] / scale, out->ild_a += l[2 * i + 1] / scale;
+    out->scratch_rest = be->scratch.peak;
     free(l);
     free(g);
     return rc;

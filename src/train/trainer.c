@@ -135,6 +135,7 @@ int train_plan(const train_cfg_t *c, be_t *be, model_t *s, model_t *t, optim_t *
                 rc = micro_step(&cc, &rs, t ? &rt : NULL, o->grad, blocks, ids, tgt, c->B, 1,
                                 count_ce(tgt, (int64_t)c->B * cc.T), &l);
             p->peak[k] = rs.arena.peak, p->teacher_peak[k] = rt.arena.peak, p->scratch_peak[k] = be->scratch.peak;
+            p->scratch_loss[k] = rc == 0 ? l.scratch_loss : 0, p->scratch_rest[k] = rc == 0 ? l.scratch_rest : 0;
             p->n_alloc = rs.arena.n_alloc;
             int full = rc == ERR_NOMEM && rs.arena.overflowed;
             model_run_free(&rs);
@@ -147,7 +148,8 @@ int train_plan(const train_cfg_t *c, be_t *be, model_t *s, model_t *t, optim_t *
     }
     free(ids), free(tgt), free(blocks);
     if (p->n_probe == 1)
-        p->peak[1] = p->peak[0], p->teacher_peak[1] = p->teacher_peak[0], p->scratch_peak[1] = p->scratch_peak[0];
+        p->peak[1] = p->peak[0], p->teacher_peak[1] = p->teacher_peak[0], p->scratch_peak[1] = p->scratch_peak[0],
+        p->scratch_loss[1] = p->scratch_loss[0], p->scratch_rest[1] = p->scratch_rest[0];
     if (rc == 0) rc = optim_zero_grad(o, s);
     if (rc < 0) return err_wrap(rc, "measuring the activation plan: ");
     // The line through the probes, at T (exact when B T is a multiple of 128),
@@ -157,11 +159,21 @@ int train_plan(const train_cfg_t *c, be_t *be, model_t *s, model_t *t, optim_t *
     int64_t dT = (int64_t)p->Ts[1] - p->Ts[0];
     p->arena = p->peak[1] + (dT ? (d * (size_t)(c->T - p->Ts[1]) + (size_t)dT - 1) / (size_t)dT : 0);
     if (p->n_probe == 2) p->arena += 256 * p->n_alloc;
-    // The ops' scratch (chunked recurrences, fused losses) grows with T too;
-    // some ops take what is free in it, so its peak is not a plain line: the
-    // margin stays.
-    double per_x = dT ? ((double)p->scratch_peak[1] - (double)p->scratch_peak[0]) / dT : 0;
-    double need_x = p->scratch_peak[1] + (per_x > 0 ? per_x : 0) * (c->T - p->Ts[1]);
+    // The ops' scratch grows with T too. The fused losses' part stops growing
+    // at be->loss_rows_max rows (a line to all N rows was 513 KB per token at
+    // V 128K: 32 GiB at 64K); the rest (chunked recurrences, attention
+    // backward) is a line. Some ops take what is free in it (attention's
+    // backward, the losses' chunks), so the margin stays.
+    double per_x = dT ? ((double)p->scratch_rest[1] - (double)p->scratch_rest[0]) / dT : 0;
+    double need_x = p->scratch_rest[1] + (per_x > 0 ? per_x : 0) * (c->T - p->Ts[1]);
+    int64_t rmax = be->loss_rows_max(be, s->a.V), rows[3];
+    int64_t Ns[3] = {(int64_t)c->B * p->Ts[0], (int64_t)c->B * p->Ts[1], (int64_t)c->B * c->T};
+    for (int i = 0; i < 3; i++)
+        rows[i] = Ns[i] < rmax ? Ns[i] : rmax;
+    double per_row =
+        rows[1] > rows[0] ? ((double)p->scratch_loss[1] - (double)p->scratch_loss[0]) / (rows[1] - rows[0]) : 0;
+    double need_l = p->scratch_loss[1] + (per_row > 0 && rows[2] > rows[1] ? per_row * (rows[2] - rows[1]) : 0);
+    if (need_l > need_x) need_x = need_l;
     p->scratch = (size_t)(need_x * 1.05) + ((size_t)64 << 20);
     return 0;
 }
@@ -627,7 +639,7 @@ int train_run(const train_cfg_t *c) {
     }
     train_plan_t plan;
     if (rc == 0) rc = train_plan(c, tr.be, &tr.s, tr.have_t ? &tr.t : NULL, &tr.o, &plan);
-    if (rc == 0) rc = be_scratch_reserve(tr.be, plan.scratch);
+    if (rc == 0) rc = be_scratch_resize(tr.be, plan.scratch); // the plan's size, smaller or larger
     if (rc == 0) {
         printf("memory    activation plan: one arena of %.1f MiB (the teacher's forward inside it, %.1f MiB of it), "
                "op scratch %.1f MiB (B %d x T %d%s)\n",

@@ -69,10 +69,12 @@ typedef struct {
     int Ts[2];              // the probe lengths
     size_t peak[2];         // the arena's peak at each (the teacher's forward included)
     size_t teacher_peak[2]; // the teacher's forward's own peak inside it
-    size_t scratch_peak[2]; // the op scratch's peak at each
+    size_t scratch_peak[2]; // the op scratch's peak at each: the larger of
+    size_t scratch_loss[2]; // its peak inside the fused losses (KD)
+    size_t scratch_rest[2]; // and everywhere else
     size_t n_alloc;         // allocations of the longest probe's micro-batch
     size_t arena;           // bytes to reserve at T: the line through the probes + 256 n_alloc
-    size_t scratch;         // the op scratch to reserve at T
+    size_t scratch; // the op scratch to reserve at T: (the larger of the losses' and the rest's) x 1.05 + 64 MiB
 } train_plan_t;
 // Measures the plan on student s and teacher t (NULL: none), with o's
 // gradient (left zeroed) for the probes' backward.

@@ -3,9 +3,10 @@
 // bytes are the measured peak (exactly when B T is a multiple of 128 or when
 // T is probed itself; otherwise within the rounding of the allocations), that
 // a micro-batch runs in exactly the reserved arena, that the one arena is
-// smaller than the two the old plan reserved, and that borrowing changes no
-// number. The CPU and CUDA backends share the arena code (src/base/arena.c):
-// the peaks are counted the same way, with 4-byte activations here.
+// smaller than the two the old plan reserved, that the op scratch's plan holds
+// the micro-batch's scratch and does not extrapolate the fused losses' chunks
+// past their cap, and that borrowing changes no number. The CPU and CUDA backends share the arena code
+// (src/base/arena.c): the peaks are counted the same way, with 4-byte activations here.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,12 +87,15 @@ static void check_plan(int T, int B, int ild, int recompute) {
     fix_init(&f, T, B, ild, recompute);
     train_plan_t p;
     assert_int_equal(train_plan(&f.c, tu_cpu(), &f.s, &f.t, &f.o, &p), 0);
-    // A run in exactly the reserved arena, the teacher in it.
+    // A run in exactly the reserved arena, the teacher in it, and the planned scratch.
+    be_t *be = tu_cpu();
+    assert_int_equal(be_scratch_resize(be, p.scratch), 0);
+    be->scratch.peak = 0;
     model_run_t rs, rt;
     assert_int_equal(model_run_create(&rs, &f.s, p.arena), 0);
     assert_int_equal(model_run_create(&rt, &f.t, 0), 0);
     double loss = micro(&f, &rs, &rt);
-    size_t peak = rs.arena.peak, tpeak = rt.arena.peak;
+    size_t peak = rs.arena.peak, tpeak = rt.arena.peak, xpeak = be->scratch.peak;
     float *g1 = malloc((size_t)f.o.n * sizeof(float));
     memcpy(g1, f.o.grad, (size_t)f.o.n * sizeof(float));
     model_run_free(&rs), model_run_free(&rt);
@@ -109,6 +113,11 @@ static void check_plan(int T, int B, int ild, int recompute) {
         assert_true(p.arena - (p.n_probe > 1 ? 256 * p.n_alloc : 0) == peak); // the line is exact there
     else
         assert_true(p.arena - peak <= 256 * p.n_alloc); // each live allocation rounded up by < 256 bytes
+    // the op scratch: within the plan; the fused losses' part stops growing at
+    // loss_rows_max rows (64 on the CPU, below both probes' 128 and 256)
+    assert_true(xpeak <= p.scratch);
+    if (!ild) assert_true(p.scratch_loss[0] > 0);
+    if (!ild && p.n_probe == 2) assert_true(p.scratch_loss[0] == p.scratch_loss[1]);
     // the teacher's forward reached into the arena; one arena is less than the two apart
     assert_true(tpeak > 0 && tpeak == peak_t);
     assert_true(p.arena < peak_s + peak_t);
