@@ -37,6 +37,16 @@ void be_destroy(be_t *be) {
 
 int be_scratch_reserve(be_t *be, size_t bytes) {
     if (be->scratch.cap >= bytes) return 0;
+    return be_scratch_resize(be, bytes);
+}
+
+int be_scratch_resize(be_t *be, size_t bytes) {
+    if (be->scratch.cap == bytes) return 0;
+    if (!bytes) {
+        be->free(be, be->scratch.base);
+        arena_init(&be->scratch, NULL, 0, be->scratch.what);
+        return 0;
+    }
     void *p = be->alloc(be, bytes);
     if (!p) return err_wrap(ERR_NOMEM, "%s scratch arena of %.1f MiB: ", be->name, bytes / 1048576.0);
     be->free(be, be->scratch.base);

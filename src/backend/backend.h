@@ -331,6 +331,10 @@ struct be {
     // so the target array can be passed).
     void (*fused_kl)(be_t *be, float *loss, void *dhs, float *dWs, const void *hs, const void *Ws, const void *ht,
                      const void *Wt, const int32_t *mask, int64_t N, int ds, int dt, int64_t V, float scale);
+    // The most token rows fused_ce / fused_kl take in one chunk at vocabulary
+    // V: their scratch stops growing with N there (the trainer's plan sizes the
+    // scratch by it rather than extrapolating the chunks to all N rows).
+    int64_t (*loss_rows_max)(be_t *be, int64_t V);
     // Layer-wise distillation distance between a student's rows x and a teacher's rows y ([N, d] act each):
     // loss (float, one value, overwritten) = scale * sum_n dist_n with dist_n = ||x_n - y_n||_2 (DIST_L2, the
     // Zebra-Llama / HyLo ILD loss) or ||x_n - y_n||^2 / d (DIST_MSE, torch's MSELoss per row); dx (act,
@@ -362,6 +366,9 @@ void be_destroy(be_t *be);
 // Grows the scratch arena to at least `bytes` (its contents are dropped);
 // nothing happens when it is that large already.
 int be_scratch_reserve(be_t *be, size_t bytes);
+// Makes the scratch arena exactly `bytes` (its contents are dropped): grows
+// or gives memory back (the trainer, once its plan is known).
+int be_scratch_resize(be_t *be, size_t bytes);
 
 #ifdef HYLO_CUDA
 // The CUDA backend's stream (a cudaStream_t), for timing ops with CUDA events

@@ -192,8 +192,8 @@ void model_free(model_t *m) {
 
 int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes) {
     memset(r, 0, sizeof *r);
-    void *amem = m->be->alloc(m->be, arena_bytes);
-    if (!amem) return err_wrap(ERR_NOMEM, "activation arena of %.1f MiB: ", arena_bytes / 1048576.0);
+    void *amem = arena_bytes ? m->be->alloc(m->be, arena_bytes) : NULL; // 0: a run that borrows (model_run_lend)
+    if (arena_bytes && !amem) return err_wrap(ERR_NOMEM, "activation arena of %.1f MiB: ", arena_bytes / 1048576.0);
     r->m = m;
     arena_init(&r->arena, amem, arena_bytes, "activation arena");
     return 0;
@@ -212,6 +212,9 @@ void model_run_free(model_run_t *r) {
     free(r->cache_off);
     memset(r, 0, sizeof *r);
 }
+
+void model_run_lend(model_run_t *host, model_run_t *r) { arena_lend(&host->arena, &r->arena); }
+void model_run_settle(model_run_t *host, model_run_t *r) { arena_settle(&host->arena, &r->arena); }
 
 void model_run_trim(model_run_t *r) {
     be_t *be = r->m->be;

@@ -93,9 +93,17 @@ int model_load_ex(model_t *m, const char *path, be_t *be, int flags);
 // caller that reads more from it (the tokenizer in a GGUF's metadata) without
 // opening and parsing the file a second time.
 int model_load_src(model_t *m, wsrc_t *src, const arch_t *a, be_t *be, int flags);
-// A run over m's weights with an activation arena of arena_bytes on m's device.
+// A run over m's weights with an activation arena of arena_bytes on m's device
+// (0: none of its own; it runs in another run's, model_run_lend).
 int model_run_create(model_run_t *r, model_t *m, size_t arena_bytes);
 void model_run_free(model_run_t *r);
+// Gives r (created with no arena) the free part of host's arena, above what
+// host holds now, until model_run_settle, which folds r's peak into host's
+// (arena_lend / arena_settle). host must allocate nothing in between. The
+// trainer's teacher forward runs so inside the student's arena: only the KD
+// target it writes (in host's part) outlives it.
+void model_run_lend(model_run_t *host, model_run_t *r);
+void model_run_settle(model_run_t *host, model_run_t *r);
 // Between inference forwards (nothing of the run lives in its arena): empties
 // the arena and gives the pages the run's arena and the backend's scratch
 // touched back to the system (be->discard; a no-op where the backend has

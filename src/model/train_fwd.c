@@ -42,9 +42,13 @@ int block_backward(model_run_t *r, int l, layer_w_t *g, const block_saved_t *sv,
     void *dxn = ctx_act(&c, nd), *dmid = ctx_act(&c, nd), *tmp = ctx_act(&c, nd);
     if (!dxn || !dmid || !tmp) return ERR_NOMEM;
     // x_out = x_mid + mlp(norm2(x_mid))
+    size_t mark_mlp = arena_mark(&r->arena);
     TRY(mlp_backward(&c, &w->mlp, &g->mlp, dxn, dx_out, &sv->mlp));
     be->rmsnorm_bwd(be, dmid, g->norm2, dxn, sv->x_mid, w->norm2, sv->rstd2, N, a->d);
     be->add(be, dmid, dx_out, nd);
+    // The MLP backward's three [N, ffn] temporaries are dead: the mixer's
+    // backward reuses their room (stream order keeps it safe on a device).
+    arena_reset(&r->arena, mark_mlp);
     // x_mid = x_in + mixer(norm1(x_in)); the mixer output also gets the ILD term
     // da, the residual path does not.
     const void *dmix = dmid;

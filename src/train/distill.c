@@ -12,6 +12,19 @@ static float *head_grad(const model_t *m, float *grad) {
     return grad + off;
 }
 
+// The teacher's forward (model_hidden): a teacher run with no arena of its
+// own runs in the free part of the student's, above what the micro-batch
+// keeps there (the KD target, ILD's records), which the student's own
+// forward reuses after it. The numbers are the same either way.
+static int teacher_hidden(model_run_t *rs, model_run_t *rt, const int32_t *ids, int B, int T, void *h,
+                          const model_record_t *rec) {
+    int lend = rt->arena.cap == 0;
+    if (lend) model_run_lend(rs, rt);
+    int rc = model_hidden(rt, ids, B, T, h, rec);
+    if (lend) model_run_settle(rs, rt);
+    return rc;
+}
+
 int distill_kd(distill_t *d, const int32_t *ids, const int32_t *targets, int B, int T, float kl_scale, float ce_scale,
                distill_loss_t *out) {
     model_run_t *rs = d->student;
@@ -37,12 +50,15 @@ int distill_kd(distill_t *d, const int32_t *ids, const int32_t *targets, int B, 
         if (t->a.V != a->V)
             return err_set(ERR_INPUT, "teacher vocabulary %d differs from the student's %d", t->a.V, a->V);
         if (!(ht = arena_alloc(&rs->arena, (size_t)N * t->a.d * be->act_size))) return ERR_NOMEM;
-        TRY(model_hidden(d->teacher, ids, B, T, ht, NULL));
+        TRY(teacher_hidden(rs, d->teacher, ids, B, T, ht, NULL));
     }
     model_acts_t acts;
     acts.blocks = d->blocks;
     TRY(model_forward_train(rs, ids, B, T, d->recompute, &acts));
     float *dW = head_grad(s, d->grad);
+    // the losses' scratch peak apart from the rest (the trainer's plan)
+    size_t peak_before = be->scratch.peak;
+    be->scratch.peak = be->scratch.used;
     if (use_kl)
         be->fused_kl(be, d_loss, dh, dW, acts.h, s->lm_head, ht, t->lm_head, NULL, N, a->d, t->a.d, a->V, kl_scale);
     if (use_ce) {
@@ -50,7 +66,12 @@ int distill_kd(distill_t *d, const int32_t *ids, const int32_t *targets, int B, 
         be->fused_ce(be, d_loss + 1, dh_ce, dW, acts.h, s->lm_head, d_tgt, N, a->d, a->V, ce_scale);
         if (dh_ce != dh) be->add(be, dh, dh_ce, N * a->d);
     }
-    TRY(model_backward(rs, &acts, dh, d->grad));
+    out->scratch_loss = be->scratch.peak;
+    be->scratch.peak = peak_before;
+    int rc = model_backward(rs, &acts, dh, d->grad);
+    out->scratch_rest = be->scratch.peak;
+    if (out->scratch_loss > be->scratch.peak) be->scratch.peak = out->scratch_loss;
+    TRY(rc);
     float l[2] = {0, 0};
     TRY(be->copy_d2h(be, l, d_loss, sizeof l));
     if (use_kl) out->kl = l[0] / kl_scale;
@@ -92,7 +113,7 @@ int distill_ild(distill_t *d, const int32_t *ids, int B, int T, float scale, dis
     int rc = (!ht || !hn || !dhn || !dx || !da || !rstd || !d_loss || !g) ? ERR_NOMEM : 0;
     if (rc == 0) rc = model_bind(s, d->grad, sizeof(float), g, &gemb, &gnorm, &ghead);
     model_record_t rec = {xs, as};
-    if (rc == 0) rc = model_hidden(d->teacher, ids, B, T, ht, &rec);
+    if (rc == 0) rc = teacher_hidden(rs, d->teacher, ids, B, T, ht, &rec);
     for (int l = 0; l < L && rc == 0; l++) {
         size_t mark = arena_mark(&rs->arena);
         block_saved_t sv;
@@ -114,6 +135,7 @@ int distill_ild(distill_t *d, const int32_t *ids, int B, int T, float scale, dis
     if (rc == 0) rc = be->copy_d2h(be, l, d_loss, (size_t)2 * L * sizeof(float));
     for (int i = 0; rc == 0 && i < L; i++)
         out->ild_h += l[2 * i] / scale, out->ild_a += l[2 * i + 1] / scale;
+    out->scratch_rest = be->scratch.peak;
     free(l);
     free(g);
     return rc;

@@ -10,7 +10,7 @@
 
 typedef struct {
     model_run_t *student;
-    model_run_t *teacher;  // KD: NULL when the loss is CE alone
+    model_run_t *teacher;  // KD: NULL when the loss is CE alone; created with no arena, it runs in student's
     float *grad;           // the student's flat gradient (device)
     int recompute;         // KD: activation checkpointing of the student's blocks
     int ild_mode;          // DIST_L2 (the published loss) or DIST_MSE
@@ -20,9 +20,13 @@ typedef struct {
 // What a micro-batch measured, unscaled: KL and CE summed over its rows; ILD:
 // the per-token distances summed over tokens and layers, hidden-state and
 // mixer-output terms apart. n_tok rows, n_ce of them with a CE target.
+// scratch_loss: the op scratch's peak inside the fused losses (KD), which take
+// chunks of rows up to be->loss_rows_max; scratch_rest: its peak everywhere
+// else in the micro-batch (be->scratch.peak still covers both).
 typedef struct {
     double kl, ce, ild_h, ild_a;
     int64_t n_tok, n_ce;
+    size_t scratch_loss, scratch_rest;
 } distill_loss_t;
 
 // KD: loss = kl_scale * KL(teacher || student) + ce_scale * CE(targets) over B

@@ -81,14 +81,13 @@ static int64_t count_ce(const int32_t *tgt, int64_t n) {
     return k;
 }
 
-// One distillation micro-batch on the runs as they are. The loss is
+// One distillation micro-batch on the runs (rt NULL: no teacher). The loss is
 // normalised by the global micro-batch (B rows on each of `world` ranks;
 // n_ce_all CE targets over all of them), so that the gradients summed over
 // the ranks are those of one rank running all the rows.
-static int micro_step(trainer_t *tr, const int32_t *ids, const int32_t *tgt, int B, int world, int64_t n_ce_all,
-                      distill_loss_t *l) {
-    const train_cfg_t *c = tr->c;
-    distill_t d = {&tr->rs, tr->have_t ? &tr->rt : NULL, tr->o.grad, c->recompute, c->ild_mode, tr->blocks};
+static int micro_step(const train_cfg_t *c, model_run_t *rs, model_run_t *rt, float *grad, block_saved_t *blocks,
+                      const int32_t *ids, const int32_t *tgt, int B, int world, int64_t n_ce_all, distill_loss_t *l) {
+    distill_t d = {rs, rt, grad, c->recompute, c->ild_mode, blocks};
     double rows = (double)B * world;
     if (c->ild) return distill_ild(&d, ids, B, c->T, (float)(1.0 / (rows * c->T * c->GA)), l);
     // KL "batchmean" (per sequence) as the published runs; CE a token mean.
@@ -97,55 +96,86 @@ static int micro_step(trainer_t *tr, const int32_t *ids, const int32_t *tgt, int
     return distill_kd(&d, ids, tgt, B, c->T, kl, ce, l);
 }
 
-// The activation plan: each run's arena peak measured on one micro-batch of
-// B x T0 and B x 2 T0 tokens (every saved tensor and temporary is linear in
-// the token count), extrapolated to B x T, with a margin for alignment.
-static int plan_arenas(trainer_t *tr, size_t *bytes_s, size_t *bytes_t) {
-    const train_cfg_t *c = tr->c;
-    int T0 = c->T < 128 ? c->T : 128;
-    int Ts[2] = {T0 / 2 > 0 ? T0 / 2 : 1, T0};
-    size_t peak_s[2], peak_t[2], peak_x[2];
+// Probes of the plan: a micro-batch of B x T rows fills an arena whose peak is
+// sum_i round256(B T c_i) + const (every saved tensor and temporary is c_i
+// bytes per token, c_i a multiple of 2; the GDN / Mamba-2 initial states and
+// the loss slots are constants). At B T a multiple of 128 nothing is rounded,
+// so two such lengths give the line exactly.
+enum { PLAN_T0 = 128, PLAN_T1 = 256 };
+
+int train_plan(const train_cfg_t *c, be_t *be, model_t *s, model_t *t, optim_t *o, train_plan_t *p) {
+    memset(p, 0, sizeof *p);
+    // T <= PLAN_T1: one probe at T itself, exact.
+    p->n_probe = c->T <= PLAN_T1 ? 1 : 2;
+    p->Ts[0] = p->n_probe == 1 ? c->T : PLAN_T0, p->Ts[1] = p->n_probe == 1 ? c->T : PLAN_T1;
+    int Tmax = p->Ts[1];
     size_t probe = (size_t)64 << 20; // doubled until the probe step fits
-    int64_t n = (int64_t)c->B * T0;
+    int64_t n = (int64_t)c->B * Tmax;
     int32_t *ids = malloc((size_t)n * sizeof(int32_t)), *tgt = malloc((size_t)n * sizeof(int32_t));
-    if (!ids || !tgt) {
-        free(ids), free(tgt);
+    block_saved_t *blocks = calloc((size_t)s->a.n_layers, sizeof *blocks);
+    if (!ids || !tgt || !blocks) {
+        free(ids), free(tgt), free(blocks);
         return err_set(ERR_NOMEM, "out of memory");
     }
     for (int64_t i = 0; i < n; i++)
-        ids[i] = (int32_t)((i * 7919) % tr->s.a.V), tgt[i] = (int32_t)((i * 104729 + 1) % tr->s.a.V);
+        ids[i] = (int32_t)((i * 7919) % s->a.V), tgt[i] = (int32_t)((i * 104729 + 1) % s->a.V);
     int rc = 0;
-    for (int k = 0; k < 2 && rc == 0; k++) {
+    for (int k = 0; k < p->n_probe && rc == 0; k++) {
         train_cfg_t cc = *c;
-        cc.T = Ts[k];
+        cc.T = p->Ts[k];
         for (;;) {
-            tr->be->scratch.peak = 0;
-            trainer_t probe_tr = *tr;
-            probe_tr.c = &cc;
-            rc = model_run_create(&probe_tr.rs, &tr->s, probe);
-            if (rc == 0 && tr->have_t) rc = model_run_create(&probe_tr.rt, &tr->t, probe);
+            be->scratch.peak = 0;
+            model_run_t rs, rt;
+            memset(&rt, 0, sizeof rt);
+            // the teacher has no arena of its own: its forward runs in the student's (distill.c)
+            rc = model_run_create(&rs, s, probe);
+            if (rc == 0 && t) rc = model_run_create(&rt, t, 0);
             distill_loss_t l;
-            if (rc == 0) rc = micro_step(&probe_tr, ids, tgt, c->B, 1, count_ce(tgt, n), &l);
-            peak_s[k] = probe_tr.rs.arena.peak, peak_t[k] = probe_tr.rt.arena.peak, peak_x[k] = tr->be->scratch.peak;
-            int full = rc == ERR_NOMEM && (probe_tr.rs.arena.overflowed || probe_tr.rt.arena.overflowed);
-            model_run_free(&probe_tr.rs);
-            model_run_free(&probe_tr.rt);
+            if (rc == 0)
+                rc = micro_step(&cc, &rs, t ? &rt : NULL, o->grad, blocks, ids, tgt, c->B, 1,
+                                count_ce(tgt, (int64_t)c->B * cc.T), &l);
+            p->peak[k] = rs.arena.peak, p->teacher_peak[k] = rt.arena.peak, p->scratch_peak[k] = be->scratch.peak;
+            p->scratch_loss[k] = rc == 0 ? l.scratch_loss : 0, p->scratch_rest[k] = rc == 0 ? l.scratch_rest : 0;
+            p->n_alloc = rs.arena.n_alloc;
+            int full = rc == ERR_NOMEM && rs.arena.overflowed;
+            model_run_free(&rs);
+            model_run_free(&rt);
             if (!full || probe >= ((size_t)1 << 36)) break;
-            probe *= 2; // an arena ran full: measure again with more room
-            TRY(optim_zero_grad(&tr->o, &tr->s));
+            probe *= 2; // the arena ran full: measure again with more room
+            rc = optim_zero_grad(o, s);
+            if (rc < 0) break;
         }
     }
-    free(ids), free(tgt);
-    if (rc == 0) rc = optim_zero_grad(&tr->o, &tr->s);
+    free(ids), free(tgt), free(blocks);
+    if (p->n_probe == 1)
+        p->peak[1] = p->peak[0], p->teacher_peak[1] = p->teacher_peak[0], p->scratch_peak[1] = p->scratch_peak[0],
+        p->scratch_loss[1] = p->scratch_loss[0], p->scratch_rest[1] = p->scratch_rest[0];
+    if (rc == 0) rc = optim_zero_grad(o, s);
     if (rc < 0) return err_wrap(rc, "measuring the activation plan: ");
-    double per_s = (double)(peak_s[1] - peak_s[0]) / (Ts[1] - Ts[0]);
-    double per_t = (double)(peak_t[1] - peak_t[0]) / (Ts[1] - Ts[0]);
-    *bytes_s = (size_t)((peak_s[1] + per_s * (c->T - Ts[1])) * 1.05) + ((size_t)16 << 20);
-    *bytes_t = tr->have_t ? (size_t)((peak_t[1] + per_t * (c->T - Ts[1])) * 1.05) + ((size_t)16 << 20) : 0;
-    // The ops' scratch (chunked recurrences, fused losses) grows with T too.
-    double per_x = ((double)peak_x[1] - (double)peak_x[0]) / (Ts[1] - Ts[0]);
-    double need_x = peak_x[1] + (per_x > 0 ? per_x : 0) * (c->T - Ts[1]);
-    return be_scratch_reserve(tr->be, (size_t)(need_x * 1.05) + ((size_t)64 << 20));
+    // The line through the probes, at T (exact when B T is a multiple of 128),
+    // plus the rounding of every allocation live at the peak (< 256 bytes
+    // each; n_alloc, all the longest probe's allocations, bounds their count).
+    size_t d = p->peak[1] - p->peak[0];
+    int64_t dT = (int64_t)p->Ts[1] - p->Ts[0];
+    p->arena = p->peak[1] + (dT ? (d * (size_t)(c->T - p->Ts[1]) + (size_t)dT - 1) / (size_t)dT : 0);
+    if (p->n_probe == 2) p->arena += 256 * p->n_alloc;
+    // The ops' scratch grows with T too. The fused losses' part stops growing
+    // at be->loss_rows_max rows (a line to all N rows was 513 KB per token at
+    // V 128K: 32 GiB at 64K); the rest (chunked recurrences, attention
+    // backward) is a line. Some ops take what is free in it (attention's
+    // backward, the losses' chunks), so the margin stays.
+    double per_x = dT ? ((double)p->scratch_rest[1] - (double)p->scratch_rest[0]) / dT : 0;
+    double need_x = p->scratch_rest[1] + (per_x > 0 ? per_x : 0) * (c->T - p->Ts[1]);
+    int64_t rmax = be->loss_rows_max(be, s->a.V), rows[3];
+    int64_t Ns[3] = {(int64_t)c->B * p->Ts[0], (int64_t)c->B * p->Ts[1], (int64_t)c->B * c->T};
+    for (int i = 0; i < 3; i++)
+        rows[i] = Ns[i] < rmax ? Ns[i] : rmax;
+    double per_row =
+        rows[1] > rows[0] ? ((double)p->scratch_loss[1] - (double)p->scratch_loss[0]) / (rows[1] - rows[0]) : 0;
+    double need_l = p->scratch_loss[1] + (per_row > 0 && rows[2] > rows[1] ? per_row * (rows[2] - rows[1]) : 0);
+    if (need_l > need_x) need_x = need_l;
+    p->scratch = (size_t)(need_x * 1.05) + ((size_t)64 << 20);
+    return 0;
 }
 
 // ---- checkpoints ---------------------------------------------------------------
@@ -411,7 +441,9 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             distill_loss_t l;
             double n_ce = kd_ce ? (double)count_ce(tgt, N) : 0;
             if (rc == 0 && kd_ce) rc = dist_sum(tr->d, &n_ce, 1);
-            if (rc == 0) rc = micro_step(tr, ids, tgt, c->B, world, (int64_t)n_ce, &l);
+            if (rc == 0)
+                rc = micro_step(c, &tr->rs, tr->have_t ? &tr->rt : NULL, tr->o.grad, tr->blocks, ids, tgt, c->B, world,
+                                (int64_t)n_ce, &l);
             if (rc == 0) {
                 st.kl += l.kl, st.ce += l.ce, st.ild_h += l.ild_h, st.ild_a += l.ild_a;
                 st.n_tok += l.n_tok, st.n_ce += l.n_ce;
@@ -457,9 +489,10 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
             // per rank: the whole gradient, the optimizer state of its slice
+            // (the teacher's forward runs inside the student's arena: its peak covers both)
             double mem_gib = is_cuda ? (double)(tr->o.S * (4.0 * (3 + world)) + tr->s.pt.total * be->act_size +
                                                 (tr->have_t ? tr->t.pt.total * be->act_size : 0) + tr->rs.arena.peak +
-                                                tr->rt.arena.peak) /
+                                                be->scratch.peak) /
                                            (1 << 30)
                                      : ru.ru_maxrss / 1048576.0;
             char extra[160] = "";
@@ -604,14 +637,17 @@ int train_run(const train_cfg_t *c) {
                (long long)tr.total_steps, (long long)per_step * tr.d->world, (long long)per_step * tr.d->world * c->T,
                (long long)tr.warmup, (long long)tr.o.step);
     }
-    size_t as = 0, at = 0;
-    if (rc == 0) rc = plan_arenas(&tr, &as, &at);
+    train_plan_t plan;
+    if (rc == 0) rc = train_plan(c, tr.be, &tr.s, tr.have_t ? &tr.t : NULL, &tr.o, &plan);
+    if (rc == 0) rc = be_scratch_resize(tr.be, plan.scratch); // the plan's size, smaller or larger
     if (rc == 0) {
-        printf("memory    activation plan: student %.1f MiB, teacher %.1f MiB, op scratch %.1f MiB (B %d x T %d%s)\n",
-               as / 1048576.0, at / 1048576.0, tr.be->scratch.cap / 1048576.0, c->B, c->T,
-               c->recompute ? ", recomputing blocks" : "");
-        rc = model_run_create(&tr.rs, &tr.s, as);
-        if (rc == 0 && tr.have_t) rc = model_run_create(&tr.rt, &tr.t, at);
+        printf("memory    activation plan: one arena of %.1f MiB (the teacher's forward inside it, %.1f MiB of it), "
+               "op scratch %.1f MiB (B %d x T %d%s)\n",
+               plan.arena / 1048576.0,
+               plan.teacher_peak[1] / 1048576.0 * (plan.Ts[1] == c->T ? 1.0 : (double)c->T / plan.Ts[1]),
+               tr.be->scratch.cap / 1048576.0, c->B, c->T, c->recompute ? ", recomputing blocks" : "");
+        rc = model_run_create(&tr.rs, &tr.s, plan.arena);
+        if (rc == 0 && tr.have_t) rc = model_run_create(&tr.rt, &tr.t, 0);
     }
     FILE *metrics = NULL;
     char mpath[1100];

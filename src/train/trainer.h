@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "io/recipe.h"
+#include "model/model.h"
 #include "train/dist.h"
 #include "train/optim.h"
 
@@ -59,3 +60,22 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r);
 void train_cfg_print(const train_cfg_t *c, FILE *f);
 // Runs the training. 0 when done (or stopped cleanly by *stop).
 int train_run(const train_cfg_t *c);
+
+// The activation plan (docs/TRAINING.md "Memory"): one arena, the student
+// run's, that the teacher's forward borrows (its run has none of its own), and
+// the op scratch, for a micro-batch of c's stage at B x T.
+typedef struct {
+    int n_probe;            // 1: measured at T itself (T <= 256); 2: at 128 and 256, extrapolated
+    int Ts[2];              // the probe lengths
+    size_t peak[2];         // the arena's peak at each (the teacher's forward included)
+    size_t teacher_peak[2]; // the teacher's forward's own peak inside it
+    size_t scratch_peak[2]; // the op scratch's peak at each: the larger of
+    size_t scratch_loss[2]; // its peak inside the fused losses (KD)
+    size_t scratch_rest[2]; // and everywhere else
+    size_t n_alloc;         // allocations of the longest probe's micro-batch
+    size_t arena;           // bytes to reserve at T: the line through the probes + 256 n_alloc
+    size_t scratch; // the op scratch to reserve at T: (the larger of the losses' and the rest's) x 1.05 + 64 MiB
+} train_plan_t;
+// Measures the plan on student s and teacher t (NULL: none), with o's
+// gradient (left zeroed) for the probes' backward.
+int train_plan(const train_cfg_t *c, be_t *be, model_t *s, model_t *t, optim_t *o, train_plan_t *p);

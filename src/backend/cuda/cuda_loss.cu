@@ -444,8 +444,15 @@ static void cu_ild_dist(be_t *be, float *loss, void *dx, const void *x, const vo
     arena_reset(&be->scratch, mark); // stream order protects the buffers from the next op
 }
 
+// loss_plan's cap: one [C, ld] bf16 buffer within LOSS_BUF_BYTES.
+static int64_t cu_loss_rows_max(be_t *be, int64_t V) {
+    const int64_t ld = (V + 7) & ~(int64_t)7, rows = (int64_t)(LOSS_BUF_BYTES / ((size_t)ld * sizeof(bf16)));
+    return rows > 1 ? rows : 1;
+}
+
 extern "C" void cuda_register_loss(be_t *be) {
     be->fused_ce = cu_fused_ce;
+    be->loss_rows_max = cu_loss_rows_max;
     be->fused_kl = cu_fused_kl;
     be->ild_dist = cu_ild_dist;
 }
