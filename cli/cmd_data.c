@@ -45,7 +45,8 @@ static const char *help = "usage: hylo data --tokenizer PATH --out FILE.shard [o
                           "tokens as their text; tokens outside the loss mask between [[ and ]]).\n"
                           "\n"
                           "--generate N: N documents sampled from the model itself, each a rendered user\n"
-                          "prompt, the model's answer and its end-of-turn token (when it stopped within -n):\n"
+                          "prompt, the model's answer and its end-of-turn token (when it stopped within -n),\n"
+                          "then EOS (once: an end of turn that is the EOS is the document's end):\n"
                           "  --model PATH       the teacher (GGUF or checkpoint folder)\n"
                           "  --prompts FILE     one user message per line (default: 8 built-in prompts)\n"
                           "  --self-instruct    no prompts: the model writes the user's message too (the\n"
@@ -446,7 +447,11 @@ static int run_generate(const data_opts_t *o) {
         }
         for (int s = 0; rc == 0 && s < B && b0 + s < o->generate; s++) {
             sample_t *x = &smp[s];
-            if ((rc = idvec_push(&x->doc, tok.eos)) < 0) break;
+            // A document ends with one EOS: the model's own when it stopped on
+            // it (then in the loss: the end of turn it must learn), else one
+            // appended here (not in the loss: the model did not write it).
+            int appended = !(x->stopped && x->doc.n > 0 && x->doc.ids[x->doc.n - 1] == tok.eos);
+            if (appended && (rc = idvec_push(&x->doc, tok.eos)) < 0) break;
             budget_hit += !x->stopped;
             if (o->assistant_only) {
                 uint8_t *nm = realloc(mask, (size_t)x->doc.n);
@@ -458,7 +463,7 @@ static int run_generate(const data_opts_t *o) {
                 // the answer and its end of turn (a document cut before its
                 // answer began has none)
                 for (int k = 0; k < x->doc.n; k++)
-                    mask[k] = x->answer_at >= 0 && k >= x->answer_at && k < x->doc.n - 1;
+                    mask[k] = x->answer_at >= 0 && k >= x->answer_at && k < x->doc.n - appended;
             }
             rc = data_shard_add(w, x->doc.ids, o->assistant_only ? mask : NULL, x->doc.n);
             tokens += x->doc.n;

@@ -997,10 +997,10 @@ static void test_generate(void **state) {
     const tok_t *t = smol();
     write_str(tu_tmp_path("prompts.txt"), "Say hello.\n\nName a fruit.\n");
     char args[1600];
-    snprintf(args, sizeof args, "data --generate 3 --model %s --prompts %s -n 6 --seed 5 --assistant-only --out %s",
+    snprintf(args, sizeof args, "data --generate 3 --model %s --prompts %s -n 40 --seed 5 --assistant-only --out %s",
              tu_model_path(), tu_tmp_path("prompts.txt"), tu_tmp_path("gen1.shard"));
     assert_int_equal(tu_run_hylo(args, NULL), 0);
-    snprintf(args, sizeof args, "data --generate 3 --model %s --prompts %s -n 6 --seed 5 --assistant-only --out %s",
+    snprintf(args, sizeof args, "data --generate 3 --model %s --prompts %s -n 40 --seed 5 --assistant-only --out %s",
              tu_model_path(), tu_tmp_path("prompts.txt"), tu_tmp_path("gen2.shard"));
     assert_int_equal(tu_run_hylo(args, NULL), 0);
     size_t n1, n2;
@@ -1012,6 +1012,7 @@ static void test_generate(void **state) {
     assert_int_equal(d.n_docs, 3);
     assert_true(d.hash == tok_hash(t));
     const char *prompts[3] = {"Say hello.", "Name a fruit.", "Say hello."};
+    int stopped = 0; // answers that ended with the model's own EOS (short prompts: some do within 40)
     for (int i = 0; i < 3; i++) {
         tok_msg_t m = {"user", prompts[i]};
         char *r;
@@ -1020,13 +1021,20 @@ static void test_generate(void **state) {
         assert_int_equal(tok_chat_render(t, &m, 1, 1, &r), 0);
         assert_int_equal(tok_encode_ex(t, r, strlen(r), TOK_SPECIAL, &ids, &n), 0);
         int64_t s = d.docs[i], len = doc_len(&d, i);
-        assert_true(len >= n + 1 && len <= n + 6 + 2); // prompt, at most 6 sampled, end of turn, EOS
+        assert_true(len >= n + 1 && len <= n + 40 + 1); // prompt, at most 40 sampled, EOS
         assert_memory_equal(d.ids + s, ids, (size_t)n * sizeof *ids);
         assert_int_equal(d.ids[s + len - 1], t->eos);
-        for (int64_t k = 0; k < len; k++) // the answer (and its end of turn) only
-            assert_int_equal(d.mask[s + k], k >= n && k < len - 1);
+        assert_int_not_equal(d.ids[s + len - 2], t->eos); // one EOS, never the model's and another
+        // the answer and its end of turn only: through the last token when the
+        // model wrote that EOS itself (it stopped within -n), else before it
+        int64_t e = d.mask[s + len - 1] ? len : len - 1;
+        if (e == len) assert_true(len <= n + 40);
+        stopped += e == len;
+        for (int64_t k = 0; k < len; k++)
+            assert_int_equal(d.mask[s + k], k >= n && k < e);
         free(r), free(ids);
     }
+    assert_true(stopped >= 1);
     dump_free(&d);
 }
 
@@ -1070,8 +1078,11 @@ static void test_generate_self_instruct(void **state) {
         for (int64_t k = nh; k + nd <= len && at < 0; k++)
             if (!memcmp(d.ids + s + k, hdr, (size_t)nd * sizeof *hdr)) at = k + nd;
         answered += at >= 0;
+        assert_int_not_equal(d.ids[s + len - 2], t->eos); // one EOS
+        int64_t e = d.mask[s + len - 1] ? len : len - 1;  // the model's own EOS is in the loss
+        if (e == len) assert_true(at >= 0 && len - at <= 12);
         for (int64_t k = 0; k < len; k++)
-            assert_int_equal(d.mask[s + k], at >= 0 && k >= at && k < len - 1);
+            assert_int_equal(d.mask[s + k], at >= 0 && k >= at && k < e);
     }
     assert_true(answered >= 1); // -n 12 forces the header after 6 sampled tokens at the latest
     dump_free(&d);
