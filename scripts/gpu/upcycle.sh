@@ -8,7 +8,9 @@
 #                                         (a .carry/corpus.tar.xz already there is reused unless CORPUS=DIR)
 # then one device call each, in this order:
 #   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/lib .carry/p1 .carry/ca .carry/evaldata.tar.xz
-#   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb
+#   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb [.carry/chat]
+#           (.carry/chat: teacher chat shards sampled beforehand on any machine with
+#           hylo data --generate --self-instruct, mixed in beside those made there)
 #   call 3: bash scripts/gpu/upcycle.sh stage2   carry .carry/t (the CUDA test binaries)
 #   call 4: bash scripts/gpu/upcycle.sh eval
 # or, when one call is all the device time allows after prep:
@@ -192,6 +194,7 @@ case $1 in
 stage1)
     assemble
     unpack_corpus
+    cp .carry/chat/*.shard $W/chat/ 2>/dev/null
     cp $W/corpus/SOURCES.tsv $W/corpus/OVERLAP.log "$O/" 2>/dev/null
     step data 120 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
     # chat documents sampled from the teacher, 1,024 a shard, while the slot lasts
@@ -217,7 +220,9 @@ stage1)
 stage2)
     mkdir -p $W/kd
     # the teacher samples' share of the mixture, and their text, for the record
-    $H data --show 3 --tokenizer $M $W/chat/chat_0.shard > $O/chat_samples.txt 2>&1
+    for f in $W/chat/*.shard; do
+        $H data --show 3 --tokenizer $M $f
+    done > $O/chat_samples.txt 2>&1
     ls -la $W/mix $W/chat > $O/mix.txt
     rate=$(tps $W/ild_mla) # ILD's rate stands in for KD's before KD has run
     [ "$rate" -gt 0 ] || rate=100000
