@@ -220,7 +220,7 @@ stage1)
 stage2)
     mkdir -p $W/kd
     # the teacher samples' share of the mixture, and their text, for the record
-    for f in $W/chat/*.shard; do
+    for f in $(ls $W/chat/*.shard 2>/dev/null | head -2); do
         $H data --show 3 --tokenizer $M $f
     done > $O/chat_samples.txt 2>&1
     ls -la $W/mix $W/chat > $O/mix.txt
