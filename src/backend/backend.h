@@ -68,6 +68,11 @@ struct be {
     const char *name;
     arena_t scratch; // per-op temporaries on the device; reset by the caller
     void *impl;      // backend private state (cuBLASLt handle, stream, ...)
+    // 1: reductions that CUDA kernels do with atomic adds in the order the
+    // blocks happen to run are done in a fixed order instead (attention's dQ:
+    // the key tiles add in turn), so a run repeats bit for bit, a little
+    // slower. The CPU backend is always deterministic. Default 0.
+    int deterministic;
 
     // ---- memory -------------------------------------------------------------
     void *(*alloc)(be_t *be, size_t bytes); // NULL + error slot on failure

@@ -81,6 +81,7 @@ static const char *known_keys[] = {
     // hylo's own keys (docs/TRAINING.md)
     "ild_loss",
     "device",
+    "deterministic",
     "beta",
     "max_length",
     "max_prompt_length",

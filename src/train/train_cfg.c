@@ -121,6 +121,7 @@ int train_cfg_from_recipe(train_cfg_t *c, const recipe_t *r) {
     TRY(recipe_float(r, "factor", 1, 1024, &c->yarn_factor));
     TRY(int_key32(r, "original_max_position_embeddings", 1, 1 << 24, &c->yarn_orig));
     TRY(bool_key(r, "gradient_checkpointing", &c->recompute));
+    TRY(bool_key(r, "deterministic", &c->deterministic));
     TRY(bool_key(r, "freeze_non_mla", &c->freeze_non_mla));
     TRY(recipe_int(r, "save_steps", -1, INT64_MAX / 2, &c->save_steps));
     TRY(int_key32(r, "save_total_limit", -1, 1 << 20, &c->save_total_limit));
@@ -170,6 +171,7 @@ void train_cfg_print(const train_cfg_t *c, FILE *f) {
     if (c->yarn_factor > 1)
         fprintf(f, "factor / original_max_pos    %g / %d (YaRN on MLA)\n", c->yarn_factor, c->yarn_orig);
     fprintf(f, "gradient_checkpointing       %s\n", c->recompute ? "true" : "false");
+    fprintf(f, "deterministic                %s\n", c->deterministic ? "true" : "false");
     if (c->freeze_non_mla) fprintf(f, "freeze_non_mla               true\n");
     fprintf(f, "save_steps / total_limit     %lld / %d\n", (long long)c->save_steps, c->save_total_limit);
     fprintf(f, "logging_steps                %lld\n", (long long)c->logging_steps);

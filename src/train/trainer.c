@@ -582,6 +582,7 @@ int train_run(const train_cfg_t *c) {
     size_t scratch = !strcmp(c->device, "cuda") ? (size_t)2 << 30 : (size_t)64 << 20;
     TRY(dist_use_device(tr.d, c->device));
     TRY(be_create(&tr.be, c->device, scratch));
+    tr.be->deterministic = c->deterministic;
     rc = dist_attach(tr.d, tr.be);
     if (rc == 0) rc = load_tokenizer(&tr.tok, c->student);
     if (rc == 0) rc = load_student(&tr, start);

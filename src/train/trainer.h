@@ -37,6 +37,7 @@ typedef struct {
     double yarn_factor; // factor (> 1: YaRN on the student's MLA RoPE)
     int yarn_orig;      // original_max_position_embeddings
     int recompute;      // gradient_checkpointing
+    int deterministic;  // the backend's fixed-order reductions (backend.h be->deterministic)
     int freeze_non_mla; // X-EcoMLA's option: only parameters named *mla* train
     // checkpoints and logs
     int64_t save_steps;   // every N optimizer steps (<= 0: only at the end)

@@ -201,6 +201,59 @@ static void test_attn_bwd_small_arena(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// be->deterministic: the key tiles add dQ in turn. Each shape (v1 with one
+// and two column slices, v2, GQA, Tq < Tk, several key tiles) is compared with
+// the CPU as in test_attn, and its backward run twice must give the same dq,
+// dk and dv bit for bit. (Without the flag dq may differ in its last bits
+// between runs: the adds land in the order the blocks run.)
+static void test_attn_bwd_deterministic(void **st) {
+    be_t *gpu = tu_gpu();
+    static const shape_t shapes[] = {
+        {2, 257, 257, 8, 2, 64, 64, 1.0f},   {1, 1000, 1000, 2, 1, 64, 64, 1.0f}, {2, 200, 455, 6, 2, 128, 128, 3.0f},
+        {1, 257, 257, 2, 2, 192, 128, 1.0f}, {1, 300, 300, 2, 1, 192, 192, 1.0f}, {1, 513, 513, 2, 2, 256, 128, 1.0f},
+    };
+    gpu->deterministic = 1;
+    int fails = 0;
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        const shape_t *s = &shapes[i];
+        fails += run_attn(gpu, s, 4000 + 31 * i, " [deterministic]");
+        const int64_t nq = (int64_t)s->B * s->Tq * s->H * s->dqk, nk = (int64_t)s->B * s->Tk * s->Hkv * s->dqk;
+        const int64_t nv = (int64_t)s->B * s->Tk * s->Hkv * s->dv, no = (int64_t)s->B * s->Tq * s->H * s->dv;
+        const float scale = 1.0f / sqrtf((float)s->dqk);
+        float *q = tu_rnd(nq, 5000 + i, s->qstd), *k = tu_rnd(nk, 5100 + i, 1.0f), *v = tu_rnd(nv, 5200 + i, 1.0f);
+        float *dout = tu_rnd(no, 5300 + i, 1.0f);
+        void *q_d = tu_dev_act(gpu, q, nq), *k_d = tu_dev_act(gpu, k, nk), *v_d = tu_dev_act(gpu, v, nv);
+        void *do_d = tu_dev_act(gpu, dout, no), *o_d = tu_dev_act(gpu, dout, no);
+        float *lse_d = tu_dev_f32(gpu, dout, (int64_t)s->B * s->H * s->Tq);
+        gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, s->B, s->Tq, s->Tk, s->H, s->Hkv, s->dqk, s->dv, scale);
+        float *g[2][3];
+        for (int r = 0; r < 2; r++) {
+            void *dq_d = tu_dev_act(gpu, q, nq), *dk_d = tu_dev_act(gpu, k, nk), *dv_d = tu_dev_act(gpu, v, nv);
+            gpu->attn_bwd(gpu, dq_d, dk_d, dv_d, do_d, q_d, k_d, v_d, o_d, lse_d, s->B, s->Tq, s->Tk, s->H, s->Hkv,
+                          s->dqk, s->dv, scale);
+            assert_int_equal(gpu->sync(gpu), 0);
+            g[r][0] = tu_host_act(gpu, dq_d, nq), g[r][1] = tu_host_act(gpu, dk_d, nk);
+            g[r][2] = tu_host_act(gpu, dv_d, nv);
+            gpu->free(gpu, dq_d), gpu->free(gpu, dk_d), gpu->free(gpu, dv_d);
+        }
+        const int64_t n[3] = {nq, nk, nv};
+        const char *what[3] = {"dq", "dk", "dv"};
+        for (int j = 0; j < 3; j++) {
+            int same = memcmp(g[0][j], g[1][j], (size_t)n[j] * sizeof(float)) == 0;
+            printf("  B%d Tq%d Tk%d H%d Hkv%d %d/%d: two backward runs, %s %s\n", s->B, s->Tq, s->Tk, s->H, s->Hkv,
+                   s->dqk, s->dv, what[j], same ? "identical" : "DIFFER  FAIL");
+            fails += !same;
+            free(g[0][j]), free(g[1][j]);
+        }
+        gpu->free(gpu, q_d), gpu->free(gpu, k_d), gpu->free(gpu, v_d), gpu->free(gpu, do_d), gpu->free(gpu, o_d);
+        gpu->free(gpu, lse_d);
+        free(q), free(k), free(v), free(dout);
+    }
+    gpu->deterministic = 0;
+    printf("deterministic attention backward: %d failure(s)\n", fails);
+    assert_int_equal(fails, 0);
+}
+
 // MLA decode: sequences of different lengths in one call (len = 0, 1, around
 // the 32-row tiles and slice boundaries, long ones split over many blocks).
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
@@ -568,9 +621,13 @@ static void test_kv_append(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attn),        cmocka_unit_test(test_attn_bwd_small_arena),
-        cmocka_unit_test(test_mla_decode),  cmocka_unit_test(test_mla_decode_deterministic),
-        cmocka_unit_test(test_attn_decode), cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_attn_bwd_small_arena),
+        cmocka_unit_test(test_attn_bwd_deterministic),
+        cmocka_unit_test(test_mla_decode),
+        cmocka_unit_test(test_mla_decode_deterministic),
+        cmocka_unit_test(test_attn_decode),
+        cmocka_unit_test(test_kv_append),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,8 @@
 // kv head happens in registers. dQ = dS K is reduced across the block's warps
 // through shared memory and added to an fp32 accumulator in the scratch arena
 // with vector atomics (red.global.add.v2.f32); a last kernel scales it to bf16.
-// When dqk + dv is too large for registers the block computes a column slice
+// Under be->deterministic the key tiles add in turn (dq_turn_wait), so the sum
+// is the same on every run. When dqk + dv is too large for registers the block computes a column slice
 // of dK / dV / dQ (NSL slices, each recomputing S and dP).
 //
 // Head dims: kernels are instantiated for padded (DQK, DV) pairs; any dqk, dv
@@ -41,6 +42,28 @@
 
 static __device__ __forceinline__ void red_add_v2(float *p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+// Deterministic dQ (be->deterministic): the key tiles that add into one (query
+// tile, head, column slice) take turns in key-tile order, so its fp32 sum is
+// always formed in the same order. Tile jt waits until *turn == jt (tiles 0 ..
+// jt - 1 have added: every key tile before one that reaches a query tile
+// reaches it too), adds, then counts itself. Those tiles come earlier in the
+// grid (blockIdx = key tile slowest), so they have run or are running and the
+// wait ends. All threads of the block call both.
+static __device__ __forceinline__ void dq_turn_wait(const int *turn, int jt) {
+    if (threadIdx.x == 0) {
+        int seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(turn) : "memory");
+        } while (seen < jt);
+    }
+    __syncthreads();
+}
+static __device__ __forceinline__ void dq_turn_done(int *turn) {
+    __threadfence(); // this thread's adds are performed before the count
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(turn, 1);
 }
 
 // Copies rows [row0, row0 + ROWS) x columns [0, D) of a global matrix (row
@@ -313,7 +336,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     k_attn_bwd(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc, const bf16 *__restrict__ dout,
                const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv, int dqk,
-               int dv, float sl2, float scale, int u0, int n_units, int Tqp) {
+               int dv, float sl2, float scale, int u0, int n_units, int Tqp, int *dq_turns) {
     typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
     constexpr int BN = C::BN, NT = C::NT, SK = C::SK, SVS = C::SVS, SQ = C::SQ, SV = C::SV, SS = C::SS;
     constexpr bool KVREG = DQK + DV <= 160; // keep the warp's K and V rows (A operands) in registers
@@ -530,6 +553,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             }
         }
         float *dqh = dqacc + (int64_t)(ul * grp + hh) * Tq * dqk;
+        int *turn = dq_turns ? dq_turns + ((int64_t)(ul * grp + hh) * n_mt + mt) * NSL + sl : nullptr;
+        if (turn) dq_turn_wait(turn, jt);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             int row = m0 + mq * 16 + g + 8 * i;
@@ -541,6 +566,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 }
             }
         }
+        if (turn) dq_turn_done(turn);
     }
 
     cp_async_wait<0>(); // nothing may stay in flight at exit (n_it == 0 when Tq == 0)
@@ -602,7 +628,7 @@ __global__ void __launch_bounds__(256, 1)
     k_attn_bwd2(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc, const bf16 *__restrict__ dout,
                 const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                 const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv, int dqk,
-                int dv, float sl2, float scale, int u0, int n_units, int Tqp) {
+                int dv, float sl2, float scale, int u0, int n_units, int Tqp, int *dq_turns) {
     typedef bwd2_cfg<D> C;
     constexpr int BM = C::BM, BN = C::BN, NT = C::NT, SD = C::SD, SP = C::SP;
     constexpr int NKV = D / 2 / 8; // n8 tiles of a warp's dK / dV columns
@@ -814,6 +840,8 @@ __global__ void __launch_bounds__(256, 1)
         }
 
         // ---- dQ[m0.., :] += dS K (32 queries x D/4 columns per warp), keys of the visible prefix
+        int *turn = dq_turns ? dq_turns + (int64_t)(ul * grp + hh) * n_mt + mt_ : nullptr;
+        if (turn) dq_turn_wait(turn, jt);
         if (wq0 <= q_last) {
             const int n_kc = min(BN / 16, (off + q_last - n0) / 16 + 1); // key chunks visible to the tile
             float acc[2][NQ][4];
@@ -857,6 +885,7 @@ __global__ void __launch_bounds__(256, 1)
                     }
                 }
         }
+        if (turn) dq_turn_done(turn);
     }
 
     cp_async_wait<0>(); // nothing may stay in flight at exit (n_it == 0 when Tq == 0)
@@ -961,17 +990,22 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
 }
 
 typedef void (*bwd_kern_t)(bf16 *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
-                           const float *, const float *, int, int, int, int, int, int, float, float, int, int, int);
+                           const float *, const float *, int, int, int, int, int, int, float, float, int, int, int,
+                           int *);
 
 // Runs a backward kernel (v1 or v2) over chunks of (b, kv head) units, as many
 // per pass as the arena holds fp32 dQ accumulators for, then writes dq.
-static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int nsl, void *dq, void *dk, void *dv_,
-                    const void *dout, const void *q, const void *k, const void *v, const float *lse2, const float *Dd,
-                    int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int Tqp) {
+static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int bm, int nsl, void *dq, void *dk,
+                    void *dv_, const void *dout, const void *q, const void *k, const void *v, const float *lse2,
+                    const float *Dd, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int Tqp) {
     if (cuda_smem_limit(be, (const void *)kern, smem, "k_attn_bwd") < 0) return;
     const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + bn - 1) / bn;
-    // the fp32 dQ accumulator of one (b, kv head) unit; as many units per pass as the arena holds
-    const size_t unit_bytes = (size_t)grp * Tq * dqk * sizeof(float);
+    // the fp32 dQ accumulator of one (b, kv head) unit, and under be->deterministic
+    // its turn counters (one per query tile, head and slice); as many units per
+    // pass as the arena holds
+    const size_t acc_bytes = (size_t)grp * Tq * dqk * sizeof(float);
+    const size_t turn_bytes = be->deterministic ? (size_t)grp * ((Tq + bm - 1) / bm) * nsl * sizeof(int) : 0;
+    const size_t unit_bytes = acc_bytes + turn_bytes;
     arena_t *ar = &be->scratch;
     size_t avail = ar->cap > ar->used + 1024 ? ar->cap - ar->used - 1024 : 0;
     int upc = unit_bytes ? (int)(avail / unit_bytes < (size_t)units ? avail / unit_bytes : (size_t)units) : units;
@@ -982,14 +1016,16 @@ static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int 
                     avail, unit_bytes);
         return;
     }
-    float *acc = (float *)arena_alloc(ar, unit_bytes * (size_t)upc);
-    if (!acc) {
+    float *acc = (float *)arena_alloc(ar, acc_bytes * (size_t)upc);
+    int *turns = turn_bytes ? (int *)arena_alloc(ar, turn_bytes * (size_t)upc) : NULL;
+    if (!acc || (turn_bytes && !turns)) {
         cu_op_error(be, "cuda attn_bwd: cannot take %zu bytes from the scratch arena", unit_bytes * (size_t)upc);
         return;
     }
     for (int u0 = 0; u0 < units; u0 += upc) {
         int n = units - u0 < upc ? units - u0 : upc;
-        cudaError_t e = cudaMemsetAsync(acc, 0, unit_bytes * (size_t)n, cuda_stream(be));
+        cudaError_t e = cudaMemsetAsync(acc, 0, acc_bytes * (size_t)n, cuda_stream(be));
+        if (e == cudaSuccess && turns) e = cudaMemsetAsync(turns, 0, turn_bytes * (size_t)n, cuda_stream(be));
         if (e != cudaSuccess) {
             cuda_fail(be, "cudaMemsetAsync(attn dQ accumulator)", e);
             return;
@@ -997,7 +1033,7 @@ static void run_bwd(be_t *be, bwd_kern_t kern, size_t smem, int nt, int bn, int 
         int64_t blocks = (int64_t)n_kt * n * nsl;
         kern<<<(unsigned)blocks, nt, smem, cuda_stream(be)>>>(
             (bf16 *)dk, (bf16 *)dv_, acc, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse2,
-            Dd, Tq, Tk, H, Hkv, dqk, dv, scale * 1.4426950408889634f, scale, u0, n, Tqp);
+            Dd, Tq, Tk, H, Hkv, dqk, dv, scale * 1.4426950408889634f, scale, u0, n, Tqp, turns);
         cuda_check_launch(be, "k_attn_bwd");
         int64_t nv = (int64_t)n * grp * Tq * (dqk / 4);
         if (nv > 0) {
@@ -1013,8 +1049,8 @@ static void launch_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout
                        const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
                        int dqk, int dv, float scale, int Tqp) {
     typedef bwd_cfg<DQK, DV, NSL, WARPS, BM> C;
-    run_bwd(be, k_attn_bwd<DQK, DV, NSL, WARPS, BM>, C::smem, C::NT, C::BN, NSL, dq, dk, dv_, dout, q, k, v, lse2, Dd,
-            B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+    run_bwd(be, k_attn_bwd<DQK, DV, NSL, WARPS, BM>, C::smem, C::NT, C::BN, BM, NSL, dq, dk, dv_, dout, q, k, v, lse2,
+            Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
 }
 
 template <int D>
@@ -1022,8 +1058,8 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
                         const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale, int Tqp) {
     typedef bwd2_cfg<D> C;
-    run_bwd(be, k_attn_bwd2<D>, C::smem, C::NT, C::BN, 1, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk,
-            dv, scale, Tqp);
+    run_bwd(be, k_attn_bwd2<D>, C::smem, C::NT, C::BN, C::BM, 1, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H,
+            Hkv, dqk, dv, scale, Tqp);
 }
 
 #ifdef HYLO_BENCH_VARIANTS
