@@ -27,7 +27,8 @@
 #   stage2: the hybrid assembled by the layer plan (MLA at every third layer),
 #           KD at 2K, then 8K (YaRN factor 4 over 2,048), then 32K (factor 16);
 #           meanwhile the untrained and the assembled (ILD-only) hybrids are
-#           evaluated.
+#           evaluated, the CUDA tests run, and a short deterministic KD run is
+#           killed and resumed (scripts/gpu/resume_check.sh).
 #   eval:   the three KD checkpoints evaluated, side by side; chat answers of every model;
 #           latency and cache memory against the teacher; RULER at 4K and 8K for the
 #           teacher and the untrained hybrid; the serve load test (64 streams) of the
@@ -228,6 +229,8 @@ stage2)
     [ "$rate" -gt 0 ] || rate=100000
     # untrained hybrid of the same layout, for the table
     step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
+    # issue 8: kill -9 and --resume give the same losses on the GPU (deterministic: true)
+    step resume_check 150 bash scripts/gpu/resume_check.sh $H $M $W/untrained $W/mix $W/resume_check cuda &
     # the CUDA tests against the CPU ops, beside the training
     [ -f .carry/t/tests.tar.xz ] && (tar xJf .carry/t/tests.tar.xz && mkdir -p $O/tests &&
         OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1 &
