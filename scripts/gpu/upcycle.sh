@@ -210,10 +210,10 @@ stage1)
     (evaluate teacher $M) > $O/ev_teacher.txt 2>&1 &
     # the issue-9 scorer check: every ARC-Easy and PIQA item against transformers
     (
-        step ev_teacher_agree_mc 200 $H eval $M --task arc_easy,piqa --device cuda --data $D --out $O/ev_teacher_agree
+        step ev_teacher_agree_mc 280 $H eval $M --task arc_easy,piqa --device cuda --data $D --out $O/ev_teacher_agree
         $H export $M --out $W/smol_hf > /dev/null 2>&1
-        step agree 150 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa --device cuda
-        step agree_bf16 150 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa \
+        step agree 120 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa --device cuda
+        step agree_bf16 120 python3 scripts/ref/mc_agree.py $W/smol_hf $D $O/ev_teacher_agree/samples arc_easy piqa \
             --device cuda --dtype bfloat16
     ) > $O/agree.txt 2>&1 &
     ild 450 150 380
