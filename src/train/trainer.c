@@ -191,14 +191,22 @@ static int write_state(const char *tmp, void *user) {
     trainer_t *tr = sc->tr;
     const train_cfg_t *c = tr->c;
     int64_t n = tr->o.n;
-    // optimizer.safetensors: the fp32 master weights and both moments, flat
-    // and whole, whatever the number of ranks that held them.
+    // optimizer.safetensors: both AdamW moments of each trainable parameter,
+    // named exp_avg.NAME / exp_avg_sq.NAME with the parameter's shape, whatever
+    // the number of ranks that held them. Frozen parameters' moments stay zero
+    // and are not written; the fp32 master weights are model.safetensors.
+    const ptable_t *pt = &tr->s.pt;
     st_writer_t w;
     st_writer_init(&w);
-    const char *names[3] = {"master", "exp_avg", "exp_avg_sq"};
+    const char *names[2] = {"exp_avg", "exp_avg_sq"};
     int rc = 0;
-    for (int i = 0; i < 3 && rc == 0; i++)
-        rc = st_writer_add(&w, names[i], ST_F32, 1, &n, sc->opt[i]);
+    for (int k = 0; k < 2 && rc == 0; k++)
+        for (int i = 0; i < pt->n && rc == 0; i++) {
+            if (!tr->o.trainable[i]) continue;
+            char nm[320];
+            snprintf(nm, sizeof nm, "%s.%s", names[k], pt->p[i].name);
+            rc = st_writer_add(&w, nm, ST_F32, pt->p[i].nd, pt->p[i].shape, sc->opt[k + 1] + pt->p[i].off);
+        }
     char path[1100];
     if (rc == 0) rc = fs_join(path, sizeof path, tmp, "optimizer.safetensors");
     if (rc == 0) rc = st_writer_write(&w, path, NULL);
@@ -323,22 +331,40 @@ static int restore_state(trainer_t *tr, const char *dir, data_pos_t *pos, int *w
     TRY(rc);
     tr->o.step = (int64_t)v[0], tr->tokens_seen = (int64_t)v[1];
     pos->epoch = (int64_t)v[2], pos->index = (int64_t)v[3];
-    TRY(fs_join(path, sizeof path, dir, "optimizer.safetensors"));
-    st_file_t f;
-    TRY(st_open(&f, path));
-    const char *names[3] = {"master", "exp_avg", "exp_avg_sq"};
+    // The fp32 master weights from model.safetensors, each trainable
+    // parameter's moments from optimizer.safetensors (frozen ones stay zero).
+    const ptable_t *pt = &tr->s.pt;
     float *h = malloc((size_t)tr->o.n * sizeof(float));
-    if (!h) rc = err_set(ERR_NOMEM, "out of memory");
-    for (int i = 0; i < 3 && rc == 0; i++) {
-        const st_tensor_t *t = st_find(&f, names[i]);
-        if (!t || t->ndim != 1 || t->shape[0] != tr->o.n)
-            rc = err_set(ERR_INPUT, "%s: tensor %s: expected [%lld] fp32 for this model", path, names[i],
-                         (long long)tr->o.n);
-        if (rc == 0) rc = st_read_f32(&f, t, h);
-        if (rc == 0) rc = optim_load(&tr->o, &tr->s, i, h);
+    if (!h) return err_set(ERR_NOMEM, "checkpoint: %lld parameters", (long long)tr->o.n);
+    const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
+    for (int fi = 0; fi < 2 && rc == 0; fi++) {
+        st_file_t f;
+        rc = fs_join(path, sizeof path, dir, files[fi]);
+        if (rc == 0) rc = st_open(&f, path);
+        if (rc < 0) break;
+        const char *names[3] = {NULL, "exp_avg", "exp_avg_sq"};
+        for (int k = fi ? 1 : 0; k < (fi ? 3 : 1) && rc == 0; k++) {
+            memset(h, 0, (size_t)tr->o.n * sizeof(float));
+            for (int i = 0; i < pt->n && rc == 0; i++) {
+                const param_t *p = &pt->p[i];
+                if (k && !tr->o.trainable[i]) continue;
+                char nm[320];
+                snprintf(nm, sizeof nm, "%s%s%s", k ? names[k] : "", k ? "." : "", p->name);
+                const st_tensor_t *t = st_find(&f, nm);
+                int64_t numel = 1;
+                for (int d = 0; d < p->nd; d++)
+                    numel *= p->shape[d];
+                if (!t || t->dtype != ST_F32 || t->numel != numel)
+                    rc = err_set(ERR_INPUT, "%s: tensor %s: expected fp32 of %lld elements for this model and stage",
+                                 path, nm, (long long)numel);
+                else
+                    rc = st_read_f32(&f, t, h + p->off);
+            }
+            if (rc == 0) rc = optim_load(&tr->o, &tr->s, k, h);
+        }
+        st_close(&f);
     }
     free(h);
-    st_close(&f);
     return rc;
 }
 
