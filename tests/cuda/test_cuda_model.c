@@ -140,6 +140,55 @@ static void test_model_logits(void **st) {
     free_pair(&p);
 }
 
+// Continuous batching on the GPU: three sequences at different lengths (the
+// per-row cache pointers and lengths of the decode ops) decode together with
+// model_step_batch, against the same three on the CPU. Each row is judged as
+// test_model_logits judges one decoded position (bound 1e-1, the same bf16
+// argument); a row that read another row's cache or state, or the wrong
+// length, is O(1) off.
+static void test_step_batch(void **st) {
+    arch_t a = small_hybrid();
+    pair_t p;
+    make_pair(&p, &a);
+    enum { N = 3, STEPS = 24 };
+    const int len[N] = {5, 23, 41};
+    model_state_t sc[N], sg[N];
+    model_state_t *pc[N], *pg[N];
+    float *c1 = malloc(sizeof(float) * N * a.V), *g1 = tu_nans((int64_t)N * a.V);
+    for (int k = 0; k < N; k++) {
+        int32_t prompt[64];
+        for (int i = 0; i < len[k]; i++)
+            prompt[i] = (i * 41 + 7 * k + 3) % a.V;
+        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 128), 0);
+        assert_int_equal(model_state_alloc(&p.gpu, &sg[k], 1, 128), 0);
+        assert_int_equal(model_prefill(&p.rcpu, &sc[k], prompt, len[k], 16, c1), 0);
+        assert_int_equal(model_prefill(&p.rgpu, &sg[k], prompt, len[k], 16, g1), 0);
+        pc[k] = &sc[k], pg[k] = &sg[k];
+    }
+    double worst = 0;
+    for (int t = 0; t < STEPS; t++) {
+        int32_t ids[N];
+        for (int k = 0; k < N; k++)
+            ids[k] = (t * 13 + k * 101 + 1) % a.V;
+        assert_int_equal(model_step_batch(&p.rcpu, pc, N, ids, c1), 0);
+        assert_int_equal(model_step_batch(&p.rgpu, pg, N, ids, g1), 0);
+        for (int k = 0; k < N; k++) {
+            double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
+            if (!(e <= worst)) worst = e;
+        }
+    }
+    printf("  %d sequences (lengths %d, %d, %d) x %d batched decode steps: worst rel err of a row %.2e\n", N, len[0],
+           len[1], len[2], STEPS, worst);
+    assert_true(worst < 1e-1);
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(sg[k].len, len[k] + STEPS);
+        model_state_free(&p.cpu, &sc[k]);
+        model_state_free(&p.gpu, &sg[k]);
+    }
+    free(c1), free(g1);
+    free_pair(&p);
+}
+
 static void test_model_gradients(void **st) {
     arch_t a = small_hybrid();
     pair_t p;
@@ -294,9 +343,8 @@ static void test_state_growth(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_logits),
-        cmocka_unit_test(test_state_growth),
-        cmocka_unit_test(test_model_gradients),
+        cmocka_unit_test(test_model_logits),        cmocka_unit_test(test_state_growth),
+        cmocka_unit_test(test_step_batch),          cmocka_unit_test(test_model_gradients),
         cmocka_unit_test(test_smollm2_cuda_vs_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
