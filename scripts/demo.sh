@@ -10,7 +10,9 @@
 # ../shared needed.
 # BIN may point at another hylo build (default: the one a plain 'make' builds,
 # build/hylo when nvcc is on the PATH, else build-cpu/hylo); DEMO_OUT is where
-# everything goes (default a temporary folder); DEMO_STEPS the optimizer steps
+# everything goes and stays (models, checkpoints with optimizer state, recipes,
+# metrics, loss plots: 6.3 GB; default a temporary folder, removed when the
+# demo ends); DEMO_STEPS the optimizer steps
 # of each training stage (default 24); DEMO_SEQ and DEMO_BATCH the tokens per
 # row and rows per step (default 128 and 2); DEMO_TEXT the text compare reads
 # (default ../shared/data/essays when it exists, else README.md); DEMO_CORPUS
@@ -22,7 +24,12 @@ if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then bin=build/hylo; else bin=bui
 bin="${BIN:-$bin}"
 [ -x "$bin" ] || { echo "hylo: error: demo: $bin does not exist (run 'make demo', or set BIN)" >&2; exit 1; }
 model=$(scripts/fetch_model.sh)
-work="${DEMO_OUT:-$(mktemp -d /tmp/hylo-demo.XXXXXX)}"
+if [ -n "${DEMO_OUT:-}" ]; then
+    work="$DEMO_OUT"
+else # the checkpoints hold fp32 weights and AdamW moments: gigabytes, not left in /tmp
+    work=$(mktemp -d /tmp/hylo-demo.XXXXXX)
+    trap 'rm -rf "$work"' EXIT
+fi
 out="$work/smollm2-10mla20gdn"
 steps="${DEMO_STEPS:-24}"
 seq="${DEMO_SEQ:-128}"
@@ -103,4 +110,8 @@ echo
 echo "== hylo chat with the distilled hybrid (one turn; the corpus has no conversations)"
 "$bin" chat "$work/kd/final" --device "$device" --prompt "What is the capital of France?" -n 32
 echo
-echo "(recipes, metrics.jsonl and loss.svg of each stage: $work)"
+if [ -n "${DEMO_OUT:-}" ]; then
+    echo "(models, recipes, metrics.jsonl and loss.svg of each stage: $work)"
+else
+    echo "(the models and checkpoints were in $work, removed now: set DEMO_OUT=DIR to keep them)"
+fi
