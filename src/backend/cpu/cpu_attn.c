@@ -1,6 +1,9 @@
-// Causal attention, the plain reference: one query row at a time, scores over
-// the visible keys, softmax, weighted sum. Saves lse for the backward. Also the
-// decode ops over per-sequence caches (attn_decode, kv_append).
+// Causal attention: one query row at a time (scores over the visible keys,
+// softmax, weighted sum), or, for prefill and training (many query rows),
+// tiles of query rows whose scores and weighted sums are sgemm products.
+// Saves lse for the backward. Also the decode ops over per-sequence caches
+// (attn_decode, kv_append).
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -33,8 +36,79 @@ static inline void axpy8(float *restrict o, float w, const float *restrict v, in
         o[i] += w * v[i];
 }
 
+// From this many query rows on, attn_fwd runs by tiles of up to ATTN_TILE rows
+// of one head: S = scale Q K^T over the keys the tile's last row sees, the
+// softmax of each row's visible part (the rest zeroed), O = S V, all on one
+// thread with OpenBLAS's single-threaded sgemm; the threads take tiles.
+// Fewer rows (decode, short chunks) take the row loop below, whose order
+// attn_decode repeats bit for bit.
+#define ATTN_TILE_MIN 32
+#define ATTN_TILE 64
+#define ATTN_TILE_FLOATS ((int64_t)1 << 22) // scores per thread: 16 MB
+
+static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                           int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+    int grp = H / Hkv, off = Tk - Tq, nthr = omp_get_max_threads();
+    int64_t qt = ATTN_TILE_FLOATS / (Tk > 0 ? Tk : 1);
+    if (qt > ATTN_TILE) qt = ATTN_TILE;
+    if (qt < 1) qt = 1;
+    int64_t n_tiles = (Tq + qt - 1) / qt;
+    cpu_tmp_t tmp;
+    float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * qt * (Tk > 0 ? Tk : 1), "attention forward (tiles)");
+    if (!scores) {
+        cpu_fill_nan(out, (int64_t)B * Tq * H * dv);
+        if (lse) cpu_fill_nan(lse, (int64_t)B * H * Tq);
+        return;
+    }
+    // OpenBLAS (pthreads) would share one thread pool among the callers; each
+    // tile's product is small, so each thread runs its own on itself.
+    int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+#pragma omp parallel num_threads(nthr)
+    {
+        float *S = scores + (int64_t)omp_get_thread_num() * qt * (Tk > 0 ? Tk : 1);
+        // the last tiles (the most keys) first
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int bh = 0; bh < B * H; bh++)
+            for (int64_t i = 0; i < n_tiles; i++) {
+                int b = bh / H, h = bh % H, hk = h / grp;
+                int64_t t0 = (n_tiles - 1 - i) * qt, n = Tq - t0 < qt ? Tq - t0 : qt;
+                int64_t kend = off + t0 + n < Tk ? off + t0 + n : Tk;
+                const float *qr = q + (((int64_t)b * Tq + t0) * H + h) * dqk;
+                const float *kr = k + ((int64_t)b * Tk * Hkv + hk) * dqk;
+                const float *vr = v + ((int64_t)b * Tk * Hkv + hk) * dv;
+                float *o = out + (((int64_t)b * Tq + t0) * H + h) * dv;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)kend, dqk, scale, qr, H * dqk, kr,
+                            Hkv * dqk, 0.0f, S, (int)kend);
+                float inv[ATTN_TILE];
+                for (int64_t r = 0; r < n; r++) {
+                    float *p = S + r * kend;
+                    int64_t vis = off + t0 + r + 1; // keys 0 .. off + t
+                    float m = -INFINITY;
+                    for (int64_t u = 0; u < vis; u++)
+                        if (p[u] > m) m = p[u];
+                    double sum = cpu_exp_shift(p, vis, m);
+                    memset(p + vis, 0, (size_t)(kend - vis) * sizeof(float));
+                    inv[r] = (float)(1.0 / sum);
+                    if (lse) lse[((int64_t)b * H + h) * Tq + t0 + r] = m + logf((float)sum);
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, dv, (int)kend, 1.0f, S, (int)kend, vr,
+                            Hkv * dv, 0.0f, o, H * dv);
+                for (int64_t r = 0; r < n; r++)
+                    for (int j = 0; j < dv; j++)
+                        o[r * H * dv + j] *= inv[r];
+            }
+    }
+    openblas_set_num_threads(blas_threads);
+    cpu_tmp_give(be, &tmp);
+}
+
 static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const void *k_, const void *v_, int B,
                          int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+    if (Tq >= ATTN_TILE_MIN) {
+        attn_fwd_tiled(be, out_, lse, q_, k_, v_, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+        return;
+    }
     float *out = out_;
     const float *q = q_, *k = k_, *v = v_;
     int grp = H / Hkv, off = Tk - Tq, nthr = omp_get_max_threads();
