@@ -7,8 +7,9 @@ and prints the ratio:
 
 Tokens: the same ids as bench_vs_llama.c, token i = (i * 7919 + 13) % V (the
 prompt, then the decode tokens fed one at a time, not sampled), so both
-programs do the same work. Prefill: one eval of the prompt (n_batch = n_ubatch
-= the prompt length, as hylo's single 512-token chunk); decode: one eval per
+programs do the same work. Prefill: one eval of the prompt (n_batch = the
+prompt length, n_ubatch = 512 or the prompt if shorter, as hylo's chunks of
+512); decode: one eval per
 token after it, logits of the last token only (the same as hylo's steps). One
 warm-up of 32 tokens first. Prints one line `llama.cpp prefill TOK_S decode
 TOK_S rss_mb MB` for the C program to read, preceded by the library's version
@@ -47,7 +48,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     n_ctx = a.prompt + a.decode + 16
-    llm = Llama(model_path=a.model, n_ctx=n_ctx, n_batch=max(a.prompt, 32), n_ubatch=max(a.prompt, 32),
+    ub = min(max(a.prompt, 32), 512)  # hylo's prefill chunk; llama.cpp's default n_ubatch
+    llm = Llama(model_path=a.model, n_ctx=n_ctx, n_batch=max(a.prompt, 32), n_ubatch=ub,
                 n_threads=a.threads, n_threads_batch=a.threads, logits_all=False, verbose=False)
     V = llm.n_vocab()
     ids = [(i * 7919 + 13) % V for i in range(a.prompt + a.decode)]
