@@ -108,6 +108,9 @@ $(BUILD)/obj/%.o: %.c
 # Kernels chosen at run time (src/backend/cpu/cpu_quant.c probes the CPU):
 # compiled for their instruction set whatever -march the build uses.
 $(BUILD)/obj/src/backend/cpu/cpu_quant_avx2.o: CFLAGS += -mavx2 -mfma -mf16c
+# The attention's row loop, decode and tiles all multiply-add with FMA (the same
+# contraction in every path keeps them bit for bit alike; cpu_attn.c).
+$(BUILD)/obj/src/backend/cpu/cpu_attn.o: CFLAGS += -ffp-contract=fast
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)

@@ -1,9 +1,8 @@
 // Causal attention: one query row at a time (scores over the visible keys,
 // softmax, weighted sum), or, for prefill and training (many query rows),
-// tiles of query rows whose scores and weighted sums are sgemm products.
-// Saves lse for the backward. Also the decode ops over per-sequence caches
-// (attn_decode, kv_append).
-#include <cblas.h>
+// tiles of query rows that share the keys and values they read, with the
+// same arithmetic per row. Saves lse for the backward. Also the decode ops
+// over per-sequence caches (attn_decode, kv_append).
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -36,70 +35,142 @@ static inline void axpy8(float *restrict o, float w, const float *restrict v, in
         o[i] += w * v[i];
 }
 
-// From this many query rows on, attn_fwd runs by tiles of up to ATTN_TILE rows
-// of one head: S = scale Q K^T over the keys the tile's last row sees, the
-// softmax of each row's visible part (the rest zeroed), O = S V, all on one
-// thread with OpenBLAS's single-threaded sgemm; the threads take tiles.
-// Fewer rows (decode, short chunks) take the row loop below, whose order
-// attn_decode repeats bit for bit.
+// From this many query rows on, attn_fwd runs by tiles of up to ATTN_TILE
+// query rows of one head: the tile's rows share each block of 8 keys (read
+// once, transposed, while it is in L1) and each value row, instead of every
+// query row streaming the whole cache. Each score and weighted sum is the
+// row loop's arithmetic in the same order (dot8's partial sums and their
+// tree, then axpy8 key by key), so a row has the same bits whichever path
+// ran it: a prompt prefilled whole and the same prompt restored from a
+// prefix and finished by a decode step (attn_decode) agree bit for bit.
 #define ATTN_TILE_MIN 32
 #define ATTN_TILE 64
 #define ATTN_TILE_FLOATS ((int64_t)1 << 22) // scores per thread: 16 MB
 
+// 8 floats as one value (GCC / clang vector extension): element-wise + and *
+// round as the scalar operations do, so the tiles keep the row loop's bits
+// while the accumulators stay in registers.
+typedef float v8f __attribute__((vector_size(32)));
+static inline v8f ld8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+// s[u] = dot8(q, key u) for the 8 keys of kt ([dqk][8], transposed): the
+// same partial sums (element i into sum i % 8), tree and tail as dot8, with
+// the 8 keys in the vector lanes.
+static inline void dot8_keys8(const float *q, const float *kt, int n, float *s) {
+    v8f acc[8] = {{0}}; // [partial sum], lanes: keys
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += q[i + j] * ld8(kt + (i + j) * 8);
+    v8f t = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        t += q[i] * ld8(kt + i * 8);
+    st8(s, t);
+}
+
 static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, const float *k, const float *v, int B,
                            int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
     int grp = H / Hkv, off = Tk - Tq, nthr = omp_get_max_threads();
-    int64_t qt = ATTN_TILE_FLOATS / (Tk > 0 ? Tk : 1);
+    int64_t qt = ATTN_TILE_FLOATS / (Tk + 8);
     if (qt > ATTN_TILE) qt = ATTN_TILE;
     if (qt < 1) qt = 1;
-    int64_t n_tiles = (Tq + qt - 1) / qt;
+    int64_t n_tiles = (Tq + qt - 1) / qt, per = qt * (Tk + 8) + 8 * (int64_t)dqk; // scores (8 spare), kt
     cpu_tmp_t tmp;
-    float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * qt * (Tk > 0 ? Tk : 1), "attention forward (tiles)");
+    float *scores = cpu_tmp_take(be, &tmp, (int64_t)nthr * per, "attention forward (tiles)");
     if (!scores) {
         cpu_fill_nan(out, (int64_t)B * Tq * H * dv);
         if (lse) cpu_fill_nan(lse, (int64_t)B * H * Tq);
         return;
     }
-    // OpenBLAS (pthreads) would share one thread pool among the callers; each
-    // tile's product is small, so each thread runs its own on itself.
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
 #pragma omp parallel num_threads(nthr)
     {
-        float *S = scores + (int64_t)omp_get_thread_num() * qt * (Tk > 0 ? Tk : 1);
+        float *S = scores + (int64_t)omp_get_thread_num() * per, *kt = S + qt * (Tk + 8);
         // the last tiles (the most keys) first
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int bh = 0; bh < B * H; bh++)
             for (int64_t i = 0; i < n_tiles; i++) {
                 int b = bh / H, h = bh % H, hk = h / grp;
                 int64_t t0 = (n_tiles - 1 - i) * qt, n = Tq - t0 < qt ? Tq - t0 : qt;
-                int64_t kend = off + t0 + n < Tk ? off + t0 + n : Tk;
+                int64_t kend = off + t0 + n < Tk ? off + t0 + n : Tk, ld = kend + 8;
+                int64_t ldq = (int64_t)H * dqk, ldk = (int64_t)Hkv * dqk, ldv = (int64_t)Hkv * dv;
                 const float *qr = q + (((int64_t)b * Tq + t0) * H + h) * dqk;
                 const float *kr = k + ((int64_t)b * Tk * Hkv + hk) * dqk;
                 const float *vr = v + ((int64_t)b * Tk * Hkv + hk) * dv;
                 float *o = out + (((int64_t)b * Tq + t0) * H + h) * dv;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)kend, dqk, scale, qr, H * dqk, kr,
-                            Hkv * dqk, 0.0f, S, (int)kend);
-                float inv[ATTN_TILE];
-                for (int64_t r = 0; r < n; r++) {
-                    float *p = S + r * kend;
-                    int64_t vis = off + t0 + r + 1; // keys 0 .. off + t
-                    float m = -INFINITY;
-                    for (int64_t u = 0; u < vis; u++)
-                        if (p[u] > m) m = p[u];
-                    double sum = cpu_exp_shift(p, vis, m);
-                    memset(p + vis, 0, (size_t)(kend - vis) * sizeof(float));
-                    inv[r] = (float)(1.0 / sum);
-                    if (lse) lse[((int64_t)b * H + h) * Tq + t0 + r] = m + logf((float)sum);
+                // scores, 8 keys at a time (a last partial block reads zeros)
+                for (int64_t u0 = 0; u0 < kend; u0 += 8) {
+                    int nk = kend - u0 < 8 ? (int)(kend - u0) : 8;
+                    for (int d = 0; d < dqk; d++)
+                        for (int u = 0; u < 8; u++)
+                            kt[d * 8 + u] = u < nk ? kr[(u0 + u) * ldk + d] : 0.0f;
+                    for (int64_t r = 0; r < n; r++)
+                        if (u0 < off + t0 + r + 1) dot8_keys8(qr + r * ldq, kt, dqk, S + r * ld + u0);
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, dv, (int)kend, 1.0f, S, (int)kend, vr,
-                            Hkv * dv, 0.0f, o, H * dv);
-                for (int64_t r = 0; r < n; r++)
-                    for (int j = 0; j < dv; j++)
-                        o[r * H * dv + j] *= inv[r];
+                for (int64_t r = 0; r < n; r++) {
+                    float *p = S + r * ld;
+                    int64_t vis = off + t0 + r + 1; // keys 0 .. off + t
+                    // the maximum in 8 independent chains (a maximum is the
+                    // same in any order)
+                    float mx[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+                    int64_t u = 0;
+                    for (; u + 8 <= vis; u += 8)
+                        for (int j = 0; j < 8; j++) {
+                            p[u + j] *= scale;
+                            if (p[u + j] > mx[j]) mx[j] = p[u + j];
+                        }
+                    for (; u < vis; u++) {
+                        p[u] *= scale;
+                        if (p[u] > mx[0]) mx[0] = p[u];
+                    }
+                    float m = mx[0];
+                    for (int j = 1; j < 8; j++)
+                        if (mx[j] > m) m = mx[j];
+                    double sum = cpu_exp_shift(p, vis, m);
+                    float inv = (float)(1.0 / sum);
+                    for (u = 0; u < vis; u++) // the row loop's weights p[u] * inv
+                        p[u] *= inv;
+                    if (lse) lse[((int64_t)b * H + h) * Tq + t0 + r] = m + logf((float)sum);
+                    memset(o + r * H * dv, 0, (size_t)dv * sizeof(float));
+                }
+                // weighted sums over blocks of 64 keys (in L1), each output
+                // element accumulated key by key in order, as axpy8 does
+                for (int64_t u0 = 0; u0 < kend; u0 += 64)
+                    for (int64_t r = u0 < off + t0 ? 0 : u0 - off - t0; r < n; r++) {
+                        int64_t ue = off + t0 + r + 1 < u0 + 64 ? off + t0 + r + 1 : u0 + 64;
+                        if (ue > kend) ue = kend;
+                        const float *w = S + r * ld;
+                        float *orow = o + r * H * dv;
+                        // 32 outputs at a time: four independent add chains
+                        int i0 = 0;
+                        for (; i0 + 32 <= dv; i0 += 32) {
+                            v8f a0 = ld8(orow + i0), a1 = ld8(orow + i0 + 8), a2 = ld8(orow + i0 + 16),
+                                a3 = ld8(orow + i0 + 24);
+                            for (int64_t u = u0; u < ue; u++) {
+                                const float *vu = vr + u * ldv + i0;
+                                a0 += w[u] * ld8(vu), a1 += w[u] * ld8(vu + 8);
+                                a2 += w[u] * ld8(vu + 16), a3 += w[u] * ld8(vu + 24);
+                            }
+                            st8(orow + i0, a0), st8(orow + i0 + 8, a1), st8(orow + i0 + 16, a2),
+                                st8(orow + i0 + 24, a3);
+                        }
+                        for (; i0 + 8 <= dv; i0 += 8) {
+                            v8f a0 = ld8(orow + i0);
+                            for (int64_t u = u0; u < ue; u++)
+                                a0 += w[u] * ld8(vr + u * ldv + i0);
+                            st8(orow + i0, a0);
+                        }
+                        for (int64_t u = u0; u < ue; u++)
+                            for (int e = i0; e < dv; e++)
+                                orow[e] += w[u] * vr[u * ldv + e];
+                    }
             }
     }
-    openblas_set_num_threads(blas_threads);
     cpu_tmp_give(be, &tmp);
 }
 
