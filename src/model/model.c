@@ -764,15 +764,18 @@ int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, void *out, const 
 // With states: a decode step when T == 1 (one token for each sequence of the
 // n_st states, B = their total, each at its own length: the layers' X_step
 // over one run per state), else T tokens per sequence at sts[0]->len (n_st
-// is 1). rec (may be NULL) records each layer's input and mixer output.
-static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *const *sts, int n_st,
+// is 1). With run_len: a batched prefill, B = 1, T the total, state k's
+// run_len[k] tokens packed after those of the states before it, each mixer
+// run per state. rec (may be NULL) records each layer's input and mixer
+// output.
+static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *const *sts, int n_st, const int *run_len,
                       const model_record_t *rec) {
     const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
-    int step = n_st > 0 && T == 1, pos0 = n_st ? sts[0]->len : 0;
-    assert(step || n_st <= 1);
+    int step = n_st > 0 && T == 1 && !run_len, pos0 = n_st ? sts[0]->len : 0;
+    assert(step || run_len || n_st <= 1);
     if (step) TRY(runs_room(r, n_st));
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them.
@@ -789,6 +792,12 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
             for (int k = 0; k < n_st; k++)
                 r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
             TRY(model_mixer_step(&c, w, y, xn, n_st, r->runs));
+        } else if (run_len) {
+            for (int k = 0, row = 0; k < n_st; row += run_len[k++]) {
+                TRY(model_mixer_forward(&c, w, act_at(be, y, (int64_t)row * a->d), act_at(be, xn, (int64_t)row * a->d),
+                                        1, run_len[k], sts[k]->len, &sts[k]->layers[l], NULL));
+                arena_reset(&r->arena, mark); // y and xn were allocated before the mark
+            }
         } else {
             TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, n_st ? &sts[0]->layers[l] : NULL, NULL));
         }
@@ -804,6 +813,43 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     }
     if (rec && rec->x) be->copy_d2d(be, rec->x[a->n_layers], x, (size_t)N * a->d * be->act_size);
     return 0;
+}
+
+// The final norm and the head over rows first + i * stride of x, or rows
+// idx[i] when idx is not NULL (i < n_rows), into host logits [n_rows, V].
+static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t stride, const int64_t *idx, int64_t n_rows,
+                       float *logits) {
+    model_t *m = r->m;
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    // Normalise and project the wanted rows, in slices to bound memory.
+    // Consecutive rows (decode steps, every position) are read in place; others
+    // are gathered: by one strided copy (each sequence's last token of a
+    // prefill), or row by row (the chunks' last tokens of a batched prefill).
+    int64_t slice = 64;
+    int gather = idx || stride != 1;
+    void *h = gather ? arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size) : NULL;
+    void *hn = arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size);
+    void *lg = arena_alloc(&r->arena, (size_t)slice * a->V * be->act_size);
+    if ((gather && !h) || !hn || !lg) return ERR_NOMEM;
+    layer_ctx_t c = model_layer_ctx(r, 0); // the head's product may be a quantised one
+    for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
+        int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
+        const void *rows = act_at(be, x, (first + r0 * stride) * a->d);
+        if (idx) {
+            for (int64_t i = 0; i < n; i++)
+                TRY(be->copy_d2d(be, act_at(be, h, i * a->d), act_at(be, x, idx[r0 + i] * a->d),
+                                 (size_t)a->d * be->act_size));
+            rows = h;
+        } else if (stride != 1) {
+            be->copy2d(be, h, a->d, rows, stride * a->d, n, a->d, 0);
+            rows = h;
+        }
+        be->rmsnorm_fwd(be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
+        lin_fwd(&c, lg, hn, m->lm_head, n, a->d, a->V);
+        TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
+    }
+    return be->sync(be);
 }
 
 // Embeds ids (host [N]), runs the layers (run_layers: sts / n_st), final norm,
@@ -829,29 +875,9 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
         TRY(prepare_step_caches(r, sts, n_st));
     } else
         TRY(model_prepare_positions(r, B, T, n_st ? sts[0]->len : 0));
-    TRY(run_layers(r, x, B, T, sts, n_st, NULL));
+    TRY(run_layers(r, x, B, T, sts, n_st, NULL, NULL));
     if (!logits) return be->sync(be);
-    // Normalise and project the wanted rows, in slices to bound memory.
-    // Consecutive rows (decode steps, every position) are read in place; others
-    // (each sequence's last token of a prefill) are gathered by one strided copy.
-    int64_t slice = 64;
-    void *h = stride != 1 ? arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size) : NULL;
-    void *hn = arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size);
-    void *lg = arena_alloc(&r->arena, (size_t)slice * a->V * be->act_size);
-    if ((stride != 1 && !h) || !hn || !lg) return ERR_NOMEM;
-    layer_ctx_t c = model_layer_ctx(r, 0); // the head's product may be a quantised one
-    for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
-        int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
-        const void *rows = act_at(be, x, (first + r0 * stride) * a->d);
-        if (stride != 1) {
-            be->copy2d(be, h, a->d, rows, stride * a->d, n, a->d, 0);
-            rows = h;
-        }
-        be->rmsnorm_fwd(be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
-        lin_fwd(&c, lg, hn, m->lm_head, n, a->d, a->V);
-        TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
-    }
-    return be->sync(be);
+    return head_logits(r, x, first, stride, NULL, n_rows, logits);
 }
 
 int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, const model_record_t *rec) {
@@ -866,7 +892,7 @@ int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, cons
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
     TRY(model_prepare_positions(r, B, T, 0));
-    TRY(run_layers(r, x, B, T, NULL, 0, rec));
+    TRY(run_layers(r, x, B, T, NULL, 0, NULL, rec));
     be->rmsnorm_fwd(be, h, NULL, x, m->final_norm, N, a->d, a->eps);
     arena_reset(&r->arena, mark);
     return 0;
@@ -892,6 +918,73 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
         if (rc == 0) set_len(r->m, st, st->len + n);
     }
     free(part);
+    return rc;
+}
+
+// A batched prefill's positions: state k's n[k] rows at sts[k]->len + t, one
+// prepared entry per state (the first MODEL_POS_RUNS of them; the mixers of
+// the rest upload their own).
+static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int n_st, const int *n, int64_t N) {
+    be_t *be = r->m->be;
+    TRY(pos_room(r, N));
+    int32_t *h = r->pos_host;
+    for (int k = 0, row = 0; k < n_st; k++)
+        for (int t = 0; t < n[k]; t++)
+            h[row++] = sts[k]->len + t;
+    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL; // a failed upload leaves nothing prepared
+    TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)N * sizeof(int32_t)));
+    for (int k = 0, row = 0; k < n_st && k < MODEL_POS_RUNS; row += n[k++])
+        r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf + row, 1, n[k], sts[k]->len};
+    return 0;
+}
+
+int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *const *ids, const int *n,
+                        const uint8_t *want, float *logits) {
+    model_t *m = r->m;
+    be_t *be = m->be;
+    const arch_t *a = &m->a;
+    int64_t N = 0;
+    int end = 0, n_want = 0;
+    if (n_st < 1) return err_set(ERR_INPUT, "a batched prefill of %d states", n_st);
+    for (int k = 0; k < n_st; k++) {
+        const model_state_t *st = sts[k];
+        if (st->B != 1)
+            return err_set(ERR_INPUT, "batched prefill: state %d holds %d sequences (expected 1)", k, st->B);
+        if (n[k] < 1 || (int64_t)st->len + n[k] > st->ctx)
+            return err_set(ERR_INPUT, "batched prefill: state %d: %d tokens after %d cached (context capacity %d)", k,
+                           n[k], st->len, st->ctx);
+        N += n[k];
+        if (st->len + n[k] > end) end = st->len + n[k];
+        n_want += !want || want[k];
+    }
+    if (N > (1 << 24)) return err_set(ERR_INPUT, "batched prefill of %lld tokens", (long long)N);
+    for (int k = 0; k < n_st; k++)
+        TRY(model_state_reserve(m, sts[k], sts[k]->len + n[k]));
+    TRY(model_ensure_positions(m, end));
+    arena_reset(&r->arena, 0);
+    int32_t *h_ids = malloc((size_t)N * sizeof(int32_t));
+    int64_t *last = malloc((size_t)n_st * sizeof(int64_t));
+    int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
+    void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
+    int rc = 0;
+    if (!h_ids || !last)
+        rc = err_set(ERR_NOMEM, "out of memory");
+    else if (!d_ids || !x)
+        rc = ERR_NOMEM;
+    int64_t row = 0;
+    for (int k = 0, j = 0; k < n_st && rc == 0; k++) {
+        memcpy(h_ids + row, ids[k], (size_t)n[k] * sizeof(int32_t));
+        row += n[k];
+        if (!want || want[k]) last[j++] = row - 1;
+    }
+    if (rc == 0) rc = model_embed(m, h_ids, N, d_ids, x);
+    if (rc == 0) rc = prepare_run_positions(r, sts, n_st, n, N);
+    if (rc == 0) rc = run_layers(r, x, 1, (int)N, sts, n_st, n, NULL);
+    if (rc == 0) rc = n_want && logits ? head_logits(r, x, 0, 1, last, n_want, logits) : be->sync(be);
+    if (rc == 0)
+        for (int k = 0; k < n_st; k++)
+            set_len(m, sts[k], sts[k]->len + n[k]);
+    free(h_ids), free(last);
     return rc;
 }
 

@@ -50,11 +50,16 @@ typedef struct {
     void **addr; // [pt.n]
 } model_t;
 
+// Position arrays a forward prepares up front (more states in one batched
+// prefill upload their own, layer by layer: ctx_positions).
+#define MODEL_POS_RUNS 16
+
 // One run's execution context over a model's weights.
 typedef struct {
     model_t *m;
-    arena_t arena;    // device memory for one step's activations
-    ctx_pos_t pos[1]; // the current forward's positions (model_prepare_positions)
+    arena_t arena;                 // device memory for one step's activations
+    ctx_pos_t pos[MODEL_POS_RUNS]; // the current forward's positions (model_prepare_positions; a batched
+                                   // prefill's, one per state)
     int n_pos;
     int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
     int32_t *pos_host; // its host staging buffer
@@ -205,6 +210,16 @@ int model_state_restore(const model_t *m, model_state_t *st, const void *rows, i
 // extending the cache (room for all T is reserved first: out of memory leaves
 // the state as it was); logits (host, [B, V]) of each sequence's last token.
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
+// A prefill chunk of each of n_st single-sequence states in one forward
+// (continuous batching of prompts): state k takes n[k] >= 1 tokens ids[k]
+// (host) after its own len. The projections and MLPs run once over the
+// chunks packed together, each mixer once per state over its own cache.
+// Room is reserved in every state first (a state that cannot grow fails the
+// call, the states as they were); then each len advances by its n[k].
+// logits (host) gets, for each state k with want[k] (want NULL: every
+// state), in state order, the logits of its chunk's last token.
+int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *const *ids, const int *n,
+                        const uint8_t *want, float *logits);
 // One token per sequence (ids host [B]); logits host [B, V].
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits);
 // One decode step over several states at once (continuous batching): one
