@@ -48,9 +48,12 @@ struct srv_engine {
     int *turn_cancel; // [max_seqs] and their cancel flags
     // a decode step: the decoding requests (indices into turn), and those in
     // the step: their turn indices, states and tokens
-    int *dec_idx, *step_idx;
+    int *dec_idx, *step_idx, *pre_idx;
     model_state_t **step_st;
     int32_t *step_ids;
+    const int32_t **pre_ids; // a batched prefill's chunks, their lengths, which are last
+    int *pre_n;
+    uint8_t *pre_last;
     uint64_t next_id;
     int stopping; // no more submits; everything is cancelled
     int has_run, sync_init;
@@ -162,9 +165,8 @@ static int emit(srv_engine_t *e, req_t *r, const float *logits) {
     return 0;
 }
 
-// A prefill chunk of a request and, after the last, its first token. 1 when
-// the request finished (it is freed), else 0.
-static int prefill(srv_engine_t *e, req_t *r) {
+// The next prefill chunk of a request: its length, whether it is the last.
+static int next_chunk(const srv_engine_t *e, const req_t *r, int *last) {
     // Chunks end on multiples of --chunk (and of the prefix cache's block,
     // where its boundaries are taken), also after a restored prefix: its
     // rest then goes through the products in the chunks a prefill from
@@ -175,9 +177,14 @@ static int prefill(srv_engine_t *e, req_t *r) {
         if (tb < to) to = tb;
     }
     if (n > to) n = to;
-    int last = r->fed + n == r->s.n_prompt;
-    int rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, n, n, last ? e->logits : NULL);
-    if (rc < 0) return finish_error(e, r, rc), 1;
+    *last = r->fed + n == r->s.n_prompt;
+    return n;
+}
+
+// After a prefill chunk of n tokens: the prefix cache's records and, after
+// the last chunk (logits: its last token's), the first token. 1 when the
+// request finished (it is freed), else 0.
+static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *logits) {
     r->fed += n;
     if (e->prefix) {
         if (last)
@@ -189,7 +196,45 @@ static int prefill(srv_engine_t *e, req_t *r) {
     if (!last) return 0;
     if (e->metrics) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
     r->decoding = 1;
-    return emit(e, r, e->logits);
+    return emit(e, r, logits);
+}
+
+// The next prefill chunk of every prefilling request turn[idx[0..n)], and
+// after a request's last chunk its first token. Chunks of several tokens go
+// through one batched forward (model_prefill_batch: the chunks packed, each
+// over its own cache); a chunk of one token (the rest of a prompt whose
+// prefix was cached) through model_prefill alone, which runs it as a decode
+// step, as generation after a whole prompt does. Finished requests are freed
+// and their turn[] entries set to NULL.
+static void prefill(srv_engine_t *e, req_t **turn, const int *idx, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        req_t *r = turn[idx[i]];
+        int last, c = next_chunk(e, r, &last);
+        if (c == 1) {
+            int rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, 1, 1, last ? e->logits : NULL);
+            if (rc < 0 ? (finish_error(e, r, rc), 1) : chunk_done(e, r, 1, last, e->logits)) turn[idx[i]] = NULL;
+            continue;
+        }
+        int rc = model_state_reserve(e->m, &r->st, r->st.len + c); // a cache that cannot grow fails alone
+        if (rc < 0) {
+            finish_error(e, r, rc);
+            turn[idx[i]] = NULL;
+            continue;
+        }
+        e->step_idx[k] = idx[i], e->step_st[k] = &r->st, e->pre_ids[k] = r->prompt + r->fed;
+        e->pre_n[k] = c, e->pre_last[k] = (uint8_t)last;
+        k++;
+    }
+    if (!k) return;
+    int rc = model_prefill_batch(&e->run, e->step_st, k, e->pre_ids, e->pre_n, e->pre_last, e->logits);
+    for (int i = 0, j = 0; i < k; i++) {
+        req_t *r = turn[e->step_idx[i]];
+        const float *lg = e->logits + (size_t)j * e->m->a.V;
+        j += e->pre_last[i];
+        if (rc < 0 ? (finish_error(e, r, rc), 1) : chunk_done(e, r, e->pre_n[i], e->pre_last[i], lg))
+            turn[e->step_idx[i]] = NULL;
+    }
 }
 
 // The next token of every decoding request turn[idx[0..n)], from one batched
@@ -278,10 +323,10 @@ void srv_engine_run(srv_engine_t *e) {
             gone = r->link;
             finish(e, r, SRV_FINISH_CANCELLED, 503, why);
         }
-        // One unit of work per running request: a prefill chunk each, then one
-        // batched decode step of those that were decoding already; finished
-        // ones leave the slots.
-        int n_dec = 0;
+        // One unit of work per running request: a prefill chunk each, all in
+        // one batched forward, then one batched decode step of those that
+        // were decoding already; finished ones leave the slots.
+        int n_dec = 0, n_pre = 0;
         for (int i = 0; i < n; i++) {
             req_t *r = turn[i];
             if (cancelled[i]) {
@@ -291,10 +336,11 @@ void srv_engine_run(srv_engine_t *e) {
                 turn[i] = NULL;
             } else if (r->decoding) {
                 e->dec_idx[n_dec++] = i;
-            } else if (prefill(e, r)) {
-                turn[i] = NULL;
+            } else {
+                e->pre_idx[n_pre++] = i;
             }
         }
+        prefill(e, turn, e->pre_idx, n_pre);
         decode(e, turn, e->dec_idx, n_dec);
         pthread_mutex_lock(&e->mu);
         int k = 0;
@@ -322,12 +368,16 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->step_idx = calloc((size_t)cfg->max_seqs, sizeof *e->step_idx);
     e->step_st = calloc((size_t)cfg->max_seqs, sizeof *e->step_st);
     e->step_ids = calloc((size_t)cfg->max_seqs, sizeof *e->step_ids);
+    e->pre_idx = calloc((size_t)cfg->max_seqs, sizeof *e->pre_idx);
+    e->pre_ids = calloc((size_t)cfg->max_seqs, sizeof *e->pre_ids);
+    e->pre_n = calloc((size_t)cfg->max_seqs, sizeof *e->pre_n);
+    e->pre_last = calloc((size_t)cfg->max_seqs, sizeof *e->pre_last);
     e->active = calloc((size_t)cfg->max_seqs, sizeof *e->active);
     e->turn = calloc((size_t)cfg->max_seqs, sizeof *e->turn);
     e->turn_cancel = calloc((size_t)cfg->max_seqs, sizeof *e->turn_cancel);
     e->stop_ids = malloc(((size_t)cfg->n_stop_ids + 1) * sizeof(int32_t));
     if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids || !e->dec_idx || !e->step_idx ||
-        !e->step_st || !e->step_ids) {
+        !e->step_st || !e->step_ids || !e->pre_idx || !e->pre_ids || !e->pre_n || !e->pre_last) {
         srv_engine_free(e);
         return err_set(ERR_NOMEM, "out of memory");
     }
@@ -438,6 +488,7 @@ void srv_engine_free(srv_engine_t *e) {
     free(e->step_idx);
     free(e->step_st);
     free(e->step_ids);
+    free(e->pre_idx), free(e->pre_ids), free(e->pre_n), free(e->pre_last);
     free(e->stop_ids);
     free(e);
 }
