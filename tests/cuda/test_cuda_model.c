@@ -140,9 +140,10 @@ static void test_model_logits(void **st) {
     free_pair(&p);
 }
 
-// Continuous batching on the GPU: three sequences at different lengths (the
-// per-row cache pointers and lengths of the decode ops) decode together with
-// model_step_batch, against the same three on the CPU. Each row is judged as
+// Continuous batching on the GPU: three prompts of different lengths
+// prefilled in one forward (model_prefill_batch), then decoding together
+// with model_step_batch (the per-row cache pointers and lengths of the
+// decode ops), against the same on the CPU. Each row is judged as
 // test_model_logits judges one decoded position (bound 1e-1, the same bf16
 // argument); a row that read another row's cache or state, or the wrong
 // length, is O(1) off.
@@ -155,16 +156,26 @@ static void test_step_batch(void **st) {
     model_state_t sc[N], sg[N];
     model_state_t *pc[N], *pg[N];
     float *c1 = malloc(sizeof(float) * N * a.V), *g1 = tu_nans((int64_t)N * a.V);
+    // the prompts in one batched prefill on each side (model_prefill_batch)
+    int32_t prompt[N][64];
+    const int32_t *chunk[N];
     for (int k = 0; k < N; k++) {
-        int32_t prompt[64];
         for (int i = 0; i < len[k]; i++)
-            prompt[i] = (i * 41 + 7 * k + 3) % a.V;
+            prompt[k][i] = (i * 41 + 7 * k + 3) % a.V;
+        chunk[k] = prompt[k];
         assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 128), 0);
         assert_int_equal(model_state_alloc(&p.gpu, &sg[k], 1, 128), 0);
-        assert_int_equal(model_prefill(&p.rcpu, &sc[k], prompt, len[k], 16, c1), 0);
-        assert_int_equal(model_prefill(&p.rgpu, &sg[k], prompt, len[k], 16, g1), 0);
         pc[k] = &sc[k], pg[k] = &sg[k];
     }
+    assert_int_equal(model_prefill_batch(&p.rcpu, pc, N, chunk, len, NULL, c1), 0);
+    assert_int_equal(model_prefill_batch(&p.rgpu, pg, N, chunk, len, NULL, g1), 0);
+    double worst_pre = 0;
+    for (int k = 0; k < N; k++) {
+        double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
+        if (!(e <= worst_pre)) worst_pre = e;
+    }
+    printf("  batched prefill of the 3 prompts: worst rel err of a row %.2e\n", worst_pre);
+    assert_true(worst_pre < 1e-1);
     double worst = 0;
     for (int t = 0; t < STEPS; t++) {
         int32_t ids[N];
