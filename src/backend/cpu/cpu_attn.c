@@ -11,7 +11,7 @@
 
 // q . k over n values in 8 interleaved partial sums: a single running sum is
 // a chain the compiler may not reorder (strict fp32), which left the score
-// loop scalar (with the weighted sum below, a quarter of a 256-token prefill).
+// loop scalar. Every score of every path is this sum, in this order.
 static inline float dot8(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int i = 0;
@@ -24,23 +24,12 @@ static inline float dot8(const float *a, const float *b, int n) {
     return s;
 }
 
-// o += w v over n values, in groups of 8 for the same reason (GCC's -O2 cost
-// model vectorises a fixed group of 8, not a loop of unknown length).
-static inline void axpy8(float *restrict o, float w, const float *restrict v, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            o[i + j] += w * v[i + j];
-    for (; i < n; i++)
-        o[i] += w * v[i];
-}
-
 // From this many query rows on, attn_fwd runs by tiles of up to ATTN_TILE
 // query rows of one head: the tile's rows share each block of 8 keys (read
 // once, transposed, while it is in L1) and each value row, instead of every
 // query row streaming the whole cache. Each score and weighted sum is the
 // row loop's arithmetic in the same order (dot8's partial sums and their
-// tree, then axpy8 key by key), so a row has the same bits whichever path
+// tree, weighted_sum key by key), so a row has the same bits whichever path
 // ran it: a prompt prefilled whole and the same prompt restored from a
 // prefix and finished by a decode step (attn_decode) agree bit for bit.
 #define ATTN_TILE_MIN 32
@@ -71,6 +60,93 @@ static inline void dot8_keys8(const float *q, const float *kt, int n, float *s) 
     for (; i < n; i++)
         t += q[i] * ld8(kt + i * 8);
     st8(s, t);
+}
+
+// s[k] = dot8(q, k0 + k ldk) for 4 keys at once: dot8's arithmetic (lane j
+// of a vector holds partial sum j), four independent chains instead of one.
+static inline void dot8_keys4(const float *q, const float *k0, int64_t ldk, int n, float *s) {
+    v8f a[4] = {{0}};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f x = ld8(q + i);
+        for (int k = 0; k < 4; k++)
+            a[k] += x * ld8(k0 + k * ldk + i);
+    }
+    for (int k = 0; k < 4; k++) {
+        float t = ((a[k][0] + a[k][4]) + (a[k][1] + a[k][5])) + ((a[k][2] + a[k][6]) + (a[k][3] + a[k][7]));
+        for (int r = i; r < n; r++)
+            t += q[r] * k0[k * ldk + r];
+        s[k] = t;
+    }
+}
+
+// One row's softmax over its n scores p (dot products, scaled here by
+// scale), as the row loop computes it; p becomes the weights p[u] * inv.
+// Returns the sum of the exponentials, *m their shift (the maximum).
+static double softmax_row(float *p, int64_t n, float scale, float *m) {
+    // the maximum in 8 independent chains (a maximum is the same in any order)
+    float mx[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t u = 0;
+    for (; u + 8 <= n; u += 8)
+        for (int j = 0; j < 8; j++) {
+            p[u + j] *= scale;
+            if (p[u + j] > mx[j]) mx[j] = p[u + j];
+        }
+    for (; u < n; u++) {
+        p[u] *= scale;
+        if (p[u] > mx[0]) mx[0] = p[u];
+    }
+    *m = mx[0];
+    for (int j = 1; j < 8; j++)
+        if (mx[j] > *m) *m = mx[j];
+    double sum = cpu_exp_shift(p, n, *m);
+    float inv = (float)(1.0 / sum);
+    for (u = 0; u < n; u++)
+        p[u] *= inv;
+    return sum;
+}
+
+// o[i] += w[u] v[u ldv + i] for u in [u0, u1), each element's sum taken key by
+// key in order, in registers 32 outputs at a time (four independent add
+// chains; one accumulator in memory per key was a chain through the stores).
+static void weighted_sum(float *o, const float *w, const float *v, int64_t ldv, int64_t u0, int64_t u1, int dv) {
+    int i0 = 0;
+    for (; i0 + 32 <= dv; i0 += 32) {
+        v8f a0 = ld8(o + i0), a1 = ld8(o + i0 + 8), a2 = ld8(o + i0 + 16), a3 = ld8(o + i0 + 24);
+        for (int64_t u = u0; u < u1; u++) {
+            const float *vu = v + u * ldv + i0;
+            a0 += w[u] * ld8(vu), a1 += w[u] * ld8(vu + 8);
+            a2 += w[u] * ld8(vu + 16), a3 += w[u] * ld8(vu + 24);
+        }
+        st8(o + i0, a0), st8(o + i0 + 8, a1), st8(o + i0 + 16, a2), st8(o + i0 + 24, a3);
+    }
+    for (; i0 + 8 <= dv; i0 += 8) {
+        v8f a0 = ld8(o + i0);
+        for (int64_t u = u0; u < u1; u++)
+            a0 += w[u] * ld8(v + u * ldv + i0);
+        st8(o + i0, a0);
+    }
+    for (int64_t u = u0; u < u1; u++)
+        for (int e = i0; e < dv; e++)
+            o[e] += w[u] * v[u * ldv + e];
+}
+
+// One query row qr against n keys (rows of k and v, strides ldk and ldv):
+// scores 4 keys at a time, softmax_row, weighted_sum into o; p holds n
+// scores. Returns the row's log-sum-exp. The row loop of attn_fwd and
+// attn_decode are this function.
+static float attend_row(const float *qr, const float *k, int64_t ldk, const float *v, int64_t ldv, int n, int dqk,
+                        int dv, float scale, float *p, float *o) {
+    int u = 0;
+    for (; u + 4 <= n; u += 4)
+        dot8_keys4(qr, k + u * ldk, ldk, dqk, p + u);
+    for (; u < n; u++)
+        p[u] = dot8(qr, k + u * ldk, dqk);
+    float m;
+    double sum = softmax_row(p, n, scale, &m);
+    memset(o, 0, (size_t)dv * sizeof(float));
+    weighted_sum(o, p, v, ldv, 0, n, dv);
+    return m + logf((float)sum);
 }
 
 static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, const float *k, const float *v, int B,
@@ -112,62 +188,16 @@ static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, con
                         if (u0 < off + t0 + r + 1) dot8_keys8(qr + r * ldq, kt, dqk, S + r * ld + u0);
                 }
                 for (int64_t r = 0; r < n; r++) {
-                    float *p = S + r * ld;
-                    int64_t vis = off + t0 + r + 1; // keys 0 .. off + t
-                    // the maximum in 8 independent chains (a maximum is the
-                    // same in any order)
-                    float mx[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-                    int64_t u = 0;
-                    for (; u + 8 <= vis; u += 8)
-                        for (int j = 0; j < 8; j++) {
-                            p[u + j] *= scale;
-                            if (p[u + j] > mx[j]) mx[j] = p[u + j];
-                        }
-                    for (; u < vis; u++) {
-                        p[u] *= scale;
-                        if (p[u] > mx[0]) mx[0] = p[u];
-                    }
-                    float m = mx[0];
-                    for (int j = 1; j < 8; j++)
-                        if (mx[j] > m) m = mx[j];
-                    double sum = cpu_exp_shift(p, vis, m);
-                    float inv = (float)(1.0 / sum);
-                    for (u = 0; u < vis; u++) // the row loop's weights p[u] * inv
-                        p[u] *= inv;
+                    float m;
+                    double sum = softmax_row(S + r * ld, off + t0 + r + 1, scale, &m); // keys 0 .. off + t
                     if (lse) lse[((int64_t)b * H + h) * Tq + t0 + r] = m + logf((float)sum);
                     memset(o + r * H * dv, 0, (size_t)dv * sizeof(float));
                 }
-                // weighted sums over blocks of 64 keys (in L1), each output
-                // element accumulated key by key in order, as axpy8 does
+                // weighted sums over blocks of 64 keys (in L1), key by key in order
                 for (int64_t u0 = 0; u0 < kend; u0 += 64)
                     for (int64_t r = u0 < off + t0 ? 0 : u0 - off - t0; r < n; r++) {
                         int64_t ue = off + t0 + r + 1 < u0 + 64 ? off + t0 + r + 1 : u0 + 64;
-                        if (ue > kend) ue = kend;
-                        const float *w = S + r * ld;
-                        float *orow = o + r * H * dv;
-                        // 32 outputs at a time: four independent add chains
-                        int i0 = 0;
-                        for (; i0 + 32 <= dv; i0 += 32) {
-                            v8f a0 = ld8(orow + i0), a1 = ld8(orow + i0 + 8), a2 = ld8(orow + i0 + 16),
-                                a3 = ld8(orow + i0 + 24);
-                            for (int64_t u = u0; u < ue; u++) {
-                                const float *vu = vr + u * ldv + i0;
-                                a0 += w[u] * ld8(vu), a1 += w[u] * ld8(vu + 8);
-                                a2 += w[u] * ld8(vu + 16), a3 += w[u] * ld8(vu + 24);
-                            }
-                            st8(orow + i0, a0), st8(orow + i0 + 8, a1), st8(orow + i0 + 16, a2),
-                                st8(orow + i0 + 24, a3);
-                        }
-                        for (; i0 + 8 <= dv; i0 += 8) {
-                            v8f a0 = ld8(orow + i0);
-                            for (int64_t u = u0; u < ue; u++)
-                                a0 += w[u] * ld8(vr + u * ldv + i0);
-                            st8(orow + i0, a0);
-                        }
-                        for (int64_t u = u0; u < ue; u++)
-                            for (int e = i0; e < dv; e++)
-                                orow[e] += w[u] * vr[u * ldv + e];
+                        weighted_sum(o + r * H * dv, S + r * ld, vr, ldv, u0, ue < kend ? ue : kend, dv);
                     }
             }
     }
@@ -197,22 +227,10 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < Tq; t++) {
-                    const float *qr = q + (((int64_t)b * Tq + t) * H + h) * dqk;
-                    int hk = h / grp, last = off + t;
-                    float m = -INFINITY;
-                    for (int u = 0; u <= last; u++) {
-                        const float *kr = k + (((int64_t)b * Tk + u) * Hkv + hk) * dqk;
-                        p[u] = dot8(qr, kr, dqk) * scale;
-                        if (p[u] > m) m = p[u];
-                    }
-                    double sum = cpu_exp_shift(p, last + 1, m);
-                    float *o = out + (((int64_t)b * Tq + t) * H + h) * dv;
-                    memset(o, 0, (size_t)dv * sizeof(float));
-                    float inv = (float)(1.0 / sum);
-                    for (int u = 0; u <= last; u++) {
-                        axpy8(o, p[u] * inv, v + (((int64_t)b * Tk + u) * Hkv + hk) * dv, dv);
-                    }
-                    if (lse) lse[((int64_t)b * H + h) * Tq + t] = m + logf((float)sum);
+                    int64_t qi = ((int64_t)b * Tq + t) * H + h, kv = (int64_t)b * Tk * Hkv + h / grp;
+                    float l = attend_row(q + qi * dqk, k + kv * dqk, (int64_t)Hkv * dqk, v + kv * dv, (int64_t)Hkv * dv,
+                                         off + t + 1, dqk, dv, scale, p, out + qi * dv);
+                    if (lse) lse[((int64_t)b * H + h) * Tq + t] = l;
                 }
     }
     cpu_tmp_give(be, &tmp);
@@ -290,17 +308,10 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, void *const *k
                 int64_t ldk = (int64_t)Hkv * dqk, ldv = (int64_t)Hkv * dv;
                 int n = len[r] < per ? len[r] : per; // max_len bounds the scores buffer
                 float *o = out + ((int64_t)r * H + h) * dv;
-                memset(o, 0, (size_t)dv * sizeof(float));
-                if (n <= 0) continue; // nothing cached: a zero output rather than 0/0
-                float m = -INFINITY;
-                for (int u = 0; u < n; u++) {
-                    p[u] = dot8(qr, k + u * ldk, dqk) * scale;
-                    if (p[u] > m) m = p[u];
-                }
-                double sum = cpu_exp_shift(p, n, m);
-                float inv = (float)(1.0 / sum);
-                for (int u = 0; u < n; u++)
-                    axpy8(o, p[u] * inv, v + u * ldv, dv);
+                if (n > 0)
+                    attend_row(qr, k, ldk, v, ldv, n, dqk, dv, scale, p, o);
+                else // nothing cached: a zero output rather than 0/0
+                    memset(o, 0, (size_t)dv * sizeof(float));
             }
     }
     cpu_tmp_give(be, &tmp);
