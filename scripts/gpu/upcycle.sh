@@ -198,10 +198,12 @@ stage1)
     cp .carry/chat/*.shard $W/chat/ 2>/dev/null
     cp $W/corpus/SOURCES.tsv $W/corpus/OVERLAP.log "$O/" 2>/dev/null
     step data 120 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
-    # chat documents sampled from the teacher, 1,024 a shard, while the slot lasts
+    # chat documents sampled from the teacher, 1,024 a shard, while the slot
+    # lasts and at most CHAT_SHARDS shards (up to 448 new tokens a document;
+    # weighted 2 in KD beside the 25.7M tokens of documentation)
     (
         k=0
-        while [ $(since) -lt 300 ]; do
+        while [ $(since) -lt 300 ] && [ $k -lt ${CHAT_SHARDS:-8} ]; do
             step chat_$k 150 $H data --generate 1024 --batch 512 --self-instruct -n 448 --ctx 640 --temp 0.7 \
                 --seed $((1 + 1024 * k)) --device cuda --model $M --out $W/chat/chat_$k.shard
             k=$((k + 1))
