@@ -13,6 +13,9 @@
 #           hylo data --generate --self-instruct, mixed in beside those made there)
 #   call 3: bash scripts/gpu/upcycle.sh stage2   carry .carry/t (the CUDA test binaries)
 #   call 4: bash scripts/gpu/upcycle.sh eval
+# or, in a lease after prep without trained weights (one call):
+#   bash scripts/gpu/upcycle.sh checks   carry .carry/p2 .carry/t2 (CUDA tests, RULER,
+#                                        serve load test, latency sweep)
 # or, when one call is all the device time allows after prep:
 #   call 2: bash scripts/gpu/upcycle.sh quick    carry .carry/p2 .carry/cb
 #           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
@@ -258,6 +261,27 @@ quick)
     (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
     kd kd8k 8192 4 1.5e-4 4.0 "model_name_or_path: $W/kd2k/final" ${KD8K_S:-40}
     evaluate kd8k $W/kd8k/final > $O/ev_kd8k.txt 2>&1
+    wait
+    ;;
+checks)
+    # a lease whose trained weights are gone: what needs only the teacher and
+    # an untrained hybrid (after prep; carry .carry/p2 and .carry/t2, the test
+    # binaries rebuilt since pack): those tests, RULER at 4K and 8K, the serve
+    # load test of the teacher, and the latency sweep of teacher vs hybrid
+    DEADLINE=${CHECKS_DEADLINE:-300}
+    assemble
+    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
+    [ -f .carry/t2/tests.tar.xz ] && (tar xJf .carry/t2/tests.tar.xz && mkdir -p $O/tests &&
+        OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1 &
+    step ruler_teacher 280 $H eval $M --task ruler --lengths 4K,8K --samples 10 --device cuda --chunk 8192 \
+        --data $D --out $O/ruler_teacher &
+    step ruler_untrained 280 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
+        --chunk 8192 --data $D --out $O/ruler_untrained &
+    cat $D/essays/*.txt > $W/essays.txt
+    step serve_load_teacher 200 env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_teacher \
+        SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $M $W/essays.txt &
+    step bench 150 $H bench $W/untrained --against $M --lengths 2K,8K,32K --decode 64 --device cuda --chunk 8192 \
+        --out $O/bench
     wait
     ;;
 eval)
