@@ -172,7 +172,7 @@ def main():
     for task in tasks:
         hylo = [json.loads(l) for l in open(f"{samples}/{task}.jsonl", encoding="utf-8")]
         n = same_prompt = same_acc = same_norm = acc = acc_h = norm = norm_h = 0
-        max_dll = 0.0
+        max_dll, max_at = 0.0, ""
         diffs = []
         items = [d for _, d in zip(range(len(hylo)), docs(task, data))]
         flat = logliks([request(x, c) for ctxs, conts, _, _ in items for x, c in zip(ctxs, conts)])
@@ -190,7 +190,10 @@ def main():
             norm += pn == gold
             acc_h += h["pred"] == gold
             norm_h += h["pred_norm"] == gold
-            max_dll = max(max_dll, max(abs(a - b) for a, b in zip(lls, h["ll"])))
+            dll = max(abs(a - b) for a, b in zip(lls, h["ll"]))
+            if dll > max_dll:
+                max_dll, max_at = dll, f"doc {i}: ll {ref} {[round(x, 4) for x in lls]} hylo {[round(x, 4) for x in h['ll']]}"
+
             if p != h["pred"] or pn != h["pred_norm"]:
                 srt = sorted(lls, reverse=True)
                 srtn = sorted((l / n_ for l, n_ in zip(lls, lens)), reverse=True)
@@ -198,7 +201,7 @@ def main():
                              f"{ref} margins: ll {srt[0] - srt[1]:.4f}, ll/char {srtn[0] - srtn[1]:.5f}; "
                              f"ll {ref} {[round(x, 4) for x in lls]} hylo {[round(x, 4) for x in h['ll']]}")
         print(f"{task}: {n} items; prompts identical {same_prompt}/{n}; acc decisions identical {same_acc}/{n}, "
-              f"acc_norm decisions identical {same_norm}/{n}; max |ll difference| {max_dll:.4f} nats")
+              f"acc_norm decisions identical {same_norm}/{n}; max |ll difference| {max_dll:.4f} nats ({max_at})")
         print(f"  {ref} acc {100 * acc / n:.2f} acc_norm {100 * norm / n:.2f}; "
               f"hylo acc {100 * acc_h / n:.2f} acc_norm {100 * norm_h / n:.2f}")
         for d in diffs:
