@@ -190,16 +190,15 @@ def main():
             norm += pn == gold
             acc_h += h["pred"] == gold
             norm_h += h["pred_norm"] == gold
+            both = f"ll {ref} {[round(x, 4) for x in lls]} hylo {[round(x, 4) for x in h['ll']]}"
             dll = max(abs(a - b) for a, b in zip(lls, h["ll"]))
             if dll > max_dll:
-                max_dll, max_at = dll, f"doc {i}: ll {ref} {[round(x, 4) for x in lls]} hylo {[round(x, 4) for x in h['ll']]}"
-
+                max_dll, max_at = dll, f"doc {i}: {both}"
             if p != h["pred"] or pn != h["pred_norm"]:
                 srt = sorted(lls, reverse=True)
                 srtn = sorted((l / n_ for l, n_ in zip(lls, lens)), reverse=True)
                 diffs.append(f"  doc {i}: {ref} pred {p} / norm {pn}, hylo {h['pred']} / {h['pred_norm']}; "
-                             f"{ref} margins: ll {srt[0] - srt[1]:.4f}, ll/char {srtn[0] - srtn[1]:.5f}; "
-                             f"ll {ref} {[round(x, 4) for x in lls]} hylo {[round(x, 4) for x in h['ll']]}")
+                             f"{ref} margins: ll {srt[0] - srt[1]:.4f}, ll/char {srtn[0] - srtn[1]:.5f}; {both}")
         print(f"{task}: {n} items; prompts identical {same_prompt}/{n}; acc decisions identical {same_acc}/{n}, "
               f"acc_norm decisions identical {same_norm}/{n}; max |ll difference| {max_dll:.4f} nats ({max_at})")
         print(f"  {ref} acc {100 * acc / n:.2f} acc_norm {100 * norm / n:.2f}; "
