@@ -152,6 +152,26 @@ assemble() { # GGUF halves -> $M, checked against the sha256 fetch_model.sh hold
     cat $W/p1 .carry/p2/gguf.part > $M.part
     echo "$sha  $M.part" | sha256sum -c --quiet - && mv $M.part $M || echo "GGUF halves do not match" >&2
 }
+# the CUDA tests against the CPU ops, from a carried tarball of test binaries
+cuda_tests() { # tarball
+    [ -f "$1" ] && (tar xJf "$1" && mkdir -p $O/tests &&
+        OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1
+}
+# issue 9's RULER table: every offline task at 4K and 8K, the teacher and the
+# untrained hybrid of the same layout, side by side
+ruler_4k8k() { # timeout (s)
+    step ruler_teacher $1 $H eval $M --task ruler --lengths 4K,8K --samples 10 --device cuda --chunk 8192 \
+        --data $D --out $O/ruler_teacher &
+    step ruler_untrained $1 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
+        --chunk 8192 --data $D --out $O/ruler_untrained &
+    wait
+}
+# issue 12's load test: 64 streaming requests of mixed lengths against a model
+serve_load() { # name, model
+    [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
+    step serve_load_$1 200 env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$1 \
+        SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $2 $W/essays.txt
+}
 mla=$(seq -s, 0 3 29)
 # the corpus carried in two parts (ca, cb), unpacked; shards go to mix/ (the
 # documentation) and chat/ (the teacher's samples)
@@ -236,9 +256,7 @@ stage2)
     step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
     # issue 8: kill -9 and --resume give the same losses on the GPU (deterministic: true)
     step resume_check 150 bash scripts/gpu/resume_check.sh $H $M $W/untrained $W/mix $W/resume_check cuda &
-    # the CUDA tests against the CPU ops, beside the training
-    [ -f .carry/t/tests.tar.xz ] && (tar xJf .carry/t/tests.tar.xz && mkdir -p $O/tests &&
-        OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1 &
+    cuda_tests .carry/t/tests.tar.xz & # beside the training
     (evaluate untrained $W/untrained) > $O/ev_untrained.txt 2>&1 &
     kd kd2k 2048 16 3.0e-4 1.0 "$from_ild" 170
     (evaluate ild $W/kd2k/init) > $O/ev_ild.txt 2>&1 &
@@ -271,37 +289,17 @@ checks)
     DEADLINE=${CHECKS_DEADLINE:-300}
     assemble
     step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
-    [ -f .carry/t2/tests.tar.xz ] && (tar xJf .carry/t2/tests.tar.xz && mkdir -p $O/tests &&
-        OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1 &
-    step ruler_teacher 280 $H eval $M --task ruler --lengths 4K,8K --samples 10 --device cuda --chunk 8192 \
-        --data $D --out $O/ruler_teacher &
-    step ruler_untrained 280 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
-        --chunk 8192 --data $D --out $O/ruler_untrained &
-    cat $D/essays/*.txt > $W/essays.txt
-    step serve_load_teacher 200 env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_teacher \
-        SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $M $W/essays.txt &
+    cuda_tests .carry/t2/tests.tar.xz &
+    ruler_4k8k 280 &
+    serve_load teacher $M &
     step bench 150 $H bench $W/untrained --against $M --lengths 2K,8K,32K --decode 64 --device cuda --chunk 8192 \
         --out $O/bench
     wait
     ;;
 eval)
-    # issue 9's RULER table: every offline task at 4K and 8K, the teacher and
-    # the untrained hybrid of the same layout
-    step ruler_teacher 420 $H eval $M --task ruler --lengths 4K,8K --samples 10 --device cuda --chunk 8192 \
-        --data $D --out $O/ruler_teacher &
-    step ruler_untrained 420 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
-        --chunk 8192 --data $D --out $O/ruler_untrained &
-    # issue 12's load test: 64 streams of mixed lengths against the teacher,
-    # then the distilled hybrid (beside the evaluations: latencies contended)
-    cat $D/essays/*.txt > $W/essays.txt
-    (
-        for n in teacher kd8k; do
-            p=$M
-            [ $n = teacher ] || p=$W/$n/final
-            step serve_load_$n 200 env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$n \
-                SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $p $W/essays.txt
-        done
-    ) &
+    ruler_4k8k 420 &
+    # the teacher, then the distilled hybrid (beside the evaluations: latencies contended)
+    (serve_load teacher $M; serve_load kd8k $W/kd8k/final) &
     (evaluate kd2k $W/kd2k/final) > $O/ev_kd2k.txt 2>&1 &
     (evaluate kd8k $W/kd8k/final) > $O/ev_kd8k.txt 2>&1 &
     (evaluate kd32k $W/kd32k/final) > $O/ev_kd32k.txt 2>&1 &
