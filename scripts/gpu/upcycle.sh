@@ -32,10 +32,10 @@
 #           meanwhile the untrained and the assembled (ILD-only) hybrids are
 #           evaluated, the CUDA tests run, and a short deterministic KD run is
 #           killed and resumed (scripts/gpu/resume_check.sh).
-#   eval:   the three KD checkpoints evaluated, side by side; chat answers of every model;
-#           latency and cache memory against the teacher; RULER at 4K and 8K for the
-#           teacher and the untrained hybrid; the serve load test (64 streams) of the
-#           teacher and the KD 8K hybrid.
+#   eval:   latency and cache memory of the KD 8K hybrid against the teacher, then
+#           its serve load test (64 streams), each alone on the GPU; then the three
+#           KD checkpoints evaluated side by side, with chat answers of every model
+#           (DEADLINE=S to end the call sooner when the device time left is short).
 # The calls must follow each other within the 30 s the machine stays warm: a
 # cold start is a bare machine, and the trained weights are gone with it.
 # Training lengths are set in steps from the throughput each stage measured
@@ -167,9 +167,9 @@ ruler_4k8k() { # timeout (s)
     wait
 }
 # issue 12's load test: 64 streaming requests of mixed lengths against a model
-serve_load() { # name, model
+serve_load() { # name, model[, timeout (s)]
     [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
-    step serve_load_$1 200 env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$1 \
+    step serve_load_$1 ${3:-200} env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$1 \
         SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $2 $W/essays.txt
 }
 mla=$(seq -s, 0 3 29)
@@ -297,14 +297,26 @@ checks)
     wait
     ;;
 eval)
-    ruler_4k8k 420 &
-    # the teacher, then the distilled hybrid (beside the evaluations: latencies contended)
-    (serve_load teacher $M; serve_load kd8k $W/kd8k/final) &
+    # the speed figures first, each alone on the GPU: latency and cache
+    # memory of the distilled hybrid against the teacher (single-stream
+    # decode), then the serve load test of the hybrid; then the three KD
+    # checkpoints' evaluations side by side until DEADLINE
+    step bench 70 $H bench $W/kd8k/final --against $M --lengths 2K,8K,32K,128K --decode 64 --device cuda --chunk 8192 \
+        --out $O/bench
+    # where a single-stream decode token's time goes (issue 12): the kernels
+    # and API calls of a greedy decode of the hybrid and of the teacher, when
+    # Nsight Systems is installed
+    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)
+    for p in kd8k:$W/kd8k/final teacher:$M; do
+        [ -n "$nsys" ] || { echo "nsys not found" > $O/prof_decode.log; break; }
+        step prof_${p%%:*} 40 $nsys profile -o $W/prof_${p%%:*} --force-overwrite true --stats=true \
+            $H generate ${p#*:} --prompt "The history of the city begins" -n 256 --temp 0 --device cuda --stats
+    done
+    serve_load kd8k $W/kd8k/final 110
+    NIAH_SAMPLES=${NIAH_SAMPLES:-10}
     (evaluate kd2k $W/kd2k/final) > $O/ev_kd2k.txt 2>&1 &
     (evaluate kd8k $W/kd8k/final) > $O/ev_kd8k.txt 2>&1 &
     (evaluate kd32k $W/kd32k/final) > $O/ev_kd32k.txt 2>&1 &
-    step bench 200 $H bench $W/kd32k/final --against $M --lengths 2K,8K,32K,128K --decode 32 --device cuda --chunk 8192 \
-        --out $O/bench
     wait
     ;;
 esac
