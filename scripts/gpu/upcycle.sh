@@ -48,8 +48,10 @@ if [ "$1" = tally ]; then
     # Here, on the returned folders: the score of every task whose per-item
     # file (DIR/samples/*.jsonl) is complete, also for an evaluation that the
     # time limit stopped before it wrote result.json (a file still being
-    # written has a .hylo-tmp suffix and is left out). MC: acc, acc_norm;
-    # LAMBADA: acc; RULER: mean score.
+    # written has a .hylo-tmp suffix and is left out). MC: acc, acc_norm
+    # (WinoGrande: acc in both, as lm-eval reports it and result.json holds);
+    # LAMBADA: acc; RULER: mean score. Then, per folder with MC tasks, their
+    # averages (the means of the per-task scores).
     shift
     for d in "$@"; do
         for f in "$d"/samples/*.jsonl; do
@@ -57,11 +59,14 @@ if [ "$1" = tally ]; then
             awk -v t="$(basename "$f" .jsonl)" -v d="$(basename "$d")" '
                 { n++
                   if (match($0, /"acc":[0-9.]+/)) a += substr($0, RSTART + 6, RLENGTH - 6)
-                  if (match($0, /"acc_norm":[0-9.]+/)) an += substr($0, RSTART + 11, RLENGTH - 11); else if (match($0, /"acc":[0-9.]+/)) an += substr($0, RSTART + 6, RLENGTH - 6)
+                  if (t != "winogrande" && match($0, /"acc_norm":[0-9.]+/)) an += substr($0, RSTART + 11, RLENGTH - 11); else if (match($0, /"acc":[0-9.]+/)) an += substr($0, RSTART + 6, RLENGTH - 6)
                   if (match($0, /"score":[0-9.]+/)) sc += substr($0, RSTART + 8, RLENGTH - 8) }
                 END { if (t ~ /^ruler_/) printf "%s %s n=%d score %.1f\n", d, t, n, 100 * sc / n
                       else printf "%s %s n=%d acc %.2f acc_norm %.2f\n", d, t, n, 100 * a / n, 100 * an / n }' "$f"
-        done
+        done | tee /tmp/tally.$$
+        awk '$2 != "lambada_openai" && $4 == "acc" { k++; a += $5; an += $7 }
+             END { if (k) printf "%s MC average of %d tasks: acc %.2f acc_norm %.2f\n", $1, k, a / k, an / k }' /tmp/tally.$$
+        rm -f /tmp/tally.$$
     done
     exit 0
 fi
