@@ -19,6 +19,8 @@
 # or, when one call is all the device time allows after prep:
 #   call 2: bash scripts/gpu/upcycle.sh quick    carry .carry/p2 .carry/cb
 #           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
+# LINEAR=mamba2 before each call trains and evaluates 10MLA20M2 instead of
+# 10MLA20GDN (Mamba-2 as the linear block of the pure-linear student and the hybrid).
 # and here, afterwards: bash scripts/gpu/upcycle.sh tally DIR... (scores of
 # evaluations the time limit stopped, from their per-item files).
 # Each of 2-4 returns $OUT/<step>.tar.xz: logs, recipes, metrics, loss plots,
@@ -44,6 +46,15 @@
 # by SIGTERM, which saves a checkpoint.
 set -uo pipefail
 W=/tmp/u
+# the linear block of the hybrid and of the pure-linear stage-1 student:
+# LINEAR=gdn (10MLA20GDN, the default) or LINEAR=mamba2 (10MLA20M2), the same
+# in every call of a lease
+LINEAR=${LINEAR:-gdn}
+case $LINEAR in
+gdn) lin_recipe=gdn ;;
+mamba2) lin_recipe=mamba ;;
+*) echo "upcycle.sh: LINEAR must be gdn or mamba2 (got '$LINEAR')" >&2; exit 2 ;;
+esac
 if [ "$1" = tally ]; then
     # Here, on the returned folders: the score of every task whose per-item
     # file (DIR/samples/*.jsonl) is complete, also for an evaluation that the
@@ -186,9 +197,9 @@ unpack_corpus() {
 }
 # stage 1 of the pure-MLA and the pure-GDN students at 2K, side by side
 ild() { # steps, save_steps, timeout (s)
-    for s in mla gdn; do
+    for s in mla $LINEAR; do
         if [ $s = mla ]; then layers="[$(seq -s, 0 29)]"; else layers="[]"; fi
-        recipe $W/ild_$s.yaml "model_name_or_path: $M" "teacher_model_name_or_path: $M" "linear_type: gdn" \
+        recipe $W/ild_$s.yaml "model_name_or_path: $M" "teacher_model_name_or_path: $M" "linear_type: $lin_recipe" \
             "mla_layers: $layers" "ILD: true" "max_seq_length: 2048" "per_device_train_batch_size: 16" \
             "gradient_accumulation_steps: 1" "learning_rate: 1.0e-3" "warmup_ratio: 0.05" "max_steps: $1" \
             "dataset_mixer:" "  $W/mix/docs.shard: 1.0" "output_dir: $W/ild_$s" "save_steps: $2" \
@@ -200,7 +211,7 @@ ild() { # steps, save_steps, timeout (s)
 # stage 2's first student: the hybrid assembled from both stage-1 results
 from_ild="model_name_or_path: $M
 mla_ILD_path: $W/ild_mla/final
-linear_ILD_path: $W/ild_gdn/final"
+linear_ILD_path: $W/ild_$LINEAR/final"
 # the teacher's chat samples, when any shard was written, weighted 2 (each
 # sample twice per epoch beside the documentation)
 chat_entry=()
@@ -208,7 +219,7 @@ ls $W/chat/*.shard > /dev/null 2>&1 && chat_entry=("  $W/chat: 2.0")
 kd() { # name, T, rows, lr, factor, init lines..., seconds
     local n=$1 T=$2 rows=$3 lr=$4 f=$5 init=$6 secs=$7 ce=${8:-0.0}
     local steps=$(fit $((T * rows)) $secs $rate 20 3000)
-    recipe $W/$n.yaml "$init" "teacher_model_name_or_path: $M" "linear_type: gdn" "mla_layers: [$mla]" \
+    recipe $W/$n.yaml "$init" "teacher_model_name_or_path: $M" "linear_type: $lin_recipe" "mla_layers: [$mla]" \
         "ILD: false" "max_seq_length: $T" "per_device_train_batch_size: $rows" "gradient_accumulation_steps: 1" \
         "learning_rate: $lr" "warmup_ratio: 0.03" "max_steps: $steps" "factor: $f" \
         "original_max_position_embeddings: 2048" "kl_weight: 1.0" "ce_weight: $ce" "gradient_checkpointing: true" \
@@ -258,7 +269,7 @@ stage2)
     rate=$(tps $W/ild_mla) # ILD's rate stands in for KD's before KD has run
     [ "$rate" -gt 0 ] || rate=100000
     # untrained hybrid of the same layout, for the table
-    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
+    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear $LINEAR
     # issue 8: kill -9 and --resume give the same losses on the GPU (deterministic: true)
     step resume_check 150 bash scripts/gpu/resume_check.sh $H $M $W/untrained $W/mix $W/resume_check cuda &
     cuda_tests .carry/t/tests.tar.xz & # beside the training
@@ -277,7 +288,7 @@ quick)
     unpack_corpus
     step data 60 $H data --tokenizer $M --out $W/mix/docs.shard --threads 16 $W/corpus
     ild ${ILD_STEPS:-200} 100000 130
-    rate=$(tps $W/ild_gdn)
+    rate=$(tps $W/ild_$LINEAR)
     [ "$rate" -gt 0 ] || rate=60000
     kd kd2k 2048 16 3.0e-4 1.0 "$from_ild" ${KD2K_S:-80}
     NIAH_SAMPLES=${NIAH_SAMPLES:-10}
@@ -293,7 +304,7 @@ checks)
     # load test of the teacher, and the latency sweep of teacher vs hybrid
     DEADLINE=${CHECKS_DEADLINE:-300}
     assemble
-    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear gdn
+    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear $LINEAR
     cuda_tests .carry/t2/tests.tar.xz &
     ruler_4k8k 280 &
     serve_load teacher $M &
@@ -325,7 +336,7 @@ eval)
     wait
     ;;
 esac
-for r in $W/ild_mla $W/ild_gdn $W/kd2k $W/kd8k $W/kd32k; do
+for r in $W/ild_mla $W/ild_$LINEAR $W/kd2k $W/kd8k $W/kd32k; do
     [ "$1" != prep ] || break
     [ $r/metrics.jsonl -nt "$O/gpu.txt" ] || continue # trained in this call (gpu.txt: its start)
     n=$(basename $r)
