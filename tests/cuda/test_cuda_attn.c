@@ -21,7 +21,8 @@
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
 //    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
 //    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
-//    ~1.2e-3.
+//    ~1.2e-3. A long cache split into slices adds the fp32 merge of their
+//    partials (a few roundings of 2^-24 each), the same order of noise.
 //  - kv_append: exact (memcmp of the caches): bf16 copies of bf16-rounded inputs.
 // A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
 // A failure prints the shape, the error, and the first element off by more
@@ -448,11 +449,15 @@ static void test_mla_decode_deterministic(void **st) {
 // longest length + 3), row r in run r % n_runs (rows of one run need not be
 // adjacent for the op). Lengths 1..2000 (pseudo-random) with 0, 1, 31, 32, 33
 // and 2000 among them: tile boundaries of the kernel (32 rows) and an empty row
-// (zeros). Cache rows at or past a row's length hold NaN: a read of any of them
-// poisons that row's output.
+// (zeros); or, for the long cases (long_len), long_len - 4,001 r for row r:
+// few rows with long caches, which the kernel splits into slices (split-K;
+// slice ends fall inside tiles, lengths not multiples of the tile). Cache rows
+// at or past a row's length hold NaN: a read of any of them poisons that row's
+// output.
 typedef struct {
     int H, Hkv, dh, B, n_runs;
     float qstd;
+    int long_len; // 0: the lengths above
 } dec_case_t;
 
 typedef struct {
@@ -461,8 +466,9 @@ typedef struct {
     void *kd, *vd;  // device copies
 } dec_run_t;
 
-static int dec_len(int r, uint64_t seed) {
+static int dec_len(const dec_case_t *c, int r, uint64_t seed) {
     static const int special[6] = {0, 1, 31, 32, 33, 2000};
+    if (c->long_len) return c->long_len - 4001 * r;
     if (r < 6) return special[(r + (int)seed) % 6];
     uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)r * 0xBF58476D1CE4E5B9ull;
     x ^= x >> 31;
@@ -475,13 +481,13 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
     const int64_t kw = (int64_t)Hkv * dh, nq = (int64_t)B * H * dh;
     const float scale = 1.0f / sqrtf((float)dh);
     char label[160];
-    snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dh%d%s", B, R, H, Hkv, dh,
-             c->qstd > 1.5f ? " peaky" : "");
+    snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dh%d%s%s", B, R, H, Hkv, dh,
+             c->qstd > 1.5f ? " peaky" : "", c->long_len ? " long" : "");
     int32_t *len = malloc(sizeof(int32_t) * B);
     int max_len = 0;
     dec_run_t *runs = calloc((size_t)R, sizeof *runs);
     for (int r = 0; r < B; r++) {
-        len[r] = dec_len(r, seed);
+        len[r] = dec_len(c, r, seed);
         max_len = len[r] > max_len ? len[r] : max_len;
         dec_run_t *u = &runs[r % R];
         u->n++;
@@ -545,11 +551,15 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
 
 // Head layouts of the teachers (SmolLM2 9/3 x 64, Llama 32/8 x 128, Qwen3 16/8
 // x 128), plain MHA, wide groups (6, 8), dh 96 and 256 (shared memory past the
-// 48 KB default), B up to 64 rows over 1 to 7 runs, and a peaky softmax.
+// 48 KB default), B up to 64 rows over 1 to 7 runs, and a peaky softmax; then
+// one to three long caches (SmolLM2 at 30,011 and below, Llama at 12,000 with
+// a peaky softmax, dh 256 at 9,000), split into slices.
 static void test_attn_decode(void **st) {
     static const dec_case_t cases[] = {
-        {9, 3, 64, 64, 5, 1.0f},   {32, 8, 128, 24, 4, 1.0f}, {16, 8, 128, 33, 3, 1.0f}, {4, 4, 64, 7, 7, 1.0f},
-        {12, 2, 128, 20, 2, 3.0f}, {8, 1, 256, 6, 1, 1.0f},   {6, 2, 96, 10, 2, 1.0f},   {9, 3, 64, 1, 1, 3.0f},
+        {9, 3, 64, 64, 5, 1.0f, 0},      {32, 8, 128, 24, 4, 1.0f, 0},    {16, 8, 128, 33, 3, 1.0f, 0},
+        {4, 4, 64, 7, 7, 1.0f, 0},       {12, 2, 128, 20, 2, 3.0f, 0},    {8, 1, 256, 6, 1, 1.0f, 0},
+        {6, 2, 96, 10, 2, 1.0f, 0},      {9, 3, 64, 1, 1, 3.0f, 0},       {9, 3, 64, 3, 2, 1.0f, 30011},
+        {32, 8, 128, 1, 1, 3.0f, 12000}, {8, 1, 256, 2, 1, 1.0f, 9000},
     };
     int fails = 0;
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
@@ -584,7 +594,7 @@ static void test_kv_append(void **st) {
         for (int r = 0; r < N; r++) {
             int k = r % R;
             int64_t first = (int64_t)(r / R) * CAP * ld;
-            pos[r] = r == 0 ? CAP - 1 : dec_len(r, 5 + f) % CAP;
+            pos[r] = r == 0 ? CAP - 1 : dec_len(&(dec_case_t){0}, r, 5 + f) % CAP;
             kb_h[r] = kh[k] + first, kb_d[r] = tu_gat(gpu, kd[k], first);
             vb_h[r] = forms[f].one_cache ? kb_h[r] : vh[k] + first;
             vb_d[r] = forms[f].one_cache ? kb_d[r] : tu_gat(gpu, vd[k], first);

@@ -1153,16 +1153,19 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 //
 // One query row per sequence, each over its own cache (backend.h): a step's
 // rows arrive as per-row cache pointers, and both ops are one launch for all
-// rows. k_attn_decode is deliberately plain (no tensor cores, no split of a
-// long cache over blocks): one block per (row, KV head) loads its cache in
-// tiles of DEC_TK rows into shared memory as fp32, computes the scores of the
-// H / Hkv query heads that read that KV head, and keeps an online softmax and
-// the output in fp32 shared memory. Decode attention reads each cache row once
-// per KV head, so it is bound by those bytes, and a step of many sequences
-// has N * Hkv blocks to fill the GPU with; a single long sequence would want
-// its cache split over blocks (flash-decoding's split-K), not done yet.
+// rows. k_attn_decode is deliberately plain (no tensor cores): a block per
+// (row, KV head, slice) loads its slice of the cache in tiles of DEC_TK rows
+// into shared memory as fp32, computes the scores of the H / Hkv query heads
+// that read that KV head, and keeps an online softmax and the output in fp32
+// shared memory. Decode attention reads each cache row once per KV head, so
+// it is bound by those bytes. A step of many sequences fills the GPU with N *
+// Hkv blocks and takes one slice each; a few long sequences (one sequence has
+// 3 to 8 KV heads: 3 to 8 blocks on 132 SMs) split each cache into slices
+// (flash-decoding's split-K), whose partial results (m, l, unnormalised O)
+// k_attn_decode_combine merges.
 
 enum { DEC_TK = 32, DEC_THREADS = 128 }; // cache rows per tile (= warp size: one lane per row); threads
+enum { DEC_MIN_SLICE = 2 * DEC_TK, DEC_MAX_SPLIT = 1024 }; // rows a slice holds at least; slices at most
 
 // Shared floats of k_attn_decode for grp query heads per KV head.
 static size_t dec_smem_floats(int grp, int dqk, int dv) {
@@ -1170,13 +1173,19 @@ static size_t dec_smem_floats(int grp, int dqk, int dv) {
            (size_t)grp * dv + 3 * (size_t)grp;
 }
 
-// Grid (N, Hkv), DEC_THREADS threads. out [N, H, dv] bf16.
+// Grid (N, Hkv, n_split), DEC_THREADS threads. With one slice (gridDim.z 1):
+// out [N, H, dv] bf16. With more: slice s of row r writes, for each of its
+// heads h, part_o[((r * n_split + s) * H + h) * dv ...] (unnormalised O) and
+// part_ml[... * 2] (running maximum m, sum of weights l); an empty slice
+// writes m = -inf, l = 0, O = 0.
 __global__ void __launch_bounds__(DEC_THREADS)
-    k_attn_decode(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *const *__restrict__ k_rows,
+    k_attn_decode(bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
+                  const bf16 *__restrict__ q, const bf16 *const *__restrict__ k_rows,
                   const bf16 *const *__restrict__ v_rows, const int32_t *__restrict__ len, int max_len, int H, int Hkv,
                   int dqk, int dv, float scale) {
     extern __shared__ float dsm[];
-    const int r = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, nthr = blockDim.x;
+    const int r = blockIdx.x, g = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
+    const int tid = threadIdx.x, nthr = blockDim.x;
     const int grp = H / Hkv, ldk = dqk + 1; // K rows padded: lanes reading 32 rows hit 32 banks
     float *sq = dsm;                        // [grp][dqk] the group's queries
     float *sk = sq + grp * dqk;             // [DEC_TK][ldk] keys of the tile
@@ -1189,6 +1198,9 @@ __global__ void __launch_bounds__(DEC_THREADS)
 
     int n = len[r];
     n = n < 0 ? 0 : n > max_len ? max_len : n;
+    // this block's slice [u_begin, u_end): whole tiles, the last slices may be short or empty
+    const int per = ((n + n_split - 1) / n_split + DEC_TK - 1) / DEC_TK * DEC_TK;
+    const int u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
     const int64_t ldK = (int64_t)Hkv * dqk, ldV = (int64_t)Hkv * dv;
     const bf16 *kb = k_rows[r] + (int64_t)g * dqk, *vb = v_rows[r] + (int64_t)g * dv;
     const bf16 *qb = q + ((int64_t)r * H + (int64_t)g * grp) * dqk; // the group's heads are consecutive
@@ -1201,8 +1213,8 @@ __global__ void __launch_bounds__(DEC_THREADS)
     __syncthreads();
 
     const int warp = tid >> 5, lane = tid & 31, nwarps = nthr >> 5;
-    for (int u0 = 0; u0 < n; u0 += DEC_TK) {
-        const int nt = n - u0 < DEC_TK ? n - u0 : DEC_TK;
+    for (int u0 = u_begin; u0 < u_end; u0 += DEC_TK) {
+        const int nt = u_end - u0 < DEC_TK ? u_end - u0 : DEC_TK;
         for (int i = tid; i < nt * dqk; i += nthr) {
             int u = i / dqk, c = i - u * dqk;
             sk[u * ldk + c] = __bfloat162float(kb[(int64_t)(u0 + u) * ldK + c]);
@@ -1212,7 +1224,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
             sv[u * dv + c] = __bfloat162float(vb[(int64_t)(u0 + u) * ldV + c]);
         }
         __syncthreads();
-        // scores s = scale q . k in fp32; rows past the cache -inf
+        // scores s = scale q . k in fp32; rows past the slice -inf
         for (int i = tid; i < grp * DEC_TK; i += nthr) {
             int j = i / DEC_TK, u = i - j * DEC_TK;
             float s = -INFINITY;
@@ -1252,27 +1264,91 @@ __global__ void __launch_bounds__(DEC_THREADS)
         }
         __syncthreads(); // the next tile overwrites sk, sv, sp
     }
-    bf16 *ob = out + ((int64_t)r * H + (int64_t)g * grp) * dv;
-    for (int i = tid; i < grp * dv; i += nthr) {
-        const float l = ssum[i / dv];
-        ob[i] = __float2bfloat16_rn(l > 0.f ? so[i] / l : 0.f); // no visible row: zeros, as on the CPU
+    const int64_t h0 = (int64_t)r * H + (int64_t)g * grp; // the group's first head, over all rows
+    if (n_split == 1) {
+        bf16 *ob = out + h0 * dv;
+        for (int i = tid; i < grp * dv; i += nthr) {
+            const float l = ssum[i / dv];
+            ob[i] = __float2bfloat16_rn(l > 0.f ? so[i] / l : 0.f); // no visible row: zeros, as on the CPU
+        }
+        return;
     }
+    const int64_t p0 = ((int64_t)r * n_split + split) * H + (int64_t)g * grp; // partial of the group's first head
+    for (int i = tid; i < grp * dv; i += nthr)
+        part_o[p0 * dv + i] = so[i];
+    for (int j = tid; j < grp; j += nthr)
+        part_ml[(p0 + j) * 2] = smax[j], part_ml[(p0 + j) * 2 + 1] = ssum[j];
+}
+
+// Grid (N, H), DEC_THREADS threads, n_split floats of shared memory: row r,
+// head h of out from its n_split partials, O = sum_s w_s O_s / sum_s w_s l_s
+// with w_s = exp(m_s - max m); zeros when no slice saw a row.
+__global__ void __launch_bounds__(DEC_THREADS)
+    k_attn_decode_combine(bf16 *__restrict__ out, const float *__restrict__ part_o,
+                          const float *__restrict__ part_ml, int H, int dv, int n_split) {
+    extern __shared__ float dw[]; // [n_split] weights
+    const int r = blockIdx.x, h = blockIdx.y;
+    const int64_t stride = H;                         // between one slice's partial and the next
+    const int64_t p0 = (int64_t)r * n_split * H + h; // slice 0's partial of (r, h)
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++)
+        M = fmaxf(M, part_ml[(p0 + s * stride) * 2]);
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
+        const float m = part_ml[(p0 + s * stride) * 2];
+        dw[s] = m == -INFINITY ? 0.f : expf(m - M); // M finite whenever some m is
+    }
+    __syncthreads();
+    float L = 0.f;
+    for (int s = 0; s < n_split; s++)
+        L = fmaf(dw[s], part_ml[(p0 + s * stride) * 2 + 1], L);
+    bf16 *ob = out + ((int64_t)r * H + h) * dv;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < n_split; s++)
+            acc = fmaf(dw[s], part_o[(p0 + s * stride) * dv + c], acc);
+        ob[c] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
+    }
+}
+
+// Slices per cache: enough blocks for two per SM over the N * Hkv (row, KV
+// head) pairs, each slice at least DEC_MIN_SLICE rows of the longest cache.
+static int dec_split(const cuda_impl_t *ci, int N, int Hkv, int max_len) {
+    const int64_t pairs = (int64_t)N * Hkv, want = 2 * (int64_t)ci->sm_count;
+    int64_t ns = want / pairs, by_len = max_len / DEC_MIN_SLICE;
+    if (ns > by_len) ns = by_len;
+    if (ns > DEC_MAX_SPLIT) ns = DEC_MAX_SPLIT;
+    return ns < 1 ? 1 : (int)ns;
 }
 
 static void cu_attn_decode(be_t *be, void *out, const void *q, void *const *k_rows, void *const *v_rows,
                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
     if (N <= 0 || H <= 0) return;
-    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || max_len < 0 || Hkv > 65535) {
-        cu_op_error(be, "cuda attn_decode: H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", H, Hkv, dqk, dv,
-                    max_len);
+    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || max_len < 0 || Hkv > 65535 || N > 0x7fffffff / H) {
+        cu_op_error(be, "cuda attn_decode: N=%d H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", N, H, Hkv, dqk,
+                    dv, max_len);
         return;
     }
     const size_t smem = dec_smem_floats(H / Hkv, dqk, dv) * sizeof(float);
     if (cuda_smem_limit(be, (const void *)k_attn_decode, smem, "k_attn_decode") < 0) return;
-    k_attn_decode<<<dim3((unsigned)N, (unsigned)Hkv), DEC_THREADS, smem, cuda_stream(be)>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *const *)k_rows, (const bf16 *const *)v_rows, len, max_len, H, Hkv,
-        dqk, dv, scale);
+    int ns = dec_split(cuda_impl(be), N, Hkv, max_len);
+    arena_t *ar = &be->scratch;
+    const size_t mark = arena_mark(ar);
+    float *part_o = NULL, *part_ml = NULL;
+    if (ns > 1) {
+        part_o = (float *)arena_alloc(ar, (size_t)N * ns * H * dv * sizeof(float));
+        part_ml = (float *)arena_alloc(ar, (size_t)N * ns * H * 2 * sizeof(float));
+        if (!part_o || !part_ml) ns = 1; // no room for the partials: one slice per cache, as correct, slower
+    }
+    k_attn_decode<<<dim3((unsigned)N, (unsigned)Hkv, (unsigned)ns), DEC_THREADS, smem, cuda_stream(be)>>>(
+        (bf16 *)out, part_o, part_ml, (const bf16 *)q, (const bf16 *const *)k_rows, (const bf16 *const *)v_rows, len,
+        max_len, H, Hkv, dqk, dv, scale);
     cuda_check_launch(be, "k_attn_decode");
+    if (ns > 1) {
+        k_attn_decode_combine<<<dim3((unsigned)N, (unsigned)H), DEC_THREADS, (size_t)ns * sizeof(float),
+                                cuda_stream(be)>>>((bf16 *)out, part_o, part_ml, H, dv, ns);
+        cuda_check_launch(be, "k_attn_decode_combine");
+    }
+    arena_reset(ar, mark); // stream order protects the partials from later users of the scratch
 }
 
 // Grid N (one block per row): the row's k and v into its own cache rows.
