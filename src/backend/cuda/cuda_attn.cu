@@ -1284,11 +1284,11 @@ __global__ void __launch_bounds__(DEC_THREADS)
 // head h of out from its n_split partials, O = sum_s w_s O_s / sum_s w_s l_s
 // with w_s = exp(m_s - max m); zeros when no slice saw a row.
 __global__ void __launch_bounds__(DEC_THREADS)
-    k_attn_decode_combine(bf16 *__restrict__ out, const float *__restrict__ part_o,
-                          const float *__restrict__ part_ml, int H, int dv, int n_split) {
+    k_attn_decode_combine(bf16 *__restrict__ out, const float *__restrict__ part_o, const float *__restrict__ part_ml,
+                          int H, int dv, int n_split) {
     extern __shared__ float dw[]; // [n_split] weights
     const int r = blockIdx.x, h = blockIdx.y;
-    const int64_t stride = H;                         // between one slice's partial and the next
+    const int64_t stride = H;                        // between one slice's partial and the next
     const int64_t p0 = (int64_t)r * n_split * H + h; // slice 0's partial of (r, h)
     float M = -INFINITY;
     for (int s = 0; s < n_split; s++)
@@ -1324,8 +1324,8 @@ static void cu_attn_decode(be_t *be, void *out, const void *q, void *const *k_ro
                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
     if (N <= 0 || H <= 0) return;
     if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || max_len < 0 || Hkv > 65535 || N > 0x7fffffff / H) {
-        cu_op_error(be, "cuda attn_decode: N=%d H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", N, H, Hkv, dqk,
-                    dv, max_len);
+        cu_op_error(be, "cuda attn_decode: N=%d H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", N, H, Hkv, dqk, dv,
+                    max_len);
         return;
     }
     const size_t smem = dec_smem_floats(H / Hkv, dqk, dv) * sizeof(float);
