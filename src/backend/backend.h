@@ -311,6 +311,20 @@ struct be {
     // as gdn_recurrent_fwd (B = 1, T = 1) on each row.
     void (*gdn_recurrent_step)(be_t *be, void *o, void *const *rows, const void *q, const void *k, const void *v,
                                const float *g, const float *beta, float scale, int N, int H, int HV, int K, int Dv);
+    // The inputs of gdn_recurrent_step from a decode step's projections, in one
+    // call: the depthwise convs (no bias, SiLU) of one new token of q and k
+    // (kd = H K channels) and v (vd = HV Dv), each row's windows rolled
+    // forward (rows[N + r], rows[2N + r], rows[3N + r]: row r's q, k and v
+    // windows, act [C, W], as conv1d_step); q and k L2-normalised per head
+    // (eps, as l2norm_fwd); g, beta from a, b as gdn_gate_fwd. xq, xk, xv, a,
+    // b: row strides ldq, ldk, ldv, lda, ldb. Out: q, k [N, kd], v [N, vd]
+    // contiguous, g, beta float [N, HV]. The same results as conv1d_step x 3,
+    // l2norm_fwd x 2 and gdn_gate_fwd.
+    void (*gdn_step_inputs)(be_t *be, void *q, void *k, void *v, float *g, float *beta, void *const *rows,
+                            const void *xq, int64_t ldq, const void *xk, int64_t ldk, const void *xv, int64_t ldv,
+                            const void *a, int64_t lda, const void *b, int64_t ldb, const void *q_conv,
+                            const void *k_conv, const void *v_conv, const void *A_log, const void *dt_bias, int N,
+                            int H, int HV, int K, int Dv, int W, float eps, int allow_neg);
     // Mamba-2 SSD, one token per row: x, Bm, Cm, dt, A_log, D as
     // ssd_recurrent_fwd with B = N, T = 1; rows[r] is row r's state, float
     // [H, P, N], read and updated in place. y [N, H, P]. The same results as

@@ -121,19 +121,25 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
         NEED(s->conv0_k = copy_act(c, gc->conv_k, (int64_t)B * m.kd * m.W));
         NEED(s->conv0_v = copy_act(c, gc->conv_v, (int64_t)B * m.vd * m.W));
     }
-    void *qc, *kc;
-    NEED(qc = ctx_act(c, N * m.kd));
-    NEED(kc = ctx_act(c, N * m.kd));
     NEED(s->v = ctx_act(c, N * m.vd));
+    NEED(s->q = ctx_act(c, N * m.kd));
+    NEED(s->k = ctx_act(c, N * m.kd));
+    NEED(s->g = ctx_f32(c, N * m.HV));
+    NEED(s->beta = ctx_f32(c, N * m.HV));
     // a decode step: every row's state and windows by pointer (layer.h
-    // step_cache_bases: states, then the q, k, v windows), one call per op
+    // step_cache_bases: states, then the q, k, v windows); the convs, norms
+    // and gates in one call (on the GPU one launch instead of six)
     void *const *rows = NULL;
-    if (recurrent) NEED(rows = ctx_step_caches(c, runs, n_runs));
     if (recurrent) {
-        int n = (int)N, kd = (int)m.kd, vd = (int)m.vd;
-        be->conv1d_step(be, qc, s->qpre, kd, w->q_conv, NULL, rows + n, n, kd, m.W, 1);
-        be->conv1d_step(be, kc, s->kpre, kd, w->k_conv, NULL, rows + 2 * n, n, kd, m.W, 1);
-        be->conv1d_step(be, s->v, s->vpre, vd, w->v_conv, NULL, rows + 3 * n, n, vd, m.W, 1);
+        NEED(rows = ctx_step_caches(c, runs, n_runs));
+        be->gdn_step_inputs(be, s->q, s->k, s->v, s->g, s->beta, rows, s->qpre, m.kd, s->kpre, m.kd, s->vpre, m.vd,
+                            s->a, m.HV, s->b, m.HV, w->q_conv, w->k_conv, w->v_conv, w->A_log, w->dt_bias, (int)N, m.H,
+                            m.HV, m.K, m.Dv, m.W, 1e-6f, m.allow_neg);
+    }
+    void *qc = NULL, *kc = NULL;
+    if (!recurrent) {
+        NEED(qc = ctx_act(c, N * m.kd));
+        NEED(kc = ctx_act(c, N * m.kd));
     }
     for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
         gdn_cache_t *rc = runs[i].cache ? &runs[i].cache->u.gdn : NULL;
@@ -154,18 +160,14 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
         }
     }
 
-    // L2 norm of q and k per head: rows of K
-    NEED(s->q = ctx_act(c, N * m.kd));
-    NEED(s->k = ctx_act(c, N * m.kd));
-    NEED(s->rq = ctx_f32(c, N * m.H));
-    NEED(s->rk = ctx_f32(c, N * m.H));
-    be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
-    be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
-
-    // gates
-    NEED(s->g = ctx_f32(c, N * m.HV));
-    NEED(s->beta = ctx_f32(c, N * m.HV));
-    be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
+    // L2 norm of q and k per head (rows of K), gates
+    if (!recurrent) {
+        NEED(s->rq = ctx_f32(c, N * m.H));
+        NEED(s->rk = ctx_f32(c, N * m.H));
+        be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
+        be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
+        be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
+    }
 
     // the rule; the cache's state is the initial state and receives the final one
     NEED(s->o = ctx_act(c, N * m.vd));

@@ -38,6 +38,11 @@
 //  GATE_F32   1e-5  g, beta, dA_log, ddt_bias: the same fp32 formulas (device
 //                   expf/log1pf within 2 ulp of the host's); sums in double.
 //  GATE_BF16  4e-3  da, db: one bf16 rounding.
+//  STEP_QKV   6e-3  gdn_step_inputs q, k, v: the GPU rounds the conv output to
+//                   bf16 (as conv1d_step's act output) and q, k again after the
+//                   L2 norm, two roundings of 2^-9 (~1.6e-3 in L2) where the
+//                   CPU keeps fp32; a wrong channel, head or window tap is off
+//                   by O(1).
 //  LAYER      3e-2  whole layer: bf16 activations between all ops (projections,
 //                   convs, norms, the rule) against fp32 everywhere on the CPU,
 //                   ~10 roundings of 2^-9 in a chain (~5e-3 expected); weight
@@ -67,8 +72,8 @@ static be_t *cpu, *gpu;
 static uint64_t g_seed = 0x6d17;
 
 static const double CHUNK_O = 1e-2, CHUNK_S = 1e-2, CHUNK_G = 1.5e-2, CHUNK_GB = 2e-2;
-static const double REC_O = 4e-3, REC_S = 1e-5, GATE_F32 = 1e-5, GATE_BF16 = 4e-3, LAYER = 3e-2, LAYER_SCALAR = 1e-2,
-                    LAYER_SCALAR_GVA = 5e-2;
+static const double REC_O = 4e-3, REC_S = 1e-5, GATE_F32 = 1e-5, GATE_BF16 = 4e-3, STEP_QKV = 6e-3, LAYER = 3e-2,
+                    LAYER_SCALAR = 1e-2, LAYER_SCALAR_GVA = 5e-2;
 
 // tu_gpu(): the GPU, or the fake one under HYLO_TEST_CPU_AS_GPU=1 (testutil.h;
 // every check then passes with error 0).
@@ -318,6 +323,85 @@ static void test_recurrent_step(void **st) {
         free(q), free(k), free(v), free(g), free(beta), free(nan), free(o_ref), free(s_ref), free(rows_h), free(rows_d);
         tu_dev_free(gpu, dq), tu_dev_free(gpu, dk), tu_dev_free(gpu, dv), tu_dev_free(gpu, d_o), tu_dev_free(gpu, dg),
             tu_dev_free(gpu, dbeta);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// gdn_step_inputs (a decode step's convs, L2 norms and gates in one call)
+// against the CPU's, which runs conv1d_step x 3, l2norm_fwd x 2 and
+// gdn_gate_fwd: the projections of N rows in one strided buffer, as a fused
+// projection would give them ([q | k | v | a | b | pad] per row), each row's
+// q, k, v windows at their own addresses. q, k, v within STEP_QKV, g and beta
+// within GATE_F32, the rolled windows exact (bf16 copies of bf16 inputs).
+static void test_step_inputs(void **st) {
+    setup();
+    int fails = 0;
+    // N, H, HV, K, Dv, W, allow_neg; the first: SmolLM2's 10MLA20GDN (one head of K 256, Dv 512)
+    static const int cases[][7] = {
+        {1, 1, 1, 256, 512, 4, 0}, {5, 2, 4, 64, 128, 4, 1}, {3, 1, 1, 80, 48, 3, 0}, {64, 2, 2, 64, 128, 4, 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int N = cases[ci][0], H = cases[ci][1], HV = cases[ci][2], K = cases[ci][3], Dv = cases[ci][4],
+                  W = cases[ci][5], neg = cases[ci][6];
+        const int64_t kd = (int64_t)H * K, vd = (int64_t)HV * Dv, ld = 2 * kd + vd + 2 * HV + 3;
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%d H=%d HV=%d K=%d Dv=%d W=%d%s", N, H, HV, K, Dv, W, neg ? " neg" : "");
+        float *x = rnd((int64_t)N * ld, 1.0f), *qw = rnd(kd * W, 0.5f), *kw = rnd(kd * W, 0.5f),
+              *vw = rnd(vd * W, 0.5f), *A_log = unif(HV, 0.0f, 2.8f), *dtb = unif(HV, -5.0f, -2.0f);
+        tu_round_bf16(A_log, HV), tu_round_bf16(dtb, HV);
+        const int64_t wn[3] = {kd * W, kd * W, vd * W}; // the q, k, v windows of one row
+        void **rows_h = calloc((size_t)4 * N, sizeof(void *)), **rows_d = calloc((size_t)4 * N, sizeof(void *));
+        for (int j = 0; j < 3; j++)
+            for (int r = 0; r < N; r++) {
+                float *w0 = rnd(wn[j], 1.0f);
+                rows_d[(j + 1) * N + r] = tu_dev_act(gpu, w0, wn[j]);
+                rows_h[(j + 1) * N + r] = w0;
+            }
+        float *q_ref = tu_hbuf(N * kd), *k_ref = tu_hbuf(N * kd), *v_ref = tu_hbuf(N * vd), *g_ref = tu_hbuf(N * HV),
+              *b_ref = tu_hbuf(N * HV);
+        const float *xa = x + 2 * kd + vd, *xb = xa + HV;
+        cpu->gdn_step_inputs(cpu, q_ref, k_ref, v_ref, g_ref, b_ref, rows_h, x, ld, x + kd, ld, x + 2 * kd, ld, xa, ld,
+                             xb, ld, qw, kw, vw, A_log, dtb, N, H, HV, K, Dv, W, 1e-6f, neg);
+        void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 4 * N);
+        assert_non_null(ptr_d);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d, rows_d, sizeof(void *) * 4 * N), 0);
+        float *nan = tu_nans(N * (vd > kd ? vd : kd));
+        void *dx = tu_dev_act(gpu, x, (int64_t)N * ld), *dqw = tu_dev_act(gpu, qw, kd * W),
+             *dkw = tu_dev_act(gpu, kw, kd * W), *dvw = tu_dev_act(gpu, vw, vd * W), *dA = tu_dev_act(gpu, A_log, HV),
+             *ddt = tu_dev_act(gpu, dtb, HV);
+        void *dq = tu_dev_act(gpu, nan, N * kd), *dk = tu_dev_act(gpu, nan, N * kd), *dv = tu_dev_act(gpu, nan, N * vd);
+        float *dg = tu_dev_f32(gpu, nan, N * HV), *dbeta = tu_dev_f32(gpu, nan, N * HV);
+        gpu->gdn_step_inputs(gpu, dq, dk, dv, dg, dbeta, ptr_d, dx, ld, tu_gat(gpu, dx, kd), ld,
+                             tu_gat(gpu, dx, 2 * kd), ld, tu_gat(gpu, dx, 2 * kd + vd), ld,
+                             tu_gat(gpu, dx, 2 * kd + vd + HV), ld, dqw, dkw, dvw, dA, ddt, N, H, HV, K, Dv, W, 1e-6f,
+                             neg);
+        const int64_t dqk[4] = {1, N, H, K}, dvv[4] = {1, N, HV, Dv}, dgt[4] = {1, 1, N, HV};
+        fails += !tu_sync(gpu, "step_inputs", shape) ||
+                 !check_act("step_inputs q", shape, dq, q_ref, N * kd, dqk, "-rhk", STEP_QKV) ||
+                 !check_act("step_inputs k", shape, dk, k_ref, N * kd, dqk, "-rhk", STEP_QKV) ||
+                 !check_act("step_inputs v", shape, dv, v_ref, N * vd, dvv, "-rhv", STEP_QKV) ||
+                 !check_f32("step_inputs g", shape, dg, g_ref, N * HV, dgt, "--rh", GATE_F32) ||
+                 !check_f32("step_inputs beta", shape, dbeta, b_ref, N * HV, dgt, "--rh", GATE_F32);
+        static const char *wname[3] = {"step_inputs q window", "step_inputs k window", "step_inputs v window"};
+        for (int j = 0; j < 3; j++) { // every row's window after the roll, compared at once
+            float *got = tu_hbuf(N * wn[j]), *want = tu_hbuf(N * wn[j]);
+            for (int r = 0; r < N; r++) {
+                float *h = tu_host_act(gpu, rows_d[(j + 1) * N + r], wn[j]);
+                memcpy(got + r * wn[j], h, sizeof(float) * wn[j]);
+                memcpy(want + r * wn[j], rows_h[(j + 1) * N + r], sizeof(float) * wn[j]);
+                free(h);
+            }
+            const int64_t dw[4] = {1, 1, N, wn[j]};
+            fails += !check(wname[j], shape, got, want, N * wn[j], dw, "--rc", 0.0);
+            free(got), free(want);
+        }
+        for (int i = N; i < 4 * N; i++)
+            free(rows_h[i]), tu_dev_free(gpu, rows_d[i]);
+        gpu->free(gpu, ptr_d);
+        free(rows_h), free(rows_d), free(x), free(qw), free(kw), free(vw), free(A_log), free(dtb), free(nan);
+        free(q_ref), free(k_ref), free(v_ref), free(g_ref), free(b_ref);
+        tu_dev_free(gpu, dx), tu_dev_free(gpu, dqw), tu_dev_free(gpu, dkw), tu_dev_free(gpu, dvw), tu_dev_free(gpu, dA),
+            tu_dev_free(gpu, ddt), tu_dev_free(gpu, dq), tu_dev_free(gpu, dk), tu_dev_free(gpu, dv),
+            tu_dev_free(gpu, dg), tu_dev_free(gpu, dbeta);
     }
     assert_int_equal(fails, 0);
 }
@@ -581,8 +665,10 @@ static void test_layer(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gates), cmocka_unit_test(test_recurrent),           cmocka_unit_test(test_recurrent_step),
-        cmocka_unit_test(test_chunk), cmocka_unit_test(test_chunk_small_scratch), cmocka_unit_test(test_layer),
+        cmocka_unit_test(test_gates),          cmocka_unit_test(test_recurrent),
+        cmocka_unit_test(test_recurrent_step), cmocka_unit_test(test_step_inputs),
+        cmocka_unit_test(test_chunk),          cmocka_unit_test(test_chunk_small_scratch),
+        cmocka_unit_test(test_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,6 +168,30 @@ static void cpu_gdn_recurrent_step(be_t *be, void *o_, void *const *rows, const 
         }
 }
 
+// The step's inputs by the ops they fuse on the GPU: three conv1d_step, two
+// l2norm_fwd, gdn_gate_fwd (the CPU has no launches to save).
+static void cpu_gdn_step_inputs(be_t *be, void *q, void *k, void *v, float *g, float *beta, void *const *rows,
+                                const void *xq, int64_t ldq, const void *xk, int64_t ldk, const void *xv, int64_t ldv,
+                                const void *a, int64_t lda, const void *b, int64_t ldb, const void *q_conv,
+                                const void *k_conv, const void *v_conv, const void *A_log, const void *dt_bias, int N,
+                                int H, int HV, int K, int Dv, int W, float eps, int allow_neg) {
+    int kd = H * K, vd = HV * Dv;
+    cpu_tmp_t tmp;
+    float *qc = cpu_tmp_take(be, &tmp, 2 * (int64_t)N * kd, "gdn_step_inputs"), *kc = qc + (int64_t)N * kd;
+    if (!qc) {
+        cpu_fill_nan(q, (int64_t)N * kd), cpu_fill_nan(k, (int64_t)N * kd), cpu_fill_nan(v, (int64_t)N * vd);
+        cpu_fill_nan(g, (int64_t)N * HV), cpu_fill_nan(beta, (int64_t)N * HV);
+        return;
+    }
+    be->conv1d_step(be, qc, xq, ldq, q_conv, NULL, rows + N, N, kd, W, 1);
+    be->conv1d_step(be, kc, xk, ldk, k_conv, NULL, rows + 2 * N, N, kd, W, 1);
+    be->conv1d_step(be, v, xv, ldv, v_conv, NULL, rows + 3 * N, N, vd, W, 1);
+    be->l2norm_fwd(be, q, NULL, qc, K, (int64_t)N * H, K, eps);
+    be->l2norm_fwd(be, k, NULL, kc, K, (int64_t)N * H, K, eps);
+    be->gdn_gate_fwd(be, g, beta, a, lda, b, ldb, A_log, dt_bias, N, HV, allow_neg);
+    cpu_tmp_give(be, &tmp);
+}
+
 // Backpropagation through time over the stored states (test oracle).
 int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0, const float *dout,
                           const float *dstate_final, const float *q, const float *k, const float *v, const float *g,
@@ -707,4 +731,5 @@ void cpu_register_gdn(be_t *be) {
     be->gdn_chunk_bwd = cpu_gdn_chunk_bwd;
     be->gdn_recurrent_fwd = cpu_gdn_recurrent_fwd;
     be->gdn_recurrent_step = cpu_gdn_recurrent_step;
+    be->gdn_step_inputs = cpu_gdn_step_inputs;
 }

@@ -1988,6 +1988,95 @@ static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q,
     gdn_recurrent(be, "gdn_recurrent_fwd", o, state, NULL, q, k, v, g, beta, scale, B, T, H, HV, K, Dv);
 }
 
+// ==== decode step inputs ===============================================================
+//
+// k_step_inputs: what conv1d_step x 3, l2norm_fwd x 2 and gdn_gate_fwd do for
+// a decode step, in one launch. Grid (H + ceil(vd / STEP_THREADS), N): block
+// x < H takes q/k head x of row y (its K channels of q and of k: conv, SiLU,
+// the bf16 rounding conv1d_step's output has, then the head's L2 norm); the
+// blocks after it take STEP_THREADS v channels each, the first of them also the
+// HV gates. Every window channel belongs to one thread, which reads it and
+// rolls it, as k_conv_step does.
+
+enum { STEP_THREADS = 256 };
+
+// One channel's conv of the new input xc over its window s (act [W]), SiLU,
+// then the window rolled forward.
+static __device__ float step_conv(bf16 *s, const bf16 *w, bf16 xc, int W) {
+    float p = 0.0f;
+    for (int i = 0; i + 1 < W; i++)
+        p += __bfloat162float(w[i]) * __bfloat162float(s[i + 1]);
+    p += __bfloat162float(w[W - 1]) * __bfloat162float(xc);
+    for (int j = 0; j + 1 < W; j++)
+        s[j] = s[j + 1];
+    s[W - 1] = xc;
+    return bf2f(__float2bfloat16_rn(dev_silu(p))); // conv1d_step's output is act (bf16)
+}
+
+// Dynamic shared memory: 2 K floats (the head's q and k conv outputs) + 32 (reduction).
+__global__ void __launch_bounds__(STEP_THREADS)
+    k_step_inputs(bf16 *q, bf16 *k, bf16 *v, float *g, float *beta, bf16 *const *rows, const bf16 *xq, int64_t ldq,
+                  const bf16 *xk, int64_t ldk, const bf16 *xv, int64_t ldv, const bf16 *a, int64_t lda, const bf16 *b,
+                  int64_t ldb, const bf16 *q_conv, const bf16 *k_conv, const bf16 *v_conv, const bf16 *A_log,
+                  const bf16 *dt_bias, int N, int H, int HV, int K, int Dv, int W, float eps, float beta_scale) {
+    extern __shared__ float ssm[];
+    const int r = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
+    const int64_t kd = (int64_t)H * K, vd = (int64_t)HV * Dv;
+    if (x < H) { // q/k head x
+        float *cq = ssm, *ck = ssm + K, *red = ssm + 2 * K;
+        bf16 *wq = rows[N + r], *wk = rows[2 * N + r];
+        float sq = 0.0f, sk = 0.0f;
+        for (int i = tid; i < K; i += blockDim.x) {
+            const int64_t c = (int64_t)x * K + i;
+            const float fq = step_conv(wq + c * W, q_conv + c * W, xq[(int64_t)r * ldq + c], W);
+            const float fk = step_conv(wk + c * W, k_conv + c * W, xk[(int64_t)r * ldk + c], W);
+            cq[i] = fq, ck[i] = fk;
+            sq += fq * fq, sk += fk * fk;
+        }
+        const float rq = 1.0f / sqrtf(block_reduce(sq, false, red) + eps);
+        const float rk = 1.0f / sqrtf(block_reduce(sk, false, red) + eps);
+        for (int i = tid; i < K; i += blockDim.x) {
+            const int64_t o = (int64_t)r * kd + (int64_t)x * K + i;
+            q[o] = __float2bfloat16_rn(cq[i] * rq);
+            k[o] = __float2bfloat16_rn(ck[i] * rk);
+        }
+        return;
+    }
+    const int64_t c = (int64_t)(x - H) * blockDim.x + tid; // v channel
+    bf16 *wv = rows[3 * N + r];
+    if (c < vd)
+        v[(int64_t)r * vd + c] =
+            __float2bfloat16_rn(step_conv(wv + c * W, v_conv + c * W, xv[(int64_t)r * ldv + c], W));
+    if (x == H)
+        for (int h = tid; h < HV; h += blockDim.x) {
+            g[(int64_t)r * HV + h] =
+                -expf(bf2f(A_log[h])) * dev_softplus(bf2f(a[(int64_t)r * lda + h]) + bf2f(dt_bias[h]));
+            beta[(int64_t)r * HV + h] = beta_scale * dev_sigmoid(bf2f(b[(int64_t)r * ldb + h]));
+        }
+}
+
+static void cu_gdn_step_inputs(be_t *be, void *q, void *k, void *v, float *g, float *beta, void *const *rows,
+                               const void *xq, int64_t ldq, const void *xk, int64_t ldk, const void *xv, int64_t ldv,
+                               const void *a, int64_t lda, const void *b, int64_t ldb, const void *q_conv,
+                               const void *k_conv, const void *v_conv, const void *A_log, const void *dt_bias, int N,
+                               int H, int HV, int K, int Dv, int W, float eps, int allow_neg) {
+    if (N < 1) return;
+    if (H < 1 || HV < 1 || K < 1 || Dv < 1 || W < 1 || N > 65535) {
+        cu_op_error(be, "cuda gdn_step_inputs: N=%d H=%d HV=%d K=%d Dv=%d W=%d not supported (N <= 65535)", N, H, HV, K,
+                    Dv, W);
+        return;
+    }
+    const int64_t vblocks = ((int64_t)HV * Dv + STEP_THREADS - 1) / STEP_THREADS;
+    const size_t smem = (2 * (size_t)K + 32) * sizeof(float);
+    if (cuda_smem_limit(be, (const void *)k_step_inputs, smem, "k_step_inputs") < 0) return;
+    k_step_inputs<<<dim3((unsigned)(H + vblocks), (unsigned)N), STEP_THREADS, smem, cuda_stream(be)>>>(
+        (bf16 *)q, (bf16 *)k, (bf16 *)v, g, beta, (bf16 *const *)rows, (const bf16 *)xq, ldq, (const bf16 *)xk, ldk,
+        (const bf16 *)xv, ldv, (const bf16 *)a, lda, (const bf16 *)b, ldb, (const bf16 *)q_conv, (const bf16 *)k_conv,
+        (const bf16 *)v_conv, (const bf16 *)A_log, (const bf16 *)dt_bias, N, H, HV, K, Dv, W, eps,
+        allow_neg ? 2.0f : 1.0f);
+    cuda_check_launch(be, "gdn k_step_inputs");
+}
+
 static void cu_gdn_recurrent_step(be_t *be, void *o, void *const *rows, const void *q, const void *k, const void *v,
                                   const float *g, const float *beta, float scale, int N, int H, int HV, int K, int Dv) {
     gdn_recurrent(be, "gdn_recurrent_step", o, NULL, (float *const *)rows, q, k, v, g, beta, scale, N, 1, H, HV, K, Dv);
@@ -2039,4 +2128,5 @@ extern "C" void cuda_register_gdn(be_t *be) {
     be->gdn_chunk_bwd = cu_gdn_chunk_bwd;
     be->gdn_recurrent_fwd = cu_gdn_recurrent_fwd;
     be->gdn_recurrent_step = cu_gdn_recurrent_step;
+    be->gdn_step_inputs = cu_gdn_step_inputs;
 }
