@@ -178,8 +178,10 @@ struct be {
                      int dv, float scale);
 
     // ---- MLP ----------------------------------------------------------------
-    // out = silu(gate) * up over n elements; out may be gate or up (elementwise)
-    void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t n);
+    // out [N, f] = silu(gate) * up, gate and up rows of f at row stride ld (ld
+    // = f: contiguous, and out may then be gate or up; ld = 2 f with up = gate
+    // + f: the two halves of one product's output)
+    void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t ld, int64_t N, int64_t f);
     void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
 
     // ---- depthwise causal conv (GDN short convs, Mamba-2 conv1d) -------------

@@ -7,6 +7,15 @@ const be_qmat_t *lin_qmat(const layer_ctx_t *c, const void *W) {
     return c->n_qw && p >= lo && p < hi ? (const be_qmat_t *)W : NULL;
 }
 
+int lin_adjacent(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, int n, int64_t in) {
+    for (int i = 0; i < n; i++) {
+        if (!ws[i] || lin_qmat(c, ws[i])) return 0;
+        if (i > 0 && (const char *)ws[i] != (const char *)ws[i - 1] + (size_t)(outs[i - 1] * in) * c->be->act_size)
+            return 0;
+    }
+    return 1;
+}
+
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out) {
     be_t *be = c->be;
     const be_qmat_t *q = lin_qmat(c, W);

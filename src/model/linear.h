@@ -5,6 +5,11 @@
 
 // y[N, out] = x[N, in] W^T; W an act matrix, or one of c->qw (its stored format).
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out);
+// 1 when the act matrices ws[0..n) ([outs[i], in] each) lie one after another
+// in memory, so that they are one matrix [sum outs, in] whose product gives
+// their outputs side by side in one call (the parameter table places a
+// layer's projections in order; params.c), else 0 (a gap, or a quantised one).
+int lin_adjacent(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, int n, int64_t in);
 // The matrix W is when it is one of c->qw, else NULL.
 const be_qmat_t *lin_qmat(const layer_ctx_t *c, const void *W);
 // dx[N, in] = dy W (overwritten, or added when acc); dW[out, in] += dy^T x (float).

@@ -14,13 +14,26 @@ int mlp_w_bind(mlp_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer
 int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x, int64_t N, mlp_saved_t *sv) {
     be_t *be = c->be;
     int d = c->a->d, f = c->a->ffn;
-    // Without a backward to save for (inference), h overwrites gate: swiglu is
-    // elementwise, and the arena holds two [N, f] buffers instead of three.
+    // A decode step (c->step_pos: a few rows, launch-bound on a GPU) takes
+    // gate and up from one product when they are one matrix in memory (rows
+    // [gate | up]). Elsewhere, without a backward to save for (inference), h
+    // overwrites gate: swiglu is elementwise, and the arena holds two [N, f]
+    // buffers instead of three.
+    const void *ws[2] = {w->gate, w->up};
+    const int64_t outs[2] = {f, f};
+    if (!sv && c->step_pos && lin_adjacent(c, ws, outs, 2, d)) {
+        void *gu = ctx_act(c, N * 2 * f), *h = ctx_act(c, N * f);
+        if (!gu || !h) return ERR_NOMEM;
+        lin_fwd(c, gu, x, w->gate, N, d, 2 * f);
+        be->swiglu_fwd(be, h, gu, act_at(be, gu, f), 2 * f, N, f);
+        lin_fwd(c, out, h, w->down, N, f, d);
+        return 0;
+    }
     void *gate = ctx_act(c, N * f), *up = ctx_act(c, N * f), *h = sv ? ctx_act(c, N * f) : gate;
     if (!gate || !up || !h) return ERR_NOMEM;
     lin_fwd(c, gate, x, w->gate, N, d, f);
     lin_fwd(c, up, x, w->up, N, d, f);
-    be->swiglu_fwd(be, h, gate, up, N * f);
+    be->swiglu_fwd(be, h, gate, up, f, N, f);
     lin_fwd(c, out, h, w->down, N, f, d);
     if (sv) sv->x = x, sv->gate = gate, sv->up = up, sv->h = h, sv->N = N;
     return 0;

@@ -58,7 +58,7 @@ static double run(void *ctx, double *l1) {
         memcpy(c->out, c->x, (size_t)c->N * c->d * sizeof(float));
         be->rope_fwd(be, c->out, c->d, c->d, c->pos, c->cos, c->sin, c->N, 1, c->d, c->style);
         break;
-    case K_SWIGLU: be->swiglu_fwd(be, c->out, c->x, c->z, c->N * c->d); break;
+    case K_SWIGLU: be->swiglu_fwd(be, c->out, c->x, c->z, c->d, c->N, c->d); break;
     case K_CONV:
         be->conv1d_fwd(be, c->out, c->x, c->ldx, c->w, c->bias, c->state, c->B, c->T, c->C, c->W, c->style);
         break;

@@ -779,9 +779,9 @@ static void test_swiglu(void **st) {
             snprintf(shape, sizeof shape, "n=%lld offset=%d", (long long)n, off);
             float *gt = rnd(len, 2.0f), *up = rnd(len, 1.0f), *out = tu_hbuf(len), *nan = tu_nans(len);
             // outputs compared from `off` on (element 0 of an offset buffer is outside the op)
-            cpu->swiglu_fwd(cpu, out + off, gt + off, up + off, n);
+            cpu->swiglu_fwd(cpu, out + off, gt + off, up + off, n, 1, n);
             void *dgt = tu_dev_act(gpu, gt, len), *dup_ = tu_dev_act(gpu, up, len), *dout = tu_dev_act(gpu, nan, len);
-            gpu->swiglu_fwd(gpu, tu_gat(gpu, dout, off), tu_gat(gpu, dgt, off), tu_gat(gpu, dup_, off), n);
+            gpu->swiglu_fwd(gpu, tu_gat(gpu, dout, off), tu_gat(gpu, dgt, off), tu_gat(gpu, dup_, off), n, 1, n);
             int okf = tu_sync(gpu, "swiglu_fwd", shape);
             float *h = tu_host_act(gpu, dout, len);
             fails += !okf || !check("swiglu_fwd", shape, h + off, out + off, n, BF16);
@@ -801,6 +801,21 @@ static void test_swiglu(void **st) {
             tu_dev_free(gpu, dgt), tu_dev_free(gpu, dup_), tu_dev_free(gpu, dout), tu_dev_free(gpu, dd),
                 tu_dev_free(gpu, ddg), tu_dev_free(gpu, ddu);
         }
+    // rows of one product's output [gate | up] (a decode step's MLP): N rows of
+    // f, row stride 2 f, up = gate + f; odd f takes the scalar path
+    const int64_t rows_f[][2] = {{1, 1536}, {3, 7}, {64, 1536}, {5, 8192}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int64_t N = rows_f[ci][0], f = rows_f[ci][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "N=%lld f=%lld rows [gate | up]", (long long)N, (long long)f);
+        float *gu = rnd(N * 2 * f, 2.0f), *out = tu_hbuf(N * f), *nan = tu_nans(N * f);
+        cpu->swiglu_fwd(cpu, out, gu, gu + f, 2 * f, N, f);
+        void *dgu = tu_dev_act(gpu, gu, N * 2 * f), *dout = tu_dev_act(gpu, nan, N * f);
+        gpu->swiglu_fwd(gpu, dout, dgu, tu_gat(gpu, dgu, f), 2 * f, N, f);
+        fails += !tu_sync(gpu, "swiglu_fwd", shape) || !check_act("swiglu_fwd", shape, dout, out, N * f, BF16);
+        free(gu), free(out), free(nan);
+        tu_dev_free(gpu, dgu), tu_dev_free(gpu, dout);
+    }
     assert_int_equal(fails, 0);
 }
 
