@@ -14,8 +14,9 @@
 #   call 3: bash scripts/gpu/upcycle.sh stage2   carry .carry/t (the CUDA test binaries)
 #   call 4: bash scripts/gpu/upcycle.sh eval
 # or, in a lease after prep without trained weights (one call):
-#   bash scripts/gpu/upcycle.sh checks   carry .carry/p2 .carry/t2 (CUDA tests, RULER,
-#                                        serve load test, latency sweep)
+#   bash scripts/gpu/upcycle.sh checks   carry .carry/p2 .carry/t2 (CUDA tests, then
+#                                        decode speed and kernel profile, latency
+#                                        sweep, serve load test of teacher and hybrid)
 # or, when one call is all the device time allows after prep:
 #   call 2: bash scripts/gpu/upcycle.sh quick    carry .carry/p2 .carry/cb
 #           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
@@ -173,20 +174,21 @@ cuda_tests() { # tarball
     [ -f "$1" ] && (tar xJf "$1" && mkdir -p $O/tests &&
         OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1
 }
-# issue 9's RULER table: every offline task at 4K and 8K, the teacher and the
-# untrained hybrid of the same layout, side by side
-ruler_4k8k() { # timeout (s)
-    step ruler_teacher $1 $H eval $M --task ruler --lengths 4K,8K --samples 10 --device cuda --chunk 8192 \
-        --data $D --out $O/ruler_teacher &
-    step ruler_untrained $1 $H eval $W/untrained --task ruler --lengths 4K,8K --samples 10 --device cuda \
-        --chunk 8192 --data $D --out $O/ruler_untrained &
-    wait
-}
 # issue 12's load test: 64 streaming requests of mixed lengths against a model
 serve_load() { # name, model[, timeout (s)]
     [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
     step serve_load_$1 ${3:-200} env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$1 \
         SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $2 $W/essays.txt
+}
+# issue 12: single-stream greedy decode of a model (tokens/s from --stats),
+# and with a third argument `ncu` the kernels of 24 decode tokens under Nsight
+# Compute (their GPU times; run 21's extra/ncu_*.csv), each alone on the GPU
+decode_speed() { # name, model[, ncu]
+    step gen_$1 40 $H generate $2 --prompt "The history of the city begins" -n 256 --temp 0 --device cuda --stats
+    [ "${3:-}" = ncu ] && [ -x /usr/local/cuda/bin/ncu ] || return 0
+    step ncu_$1 60 sh -c "/usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv --launch-skip 1500 \
+        --launch-count 700 $H generate $2 --prompt 'The history of the city begins' -n 24 --temp 0 --device cuda \
+        > $O/ncu_$1.csv"
 }
 mla=$(seq -s, 0 3 29)
 # the corpus carried in two parts (ca, cb), unpacked; shards go to mix/ (the
@@ -298,36 +300,33 @@ quick)
     wait
     ;;
 checks)
-    # a lease whose trained weights are gone: what needs only the teacher and
-    # an untrained hybrid (after prep; carry .carry/p2 and .carry/t2, the test
-    # binaries rebuilt since pack): those tests, RULER at 4K and 8K, the serve
-    # load test of the teacher, and the latency sweep of teacher vs hybrid
-    DEADLINE=${CHECKS_DEADLINE:-300}
+    # a lease without trained weights (after prep; carry .carry/p2 and .carry/t2,
+    # the test binaries rebuilt since pack, else .carry/t): the CUDA tests,
+    # then, each alone on the GPU, single-stream decode speed and kernel
+    # profile of the teacher and of its untrained hybrid, their latency sweep,
+    # and the serve load test of both
+    DEADLINE=${CHECKS_DEADLINE:-540}
     assemble
     step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear $LINEAR
-    cuda_tests .carry/t2/tests.tar.xz &
-    ruler_4k8k 280 &
-    serve_load teacher $M &
-    step bench 150 $H bench $W/untrained --against $M --lengths 2K,8K,32K --decode 64 --device cuda --chunk 8192 \
+    t=.carry/t2/tests.tar.xz
+    [ -f $t ] || t=.carry/t/tests.tar.xz
+    cuda_tests $t
+    decode_speed teacher $M ncu
+    decode_speed untrained $W/untrained ncu
+    step bench 90 $H bench $W/untrained --against $M --lengths 2K,8K,32K --decode 64 --device cuda --chunk 8192 \
         --out $O/bench
-    wait
+    serve_load teacher $M 110
+    serve_load untrained $W/untrained 110
     ;;
 eval)
     # the speed figures first, each alone on the GPU: latency and cache
     # memory of the distilled hybrid against the teacher (single-stream
     # decode), then the serve load test of the hybrid; then the three KD
     # checkpoints' evaluations side by side until DEADLINE
-    step bench 70 $H bench $W/kd8k/final --against $M --lengths 2K,8K,32K,128K --decode 64 --device cuda --chunk 8192 \
+    step bench 90 $H bench $W/kd8k/final --against $M --lengths 2K,8K,32K --decode 64 --device cuda --chunk 8192 \
         --out $O/bench
-    # where a single-stream decode token's time goes (issue 12): the kernels
-    # and API calls of a greedy decode of the hybrid and of the teacher, when
-    # Nsight Systems is installed
-    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)
-    for p in kd8k:$W/kd8k/final teacher:$M; do
-        [ -n "$nsys" ] || { echo "nsys not found" > $O/prof_decode.log; break; }
-        step prof_${p%%:*} 40 $nsys profile -o $W/prof_${p%%:*} --force-overwrite true --stats=true \
-            $H generate ${p#*:} --prompt "The history of the city begins" -n 256 --temp 0 --device cuda --stats
-    done
+    decode_speed kd8k $W/kd8k/final
+    decode_speed teacher $M
     serve_load kd8k $W/kd8k/final 110
     NIAH_SAMPLES=${NIAH_SAMPLES:-10}
     (evaluate kd2k $W/kd2k/final) > $O/ev_kd2k.txt 2>&1 &
