@@ -22,6 +22,8 @@
 #           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
 # LINEAR=mamba2 before each call trains and evaluates 10MLA20M2 instead of
 # 10MLA20GDN (Mamba-2 as the linear block of the pure-linear student and the hybrid).
+# or, after prep, issue 12's long-context sweep (random weights, one model a call):
+#   LONG_MODEL=--teacher bash scripts/gpu/upcycle.sh long   (or --6mla22gdn, --14mla14gdn)
 # and here, afterwards: bash scripts/gpu/upcycle.sh tally DIR... (scores of
 # evaluations the time limit stopped, from their per-item files).
 # Each of 2-4 returns $OUT/<step>.tar.xz: logs, recipes, metrics, loss plots,
@@ -84,9 +86,10 @@ if [ "$1" = tally ]; then
 fi
 if [ "$1" = pack ]; then
     set -e
-    make -j2 build/hylo >/dev/null
-    mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
+    make -j2 build/hylo build/bench/bench_long >/dev/null
+    mkdir -p .carry/stage/build/bench .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
+    cp build/bench/bench_long .carry/stage/build/bench/ && strip .carry/stage/build/bench/bench_long
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
     # the CUDA tests, run beside stage 2 (scripts/gpu/tests.sh)
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') >/dev/null
@@ -317,6 +320,13 @@ checks)
         --out $O/bench
     serve_load teacher $M 110
     serve_load untrained $W/untrained 110
+    ;;
+long)
+    # issue 12's long-context sweep at the HyLo-Llama-3B shapes with random
+    # weights (bench/bench_long.c; after prep, nothing else carried), one model
+    # a call: LONG_MODEL=--teacher, --6mla22gdn (default) or --14mla14gdn,
+    # LONG_ARGS="--2m" adds 2M tokens
+    step bench_long 560 build/bench/bench_long ${LONG_MODEL:---6mla22gdn} ${LONG_ARGS:-}
     ;;
 eval)
     # the speed figures first, each alone on the GPU: latency and cache

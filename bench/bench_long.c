@@ -1,0 +1,151 @@
+// Long-context inference of one sequence on one GPU at the HyLo-Llama-3B
+// shapes, random weights (issue 12): the Llama-3.2-3B teacher and its hybrids
+// HyLo-Llama-3B-6MLA22GDN and 14MLA14GDN (the released layouts,
+// configs/hylo/hylo_llama_*_64k.yaml: MLA ranks 1536 / 128, rope 64, nope 64,
+// v 128, YaRN 32 over 2,048; built from the teacher by upc_student_arch, as
+// convert does). For each context length: prefill the T tokens in chunks of
+// 8,192 (model_prefill, as hylo generate), then D greedy decode steps
+// (model_step, logits to the host and their argmax, as hylo generate).
+// Printed per point: prefill seconds and tokens/s, decode ms per token, the
+// cache's bytes (one allocation of exactly T + D tokens) and the device memory
+// in use. A length whose cache does not fit says so and the sweep goes on.
+// Wall-clock times around calls that end in a host sync.
+// Usage: bench_long [--teacher|--6mla22gdn|--14mla14gdn] [--2m] [--decode64]
+//   (default: all three models; lengths 8K, 32K, 128K, 512K, 1M, and 2M with
+//   --2m; 32 decode steps, 64 with --decode64)
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/model.h"
+#include "upcycle/upcycle.h"
+
+#define BENCH_NAME "bench_long"
+#include "bench_util.h"
+
+// Llama-3.2-3B (config.json of the released model)
+static arch_t llama_3b(void) {
+    arch_t a;
+    arch_init(&a);
+    snprintf(a.model_type, sizeof a.model_type, "llama");
+    a.V = 128256, a.eps = 1e-5f, a.tie_embeddings = 1;
+    a.d = 3072, a.n_layers = 28, a.H = 24, a.Hkv = 8, a.dh = 128, a.ffn = 8192;
+    a.rope.theta = 500000.0f, a.rope.scaling = ROPE_SCALE_LLAMA3, a.rope.factor = 32.0f;
+    a.rope.low_freq_factor = 1, a.rope.high_freq_factor = 4, a.rope.orig_max_pos = 8192;
+    a.max_pos = 131072;
+    for (int l = 0; l < a.n_layers; l++)
+        a.kind[l] = LAYER_ATTN;
+    return a;
+}
+
+// Random bf16 weights, N(0, 0.02^2): one 16M block drawn on the host, tiled.
+static void fill(model_t *m, uint64_t seed) {
+    void *blk = dev_rand(1 << 24, seed, 0.0f, 0.02f);
+    for (int64_t i = 0; i < m->pt.total; i += 1 << 24) {
+        int64_t n = m->pt.total - i < (1 << 24) ? m->pt.total - i : (1 << 24);
+        if (be->copy_d2d(be, act_at(be, m->w, i), blk, (size_t)n * 2) < 0) die("fill");
+    }
+    be->free(be, blk);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double gib(double bytes) { return bytes / (double)(1u << 30); }
+
+static int argmax(const float *x, int n) {
+    int k = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[k]) k = i;
+    return k;
+}
+
+// One model over the lengths: prefill, decode, memory.
+static void sweep(const char *name, const arch_t *a, const int *lengths, int n_len, int D) {
+    model_t m;
+    if (model_create(&m, a, be) < 0) die(name);
+    fill(&m, 1);
+    model_run_t r;
+    if (model_run_create(&r, &m, (size_t)4 << 30) < 0) die("run");
+    printf("%s: %lld parameters, %d layers (%d attention, %d MLA, %d GDN), cache %lld bytes per token\n", name,
+           (long long)ptable_count(&m.pt), a->n_layers, arch_count(a, LAYER_ATTN), arch_count(a, LAYER_MLA),
+           arch_count(a, LAYER_GDN), (long long)model_cache_bytes_per_token(&m));
+    fflush(stdout);
+    float *logits = malloc((size_t)a->V * sizeof(float));
+    for (int li = 0; li < n_len; li++) {
+        const int T = lengths[li];
+        int32_t *ids = malloc((size_t)T * sizeof(int32_t));
+        for (int i = 0; i < T; i++)
+            ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)a->V);
+        model_state_t st;
+        memset(&st, 0, sizeof st);
+        size_t fr, tot;
+        if (model_state_alloc(&m, &st, 1, T + D) < 0 || model_state_fit(&m, &st, T + D) < 0) {
+            printf("%-12s T=%-8d does not fit: %s\n", name, T, err_msg());
+            if (st.layers) model_state_free(&m, &st);
+            free(ids);
+            continue;
+        }
+        double t0 = now_s();
+        int rc = model_prefill(&r, &st, ids, T, 8192, logits);
+        double t_pre = now_s() - t0;
+        int32_t id = argmax(logits, a->V);
+        t0 = now_s();
+        for (int s = 0; s < D && rc == 0; s++) {
+            rc = model_step(&r, &st, &id, logits);
+            id = argmax(logits, a->V);
+        }
+        double t_dec = now_s() - t0;
+        cudaMemGetInfo(&fr, &tot);
+        if (rc < 0)
+            printf("%-12s T=%-8d failed: %s\n", name, T, err_msg());
+        else
+            printf("%-12s T=%-8d prefill %9.3f s (%9.1f tok/s)  decode %8.3f ms/token  cache %8.3f GiB  "
+                   "device in use %6.2f of %6.2f GiB\n",
+                   name, T, t_pre, T / t_pre, 1e3 * t_dec / D, gib((double)st.bytes), gib((double)(tot - fr)),
+                   gib((double)tot));
+        fflush(stdout);
+        model_state_free(&m, &st);
+        free(ids);
+    }
+    free(logits);
+    model_run_free(&r);
+    model_free(&m);
+}
+
+int main(int argc, char **argv) {
+    int only = 0, two_m = 0, D = 32;
+    bench_flag_t flags[] = {{"--teacher", &only, 1},
+                            {"--6mla22gdn", &only, 2},
+                            {"--14mla14gdn", &only, 3},
+                            {"--2m", &two_m, 1},
+                            {"--decode64", &D, 64}};
+    if (bench_flags(argc, argv, flags, 5) < 0) return 2;
+    bench_init((size_t)8 << 30); // op scratch: chunked GDN and attention at 8K-token chunks
+    const int lengths[6] = {8192, 32768, 131072, 524288, 1048576, 2097152};
+    const int n_len = two_m ? 6 : 5;
+    arch_t t = llama_3b();
+    upc_dims_t dims = {
+        .r_q = 1536, .r_kv = 128, .d_rope = 64, .d_nope = 64, .d_v = 128, .yarn_factor = 32, .yarn_orig = 2048};
+    const int mla6[6] = {0, 5, 10, 16, 21, 26};
+    int mla14[14];
+    for (int i = 0; i < 14; i++)
+        mla14[i] = 2 * i;
+    if (!only || only == 1) sweep("Llama-3.2-3B", &t, lengths, n_len, D);
+    arch_t s;
+    if (!only || only == 2) {
+        if (upc_student_arch(&t, mla6, 6, LAYER_GDN, &dims, &s) < 0) die("6MLA22GDN arch");
+        sweep("6MLA22GDN", &s, lengths, n_len, D);
+    }
+    if (!only || only == 3) {
+        if (upc_student_arch(&t, mla14, 14, LAYER_GDN, &dims, &s) < 0) die("14MLA14GDN arch");
+        sweep("14MLA14GDN", &s, lengths, n_len, D);
+    }
+    bench_finish();
+    return 0;
+}
