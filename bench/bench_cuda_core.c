@@ -78,7 +78,7 @@ static void op_rms_bwd(void *p) {
 }
 static void op_swiglu_fwd(void *p) {
     ctx_t *c = p;
-    be->swiglu_fwd(be, c->c, c->a, c->b, c->M * c->N);
+    be->swiglu_fwd(be, c->c, c->a, c->b, c->N, c->M, c->N);
 }
 static void op_swiglu_bwd(void *p) {
     ctx_t *c = p;
