@@ -267,18 +267,21 @@ struct be {
     //
     // Appends each row's new entry at its own position pos[r] (device int32
     // [N]): k[r, 0..kw) to k_rows[r] + pos[r] * ld and v[r, 0..vw) to
-    // v_rows[r] + pos[r] * ld + v_off. k [N, kw], v [N, vw] contiguous act.
+    // v_rows[r] + pos[r] * ld + v_off. k, v act rows at strides ldk, ldv (kw,
+    // vw when contiguous; the row width of one product's output when k and v
+    // are parts of it).
     // Attention: K and V caches (v_off 0); MLA: k_rows = v_rows = the latent
     // cache, k = the latent c, v = the rotated rope key at column v_off = r_kv.
     void (*kv_append)(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off, const int32_t *pos,
-                      const void *k, int kw, const void *v, int vw, int N);
-    // One query per row over its own sequence's cache: q [N, H, dqk] (rotated),
+                      const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw, int N);
+    // One query per row over its own sequence's cache: q [N, H, dqk] (rotated;
+    // row r at q + r * ldq, ldq >= H dqk),
     // keys and values are the cache rows u < len[r] (device int32 [N]; the new
     // token's row included), K row u at k_rows[r] + u * Hkv * dqk laid out
     // [Hkv, dqk], V row at v_rows[r] + u * Hkv * dv, [Hkv, dv]; query head h
     // reads KV head h / (H / Hkv). out [N, H, dv] = softmax(scale q k^T) v (zero
     // where len[r] <= 0). max_len (host) >= every len[r]: sizes the work.
-    void (*attn_decode)(be_t *be, void *out, const void *q, void *const *k_rows, void *const *v_rows,
+    void (*attn_decode)(be_t *be, void *out, const void *q, int64_t ldq, void *const *k_rows, void *const *v_rows,
                         const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale);
     // MLA over the latent cache (weight absorption). For each row b and head h:
     // scores over cache rows u < len[b] of (q_lat[b,h] . c_u + q_pe[b,h] . kpe_u)

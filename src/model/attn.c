@@ -129,11 +129,26 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x,
     int32_t *pos = ctx_step_positions(c, runs, n_runs);   // positions [N], then visible lengths [N]
     void *const *base = ctx_step_caches(c, runs, n_runs); // K caches [N], then V caches [N]
     if (!att || !pos || !base) return ERR_NOMEM;
-    TRY(project(c, w, x, N, pos, NULL, &q, &k, &v));
+    // q, k, v from one product when they are one matrix in memory (rows [q | k
+    // | v], stride ld), rotated by one RoPE call over the H + Hkv heads of q
+    // and k (adjacent in each row); Qwen3's q / k norms take the separate path
+    const void *ws[3] = {w->q, w->k, w->v};
+    const int64_t outs[3] = {qw, kw, kw};
+    int64_t ldq = qw, ldk = kw;
+    if (!w->q_norm && lin_adjacent(c, ws, outs, 3, a->d)) {
+        ldq = ldk = qw + 2 * kw;
+        void *qkv = ctx_act(c, N * ldq);
+        if (!qkv) return ERR_NOMEM;
+        lin_fwd(c, qkv, x, w->q, N, a->d, ldq);
+        be->rope_fwd(be, qkv, ldq, a->dh, pos, c->rope_cos, c->rope_sin, N, a->H + a->Hkv, a->dh, ROPE_NEOX);
+        q = qkv, k = act_at(be, qkv, qw), v = act_at(be, qkv, qw + kw);
+    } else {
+        TRY(project(c, w, x, N, pos, NULL, &q, &k, &v));
+    }
     // every row at its own sequence's position, in its own cache: one append
     // and one attention call for all rows of all runs
-    be->kv_append(be, base, base + N, kw, 0, pos, k, (int)kw, v, (int)kw, N);
-    be->attn_decode(be, att, q, base, base + N, pos + N, step_max_len(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
+    be->kv_append(be, base, base + N, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
+    be->attn_decode(be, att, q, ldq, base, base + N, pos + N, step_max_len(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
                     1.0f / sqrtf((float)a->dh));
     lin_fwd(c, out, att, w->o, N, qw, a->d);
     return 0;

@@ -338,7 +338,7 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     // every row's [c | k_pe] at its own position of its own cache: one append for all runs
     void *const *rows = ctx_step_caches(c, runs, n_runs);
     if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
-    be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, D.rkv, p.kpe, D.dr, (int)B);
+    be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, D.rkv, D.rkv, p.kpe, D.dr, D.dr, (int)B);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
     // batch over the G groups (A steps hpg heads, B steps one KV head's rows).

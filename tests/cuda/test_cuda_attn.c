@@ -458,6 +458,7 @@ typedef struct {
     int H, Hkv, dh, B, n_runs;
     float qstd;
     int long_len; // 0: the lengths above
+    int q_pad;    // > 0: q rows at stride H dh + q_pad (q a part of one product's rows)
 } dec_case_t;
 
 typedef struct {
@@ -478,11 +479,11 @@ static int dec_len(const dec_case_t *c, int r, uint64_t seed) {
 static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int B = c->B, H = c->H, Hkv = c->Hkv, dh = c->dh, R = c->n_runs;
-    const int64_t kw = (int64_t)Hkv * dh, nq = (int64_t)B * H * dh;
+    const int64_t kw = (int64_t)Hkv * dh, nq = (int64_t)B * H * dh, ldq = (int64_t)H * dh + c->q_pad;
     const float scale = 1.0f / sqrtf((float)dh);
     char label[160];
-    snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dh%d%s%s", B, R, H, Hkv, dh,
-             c->qstd > 1.5f ? " peaky" : "", c->long_len ? " long" : "");
+    snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dh%d%s%s%s", B, R, H, Hkv, dh,
+             c->qstd > 1.5f ? " peaky" : "", c->long_len ? " long" : "", c->q_pad ? " q strided" : "");
     int32_t *len = malloc(sizeof(int32_t) * B);
     int max_len = 0;
     dec_run_t *runs = calloc((size_t)R, sizeof *runs);
@@ -516,10 +517,10 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
             kb_h[r] = u->kh + first, vb_h[r] = u->vh + first;
             kb_d[r] = tu_gat(gpu, u->kd, first), vb_d[r] = tu_gat(gpu, u->vd, first);
         }
-    float *q = tu_rnd(nq, seed + 1, c->qstd), *out_c = malloc(sizeof(float) * nq);
-    cpu->attn_decode(cpu, out_c, q, kb_h, vb_h, len, max_len, B, H, Hkv, dh, dh, scale);
+    float *q = tu_rnd((int64_t)B * ldq, seed + 1, c->qstd), *out_c = malloc(sizeof(float) * nq);
+    cpu->attn_decode(cpu, out_c, q, ldq, kb_h, vb_h, len, max_len, B, H, Hkv, dh, dh, scale);
 
-    void *q_d = tu_dev_act(gpu, q, nq);
+    void *q_d = tu_dev_act(gpu, q, (int64_t)B * ldq);
     float *poison = tu_nans(nq);
     void *out_d = tu_dev_act(gpu, poison, nq);
     void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * B);
@@ -527,7 +528,7 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
     assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_d, sizeof(void *) * B), 0);
     assert_int_equal(gpu->copy_h2d(gpu, ptr_d + B, vb_d, sizeof(void *) * B), 0);
     int32_t *len_d = tu_dev_i32(gpu, len, B);
-    gpu->attn_decode(gpu, out_d, q_d, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dh, scale);
+    gpu->attn_decode(gpu, out_d, q_d, ldq, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dh, scale);
     int rc = gpu->sync(gpu);
     if (rc) printf("  %s: attn_decode failed: %s\n", label, err_msg());
     assert_int_equal(rc, 0);
@@ -553,13 +554,14 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
 // x 128), plain MHA, wide groups (6, 8), dh 96 and 256 (shared memory past the
 // 48 KB default), B up to 64 rows over 1 to 7 runs, and a peaky softmax; then
 // one to three long caches (SmolLM2 at 30,011 and below, Llama at 12,000 with
-// a peaky softmax, dh 256 at 9,000), split into slices.
+// a peaky softmax, dh 256 at 9,000), split into slices; and q read at a row
+// stride, as a decode step's one product [q | k | v] leaves it.
 static void test_attn_decode(void **st) {
     static const dec_case_t cases[] = {
-        {9, 3, 64, 64, 5, 1.0f, 0},      {32, 8, 128, 24, 4, 1.0f, 0},  {16, 8, 128, 33, 3, 1.0f, 0},
-        {4, 4, 64, 7, 7, 1.0f, 0},       {12, 2, 128, 20, 2, 3.0f, 0},  {8, 1, 256, 6, 1, 1.0f, 0},
-        {6, 2, 96, 10, 2, 1.0f, 0},      {9, 3, 64, 1, 1, 3.0f, 0},     {9, 3, 64, 3, 2, 1.0f, 30011},
-        {32, 8, 128, 1, 1, 3.0f, 12000}, {8, 1, 256, 2, 1, 1.0f, 9000},
+        {9, 3, 64, 64, 5, 1.0f, 0, 0},      {32, 8, 128, 24, 4, 1.0f, 0, 0},  {16, 8, 128, 33, 3, 1.0f, 0, 0},
+        {4, 4, 64, 7, 7, 1.0f, 0, 0},       {12, 2, 128, 20, 2, 3.0f, 0, 0},  {8, 1, 256, 6, 1, 1.0f, 0, 0},
+        {6, 2, 96, 10, 2, 1.0f, 0, 0},      {9, 3, 64, 1, 1, 3.0f, 0, 0},     {9, 3, 64, 3, 2, 1.0f, 30011, 0},
+        {32, 8, 128, 1, 1, 3.0f, 12000, 0}, {8, 1, 256, 2, 1, 1.0f, 9000, 0}, {9, 3, 64, 16, 3, 1.0f, 0, 2 * 3 * 64},
     };
     int fails = 0;
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
@@ -578,12 +580,18 @@ static void test_kv_append(void **st) {
     static const struct {
         int kw, vw;
         int64_t ld, v_off;
-        int one_cache; // MLA: k_rows = v_rows
-    } forms[] = {{3 * 64, 3 * 64, 3 * 64, 0, 0}, {128, 32, 160, 128, 1}, {512, 64, 576, 512, 1}};
+        int one_cache;  // MLA: k_rows = v_rows
+        int64_t q_cols; // > 0: k and v are parts of rows [q (q_cols) | k | v], one product's output
+    } forms[] = {{3 * 64, 3 * 64, 3 * 64, 0, 0, 0},
+                 {128, 32, 160, 128, 1, 0},
+                 {512, 64, 576, 512, 1, 0},
+                 {3 * 64, 3 * 64, 3 * 64, 0, 0, 9 * 64}};
     int fails = 0;
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 4; f++) {
         const int kw = forms[f].kw, vw = forms[f].vw;
-        const int64_t ld = forms[f].ld, per = (int64_t)((N + R - 1) / R) * CAP * ld; // one run's cache
+        const int64_t P = forms[f].q_cols + kw + vw, ldk = forms[f].q_cols ? P : kw, ldv = forms[f].q_cols ? P : vw;
+        const int64_t ko = forms[f].q_cols, vo = forms[f].q_cols ? forms[f].q_cols + kw : 0; // k, v in their buffers
+        const int64_t ld = forms[f].ld, per = (int64_t)((N + R - 1) / R) * CAP * ld;         // one run's cache
         float *kh[R], *vh[R];
         void *kd[R], *vd[R], *kb_h[N], *vb_h[N], *kb_d[N], *vb_d[N];
         int32_t pos[N];
@@ -599,15 +607,18 @@ static void test_kv_append(void **st) {
             vb_h[r] = forms[f].one_cache ? kb_h[r] : vh[k] + first;
             vb_d[r] = forms[f].one_cache ? kb_d[r] : tu_gat(gpu, vd[k], first);
         }
-        float *k = tu_rnd((int64_t)N * kw, 300 + f, 1.0f), *v = tu_rnd((int64_t)N * vw, 400 + f, 1.0f);
-        cpu->kv_append(cpu, kb_h, vb_h, ld, forms[f].v_off, pos, k, kw, v, vw, N);
-        void *k_d = tu_dev_act(gpu, k, (int64_t)N * kw), *v_d = tu_dev_act(gpu, v, (int64_t)N * vw);
+        // k and v: their own buffers, or both one buffer of rows [q | k | v]
+        const int64_t nk = forms[f].q_cols ? N * P : (int64_t)N * kw, nv = forms[f].q_cols ? 0 : (int64_t)N * vw;
+        float *k = tu_rnd(nk, 300 + f, 1.0f), *v = nv ? tu_rnd(nv, 400 + f, 1.0f) : k;
+        cpu->kv_append(cpu, kb_h, vb_h, ld, forms[f].v_off, pos, k + ko, ldk, kw, v + vo, ldv, vw, N);
+        void *k_d = tu_dev_act(gpu, k, nk), *v_d = nv ? tu_dev_act(gpu, v, nv) : k_d;
         void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * N);
         assert_non_null(ptr_d);
         assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_d, sizeof kb_d), 0);
         assert_int_equal(gpu->copy_h2d(gpu, ptr_d + N, vb_d, sizeof vb_d), 0);
         int32_t *pos_d = tu_dev_i32(gpu, pos, N);
-        gpu->kv_append(gpu, ptr_d, ptr_d + N, ld, forms[f].v_off, pos_d, k_d, kw, v_d, vw, N);
+        gpu->kv_append(gpu, ptr_d, ptr_d + N, ld, forms[f].v_off, pos_d, tu_gat(gpu, k_d, ko), ldk, kw,
+                       tu_gat(gpu, v_d, vo), ldv, vw, N);
         int rc = gpu->sync(gpu);
         if (rc) printf("  kv_append failed: %s\n", err_msg());
         assert_int_equal(rc, 0);
@@ -618,13 +629,15 @@ static void test_kv_append(void **st) {
             bad += memcmp(vg, vh[c], sizeof(float) * per) != 0;
             free(kg), free(vg);
         }
-        printf("  kv_append kw %d vw %d ld %lld v_off %lld%s: %s\n", kw, vw, (long long)ld, (long long)forms[f].v_off,
-               forms[f].one_cache ? " (one cache)" : "", bad ? "caches DIFFER  FAIL" : "caches equal");
+        printf("  kv_append kw %d vw %d ld %lld v_off %lld%s%s: %s\n", kw, vw, (long long)ld, (long long)forms[f].v_off,
+               forms[f].one_cache ? " (one cache)" : "", forms[f].q_cols ? " (k, v in rows [q | k | v])" : "",
+               bad ? "caches DIFFER  FAIL" : "caches equal");
         fails += bad > 0;
         for (int c = 0; c < R; c++)
             gpu->free(gpu, kd[c]), gpu->free(gpu, vd[c]), free(kh[c]), free(vh[c]);
-        gpu->free(gpu, k_d), gpu->free(gpu, v_d), gpu->free(gpu, ptr_d), gpu->free(gpu, pos_d);
-        free(k), free(v);
+        gpu->free(gpu, k_d), gpu->free(gpu, ptr_d), gpu->free(gpu, pos_d);
+        if (nv) gpu->free(gpu, v_d), free(v);
+        free(k);
     }
     assert_int_equal(fails, 0);
 }

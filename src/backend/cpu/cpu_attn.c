@@ -285,7 +285,7 @@ static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *
 // attn_decode). The same arithmetic, in the same order, as cpu_attn_fwd's row
 // for a query at the end of a Tk = len[r] cache, so a step through this op has
 // the bits of the former per-row attn_fwd calls.
-static void cpu_attn_decode(be_t *be, void *out_, const void *q_, void *const *k_rows, void *const *v_rows,
+static void cpu_attn_decode(be_t *be, void *out_, const void *q_, int64_t ldq, void *const *k_rows, void *const *v_rows,
                             const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
     float *out = out_;
     const float *q = q_;
@@ -302,7 +302,7 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, void *const *k
 #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int r = 0; r < N; r++)
             for (int h = 0; h < H; h++) {
-                const float *qr = q + ((int64_t)r * H + h) * dqk;
+                const float *qr = q + (int64_t)r * ldq + (int64_t)h * dqk;
                 const float *k = (const float *)k_rows[r] + (int64_t)(h / grp) * dqk;
                 const float *v = (const float *)v_rows[r] + (int64_t)(h / grp) * dv;
                 int64_t ldk = (int64_t)Hkv * dqk, ldv = (int64_t)Hkv * dv;
@@ -320,11 +320,12 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, void *const *k
 // Each row's new K / V (or latent / rope key) at its own position of its own
 // cache (backend.h kv_append): plain copies.
 static void cpu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
-                          const int32_t *pos, const void *k_, int kw, const void *v_, int vw, int N) {
+                          const int32_t *pos, const void *k_, int64_t ldk, int kw, const void *v_, int64_t ldv, int vw,
+                          int N) {
     const float *k = k_, *v = v_;
     for (int r = 0; r < N; r++) {
-        memcpy((float *)k_rows[r] + pos[r] * ld, k + (int64_t)r * kw, (size_t)kw * sizeof(float));
-        memcpy((float *)v_rows[r] + pos[r] * ld + v_off, v + (int64_t)r * vw, (size_t)vw * sizeof(float));
+        memcpy((float *)k_rows[r] + pos[r] * ld, k + (int64_t)r * ldk, (size_t)kw * sizeof(float));
+        memcpy((float *)v_rows[r] + pos[r] * ld + v_off, v + (int64_t)r * ldv, (size_t)vw * sizeof(float));
     }
 }
 

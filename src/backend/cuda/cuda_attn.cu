@@ -1180,7 +1180,7 @@ static size_t dec_smem_floats(int grp, int dqk, int dv) {
 // writes m = -inf, l = 0, O = 0.
 __global__ void __launch_bounds__(DEC_THREADS)
     k_attn_decode(bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
-                  const bf16 *__restrict__ q, const bf16 *const *__restrict__ k_rows,
+                  const bf16 *__restrict__ q, int64_t ldq, const bf16 *const *__restrict__ k_rows,
                   const bf16 *const *__restrict__ v_rows, const int32_t *__restrict__ len, int max_len, int H, int Hkv,
                   int dqk, int dv, float scale) {
     extern __shared__ float dsm[];
@@ -1203,7 +1203,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const int u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
     const int64_t ldK = (int64_t)Hkv * dqk, ldV = (int64_t)Hkv * dv;
     const bf16 *kb = k_rows[r] + (int64_t)g * dqk, *vb = v_rows[r] + (int64_t)g * dv;
-    const bf16 *qb = q + ((int64_t)r * H + (int64_t)g * grp) * dqk; // the group's heads are consecutive
+    const bf16 *qb = q + (int64_t)r * ldq + (int64_t)g * grp * dqk; // the group's heads are consecutive
     for (int i = tid; i < grp * dqk; i += nthr)
         sq[i] = __bfloat162float(qb[i]);
     for (int i = tid; i < grp * dv; i += nthr)
@@ -1320,7 +1320,7 @@ static int dec_split(const cuda_impl_t *ci, int N, int Hkv, int max_len) {
     return ns < 1 ? 1 : (int)ns;
 }
 
-static void cu_attn_decode(be_t *be, void *out, const void *q, void *const *k_rows, void *const *v_rows,
+static void cu_attn_decode(be_t *be, void *out, const void *q, int64_t ldq, void *const *k_rows, void *const *v_rows,
                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
     if (N <= 0 || H <= 0) return;
     if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || max_len < 0 || Hkv > 65535 || N > 0x7fffffff / H) {
@@ -1340,8 +1340,8 @@ static void cu_attn_decode(be_t *be, void *out, const void *q, void *const *k_ro
         if (!part_o || !part_ml) ns = 1; // no room for the partials: one slice per cache, as correct, slower
     }
     k_attn_decode<<<dim3((unsigned)N, (unsigned)Hkv, (unsigned)ns), DEC_THREADS, smem, cuda_stream(be)>>>(
-        (bf16 *)out, part_o, part_ml, (const bf16 *)q, (const bf16 *const *)k_rows, (const bf16 *const *)v_rows, len,
-        max_len, H, Hkv, dqk, dv, scale);
+        (bf16 *)out, part_o, part_ml, (const bf16 *)q, ldq, (const bf16 *const *)k_rows, (const bf16 *const *)v_rows,
+        len, max_len, H, Hkv, dqk, dv, scale);
     cuda_check_launch(be, "k_attn_decode");
     if (ns > 1) {
         k_attn_decode_combine<<<dim3((unsigned)N, (unsigned)H), DEC_THREADS, (size_t)ns * sizeof(float),
@@ -1353,22 +1353,23 @@ static void cu_attn_decode(be_t *be, void *out, const void *q, void *const *k_ro
 
 // Grid N (one block per row): the row's k and v into its own cache rows.
 __global__ void k_kv_append(bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, int64_t ld,
-                            int64_t v_off, const int32_t *__restrict__ pos, const bf16 *__restrict__ k, int kw,
-                            const bf16 *__restrict__ v, int vw) {
+                            int64_t v_off, const int32_t *__restrict__ pos, const bf16 *__restrict__ k, int64_t ldk,
+                            int kw, const bf16 *__restrict__ v, int64_t ldv, int vw) {
     const int r = blockIdx.x;
     const int64_t p = pos[r];
     bf16 *kd = k_rows[r] + p * ld, *vd = v_rows[r] + p * ld + v_off;
     for (int i = threadIdx.x; i < kw; i += blockDim.x)
-        kd[i] = k[(int64_t)r * kw + i];
+        kd[i] = k[(int64_t)r * ldk + i];
     for (int i = threadIdx.x; i < vw; i += blockDim.x)
-        vd[i] = v[(int64_t)r * vw + i];
+        vd[i] = v[(int64_t)r * ldv + i];
 }
 
 static void cu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
-                         const int32_t *pos, const void *k, int kw, const void *v, int vw, int N) {
+                         const int32_t *pos, const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw,
+                         int N) {
     if (N <= 0) return;
     k_kv_append<<<(unsigned)N, 128, 0, cuda_stream(be)>>>((bf16 *const *)k_rows, (bf16 *const *)v_rows, ld, v_off, pos,
-                                                          (const bf16 *)k, kw, (const bf16 *)v, vw);
+                                                          (const bf16 *)k, ldk, kw, (const bf16 *)v, ldv, vw);
     cuda_check_launch(be, "k_kv_append");
 }
 
