@@ -94,6 +94,19 @@ struct be {
     int (*download_act)(be_t *be, float *dst, const void *src, int64_t n);
     int (*sync)(be_t *be); // waits for queued work; reports asynchronous errors
     void (*destroy)(be_t *be);
+    // Recorded op sequences (CUDA graphs; NULL on backends without them): a
+    // decode step's hundreds of small launches replayed as one. graph_begin:
+    // the ops queued from now on are recorded instead of run (nothing that
+    // waits for the device may be called until graph_end). graph_end: stops
+    // recording; *g becomes an executable replay of what was recorded (the
+    // one *g held is freed), or, when an op could not be recorded or failed
+    // while recording, an error and *g as it was (nothing recorded ran, and the
+    // failure is not reported again by sync). graph_launch queues a replay:
+    // the same ops with the same arguments, over what device memory holds now.
+    int (*graph_begin)(be_t *be);
+    int (*graph_end)(be_t *be, void **g);
+    int (*graph_launch)(be_t *be, void *g);
+    void (*graph_free)(be_t *be, void *g);
 
     // ---- elementwise and copies ---------------------------------------------
     // y += x (act)

@@ -148,7 +148,7 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x,
     // every row at its own sequence's position, in its own cache: one append
     // and one attention call for all rows of all runs
     be->kv_append(be, base, base + N, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
-    be->attn_decode(be, att, q, ldq, base, base + N, pos + N, step_max_len(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
+    be->attn_decode(be, att, q, ldq, base, base + N, pos + N, step_max_ctx(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
                     1.0f / sqrtf((float)a->dh));
     lin_fwd(c, out, att, w->o, N, qw, a->d);
     return 0;

@@ -119,10 +119,13 @@ void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n
     return rc < 0 ? NULL : d;
 }
 
-int step_max_len(const step_run_t *runs, int n_runs) {
+int step_max_ctx(const step_run_t *runs, int n_runs) {
     int m = 0;
-    for (int i = 0; i < n_runs; i++)
-        if (runs[i].cache->len + 1 > m) m = runs[i].cache->len + 1;
+    for (int i = 0; i < n_runs; i++) {
+        const layer_cache_t *k = runs[i].cache;
+        int lim = k->ctx > k->cap ? k->ctx : k->cap;
+        if (lim > m) m = lim;
+    }
     return m;
 }
 

@@ -91,6 +91,7 @@ typedef struct {
 
 typedef struct {
     int B, cap, len; // sequences, room in tokens (the sequence stride of k, v, kv; model.c grows it), tokens cached
+    int ctx;         // the most tokens it may grow to (model_state_alloc's ctx; 0: cap)
     union {
         attn_cache_t attn;
         mla_cache_t mla;
@@ -127,8 +128,12 @@ int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *r
 // Device array of the step's cache bases of c's layer: c->step_cache when
 // prepared, else uploaded into the arena (NULL + error slot on failure).
 void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
-// The largest visible length of a step's rows (their cache's len + 1).
-int step_max_len(const step_run_t *runs, int n_runs);
+// The largest context limit of a step's caches (their ctx, else their cap):
+// the bound of the rows' visible lengths the attention ops size their work
+// by. It holds for a state's lifetime, so a recorded step's launches hold
+// while lengths and capacities grow (model.c step_forward), and the split of
+// a cache over blocks, and so the rounding, does not depend on the room.
+int step_max_ctx(const step_run_t *runs, int n_runs);
 // 0, or an error naming the layer when a run's sequences lie outside its
 // cache, or (room) its cache has no room for another token, or (rope) its
 // position is beyond the RoPE tables.

@@ -363,7 +363,7 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     const layer_cache_t *k0 = runs[0].cache;
     const void *pool = n_runs == 1 ? k0->u.mla.kv : NULL;
     int64_t pool_rows = n_runs == 1 ? (int64_t)k0->B * k0->cap : 0;
-    be->mla_decode_attn(be, olat, qlat, qpe, rows, vis, step_max_len(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv,
+    be->mla_decode_attn(be, olat, qlat, qpe, rows, vis, step_max_ctx(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv,
                         D.dr, D.scale);
 
     // att[b, h] = wv_g(h) olat[b, h], batched as above

@@ -206,7 +206,10 @@ void model_run_free(model_run_t *r) {
         be->free(be, r->arena.base);
         be->free(be, r->pos_buf);
         be->free(be, r->cache_buf);
+        if (r->graph) be->graph_free(be, r->graph);
     }
+    free(r->key);
+    free(r->key_new);
     free(r->pos_host);
     free(r->runs);
     free(r->cache_host);
@@ -477,7 +480,7 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
     char *p = st->fixed;
     for (int l = 0; l < a->n_layers; l++) {
         layer_cache_t *c = &st->layers[l];
-        c->B = B, c->len = 0;
+        c->B = B, c->len = 0, c->ctx = ctx;
         c->cap = arch_cache_grows(a, l) ? 0 : ctx; // fixed states hold any length
         if (arch_cache_grows(a, l)) continue;
         void *buf[4];
@@ -720,16 +723,26 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
     return c;
 }
 
-int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x) {
+// The ids (host) checked and uploaded to d_ids.
+static int upload_ids(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids) {
     for (int64_t i = 0; i < N; i++)
         if (ids[i] < 0 || ids[i] >= m->a.V)
             return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
-    TRY(m->be->copy_h2d(m->be, d_ids, ids, (size_t)N * sizeof(int32_t)));
+    return m->be->copy_h2d(m->be, d_ids, ids, (size_t)N * sizeof(int32_t));
+}
+
+// x [N, d] = the embeddings of the device ids d_ids.
+static void embed_rows(const model_t *m, const int32_t *d_ids, int64_t N, void *x) {
     const be_qmat_t *q = qmat_of(m, m->embed);
     if (q)
         m->be->qembed_fwd(m->be, x, q, d_ids, N);
     else
         m->be->embed_fwd(m->be, x, m->embed, d_ids, N, m->a.d);
+}
+
+int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids, void *x) {
+    TRY(upload_ids(m, ids, N, d_ids));
+    embed_rows(m, d_ids, N, x);
     return 0;
 }
 
@@ -816,6 +829,16 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     return 0;
 }
 
+// The final norm and the head over n consecutive rows: lg [n, V] (act), hn
+// [n, d] the normed rows.
+static void head_rows(model_run_t *r, const void *rows, int64_t n, void *hn, void *lg) {
+    model_t *m = r->m;
+    const arch_t *a = &m->a;
+    layer_ctx_t c = model_layer_ctx(r, 0); // the head's product may be a quantised one
+    m->be->rmsnorm_fwd(m->be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
+    lin_fwd(&c, lg, hn, m->lm_head, n, a->d, a->V);
+}
+
 // The final norm and the head over rows first + i * stride of x, or rows
 // idx[i] when idx is not NULL (i < n_rows), into host logits [n_rows, V].
 static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t stride, const int64_t *idx, int64_t n_rows,
@@ -833,7 +856,6 @@ static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t str
     void *hn = arena_alloc(&r->arena, (size_t)slice * a->d * be->act_size);
     void *lg = arena_alloc(&r->arena, (size_t)slice * a->V * be->act_size);
     if ((gather && !h) || !hn || !lg) return ERR_NOMEM;
-    layer_ctx_t c = model_layer_ctx(r, 0); // the head's product may be a quantised one
     for (int64_t r0 = 0; r0 < n_rows; r0 += slice) {
         int64_t n = n_rows - r0 < slice ? n_rows - r0 : slice;
         const void *rows = act_at(be, x, (first + r0 * stride) * a->d);
@@ -846,37 +868,33 @@ static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t str
             be->copy2d(be, h, a->d, rows, stride * a->d, n, a->d, 0);
             rows = h;
         }
-        be->rmsnorm_fwd(be, hn, NULL, rows, m->final_norm, n, a->d, a->eps);
-        lin_fwd(&c, lg, hn, m->lm_head, n, a->d, a->V);
+        head_rows(r, rows, n, hn, lg);
         TRY(be->download_act(be, logits + r0 * a->V, lg, n * a->V));
     }
     return be->sync(be);
 }
 
-// Embeds ids (host [N]), runs the layers (run_layers: sts / n_st), final norm,
-// and returns into host `logits` [n_rows, V] the logits of rows first + i *
-// stride, i < n_rows.
-static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, model_state_t *const *sts, int n_st,
-                          int64_t first, int64_t stride, int64_t n_rows, float *logits) {
+// Embeds ids (host [N]), runs the layers (run_layers: T tokens of each of
+// the B sequences of state st at st->len, or no state), final norm, and
+// returns into host `logits` [n_rows, V] the logits of rows first + i * stride,
+// i < n_rows (one token per sequence: a decode step, step_forward).
+static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
+                        float *logits);
+static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
+                          int64_t stride, int64_t n_rows, float *logits) {
     model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
-    int step = n_st > 0 && T == 1, end = 0; // end: the positions' limit
-    for (int k = 0; k < n_st; k++)
-        if (sts[k]->len + T > end) end = sts[k]->len + T;
-    TRY(model_ensure_positions(m, n_st ? end : T));
+    if (st && T == 1) return step_forward(r, ids, &st, 1, N, logits); // one token per sequence: a decode step
+    TRY(model_ensure_positions(m, st ? st->len + T : T));
     arena_reset(&r->arena, 0);
     int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
     void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
-    if (step) {
-        TRY(prepare_step_positions(r, sts, n_st, (int)N));
-        TRY(prepare_step_caches(r, sts, n_st));
-    } else
-        TRY(model_prepare_positions(r, B, T, n_st ? sts[0]->len : 0));
-    TRY(run_layers(r, x, B, T, sts, n_st, NULL, NULL));
+    TRY(model_prepare_positions(r, B, T, st ? st->len : 0));
+    TRY(run_layers(r, x, B, T, st ? &st : NULL, st ? 1 : 0, NULL, NULL));
     if (!logits) return be->sync(be);
     return head_logits(r, x, first, stride, NULL, n_rows, logits);
 }
@@ -915,7 +933,7 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
             memcpy(part + (size_t)b * n, ids + (size_t)b * T + t0, (size_t)n * sizeof(int32_t));
         int last = t0 + n == T;
         // each sequence's last token: rows n - 1, 2n - 1, ...
-        rc = forward_logits(r, part, B, n, &st, 1, n - 1, n, B, last ? logits : NULL);
+        rc = forward_logits(r, part, B, n, st, n - 1, n, B, last ? logits : NULL);
         if (rc == 0) set_len(r->m, st, st->len + n);
     }
     free(part);
@@ -989,6 +1007,132 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
     return rc;
 }
 
+// ---- decode steps -------------------------------------------------------------
+//
+// A step uploads its inputs (ids, positions, cache bases) into buffers that
+// keep their addresses from step to step, then computes on the device
+// (step_body). On a backend with recorded op sequences (CUDA graphs) the body
+// is recorded once and replayed while nothing its launches were given has
+// changed: the step key lists all of it (rows, states, their capacities and
+// cache buffers, the run's buffers, the RoPE tables); the kernels read the
+// per-step values (positions, lengths, cache rows) from device memory.
+// Attention and MLA bound their work by the states' context limits
+// (step_max_ctx), not the lengths, so the launches stay the same while
+// lengths grow.
+
+// Rows a recorded step may have: the head's logits of all rows in one product.
+enum { STEP_GRAPH_ROWS = 64 };
+
+// Everything a step's launches depend on, as values, into r->key_new (grown);
+// its length.
+static int64_t step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N) {
+    const model_t *m = r->m;
+    int64_t need = 16 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
+    if (need > r->key_new_room) {
+        uint64_t *p = realloc(r->key_new, (size_t)need * sizeof *p);
+        if (!p) return -1;
+        r->key_new = p, r->key_new_room = need;
+    }
+    uint64_t *k = r->key_new;
+    k[n++] = (uint64_t)N, k[n++] = (uint64_t)n_st, k[n++] = (uintptr_t)r->arena.base;
+    k[n++] = (uintptr_t)m->be->scratch.base, k[n++] = (uintptr_t)r->pos_buf, k[n++] = (uintptr_t)r->cache_buf;
+    k[n++] = (uintptr_t)m->rope_cos, k[n++] = (uintptr_t)m->rope_sin, k[n++] = (uintptr_t)m->mla_cos;
+    k[n++] = (uintptr_t)m->mla_sin;
+    for (int s = 0; s < n_st; s++) {
+        model_state_t *st = sts[s];
+        k[n++] = (uintptr_t)st, k[n++] = (uint64_t)st->B, k[n++] = (uint64_t)st->cap, k[n++] = (uint64_t)st->ctx;
+        k[n++] = (uintptr_t)st->fixed;
+        for (int l = 0; l < m->a.n_layers; l++) {
+            int64_t w[4];
+            void **slot[2] = {NULL, NULL};
+            int parts = grow_parts(m, st, l, w, slot);
+            for (int i = 0; i < 2; i++)
+                k[n++] = i < parts ? (uintptr_t)*slot[i] : 0;
+        }
+    }
+    return n;
+}
+
+// The step's inputs uploaded: ids into *d_ids, the rows' positions and
+// visible lengths (r->step_pos), every layer's cache bases (r->step_cache);
+// *x the residual stream's rows. Nothing here may be recorded (uploads wait).
+static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
+                       int32_t **d_ids, void **x) {
+    model_t *m = r->m;
+    int end = 0; // the positions' limit
+    for (int k = 0; k < n_st; k++)
+        if (sts[k]->len + 1 > end) end = sts[k]->len + 1;
+    TRY(model_ensure_positions(m, end));
+    arena_reset(&r->arena, 0);
+    *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
+    *x = arena_alloc(&r->arena, (size_t)N * m->a.d * m->be->act_size);
+    if (!*d_ids || !*x) return ERR_NOMEM;
+    TRY(upload_ids(m, ids, N, *d_ids));
+    TRY(prepare_step_positions(r, sts, n_st, (int)N));
+    return prepare_step_caches(r, sts, n_st);
+}
+
+// What a step computes on the device, with its inputs in place (what a
+// recording replays): the embedding, every layer, and the logits of the N
+// rows into *lg [N, V] (act, in the arena).
+static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, model_state_t *const *sts, int n_st,
+                     void **lg) {
+    model_t *m = r->m;
+    be_t *be = m->be;
+    embed_rows(m, d_ids, N, x);
+    TRY(run_layers(r, x, (int)N, 1, sts, n_st, NULL, NULL));
+    void *hn = arena_alloc(&r->arena, (size_t)N * m->a.d * be->act_size);
+    *lg = arena_alloc(&r->arena, (size_t)N * m->a.V * be->act_size);
+    if (!hn || !*lg) return ERR_NOMEM;
+    head_rows(r, x, N, hn, *lg);
+    return 0;
+}
+
+// One decode step of the N rows of sts into host logits [N, V] (NULL: none):
+// recorded and
+// replayed where the backend can (see above), else run op by op.
+static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
+                        float *logits) {
+    be_t *be = r->m->be;
+    int32_t *d_ids;
+    void *x, *lg = NULL;
+    TRY(step_inputs(r, ids, sts, n_st, N, &d_ids, &x));
+    // A state starting at length 0 has its Mamba-2 states zeroed by the step
+    // (m2.c): a launch only that step has, so such a step is never recorded.
+    int fresh = 0;
+    for (int k = 0; k < n_st; k++)
+        fresh |= sts[k]->len == 0;
+    int graph = be->graph_begin && !r->graph_off && N <= STEP_GRAPH_ROWS && !fresh;
+    if (graph) {
+        int64_t n = step_key(r, sts, n_st, N);
+        if (n < 0) return err_set(ERR_NOMEM, "out of memory");
+        if (!r->graph || n != r->key_len || memcmp(r->key, r->key_new, (size_t)n * sizeof(uint64_t))) {
+            size_t mark = arena_mark(&r->arena);
+            TRY(be->graph_begin(be));
+            int rc = step_body(r, d_ids, x, N, sts, n_st, &lg);
+            int rc_end = be->graph_end(be, &r->graph);
+            if (rc < 0 || rc_end < 0) { // run op by op from now on, and say why once
+                log_warn("decode steps run op by op, without a recorded graph: %s", err_msg());
+                be->graph_free(be, r->graph);
+                r->graph = NULL, r->graph_off = 1, graph = 0;
+                arena_reset(&r->arena, mark);
+            } else {
+                uint64_t *t = r->key; // the new key becomes the current one
+                int64_t room = r->key_room;
+                r->key = r->key_new, r->key_room = r->key_new_room, r->key_len = n;
+                r->key_new = t, r->key_new_room = room, r->graph_lg = lg;
+            }
+        }
+        if (graph) {
+            lg = r->graph_lg;
+            TRY(be->graph_launch(be, r->graph));
+        }
+    }
+    if (!graph) TRY(step_body(r, d_ids, x, N, sts, n_st, &lg));
+    if (logits) TRY(be->download_act(be, logits, lg, N * r->m->a.V));
+    return be->sync(be);
+}
+
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits) {
     return model_step_batch(r, &st, 1, ids, logits);
 }
@@ -1002,12 +1146,12 @@ int model_step_batch(model_run_t *r, model_state_t *const *sts, int n_st, const 
         N += st->B;
     }
     if (N < 1 || N > (1 << 20)) return err_set(ERR_INPUT, "a decode step of %lld sequences", (long long)N);
-    TRY(forward_logits(r, ids, (int)N, 1, sts, n_st, 0, 1, N, logits));
+    TRY(step_forward(r, ids, sts, n_st, N, logits));
     for (int k = 0; k < n_st; k++)
         set_len(r->m, sts[k], sts[k]->len + 1);
     return 0;
 }
 
 int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits) {
-    return forward_logits(r, ids, B, T, NULL, 0, 0, 1, (int64_t)B * T, logits);
+    return forward_logits(r, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
 }

@@ -77,6 +77,16 @@ typedef struct {
     int64_t cache_cap;              // pointers of each
     int64_t *cache_off;
     void *const *step_cache;
+    // The recorded decode step (model.c step_forward; backends with graphs):
+    // the replay, the key of what it was recorded with (key [key_len]; key_new
+    // the next step's, swapped in when a new recording replaces the old one;
+    // key_room, key_new_room their room), where its logits land, and
+    // graph_off once a recording failed (steps then run op by op).
+    void *graph;
+    uint64_t *key, *key_new;
+    int64_t key_len, key_room, key_new_room;
+    void *graph_lg;
+    int graph_off;
 } model_run_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.

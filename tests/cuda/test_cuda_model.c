@@ -311,9 +311,11 @@ static void test_smollm2_cuda_vs_cpu(void **st) {
 // The growing caches on the GPU (bf16): a state that starts with room for
 // MODEL_STATE_CAP0 tokens and grows twice while 2 sequences decode to 700
 // tokens gives the logits of a state with room for all of them from the start
-// bit for bit (growth copies the rows held; the MLA decode's split of the rows
-// over blocks does not depend on the room once the room holds them); its
-// bytes per token are `hylo info`'s cuda figure.
+// bit for bit (growth copies the rows held; the attention and MLA decodes
+// split the rows over blocks by the context limit, the same in both, not by
+// the room); its bytes per token are `hylo info`'s cuda figure. On a GPU the
+// steps are recorded CUDA graphs: the grown state's are recorded again at
+// each growth (new buffers), the preallocated one's once.
 static void test_state_growth(void **st) {
     arch_t a = small_hybrid();
     pair_t p;

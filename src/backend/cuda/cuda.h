@@ -24,6 +24,7 @@ typedef struct {
     size_t stage_bytes; // (a decode step downloads logits every token)
     int first_error;    // first asynchronous/launch error seen (reported by sync)
     char first_error_msg[512];
+    int error_before_graph; // first_error when the recording began (graph_begin)
 } cuda_impl_t;
 
 static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }

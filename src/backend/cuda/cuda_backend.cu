@@ -214,6 +214,51 @@ static int cu_sync(be_t *be) {
     return 0;
 }
 
+// Stream capture, thread-local: other threads' CUDA calls (an HTTP thread's)
+// do not break this thread's recording.
+static int cu_graph_begin(be_t *be) {
+    cuda_impl_t *ci = cuda_impl(be);
+    ci->error_before_graph = ci->first_error;
+    CUDA_TRY(be, cudaStreamBeginCapture(ci->stream, cudaStreamCaptureModeThreadLocal));
+    return 0;
+}
+
+static int cu_graph_end(be_t *be, void **g) {
+    cuda_impl_t *ci = cuda_impl(be);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(ci->stream, &graph);
+    (void)cudaGetLastError(); // a call refused while recording leaves its error here too
+    char msg[600];
+    int failed = e != cudaSuccess || !graph;
+    if (ci->first_error && !ci->error_before_graph) { // an op failed while recording: nothing of it ran
+        snprintf(msg, sizeof msg, "cuda graph: an op failed while recording: %s", ci->first_error_msg);
+        ci->first_error = 0;
+        failed = 1;
+    } else if (failed) {
+        snprintf(msg, sizeof msg, "cuda graph: recording failed: %s", cudaGetErrorString(e));
+    }
+    cudaGraphExec_t exec = NULL;
+    if (!failed && (e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) {
+        snprintf(msg, sizeof msg, "cuda graph: cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        failed = 1;
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (failed) return err_set(ERR_RUNTIME, "%s", msg);
+    if (*g) cudaGraphExecDestroy((cudaGraphExec_t)*g);
+    *g = exec;
+    return 0;
+}
+
+static int cu_graph_launch(be_t *be, void *g) {
+    CUDA_TRY(be, cudaGraphLaunch((cudaGraphExec_t)g, cuda_stream(be)));
+    return 0;
+}
+
+static void cu_graph_free(be_t *be, void *g) {
+    if (g) cudaGraphExecDestroy((cudaGraphExec_t)g);
+}
+
 static void cu_destroy(be_t *be) {
     cuda_impl_t *ci = cuda_impl(be);
     if (ci) {
@@ -285,6 +330,10 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     be->upload_act = cu_upload_act;
     be->download_act = cu_download_act;
     be->sync = cu_sync;
+    be->graph_begin = cu_graph_begin;
+    be->graph_end = cu_graph_end;
+    be->graph_launch = cu_graph_launch;
+    be->graph_free = cu_graph_free;
     cuda_register_core(be);
     cuda_register_norm(be);
     cuda_register_rope(be);
