@@ -1108,13 +1108,20 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
         if (n < 0) return err_set(ERR_NOMEM, "out of memory");
         if (!r->graph || n != r->key_len || memcmp(r->key, r->key_new, (size_t)n * sizeof(uint64_t))) {
             size_t mark = arena_mark(&r->arena);
-            TRY(be->graph_begin(be));
-            int rc = step_body(r, d_ids, x, N, sts, n_st, &lg);
-            int rc_end = be->graph_end(be, &r->graph);
-            if (rc < 0 || rc_end < 0) { // run op by op from now on, and say why once
-                log_warn("decode steps run op by op, without a recorded graph: %s", err_msg());
+            int rc_begin = be->graph_begin(be), rc = 0, rc_end = 0;
+            if (rc_begin == 0) {
+                rc = step_body(r, d_ids, x, N, sts, n_st, &lg);
+                rc_end = be->graph_end(be, &r->graph);
+            }
+            if (rc_begin < 0 || rc < 0 || rc_end < 0) {
+                // no recording possible: op by op from now on, said once; an
+                // op's own error: this step op by op, which reports it
+                if (rc_begin < 0 || rc == 0) {
+                    log_warn("decode steps run op by op, without a recorded graph: %s", err_msg());
+                    r->graph_off = 1;
+                }
                 be->graph_free(be, r->graph);
-                r->graph = NULL, r->graph_off = 1, graph = 0;
+                r->graph = NULL, graph = 0;
                 arena_reset(&r->arena, mark);
             } else {
                 uint64_t *t = r->key; // the new key becomes the current one
