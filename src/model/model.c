@@ -208,8 +208,9 @@ void model_run_free(model_run_t *r) {
         be->free(be, r->cache_buf);
         if (r->graph) be->graph_free(be, r->graph);
     }
-    free(r->key);
-    free(r->key_new);
+    free(r->key.v);
+    free(r->key_seen.v);
+    free(r->key_new.v);
     free(r->pos_host);
     free(r->runs);
     free(r->cache_host);
@@ -1023,17 +1024,17 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
 // Rows a recorded step may have: the head's logits of all rows in one product.
 enum { STEP_GRAPH_ROWS = 64 };
 
-// Everything a step's launches depend on, as values, into r->key_new (grown);
-// its length.
-static int64_t step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N) {
+// Everything a step's launches depend on, as values, into r->key_new.
+static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N) {
     const model_t *m = r->m;
     int64_t need = 16 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
-    if (need > r->key_new_room) {
-        uint64_t *p = realloc(r->key_new, (size_t)need * sizeof *p);
-        if (!p) return -1;
-        r->key_new = p, r->key_new_room = need;
+    step_key_t *kn = &r->key_new;
+    if (need > kn->room) {
+        uint64_t *p = realloc(kn->v, (size_t)need * sizeof *p);
+        if (!p) return err_set(ERR_NOMEM, "out of memory");
+        kn->v = p, kn->room = need;
     }
-    uint64_t *k = r->key_new;
+    uint64_t *k = kn->v;
     k[n++] = (uint64_t)N, k[n++] = (uint64_t)n_st, k[n++] = (uintptr_t)r->arena.base;
     k[n++] = (uintptr_t)m->be->scratch.base, k[n++] = (uintptr_t)r->pos_buf, k[n++] = (uintptr_t)r->cache_buf;
     k[n++] = (uintptr_t)m->rope_cos, k[n++] = (uintptr_t)m->rope_sin, k[n++] = (uintptr_t)m->mla_cos;
@@ -1050,7 +1051,17 @@ static int64_t step_key(model_run_t *r, model_state_t *const *sts, int n_st, int
                 k[n++] = i < parts ? (uintptr_t)*slot[i] : 0;
         }
     }
-    return n;
+    kn->n = n;
+    return 0;
+}
+
+static int key_equal(const step_key_t *a, const step_key_t *b) {
+    return a->n == b->n && (a->n == 0 || !memcmp(a->v, b->v, (size_t)a->n * sizeof(uint64_t)));
+}
+
+static void key_swap(step_key_t *a, step_key_t *b) {
+    step_key_t t = *a;
+    *a = *b, *b = t;
 }
 
 // The step's inputs uploaded: ids into *d_ids, the rows' positions and
@@ -1104,9 +1115,14 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
         fresh |= sts[k]->len == 0;
     int graph = be->graph_begin && !r->graph_off && N <= STEP_GRAPH_ROWS && !fresh;
     if (graph) {
-        int64_t n = step_key(r, sts, n_st, N);
-        if (n < 0) return err_set(ERR_NOMEM, "out of memory");
-        if (!r->graph || n != r->key_len || memcmp(r->key, r->key_new, (size_t)n * sizeof(uint64_t))) {
+        TRY(step_key(r, sts, n_st, N));
+        if (!r->graph || !key_equal(&r->key_new, &r->key)) {
+            // a key seen only once (a batch that changes every step) runs op by
+            // op: recording costs more than one step
+            graph = key_equal(&r->key_new, &r->key_seen);
+            if (!graph) key_swap(&r->key_new, &r->key_seen);
+        }
+        if (graph && (!r->graph || !key_equal(&r->key_new, &r->key))) {
             size_t mark = arena_mark(&r->arena);
             int rc_begin = be->graph_begin(be), rc = 0, rc_end = 0;
             if (rc_begin == 0) {
@@ -1124,10 +1140,8 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
                 r->graph = NULL, graph = 0;
                 arena_reset(&r->arena, mark);
             } else {
-                uint64_t *t = r->key; // the new key becomes the current one
-                int64_t room = r->key_room;
-                r->key = r->key_new, r->key_room = r->key_new_room, r->key_len = n;
-                r->key_new = t, r->key_new_room = room, r->graph_lg = lg;
+                key_swap(&r->key, &r->key_new); // the new key is the recorded one
+                r->graph_lg = lg;
             }
         }
         if (graph) {

@@ -54,6 +54,12 @@ typedef struct {
 // prefill upload their own, layer by layer: ctx_positions).
 #define MODEL_POS_RUNS 16
 
+// What a recorded decode step's launches depend on, as values (model.c step_key).
+typedef struct {
+    uint64_t *v;
+    int64_t n, room;
+} step_key_t;
+
 // One run's execution context over a model's weights.
 typedef struct {
     model_t *m;
@@ -78,13 +84,12 @@ typedef struct {
     int64_t *cache_off;
     void *const *step_cache;
     // The recorded decode step (model.c step_forward; backends with graphs):
-    // the replay, the key of what it was recorded with (key [key_len]; key_new
-    // the next step's, swapped in when a new recording replaces the old one;
-    // key_room, key_new_room their room), where its logits land, and
-    // graph_off once a recording failed (steps then run op by op).
+    // the replay and the key it was recorded with, the key of the last step
+    // that ran op by op (a key is recorded when it comes twice in a row), the
+    // current step's, where the replay's logits land, and graph_off once a
+    // recording failed (steps then run op by op).
     void *graph;
-    uint64_t *key, *key_new;
-    int64_t key_len, key_room, key_new_room;
+    step_key_t key, key_seen, key_new;
     void *graph_lg;
     int graph_off;
 } model_run_t;
