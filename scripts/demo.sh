@@ -2,8 +2,8 @@
 # The main job on the default model (README command 1), the whole HyLo
 # pipeline: fetch SmolLM2-135M-Instruct, show what it is, ask it a question
 # through its chat template; upcycle it into a hybrid (MLA at every third
-# layer, Gated DeltaNet elsewhere) and measure its distance to the teacher;
-# then distil: stage 1 (layer-wise, pure-MLA and pure-GDN students), assembly
+# layer, Gated DeltaNet or Mamba-2 elsewhere) and measure its distance to the
+# teacher; then distil: stage 1 (layer-wise, pure-MLA and pure-linear students), assembly
 # by the layer plan, stage 2 (end-to-end KD); measure again and chat with it.
 # The training text is built here from text every Debian system has (the
 # licences in /usr/share/common-licenses) and this repository's docs/: no
@@ -17,7 +17,8 @@
 # row and rows per step (default 128 and 2); DEMO_TEXT the text compare reads
 # (default ../shared/data/essays when it exists, else README.md); DEMO_CORPUS
 # a folder of extra training text (.txt); DEMO_WINDOWS and DEMO_TOKENS the
-# windows compare reads (default 4 x 48); DEVICE cpu or cuda (default cpu).
+# windows compare reads (default 4 x 48); DEVICE cpu or cuda (default cpu);
+# LINEAR gdn or mamba2, the linear block (default gdn: 10MLA20GDN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then bin=build/hylo; else bin=build-cpu/hylo; fi
@@ -30,7 +31,13 @@ else # the checkpoints hold fp32 weights and AdamW moments: gigabytes, not left 
     work=$(mktemp -d /tmp/hylo-demo.XXXXXX)
     trap 'rm -rf "$work"' EXIT
 fi
-out="$work/smollm2-10mla20gdn"
+linear="${LINEAR:-gdn}"
+case $linear in
+gdn) lin_name=GDN lin_recipe=gdn ;;
+mamba2) lin_name=Mamba-2 lin_recipe=mamba ;;
+*) echo "hylo: error: demo: LINEAR must be gdn or mamba2 (got '$linear')" >&2; exit 1 ;;
+esac
+out="$work/smollm2-10mla20$linear"
 steps="${DEMO_STEPS:-24}"
 seq="${DEMO_SEQ:-128}"
 batch="${DEMO_BATCH:-2}"
@@ -42,8 +49,8 @@ echo "== hylo chat (one turn; greedy. Its first token is a near-tie: on the GGUF
 echo "   llama.cpp, starts with \"L'\"; with --f32 the answer is \"The capital of France is Paris.\")"
 "$bin" chat "$model" --prompt "What is the capital of France?" -n 64 --stats
 echo
-echo "== hylo convert: 10 MLA + 20 GDN layers"
-"$bin" convert --teacher "$model" --out "$out" --mla-every 3 --linear gdn
+echo "== hylo convert: 10 MLA + 20 $lin_name layers"
+"$bin" convert --teacher "$model" --out "$out" --mla-every 3 --linear "$linear"
 echo
 echo "== hylo info (hybrid)"
 "$bin" info "$out" | grep -E "mixers|KV cache|recurrent|parameters"
@@ -67,7 +74,7 @@ recipe() { # name ild mla_layers lr [extra lines]
     cat > "$work/$1.yaml" <<EOF
 model_name_or_path: $model
 teacher_model_name_or_path: $model
-linear_type: gdn
+linear_type: $lin_recipe
 mla_layers: $3
 ILD: $2
 max_seq_length: $seq
@@ -88,15 +95,15 @@ EOF
 }
 all=$(seq -s, 0 29)
 recipe ild-mla true "[$all]" 1.0e-3
-recipe ild-gdn true "[]" 1.0e-3
+recipe "ild-$linear" true "[]" 1.0e-3
 recipe kd false "[0,3,6,9,12,15,18,21,24,27]" 2.0e-4 "mla_ILD_path: $work/ild-mla/final
-linear_ILD_path: $work/ild-gdn/final"
+linear_ILD_path: $work/ild-$linear/final"
 echo
 echo "== hylo train: stage 1, pure-MLA student"
 "$bin" train "$work/ild-mla.yaml"
 echo
-echo "== hylo train: stage 1, pure-GDN student"
-"$bin" train "$work/ild-gdn.yaml"
+echo "== hylo train: stage 1, pure-$lin_name student"
+"$bin" train "$work/ild-$linear.yaml"
 echo
 echo "== hylo train: stage 2, KD of the hybrid assembled from both (MLA at every third layer)"
 "$bin" train "$work/kd.yaml"
