@@ -68,17 +68,22 @@ int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int 
 
 // The projections the forward and the step share, for N rows at positions pos:
 // q [N, H, qd] (q_norm, RoPE on q_pe), the latent cn [N, r_kv] (latent norm) and
-// the rope key kpe [N, d_rope] (k_norm, RoPE). With save, the intermediates the
-// backward needs are kept (and the norms record rstd).
+// the rope key kpe [N, d_rope] (k_norm, RoPE), rows of cn and kpe at strides
+// ldc, ldk. With save, the intermediates the backward needs are kept (and the
+// norms record rstd). A step without latent or k norms takes cn and kpe in
+// place in kv_a's output (strides L), two copies fewer: kv_append reads rows
+// at a stride.
 typedef struct {
     void *cq, *cqn, *q_raw, *q, *c, *cn, *kpe_raw, *kpe;
     float *rstd_cq, *rstd_q, *rstd_c, *rstd_kpe;
+    int64_t ldc, ldk;
 } proj_t;
 
 static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const void *x, int64_t N,
-                   const int32_t *pos, int save, proj_t *p) {
+                   const int32_t *pos, int save, int step, proj_t *p) {
     be_t *be = c->be;
     *p = (proj_t){0};
+    p->ldc = D->rkv, p->ldk = D->dr;
     // query: q_a -> latent norm -> q_b, or one q_proj
     ACT(p->q, N * D->H * D->qd);
     if (D->rq > 0) {
@@ -104,27 +109,31 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     void *ckv;
     ACT(ckv, N * D->L);
     lin_fwd(c, ckv, x, w->kv_a, N, D->d, D->L);
-    ACT(p->c, N * D->rkv);
-    be->copy2d(be, p->c, D->rkv, ckv, D->L, N, D->rkv, 0);
-    p->cn = p->c;
-    if (D->latent_norm) { // on c only, never on k_pe (spec §2.3)
-        ACT(p->cn, N * D->rkv);
-        if (save) F32(p->rstd_c, N);
-        be->rmsnorm_fwd(be, p->cn, p->rstd_c, p->c, w->kv_a_norm, N, D->rkv, LATENT_EPS);
-    }
-    ACT(p->kpe, N * D->dr);
-    be->copy2d(be, p->kpe, D->dr, act_at(be, ckv, D->rkv), D->L, N, D->dr, 0);
-    if (D->qk_norm) { // Qwen3 k_norm on the shared rope key only (absorption stays exact)
-        p->kpe_raw = p->kpe;
+    if (step && !save && !D->latent_norm && !D->qk_norm) {
+        p->c = p->cn = ckv, p->kpe = act_at(be, ckv, D->rkv), p->ldc = p->ldk = D->L;
+    } else {
+        ACT(p->c, N * D->rkv);
+        be->copy2d(be, p->c, D->rkv, ckv, D->L, N, D->rkv, 0);
+        p->cn = p->c;
+        if (D->latent_norm) { // on c only, never on k_pe (spec §2.3)
+            ACT(p->cn, N * D->rkv);
+            if (save) F32(p->rstd_c, N);
+            be->rmsnorm_fwd(be, p->cn, p->rstd_c, p->c, w->kv_a_norm, N, D->rkv, LATENT_EPS);
+        }
         ACT(p->kpe, N * D->dr);
-        if (save) F32(p->rstd_kpe, N);
-        be->rmsnorm_fwd(be, p->kpe, p->rstd_kpe, p->kpe_raw, w->k_norm, N, D->dr, D->eps);
+        be->copy2d(be, p->kpe, D->dr, act_at(be, ckv, D->rkv), D->L, N, D->dr, 0);
+        if (D->qk_norm) { // Qwen3 k_norm on the shared rope key only (absorption stays exact)
+            p->kpe_raw = p->kpe;
+            ACT(p->kpe, N * D->dr);
+            if (save) F32(p->rstd_kpe, N);
+            be->rmsnorm_fwd(be, p->kpe, p->rstd_kpe, p->kpe_raw, w->k_norm, N, D->dr, D->eps);
+        }
     }
     // RoPE: q_pe of every head (head stride qd, after the d_nope values) and the
     // one shared k_pe. Interleaved pairs, results stored de-interleaved (§2.1).
     be->rope_fwd(be, act_at(be, p->q, D->dn), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H,
                  D->dr, ROPE_INTERLEAVED);
-    be->rope_fwd(be, p->kpe, D->dr, D->dr, pos, c->rope_cos, c->rope_sin, N, 1, D->dr, ROPE_INTERLEAVED);
+    be->rope_fwd(be, p->kpe, p->ldk, D->dr, pos, c->rope_cos, c->rope_sin, N, 1, D->dr, ROPE_INTERLEAVED);
     return 0;
 }
 
@@ -156,7 +165,7 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
     int32_t *pos = ctx_positions(c, B, T, pos0);
     if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     proj_t p;
-    TRY(project(c, &D, w, x, N, pos, sv != NULL, &p));
+    TRY(project(c, &D, w, x, N, pos, sv != NULL, 0, &p));
 
     // Source of the keys' latents and rope keys: this call's rows, or the whole
     // cache once they are appended. lat / kr point at row 0 of sequence 0; rows
@@ -333,12 +342,12 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     const int32_t *vis = pos + B;
     proj_t p;
-    TRY(project(c, &D, w, x, B, pos, 0, &p));
+    TRY(project(c, &D, w, x, B, pos, 0, 1, &p));
 
     // every row's [c | k_pe] at its own position of its own cache: one append for all runs
     void *const *rows = ctx_step_caches(c, runs, n_runs);
     if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
-    be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, D.rkv, D.rkv, p.kpe, D.dr, D.dr, (int)B);
+    be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, p.ldc, D.rkv, p.kpe, p.ldk, D.dr, (int)B);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
     // batch over the G groups (A steps hpg heads, B steps one KV head's rows).
