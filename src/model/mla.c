@@ -330,6 +330,24 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
 // over the cached latents with q_lat = q_nope wk_g, and wv_g is applied once to
 // the attended latent: no per-token decompression of the cache.
 
+// C[b, h] (n values, head stride sc) = A[b, h] (k values, head stride sa) times
+// W_g(h) (kv_b's block of KV head g = h / hpg, transposed when tb) for every
+// row b < B and head h = g hpg + j, as products batched over the G groups:
+// one per head of a group (B rows each) or one per row (hpg heads each),
+// whichever makes fewer launches (a single sequence: one).
+static void per_head_products(be_t *be, const dims_t *D, int tb, int64_t B, int64_t n, int64_t k, const void *A,
+                              int64_t sa, const void *W, void *C, int64_t sc) {
+    const int64_t H = D->H, hpg = D->hpg, sw = (int64_t)D->kvh * D->rkv;
+    if (B >= hpg)
+        for (int64_t j = 0; j < hpg; j++)
+            be->gemm_batched(be, 0, tb, B, n, k, 1.0f, act_at(be, A, j * sa), H * sa, hpg * sa, W, D->rkv, sw, 0.0f,
+                             act_at(be, C, j * sc), H * sc, hpg * sc, D->G);
+    else
+        for (int64_t b = 0; b < B; b++)
+            be->gemm_batched(be, 0, tb, hpg, n, k, 1.0f, act_at(be, A, b * H * sa), sa, hpg * sa, W, D->rkv, sw, 0.0f,
+                             act_at(be, C, b * H * sc), sc, hpg * sc, D->G);
+}
+
 int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
     be_t *be = c->be;
     dims_t D = dims(c);
@@ -349,16 +367,12 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, p.ldc, D.rkv, p.kpe, p.ldk, D.dr, (int)B);
 
-    // q_lat[b, h] = q_nope[b, h] wk_g(h). Head h = g * hpg + j: for each j, one
-    // batch over the G groups (A steps hpg heads, B steps one KV head's rows).
+    // q_lat[b, h] = q_nope[b, h] wk_g(h)
     void *qlat, *qpe, *olat, *att;
     int64_t Hr = (int64_t)D.H * D.rkv;
     ACT(qlat, B * Hr);
     if (D.dn > 0)
-        for (int j = 0; j < D.hpg; j++)
-            be->gemm_batched(be, 0, 0, B, D.rkv, D.dn, 1.0f, act_at(be, p.q, (int64_t)j * D.qd), (int64_t)D.H * D.qd,
-                             (int64_t)D.hpg * D.qd, w->kv_b, D.rkv, (int64_t)D.kvh * D.rkv, 0.0f,
-                             act_at(be, qlat, (int64_t)j * D.rkv), Hr, (int64_t)D.hpg * D.rkv, D.G);
+        per_head_products(be, &D, 0, B, D.rkv, D.dn, p.q, D.qd, w->kv_b, qlat, D.rkv);
     else
         be->memset0(be, qlat, (size_t)(B * Hr) * be->act_size);
     // the kernel reads q_pe as [B, H, d_rope]
@@ -375,14 +389,10 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     be->mla_decode_attn(be, olat, qlat, qpe, rows, vis, step_max_ctx(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv,
                         D.dr, D.scale);
 
-    // att[b, h] = wv_g(h) olat[b, h], batched as above
+    // att[b, h] = wv_g(h) olat[b, h]
     int64_t Hdv = (int64_t)D.H * D.dv;
     ACT(att, B * Hdv);
-    for (int j = 0; j < D.hpg; j++)
-        be->gemm_batched(be, 0, 1, B, D.dv, D.rkv, 1.0f, act_at(be, olat, (int64_t)j * D.rkv), Hr,
-                         (int64_t)D.hpg * D.rkv, act_at(be, w->kv_b, (int64_t)D.dn * D.rkv), D.rkv,
-                         (int64_t)D.kvh * D.rkv, 0.0f, act_at(be, att, (int64_t)j * D.dv), Hdv, (int64_t)D.hpg * D.dv,
-                         D.G);
+    per_head_products(be, &D, 1, B, D.dv, D.rkv, olat, D.rkv, act_at(be, w->kv_b, (int64_t)D.dn * D.rkv), att, D.dv);
     lin_fwd(c, out, att, w->o, B, Hdv, D.d);
     return 0;
 }

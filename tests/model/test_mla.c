@@ -271,9 +271,11 @@ static void test_grad_full_kv(void **st) { grad_case(V_FULL_KV, 5); }
 // ---- absorbed decode == decompressed prefill ------------------------------------
 
 // Prefill the chunks given (lengths summing to < 32) with a cache, then decode
-// one token at a time up to 32; compare each position with one cache-less
-// forward over all 32 tokens.
-static void decode_case(int variant, const int *chunks, int n_chunks) {
+// one token at a time up to 32 (both sequences in one step, or with one_row a
+// step per sequence: one row, fewer rows than heads per KV group, the other
+// way mla_step batches its per-head products); compare each position with one
+// cache-less forward over all 32 tokens.
+static void decode_case(int variant, const int *chunks, int n_chunks, int one_row) {
     enum { B = 2, T = 32, CAP = 40 };
     lt_t t;
     setup(&t, variant, B, T, 300 + variant);
@@ -298,9 +300,11 @@ static void decode_case(int variant, const int *chunks, int n_chunks) {
     }
     while (cache.len < T) {
         tu_rows_gather(xc, t.x, B, T, cache.len, 1, d);
-        tu_ctx_reset(&t.c);
-        step_run_t run = {&cache, 0, B};
-        assert_int_equal(mla_step(&t.c, &t.w, oc, xc, 1, &run), 0);
+        for (int b = 0; b < (one_row ? B : 1); b++) {
+            tu_ctx_reset(&t.c);
+            step_run_t run = {&cache, one_row ? b : 0, one_row ? 1 : B};
+            assert_int_equal(mla_step(&t.c, &t.w, oc + (int64_t)b * d, xc + (int64_t)b * d, 1, &run), 0);
+        }
         tu_rows_scatter(got, oc, B, T, cache.len, 1, d);
         cache.len++;
     }
@@ -310,8 +314,8 @@ static void decode_case(int variant, const int *chunks, int n_chunks) {
         double e = tu_rel_err(got + r * d, ref + r * d, d);
         if (!(e <= worst)) worst = e, worst_pos = (int)(r % T);
     }
-    print_message("  variant %d, %d prefill chunk(s): max rel err per position %.2e (position %d)\n", variant, n_chunks,
-                  worst, worst_pos);
+    print_message("  variant %d, %d prefill chunk(s)%s: max rel err per position %.2e (position %d)\n", variant,
+                  n_chunks, one_row ? ", a step per sequence" : "", worst, worst_pos);
     // Same math in fp32 in a different association: the step scores
     // (q_nope wk) . c instead of q_nope . (wk c) and applies wv after the softmax
     // sum; each reordering changes results by a few 2^-24 relative per summed
@@ -327,17 +331,21 @@ static void decode_case(int variant, const int *chunks, int n_chunks) {
     free(cache.u.mla.kv), free(ref), free(got), free(xc), free(oc);
     teardown(&t);
 }
-static void test_decode_zebra(void **st) { decode_case(V_ZEBRA, (int[]){13}, 1); }
-static void test_decode_qwen3(void **st) { decode_case(V_QWEN3, (int[]){13}, 1); }
+static void test_decode_zebra(void **st) {
+    decode_case(V_ZEBRA, (int[]){13}, 1, 0);
+    decode_case(V_ZEBRA, (int[]){13}, 1, 1);
+}
+static void test_decode_qwen3(void **st) { decode_case(V_QWEN3, (int[]){13}, 1, 0); }
 static void test_decode_chunked(void **st) {
-    decode_case(V_ZEBRA, (int[]){7, 6}, 2);
-    decode_case(V_QWEN3, (int[]){7, 6}, 2);
+    decode_case(V_ZEBRA, (int[]){7, 6}, 2, 0);
+    decode_case(V_QWEN3, (int[]){7, 6}, 2, 0);
 }
 static void test_decode_variants(void **st) { // the absorption with G = H, latent norms, plain q_proj
-    decode_case(V_FULL_KV, (int[]){13}, 1);
-    decode_case(V_LATENT_NORM, (int[]){5}, 1);
-    decode_case(V_NO_QLORA, (int[]){13}, 1);
-    decode_case(V_MSCALE_ALL, (int[]){13}, 1);
+    decode_case(V_FULL_KV, (int[]){13}, 1, 0);
+    decode_case(V_LATENT_NORM, (int[]){5}, 1, 0);
+    decode_case(V_LATENT_NORM, (int[]){5}, 1, 1);
+    decode_case(V_NO_QLORA, (int[]){13}, 1, 0);
+    decode_case(V_MSCALE_ALL, (int[]){13}, 1, 0);
 }
 
 // ---- RoPE layout (spec §2.1) -----------------------------------------------------
