@@ -298,16 +298,17 @@ struct be {
                         const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale);
     // MLA over the latent cache (weight absorption). For each row b and head h:
     // scores over cache rows u < len[b] of (q_lat[b,h] . c_u + q_pe[b,h] . kpe_u)
-    // * scale, softmax, out[b,h] = sum p_u c_u. q_lat, out [B, H, r_kv], q_pe
-    // [B, H, dr]; cache rows [c | rotated k_pe] of r_kv + dr elements, row u of
+    // * scale, softmax, out[b,h] = sum p_u c_u. q_lat, out [B, H, r_kv]; q_pe
+    // [b, h] (dr values) at q_pe + b * ldqp + h * hsqp (contiguous: H dr, dr; a
+    // part of each head of the projected q: H qd, qd); cache rows [c | rotated k_pe] of r_kv + dr elements, row u of
     // row b's sequence at rows[b] + u * (r_kv + dr). max_len (host) >= every
     // len[b]. pool / pool_rows: optional (NULL, 0), a buffer of pool_rows cache
     // rows that holds every row's cache, each rows[b] at a whole row of it (one
     // state's cache, the paged cache's block pool): CUDA then reads tiles of
     // rows through one TMA tensor map over it, else one copy per row.
-    void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows,
-                            const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
-                            int r_kv, int dr, float scale);
+    void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
+                            void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows,
+                            int B, int H, int r_kv, int dr, float scale);
 
     // The recurrent layers' decode step over per-row states: row r's conv
     // window and recurrent state are wherever rows[r] points (device arrays

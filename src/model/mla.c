@@ -368,16 +368,13 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, p.ldc, D.rkv, p.kpe, p.ldk, D.dr, (int)B);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h)
-    void *qlat, *qpe, *olat, *att;
+    void *qlat, *olat, *att;
     int64_t Hr = (int64_t)D.H * D.rkv;
     ACT(qlat, B * Hr);
     if (D.dn > 0)
         per_head_products(be, &D, 0, B, D.rkv, D.dn, p.q, D.qd, w->kv_b, qlat, D.rkv);
     else
         be->memset0(be, qlat, (size_t)(B * Hr) * be->act_size);
-    // the kernel reads q_pe as [B, H, d_rope]
-    ACT(qpe, (int64_t)B * D.H * D.dr);
-    be->copy2d(be, qpe, D.dr, act_at(be, p.q, D.dn), D.qd, (int64_t)B * D.H, D.dr, 0);
 
     // attention of every row over its own cache, its visible length from vis:
     // one call for all runs. One run's sequences lie in one buffer, which the
@@ -386,8 +383,9 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     const layer_cache_t *k0 = runs[0].cache;
     const void *pool = n_runs == 1 ? k0->u.mla.kv : NULL;
     int64_t pool_rows = n_runs == 1 ? (int64_t)k0->B * k0->cap : 0;
-    be->mla_decode_attn(be, olat, qlat, qpe, rows, vis, step_max_ctx(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv,
-                        D.dr, D.scale);
+    // q_pe read in place in q: head stride qd, after the d_nope values
+    be->mla_decode_attn(be, olat, qlat, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, rows, vis,
+                        step_max_ctx(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv, D.dr, D.scale);
 
     // att[b, h] = wv_g(h) olat[b, h]
     int64_t Hdv = (int64_t)D.H * D.dv;

@@ -276,14 +276,17 @@ typedef struct {
 // separate: every sequence in an allocation of its own (a server's states; no
 // pool: the kernels copy row by row), else all in one buffer passed as the pool
 // (one state: tiled tensor copies under the default variant).
-static int run_mla(const mla_case_t *c, uint64_t seed, int separate) {
+// qp_off > 0: q_pe read in place in a projected q of heads [q_nope (qp_off) |
+// q_pe], row stride H (qp_off + dr) and head stride qp_off + dr (an offset
+// that is not a multiple of 8 takes the op's copy of q_pe).
+static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     const int B = c->B, H = c->H, R = c->r_kv, DR = c->dr, L = R + DR;
-    const int64_t ncache = (int64_t)B * c->cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
+    const int64_t ncache = (int64_t)B * c->cap * L, nq = (int64_t)B * H * R, hs = qp_off + DR, np = (int64_t)B * H * hs;
     const float scale = c->scale_mul / sqrtf((float)L);
     char label[160];
-    int n = snprintf(label, sizeof label, "mla%s B%d H%d r_kv%d dr%d cap%lld len", separate ? " sep" : "", B, H, R, DR,
-                     (long long)c->cap);
+    int n = snprintf(label, sizeof label, "mla%s%s B%d H%d r_kv%d dr%d cap%lld len", separate ? " sep" : "",
+                     qp_off ? (qp_off % 8 ? " q_pe odd" : " q_pe in q") : "", B, H, R, DR, (long long)c->cap);
     for (int b = 0; b < B && n < (int)sizeof label - 12; b++)
         n += snprintf(label + n, sizeof label - n, " %d", c->len[b]);
 
@@ -299,7 +302,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate) {
         max_len = c->len[b] > max_len ? c->len[b] : max_len;
         rows_h[b] = cache + (int64_t)b * c->cap * L;
     }
-    cpu->mla_decode_attn(cpu, out_c, ql, qp, rows_h, c->len, max_len, NULL, 0, B, H, R, DR, scale);
+    cpu->mla_decode_attn(cpu, out_c, ql, qp + qp_off, H * hs, hs, rows_h, c->len, max_len, NULL, 0, B, H, R, DR, scale);
 
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
     void *seq_d[8] = {0}; // separate: each sequence's copy
@@ -315,8 +318,8 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate) {
     int32_t *len_d = gpu->alloc(gpu, sizeof(int32_t) * 8);
     assert_non_null(len_d);
     assert_int_equal(gpu->copy_h2d(gpu, len_d, c->len, sizeof(int32_t) * B), 0);
-    gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, rows_d, len_d, max_len, separate ? NULL : cache_d,
-                         separate ? 0 : B * c->cap, B, H, R, DR, scale);
+    gpu->mla_decode_attn(gpu, out_d, ql_d, tu_gat(gpu, qp_d, qp_off), H * hs, hs, rows_d, len_d, max_len,
+                         separate ? NULL : cache_d, separate ? 0 : B * c->cap, B, H, R, DR, scale);
     int rc = gpu->sync(gpu);
     if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
     assert_int_equal(rc, 0);
@@ -374,8 +377,10 @@ static void test_mla_decode(void **st) {
                    vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-");
         for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
             for (int sep = 0; sep < 2; sep++)
-                fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep); // fresh inputs per variant
+                fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep, 0); // fresh inputs per variant
     }
+    // q_pe in place in the projected q (a decode step): d_nope 32, and 4 (the copy)
+    fails += run_mla(&cases[0], 90001, 0, 32) + run_mla(&cases[4], 90002, 0, 32) + run_mla(&cases[0], 90003, 0, 4);
     set_knob("HYLO_MLA_DECODE", NULL);
     set_knob("HYLO_MLA_STAGES", NULL);
     set_knob("HYLO_MLA_WARPS", NULL);
@@ -400,7 +405,7 @@ static void test_mla_decode_deterministic(void **st) {
     float *cache = tu_rnd(ncache, 9001, 1.0f), *ql = tu_rnd(nq, 9002, 1.0f), *qp = tu_rnd(np, 9003, 1.0f);
     float *out_c = malloc(nq * sizeof(float)), *poison = tu_nans(nq);
     void *rows_h[2] = {cache, cache + cap * L};
-    cpu->mla_decode_attn(cpu, out_c, ql, qp, rows_h, len, 4999, NULL, 0, B, H, R, DR, scale);
+    cpu->mla_decode_attn(cpu, out_c, ql, qp, H * DR, DR, rows_h, len, 4999, NULL, 0, B, H, R, DR, scale);
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
     rows_h[0] = cache_d, rows_h[1] = tu_gat(gpu, cache_d, cap * L);
     void **rows_d = gpu->alloc(gpu, sizeof rows_h);
@@ -422,7 +427,8 @@ static void test_mla_decode_deterministic(void **st) {
         float *got[2];
         for (int r = 0; r < 2; r++) {
             void *out_d = tu_dev_act(gpu, poison, nq);
-            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, rows_d, len_d, 4999, cache_d, B * cap, B, H, R, DR, scale);
+            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, H * DR, DR, rows_d, len_d, 4999, cache_d, B * cap, B, H, R, DR,
+                                 scale);
             int rc = gpu->sync(gpu);
             if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
             assert_int_equal(rc, 0);

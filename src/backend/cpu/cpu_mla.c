@@ -12,9 +12,9 @@
 // q_lat [B, H, r_kv], q_pe [B, H, dr] (rotated), rows[b]: row b's cache, rows
 // [c | rotated k_pe] of r_kv + dr, len[b] visible rows of it, out [B, H, r_kv].
 // pool is for the CUDA kernel's tiled copies; the CPU reads through rows[].
-static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const void *q_pe_, void *const *rows_,
-                                const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
-                                int r_kv, int dr, float scale) {
+static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const void *q_pe_, int64_t ldqp, int64_t hsqp,
+                                void *const *rows_, const int32_t *len, int max_len, const void *pool,
+                                int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
     float *out = out_;
     const float *q_lat = q_lat_, *q_pe = q_pe_;
     int64_t L = (int64_t)r_kv + dr; // one cache row
@@ -32,7 +32,8 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
-                const float *ql = q_lat + ((int64_t)b * H + h) * r_kv, *qp = q_pe + ((int64_t)b * H + h) * dr;
+                const float *ql = q_lat + ((int64_t)b * H + h) * r_kv,
+                            *qp = q_pe + (int64_t)b * ldqp + (int64_t)h * hsqp;
                 const float *rows = rows_[b];
                 float *o = out + ((int64_t)b * H + h) * r_kv;
                 int n = len[b] < maxlen ? len[b] : maxlen; // max_len bounds the scores buffer

@@ -41,6 +41,7 @@ typedef struct {
     int SQ, SR;             // shared row strides (elements) of Q and of the cache stages
     int n_split;            // blocks per sequence
     float sl2;              // scale * log2(e)
+    int64_t qp_ld, qp_hs;   // q_pe's row and head strides (elements, multiples of 8)
 } mla_args_t;
 
 template <int CW>
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(512, 1)
         uint4 x = make_uint4(0, 0, 0, 0);
         if (r < a.H && c < L)
             x = c < a.r_kv ? *(const uint4 *)(q_lat + ((int64_t)b * a.H + r) * a.r_kv + c)
-                           : *(const uint4 *)(q_pe + ((int64_t)b * a.H + r) * a.dr + (c - a.r_kv));
+                           : *(const uint4 *)(q_pe + (int64_t)b * a.qp_ld + (int64_t)r * a.qp_hs + (c - a.r_kv));
         *(uint4 *)(sQ + r * SQ + c) = x;
     }
     // columns [L, SR) of every stage row stay zero (cp.async writes [0, L) only)
@@ -339,8 +340,9 @@ typedef struct {
     int NSTG;            // ring slots of MLA2_NR rows
     int NB;              // MLA2_LOAD_TILES: boxes of MLA2_BOX columns per slot
     int n_split;
-    int neg;   // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
-    float sl2; // > 0
+    int neg;              // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
+    float sl2;            // > 0
+    int64_t qp_ld, qp_hs; // q_pe's row and head strides (elements, multiples of 8)
 } mla2_args_t;
 
 static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -505,7 +507,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
             uint4 x = make_uint4(0, 0, 0, 0);
             if (r < a.H && c < L) {
                 x = c < a.r_kv ? *(const uint4 *)(q_lat + ((int64_t)b * a.H + r) * a.r_kv + c)
-                               : *(const uint4 *)(q_pe + ((int64_t)b * a.H + r) * a.dr + (c - a.r_kv));
+                               : *(const uint4 *)(q_pe + (int64_t)b * a.qp_ld + (int64_t)r * a.qp_hs + (c - a.r_kv));
                 if (a.neg) x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
             }
             *(uint4 *)(sQ + r * SQ + c) = x;
@@ -972,9 +974,9 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
 //   producer; 3: v2 with one bulk copy per row (the default of run 7).
 //   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
 //   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
-static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, void *const *rows,
-                               const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B, int H,
-                               int r_kv, int dr, float scale) {
+static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
+                       void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B,
+                       int H, int r_kv, int dr, float scale) {
     if (B <= 0 || H <= 0) return;
     if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || max_len < 0 || pool_rows < 0) {
         cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d max_len=%d not supported (r_kv, dr multiples of 8)", r_kv,
@@ -984,8 +986,8 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     // The per-row cache pointers live on the device and are not checked here:
     // each must be 16-byte aligned as well (rows of r_kv + dr, a multiple of 8
     // bf16, keep every row so), and within pool at a whole row when pool is given.
-    if (((uintptr_t)q_lat | (uintptr_t)q_pe | (uintptr_t)pool) & 15) {
-        cu_op_error(be, "cuda mla_decode_attn: q_lat, q_pe and the pool must be 16-byte aligned");
+    if (((uintptr_t)q_lat | (uintptr_t)pool) & 15) {
+        cu_op_error(be, "cuda mla_decode_attn: q_lat and the pool must be 16-byte aligned");
         return;
     }
     const int64_t max_rows = max_len;
@@ -1003,6 +1005,7 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
         mla2_args_t a;
         memset(&a, 0, sizeof a);
         a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = L, a.Lp = Lp, a.HT = HT, a.CC = CC;
+        a.qp_ld = ldqp, a.qp_hs = hsqp;
         a.SQ = Lp + 8;                    // (SQ / 8) odd: ldmatrix rows in distinct bank groups
         a.SR = (wide + 15) / 16 * 16 + 8; // the same for the ring rows
         float sl2 = fabsf(scale) * 1.4426950408889634f;
@@ -1025,6 +1028,7 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
     mla_args_t a;
     memset(&a, 0, sizeof a);
     a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = L, a.Lp = Lp;
+    a.qp_ld = ldqp, a.qp_hs = hsqp;
     a.HT = HT;
     a.CC = CC;
     if (a.HT * a.CC > 16) {
@@ -1042,6 +1046,31 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
         launch_mla<64>(be, out, q_lat, q_pe, rows, max_rows, len, B, a);
     else
         launch_mla<128>(be, out, q_lat, q_pe, rows, max_rows, len, B, a);
+}
+
+// q_pe is read in 16-byte pieces: an address or strides that do not allow
+// them (a q_pe inside the projected q of a d_nope not a multiple of 8) get a
+// contiguous copy first.
+static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
+                               void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows,
+                               int B, int H, int r_kv, int dr, float scale) {
+    if (B <= 0 || H <= 0) return;
+    const size_t mark = arena_mark(&be->scratch);
+    if (((uintptr_t)q_pe & 15) || (ldqp | hsqp) % 8) {
+        bf16 *qp = (bf16 *)cu_scratch_try(be, (size_t)B * H * dr * sizeof(bf16));
+        if (!qp) {
+            cu_op_error(be, "cuda mla_decode_attn: scratch arena too small for a copy of q_pe");
+            return;
+        }
+        if (ldqp == (int64_t)H * hsqp)
+            be->copy2d(be, qp, dr, q_pe, hsqp, (int64_t)B * H, dr, 0);
+        else
+            for (int b = 0; b < B; b++)
+                be->copy2d(be, qp + (int64_t)b * H * dr, dr, (const bf16 *)q_pe + (int64_t)b * ldqp, hsqp, H, dr, 0);
+        q_pe = qp, ldqp = (int64_t)H * dr, hsqp = dr;
+    }
+    mla_decode(be, out, q_lat, q_pe, ldqp, hsqp, rows, len, max_len, pool, pool_rows, B, H, r_kv, dr, scale);
+    arena_reset(&be->scratch, mark); // stream order protects the copy from later users
 }
 
 extern "C" void cuda_register_mla(be_t *be) { be->mla_decode_attn = cu_mla_decode_attn; }
