@@ -572,8 +572,78 @@ static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, f
     if (st != CUBLAS_STATUS_SUCCESS) lt_fail(be, "cublasLtMatmul", st, &k);
 }
 
+// ---- a few rows times a weight: C [M, N] = alpha A [M, K] B [N, K]^T, M <= 8 ----
+// A decode step multiplies a few rows by each weight matrix: bound by the
+// weight's bytes, where cuBLASLt's smallest tiles took about 5.5 us each (run
+// 21's profile of a decode token, docs/RESULTS.md). One warp per output
+// column: 16-byte loads of B's row, the M rows of A read beside it (cached),
+// fp32 sums, a warp reduction, bf16 out.
+enum { GEMV_ROWS = 8, GEMV_WARPS = 4 };
+
+template <int M>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
+           int64_t ldb, int64_t N, int64_t K, float alpha) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return; // the whole warp
+    const bf16 *b = B + n * ldb;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        acc[m] = 0.0f;
+    for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
+        float w[8];
+        ld_bf16<8>(b + k, w);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float x[8];
+            ld_bf16<8>(A + m * lda + k, x);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[m] = fmaf(x[i], w[i], acc[m]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) C[m * ldc + n] = __float2bfloat16_rn(alpha * v);
+    }
+}
+
+// The rows-times-weight products k_gemv takes: B transposed, nothing to add
+// to C, 16-byte loads possible (K, lda, ldb multiples of 8, A and B aligned).
+static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      float beta) {
+    return !ta && tb && M >= 1 && M <= GEMV_ROWS && K > 0 && beta == 0.0f && (K | lda | ldb) % 8 == 0 &&
+           !(((uintptr_t)A | (uintptr_t)B) & 15);
+}
+
+static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
+                 int64_t ldb, void *C, int64_t ldc) {
+    const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    cudaStream_t st = cuda_stream(be);
+    bf16 *c = (bf16 *)C;
+    const bf16 *a = (const bf16 *)A, *b = (const bf16 *)B;
+    switch (M) {
+    case 1: k_gemv<1><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    case 2: k_gemv<2><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    case 3: k_gemv<3><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    case 4: k_gemv<4><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    case 5: k_gemv<5><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    case 6: k_gemv<6><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    case 7: k_gemv<7><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    default: k_gemv<8><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
+    }
+    cuda_check_launch(be, "k_gemv");
+}
+
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
+    if (N > 0 && gemv_fits(transA, transB, M, K, A, lda, B, ldb, beta)) {
+        gemv(be, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+        return;
+    }
     lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0);
 }
 
