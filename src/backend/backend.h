@@ -99,7 +99,8 @@ struct be {
     // the ops queued from now on are recorded instead of run (nothing that
     // waits for the device may be called until graph_end). graph_end: stops
     // recording; *g becomes an executable replay of what was recorded (the
-    // one *g held is freed), or, when an op could not be recorded or failed
+    // one *g held updated in place when it has the same shape, else freed and
+    // replaced), or, when an op could not be recorded or failed
     // while recording, an error and *g as it was (nothing recorded ran, and the
     // failure is not reported again by sync). graph_launch queues a replay:
     // the same ops with the same arguments, over what device memory holds now.

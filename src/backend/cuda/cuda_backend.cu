@@ -237,6 +237,17 @@ static int cu_graph_end(be_t *be, void **g) {
     } else if (failed) {
         snprintf(msg, sizeof msg, "cuda graph: recording failed: %s", cudaGetErrorString(e));
     }
+    // the replay *g holds takes the new arguments in place when the ops form
+    // the same graph (a cache that grew, other rows: much cheaper than a new
+    // instantiation); else a new one replaces it
+    if (!failed && *g) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate((cudaGraphExec_t)*g, graph, &info) == cudaSuccess) {
+            cudaGraphDestroy(graph);
+            return 0;
+        }
+        (void)cudaGetLastError();
+    }
     cudaGraphExec_t exec = NULL;
     if (!failed && (e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) {
         snprintf(msg, sizeof msg, "cuda graph: cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
