@@ -109,7 +109,7 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     void *ckv;
     ACT(ckv, N * D->L);
     lin_fwd(c, ckv, x, w->kv_a, N, D->d, D->L);
-    if (step && !save && !D->latent_norm && !D->qk_norm) {
+    if (step && !D->latent_norm && !D->qk_norm) {
         p->c = p->cn = ckv, p->kpe = act_at(be, ckv, D->rkv), p->ldc = p->ldk = D->L;
     } else {
         ACT(p->c, N * D->rkv);

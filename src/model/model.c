@@ -1083,15 +1083,16 @@ static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const 
     return prepare_step_caches(r, sts, n_st);
 }
 
-// What a step computes on the device, with its inputs in place (what a
-// recording replays): the embedding, every layer, and the logits of the N
-// rows into *lg [N, V] (act, in the arena).
+// What a step computes on the device with its inputs in place: the embedding
+// and every layer, x then the last hidden rows; with lg (a recording, at most
+// STEP_GRAPH_ROWS rows) also their logits, *lg [N, V] (act, in the arena).
 static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, model_state_t *const *sts, int n_st,
                      void **lg) {
     model_t *m = r->m;
     be_t *be = m->be;
     embed_rows(m, d_ids, N, x);
     TRY(run_layers(r, x, (int)N, 1, sts, n_st, NULL, NULL));
+    if (!lg) return 0;
     void *hn = arena_alloc(&r->arena, (size_t)N * m->a.d * be->act_size);
     *lg = arena_alloc(&r->arena, (size_t)N * m->a.V * be->act_size);
     if (!hn || !*lg) return ERR_NOMEM;
@@ -1100,8 +1101,8 @@ static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, m
 }
 
 // One decode step of the N rows of sts into host logits [N, V] (NULL: none):
-// recorded and
-// replayed where the backend can (see above), else run op by op.
+// recorded and replayed where the backend can (see above), else run op by op
+// with the head in slices (head_logits).
 static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
                         float *logits) {
     be_t *be = r->m->be;
@@ -1149,7 +1150,10 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
             TRY(be->graph_launch(be, r->graph));
         }
     }
-    if (!graph) TRY(step_body(r, d_ids, x, N, sts, n_st, &lg));
+    if (!graph) {
+        TRY(step_body(r, d_ids, x, N, sts, n_st, NULL));
+        return logits ? head_logits(r, x, 0, 1, NULL, N, logits) : be->sync(be);
+    }
     if (logits) TRY(be->download_act(be, logits, lg, N * r->m->a.V));
     return be->sync(be);
 }

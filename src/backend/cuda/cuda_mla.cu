@@ -977,7 +977,6 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
 static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
                        void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B,
                        int H, int r_kv, int dr, float scale) {
-    if (B <= 0 || H <= 0) return;
     if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || max_len < 0 || pool_rows < 0) {
         cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d max_len=%d not supported (r_kv, dr multiples of 8)", r_kv,
                     dr, max_len);
