@@ -40,16 +40,6 @@ static arch_t llama_3b(void) {
     return a;
 }
 
-// Random bf16 weights, N(0, 0.02^2): one 16M block drawn on the host, tiled.
-static void fill(model_t *m, uint64_t seed) {
-    void *blk = dev_rand(1 << 24, seed, 0.0f, 0.02f);
-    for (int64_t i = 0; i < m->pt.total; i += 1 << 24) {
-        int64_t n = m->pt.total - i < (1 << 24) ? m->pt.total - i : (1 << 24);
-        if (be->copy_d2d(be, act_at(be, m->w, i), blk, (size_t)n * 2) < 0) die("fill");
-    }
-    be->free(be, blk);
-}
-
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -69,7 +59,7 @@ static int argmax(const float *x, int n) {
 static void sweep(const char *name, const arch_t *a, const int *lengths, int n_len, int D) {
     model_t m;
     if (model_create(&m, a, be) < 0) die(name);
-    fill(&m, 1);
+    dev_fill_rand(m.w, m.pt.total, 1, 0.0f, 0.02f); // random bf16 weights, N(0, 0.02^2)
     model_run_t r;
     if (model_run_create(&r, &m, (size_t)4 << 30) < 0) die("run");
     printf("%s: %lld parameters, %d layers (%d attention, %d MLA, %d GDN), cache %lld bytes per token\n", name,

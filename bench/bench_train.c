@@ -39,16 +39,6 @@ static arch_t llama(int big) {
     return a;
 }
 
-// Random bf16 weights, N(0, 0.02^2): one 16M block drawn on the host, tiled.
-static void fill(model_t *m, uint64_t seed) {
-    void *blk = dev_rand(1 << 24, seed, 0.0f, 0.02f);
-    for (int64_t i = 0; i < m->pt.total; i += 1 << 24) {
-        int64_t n = m->pt.total - i < (1 << 24) ? m->pt.total - i : (1 << 24);
-        if (be->copy_d2d(be, act_at(be, m->w, i), blk, (size_t)n * 2) < 0) die("fill");
-    }
-    be->free(be, blk);
-}
-
 static float ms_since(void) {
     float t;
     cudaEventRecord(ev1, stream);
@@ -83,7 +73,8 @@ int main(int argc, char **argv) {
     if (upc_student_arch(&t1, mla, 4, LAYER_GDN, &dims, &as) < 0) die("student arch");
     model_t s, t;
     if (model_create(&s, &as, be) < 0 || model_create(&t, &ta, be) < 0) die("models");
-    fill(&s, 1), fill(&t, 2);
+    dev_fill_rand(s.w, s.pt.total, 1, 0.0f, 0.02f),
+        dev_fill_rand(t.w, t.pt.total, 2, 0.0f, 0.02f); // random bf16 weights
     optim_t o;
     if (optim_create(&o, &s, NULL) < 0) die("optimizer");
     size_t fr, tot;

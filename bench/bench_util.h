@@ -62,10 +62,10 @@ static inline void *dalloc(size_t bytes) {
     return p;
 }
 
-// Random act values N(mean, std^2): up to 16M values drawn on the host,
-// repeated on the device.
-static inline void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
-    void *d = dalloc((size_t)n * 2);
+// n random act values N(mean, std^2) into device memory d (random weights of a
+// model: m.w, m.pt.total): up to 16M values drawn on the host, repeated on the
+// device.
+static inline void dev_fill_rand(void *d, int64_t n, uint64_t seed, float mean, float std) {
     int64_t m = n < (1 << 24) ? n : (1 << 24);
     float *h = malloc((size_t)(m ? m : 1) * sizeof(float));
     rng_t r;
@@ -79,6 +79,12 @@ static inline void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
         done += c;
     }
     check_sync("dev_rand");
+}
+
+// Random act values N(mean, std^2) in new device memory (dev_fill_rand).
+static inline void *dev_rand(int64_t n, uint64_t seed, float mean, float std) {
+    void *d = dalloc((size_t)n * 2);
+    dev_fill_rand(d, n, seed, mean, std);
     return d;
 }
 
