@@ -16,7 +16,8 @@
 # or, in a lease after prep without trained weights (one call):
 #   bash scripts/gpu/upcycle.sh checks   carry .carry/p2 .carry/t2 (CUDA tests, then
 #                                        decode speed and kernel profile, latency
-#                                        sweep, serve load test of teacher and hybrid)
+#                                        sweep, serve load test of teacher and hybrid;
+#                                        CHECKS=decode,... picks some of them)
 # or, when one call is all the device time allows after prep:
 #   call 2: bash scripts/gpu/upcycle.sh quick    carry .carry/p2 .carry/cb
 #           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
@@ -307,19 +308,20 @@ checks)
     # the test binaries rebuilt since pack, else .carry/t): the CUDA tests,
     # then, each alone on the GPU, single-stream decode speed and kernel
     # profile of the teacher and of its untrained hybrid, their latency sweep,
-    # and the serve load test of both
+    # and the serve load test of both. CHECKS=tests,decode,bench,serve (the
+    # default) picks among them, e.g. CHECKS=decode after another phase's tests.
     DEADLINE=${CHECKS_DEADLINE:-540}
+    CHECKS=,${CHECKS:-tests,decode,bench,serve},
     assemble
-    step convert 60 $H convert --teacher $M --out $W/untrained --mla-every 3 --linear $LINEAR
+    U=$W/untrained_$LINEAR
+    [ -d $U ] || step convert 60 $H convert --teacher $M --out $U --mla-every 3 --linear $LINEAR
     t=.carry/t2/tests.tar.xz
     [ -f $t ] || t=.carry/t/tests.tar.xz
-    cuda_tests $t
-    decode_speed teacher $M ncu
-    decode_speed untrained $W/untrained ncu
-    step bench 90 $H bench $W/untrained --against $M --lengths 2K,8K,32K --decode 64 --device cuda --chunk 8192 \
-        --out $O/bench
-    serve_load teacher $M 110
-    serve_load untrained $W/untrained 110
+    case $CHECKS in *,tests,*) cuda_tests $t ;; esac
+    case $CHECKS in *,decode,*) decode_speed teacher $M ncu; decode_speed untrained_$LINEAR $U ncu ;; esac
+    case $CHECKS in *,bench,*) step bench 90 $H bench $U --against $M --lengths 2K,8K,32K --decode 64 --device cuda \
+        --chunk 8192 --out $O/bench ;; esac
+    case $CHECKS in *,serve,*) serve_load teacher $M 110; serve_load untrained_$LINEAR $U 110 ;; esac
     ;;
 long)
     # issue 12's long-context sweep at the HyLo-Llama-3B shapes with random
