@@ -24,7 +24,8 @@
 # LINEAR=mamba2 before each call trains and evaluates 10MLA20M2 instead of
 # 10MLA20GDN (Mamba-2 as the linear block of the pure-linear student and the hybrid).
 # or, after prep, issue 12's long-context sweep (random weights, one model a call):
-#   LONG_MODEL=--teacher bash scripts/gpu/upcycle.sh long   (or --6mla22gdn, --14mla14gdn)
+#   LONG_MODEL=--teacher bash scripts/gpu/upcycle.sh long   (or --6mla22gdn, --14mla14gdn;
+#                                        carry .carry/t unless a call of the lease did)
 # and here, afterwards: bash scripts/gpu/upcycle.sh tally DIR... (scores of
 # evaluations the time limit stopped, from their per-item files).
 # Each of 2-4 returns $OUT/<step>.tar.xz: logs, recipes, metrics, loss plots,
@@ -88,14 +89,15 @@ fi
 if [ "$1" = pack ]; then
     set -e
     make -j2 build/hylo build/bench/bench_long >/dev/null
-    mkdir -p .carry/stage/build/bench .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
+    mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
-    cp build/bench/bench_long .carry/stage/build/bench/ && strip .carry/stage/build/bench/bench_long
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
-    # the CUDA tests, run beside stage 2 (scripts/gpu/tests.sh)
+    # the CUDA tests, run beside stage 2 (scripts/gpu/tests.sh), and bench_long
+    # (the first call carries all else it can)
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') >/dev/null
-    mkdir -p .carry/stage/build/tests/cuda .carry/t && cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ &&
-        strip .carry/stage/build/tests/cuda/test_*
+    mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t &&
+        cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
+        cp build/bench/bench_long .carry/stage/build/bench/ && strip .carry/stage/build/bench/bench_long
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
     scripts/gpu/carry_libs.sh
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
@@ -325,9 +327,10 @@ checks)
     ;;
 long)
     # issue 12's long-context sweep at the HyLo-Llama-3B shapes with random
-    # weights (bench/bench_long.c; after prep, nothing else carried), one model
+    # weights (bench/bench_long.c, from .carry/t; after prep), one model
     # a call: LONG_MODEL=--teacher, --6mla22gdn (default) or --14mla14gdn,
     # LONG_ARGS="--2m" adds 2M tokens
+    [ -x build/bench/bench_long ] || tar xJf .carry/t/tests.tar.xz
     step bench_long 560 build/bench/bench_long ${LONG_MODEL:---6mla22gdn} ${LONG_ARGS:-}
     ;;
 eval)
