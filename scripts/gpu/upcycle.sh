@@ -7,7 +7,7 @@
 #   bash scripts/gpu/upcycle.sh pack      build, corpus (scripts/corpus.sh), fill .carry/
 #                                         (a .carry/corpus.tar.xz already there is reused unless CORPUS=DIR)
 # then one device call each, in this order:
-#   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/lib .carry/p1 .carry/ca .carry/evaldata.tar.xz
+#   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/p1 .carry/ca .carry/evaldata.tar.xz
 #   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb [.carry/chat]
 #           (.carry/chat: teacher chat shards sampled beforehand on any machine with
 #           hylo data --generate --self-instruct, mixed in beside those made there)
@@ -91,7 +91,9 @@ if [ "$1" = pack ]; then
     make -j2 build/hylo build/bench/bench_long >/dev/null
     mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
-    tar cf - -C .carry/stage build | xz -6 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
+    # the libraries go in the same tarball (prep's carry is near its limit)
+    scripts/gpu/carry_libs.sh
+    tar cf - -C .carry/stage build -C "$PWD" .carry/lib | xz -6 -T2 > .carry/bins.tar.xz && rm -rf .carry/stage
     # the CUDA tests, run beside stage 2 (scripts/gpu/tests.sh), and bench_long
     # (the first call carries all else it can)
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') >/dev/null
@@ -99,7 +101,6 @@ if [ "$1" = pack ]; then
         cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
         cp build/bench/bench_long .carry/stage/build/bench/ && strip .carry/stage/build/bench/bench_long
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
-    scripts/gpu/carry_libs.sh
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
     head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
     tar cf - -C .. shared/data/eval shared/data/essays shared/data/words | xz -6 -T2 > .carry/evaldata.tar.xz
@@ -111,7 +112,7 @@ if [ "$1" = pack ]; then
         tar cf - -C "$corpus" . | xz -9e -T2 > .carry/corpus.tar.xz
     fi
     n=$(stat -c %s .carry/corpus.tar.xz)
-    head -c $((n / 3)) .carry/corpus.tar.xz > .carry/ca/part && tail -c +$((n / 3 + 1)) .carry/corpus.tar.xz > .carry/cb/part
+    head -c $((n * 35 / 100)) .carry/corpus.tar.xz > .carry/ca/part && tail -c +$((n * 35 / 100 + 1)) .carry/corpus.tar.xz > .carry/cb/part
     du -sh .carry/*
     exit 0
 fi
