@@ -119,7 +119,8 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
     return 0;
 }
 
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+              const step_run_t *runs) {
     be_t *be = c->be;
     const arch_t *a = c->a;
     int N = step_rows(runs, n_runs);
@@ -150,6 +151,5 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x,
     be->kv_append(be, base, base + N, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
     be->attn_decode(be, att, q, ldq, base, base + N, pos + N, step_max_ctx(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
                     1.0f / sqrtf((float)a->dh));
-    lin_fwd(c, out, att, w->o, N, qw, a->d);
-    return 0;
+    return lin_fwd_out(c, out, att, w->o, N, qw);
 }
