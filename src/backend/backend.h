@@ -312,6 +312,16 @@ struct be {
     // cache, k = the latent c, v = the rotated rope key at column v_off = r_kv.
     void (*kv_append)(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off, const int32_t *pos,
                       const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw, int N);
+    // An attention step's RoPE and cache append in one call: q [N, H, dh] (row
+    // r at q + r * ldq) rotated in place, k [N, Hkv, dh] (rows ldk apart)
+    // rotated into the K caches and v [N, Hkv, dh] (rows ldv apart) copied into
+    // the V caches, rows kw = Hkv dh apart (kv_append with ld = kw, v_off 0).
+    // Rotation as rope_fwd with ROPE_NEOX over all dh dims, row r at position
+    // pos[r] (cos / sin [n_pos, dh / 2]). k itself is not written. The same
+    // results as rope_fwd of q and of k, then kv_append.
+    void (*rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
+                           const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
+                           void *const *v_rows, int N, int H, int Hkv, int dh);
     // One query per row over its own sequence's cache: q [N, H, dqk] (rotated;
     // row r at q + r * ldq, ldq >= H dqk),
     // keys and values are the cache rows u < len[r] (device int32 [N]; the new

@@ -1,6 +1,6 @@
 // CUDA-vs-CPU tests of the shared ops (cuda_core.cu, cuda_norm.cu, cuda_rope.cu,
-// cuda_mlp.cu, cuda_conv.cu), and a decode step's fused products (proj_swiglu,
-// proj_add_rmsnorm). Every input is drawn fresh per shape and rounded
+// cuda_mlp.cu, cuda_conv.cu), and a decode step's fused ops (proj_swiglu,
+// proj_add_rmsnorm, rope_kv_append). Every input is drawn fresh per shape and rounded
 // to bf16 (tu_round_bf16) so both backends see identical values; the CPU
 // backend (fp32) is the reference. Outputs on the GPU are poisoned with NaN
 // before the op so an unwritten element fails; memory around strided outputs
@@ -790,6 +790,72 @@ static void test_rope(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// rope_kv_append: rows [q | k | v] of one product (a decode step's
+// attention), each row its own sequence in one of two cache buffers, at a
+// random position. q: rope_fwd's result, one rounding: BF16 (the k and v
+// columns must stay as they were, which BF16 of equal values also checks).
+// K caches: the rotated k, BF16; the rest of each cache must survive. V
+// caches: copies of bf16 values, EXACT.
+static void test_rope_kv_append(void **st) {
+    setup_backends();
+    int fails = 0;
+    // N, H, Hkv, dh (SmolLM2-135M: 9, 3, 64)
+    const int cases[][4] = {{1, 9, 3, 64}, {3, 9, 3, 64}, {8, 4, 4, 128}, {11, 5, 1, 6}, {2, 3, 3, 2}};
+    enum { R = 2, CAP = 37 };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int N = cases[ci][0], H = cases[ci][1], Hkv = cases[ci][2], dh = cases[ci][3], half = dh / 2;
+        const int64_t qw = (int64_t)H * dh, kw = (int64_t)Hkv * dh, P = qw + 2 * kw, n = N * P;
+        const int64_t per = (int64_t)((N + R - 1) / R) * CAP * kw; // one buffer's sequences
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%d H=%d Hkv=%d dh=%d", N, H, Hkv, dh);
+        float *cs = tu_hbuf((int64_t)CAP * half), *sn = tu_hbuf((int64_t)CAP * half);
+        for (int p = 0; p < CAP; p++)
+            for (int i = 0; i < half; i++) {
+                float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
+                cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+            }
+        int32_t *pos = rnd_ids(N, CAP);
+        float *qkv = rnd(n, 1.0f), *ref = tu_hdup(qkv, n), *kc[R], *vc[R], *kref[R], *vref[R];
+        void *kc_d[R], *vc_d[R], *rows_h[2 * N], *rows_d[2 * N];
+        for (int b = 0; b < R; b++) {
+            kc[b] = rnd(per, 1.0f), vc[b] = rnd(per, 1.0f), kref[b] = tu_hdup(kc[b], per),
+            vref[b] = tu_hdup(vc[b], per);
+            kc_d[b] = tu_dev_act(gpu, kc[b], per), vc_d[b] = tu_dev_act(gpu, vc[b], per);
+        }
+        for (int r = 0; r < N; r++) {
+            int64_t first = (int64_t)(r / R) * CAP * kw; // the sequence's row 0
+            rows_h[r] = kref[r % R] + first, rows_h[N + r] = vref[r % R] + first;
+            rows_d[r] = tu_gat(gpu, kc_d[r % R], first), rows_d[N + r] = tu_gat(gpu, vc_d[r % R], first);
+        }
+        // the reference: q rotated in place; k rotated in a copy, then both appended
+        float *k_rot = tu_hdup(qkv, n);
+        cpu->rope_fwd(cpu, ref, P, dh, pos, cs, sn, N, H, dh, ROPE_NEOX);
+        cpu->rope_fwd(cpu, k_rot + qw, P, dh, pos, cs, sn, N, Hkv, dh, ROPE_NEOX);
+        cpu->kv_append(cpu, rows_h, rows_h + N, kw, 0, pos, k_rot + qw, P, (int)kw, qkv + qw + kw, P, (int)kw, N);
+        void *dqkv = tu_dev_act(gpu, qkv, n);
+        float *dc = tu_dev_f32(gpu, cs, (int64_t)CAP * half), *ds = tu_dev_f32(gpu, sn, (int64_t)CAP * half);
+        int32_t *dp = tu_dev_i32(gpu, pos, N);
+        void **drows = gpu->alloc(gpu, sizeof rows_d);
+        assert_non_null(drows);
+        assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof rows_d), 0);
+        gpu->rope_kv_append(gpu, dqkv, P, tu_gat(gpu, dqkv, qw), P, tu_gat(gpu, dqkv, qw + kw), P, dp, dc, ds, drows,
+                            drows + N, N, H, Hkv, dh);
+        int ok = tu_sync(gpu, "rope_kv_append", shape) && check_act("rope_kv_append q", shape, dqkv, ref, n, BF16);
+        for (int b = 0; b < R && ok; b++)
+            ok = check_act("rope_kv_append K cache", shape, kc_d[b], kref[b], per, BF16) &&
+                 check_act("rope_kv_append V cache", shape, vc_d[b], vref[b], per, EXACT);
+        fails += !ok;
+        for (int b = 0; b < R; b++) {
+            free(kc[b]), free(vc[b]), free(kref[b]), free(vref[b]);
+            tu_dev_free(gpu, kc_d[b]), tu_dev_free(gpu, vc_d[b]);
+        }
+        free(cs), free(sn), free(pos), free(qkv), free(ref), free(k_rot);
+        tu_dev_free(gpu, dqkv), tu_dev_free(gpu, dc), tu_dev_free(gpu, ds), tu_dev_free(gpu, dp);
+        gpu->free(gpu, drows);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ==== SwiGLU =================================================================================
 
 static void test_swiglu(void **st) {
@@ -1365,6 +1431,7 @@ int main(void) {
         cmocka_unit_test(test_gated_rmsnorm),
         cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_kv_append),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_proj_swiglu),
         cmocka_unit_test(test_proj_add_rmsnorm),
