@@ -56,6 +56,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->attn_fwd, "attn_fwd", LAYER_MLA},
         {be->attn_decode, "attn_decode", LAYER_ATTN},
         {be->kv_append, "kv_append", LAYER_ATTN},
+        {be->rope_kv_append, "rope_kv_append", LAYER_ATTN},
         {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
         {be->kv_append, "kv_append", LAYER_MLA},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
