@@ -49,6 +49,12 @@ enum { DIST_L2 = 0, DIST_MSE = 1 };
 
 typedef struct be be_t;
 
+// The most rows a decode step's fused projections (proj_swiglu,
+// proj_add_rmsnorm) take in one launch on CUDA (its one-warp-per-column
+// product reads the weights once for this many rows); a step with more rows
+// takes the separate products, whose tiles reuse the weights across rows.
+enum { BE_FEW_ROWS = 8 };
+
 // A weight matrix W [rows, cols] kept in its file's storage format for
 // inference (CPU: the ggml block formats of a GGUF, or bf16), instead of the
 // act copy. type: a ggml type number (io/gguf.h enum ggml_type); row r is
@@ -155,6 +161,16 @@ struct be {
     // out = rmsnorm(x) as rmsnorm_fwd. Same results as add then rmsnorm_fwd.
     void (*add_rmsnorm_fwd)(be_t *be, void *out, float *rstd, void *x, const void *y, const void *w, int64_t N, int d,
                             float eps);
+    // A decode step's output projection fused with the residual add and the
+    // next norm: x[N, d] += a[N, K] W[d, K]^T (a rows lda apart), then, when w
+    // is not NULL, xn[N, d] = rmsnorm(x) with gain w as rmsnorm_fwd; w NULL:
+    // the add alone (after the last layer). x, xn contiguous, xn != x. The
+    // same results as gemm into y, then add_rmsnorm_fwd (or add), but for the
+    // rounding of y: CUDA adds the product to x in fp32 and rounds once. One
+    // launch on CUDA for N <= BE_FEW_ROWS (any N works, in launches of that
+    // many rows).
+    void (*proj_add_rmsnorm)(be_t *be, void *xn, void *x, const void *a, int64_t lda, const void *W, const void *w,
+                             int64_t N, int64_t K, int d, float eps);
     // dx = ..., dw += ... (float)
     void (*rmsnorm_bwd)(be_t *be, void *dx, float *dw, const void *dout, const void *x, const void *w,
                         const float *rstd, int64_t N, int d);
@@ -197,6 +213,14 @@ struct be {
     // + f: the two halves of one product's output)
     void (*swiglu_fwd)(be_t *be, void *out, const void *gate, const void *up, int64_t ld, int64_t N, int64_t f);
     void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
+    // A decode step's gate and up products fused with SwiGLU: h[N, f] =
+    // silu(x Wg^T) * (x Wu^T), x [N, K] rows ldx apart, Wg, Wu [f, K] (any two
+    // matrices), h contiguous. The same results as the two products then
+    // swiglu_fwd, but for their rounding: CUDA keeps gate and up in fp32. One
+    // launch on CUDA for N <= BE_FEW_ROWS (any N works, in launches of that
+    // many rows).
+    void (*proj_swiglu)(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
+                        int64_t K, int64_t f);
 
     // ---- depthwise causal conv (GDN short convs, Mamba-2 conv1d) -------------
     // x [B,T,C] with row stride ldx; w [C,W] (weight [C,1,W] as stored), bias [C]
@@ -288,6 +312,16 @@ struct be {
     // cache, k = the latent c, v = the rotated rope key at column v_off = r_kv.
     void (*kv_append)(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off, const int32_t *pos,
                       const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw, int N);
+    // An attention step's RoPE and cache append in one call: q [N, H, dh] (row
+    // r at q + r * ldq) rotated in place, k [N, Hkv, dh] (rows ldk apart)
+    // rotated into the K caches and v [N, Hkv, dh] (rows ldv apart) copied into
+    // the V caches, rows kw = Hkv dh apart (kv_append with ld = kw, v_off 0).
+    // Rotation as rope_fwd with ROPE_NEOX over all dh dims, row r at position
+    // pos[r] (cos / sin [n_pos, dh / 2]). k itself is not written. The same
+    // results as rope_fwd of q and of k, then kv_append.
+    void (*rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
+                           const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
+                           void *const *v_rows, int N, int H, int Hkv, int dh);
     // One query per row over its own sequence's cache: q [N, H, dqk] (rotated;
     // row r at q + r * ldq, ldq >= H dqk),
     // keys and values are the cache rows u < len[r] (device int32 [N]; the new

@@ -119,7 +119,8 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
     return 0;
 }
 
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+              const step_run_t *runs) {
     be_t *be = c->be;
     const arch_t *a = c->a;
     int N = step_rows(runs, n_runs);
@@ -130,8 +131,10 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x,
     void *const *base = ctx_step_caches(c, runs, n_runs); // K caches [N], then V caches [N]
     if (!att || !pos || !base) return ERR_NOMEM;
     // q, k, v from one product when they are one matrix in memory (rows [q | k
-    // | v], stride ld), rotated by one RoPE call over the H + Hkv heads of q
-    // and k (adjacent in each row); Qwen3's q / k norms take the separate path
+    // | v], stride ld), then q and k rotated and k and v appended to the
+    // caches in one call (k rotated into the cache); Qwen3's q / k norms take
+    // the separate path. Every row at its own sequence's position, in its own
+    // cache: one append and one attention call for all rows of all runs.
     const void *ws[3] = {w->q, w->k, w->v};
     const int64_t outs[3] = {qw, kw, kw};
     int64_t ldq = qw, ldk = kw;
@@ -140,16 +143,14 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x,
         void *qkv = ctx_act(c, N * ldq);
         if (!qkv) return ERR_NOMEM;
         lin_fwd(c, qkv, x, w->q, N, a->d, ldq);
-        be->rope_fwd(be, qkv, ldq, a->dh, pos, c->rope_cos, c->rope_sin, N, a->H + a->Hkv, a->dh, ROPE_NEOX);
         q = qkv, k = act_at(be, qkv, qw), v = act_at(be, qkv, qw + kw);
+        be->rope_kv_append(be, q, ldq, k, ldk, v, ldk, pos, c->rope_cos, c->rope_sin, base, base + N, N, a->H, a->Hkv,
+                           a->dh);
     } else {
         TRY(project(c, w, x, N, pos, NULL, &q, &k, &v));
+        be->kv_append(be, base, base + N, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
     }
-    // every row at its own sequence's position, in its own cache: one append
-    // and one attention call for all rows of all runs
-    be->kv_append(be, base, base + N, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
     be->attn_decode(be, att, q, ldq, base, base + N, pos + N, step_max_ctx(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
                     1.0f / sqrtf((float)a->dh));
-    lin_fwd(c, out, att, w->o, N, qw, a->d);
-    return 0;
+    return lin_fwd_out(c, out, att, w->o, N, qw);
 }

@@ -27,4 +27,5 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
                   const attn_saved_t *sv);
 // One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out
 // [N,d], each at its cache's position len: appends its K and V rows (not len).
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+              const step_run_t *runs);

@@ -85,7 +85,7 @@ static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
 // B sequences come in runs (layer.h step_run_t; none without a cache): in a
 // forward the convolutions and the rule run once per run, on its sequences'
 // states; in a step once over all rows, through per-row state pointers.
-static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T,
+static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int B, int T,
                    const step_run_t *runs, int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     dims_t m = dims(c);
@@ -210,8 +210,7 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void
                               GNORM_NORM_THEN_GATE);
     else
         be->rmsnorm_fwd(be, s->y, s->rstd, s->o, w->o_norm, N * m.HV, m.Dv, m.eps);
-    lin_fwd(c, out, s->y, w->o_proj, N, m.vd, m.d);
-    return 0;
+    return lin_fwd_out(c, out, s->y, w->o_proj, N, m.vd);
 }
 
 int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, int pos0,
@@ -220,7 +219,7 @@ int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x
     if (cache && cache->B != B)
         return err_set(ERR_INPUT, "gdn layer %d: cache holds %d sequences, input has %d", c->layer, cache->B, B);
     step_run_t all = {cache, 0, B};
-    return gdn_run(c, w, out, x, B, T, &all, cache != NULL, sv, 0);
+    return gdn_run(c, w, &(lin_out_t){.y = out}, x, B, T, &all, cache != NULL, sv, 0);
 }
 
 // ---- backward ----------------------------------------------------------------
@@ -298,7 +297,8 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
 
 // ---- decode step ---------------------------------------------------------------
 
-int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+             const step_run_t *runs) {
     TRY(step_check(c, runs, n_runs, 0, 0));
     return gdn_run(c, w, out, x, step_rows(runs, n_runs), 1, runs, n_runs, NULL, 1);
 }

@@ -66,4 +66,5 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
 // One token per sequence of the runs (layer.h step_run_t): x [N,d] -> out
 // [N,d], through the conv states and the token-by-token recurrence; updates the
 // caches (not their len).
-int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+             const step_run_t *runs);

@@ -112,6 +112,18 @@ typedef struct {
     int seq0, n;
 } step_run_t;
 
+// Where a mixer's output projection y = a W^T [N, d] goes: into y (x NULL),
+// or, in a decode step of at most BE_FEW_ROWS rows, added into the residual
+// stream x [N, d], which is then normed into xn with gain norm (the next
+// sub-layer's input; norm NULL: the add alone, after the last layer), one
+// fused op (linear.h lin_fwd_out). xn may be the mixer's input x: the
+// projection is the mixer's last op.
+typedef struct {
+    void *y;
+    void *x, *xn;
+    const void *norm;
+} lin_out_t;
+
 // Rows of a step: the sum of the runs' n.
 int step_rows(const step_run_t *runs, int n_runs);
 // Device int32 [2N] of a step's N rows: positions (their cache's len), then

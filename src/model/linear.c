@@ -2,6 +2,8 @@
 
 #include <stdint.h>
 
+#include "base/err.h"
+
 const be_qmat_t *lin_qmat(const layer_ctx_t *c, const void *W) {
     uintptr_t p = (uintptr_t)W, lo = (uintptr_t)c->qw, hi = (uintptr_t)(c->qw + c->n_qw);
     return c->n_qw && p >= lo && p < hi ? (const be_qmat_t *)W : NULL;
@@ -23,6 +25,27 @@ void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_
         be->qmatmul(be, y, x, q, N);
     else
         be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+}
+
+int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const void *W, int64_t N, int64_t in) {
+    be_t *be = c->be;
+    const arch_t *A = c->a;
+    if (!o->x) {
+        lin_fwd(c, o->y, a, W, N, in, A->d);
+        return 0;
+    }
+    if (!lin_qmat(c, W)) {
+        be->proj_add_rmsnorm(be, o->xn, o->x, a, in, W, o->norm, N, in, A->d, A->eps);
+        return 0;
+    }
+    void *y = ctx_act(c, N * A->d);
+    if (!y) return ERR_NOMEM;
+    lin_fwd(c, y, a, W, N, in, A->d);
+    if (o->norm)
+        be->add_rmsnorm_fwd(be, o->xn, NULL, o->x, y, o->norm, N, A->d, A->eps);
+    else
+        be->add(be, o->x, y, N * A->d);
+    return 0;
 }
 
 void lin_bwd(be_t *be, void *dx, int acc, void *dW, const void *dy, const void *x, const void *W, int64_t N, int64_t in,

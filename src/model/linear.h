@@ -5,6 +5,10 @@
 
 // y[N, out] = x[N, in] W^T; W an act matrix, or one of c->qw (its stored format).
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out);
+// a[N, in] W^T into o (layer.h lin_out_t): y =, or x += then xn = the norm
+// of x (be->proj_add_rmsnorm; a quantised W: its product, then the add and
+// norm). 0, or ERR_NOMEM.
+int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const void *W, int64_t N, int64_t in);
 // 1 when the act matrices ws[0..n) ([outs[i], in] each) lie one after another
 // in memory, so that they are one matrix [sum outs, in] whose product gives
 // their outputs side by side in one call (the parameter table places a

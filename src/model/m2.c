@@ -63,8 +63,8 @@ static m2_shape_t m2_shape(const arch_t *a) {
 // without a cache): in a forward the convolution and the SSD run once per run,
 // on its sequences' states; in a step once over all rows, through per-row
 // state pointers.
-static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, const step_run_t *runs,
-                  int n_runs, m2_saved_t *sv, int recurrent) {
+static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, int B, int T,
+                  const step_run_t *runs, int n_runs, m2_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     m2_shape_t s = m2_shape(c->a);
     int64_t N = (int64_t)B * T, per_conv = (int64_t)s.cd * s.W, per_state = (int64_t)s.H * s.P * s.Ns;
@@ -135,7 +135,7 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *
 
     // gated norm (z = the first di columns of zxbcdt), out_proj
     be->gated_rmsnorm_fwd(be, yn, rstd, y, zxbcdt, s.din, w->norm, s.di, N, s.H, s.P, s.eps, GNORM_GATE_THEN_NORM);
-    lin_fwd(c, out, yn, w->out_proj, N, s.di, s.d);
+    TRY(lin_fwd_out(c, out, yn, w->out_proj, N, s.di));
 
     if (sv) {
         sv->x = x, sv->zxbcdt = zxbcdt, sv->dt = dt, sv->y = y, sv->rstd = rstd;
@@ -151,7 +151,7 @@ int m2_forward(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, 
                layer_cache_t *cache, m2_saved_t *sv) {
     (void)pos0;
     step_run_t all = {cache, 0, B};
-    return m2_run(c, w, out, x, B, T, &all, cache != NULL, sv, 0);
+    return m2_run(c, w, &(lin_out_t){.y = out}, x, B, T, &all, cache != NULL, sv, 0);
 }
 
 // Backward, each step the transpose of the forward line it names.
@@ -192,7 +192,8 @@ int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, cons
     return 0;
 }
 
-int m2_step(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+int m2_step(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+            const step_run_t *runs) {
     TRY(step_check(c, runs, n_runs, 0, 0));
     return m2_run(c, w, out, x, step_rows(runs, n_runs), 1, runs, n_runs, NULL, 1);
 }

@@ -48,4 +48,5 @@ int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, cons
 // One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out
 // [N,d]: conv state + recurrent SSD; a run whose cache has len 0 starts from
 // zeroed states.
-int m2_step(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs);
+int m2_step(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+            const step_run_t *runs);

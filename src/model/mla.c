@@ -348,7 +348,8 @@ static void per_head_products(be_t *be, const dims_t *D, int tb, int64_t B, int6
                              act_at(be, C, b * H * sc), sc, hpg * sc, D->G);
 }
 
-int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs) {
+int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+             const step_run_t *runs) {
     be_t *be = c->be;
     dims_t D = dims(c);
     int64_t B = step_rows(runs, n_runs); // rows, one per sequence
@@ -391,6 +392,5 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, i
     int64_t Hdv = (int64_t)D.H * D.dv;
     ACT(att, B * Hdv);
     per_head_products(be, &D, 1, B, D.dv, D.rkv, olat, D.rkv, act_at(be, w->kv_b, (int64_t)D.dn * D.rkv), att, D.dv);
-    lin_fwd(c, out, att, w->o, B, Hdv, D.d);
-    return 0;
+    return lin_fwd_out(c, out, att, w->o, B, Hdv);
 }

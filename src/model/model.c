@@ -49,11 +49,14 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->add_rmsnorm_fwd, "add_rmsnorm_fwd", -1},
         {be->embed_fwd, "embed_fwd", -1},
         {be->swiglu_fwd, "swiglu_fwd", -1},
+        {be->proj_swiglu, "proj_swiglu", -1},
+        {be->proj_add_rmsnorm, "proj_add_rmsnorm", -1},
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
         {be->rope_fwd, "rope_fwd", LAYER_ATTN},
         {be->attn_fwd, "attn_fwd", LAYER_MLA},
         {be->attn_decode, "attn_decode", LAYER_ATTN},
         {be->kv_append, "kv_append", LAYER_ATTN},
+        {be->rope_kv_append, "rope_kv_append", LAYER_ATTN},
         {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
         {be->kv_append, "kv_append", LAYER_MLA},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
@@ -761,7 +764,7 @@ int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, con
     return 0;
 }
 
-int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int n_runs,
+int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, int n_runs,
                      const step_run_t *runs) {
     int rc;
     switch (w->kind) {
@@ -793,7 +796,10 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     assert(step || run_len || n_st <= 1);
     if (step) TRY(runs_room(r, n_st));
     // xn: the normed input of the next sub-layer; the residual adds are fused
-    // with the norm that follows them.
+    // with the norm that follows them. A decode step of a few rows fuses them
+    // with the output projections before them too (layer.h lin_out_t: a step
+    // is launch-bound on a GPU), unless the mixer outputs are recorded.
+    int fused = step && N <= BE_FEW_ROWS && !rec;
     void *xn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     void *y = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!xn || !y) return ERR_NOMEM;
@@ -806,7 +812,8 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
         if (step) {
             for (int k = 0; k < n_st; k++)
                 r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
-            TRY(model_mixer_step(&c, w, y, xn, n_st, r->runs));
+            lin_out_t o = fused ? (lin_out_t){NULL, x, xn, w->norm2} : (lin_out_t){y, NULL, NULL, NULL};
+            TRY(model_mixer_step(&c, w, &o, xn, n_st, r->runs));
         } else if (run_len) {
             for (int k = 0, row = 0; k < n_st; row += run_len[k++]) {
                 TRY(model_mixer_forward(&c, w, act_at(be, y, (int64_t)row * a->d), act_at(be, xn, (int64_t)row * a->d),
@@ -818,6 +825,13 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
         }
         if (rec && rec->a) be->copy_d2d(be, rec->a[l], y, (size_t)N * a->d * be->act_size);
         arena_reset(&r->arena, mark); // the mixer's temporaries: only y is used from here
+        // fused: the mixer left x and xn up to date; the MLP does likewise
+        if (fused) {
+            lin_out_t o = {NULL, x, xn, l + 1 < a->n_layers ? m->lw[l + 1].norm1 : NULL};
+            TRY(mlp_step(&c, &w->mlp, &o, xn, N));
+            arena_reset(&r->arena, mark);
+            continue;
+        }
         be->add_rmsnorm_fwd(be, xn, NULL, x, y, w->norm2, N, a->d, a->eps);
         TRY(mlp_forward(&c, &w->mlp, y, xn, N, NULL));
         if (l + 1 < a->n_layers)

@@ -281,6 +281,6 @@ int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids,
 int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
                         layer_cache_t *cache, mixer_saved_t *sv);
 // The same for a decode step: one token per sequence of the runs (layer.h
-// step_run_t), x [N, d] -> out, through its kind's X_step.
-int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int n_runs,
+// step_run_t), x [N, d] -> out (layer.h lin_out_t), through its kind's X_step.
+int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, int n_runs,
                      const step_run_t *runs);

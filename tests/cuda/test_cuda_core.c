@@ -1,5 +1,6 @@
 // CUDA-vs-CPU tests of the shared ops (cuda_core.cu, cuda_norm.cu, cuda_rope.cu,
-// cuda_mlp.cu, cuda_conv.cu). Every input is drawn fresh per shape and rounded
+// cuda_mlp.cu, cuda_conv.cu), and a decode step's fused ops (proj_swiglu,
+// proj_add_rmsnorm, rope_kv_append). Every input is drawn fresh per shape and rounded
 // to bf16 (tu_round_bf16) so both backends see identical values; the CPU
 // backend (fp32) is the reference. Outputs on the GPU are poisoned with NaN
 // before the op so an unwritten element fails; memory around strided outputs
@@ -789,6 +790,72 @@ static void test_rope(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// rope_kv_append: rows [q | k | v] of one product (a decode step's
+// attention), each row its own sequence in one of two cache buffers, at a
+// random position. q: rope_fwd's result, one rounding: BF16 (the k and v
+// columns must stay as they were, which BF16 of equal values also checks).
+// K caches: the rotated k, BF16; the rest of each cache must survive. V
+// caches: copies of bf16 values, EXACT.
+static void test_rope_kv_append(void **st) {
+    setup_backends();
+    int fails = 0;
+    // N, H, Hkv, dh (SmolLM2-135M: 9, 3, 64)
+    const int cases[][4] = {{1, 9, 3, 64}, {3, 9, 3, 64}, {8, 4, 4, 128}, {11, 5, 1, 6}, {2, 3, 3, 2}};
+    enum { R = 2, CAP = 37 };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int N = cases[ci][0], H = cases[ci][1], Hkv = cases[ci][2], dh = cases[ci][3], half = dh / 2;
+        const int64_t qw = (int64_t)H * dh, kw = (int64_t)Hkv * dh, P = qw + 2 * kw, n = N * P;
+        const int64_t per = (int64_t)((N + R - 1) / R) * CAP * kw; // one buffer's sequences
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%d H=%d Hkv=%d dh=%d", N, H, Hkv, dh);
+        float *cs = tu_hbuf((int64_t)CAP * half), *sn = tu_hbuf((int64_t)CAP * half);
+        for (int p = 0; p < CAP; p++)
+            for (int i = 0; i < half; i++) {
+                float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
+                cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+            }
+        int32_t *pos = rnd_ids(N, CAP);
+        float *qkv = rnd(n, 1.0f), *ref = tu_hdup(qkv, n), *kc[R], *vc[R], *kref[R], *vref[R];
+        void *kc_d[R], *vc_d[R], *rows_h[2 * N], *rows_d[2 * N];
+        for (int b = 0; b < R; b++) {
+            kc[b] = rnd(per, 1.0f), vc[b] = rnd(per, 1.0f), kref[b] = tu_hdup(kc[b], per),
+            vref[b] = tu_hdup(vc[b], per);
+            kc_d[b] = tu_dev_act(gpu, kc[b], per), vc_d[b] = tu_dev_act(gpu, vc[b], per);
+        }
+        for (int r = 0; r < N; r++) {
+            int64_t first = (int64_t)(r / R) * CAP * kw; // the sequence's row 0
+            rows_h[r] = kref[r % R] + first, rows_h[N + r] = vref[r % R] + first;
+            rows_d[r] = tu_gat(gpu, kc_d[r % R], first), rows_d[N + r] = tu_gat(gpu, vc_d[r % R], first);
+        }
+        // the reference: q rotated in place; k rotated in a copy, then both appended
+        float *k_rot = tu_hdup(qkv, n);
+        cpu->rope_fwd(cpu, ref, P, dh, pos, cs, sn, N, H, dh, ROPE_NEOX);
+        cpu->rope_fwd(cpu, k_rot + qw, P, dh, pos, cs, sn, N, Hkv, dh, ROPE_NEOX);
+        cpu->kv_append(cpu, rows_h, rows_h + N, kw, 0, pos, k_rot + qw, P, (int)kw, qkv + qw + kw, P, (int)kw, N);
+        void *dqkv = tu_dev_act(gpu, qkv, n);
+        float *dc = tu_dev_f32(gpu, cs, (int64_t)CAP * half), *ds = tu_dev_f32(gpu, sn, (int64_t)CAP * half);
+        int32_t *dp = tu_dev_i32(gpu, pos, N);
+        void **drows = gpu->alloc(gpu, sizeof rows_d);
+        assert_non_null(drows);
+        assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof rows_d), 0);
+        gpu->rope_kv_append(gpu, dqkv, P, tu_gat(gpu, dqkv, qw), P, tu_gat(gpu, dqkv, qw + kw), P, dp, dc, ds, drows,
+                            drows + N, N, H, Hkv, dh);
+        int ok = tu_sync(gpu, "rope_kv_append", shape) && check_act("rope_kv_append q", shape, dqkv, ref, n, BF16);
+        for (int b = 0; b < R && ok; b++)
+            ok = check_act("rope_kv_append K cache", shape, kc_d[b], kref[b], per, BF16) &&
+                 check_act("rope_kv_append V cache", shape, vc_d[b], vref[b], per, EXACT);
+        fails += !ok;
+        for (int b = 0; b < R; b++) {
+            free(kc[b]), free(vc[b]), free(kref[b]), free(vref[b]);
+            tu_dev_free(gpu, kc_d[b]), tu_dev_free(gpu, vc_d[b]);
+        }
+        free(cs), free(sn), free(pos), free(qkv), free(ref), free(k_rot);
+        tu_dev_free(gpu, dqkv), tu_dev_free(gpu, dc), tu_dev_free(gpu, ds), tu_dev_free(gpu, dp);
+        gpu->free(gpu, drows);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ==== SwiGLU =================================================================================
 
 static void test_swiglu(void **st) {
@@ -839,6 +906,126 @@ static void test_swiglu(void **st) {
         free(gu), free(out), free(nan);
         tu_dev_free(gpu, dgu), tu_dev_free(gpu, dout);
     }
+    assert_int_equal(fails, 0);
+}
+
+// ==== a decode step's fused products (cuda_core.cu k_gemv_swiglu, k_gemv_add_rmsnorm) ====
+// N <= 8 rows in one launch, more in launches of 8; K a multiple of 8 takes
+// 16-byte loads, an odd K (or an odd row stride) the scalar path.
+
+typedef struct {
+    int64_t N, K, f, ldx; // ldx 0: K
+    int adjacent;         // Wg, Wu the two halves of one matrix [gate | up] (the MLP's layout)
+} sgcase_t;
+
+// h = silu(x Wg^T) * (x Wu^T). Reference: the CPU's two products and
+// swiglu_fwd in fp32. The GPU sums each product in fp32 in another order and
+// rounds h once: BF16.
+static int proj_swiglu_case(sgcase_t c) {
+    int64_t ldx = c.ldx ? c.ldx : c.K, xlen = c.N * ldx, wlen = c.f * c.K, hlen = c.N * c.f;
+    char shape[128];
+    snprintf(shape, sizeof shape, "N=%lld K=%lld f=%lld ldx=%lld%s", (long long)c.N, (long long)c.K, (long long)c.f,
+             (long long)ldx, c.adjacent ? " [gate | up]" : "");
+    float *x = rnd(xlen, 1.0f), *W = rnd(2 * wlen, 0.05f), *g = tu_hbuf(hlen), *u = tu_hbuf(hlen);
+    float *ref = tu_hbuf(hlen), *nan = tu_nans(hlen);
+    float *Wg = W, *Wu = W + wlen;
+    cpu->gemm(cpu, 0, 1, c.N, c.f, c.K, 1.0f, x, ldx, Wg, c.K, 0.0f, g, c.f);
+    cpu->gemm(cpu, 0, 1, c.N, c.f, c.K, 1.0f, x, ldx, Wu, c.K, 0.0f, u, c.f);
+    cpu->swiglu_fwd(cpu, ref, g, u, c.f, c.N, c.f);
+    void *dx = tu_dev_act(gpu, x, xlen), *dh = tu_dev_act(gpu, nan, hlen);
+    void *dW = c.adjacent ? tu_dev_act(gpu, W, 2 * wlen) : NULL;
+    void *dWg = c.adjacent ? dW : tu_dev_act(gpu, Wg, wlen),
+         *dWu = c.adjacent ? tu_gat(gpu, dW, wlen) : tu_dev_act(gpu, Wu, wlen);
+    gpu->proj_swiglu(gpu, dh, dx, ldx, dWg, dWu, c.N, c.K, c.f);
+    int fails = !tu_sync(gpu, "proj_swiglu", shape) || !check_act("proj_swiglu h", shape, dh, ref, hlen, BF16);
+    free(x), free(W), free(g), free(u), free(ref), free(nan);
+    tu_dev_free(gpu, dx), tu_dev_free(gpu, dh);
+    if (c.adjacent) {
+        tu_dev_free(gpu, dW);
+    } else {
+        tu_dev_free(gpu, dWg), tu_dev_free(gpu, dWu);
+    }
+    return fails;
+}
+
+static void test_proj_swiglu(void **st) {
+    setup_backends();
+    int fails = 0;
+    sgcase_t cases[] = {
+        {.N = 1, .K = 576, .f = 1536, .adjacent = 1}, // SmolLM2-135M's MLP, one row
+        {.N = 3, .K = 576, .f = 1536},
+        {.N = 8, .K = 576, .f = 1536, .adjacent = 1},
+        {.N = 5, .K = 333, .f = 7},                  // odd K and f: the scalar loads
+        {.N = 2, .K = 256, .f = 130, .ldx = 1032},   // rows of a wider buffer
+        {.N = 8, .K = 64, .f = 9, .ldx = 67},        // odd row stride: the scalar loads
+        {.N = 11, .K = 576, .f = 40, .adjacent = 1}, // more than 8 rows: two launches
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += proj_swiglu_case(cases[i]);
+    assert_int_equal(fails, 0);
+}
+
+typedef struct {
+    int64_t N, K, lda; // lda 0: K
+    int d, norm;       // norm 0: the last layer (the add alone)
+} ancase_t;
+
+// x += a W^T, then xn = rmsnorm(x) w, twice over the same buffers (the
+// second launch finds the blocks' count reset by the first). x: the
+// reference is the CPU's product added in fp32, unrounded; the GPU adds its
+// fp32 sum (another order) and rounds once: BF16. xn: the reference is
+// rmsnorm_fwd of the x the GPU holds (so that an element rounded the other
+// way across a boundary does not count twice), one rounding: BF16. Without
+// a norm xn is not touched: EXACT.
+static int proj_add_rmsnorm_case(ancase_t c) {
+    const float eps = 1e-5f;
+    int64_t lda = c.lda ? c.lda : c.K, alen = c.N * lda, n = c.N * c.d;
+    char shape[128];
+    snprintf(shape, sizeof shape, "N=%lld K=%lld d=%d lda=%lld%s", (long long)c.N, (long long)c.K, c.d, (long long)lda,
+             c.norm ? "" : " no norm (last layer)");
+    float *a = rnd(alen, 1.0f), *W = rnd((int64_t)c.d * c.K, 0.05f), *w = rnd_w(c.d), *x = rnd(n, 1.0f);
+    float *y = tu_hbuf(n), *xn0 = rnd(n, 1.0f), *xn = tu_hdup(xn0, n), *nan = tu_nans(n);
+    void *da = tu_dev_act(gpu, a, alen), *dW = tu_dev_act(gpu, W, (int64_t)c.d * c.K), *dw = tu_dev_act(gpu, w, c.d);
+    void *dx = tu_dev_act(gpu, x, n), *dxn = tu_dev_act(gpu, c.norm ? nan : xn0, n);
+    int fails = 0;
+    for (int call = 1; call <= 2; call++) {
+        char s2[160];
+        snprintf(s2, sizeof s2, "%s call %d", shape, call);
+        cpu->gemm(cpu, 0, 1, c.N, c.d, c.K, 1.0f, a, lda, W, c.K, 0.0f, y, c.d);
+        for (int64_t i = 0; i < n; i++)
+            x[i] += y[i];
+        if (c.norm && call == 2) tu_upload_act(gpu, dxn, nan, n);
+        gpu->proj_add_rmsnorm(gpu, dxn, dx, da, lda, dW, c.norm ? dw : NULL, c.N, c.K, c.d, eps);
+        int ok = tu_sync(gpu, "proj_add_rmsnorm", s2) && check_act("proj_add_rmsnorm x", s2, dx, x, n, BF16);
+        // from here the reference's x is the GPU's: the norm's input, and the next call's
+        float *hx = tu_host_act(gpu, dx, n);
+        memcpy(x, hx, (size_t)n * sizeof(float));
+        free(hx);
+        if (c.norm) cpu->rmsnorm_fwd(cpu, xn, NULL, x, w, c.N, c.d, eps);
+        ok = ok && check_act("proj_add_rmsnorm xn", s2, dxn, xn, n, c.norm ? BF16 : EXACT);
+        fails += !ok;
+    }
+    free(a), free(W), free(w), free(x), free(y), free(xn0), free(xn), free(nan);
+    tu_dev_free(gpu, da), tu_dev_free(gpu, dW), tu_dev_free(gpu, dw), tu_dev_free(gpu, dx), tu_dev_free(gpu, dxn);
+    return fails;
+}
+
+static void test_proj_add_rmsnorm(void **st) {
+    setup_backends();
+    int fails = 0;
+    ancase_t cases[] = {
+        {.N = 1, .K = 576, .d = 576, .norm = 1},  // SmolLM2-135M's o_proj, one row
+        {.N = 3, .K = 1536, .d = 576, .norm = 1}, // its down_proj
+        {.N = 8, .K = 576, .d = 576, .norm = 1},
+        {.N = 8, .K = 1536, .d = 576, .norm = 0}, // the last layer
+        {.N = 1, .K = 64, .d = 576, .norm = 0},
+        {.N = 3, .K = 333, .d = 77, .norm = 1},             // odd K and d: the scalar loads
+        {.N = 5, .K = 96, .d = 131, .lda = 200, .norm = 1}, // rows of a wider buffer, odd d
+        {.N = 2, .K = 64, .d = 4104, .norm = 1},            // more columns than blocks: they go round the grid
+        {.N = 11, .K = 256, .d = 64, .norm = 1},            // more than 8 rows: two launches
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += proj_add_rmsnorm_case(cases[i]);
     assert_int_equal(fails, 0);
 }
 
@@ -1244,7 +1431,10 @@ int main(void) {
         cmocka_unit_test(test_gated_rmsnorm),
         cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_kv_append),
         cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_proj_swiglu),
+        cmocka_unit_test(test_proj_add_rmsnorm),
         cmocka_unit_test(test_conv1d),
         cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_rmsnorm_deterministic),

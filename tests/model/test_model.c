@@ -154,23 +154,25 @@ static void test_decode_equals_forward_wide_keys(void **st) {
 
 // Several sequences at once: prefill in chunks, then decode steps, each
 // sequence's logits equal to those of one forward over all of them (the
-// logits of a prefill are gathered from every sequence's last row).
-static void test_batch_decode_equals_forward(void **st) {
+// logits of a prefill are gathered from every sequence's last row). B <=
+// BE_FEW_ROWS: the steps' output projections fused with the residual adds
+// and norms (model.c run_layers); above: the separate ops.
+static void check_batch_decode_equals_forward(int B) {
     arch_t a = tiny_hybrid();
     model_t m;
     assert_int_equal(model_create(&m, &a, tu_cpu()), 0);
     model_run_t r_m;
     assert_int_equal(model_run_create(&r_m, &m, 64u << 20), 0);
     load_random(&m, 7);
-    enum { B = 3, T = 40, P = 11 };
-    int32_t ids[B * T], step[B];
+    enum { T = 40, P = 11 };
+    int32_t *ids = malloc((size_t)B * T * sizeof(int32_t)), *step = malloc((size_t)B * sizeof(int32_t));
+    int32_t *prompt = malloc((size_t)B * P * sizeof(int32_t));
     for (int i = 0; i < B * T; i++)
         ids[i] = (i * 17 + 5) % a.V;
     float *full = malloc((size_t)B * T * a.V * sizeof(float)), *lg = malloc((size_t)B * a.V * sizeof(float));
     assert_int_equal(model_logits_all(&r_m, ids, B, T, full), 0);
     model_state_t st_;
     assert_int_equal(model_state_alloc(&m, &st_, B, T), 0);
-    int32_t prompt[B * P];
     for (int b = 0; b < B; b++)
         memcpy(prompt + b * P, ids + b * T, P * sizeof(int32_t));
     assert_int_equal(model_prefill(&r_m, &st_, prompt, P, 4, lg), 0); // chunks 4 + 4 + 3
@@ -187,10 +189,16 @@ static void test_batch_decode_equals_forward(void **st) {
     printf("  %d sequences, prefill + decode vs full forward: worst rel err %.2e\n", B, worst);
     assert_true(worst < 5e-4); // as check_decode_equals_forward
     model_state_free(&m, &st_);
+    free(ids), free(step), free(prompt);
     free(full);
     free(lg);
     model_run_free(&r_m);
     model_free(&m);
+}
+
+static void test_batch_decode_equals_forward(void **st) {
+    check_batch_decode_equals_forward(3);               // fused
+    check_batch_decode_equals_forward(BE_FEW_ROWS + 2); // not fused
 }
 
 // Continuous batching: sequences of different lengths, each with its own

@@ -25,7 +25,25 @@ static void cpu_swiglu_bwd(be_t *be, void *dgate_, void *dup_, const void *dout_
     }
 }
 
+// The reference of the fused decode op: gate into h, up into a temporary,
+// then swiglu_fwd in place.
+static void cpu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
+                            int64_t K, int64_t f) {
+    if (N <= 0 || f <= 0) return;
+    cpu_tmp_t tmp;
+    float *up = cpu_tmp_take(be, &tmp, N * f, "proj_swiglu");
+    if (!up) {
+        cpu_fill_nan(h, N * f);
+        return;
+    }
+    be->gemm(be, 0, 1, N, f, K, 1.0f, x, ldx, Wg, K, 0.0f, h, f);
+    be->gemm(be, 0, 1, N, f, K, 1.0f, x, ldx, Wu, K, 0.0f, up, f);
+    cpu_swiglu_fwd(be, h, h, up, f, N, f);
+    cpu_tmp_give(be, &tmp);
+}
+
 void cpu_register_mlp(be_t *be) {
+    be->proj_swiglu = cpu_proj_swiglu;
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->swiglu_bwd = cpu_swiglu_bwd;
 }

@@ -32,6 +32,26 @@ static void cpu_add_rmsnorm_fwd(be_t *be, void *out, float *rstd, void *x_, cons
     cpu_rmsnorm_fwd(be, out, rstd, x, w, N, d, eps);
 }
 
+// The reference of the fused decode op: the product into a temporary, then
+// add_rmsnorm_fwd (or the add alone).
+static void cpu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int64_t lda, const void *W, const void *w,
+                                 int64_t N, int64_t K, int d, float eps) {
+    if (N <= 0 || d <= 0) return;
+    cpu_tmp_t tmp;
+    float *y = cpu_tmp_take(be, &tmp, N * d, "proj_add_rmsnorm");
+    if (!y) {
+        cpu_fill_nan(x, N * d);
+        if (w) cpu_fill_nan(xn, N * d);
+        return;
+    }
+    be->gemm(be, 0, 1, N, d, K, 1.0f, a, lda, W, K, 0.0f, y, d);
+    if (w)
+        cpu_add_rmsnorm_fwd(be, xn, NULL, x, y, w, N, d, eps);
+    else
+        be->add(be, x, y, N * d);
+    cpu_tmp_give(be, &tmp);
+}
+
 // y = x r w with r = (mean x^2 + eps)^-1/2:
 // dx = r (dy w - x_hat mean(dy w x_hat)), dw += sum_n dy x_hat.
 static void cpu_rmsnorm_bwd(be_t *be, void *dx_, float *dw, const void *dout_, const void *x_, const void *w_,
@@ -176,6 +196,7 @@ void cpu_register_norm(be_t *be) {
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
     be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
+    be->proj_add_rmsnorm = cpu_proj_add_rmsnorm;
     be->gated_rmsnorm_fwd = cpu_gated_rmsnorm_fwd;
     be->gated_rmsnorm_bwd = cpu_gated_rmsnorm_bwd;
     be->l2norm_fwd = cpu_l2norm_fwd;

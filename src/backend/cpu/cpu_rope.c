@@ -54,7 +54,29 @@ static void cpu_rope_bwd(be_t *be, void *dx, int64_t ld, int64_t hs, const int32
     rope_apply(dx, ld, hs, pos, cos, sin, N, nh, dr, style, -1.0f);
 }
 
+// rope_vec over q's heads in place, and over each row's new K cache entry
+// after the copy, so that k is not written.
+static void cpu_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *k_, int64_t ldk, const void *v_,
+                               int64_t ldv, const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
+                               void *const *v_rows, int N, int H, int Hkv, int dh) {
+    float *q = q_;
+    const float *k = k_, *v = v_;
+    int64_t kw = (int64_t)Hkv * dh;
+    int half = dh / 2;
+    for (int r = 0; r < N; r++) {
+        const float *c = cos + (int64_t)pos[r] * half, *s = sin + (int64_t)pos[r] * half;
+        float *kd = (float *)k_rows[r] + pos[r] * kw, *vd = (float *)v_rows[r] + pos[r] * kw;
+        for (int h = 0; h < H; h++)
+            rope_vec(q + r * ldq + (int64_t)h * dh, c, s, dh, ROPE_NEOX, 1.0f);
+        memcpy(kd, k + r * ldk, (size_t)kw * sizeof(float));
+        for (int h = 0; h < Hkv; h++)
+            rope_vec(kd + (int64_t)h * dh, c, s, dh, ROPE_NEOX, 1.0f);
+        memcpy(vd, v + r * ldv, (size_t)kw * sizeof(float));
+    }
+}
+
 void cpu_register_rope(be_t *be) {
+    be->rope_kv_append = cpu_rope_kv_append;
     be->rope_fwd = cpu_rope_fwd;
     be->rope_bwd = cpu_rope_bwd;
 }

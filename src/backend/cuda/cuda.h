@@ -25,7 +25,17 @@ typedef struct {
     int first_error;    // first asynchronous/launch error seen (reported by sync)
     char first_error_msg[512];
     int error_before_graph; // first_error when the recording began (graph_begin)
+    // proj_add_rmsnorm's state across its blocks (cuda_core.cu): how many
+    // blocks have finished (the last one resets it to 0), then each block's
+    // sums of squares of its columns of every row, float [CUDA_NORM_BLOCKS,
+    // BE_FEW_ROWS]. Kernels on the stream run one after another, so one
+    // buffer serves every launch, recorded ones included.
+    unsigned *norm_done;
+    float *norm_partial;
 } cuda_impl_t;
+
+// The most blocks of proj_add_rmsnorm's kernel (its columns are spread over them).
+enum { CUDA_NORM_BLOCKS = 1024 };
 
 static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }
 static inline cudaStream_t cuda_stream(be_t *be) { return cuda_impl(be)->stream; }

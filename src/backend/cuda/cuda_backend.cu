@@ -277,6 +277,7 @@ static void cu_destroy(be_t *be) {
         if (be->scratch.base) cudaFree(be->scratch.base);
         if (ci->stage) cudaFree(ci->stage);
         if (ci->lt_workspace) cudaFree(ci->lt_workspace);
+        if (ci->norm_done) cudaFree(ci->norm_done);
         if (ci->lt) cublasLtDestroy(ci->lt);
         if (ci->stream) cudaStreamDestroy(ci->stream);
         free(ci);
@@ -323,6 +324,13 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     ci->lt_workspace_size = 64u << 20;
     if (rc == 0 && (e = cudaMalloc(&ci->lt_workspace, ci->lt_workspace_size)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(cuBLASLt workspace)", e);
+    // one allocation: the counter, then the partial sums 256 bytes on
+    size_t norm_bytes = 256 + (size_t)CUDA_NORM_BLOCKS * BE_FEW_ROWS * sizeof(float);
+    if (rc == 0 && (e = cudaMalloc(&ci->norm_done, norm_bytes)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMalloc(norm state)", e);
+    if (rc == 0 && (e = cudaMemsetAsync(ci->norm_done, 0, norm_bytes, ci->stream)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMemset(norm state)", e);
+    if (rc == 0) ci->norm_partial = (float *)((char *)ci->norm_done + 256);
     void *scratch = NULL;
     if (rc == 0 && scratch_bytes && (e = cudaMalloc(&scratch, scratch_bytes)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(scratch)", e);

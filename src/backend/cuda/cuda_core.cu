@@ -578,7 +578,7 @@ static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, f
 // 21's profile of a decode token, docs/RESULTS.md). One warp per output
 // column: 16-byte loads of B's row, the M rows of A read beside it (cached),
 // fp32 sums, a warp reduction, bf16 out.
-enum { GEMV_ROWS = 8, GEMV_WARPS = 4 };
+enum { GEMV_ROWS = BE_FEW_ROWS, GEMV_WARPS = 4 };
 
 template <int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -638,6 +638,206 @@ static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const v
     cuda_check_launch(be, "k_gemv");
 }
 
+// ---- a decode step's products fused with what follows them (M <= 8 rows) ----
+// The same one-warp-per-column product as k_gemv, with V = 8 (16-byte loads:
+// K, the row strides and the pointers allow it) or 1 (scalar loads). The
+// sums stay in fp32 into the op that follows, so one launch replaces two or
+// three and the product is rounded once, at the end.
+
+// acc[m] += this lane's share of A[m, :] . b[:] (K values; every lane's share
+// summed by warp_sum gives the dot product).
+template <int M, int V>
+__device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__restrict__ A, int64_t lda,
+                                              const bf16 *__restrict__ b, int64_t K, int lane) {
+    for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
+        float w[V];
+        ld_bf16<V>(b + k, w);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float x[V];
+            ld_bf16<V>(A + m * lda + k, x);
+#pragma unroll
+            for (int i = 0; i < V; i++)
+                acc[m] = fmaf(x[i], w[i], acc[m]);
+        }
+    }
+}
+
+// h[m, n] = silu(A[m] . Wg[n]) * (A[m] . Wu[n]): the warp of column n reads
+// row n of both matrices beside each other, the rows of A once for both.
+template <int M, int V>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_swiglu(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
+                  const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= f) return; // the whole warp
+    const bf16 *g = Wg + n * K, *u = Wu + n * K;
+    float ag[M], au[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        ag[m] = au[m] = 0.0f;
+    for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
+        float wg[V], wu[V];
+        ld_bf16<V>(g + k, wg);
+        ld_bf16<V>(u + k, wu);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float x[V];
+            ld_bf16<V>(A + m * lda + k, x);
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                ag[m] = fmaf(x[i], wg[i], ag[m]);
+                au[m] = fmaf(x[i], wu[i], au[m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float gs = warp_sum(ag[m]), us = warp_sum(au[m]);
+        if (lane == 0) h[m * f + n] = __float2bfloat16_rn(dev_silu(gs) * us);
+    }
+}
+
+// x[m, n] += A[m] . W[n] (rounded once), then, with a gain w, xn = rmsnorm(x).
+// The norm needs every column of a row, which the blocks share out: each
+// block leaves the sums of squares of its columns in partial[block, m], and
+// the last block to finish (a count in `done`, which it resets for the next
+// launch) adds them in block order (the same bits every run) and writes xn
+// for all rows. The fences make every block's x and partials visible before
+// its count; the last block reads them from L2 (__ldcg), past its own L1.
+// Columns go round the grid (at most CUDA_NORM_BLOCKS blocks: the partials'
+// room).
+template <int M, int V>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_add_rmsnorm(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
+                       const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
+                       unsigned *done, float *partial) {
+    __shared__ float ss_warp[GEMV_WARPS][M];
+    __shared__ float rstd[M];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        ss[m] = 0.0f;
+    for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS) {
+        float acc[M];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            acc[m] = 0.0f;
+        gemv_lane_dot<M, V>(acc, A, lda, W + n * K, K, lane);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float s = warp_sum(acc[m]);
+            if (lane == 0) { // x and the sums of squares: lane 0 alone
+                const bf16 v = __float2bfloat16_rn(__bfloat162float(x[m * d + n]) + s);
+                x[m * d + n] = v;
+                ss[m] = fmaf(__bfloat162float(v), __bfloat162float(v), ss[m]);
+            }
+        }
+    }
+    if (!w) return; // the last layer: the add alone
+    if (lane == 0)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            ss_warp[warp][m] = ss[m];
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float s = 0.0f;
+        for (int k = 0; k < GEMV_WARPS; k++)
+            s += ss_warp[k][threadIdx.x];
+        partial[blockIdx.x * M + threadIdx.x] = s;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    for (int m = warp; m < M; m += GEMV_WARPS) {
+        float s = 0.0f;
+        for (unsigned b = lane; b < gridDim.x; b += 32)
+            s += __ldcg(partial + b * M + m);
+        s = warp_sum(s);
+        if (lane == 0) rstd[m] = 1.0f / sqrtf(s / (float)d + eps);
+    }
+    __syncthreads();
+    const int64_t nv = (int64_t)M * d / V; // rows are contiguous, and d % V == 0
+    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
+        const int64_t e = j * V;
+        const int m = (int)(e / d), i = (int)(e - (int64_t)m * d);
+        float f[V], g[V];
+        if constexpr (V == 8) {
+            uint4 u = __ldcg(reinterpret_cast<const uint4 *>(x + e));
+            ld_bf16<8>(reinterpret_cast<const bf16 *>(&u), f);
+        } else {
+            f[0] = __bfloat162float(__ldcg(x + e));
+        }
+        ld_bf16<V>(w + i, g);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            f[k] = f[k] * rstd[m] * g[k];
+        st_bf16<V>(xn + e, f);
+    }
+    if (threadIdx.x == 0) *done = 0; // every other block has counted: ready for the next launch
+}
+
+// Launches kern<M, V> for M = rows (1..GEMV_ROWS).
+#define GEMV_LAUNCH_M(rows, V, kern, grid, stream, ...)                                                                \
+    do {                                                                                                               \
+        switch (rows) {                                                                                                \
+        case 1: kern<1, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 2: kern<2, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 3: kern<3, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 4: kern<4, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 5: kern<5, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 6: kern<6, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 7: kern<7, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        default: kern<8, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                             \
+        }                                                                                                              \
+    } while (0)
+
+static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
+                           int64_t K, int64_t f) {
+    if (N <= 0 || f <= 0) return;
+    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)Wg | (uintptr_t)Wu) & 15);
+    const dim3 grid((unsigned)((f + GEMV_WARPS - 1) / GEMV_WARPS));
+    cudaStream_t st = cuda_stream(be);
+    for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
+        const int rows = (int)(N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS);
+        bf16 *hr = (bf16 *)h + r * f;
+        const bf16 *xr = (const bf16 *)x + r * ldx;
+        if (v8)
+            GEMV_LAUNCH_M(rows, 8, k_gemv_swiglu, grid, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f, K);
+        else
+            GEMV_LAUNCH_M(rows, 1, k_gemv_swiglu, grid, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f, K);
+    }
+    cuda_check_launch(be, "k_gemv_swiglu");
+}
+
+static void cu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int64_t lda, const void *W, const void *w,
+                                int64_t N, int64_t K, int d, float eps) {
+    if (N <= 0 || d <= 0) return;
+    cuda_impl_t *ci = cuda_impl(be);
+    const uintptr_t addr = (uintptr_t)a | (uintptr_t)W | (uintptr_t)x | (uintptr_t)xn | (uintptr_t)w;
+    const bool v8 = (K | lda | (int64_t)d) % 8 == 0 && !(addr & 15);
+    int64_t blocks = ((int64_t)d + GEMV_WARPS - 1) / GEMV_WARPS;
+    const dim3 grid((unsigned)(blocks < (int64_t)CUDA_NORM_BLOCKS ? blocks : (int64_t)CUDA_NORM_BLOCKS));
+    cudaStream_t st = cuda_stream(be);
+    for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
+        const int rows = (int)(N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS);
+        bf16 *xr = (bf16 *)x + r * d, *xnr = w ? (bf16 *)xn + r * d : NULL;
+        const bf16 *ar = (const bf16 *)a + r * lda;
+        if (v8)
+            GEMV_LAUNCH_M(rows, 8, k_gemv_add_rmsnorm, grid, st, xnr, xr, ar, lda, (const bf16 *)W, (const bf16 *)w, d,
+                          K, eps, ci->norm_done, ci->norm_partial);
+        else
+            GEMV_LAUNCH_M(rows, 1, k_gemv_add_rmsnorm, grid, st, xnr, xr, ar, lda, (const bf16 *)W, (const bf16 *)w, d,
+                          K, eps, ci->norm_done, ci->norm_partial);
+    }
+    cuda_check_launch(be, "k_gemv_add_rmsnorm");
+}
+
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (N > 0 && gemv_fits(transA, transB, M, K, A, lda, B, ldb, beta)) {
@@ -665,6 +865,8 @@ extern "C" void cuda_register_core(be_t *be) {
     be->gemm = cu_gemm;
     be->gemm_f32out = cu_gemm_f32out;
     be->gemm_batched = cu_gemm_batched;
+    be->proj_swiglu = cu_proj_swiglu;
+    be->proj_add_rmsnorm = cu_proj_add_rmsnorm;
     be->embed_fwd = cu_embed_fwd;
     be->embed_bwd = cu_embed_bwd;
 }

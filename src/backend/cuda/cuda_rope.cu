@@ -86,7 +86,49 @@ static void cu_rope_bwd(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_
     rope_launch(be, dx, ld, hs, pos, cosb, sinb, N, nh, dr, style, 1);
 }
 
+// Grid N (one block per row): a warp per head of q (rotated in place) and of
+// k (rotated into the row's K cache entry), with k_rope's NEOX formulas; then
+// the block copies v into the row's V cache entry.
+__global__ void k_rope_kv_append(bf16 *q, int64_t ldq, const bf16 *__restrict__ k, int64_t ldk,
+                                 const bf16 *__restrict__ v, int64_t ldv, const int32_t *__restrict__ pos,
+                                 const float *__restrict__ cosb, const float *__restrict__ sinb,
+                                 bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, int H, int Hkv,
+                                 int dh) {
+    const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int64_t p = pos[r], kw = (int64_t)Hkv * dh;
+    const int half = dh / 2;
+    const float *c = cosb + p * half, *s = sinb + p * half;
+    bf16 *kd = k_rows[r] + p * kw, *vd = v_rows[r] + p * kw;
+    for (int h = warp; h < H + Hkv; h += warps) {
+        const bf16 *src = h < H ? q + r * ldq + (int64_t)h * dh : k + r * ldk + (int64_t)(h - H) * dh;
+        bf16 *dst = h < H ? q + r * ldq + (int64_t)h * dh : kd + (int64_t)(h - H) * dh;
+        for (int j = lane; j < half; j += 32) { // the lane reads its pair before writing it (q in place)
+            float x0 = __bfloat162float(src[j]), x1 = __bfloat162float(src[j + half]);
+            float cj = c[j], sn = s[j];
+            dst[j] = __float2bfloat16_rn(x0 * cj - x1 * sn);
+            dst[j + half] = __float2bfloat16_rn(x1 * cj + x0 * sn);
+        }
+    }
+    for (int64_t i = threadIdx.x; i < kw; i += blockDim.x)
+        vd[i] = v[r * ldv + i];
+}
+
+static void cu_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
+                              const int32_t *pos, const float *cosb, const float *sinb, void *const *k_rows,
+                              void *const *v_rows, int N, int H, int Hkv, int dh) {
+    if (N <= 0) return;
+    if (dh <= 0 || dh % 2) {
+        cu_op_error(be, "cuda rope_kv_append: head dim %d must be even", dh);
+        return;
+    }
+    k_rope_kv_append<<<(unsigned)N, 32 * ROPE_WARPS, 0, cuda_stream(be)>>>(
+        (bf16 *)q, ldq, (const bf16 *)k, ldk, (const bf16 *)v, ldv, pos, cosb, sinb, (bf16 *const *)k_rows,
+        (bf16 *const *)v_rows, H, Hkv, dh);
+    cuda_check_launch(be, "k_rope_kv_append");
+}
+
 extern "C" void cuda_register_rope(be_t *be) {
+    be->rope_kv_append = cu_rope_kv_append;
     be->rope_fwd = cu_rope_fwd;
     be->rope_bwd = cu_rope_bwd;
 }
