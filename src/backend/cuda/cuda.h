@@ -25,7 +25,11 @@ typedef struct {
     int first_error;    // first asynchronous/launch error seen (reported by sync)
     char first_error_msg[512];
     int error_before_graph; // first_error when the recording began (graph_begin)
+    unsigned *dec_count;    // [CUDA_DEC_COUNTERS] zeroed at creation; decode kernels that merge their
+                            // slices in the last block count on them and leave them 0 (cuda_attn.cu)
 } cuda_impl_t;
+
+enum { CUDA_DEC_COUNTERS = 4096 };
 
 static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }
 static inline cudaStream_t cuda_stream(be_t *be) { return cuda_impl(be)->stream; }

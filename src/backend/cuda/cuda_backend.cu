@@ -277,6 +277,7 @@ static void cu_destroy(be_t *be) {
         if (be->scratch.base) cudaFree(be->scratch.base);
         if (ci->stage) cudaFree(ci->stage);
         if (ci->lt_workspace) cudaFree(ci->lt_workspace);
+        if (ci->dec_count) cudaFree(ci->dec_count);
         if (ci->lt) cublasLtDestroy(ci->lt);
         if (ci->stream) cudaStreamDestroy(ci->stream);
         free(ci);
@@ -323,6 +324,11 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     ci->lt_workspace_size = 64u << 20;
     if (rc == 0 && (e = cudaMalloc(&ci->lt_workspace, ci->lt_workspace_size)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(cuBLASLt workspace)", e);
+    if (rc == 0 && (e = cudaMalloc(&ci->dec_count, CUDA_DEC_COUNTERS * sizeof(unsigned))) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMalloc(decode counters)", e);
+    if (rc == 0 && (e = cudaMemsetAsync(ci->dec_count, 0, CUDA_DEC_COUNTERS * sizeof(unsigned), ci->stream)) !=
+                       cudaSuccess)
+        rc = cuda_fail(be, "cudaMemsetAsync(decode counters)", e);
     void *scratch = NULL;
     if (rc == 0 && scratch_bytes && (e = cudaMalloc(&scratch, scratch_bytes)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(scratch)", e);
