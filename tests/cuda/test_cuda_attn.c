@@ -599,40 +599,28 @@ static void test_attn_decode(void **st) {
     static const int32_t mixed8b[8] = {9000, 33, 4096, 0, 1, 2500, 32, 31};
     static const int32_t two[2] = {100, 3000}, empty[1] = {0};
     static const dec_case_t cases[] = {
-        {9, 3, 64, 64, 5, 1.0f, 0, 0, 0, NULL, 0},
-        {32, 8, 128, 24, 4, 1.0f, 0, 0, 0, NULL, 0},
-        {16, 8, 128, 33, 3, 1.0f, 0, 0, 0, NULL, 0},
-        {4, 4, 64, 7, 7, 1.0f, 0, 0, 0, NULL, 0},
-        {12, 2, 128, 20, 2, 3.0f, 0, 0, 0, NULL, 0},
-        {8, 1, 256, 6, 1, 1.0f, 0, 0, 0, NULL, 0},
-        {6, 2, 96, 10, 2, 1.0f, 0, 0, 0, NULL, 0},
-        {9, 3, 64, 1, 1, 3.0f, 0, 0, 0, NULL, 0},
-        {9, 3, 64, 3, 2, 1.0f, 30011, 0, 0, NULL, 0},
-        {32, 8, 128, 1, 1, 3.0f, 12000, 0, 0, NULL, 0},
-        {8, 1, 256, 2, 1, 1.0f, 9000, 0, 0, NULL, 0},
-        {9, 3, 64, 16, 3, 1.0f, 0, 2 * 3 * 64, 0, NULL, 0},
-        {9, 3, 64, 8, 8, 1.0f, 0, 0, 0, mixed8, 0},
-        {24, 8, 128, 8, 3, 1.0f, 0, 0, 0, mixed8b, 0},
-        {8, 1, 128, 8, 2, 2.0f, 0, 0, 0, mixed8b, 0},
-        {20, 2, 64, 2, 1, 1.0f, 7001, 0, 0, NULL, 0},
-        {24, 2, 128, 3, 3, 1.0f, 0, 0, 0, NULL, 0},
-        {16, 4, 128, 8, 2, 1.0f, 0, 0, 64, mixed8b, 0},
-        {6, 3, 36, 8, 2, 1.0f, 0, 0, 0, mixed8b, 0},
-        {9, 3, 64, 2, 2, 1.0f, 0, 0, 0, two, 60000},
+        {9, 3, 64, 64, 5, 1.0f, 0, 0, 0, NULL, 0},      {32, 8, 128, 24, 4, 1.0f, 0, 0, 0, NULL, 0},
+        {16, 8, 128, 33, 3, 1.0f, 0, 0, 0, NULL, 0},    {4, 4, 64, 7, 7, 1.0f, 0, 0, 0, NULL, 0},
+        {12, 2, 128, 20, 2, 3.0f, 0, 0, 0, NULL, 0},    {8, 1, 256, 6, 1, 1.0f, 0, 0, 0, NULL, 0},
+        {6, 2, 96, 10, 2, 1.0f, 0, 0, 0, NULL, 0},      {9, 3, 64, 1, 1, 3.0f, 0, 0, 0, NULL, 0},
+        {9, 3, 64, 3, 2, 1.0f, 30011, 0, 0, NULL, 0},   {32, 8, 128, 1, 1, 3.0f, 12000, 0, 0, NULL, 0},
+        {8, 1, 256, 2, 1, 1.0f, 9000, 0, 0, NULL, 0},   {9, 3, 64, 16, 3, 1.0f, 0, 2 * 3 * 64, 0, NULL, 0},
+        {9, 3, 64, 8, 8, 1.0f, 0, 0, 0, mixed8, 0},     {24, 8, 128, 8, 3, 1.0f, 0, 0, 0, mixed8b, 0},
+        {8, 1, 128, 8, 2, 2.0f, 0, 0, 0, mixed8b, 0},   {20, 2, 64, 2, 1, 1.0f, 7001, 0, 0, NULL, 0},
+        {24, 2, 128, 3, 3, 1.0f, 0, 0, 0, NULL, 0},     {16, 4, 128, 8, 2, 1.0f, 0, 0, 64, mixed8b, 0},
+        {6, 3, 36, 8, 2, 1.0f, 0, 0, 0, mixed8b, 0},    {9, 3, 64, 2, 2, 1.0f, 0, 0, 0, two, 60000},
         {24, 8, 128, 1, 1, 1.0f, 0, 0, 0, empty, 5000},
     };
     // B = 1 over lengths around the row groups and long ones, groups 1, 3, 8
     static const int32_t b1_len[6] = {1, 31, 32, 33, 4096, 70000};
-    static const struct {
-        int H, Hkv, dh;
-    } b1_shapes[] = {{4, 4, 64}, {9, 3, 64}, {24, 8, 128}, {8, 1, 128}};
+    static const struct { int H, Hkv, dh; } b1_shapes[] = {{4, 4, 64}, {9, 3, 64}, {24, 8, 128}, {8, 1, 128}};
     int fails = 0;
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
         fails += run_attn_decode(&cases[i], 7000 + 31 * i);
     for (int i = 0; i < (int)(sizeof b1_shapes / sizeof b1_shapes[0]); i++)
         for (int k = 0; k < 6; k++) {
-            const dec_case_t c = {b1_shapes[i].H, b1_shapes[i].Hkv, b1_shapes[i].dh, 1, 1, 1.0f, 0, 0, 0,
-                                  &b1_len[k], 0};
+            const dec_case_t c = {
+                b1_shapes[i].H, b1_shapes[i].Hkv, b1_shapes[i].dh, 1, 1, 1.0f, 0, 0, 0, &b1_len[k], 0};
             fails += run_attn_decode(&c, 8000 + 17 * i + k);
         }
     printf("attn_decode: %d comparison(s) failed\n", fails);

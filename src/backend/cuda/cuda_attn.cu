@@ -1181,9 +1181,9 @@ enum { DEC_MIN_SLICE = 256, DEC_MAX_SPLIT = 256 }; // rows a slice holds at leas
 
 typedef struct {
     bf16 *out;
-    float *part_o;    // [pair][n_split][G][dv] unnormalised O of each slice (n_split > 1)
-    float2 *part_ml;  // [pair][n_split][G] (m, l) of each slice, m in the exp2 domain
-    unsigned *count;  // [pair] blocks of the pair done; 0 between launches
+    float *part_o;   // [pair][n_split][G][dv] unnormalised O of each slice (n_split > 1)
+    float2 *part_ml; // [pair][n_split][G] (m, l) of each slice, m in the exp2 domain
+    unsigned *count; // [pair] blocks of the pair done; 0 between launches
     const bf16 *q;
     int64_t ldq;
     const bf16 *const *k_rows, *const *v_rows;
@@ -1207,8 +1207,8 @@ template <bool VEC> static __device__ __forceinline__ uint4 dec_ld8(const bf16 *
     if (VEC) {
         if (cols > 0)
             asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                         : "l"(p));
+                : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                : "l"(p));
     } else {
         unsigned short *h = reinterpret_cast<unsigned short *>(&u);
         const unsigned short *ph = reinterpret_cast<const unsigned short *>(p);
@@ -1505,8 +1505,7 @@ template <bool VEC> static void dec_launch_g(be_t *be, int G, const dec_args_t &
 static void cu_attn_decode(be_t *be, void *out, const void *q, int64_t ldq, void *const *k_rows, void *const *v_rows,
                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
     if (N <= 0 || H <= 0) return;
-    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || dqk > 256 || dv > 256 || max_len < 0 ||
-        N > 0x7fffffff / H) {
+    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || dqk > 256 || dv > 256 || max_len < 0 || N > 0x7fffffff / H) {
         cu_op_error(be, "cuda attn_decode: N=%d H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", N, H, Hkv, dqk, dv,
                     max_len);
         return;

@@ -326,8 +326,8 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
         rc = cuda_fail(be, "cudaMalloc(cuBLASLt workspace)", e);
     if (rc == 0 && (e = cudaMalloc(&ci->dec_count, CUDA_DEC_COUNTERS * sizeof(unsigned))) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(decode counters)", e);
-    if (rc == 0 && (e = cudaMemsetAsync(ci->dec_count, 0, CUDA_DEC_COUNTERS * sizeof(unsigned), ci->stream)) !=
-                       cudaSuccess)
+    if (rc == 0 &&
+        (e = cudaMemsetAsync(ci->dec_count, 0, CUDA_DEC_COUNTERS * sizeof(unsigned), ci->stream)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMemsetAsync(decode counters)", e);
     void *scratch = NULL;
     if (rc == 0 && scratch_bytes && (e = cudaMalloc(&scratch, scratch_bytes)) != cudaSuccess)
