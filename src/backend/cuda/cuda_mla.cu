@@ -761,11 +761,13 @@ typedef struct {
     size_t occ_smem;
 } mla_launch_state_t;
 
+enum { MLA_MIN_SLICE_TILES = 8 };
+
 // Everything v1 and v2 set up alike before their launches: raises the kernel's
 // shared memory limit (cuda_smem_limit), reads its occupancy (cached in *ls), picks the slices per sequence (one wave
-// of blocks over the batch, never more slices than tiles of `rows_per_tile`) and takes the partial results (m, l,
-// unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed (recorded; *mark
-// restored).
+// of blocks over the batch, each at least MLA_MIN_SLICE_TILES tiles of `rows_per_tile` rows of max_rows) and takes the
+// partial results (m, l, unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call
+// failed (recorded; *mark restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
                                 size_t smem, int B, int64_t max_rows, int rows_per_tile, int H, int r_kv,
                                 float **part_o, float **part_ml, size_t *mark) {
@@ -784,7 +786,9 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
         ls->occ_threads = threads, ls->occ_smem = smem;
     }
     int64_t ns = (int64_t)ls->occ * ci->sm_count / B;
-    int64_t tiles = (max_rows + rows_per_tile - 1) / rows_per_tile;
+    // at least MLA_MIN_SLICE_TILES tiles of max_rows per slice: at short contexts
+    // more slices only add partials (H r_kv floats each) for the combine to read
+    int64_t tiles = (max_rows + rows_per_tile - 1) / rows_per_tile / MLA_MIN_SLICE_TILES;
     if (ns > tiles) ns = tiles;
     if (ns < 1) ns = 1;
     arena_t *ar = &be->scratch;
