@@ -17,7 +17,9 @@
 //    of bf16 inputs summed in fp32, exp2 approximations ~2^-22 relative), so the
 //    error is ~1e-6 on values of order log(Tk); one key masked wrongly changes a
 //    row's lse by about log(1 + 1/Tk) >= 1e-3 at these sizes.
-//  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward.
+//  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward (P
+//    rounded to bf16 for the tensor-core P c product, ~1e-3 in L2, and the
+//    output's, ~1.1e-3); the split merge adds only fp32 noise.
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
 //    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
 //    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
@@ -259,7 +261,8 @@ static void test_attn_bwd_deterministic(void **st) {
 }
 
 // MLA decode: sequences of different lengths in one call (len = 0, 1, around
-// the 32-row tiles and slice boundaries, long ones split over many blocks).
+// the 32-row tiles and slice boundaries, long ones split over many blocks), B
+// = 1 and 8, SmolLM2-size (r_kv 128, dr 32) and r_kv 512 + dr 64 latents.
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
 // Every case runs under the production dispatch (v2 with tiled tensor copies,
 // and v1 for the shape v2 does not lay out: the last case), with the sequences
@@ -274,6 +277,7 @@ typedef struct {
     int64_t cap;
     int32_t len[8];
     float scale_mul; // scale = scale_mul / sqrt(r_kv + dr)
+    int max_pad;     // max_len = the longest length + max_pad (a recorded step's context limit); <= cap - longest
 } mla_case_t;
 
 // separate: every sequence in an allocation of its own (a server's states; no
@@ -292,6 +296,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
                      qp_off ? (qp_off % 8 ? " q_pe odd" : " q_pe in q") : "", B, H, R, DR, (long long)c->cap);
     for (int b = 0; b < B && n < (int)sizeof label - 12; b++)
         n += snprintf(label + n, sizeof label - n, " %d", c->len[b]);
+    if (c->max_pad && n < (int)sizeof label - 16) snprintf(label + n, sizeof label - n, " max_len+%d", c->max_pad);
 
     float *cache = tu_rnd(ncache, seed, 1.0f), *ql = tu_rnd(nq, seed + 1, 1.0f), *qp = tu_rnd(np, seed + 2, 1.0f);
     for (int b = 0; b < B; b++)
@@ -305,6 +310,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
         max_len = c->len[b] > max_len ? c->len[b] : max_len;
         rows_h[b] = cache + (int64_t)b * c->cap * L;
     }
+    max_len += c->max_pad;
     cpu->mla_decode_attn(cpu, out_c, ql, qp + qp_off, H * hs, hs, rows_h, c->len, max_len, NULL, 0, B, H, R, DR, scale);
 
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
@@ -345,22 +351,34 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
 
 static void test_mla_decode(void **st) {
     static const mla_case_t cases[] = {
-        {3, 9, 128, 32, 5000, {1, 4099, 1000}, 1.0f},
-        {2, 32, 16, 32, 300, {77, 300}, 1.0f},
-        {2, 16, 512, 64, 3000, {2050, 33}, 1.0f},
-        {1, 24, 160, 64, 70000, {65537}, 1.0f},
-        {8, 32, 64, 32, 1500, {0, 1, 2, 31, 32, 33, 1000, 1500}, 1.0f},
-        {4, 17, 128, 64, 2000, {1999, 5, 64, 128}, 4.0f},
-        {1, 32, 128, 64, 40000, {39999}, 4.0f},
+        {3, 9, 128, 32, 5000, {1, 4099, 1000}, 1.0f, 0},
+        {2, 32, 16, 32, 300, {77, 300}, 1.0f, 0},
+        {2, 16, 512, 64, 3000, {2050, 33}, 1.0f, 0},
+        {1, 24, 160, 64, 70000, {65537}, 1.0f, 0},
+        {8, 32, 64, 32, 1500, {0, 1, 2, 31, 32, 33, 1000, 1500}, 1.0f, 0},
+        {4, 17, 128, 64, 2000, {1999, 5, 64, 128}, 4.0f, 0},
+        {1, 32, 128, 64, 40000, {39999}, 4.0f, 0},
         // B > 1 with lengths that are not multiples of the split or the tile, long
         // slices (the ring wraps at the default size), a negative scale (v2
         // negates Q instead), r_kv not a multiple of 16 (zero columns of the tile)
-        {2, 32, 128, 32, 200000, {200000, 150001}, 1.0f},
-        {3, 9, 128, 64, 9000, {8999, 4097, 7}, -1.0f},
-        {2, 5, 136, 16, 3000, {2999, 1234}, 2.0f},
+        {2, 32, 128, 32, 200000, {200000, 150001}, 1.0f, 0},
+        {3, 9, 128, 64, 9000, {8999, 4097, 7}, -1.0f, 0},
+        {2, 5, 136, 16, 3000, {2999, 1234}, 2.0f, 0},
         // 3 head tiles x 4 column chunks = 12 warps per row group, more than v2's
         // 11 (MLA2_MAXW): the production dispatch falls back to v1
-        {2, 48, 512, 64, 3000, {2999, 1000}, 1.0f},
+        {2, 48, 512, 64, 3000, {2999, 1000}, 1.0f, 0},
+        // B = 8 with mixed lengths up to 70K (SmolLM2-size latents; r_kv 512 +
+        // dr 64 up to 9K), B = 1 at 70K and around the 32-row tiles for both,
+        // and max_len past every length (slices sized for rows that are not
+        // there, as a recorded decode step passes its context limit)
+        {8, 9, 128, 32, 70003, {70000, 0, 1, 31, 32, 33, 4096, 12345}, 1.0f, 0},
+        {8, 16, 512, 64, 9003, {9000, 33, 4096, 0, 1, 2500, 32, 31}, 1.0f, 0},
+        {1, 9, 128, 32, 70000, {70000}, 1.0f, 0},
+        {1, 16, 512, 64, 70000, {69999}, 1.0f, 0},
+        {4, 9, 128, 32, 40, {1, 31, 32, 33}, 1.0f, 0},
+        {4, 16, 512, 64, 40, {33, 32, 31, 1}, 1.0f, 0},
+        {2, 24, 128, 64, 9000, {100, 2000}, 1.0f, 7000},
+        {1, 9, 128, 32, 5000, {0}, 1.0f, 4999},
     };
     static const struct {
         const char *dec, *stages, *warps;
