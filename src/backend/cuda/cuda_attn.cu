@@ -1232,17 +1232,28 @@ static __device__ __forceinline__ void dec_cvt8(uint4 u, float (&f)[8]) {
 // then every x is -inf as well and the weight is 0, not NaN.
 static __device__ __forceinline__ float dec_w(float x, float m) { return m == -INFINITY ? 0.f : exp2f(x - m); }
 
-// sum over slices t = t0, t0 + dt, ... of weight ws[t][j] times entry i of
-// slice t's partial O (slices of weight 0 saw no row and are not read).
-static __device__ __forceinline__ float dec_sum(const float *po, const float *ws, int i, int j, int slice_stride,
-                                                int t0, int dt, int n_split, int G) {
-    float acc = 0.f;
+// acc = sum over slices t = t0, t0 + dt, ... of weight ws[t][j] times the W
+// floats at unit i of slice t's partial O. Every slice wrote its partial (an
+// empty one zeros, weight 0), so the loads need no condition and several are
+// in flight.
+template <int W>
+static __device__ __forceinline__ void dec_sum(float (&acc)[W], const float *po, const float *ws, int i, int j,
+                                               int slice_stride, int t0, int dt, int n_split, int G) {
+#pragma unroll
+    for (int e = 0; e < W; e++)
+        acc[e] = 0.f;
 #pragma unroll 8
     for (int t = t0; t < n_split; t += dt) {
         const float wt = ws[t * G + j];
-        if (wt != 0.f) acc = fmaf(wt, __ldcg(&po[(int64_t)t * slice_stride + i]), acc);
+        const float *p = po + (int64_t)t * slice_stride + (int64_t)i * W;
+        if constexpr (W == 4) {
+            const float4 x = __ldcg(reinterpret_cast<const float4 *>(p));
+            acc[0] = fmaf(wt, x.x, acc[0]), acc[1] = fmaf(wt, x.y, acc[1]);
+            acc[2] = fmaf(wt, x.z, acc[2]), acc[3] = fmaf(wt, x.w, acc[3]);
+        } else {
+            acc[0] = fmaf(wt, __ldcg(p), acc[0]);
+        }
     }
-    return acc;
 }
 
 // Grid (N * Hkv * nhc pairs, n_split), DEC_THREADS threads; dynamic shared
@@ -1411,26 +1422,43 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
         sL[tid] = L;
     }
     __syncthreads();
-    // thread -> (entry i = j * dv + c, subset of the slices): a small E takes
-    // several threads per entry, so more loads are in flight; the subsets add
-    // in a fixed order (the same result on every run)
+    // thread -> (unit i of W floats of the E = gh dv, subset of the slices):
+    // a small E takes several threads per unit, so more loads are in flight;
+    // the subsets add in a fixed order (the same result on every run). VEC
+    // (dv a multiple of 8): float4 units, which never straddle two heads.
+    constexpr int W = VEC ? 4 : 1;
+    const int EW = E / W;
     const float *po = a.part_o + (int64_t)pair * n_split * G * dv;
-    if (E >= DEC_THREADS) {
-        for (int i = tid; i < E; i += DEC_THREADS) {
-            const int j = i / dv;
-            const float L = sL[j], acc = dec_sum(po, ws, i, j, G * dv, 0, 1, n_split, G);
-            a.out[((int64_t)r * a.H + h0) * dv + i] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
+    bf16 *ob = a.out + ((int64_t)r * a.H + h0) * dv;
+    if (EW >= DEC_THREADS) {
+        for (int i = tid; i < EW; i += DEC_THREADS) {
+            const int j = i * W / dv;
+            float acc[W];
+            dec_sum<W>(acc, po, ws, i, j, G * dv, 0, 1, n_split, G);
+            const float L = sL[j], inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+            for (int e = 0; e < W; e++)
+                ob[i * W + e] = __float2bfloat16_rn(acc[e] * inv);
         }
     } else {
-        const int nsub = DEC_THREADS / E, sub = tid / E, i = tid - sub * E;
-        if (sub < nsub) red[tid] = dec_sum(po, ws, i, i / dv, G * dv, sub, nsub, n_split, G); // red[sub][i]
+        const int nsub = DEC_THREADS / EW, sub = tid / EW, i = tid - sub * EW;
+        if (sub < nsub) { // red[sub][i][W]
+            float acc[W];
+            dec_sum<W>(acc, po, ws, i, i * W / dv, G * dv, sub, nsub, n_split, G);
+#pragma unroll
+            for (int e = 0; e < W; e++)
+                red[tid * W + e] = acc[e];
+        }
         __syncthreads();
-        if (tid < E) {
-            float acc = 0.f;
-            for (int t = 0; t < nsub; t++)
-                acc += red[t * E + tid];
-            const float L = sL[tid / dv];
-            a.out[((int64_t)r * a.H + h0) * dv + tid] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
+        if (tid < EW) {
+            const float L = sL[tid * W / dv], inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+            for (int e = 0; e < W; e++) {
+                float acc = 0.f;
+                for (int t = 0; t < nsub; t++)
+                    acc += red[(t * EW + tid) * W + e];
+                ob[tid * W + e] = __float2bfloat16_rn(acc * inv);
+            }
         }
     }
     if (tid == 0) a.count[pair] = 0; // ready for the next launch (stream order)
@@ -1440,7 +1468,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
 // block's merge of n_split partials (the same memory, used one after the other).
 static size_t dec_smem_bytes(int G, int lpr, int n_split) {
     const size_t warps = (size_t)DEC_WARPS * G * (lpr * 8 + 2);
-    const size_t last = n_split > 1 ? (size_t)n_split * G + G + DEC_THREADS : 0;
+    const size_t last = n_split > 1 ? (size_t)n_split * G + G + 4 * DEC_THREADS : 0;
     return (warps > last ? warps : last) * sizeof(float);
 }
 
