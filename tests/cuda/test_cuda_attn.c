@@ -486,7 +486,8 @@ static void test_mla_decode_deterministic(void **st) {
 // that are not there and many come out empty.
 // Every case calls the op twice on fresh NaN outputs: a split call merges in
 // the last block of each (row, KV head), found by counters the kernel must
-// leave at 0; a counter left over would make the second call skip merges.
+// leave at 0; a counter left over would make the second call skip merges. The
+// two outputs must be equal bit for bit (the merges add in a fixed order).
 typedef struct {
     int H, Hkv, dh, B, n_runs;
     float qstd;
@@ -572,6 +573,7 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
     assert_int_equal(gpu->copy_h2d(gpu, ptr_d + B, vb_d, sizeof(void *) * B), 0);
     int32_t *len_d = tu_dev_i32(gpu, len, B);
     int fails = 0;
+    float *first = NULL;                   // call 1's output
     for (int call = 0; call < 2; call++) { // the second call sees the counters the first one left
         void *out_d = tu_dev_act(gpu, poison, nq);
         gpu->attn_decode(gpu, out_d, q_d, ldq, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dv, scale);
@@ -590,8 +592,18 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
         }
         fails += f;
         gpu->free(gpu, out_d);
+        if (call == 0) {
+            first = out_g;
+            continue;
+        }
+        // the slices merge in a fixed order: the same bits on every call
+        if (memcmp(first, out_g, sizeof(float) * nq)) {
+            printf("  %s: call 2 differs from call 1  FAIL\n", label);
+            fails++;
+        }
         free(out_g);
     }
+    free(first);
     for (int k = 0; k < R; k++) {
         gpu->free(gpu, runs[k].kd), gpu->free(gpu, runs[k].vd);
         free(runs[k].kh), free(runs[k].vh);

@@ -309,6 +309,12 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 // copies (run 9, docs/PERFORMANCE.md): at 1M, 64% (B = 1, H = 32) to 98%
 // (B = 8, H = 9); at 64K, B = 1, 18-31%: the fixed cost of the two launches
 // and the combine (~20 us) is most of a 5 us read.
+// Why not attn_decode's scheme (k_attn_decode: rows streamed into registers,
+// fp32 FMAs and shuffle reductions per lane): there each row serves the few
+// query heads of one KV head; here every row serves all H heads (9 to 32), so
+// the same per-lane work would cost several times the issue slots a row's
+// bytes allow at full bandwidth. The products stay on the tensor cores, fed
+// through shared memory by the tensor copies.
 // The combine is a separate kernel launched with programmatic dependent launch
 // (it starts while the decode drains and waits on griddepcontrol.wait), with
 // float4 loads spread over the splits. A fused "last block combines" was not
