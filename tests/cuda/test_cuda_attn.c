@@ -17,12 +17,17 @@
 //    of bf16 inputs summed in fp32, exp2 approximations ~2^-22 relative), so the
 //    error is ~1e-6 on values of order log(Tk); one key masked wrongly changes a
 //    row's lse by about log(1 + 1/Tk) >= 1e-3 at these sizes.
-//  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward.
+//  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward (P
+//    rounded to bf16 for the tensor-core P c product, ~1e-3 in L2, and the
+//    output's, ~1.1e-3); the split merge adds only fp32 noise.
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
 //    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
 //    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
-//    ~1.2e-3. A long cache split into slices adds the fp32 merge of their
-//    partials (a few roundings of 2^-24 each), the same order of noise.
+//    ~1.2e-3. The kernel's online softmax in the exp2 domain (scale * log2(e)
+//    folded into q: one more fp32 rounding per score, ex2 ~2^-22 relative) and
+//    its merges of lane groups, warps and slices (a few fp32 roundings each)
+//    stay at that order of noise; 5e-3 leaves 4x room over the bf16 output
+//    rounding, while one wrong row or weight is ~1e-1.
 //  - kv_append: exact (memcmp of the caches): bf16 copies of bf16-rounded inputs.
 // A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
 // A failure prints the shape, the error, and the first element off by more
@@ -256,7 +261,8 @@ static void test_attn_bwd_deterministic(void **st) {
 }
 
 // MLA decode: sequences of different lengths in one call (len = 0, 1, around
-// the 32-row tiles and slice boundaries, long ones split over many blocks).
+// the 32-row tiles and slice boundaries, long ones split over many blocks), B
+// = 1 and 8, SmolLM2-size (r_kv 128, dr 32) and r_kv 512 + dr 64 latents.
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
 // Every case runs under the production dispatch (v2 with tiled tensor copies,
 // and v1 for the shape v2 does not lay out: the last case), with the sequences
@@ -271,6 +277,7 @@ typedef struct {
     int64_t cap;
     int32_t len[8];
     float scale_mul; // scale = scale_mul / sqrt(r_kv + dr)
+    int max_pad;     // max_len = the longest length + max_pad (a recorded step's context limit); <= cap - longest
 } mla_case_t;
 
 // separate: every sequence in an allocation of its own (a server's states; no
@@ -289,6 +296,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
                      qp_off ? (qp_off % 8 ? " q_pe odd" : " q_pe in q") : "", B, H, R, DR, (long long)c->cap);
     for (int b = 0; b < B && n < (int)sizeof label - 12; b++)
         n += snprintf(label + n, sizeof label - n, " %d", c->len[b]);
+    if (c->max_pad && n < (int)sizeof label - 16) snprintf(label + n, sizeof label - n, " max_len+%d", c->max_pad);
 
     float *cache = tu_rnd(ncache, seed, 1.0f), *ql = tu_rnd(nq, seed + 1, 1.0f), *qp = tu_rnd(np, seed + 2, 1.0f);
     for (int b = 0; b < B; b++)
@@ -302,6 +310,7 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
         max_len = c->len[b] > max_len ? c->len[b] : max_len;
         rows_h[b] = cache + (int64_t)b * c->cap * L;
     }
+    max_len += c->max_pad;
     cpu->mla_decode_attn(cpu, out_c, ql, qp + qp_off, H * hs, hs, rows_h, c->len, max_len, NULL, 0, B, H, R, DR, scale);
 
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
@@ -342,22 +351,34 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
 
 static void test_mla_decode(void **st) {
     static const mla_case_t cases[] = {
-        {3, 9, 128, 32, 5000, {1, 4099, 1000}, 1.0f},
-        {2, 32, 16, 32, 300, {77, 300}, 1.0f},
-        {2, 16, 512, 64, 3000, {2050, 33}, 1.0f},
-        {1, 24, 160, 64, 70000, {65537}, 1.0f},
-        {8, 32, 64, 32, 1500, {0, 1, 2, 31, 32, 33, 1000, 1500}, 1.0f},
-        {4, 17, 128, 64, 2000, {1999, 5, 64, 128}, 4.0f},
-        {1, 32, 128, 64, 40000, {39999}, 4.0f},
+        {3, 9, 128, 32, 5000, {1, 4099, 1000}, 1.0f, 0},
+        {2, 32, 16, 32, 300, {77, 300}, 1.0f, 0},
+        {2, 16, 512, 64, 3000, {2050, 33}, 1.0f, 0},
+        {1, 24, 160, 64, 70000, {65537}, 1.0f, 0},
+        {8, 32, 64, 32, 1500, {0, 1, 2, 31, 32, 33, 1000, 1500}, 1.0f, 0},
+        {4, 17, 128, 64, 2000, {1999, 5, 64, 128}, 4.0f, 0},
+        {1, 32, 128, 64, 40000, {39999}, 4.0f, 0},
         // B > 1 with lengths that are not multiples of the split or the tile, long
         // slices (the ring wraps at the default size), a negative scale (v2
         // negates Q instead), r_kv not a multiple of 16 (zero columns of the tile)
-        {2, 32, 128, 32, 200000, {200000, 150001}, 1.0f},
-        {3, 9, 128, 64, 9000, {8999, 4097, 7}, -1.0f},
-        {2, 5, 136, 16, 3000, {2999, 1234}, 2.0f},
+        {2, 32, 128, 32, 200000, {200000, 150001}, 1.0f, 0},
+        {3, 9, 128, 64, 9000, {8999, 4097, 7}, -1.0f, 0},
+        {2, 5, 136, 16, 3000, {2999, 1234}, 2.0f, 0},
         // 3 head tiles x 4 column chunks = 12 warps per row group, more than v2's
         // 11 (MLA2_MAXW): the production dispatch falls back to v1
-        {2, 48, 512, 64, 3000, {2999, 1000}, 1.0f},
+        {2, 48, 512, 64, 3000, {2999, 1000}, 1.0f, 0},
+        // B = 8 with mixed lengths up to 70K (SmolLM2-size latents; r_kv 512 +
+        // dr 64 up to 9K), B = 1 at 70K and around the 32-row tiles for both,
+        // and max_len past every length (slices sized for rows that are not
+        // there, as a recorded decode step passes its context limit)
+        {8, 9, 128, 32, 70003, {70000, 0, 1, 31, 32, 33, 4096, 12345}, 1.0f, 0},
+        {8, 16, 512, 64, 9003, {9000, 33, 4096, 0, 1, 2500, 32, 31}, 1.0f, 0},
+        {1, 9, 128, 32, 70000, {70000}, 1.0f, 0},
+        {1, 16, 512, 64, 70000, {69999}, 1.0f, 0},
+        {4, 9, 128, 32, 40, {1, 31, 32, 33}, 1.0f, 0},
+        {4, 16, 512, 64, 40, {33, 32, 31, 1}, 1.0f, 0},
+        {2, 24, 128, 64, 9000, {100, 2000}, 1.0f, 7000},
+        {1, 9, 128, 32, 5000, {0}, 1.0f, 4999},
     };
     static const struct {
         const char *dec, *stages, *warps;
@@ -451,30 +472,41 @@ static void test_mla_decode_deterministic(void **st) {
 // ---- decode over per-sequence caches (attn_decode, kv_append) -------------------
 //
 // A step's rows as a server makes them: n_runs states, each a buffer of its own
-// holding some of the rows' sequences ([n, cap, Hkv, dh] K and V, cap the run's
-// longest length + 3), row r in run r % n_runs (rows of one run need not be
-// adjacent for the op). Lengths 1..2000 (pseudo-random) with 0, 1, 31, 32, 33
-// and 2000 among them: tile boundaries of the kernel (32 rows) and an empty row
-// (zeros); or, for the long cases (long_len), long_len - 4,001 r for row r:
-// few rows with long caches, which the kernel splits into slices (split-K;
-// slice ends fall inside tiles, lengths not multiples of the tile). Cache rows
-// at or past a row's length hold NaN: a read of any of them poisons that row's
-// output.
+// holding some of the rows' sequences ([n, cap, Hkv, dqk] K, [n, cap, Hkv, dv]
+// V, cap the run's longest length + 3), row r in run r % n_runs (rows of one run
+// need not be adjacent for the op). Lengths 1..2000 (pseudo-random) with 0, 1,
+// 31, 32, 33 and 2000 among them: an empty row (zeros) and lengths around the
+// kernel's row groups; or, for the long cases (long_len), long_len - 4,001 r
+// for row r: few rows with long caches, which the kernel splits into slices
+// (split-K; slice ends fall inside row groups); or the lengths listed in lens
+// (row r takes lens[r]). Cache rows at or past a row's length hold NaN: a read
+// of any of them poisons that row's output.
+// max_pad > 0 passes max_len = the longest length + max_pad, as a recorded
+// decode step does (the states' context limit): the slices are sized for rows
+// that are not there and many come out empty.
+// Every case calls the op twice on fresh NaN outputs: a split call merges in
+// the last block of each (row, KV head), found by counters the kernel must
+// leave at 0; a counter left over would make the second call skip merges. The
+// two outputs must be equal bit for bit (the merges add in a fixed order).
 typedef struct {
     int H, Hkv, dh, B, n_runs;
     float qstd;
-    int long_len; // 0: the lengths above
-    int q_pad;    // > 0: q rows at stride H dh + q_pad (q a part of one product's rows)
+    int long_len;        // 0: the lengths above
+    int q_pad;           // > 0: q rows at stride H dqk + q_pad (q a part of one product's rows)
+    int dv;              // 0: dh (dqk = dh always)
+    const int32_t *lens; // [B] or NULL
+    int max_pad;
 } dec_case_t;
 
 typedef struct {
     int n, cap;     // sequences, rows of each
-    float *kh, *vh; // host [n, cap, Hkv, dh]
+    float *kh, *vh; // host [n, cap, Hkv, dqk] and [n, cap, Hkv, dv]
     void *kd, *vd;  // device copies
 } dec_run_t;
 
 static int dec_len(const dec_case_t *c, int r, uint64_t seed) {
     static const int special[6] = {0, 1, 31, 32, 33, 2000};
+    if (c->lens) return c->lens[r];
     if (c->long_len) return c->long_len - 4001 * r;
     if (r < 6) return special[(r + (int)seed) % 6];
     uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)r * 0xBF58476D1CE4E5B9ull;
@@ -484,12 +516,16 @@ static int dec_len(const dec_case_t *c, int r, uint64_t seed) {
 
 static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
-    const int B = c->B, H = c->H, Hkv = c->Hkv, dh = c->dh, R = c->n_runs;
-    const int64_t kw = (int64_t)Hkv * dh, nq = (int64_t)B * H * dh, ldq = (int64_t)H * dh + c->q_pad;
+    const int B = c->B, H = c->H, Hkv = c->Hkv, dh = c->dh, dv = c->dv ? c->dv : c->dh, R = c->n_runs;
+    const int64_t kw = (int64_t)Hkv * dh, vw = (int64_t)Hkv * dv, nq = (int64_t)B * H * dv;
+    const int64_t ldq = (int64_t)H * dh + c->q_pad;
     const float scale = 1.0f / sqrtf((float)dh);
-    char label[160];
-    snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dh%d%s%s%s", B, R, H, Hkv, dh,
-             c->qstd > 1.5f ? " peaky" : "", c->long_len ? " long" : "", c->q_pad ? " q strided" : "");
+    char label[200];
+    int nl = snprintf(label, sizeof label, "attn_decode B%d runs%d H%d Hkv%d dqk%d dv%d%s%s%s", B, R, H, Hkv, dh, dv,
+                      c->qstd > 1.5f ? " peaky" : "", c->long_len ? " long" : "", c->q_pad ? " q strided" : "");
+    if (c->max_pad) nl += snprintf(label + nl, sizeof label - nl, " max_len+%d", c->max_pad);
+    for (int r = 0; c->lens && r < B && nl < (int)sizeof label - 12; r++)
+        nl += snprintf(label + nl, sizeof label - nl, "%s%d", r ? " " : " len ", c->lens[r]);
     int32_t *len = malloc(sizeof(int32_t) * B);
     int max_len = 0;
     dec_run_t *runs = calloc((size_t)R, sizeof *runs);
@@ -500,78 +536,123 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
         u->n++;
         u->cap = len[r] + 3 > u->cap ? len[r] + 3 : u->cap;
     }
+    max_len += c->max_pad;
     for (int k = 0; k < R; k++) {
         dec_run_t *u = &runs[k];
-        int64_t n = (int64_t)u->n * u->cap * kw;
-        u->kh = tu_rnd(n, seed + 10 + 2 * k, 1.0f), u->vh = tu_rnd(n, seed + 11 + 2 * k, 1.0f);
+        u->kh = tu_rnd((int64_t)u->n * u->cap * kw, seed + 10 + 2 * k, 1.0f);
+        u->vh = tu_rnd((int64_t)u->n * u->cap * vw, seed + 11 + 2 * k, 1.0f);
     }
     void **kb_h = malloc(sizeof(void *) * B), **vb_h = malloc(sizeof(void *) * B);
     void **kb_d = malloc(sizeof(void *) * B), **vb_d = malloc(sizeof(void *) * B);
     for (int pass = 0; pass < 2; pass++) // 0: poison the rows past each length; 1: upload, pointers
         for (int r = 0; r < B; r++) {
             dec_run_t *u = &runs[r % R];
-            int64_t first = (int64_t)(r / R) * u->cap * kw; // the sequence's row 0
+            const int64_t seq = (int64_t)(r / R) * u->cap; // the sequence's row 0 in the run
             if (pass == 0) {
-                for (int64_t i = first + (int64_t)len[r] * kw; i < first + (int64_t)u->cap * kw; i++)
-                    u->kh[i] = u->vh[i] = NAN;
+                for (int64_t i = (seq + len[r]) * kw; i < (seq + u->cap) * kw; i++)
+                    u->kh[i] = NAN;
+                for (int64_t i = (seq + len[r]) * vw; i < (seq + u->cap) * vw; i++)
+                    u->vh[i] = NAN;
                 continue;
             }
             if (!u->kd) {
                 u->kd = tu_dev_act(gpu, u->kh, (int64_t)u->n * u->cap * kw);
-                u->vd = tu_dev_act(gpu, u->vh, (int64_t)u->n * u->cap * kw);
+                u->vd = tu_dev_act(gpu, u->vh, (int64_t)u->n * u->cap * vw);
             }
-            kb_h[r] = u->kh + first, vb_h[r] = u->vh + first;
-            kb_d[r] = tu_gat(gpu, u->kd, first), vb_d[r] = tu_gat(gpu, u->vd, first);
+            kb_h[r] = u->kh + seq * kw, vb_h[r] = u->vh + seq * vw;
+            kb_d[r] = tu_gat(gpu, u->kd, seq * kw), vb_d[r] = tu_gat(gpu, u->vd, seq * vw);
         }
     float *q = tu_rnd((int64_t)B * ldq, seed + 1, c->qstd), *out_c = malloc(sizeof(float) * nq);
-    cpu->attn_decode(cpu, out_c, q, ldq, kb_h, vb_h, len, max_len, B, H, Hkv, dh, dh, scale);
+    cpu->attn_decode(cpu, out_c, q, ldq, kb_h, vb_h, len, max_len, B, H, Hkv, dh, dv, scale);
 
     void *q_d = tu_dev_act(gpu, q, (int64_t)B * ldq);
     float *poison = tu_nans(nq);
-    void *out_d = tu_dev_act(gpu, poison, nq);
     void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * B);
     assert_non_null(ptr_d);
     assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_d, sizeof(void *) * B), 0);
     assert_int_equal(gpu->copy_h2d(gpu, ptr_d + B, vb_d, sizeof(void *) * B), 0);
     int32_t *len_d = tu_dev_i32(gpu, len, B);
-    gpu->attn_decode(gpu, out_d, q_d, ldq, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dh, scale);
-    int rc = gpu->sync(gpu);
-    if (rc) printf("  %s: attn_decode failed: %s\n", label, err_msg());
-    assert_int_equal(rc, 0);
-    float *out_g = tu_host_act(gpu, out_d, nq);
-    const int64_t dims[4] = {1, B, H, dh};
-    int fails = cmp(label, "out", out_g, out_c, nq, dims, "-rHc", 5e-3, 0);
-    for (int r = 0; r < B && fails; r++) { // per row, so a failure names the length that broke
-        const int64_t off = (int64_t)r * H * dh;
-        printf("    row %d (run %d, len %d): rel %.3e\n", r, r % R, len[r],
-               tu_rel_err(out_g + off, out_c + off, (int64_t)H * dh));
+    int fails = 0;
+    float *first = NULL;                   // call 1's output
+    for (int call = 0; call < 2; call++) { // the second call sees the counters the first one left
+        void *out_d = tu_dev_act(gpu, poison, nq);
+        gpu->attn_decode(gpu, out_d, q_d, ldq, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dv, scale);
+        int rc = gpu->sync(gpu);
+        if (rc) printf("  %s: attn_decode failed: %s\n", label, err_msg());
+        assert_int_equal(rc, 0);
+        float *out_g = tu_host_act(gpu, out_d, nq);
+        const int64_t dims[4] = {1, B, H, dv};
+        char lab[220];
+        snprintf(lab, sizeof lab, "%s%s", label, call ? " (call 2)" : "");
+        int f = cmp(lab, "out", out_g, out_c, nq, dims, "-rHc", 5e-3, 0);
+        for (int r = 0; r < B && f; r++) { // per row, so a failure names the length that broke
+            const int64_t off = (int64_t)r * H * dv;
+            printf("    row %d (run %d, len %d): rel %.3e\n", r, r % R, len[r],
+                   tu_rel_err(out_g + off, out_c + off, (int64_t)H * dv));
+        }
+        fails += f;
+        gpu->free(gpu, out_d);
+        if (call == 0) {
+            first = out_g;
+            continue;
+        }
+        // the slices merge in a fixed order: the same bits on every call
+        if (memcmp(first, out_g, sizeof(float) * nq)) {
+            printf("  %s: call 2 differs from call 1  FAIL\n", label);
+            fails++;
+        }
+        free(out_g);
     }
+    free(first);
     for (int k = 0; k < R; k++) {
         gpu->free(gpu, runs[k].kd), gpu->free(gpu, runs[k].vd);
         free(runs[k].kh), free(runs[k].vh);
     }
-    gpu->free(gpu, q_d), gpu->free(gpu, out_d), gpu->free(gpu, ptr_d), gpu->free(gpu, len_d);
+    gpu->free(gpu, q_d), gpu->free(gpu, ptr_d), gpu->free(gpu, len_d);
     free(runs), free(len), free(kb_h), free(vb_h), free(kb_d), free(vb_d), free(q), free(out_c), free(poison);
-    free(out_g);
     return fails;
 }
 
 // Head layouts of the teachers (SmolLM2 9/3 x 64, Llama 32/8 x 128, Qwen3 16/8
-// x 128), plain MHA, wide groups (6, 8), dh 96 and 256 (shared memory past the
-// 48 KB default), B up to 64 rows over 1 to 7 runs, and a peaky softmax; then
-// one to three long caches (SmolLM2 at 30,011 and below, Llama at 12,000 with
-// a peaky softmax, dh 256 at 9,000), split into slices; and q read at a row
-// stride, as a decode step's one product [q | k | v] leaves it.
+// x 128), plain MHA, wide groups (6, 8), dh 96 and 256, B up to 64 rows over
+// 1 to 7 runs, and a peaky softmax; then one to three long caches (SmolLM2 at
+// 30,011 and below, Llama at 12,000 with a peaky softmax, dh 256 at 9,000),
+// split into slices; q read at a row stride, as a decode step's one product
+// [q | k | v] leaves it. Then B = 1 at lengths 1, 31, 32, 33, 4,096 and 70,000
+// for GQA groups 1, 3 and 8 (dh 64 and 128); B = 8 with mixed lengths (0 to
+// 70,000) in one call; groups of 10 and 12 (more than the 8 heads a block
+// takes: head chunks); dqk 128 with dv 64; dh 36 (not a multiple of 8: the
+// scalar loads); a max_len far past every length (a recorded step's context
+// limit: empty slices), and a single empty row under such a max_len.
 static void test_attn_decode(void **st) {
+    static const int32_t mixed8[8] = {70000, 0, 1, 31, 32, 33, 4096, 12345};
+    static const int32_t mixed8b[8] = {9000, 33, 4096, 0, 1, 2500, 32, 31};
+    static const int32_t two[2] = {100, 3000}, empty[1] = {0};
     static const dec_case_t cases[] = {
-        {9, 3, 64, 64, 5, 1.0f, 0, 0},      {32, 8, 128, 24, 4, 1.0f, 0, 0},  {16, 8, 128, 33, 3, 1.0f, 0, 0},
-        {4, 4, 64, 7, 7, 1.0f, 0, 0},       {12, 2, 128, 20, 2, 3.0f, 0, 0},  {8, 1, 256, 6, 1, 1.0f, 0, 0},
-        {6, 2, 96, 10, 2, 1.0f, 0, 0},      {9, 3, 64, 1, 1, 3.0f, 0, 0},     {9, 3, 64, 3, 2, 1.0f, 30011, 0},
-        {32, 8, 128, 1, 1, 3.0f, 12000, 0}, {8, 1, 256, 2, 1, 1.0f, 9000, 0}, {9, 3, 64, 16, 3, 1.0f, 0, 2 * 3 * 64},
+        {9, 3, 64, 64, 5, 1.0f, 0, 0, 0, NULL, 0},      {32, 8, 128, 24, 4, 1.0f, 0, 0, 0, NULL, 0},
+        {16, 8, 128, 33, 3, 1.0f, 0, 0, 0, NULL, 0},    {4, 4, 64, 7, 7, 1.0f, 0, 0, 0, NULL, 0},
+        {12, 2, 128, 20, 2, 3.0f, 0, 0, 0, NULL, 0},    {8, 1, 256, 6, 1, 1.0f, 0, 0, 0, NULL, 0},
+        {6, 2, 96, 10, 2, 1.0f, 0, 0, 0, NULL, 0},      {9, 3, 64, 1, 1, 3.0f, 0, 0, 0, NULL, 0},
+        {9, 3, 64, 3, 2, 1.0f, 30011, 0, 0, NULL, 0},   {32, 8, 128, 1, 1, 3.0f, 12000, 0, 0, NULL, 0},
+        {8, 1, 256, 2, 1, 1.0f, 9000, 0, 0, NULL, 0},   {9, 3, 64, 16, 3, 1.0f, 0, 2 * 3 * 64, 0, NULL, 0},
+        {9, 3, 64, 8, 8, 1.0f, 0, 0, 0, mixed8, 0},     {24, 8, 128, 8, 3, 1.0f, 0, 0, 0, mixed8b, 0},
+        {8, 1, 128, 8, 2, 2.0f, 0, 0, 0, mixed8b, 0},   {20, 2, 64, 2, 1, 1.0f, 7001, 0, 0, NULL, 0},
+        {24, 2, 128, 3, 3, 1.0f, 0, 0, 0, NULL, 0},     {16, 4, 128, 8, 2, 1.0f, 0, 0, 64, mixed8b, 0},
+        {6, 3, 36, 8, 2, 1.0f, 0, 0, 0, mixed8b, 0},    {9, 3, 64, 2, 2, 1.0f, 0, 0, 0, two, 60000},
+        {24, 8, 128, 1, 1, 1.0f, 0, 0, 0, empty, 5000},
     };
+    // B = 1 over lengths around the row groups and long ones, groups 1, 3, 8
+    static const int32_t b1_len[6] = {1, 31, 32, 33, 4096, 70000};
+    static const struct { int H, Hkv, dh; } b1_shapes[] = {{4, 4, 64}, {9, 3, 64}, {24, 8, 128}, {8, 1, 128}};
     int fails = 0;
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
         fails += run_attn_decode(&cases[i], 7000 + 31 * i);
+    for (int i = 0; i < (int)(sizeof b1_shapes / sizeof b1_shapes[0]); i++)
+        for (int k = 0; k < 6; k++) {
+            const dec_case_t c = {
+                b1_shapes[i].H, b1_shapes[i].Hkv, b1_shapes[i].dh, 1, 1, 1.0f, 0, 0, 0, &b1_len[k], 0};
+            fails += run_attn_decode(&c, 8000 + 17 * i + k);
+        }
     printf("attn_decode: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }

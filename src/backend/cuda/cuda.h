@@ -32,10 +32,13 @@ typedef struct {
     // buffer serves every launch, recorded ones included.
     unsigned *norm_done;
     float *norm_partial;
+    unsigned *dec_count;    // [CUDA_DEC_COUNTERS] zeroed at creation; decode kernels that merge their
+                            // slices in the last block count on them and leave them 0 (cuda_attn.cu)
 } cuda_impl_t;
 
 // The most blocks of proj_add_rmsnorm's kernel (its columns are spread over them).
 enum { CUDA_NORM_BLOCKS = 1024 };
+enum { CUDA_DEC_COUNTERS = 4096 };
 
 static inline cuda_impl_t *cuda_impl(be_t *be) { return (cuda_impl_t *)be->impl; }
 static inline cudaStream_t cuda_stream(be_t *be) { return cuda_impl(be)->stream; }

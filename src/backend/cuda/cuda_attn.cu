@@ -1153,202 +1153,414 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 //
 // One query row per sequence, each over its own cache (backend.h): a step's
 // rows arrive as per-row cache pointers, and both ops are one launch for all
-// rows. k_attn_decode is deliberately plain (no tensor cores): a block per
-// (row, KV head, slice) loads its slice of the cache in tiles of DEC_TK rows
-// into shared memory as fp32, computes the scores of the H / Hkv query heads
-// that read that KV head, and keeps an online softmax and the output in fp32
-// shared memory. Decode attention reads each cache row once per KV head, so
-// it is bound by those bytes. A step of many sequences fills the GPU with N *
-// Hkv blocks and takes one slice each; a few long sequences (one sequence has
-// 3 to 8 KV heads: 3 to 8 blocks on 132 SMs) split each cache into slices
-// (flash-decoding's split-K), whose partial results (m, l, unnormalised O)
-// k_attn_decode_combine merges.
+// rows. Decode attention reads every cache row once per KV head and does a few
+// FLOP per byte, so it is bound by those bytes: k_attn_decode streams them
+// straight from device memory into registers.
+//
+// Block = (row r, KV head g, head chunk hc, slice s) of DEC_WARPS warps. A lane
+// owns 8 consecutive columns of the head dim (one 16-byte load of K and one of
+// V per cache row); LPR = the power of two >= max(dqk, dv) / 8 lanes read one
+// row, so a warp reads KPW = 32 / LPR rows per load instruction and keeps
+// DEC_U such loads of K and of V in flight before it uses any. Each group of
+// LPR lanes keeps its own online softmax (m, l, unnormalised O in fp32
+// registers, exp2 domain) over the rows it reads; no barrier in the loop. At
+// the end the lane groups merge by shuffles, the warps through shared memory.
+//
+// Slices (split-K) depend on host arguments only (a recorded graph replays
+// them with other lengths): enough blocks for one wave at the kernel's
+// occupancy, never slices shorter than DEC_MIN_SLICE rows of max_len. With one
+// slice the block writes the output. With more, each block writes its partial
+// (m, l, O) to the scratch arena and counts itself on a per-(row, KV head,
+// chunk) counter; the last block to arrive merges the partials, writes the
+// output and sets the counter back to 0 (cuda_impl_t.dec_count, zeroed once at
+// backend creation), so the op is one launch and leaves no state behind.
+// Query heads of one KV head are done G at a time (G <= 8 registers of q and O
+// per column); a group larger than 8 takes several head chunks.
+enum { DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32 };
+enum { DEC_MIN_SLICE = 256, DEC_MAX_SPLIT = 256 }; // rows a slice holds at least; slices at most
 
-enum { DEC_TK = 32, DEC_THREADS = 128 }; // cache rows per tile (= warp size: one lane per row); threads
-enum { DEC_MIN_SLICE = 2 * DEC_TK, DEC_MAX_SPLIT = 1024 }; // rows a slice holds at least; slices at most
+typedef struct {
+    bf16 *out;
+    float *part_o;   // [pair][n_split][G][dv] unnormalised O of each slice (n_split > 1)
+    float2 *part_ml; // [pair][n_split][G] (m, l) of each slice, m in the exp2 domain
+    unsigned *count; // [pair] blocks of the pair done; 0 between launches
+    const bf16 *q;
+    int64_t ldq;
+    const bf16 *const *k_rows, *const *v_rows;
+    const int32_t *len;
+    int max_len, H, Hkv, grp, nhc, dqk, dv, lpr, n_split;
+    float sl2; // scale * log2(e): scores in the exp2 domain
+} dec_args_t;
 
-// Shared floats of k_attn_decode for grp query heads per KV head.
-static size_t dec_smem_floats(int grp, int dqk, int dv) {
-    return (size_t)grp * dqk + (size_t)DEC_TK * (dqk + 1) + (size_t)DEC_TK * dv + (size_t)grp * DEC_TK +
-           (size_t)grp * dv + 3 * (size_t)grp;
+// Rows of K and V each lane group keeps in flight: fewer for 8 heads, whose q
+// and O registers leave less room.
+template <int G> struct dec_cfg {
+    static constexpr int U = G <= 4 ? 4 : 2;
+    static constexpr int MINB = G <= 4 ? 2 : 1; // blocks per SM the registers are capped for
+};
+
+// 8 bf16 of a cache row from column c of a row with `cols` valid columns past
+// p (<= 0: none). VEC: one 16-byte load that skips L1 (read once), the row
+// 16-byte aligned with cols 0 or >= 8; else scalar loads of the valid ones.
+template <bool VEC> static __device__ __forceinline__ uint4 dec_ld8(const bf16 *p, int cols) {
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (VEC) {
+        if (cols > 0)
+            asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                : "l"(p));
+    } else {
+        unsigned short *h = reinterpret_cast<unsigned short *>(&u);
+        const unsigned short *ph = reinterpret_cast<const unsigned short *>(p);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e < cols) h[e] = ph[e];
+    }
+    return u;
 }
 
-// Grid (N, Hkv, n_split), DEC_THREADS threads. With one slice (gridDim.z 1):
-// out [N, H, dv] bf16. With more: slice s of row r writes, for each of its
-// heads h, part_o[((r * n_split + s) * H + h) * dv ...] (unnormalised O) and
-// part_ml[... * 2] (running maximum m, sum of weights l); an empty slice
-// writes m = -inf, l = 0, O = 0.
-__global__ void __launch_bounds__(DEC_THREADS)
-    k_attn_decode(bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
-                  const bf16 *__restrict__ q, int64_t ldq, const bf16 *const *__restrict__ k_rows,
-                  const bf16 *const *__restrict__ v_rows, const int32_t *__restrict__ len, int max_len, int H, int Hkv,
-                  int dqk, int dv, float scale) {
+static __device__ __forceinline__ void dec_cvt8(uint4 u, float (&f)[8]) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 t = __bfloat1622float2(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+
+// exp2(x - m) for a running maximum m that may still be -inf (nothing seen):
+// then every x is -inf as well and the weight is 0, not NaN.
+static __device__ __forceinline__ float dec_w(float x, float m) { return m == -INFINITY ? 0.f : exp2f(x - m); }
+
+// acc = sum over slices t = t0, t0 + dt, ... of weight ws[t][j] times the W
+// floats at unit i of slice t's partial O. Every slice wrote its partial (an
+// empty one zeros, weight 0), so the loads need no condition and several are
+// in flight.
+template <int W>
+static __device__ __forceinline__ void dec_sum(float (&acc)[W], const float *po, const float *ws, int i, int j,
+                                               int slice_stride, int t0, int dt, int n_split, int G) {
+#pragma unroll
+    for (int e = 0; e < W; e++)
+        acc[e] = 0.f;
+#pragma unroll 8
+    for (int t = t0; t < n_split; t += dt) {
+        const float wt = ws[t * G + j];
+        const float *p = po + (int64_t)t * slice_stride + (int64_t)i * W;
+        if constexpr (W == 4) {
+            const float4 x = __ldcg(reinterpret_cast<const float4 *>(p));
+            acc[0] = fmaf(wt, x.x, acc[0]), acc[1] = fmaf(wt, x.y, acc[1]);
+            acc[2] = fmaf(wt, x.z, acc[2]), acc[3] = fmaf(wt, x.w, acc[3]);
+        } else {
+            acc[0] = fmaf(wt, __ldcg(p), acc[0]);
+        }
+    }
+}
+
+// Grid (N * Hkv * nhc pairs, n_split), DEC_THREADS threads; dynamic shared
+// memory dec_smem_bytes(). out [N, H, dv] bf16; zeros where len[r] <= 0.
+template <int G, bool VEC>
+__global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(const dec_args_t a) {
+    constexpr int U = dec_cfg<G>::U;
     extern __shared__ float dsm[];
-    const int r = blockIdx.x, g = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
-    const int tid = threadIdx.x, nthr = blockDim.x;
-    const int grp = H / Hkv, ldk = dqk + 1; // K rows padded: lanes reading 32 rows hit 32 banks
-    float *sq = dsm;                        // [grp][dqk] the group's queries
-    float *sk = sq + grp * dqk;             // [DEC_TK][ldk] keys of the tile
-    float *sv = sk + DEC_TK * ldk;          // [DEC_TK][dv] values of the tile
-    float *sp = sv + DEC_TK * dv;           // [grp][DEC_TK] scores, then weights
-    float *so = sp + grp * DEC_TK;          // [grp][dv] unnormalised output
-    float *smax = so + grp * dv;            // [grp] running maximum
-    float *ssum = smax + grp;               // [grp] running sum of weights
-    float *salpha = ssum + grp;             // [grp] rescale of the output by this tile
+    const int pair = blockIdx.x, split = blockIdx.y, n_split = a.n_split;
+    const int hc = pair % a.nhc, g = pair / a.nhc % a.Hkv, r = pair / a.nhc / a.Hkv;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int LPR = a.lpr, KPW = 32 / LPR, li = lane & (LPR - 1), slot = lane / LPR;
+    const int c0 = 8 * li, kc = a.dqk - c0, vc = a.dv - c0; // this lane's columns; valid ones past c0
+    const int h0 = g * a.grp + hc * G;                      // the chunk's first query head
+    const int gh = min(G, a.grp - hc * G);                  // heads of the chunk (the rest compute on zeros)
 
-    int n = len[r];
-    n = n < 0 ? 0 : n > max_len ? max_len : n;
-    // this block's slice [u_begin, u_end): whole tiles, the last slices may be short or empty
-    const int per = ((n + n_split - 1) / n_split + DEC_TK - 1) / DEC_TK * DEC_TK;
+    int n = a.len[r];
+    n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
+    // this block's rows [u_begin, u_end): slices of whole 16-row steps, the last ones may be short or empty
+    const int per = ((n + n_split - 1) / n_split + 15) / 16 * 16;
     const int u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
-    const int64_t ldK = (int64_t)Hkv * dqk, ldV = (int64_t)Hkv * dv;
-    const bf16 *kb = k_rows[r] + (int64_t)g * dqk, *vb = v_rows[r] + (int64_t)g * dv;
-    const bf16 *qb = q + (int64_t)r * ldq + (int64_t)g * grp * dqk; // the group's heads are consecutive
-    for (int i = tid; i < grp * dqk; i += nthr)
-        sq[i] = __bfloat162float(qb[i]);
-    for (int i = tid; i < grp * dv; i += nthr)
-        so[i] = 0.f;
-    for (int j = tid; j < grp; j += nthr)
-        smax[j] = -INFINITY, ssum[j] = 0.f;
-    __syncthreads();
 
-    const int warp = tid >> 5, lane = tid & 31, nwarps = nthr >> 5;
-    for (int u0 = u_begin; u0 < u_end; u0 += DEC_TK) {
-        const int nt = u_end - u0 < DEC_TK ? u_end - u0 : DEC_TK;
-        for (int i = tid; i < nt * dqk; i += nthr) {
-            int u = i / dqk, c = i - u * dqk;
-            sk[u * ldk + c] = __bfloat162float(kb[(int64_t)(u0 + u) * ldK + c]);
+    float q[G][8];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        const bf16 *qp = a.q + (int64_t)r * a.ldq + (int64_t)(h0 + j) * a.dqk + c0;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            q[j][e] = j < gh && e < kc ? __bfloat162float(qp[e]) * a.sl2 : 0.f;
+    }
+    float m[G], l[G], o[G][8];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        m[j] = -INFINITY, l[j] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            o[j][e] = 0.f;
+    }
+
+    const int64_t ldK = (int64_t)a.Hkv * a.dqk, ldV = (int64_t)a.Hkv * a.dv;
+    const bf16 *kb = a.k_rows[r] + (int64_t)g * a.dqk + c0, *vb = a.v_rows[r] + (int64_t)g * a.dv + c0;
+    const int step = DEC_WARPS * U * KPW; // rows the block reads per iteration
+    // Every lane of a warp runs the same iterations (the score shuffles need
+    // them all); a lane group's rows past u_end load nothing and weigh 0.
+    for (int ub = u_begin + warp * U * KPW; ub < u_end; ub += step) {
+        uint4 kr[U], vr[U];
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int u = ub + i * KPW + slot;
+            const bool ok = u < u_end;
+            kr[i] = dec_ld8<VEC>(kb + (int64_t)u * ldK, ok ? kc : 0);
+            vr[i] = dec_ld8<VEC>(vb + (int64_t)u * ldV, ok ? vc : 0);
         }
-        for (int i = tid; i < nt * dv; i += nthr) {
-            int u = i / dv, c = i - u * dv;
-            sv[u * dv + c] = __bfloat162float(vb[(int64_t)(u0 + u) * ldV + c]);
-        }
-        __syncthreads();
-        // scores s = scale q . k in fp32; rows past the slice -inf
-        for (int i = tid; i < grp * DEC_TK; i += nthr) {
-            int j = i / DEC_TK, u = i - j * DEC_TK;
-            float s = -INFINITY;
-            if (u < nt) {
+        float s[G][U];
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            float kf[8];
+            dec_cvt8(kr[i], kf);
+#pragma unroll
+            for (int j = 0; j < G; j++) {
                 float acc = 0.f;
-                for (int c = 0; c < dqk; c++)
-                    acc = fmaf(sq[j * dqk + c], sk[u * ldk + c], acc);
-                s = acc * scale;
-            }
-            sp[i] = s;
-        }
-        __syncthreads();
-        // online softmax, one warp per head: lane u holds row u of the tile
-        for (int j = warp; j < grp; j += nwarps) {
-            float s = sp[j * DEC_TK + lane], mx = s;
-            for (int o = 16; o > 0; o >>= 1)
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_old = smax[j], m_new = fmaxf(m_old, mx); // finite: row u0 is visible
-            float p = expf(s - m_new), sum = p;                    // 0 for the -inf rows
-            for (int o = 16; o > 0; o >>= 1)
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            sp[j * DEC_TK + lane] = p;
-            __syncwarp();
-            if (lane == 0) {
-                const float alpha = expf(m_old - m_new); // 0 on the first tile (m_old = -inf)
-                salpha[j] = alpha, ssum[j] = ssum[j] * alpha + sum, smax[j] = m_new;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    acc = fmaf(q[j][e], kf[e], acc);
+                for (int x = LPR >> 1; x > 0; x >>= 1) // the row's dot product over its LPR lanes
+                    acc += __shfl_xor_sync(0xffffffffu, acc, x);
+                s[j][i] = ub + i * KPW + slot < u_end ? acc : -INFINITY;
             }
         }
-        __syncthreads();
-        // O = alpha O + P V
-        for (int i = tid; i < grp * dv; i += nthr) {
-            int j = i / dv, c = i - j * dv;
-            float acc = so[i] * salpha[j];
-            for (int u = 0; u < nt; u++)
-                acc = fmaf(sp[j * DEC_TK + u], sv[u * dv + c], acc);
-            so[i] = acc;
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            float mx = m[j];
+#pragma unroll
+            for (int i = 0; i < U; i++)
+                mx = fmaxf(mx, s[j][i]);
+            const float alpha = dec_w(m[j], mx);
+            m[j] = mx;
+            l[j] *= alpha;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[j][e] *= alpha;
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+                const float p = dec_w(s[j][i], mx);
+                float vf[8];
+                dec_cvt8(vr[i], vf);
+                l[j] += p;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    o[j][e] = fmaf(p, vf[e], o[j][e]);
+            }
         }
-        __syncthreads(); // the next tile overwrites sk, sv, sp
     }
-    const int64_t h0 = (int64_t)r * H + (int64_t)g * grp; // the group's first head, over all rows
-    if (n_split == 1) {
-        bf16 *ob = out + h0 * dv;
-        for (int i = tid; i < grp * dv; i += nthr) {
-            const float l = ssum[i / dv];
-            ob[i] = __float2bfloat16_rn(l > 0.f ? so[i] / l : 0.f); // no visible row: zeros, as on the CPU
-        }
-        return;
-    }
-    const int64_t p0 = ((int64_t)r * n_split + split) * H + (int64_t)g * grp; // partial of the group's first head
-    for (int i = tid; i < grp * dv; i += nthr)
-        part_o[p0 * dv + i] = so[i];
-    for (int j = tid; j < grp; j += nthr)
-        part_ml[(p0 + j) * 2] = smax[j], part_ml[(p0 + j) * 2 + 1] = ssum[j];
-}
 
-// Grid (N, H), DEC_THREADS threads, n_split floats of shared memory: row r,
-// head h of out from its n_split partials, O = sum_s w_s O_s / sum_s w_s l_s
-// with w_s = exp(m_s - max m); zeros when no slice saw a row.
-__global__ void __launch_bounds__(DEC_THREADS)
-    k_attn_decode_combine(bf16 *__restrict__ out, const float *__restrict__ part_o, const float *__restrict__ part_ml,
-                          int H, int dv, int n_split) {
-    extern __shared__ float dw[]; // [n_split] weights
-    const int r = blockIdx.x, h = blockIdx.y;
-    const int64_t stride = H;                        // between one slice's partial and the next
-    const int64_t p0 = (int64_t)r * n_split * H + h; // slice 0's partial of (r, h)
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++)
-        M = fmaxf(M, part_ml[(p0 + s * stride) * 2]);
-    for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
-        const float m = part_ml[(p0 + s * stride) * 2];
-        dw[s] = m == -INFINITY ? 0.f : expf(m - M); // M finite whenever some m is
+    // merge the lane groups of the warp (same columns, other rows)
+    for (int x = LPR; x < 32; x <<= 1) {
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[j], x), lo = __shfl_xor_sync(0xffffffffu, l[j], x);
+            const float mx = fmaxf(m[j], mo), wa = dec_w(m[j], mx), wb = dec_w(mo, mx);
+            m[j] = mx, l[j] = wa * l[j] + wb * lo;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[j][e] = wa * o[j][e] + wb * __shfl_xor_sync(0xffffffffu, o[j][e], x);
+        }
+    }
+    // then the warps: [DEC_WARPS][G][DVP] O, [DEC_WARPS][G] m and l
+    const int DVP = LPR * 8;
+    float *so = dsm, *sm = so + DEC_WARPS * G * DVP, *sl = sm + DEC_WARPS * G;
+    if (slot == 0) {
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                so[(warp * G + j) * DVP + c0 + e] = o[j][e];
+            if (li == 0) sm[warp * G + j] = m[j], sl[warp * G + j] = l[j];
+        }
     }
     __syncthreads();
-    float L = 0.f;
-    for (int s = 0; s < n_split; s++)
-        L = fmaf(dw[s], part_ml[(p0 + s * stride) * 2 + 1], L);
-    bf16 *ob = out + ((int64_t)r * H + h) * dv;
-    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-        float acc = 0.f;
-        for (int s = 0; s < n_split; s++)
-            acc = fmaf(dw[s], part_o[(p0 + s * stride) * dv + c], acc);
-        ob[c] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
+    const int dv = a.dv, E = gh * dv;
+    const int64_t pbase = (int64_t)pair * n_split + split; // this block's partial
+    for (int i = tid; i < E; i += DEC_THREADS) {
+        const int j = i / dv, c = i - j * dv;
+        float M = -INFINITY, L = 0.f, O = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            M = fmaxf(M, sm[w * G + j]);
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float wt = dec_w(sm[w * G + j], M);
+            L = fmaf(wt, sl[w * G + j], L);
+            O = fmaf(wt, so[(w * G + j) * DVP + c], O);
+        }
+        if (n_split == 1) {
+            a.out[((int64_t)r * a.H + h0 + j) * dv + c] = __float2bfloat16_rn(L > 0.f ? O / L : 0.f);
+        } else {
+            a.part_o[(pbase * G + j) * dv + c] = O;
+            if (c == 0) a.part_ml[pbase * G + j] = make_float2(M, L);
+        }
     }
+    if (n_split == 1) return;
+
+    // the last block of the pair to finish merges the n_split partials
+    __shared__ unsigned s_last;
+    __threadfence(); // this block's partial is visible before its count
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned done = atomicAdd(&a.count[pair], 1u);
+        s_last = done == (unsigned)n_split - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence(); // the other blocks' partials are read after their counts
+    // shared: [n_split][G] weights, [G] sums, then per-subset sums of O
+    float *ws = dsm, *sL = ws + n_split * G, *red = sL + G;
+    const float2 *ml = a.part_ml + (int64_t)pair * n_split * G;
+    if (tid < gh) {
+        float M = -INFINITY;
+        for (int t = 0; t < n_split; t++)
+            M = fmaxf(M, __ldcg(&ml[t * G + tid].x));
+        float L = 0.f;
+        for (int t = 0; t < n_split; t++) {
+            const float2 v = __ldcg(&ml[t * G + tid]);
+            const float wt = dec_w(v.x, M);
+            ws[t * G + tid] = wt;
+            L = fmaf(wt, v.y, L);
+        }
+        sL[tid] = L;
+    }
+    __syncthreads();
+    // thread -> (unit i of W floats of the E = gh dv, subset of the slices):
+    // a small E takes several threads per unit, so more loads are in flight;
+    // the subsets add in a fixed order (the same result on every run). VEC
+    // (dv a multiple of 8): float4 units, which never straddle two heads.
+    constexpr int W = VEC ? 4 : 1;
+    const int EW = E / W;
+    const float *po = a.part_o + (int64_t)pair * n_split * G * dv;
+    bf16 *ob = a.out + ((int64_t)r * a.H + h0) * dv;
+    if (EW >= DEC_THREADS) {
+        for (int i = tid; i < EW; i += DEC_THREADS) {
+            const int j = i * W / dv;
+            float acc[W];
+            dec_sum<W>(acc, po, ws, i, j, G * dv, 0, 1, n_split, G);
+            const float L = sL[j], inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+            for (int e = 0; e < W; e++)
+                ob[i * W + e] = __float2bfloat16_rn(acc[e] * inv);
+        }
+    } else {
+        const int nsub = DEC_THREADS / EW, sub = tid / EW, i = tid - sub * EW;
+        if (sub < nsub) { // red[sub][i][W]
+            float acc[W];
+            dec_sum<W>(acc, po, ws, i, i * W / dv, G * dv, sub, nsub, n_split, G);
+#pragma unroll
+            for (int e = 0; e < W; e++)
+                red[tid * W + e] = acc[e];
+        }
+        __syncthreads();
+        if (tid < EW) {
+            const float L = sL[tid * W / dv], inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+            for (int e = 0; e < W; e++) {
+                float acc = 0.f;
+                for (int t = 0; t < nsub; t++)
+                    acc += red[(t * EW + tid) * W + e];
+                ob[tid * W + e] = __float2bfloat16_rn(acc * inv);
+            }
+        }
+    }
+    if (tid == 0) a.count[pair] = 0; // ready for the next launch (stream order)
 }
 
-// Slices per cache: enough blocks for two per SM over the N * Hkv (row, KV
-// head) pairs, each slice at least DEC_MIN_SLICE rows of the longest cache.
-static int dec_split(const cuda_impl_t *ci, int N, int Hkv, int max_len) {
-    const int64_t pairs = (int64_t)N * Hkv, want = 2 * (int64_t)ci->sm_count;
-    int64_t ns = want / pairs, by_len = max_len / DEC_MIN_SLICE;
+// Dynamic shared memory of k_attn_decode: the warps' merge, or the last
+// block's merge of n_split partials (the same memory, used one after the other).
+static size_t dec_smem_bytes(int G, int lpr, int n_split) {
+    const size_t warps = (size_t)DEC_WARPS * G * (lpr * 8 + 2);
+    const size_t last = n_split > 1 ? (size_t)n_split * G + G + 4 * DEC_THREADS : 0;
+    return (warps > last ? warps : last) * sizeof(float);
+}
+
+// What the launches of one kernel instance keep between calls: its occupancy
+// for the shared memory last asked about.
+typedef struct {
+    size_t occ_smem;
+    int occ;
+} dec_occ_t;
+
+template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_t pairs) {
+    cuda_impl_t *ci = cuda_impl(be);
+    auto kern = k_attn_decode<G, VEC>;
+    static dec_occ_t oc; // per instance; read again when the shared memory asked about changes
+    // slices: one wave of blocks at the kernel's occupancy over the pairs, at
+    // least DEC_MIN_SLICE rows of max_len each (host arguments only)
+    size_t smem = dec_smem_bytes(G, a.lpr, 1);
+    if (cuda_smem_limit(be, (const void *)kern, dec_smem_bytes(G, a.lpr, DEC_MAX_SPLIT), "k_attn_decode") < 0) return;
+    dec_occ_t *o = &oc;
+    if (o->occ_smem != smem) {
+        int nb = 0;
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, DEC_THREADS, smem);
+        if (e != cudaSuccess) {
+            cuda_fail(be, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(k_attn_decode)", e);
+            return;
+        }
+        o->occ = nb > 0 ? nb : 1, o->occ_smem = smem;
+    }
+    int64_t ns = (int64_t)o->occ * ci->sm_count / pairs, by_len = a.max_len / DEC_MIN_SLICE;
     if (ns > by_len) ns = by_len;
     if (ns > DEC_MAX_SPLIT) ns = DEC_MAX_SPLIT;
-    return ns < 1 ? 1 : (int)ns;
+    if (ns < 1 || pairs > CUDA_DEC_COUNTERS) ns = 1; // (many pairs fill the GPU without slices)
+    arena_t *ar = &be->scratch;
+    const size_t mark = arena_mark(ar);
+    a.part_o = NULL, a.part_ml = NULL, a.count = ci->dec_count;
+    if (ns > 1) {
+        a.part_o = (float *)arena_alloc(ar, (size_t)pairs * ns * G * a.dv * sizeof(float));
+        a.part_ml = (float2 *)arena_alloc(ar, (size_t)pairs * ns * G * sizeof(float2));
+        if (!a.part_o || !a.part_ml) ns = 1; // no room for the partials: one slice per cache, as correct, slower
+    }
+    a.n_split = (int)ns;
+    kern<<<dim3((unsigned)pairs, (unsigned)ns), DEC_THREADS, dec_smem_bytes(G, a.lpr, (int)ns), cuda_stream(be)>>>(a);
+    cuda_check_launch(be, "k_attn_decode");
+    arena_reset(ar, mark); // stream order protects the partials from later users of the scratch
 }
 
+template <bool VEC> static void dec_launch_g(be_t *be, int G, const dec_args_t &a, int64_t pairs) {
+    switch (G) {
+    case 1: dec_launch<1, VEC>(be, a, pairs); break;
+    case 2: dec_launch<2, VEC>(be, a, pairs); break;
+    case 3: dec_launch<3, VEC>(be, a, pairs); break;
+    case 4: dec_launch<4, VEC>(be, a, pairs); break;
+    case 6: dec_launch<6, VEC>(be, a, pairs); break;
+    default: dec_launch<8, VEC>(be, a, pairs); break;
+    }
+}
+
+// dqk and dv up to 256 (one 8-column piece per lane). The 16-byte loads need
+// dqk and dv multiples of 8 and 16-byte aligned caches (k_rows, v_rows live on
+// the device and are not checked: rows of a multiple of 8 bf16 in buffers from
+// the allocator keep them so); other head dims take scalar loads.
 static void cu_attn_decode(be_t *be, void *out, const void *q, int64_t ldq, void *const *k_rows, void *const *v_rows,
                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
     if (N <= 0 || H <= 0) return;
-    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || max_len < 0 || Hkv > 65535 || N > 0x7fffffff / H) {
+    if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || dqk > 256 || dv > 256 || max_len < 0 || N > 0x7fffffff / H) {
         cu_op_error(be, "cuda attn_decode: N=%d H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", N, H, Hkv, dqk, dv,
                     max_len);
         return;
     }
-    const size_t smem = dec_smem_floats(H / Hkv, dqk, dv) * sizeof(float);
-    if (cuda_smem_limit(be, (const void *)k_attn_decode, smem, "k_attn_decode") < 0) return;
-    int ns = dec_split(cuda_impl(be), N, Hkv, max_len);
-    arena_t *ar = &be->scratch;
-    const size_t mark = arena_mark(ar);
-    float *part_o = NULL, *part_ml = NULL;
-    if (ns > 1) {
-        part_o = (float *)arena_alloc(ar, (size_t)N * ns * H * dv * sizeof(float));
-        part_ml = (float *)arena_alloc(ar, (size_t)N * ns * H * 2 * sizeof(float));
-        if (!part_o || !part_ml) ns = 1; // no room for the partials: one slice per cache, as correct, slower
+    dec_args_t a;
+    memset(&a, 0, sizeof a);
+    a.out = (bf16 *)out, a.q = (const bf16 *)q, a.ldq = ldq;
+    a.k_rows = (const bf16 *const *)k_rows, a.v_rows = (const bf16 *const *)v_rows, a.len = len;
+    a.max_len = max_len, a.H = H, a.Hkv = Hkv, a.grp = H / Hkv, a.dqk = dqk, a.dv = dv;
+    a.sl2 = scale * 1.4426950408889634f;
+    const int pieces = ((dqk > dv ? dqk : dv) + 7) / 8;
+    a.lpr = 1;
+    while (a.lpr < pieces)
+        a.lpr *= 2;
+    // head chunks of at most 8, then the smallest instantiated G that holds one
+    a.nhc = (a.grp + 7) / 8;
+    const int per = (a.grp + a.nhc - 1) / a.nhc;
+    const int G = per <= 4 ? per : per <= 6 ? 6 : 8;
+    const int64_t pairs = (int64_t)N * Hkv * a.nhc;
+    if (pairs > 0x7fffffff) {
+        cu_op_error(be, "cuda attn_decode: N=%d Hkv=%d: too many blocks", N, Hkv);
+        return;
     }
-    k_attn_decode<<<dim3((unsigned)N, (unsigned)Hkv, (unsigned)ns), DEC_THREADS, smem, cuda_stream(be)>>>(
-        (bf16 *)out, part_o, part_ml, (const bf16 *)q, ldq, (const bf16 *const *)k_rows, (const bf16 *const *)v_rows,
-        len, max_len, H, Hkv, dqk, dv, scale);
-    cuda_check_launch(be, "k_attn_decode");
-    if (ns > 1) {
-        k_attn_decode_combine<<<dim3((unsigned)N, (unsigned)H), DEC_THREADS, (size_t)ns * sizeof(float),
-                                cuda_stream(be)>>>((bf16 *)out, part_o, part_ml, H, dv, ns);
-        cuda_check_launch(be, "k_attn_decode_combine");
-    }
-    arena_reset(ar, mark); // stream order protects the partials from later users of the scratch
+    if (dqk % 8 == 0 && dv % 8 == 0)
+        dec_launch_g<true>(be, G, a, pairs);
+    else
+        dec_launch_g<false>(be, G, a, pairs);
 }
 
 // Grid N (one block per row): the row's k and v into its own cache rows.

@@ -278,6 +278,7 @@ static void cu_destroy(be_t *be) {
         if (ci->stage) cudaFree(ci->stage);
         if (ci->lt_workspace) cudaFree(ci->lt_workspace);
         if (ci->norm_done) cudaFree(ci->norm_done);
+        if (ci->dec_count) cudaFree(ci->dec_count);
         if (ci->lt) cublasLtDestroy(ci->lt);
         if (ci->stream) cudaStreamDestroy(ci->stream);
         free(ci);
@@ -331,6 +332,11 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     if (rc == 0 && (e = cudaMemsetAsync(ci->norm_done, 0, norm_bytes, ci->stream)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMemset(norm state)", e);
     if (rc == 0) ci->norm_partial = (float *)((char *)ci->norm_done + 256);
+    if (rc == 0 && (e = cudaMalloc(&ci->dec_count, CUDA_DEC_COUNTERS * sizeof(unsigned))) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMalloc(decode counters)", e);
+    if (rc == 0 &&
+        (e = cudaMemsetAsync(ci->dec_count, 0, CUDA_DEC_COUNTERS * sizeof(unsigned), ci->stream)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMemsetAsync(decode counters)", e);
     void *scratch = NULL;
     if (rc == 0 && scratch_bytes && (e = cudaMalloc(&scratch, scratch_bytes)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(scratch)", e);

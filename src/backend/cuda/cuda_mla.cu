@@ -309,6 +309,12 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 // copies (run 9, docs/PERFORMANCE.md): at 1M, 64% (B = 1, H = 32) to 98%
 // (B = 8, H = 9); at 64K, B = 1, 18-31%: the fixed cost of the two launches
 // and the combine (~20 us) is most of a 5 us read.
+// Why not attn_decode's scheme (k_attn_decode: rows streamed into registers,
+// fp32 FMAs and shuffle reductions per lane): there each row serves the few
+// query heads of one KV head; here every row serves all H heads (9 to 32), so
+// the same per-lane work would cost several times the issue slots a row's
+// bytes allow at full bandwidth. The products stay on the tensor cores, fed
+// through shared memory by the tensor copies.
 // The combine is a separate kernel launched with programmatic dependent launch
 // (it starts while the decode drains and waits on griddepcontrol.wait), with
 // float4 loads spread over the splits. A fused "last block combines" was not
@@ -761,11 +767,13 @@ typedef struct {
     size_t occ_smem;
 } mla_launch_state_t;
 
+enum { MLA_MIN_SLICE_TILES = 8 };
+
 // Everything v1 and v2 set up alike before their launches: raises the kernel's
 // shared memory limit (cuda_smem_limit), reads its occupancy (cached in *ls), picks the slices per sequence (one wave
-// of blocks over the batch, never more slices than tiles of `rows_per_tile`) and takes the partial results (m, l,
-// unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed (recorded; *mark
-// restored).
+// of blocks over the batch, each at least MLA_MIN_SLICE_TILES tiles of `rows_per_tile` rows of max_rows) and takes the
+// partial results (m, l, unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call
+// failed (recorded; *mark restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
                                 size_t smem, int B, int64_t max_rows, int rows_per_tile, int H, int r_kv,
                                 float **part_o, float **part_ml, size_t *mark) {
@@ -784,7 +792,9 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
         ls->occ_threads = threads, ls->occ_smem = smem;
     }
     int64_t ns = (int64_t)ls->occ * ci->sm_count / B;
-    int64_t tiles = (max_rows + rows_per_tile - 1) / rows_per_tile;
+    // at least MLA_MIN_SLICE_TILES tiles of max_rows per slice: at short contexts
+    // more slices only add partials (H r_kv floats each) for the combine to read
+    int64_t tiles = (max_rows + rows_per_tile - 1) / rows_per_tile / MLA_MIN_SLICE_TILES;
     if (ns > tiles) ns = tiles;
     if (ns < 1) ns = 1;
     arena_t *ar = &be->scratch;
