@@ -180,13 +180,24 @@ struct be {
     void (*rope_bwd)(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cos, const float *sin,
                      int64_t N, int nh, int dr, int style);
 
-    // ---- attention (causal, flash-style: no Tq x Tk matrix in memory) -------
-    // q [B,Tq,H,dqk], k [B,Tk,Hkv,dqk], v [B,Tk,Hkv,dv] -> out [B,Tq,H,dv], lse [B,H,Tq].
-    // Query t sits at absolute position Tk - Tq + t and sees keys 0..that position
-    // (bottom-right causal; Tq == Tk in training, Tq < Tk when prefilling after a cache).
-    // Query head h reads KV head h / (H / Hkv).
+    // ---- attention (flash-style: no Tq x Tk matrix in memory) ----------------
+    // q [B,Tq,H,dqk], k [B,Tk,Hkv,dqk], v [B,Tk,Hkv,dv] -> out [B,Tq,H,dv], lse [B,H,Tq]
+    // (lse may be NULL). causal 1: query t sits at absolute position Tk - Tq + t
+    // and sees keys 0..that position (bottom-right causal; Tk >= Tq; Tq == Tk in
+    // training, Tq < Tk when prefilling after a cache). causal 0: every query
+    // sees all Tk keys, any Tk >= 0 (0: out 0, lse -inf) - a tile of a long
+    // cache that lies wholly before the queries (MLA's cached prefill, merged
+    // with attn_merge). Query head h reads KV head h / (H / Hkv).
     void (*attn_fwd)(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
-                     int Tk, int H, int Hkv, int dqk, int dv, float scale);
+                     int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal);
+    // Log-sum-exp merge of the attention of the same queries over two disjoint
+    // sets of keys: (out, lse) over one set, (out_i, lse_i) over the other;
+    // afterwards (out, lse) is the attention over their union:
+    // lse' = log(exp(lse) + exp(lse_i)), out' = exp(lse - lse') out + exp(lse_i - lse') out_i.
+    // out, out_i act [B,Tq,H,dv]; lse, lse_i float [B,H,Tq] (-inf: no keys; both
+    // -inf gives out' 0). fp32 arithmetic, out rounded to act once per call.
+    void (*attn_merge)(be_t *be, void *out, float *lse, const void *out_i, const float *lse_i, int B, int Tq, int H,
+                       int dv);
     void (*attn_bwd)(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                      const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv, int dqk,
                      int dv, float scale);
