@@ -1,8 +1,9 @@
-// Attention (bottom-right causal, or every key visible): one query row at a time (scores over the visible keys,
-// softmax, weighted sum), or, for prefill and training (many query rows),
-// tiles of query rows that share the keys and values they read, with the
-// same arithmetic per row. Saves lse for the backward. Also the decode ops
-// over per-sequence caches (attn_decode, kv_append).
+// Attention (bottom-right causal, or every key visible): one query row at a
+// time (scores over the visible keys, softmax, weighted sum), or, for prefill
+// and training (many query rows), tiles of query rows that share the keys and
+// values they read, with the same arithmetic per row. Saves lse for the
+// backward, and merges two attentions by their lse (attn_merge). Also the
+// decode ops over per-sequence caches (attn_decode, kv_append).
 #include <math.h>
 #include <omp.h>
 #include <string.h>
