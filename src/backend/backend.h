@@ -190,14 +190,18 @@ struct be {
     // with attn_merge). Query head h reads KV head h / (H / Hkv).
     void (*attn_fwd)(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
                      int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal);
-    // Log-sum-exp merge of the attention of the same queries over two disjoint
-    // sets of keys: (out, lse) over one set, (out_i, lse_i) over the other;
-    // afterwards (out, lse) is the attention over their union:
-    // lse' = log(exp(lse) + exp(lse_i)), out' = exp(lse - lse') out + exp(lse_i - lse') out_i.
-    // out, out_i act [B,Tq,H,dv]; lse, lse_i float [B,H,Tq] (-inf: no keys; both
-    // -inf gives out' 0). fp32 arithmetic, out rounded to act once per call.
-    void (*attn_merge)(be_t *be, void *out, float *lse, const void *out_i, const float *lse_i, int B, int Tq, int H,
-                       int dv);
+    // Log-sum-exp merge of attentions of the same queries over disjoint sets of
+    // keys (a long context attended tile by tile) into a running result kept
+    // in fp32, so that many merges round to act only once: acc float
+    // [B,Tq,H,dv] and lse float [B,H,Tq] hold the attention over the keys
+    // merged so far, (out_i act [B,Tq,H,dv], lse_i) that over another set;
+    // afterwards (acc, lse) is the attention over their union:
+    // lse' = log(exp(lse) + exp(lse_i)), acc' = exp(lse - lse') acc + exp(lse_i - lse') out_i.
+    // first: nothing merged yet, (acc, lse) = (out_i, lse_i) (neither read).
+    // out (act [B,Tq,H,dv], or NULL): also receives acc' rounded to act. An
+    // lse of -inf means no keys (both -inf: acc' 0, lse' -inf).
+    void (*attn_merge)(be_t *be, float *acc, float *lse, const void *out_i, const float *lse_i, void *out, int first,
+                       int B, int Tq, int H, int dv);
     void (*attn_bwd)(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                      const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv, int dqk,
                      int dv, float scale);

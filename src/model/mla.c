@@ -189,8 +189,9 @@ static int64_t tile_keys(const layer_ctx_t *c, const dims_t *D, int B) {
 // The T new queries of each sequence (q [B, T, H, qd], their keys already in
 // the cache) over the cache's keys [0, Tk = pos0 + T), in tiles of keys:
 // each tile's latents are decompressed into k and v, attended, and the tiles'
-// results merged by their log-sum-exp (be->attn_merge), so memory depends on
-// the tile and the chunk, not the context. The last tile, the last max(R, T)
+// results merged by their log-sum-exp (be->attn_merge, into an fp32 running
+// result rounded to act once, at the last tile), so memory depends on the
+// tile and the chunk, not the context. The last tile, the last max(R, T)
 // keys, holds the chunk's own keys and keeps the bottom-right causal mask;
 // tiles [0, R), [R, 2R), ... cover the keys before it, all of which precede
 // every query (no mask). A context that fits one tile is one causal call, as
@@ -204,14 +205,16 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
     if (n_last > Tk) n_last = Tk;
     int64_t last0 = Tk - n_last; // the last tile's first key
     int64_t n_tiles = (last0 + R - 1) / R + 1, NK = (int64_t)B * n_last;
-    void *kvd, *k, *v, *att_i = NULL;
-    float *lse_i = NULL;
+    int64_t n_out = (int64_t)B * T * D->H * D->dv;
+    void *kvd, *k, *v, *att_i = att;
+    float *lse_i = lse, *acc = NULL;
     ACT(kvd, NK * D->G * D->kvh);
     ACT(k, NK * D->G * D->qd);
     ACT(v, NK * D->G * D->dv);
-    if (n_tiles > 1) {
-        ACT(att_i, (int64_t)B * T * D->H * D->dv);
+    if (n_tiles > 1) { // each tile's result, and the running one in fp32; one tile writes att, lse
+        ACT(att_i, n_out);
         F32(lse_i, (int64_t)B * D->H * T);
+        F32(acc, n_out);
     }
     const void *kv = cache->u.mla.kv;
     for (int64_t i = 0; i < n_tiles; i++) {
@@ -219,10 +222,8 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
         int64_t u0 = last ? last0 : i * R, n = last ? n_last : (last0 - u0 < R ? last0 - u0 : R);
         expand_keys(c, D, w, act_at(be, kv, u0 * D->L), D->L, act_at(be, kv, u0 * D->L + D->rkv), D->L, cache->cap, B,
                     n, kvd, k, v);
-        // the first tile's result goes to att / lse, the later ones merge into it
-        be->attn_fwd(be, i ? att_i : att, i ? lse_i : lse, q, k, v, B, T, (int)n, D->H, D->G, D->qd, D->dv, D->scale,
-                     last);
-        if (i) be->attn_merge(be, att, lse, att_i, lse_i, B, T, D->H, D->dv);
+        be->attn_fwd(be, att_i, lse_i, q, k, v, B, T, (int)n, D->H, D->G, D->qd, D->dv, D->scale, last);
+        if (n_tiles > 1) be->attn_merge(be, acc, lse, att_i, lse_i, last ? att : NULL, i == 0, B, T, D->H, D->dv);
     }
     return 0;
 }

@@ -304,50 +304,59 @@ static void test_attention_no_mask(void **st) {
     no_mask_case(1, 2, 0, 76);
 }
 
-// attn_merge: the attention over keys [0, Tk) split at a, each part attended
-// with causal = 0 and the results merged (in either order), equals the
-// attention over all Tk keys, out and lse, up to fp32 rounding (1e-5 as in
-// no_mask_case: a wrong weight exp(lse_i - lse) is off by O(0.1)). Merging
-// an empty part (lse -inf) leaves a result unchanged bit for bit; two empty
-// parts give out 0, lse -inf.
+// attn_merge: the attention over keys [0, Tk) cut into three parts, each
+// attended with causal = 0 and merged into a running result in turn (first
+// part: first = 1 over NaN-filled acc and lse, which must not be read; the
+// last merge also writes out), in either order, equals the attention over all
+// Tk keys, out and lse, up to fp32 rounding (1e-5 as in no_mask_case: a wrong
+// weight exp(lse_i - lse) is off by O(0.1)). An empty part (lse -inf) changes
+// nothing, bit for bit; only empty parts give 0 and lse -inf.
 static void test_attention_merge(void **st) {
     be_t *be = tu_cpu();
     enum { Tq = 34, Tk = 45, H = 4, Hkv = 2, DQ = 16, DV = 24 };
     const int64_t no = (int64_t)Tq * H * DV, nl = (int64_t)H * Tq;
     float *q = buf((int64_t)Tq * H * DQ, 81), *k = buf((int64_t)Tk * Hkv * DQ, 82),
           *v = buf((int64_t)Tk * Hkv * DV, 83);
-    float *o_all = buf(no, 0), *l_all = buf(nl, 0), *o_a = buf(no, 0), *l_a = buf(nl, 0);
-    float *o_b = buf(no, 0), *l_b = buf(nl, 0);
+    float *o_all = buf(no, 0), *l_all = buf(nl, 0), *o_i = buf(no, 0), *l_i = buf(nl, 0);
+    float *acc = buf(no, 0), *lse = buf(nl, 0), *out = buf(no, 0);
     float scale = 1.0f / sqrtf((float)DQ);
     be->attn_fwd(be, o_all, l_all, q, k, v, 1, Tq, Tk, H, Hkv, DQ, DV, scale, 0);
-    const int splits[3] = {1, 20, 44};
-    for (int si = 0; si < 3; si++)
+    const int cuts[3][2] = {{1, 2}, {20, 33}, {40, 44}}; // parts [0, c0), [c0, c1), [c1, Tk)
+    for (int ci = 0; ci < 3; ci++)
         for (int order = 0; order < 2; order++) {
-            int a = splits[si];
-            // part 0: keys [0, a); part 1: keys [a, Tk) (one sequence: the key rows are contiguous)
-            float *o0 = order ? o_b : o_a, *l0 = order ? l_b : l_a, *o1 = order ? o_a : o_b, *l1 = order ? l_a : l_b;
-            be->attn_fwd(be, o0, l0, q, k, v, 1, Tq, a, H, Hkv, DQ, DV, scale, 0);
-            be->attn_fwd(be, o1, l1, q, k + (int64_t)a * Hkv * DQ, v + (int64_t)a * Hkv * DV, 1, Tq, Tk - a, H, Hkv, DQ,
-                         DV, scale, 0);
-            be->attn_merge(be, o_a, l_a, o_b, l_b, 1, Tq, H, DV);
+            const int edge[4] = {0, cuts[ci][0], cuts[ci][1], Tk};
             for (int64_t i = 0; i < no; i++)
-                assert_float_equal(o_a[i], o_all[i], 1e-5);
+                acc[i] = out[i] = NAN;
             for (int64_t i = 0; i < nl; i++)
-                assert_float_equal(l_a[i], l_all[i], 1e-5);
+                lse[i] = NAN;
+            for (int j = 0; j < 3; j++) {
+                int part = order ? 2 - j : j, u0 = edge[part], n = edge[part + 1] - u0;
+                // one sequence: the parts' key rows are contiguous
+                be->attn_fwd(be, o_i, l_i, q, k + (int64_t)u0 * Hkv * DQ, v + (int64_t)u0 * Hkv * DV, 1, Tq, n, H, Hkv,
+                             DQ, DV, scale, 0);
+                be->attn_merge(be, acc, lse, o_i, l_i, j == 2 ? out : NULL, j == 0, 1, Tq, H, DV);
+            }
+            for (int64_t i = 0; i < no; i++) {
+                assert_float_equal(out[i], o_all[i], 1e-5);
+                assert_true(out[i] == acc[i]); // act is fp32 on the CPU
+            }
+            for (int64_t i = 0; i < nl; i++)
+                assert_float_equal(lse[i], l_all[i], 1e-5);
         }
-    // an empty part changes nothing
-    be->attn_fwd(be, o_a, l_a, q, k, v, 1, Tq, Tk, H, Hkv, DQ, DV, scale, 0);
-    be->attn_fwd(be, o_b, l_b, q, k, v, 1, Tq, 0, H, Hkv, DQ, DV, scale, 0);
-    be->attn_merge(be, o_a, l_a, o_b, l_b, 1, Tq, H, DV);
-    assert_memory_equal(o_a, o_all, sizeof(float) * no);
-    assert_memory_equal(l_a, l_all, sizeof(float) * nl);
-    // two empty parts: nothing attended
-    be->attn_fwd(be, o_a, l_a, q, k, v, 1, Tq, 0, H, Hkv, DQ, DV, scale, 0);
-    be->attn_merge(be, o_a, l_a, o_b, l_b, 1, Tq, H, DV);
+    // an empty part first, then everything: the result is the whole attention's, bit for bit
+    be->attn_fwd(be, o_i, l_i, q, k, v, 1, Tq, 0, H, Hkv, DQ, DV, scale, 0);
+    be->attn_merge(be, acc, lse, o_i, l_i, NULL, 1, 1, Tq, H, DV);
     for (int64_t i = 0; i < no; i++)
-        assert_true(o_a[i] == 0.0f);
+        assert_true(acc[i] == 0.0f);
     for (int64_t i = 0; i < nl; i++)
-        assert_true(l_a[i] == -INFINITY);
+        assert_true(lse[i] == -INFINITY);
+    be->attn_merge(be, acc, lse, o_all, l_all, out, 0, 1, Tq, H, DV);
+    assert_memory_equal(out, o_all, sizeof(float) * no);
+    assert_memory_equal(lse, l_all, sizeof(float) * nl);
+    // then an empty part again: nothing changes
+    be->attn_merge(be, acc, lse, o_i, l_i, out, 0, 1, Tq, H, DV);
+    assert_memory_equal(out, o_all, sizeof(float) * no);
+    assert_memory_equal(lse, l_all, sizeof(float) * nl);
 }
 
 // Conv over x with a row stride wider than C (a slice of a projection output),

@@ -213,11 +213,12 @@ static void gpu_part(be_t *gpu, void *o_d, float *lse_d, const void *q_d, const 
 
 // attn_fwd with causal = 0 (every key visible; Tk < Tq, no key at all) and
 // the tiles of MLA's cached prefill: keys [0, a) unmasked, [a, Tk) causal,
-// merged by attn_merge, which must equal the CPU's causal attention over all
-// Tk keys. Tolerances of test_attn: out 1e-2 (the two-part result carries
-// three bf16 roundings, each part's P and output and the merged output,
-// expected ~3e-3), lse 1e-4 absolute (fp32; a key lost or counted twice moves
-// a row's lse by log(1 + 1/Tk) >= 1e-3). No key: out exactly 0, lse -inf.
+// merged by attn_merge (fp32 running result, out at the second merge), which
+// must equal the CPU's causal attention over all Tk keys. Tolerances of
+// test_attn: out 1e-2 (the result carries three bf16 roundings, each part's P
+// and output and the merged output, expected ~3e-3), lse 1e-4 absolute (fp32;
+// a key lost or counted twice moves a row's lse by log(1 + 1/Tk) >= 1e-3). No
+// key: out exactly 0, lse -inf.
 static void test_attn_no_mask_merge(void **st) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
     static const shape_t shapes[] = {
@@ -236,6 +237,8 @@ static void test_attn_no_mask_merge(void **st) {
         float *poison = tu_nans(no > nl ? no : nl), *o_c = tu_hbuf(no), *lse_c = tu_hbuf(nl);
         void *q_d = tu_dev_act(gpu, q, nq), *o_d = tu_dev_act(gpu, poison, no), *o2_d = tu_dev_act(gpu, poison, no);
         float *lse_d = tu_dev_f32(gpu, poison, nl), *lse2_d = tu_dev_f32(gpu, poison, nl);
+        float *acc_d = tu_dev_f32(gpu, poison, no), *lacc_d = tu_dev_f32(gpu, poison, nl);
+        void *m_d = tu_dev_act(gpu, poison, no);
         const int64_t o_dims[4] = {B, Tq, H, dv}, l_dims[4] = {1, B, H, Tq};
         char label[160];
 
@@ -267,69 +270,80 @@ static void test_attn_no_mask_merge(void **st) {
             cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, 1);
             gpu_part(gpu, o_d, lse_d, q_d, k, v, s, 0, a, 0, poison);
             gpu_part(gpu, o2_d, lse2_d, q_d, k, v, s, a, Tk - a, 1, poison);
-            gpu->attn_merge(gpu, o_d, lse_d, o2_d, lse2_d, B, Tq, H, dv);
+            gpu->attn_merge(gpu, acc_d, lacc_d, o_d, lse_d, NULL, 1, B, Tq, H, dv);
+            gpu->attn_merge(gpu, acc_d, lacc_d, o2_d, lse2_d, m_d, 0, B, Tq, H, dv);
             int rc = gpu->sync(gpu);
             if (rc) printf("  %s: attn_merge failed: %s\n", label, err_msg());
             assert_int_equal(rc, 0);
-            o_g = tu_host_act(gpu, o_d, no), lse_g = tu_host_f32(gpu, lse_d, nl);
+            o_g = tu_host_act(gpu, m_d, no), lse_g = tu_host_f32(gpu, lacc_d, nl);
             fails += cmp(label, "out", o_g, o_c, no, o_dims, "btHc", 1e-2, 0);
             fails += cmp(label, "lse", lse_g, lse_c, nl, l_dims, "-bHt", 1e-4, 1);
             free(o_g), free(lse_g);
         }
         gpu->free(gpu, q_d), gpu->free(gpu, o_d), gpu->free(gpu, o2_d), gpu->free(gpu, lse_d), gpu->free(gpu, lse2_d);
+        gpu->free(gpu, acc_d), gpu->free(gpu, lacc_d), gpu->free(gpu, m_d);
         free(q), free(k), free(v), free(poison), free(o_c), free(lse_c);
     }
     printf("attention without mask, tiles merged: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
 
-// attn_merge alone on the same inputs as the CPU's: random outputs and lse
-// (a spread of several nats, some rows -inf on one side, some on both).
-// Tolerances: out 5e-3 as attn_decode (fp32 weights, the one bf16 rounding
-// of the output, ~1.1e-3 in L2); lse 1e-5 absolute (fp32 exp and log of
-// values of order 1-10, ~1e-6). Rows -inf on both sides: out 0, lse -inf.
+// attn_merge alone on the same inputs as the CPU's: three random results
+// (outputs and lse with a spread of several nats, some rows -inf, row 4 -inf
+// in all three) merged in turn, the first with first = 1 over NaN-filled acc
+// and lse (not to be read), the last also writing out. Tolerances: acc and out
+// 5e-3 as attn_decode (fp32 weights and acc; out carries the one bf16
+// rounding, ~1.1e-3 in L2); lse 1e-5 absolute (fp32 exp and log of values of
+// order 1-10, ~1e-6). Rows -inf in all: acc and out 0, lse -inf.
 static void test_attn_merge(void **st) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
-    enum { B = 2, Tq = 77, H = 5, dv = 96 };
+    enum { B = 2, Tq = 77, H = 5, dv = 96, P = 3 };
     const int64_t no = (int64_t)B * Tq * H * dv, nl = (int64_t)B * H * Tq;
-    float *o = tu_rnd(no, 7001, 1.0f), *oi = tu_rnd(no, 7002, 1.0f), *l = tu_rnd(nl, 7003, 3.0f);
-    float *li = tu_rnd(nl, 7004, 3.0f);
-    // rows where one side saw no key, and row 4 where neither did
-    for (int64_t j = 0; j < nl; j += 7)
-        l[j] = -INFINITY;
-    for (int64_t j = 3; j < nl; j += 11)
-        li[j] = -INFINITY;
-    l[4] = li[4] = -INFINITY;
-    for (int b = 0; b < B; b++) // a row of no keys has out 0 (attn_fwd's convention)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < Tq; t++) {
-                int64_t r = ((int64_t)b * H + h) * Tq + t, oo = (((int64_t)b * Tq + t) * H + h) * dv;
-                if (l[r] == -INFINITY) memset(o + oo, 0, sizeof(float) * dv);
-                if (li[r] == -INFINITY) memset(oi + oo, 0, sizeof(float) * dv);
-            }
-    float *o_c = tu_hdup(o, no), *l_c = tu_hdup(l, nl);
-    cpu->attn_merge(cpu, o_c, l_c, oi, li, B, Tq, H, dv);
-    void *o_d = tu_dev_act(gpu, o, no), *oi_d = tu_dev_act(gpu, oi, no);
-    float *l_d = tu_dev_f32(gpu, l, nl), *li_d = tu_dev_f32(gpu, li, nl);
-    gpu->attn_merge(gpu, o_d, l_d, oi_d, li_d, B, Tq, H, dv);
+    float *o[P], *l[P];
+    void *o_d[P];
+    float *l_d[P];
+    for (int i = 0; i < P; i++) {
+        o[i] = tu_rnd(no, 7001 + 2 * i, 1.0f), l[i] = tu_rnd(nl, 7002 + 2 * i, 3.0f);
+        for (int64_t j = i; j < nl; j += 7 + 4 * i) // rows where this part saw no key
+            l[i][j] = -INFINITY;
+        l[i][4] = -INFINITY;
+        for (int b = 0; b < B; b++) // a row of no keys has out 0 (attn_fwd's convention)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < Tq; t++)
+                    if (l[i][((int64_t)b * H + h) * Tq + t] == -INFINITY)
+                        memset(o[i] + (((int64_t)b * Tq + t) * H + h) * dv, 0, sizeof(float) * dv);
+        o_d[i] = tu_dev_act(gpu, o[i], no), l_d[i] = tu_dev_f32(gpu, l[i], nl);
+    }
+    float *poison = tu_nans(no), *acc_c = tu_hdup(poison, no), *lse_c = tu_hdup(poison, nl);
+    float *out_c = tu_hdup(poison, no);
+    float *acc_d = tu_dev_f32(gpu, poison, no), *lse_d = tu_dev_f32(gpu, poison, nl);
+    void *out_d = tu_dev_act(gpu, poison, no);
+    for (int i = 0; i < P; i++) {
+        cpu->attn_merge(cpu, acc_c, lse_c, o[i], l[i], i == P - 1 ? out_c : NULL, i == 0, B, Tq, H, dv);
+        gpu->attn_merge(gpu, acc_d, lse_d, o_d[i], l_d[i], i == P - 1 ? out_d : NULL, i == 0, B, Tq, H, dv);
+    }
     int rc = gpu->sync(gpu);
     if (rc) printf("  attn_merge failed: %s\n", err_msg());
     assert_int_equal(rc, 0);
-    float *o_g = tu_host_act(gpu, o_d, no), *l_g = tu_host_f32(gpu, l_d, nl);
-    // the rows -inf on both sides: exact; the rest compared with the -inf ones set aside
+    float *acc_g = tu_host_f32(gpu, acc_d, no), *lse_g = tu_host_f32(gpu, lse_d, nl);
+    float *out_g = tu_host_act(gpu, out_d, no);
+    // the rows -inf in all parts: exact; the rest compared with those set aside
     int fails = 0, bad = 0;
     for (int64_t j = 0; j < nl; j++)
-        if (l_c[j] == -INFINITY) {
-            bad += l_g[j] != -INFINITY;
-            l_g[j] = l_c[j] = 0.0f;
+        if (lse_c[j] == -INFINITY) {
+            bad += lse_g[j] != -INFINITY;
+            lse_g[j] = lse_c[j] = 0.0f;
         }
     const int64_t o_dims[4] = {B, Tq, H, dv}, l_dims[4] = {1, B, H, Tq};
-    printf("  %-44s both -inf: %s\n", "attn_merge", bad ? "lse not -inf  FAIL" : "lse -inf");
+    printf("  %-44s rows of no key: %s\n", "attn_merge", bad ? "lse not -inf  FAIL" : "lse -inf");
     fails += bad > 0;
-    fails += cmp("attn_merge", "out", o_g, o_c, no, o_dims, "btHc", 5e-3, 0);
-    fails += cmp("attn_merge", "lse", l_g, l_c, nl, l_dims, "-bHt", 1e-5, 1);
-    gpu->free(gpu, o_d), gpu->free(gpu, oi_d), gpu->free(gpu, l_d), gpu->free(gpu, li_d);
-    free(o), free(oi), free(l), free(li), free(o_c), free(l_c), free(o_g), free(l_g);
+    fails += cmp("attn_merge", "acc", acc_g, acc_c, no, o_dims, "btHc", 5e-3, 0);
+    fails += cmp("attn_merge", "out", out_g, out_c, no, o_dims, "btHc", 5e-3, 0);
+    fails += cmp("attn_merge", "lse", lse_g, lse_c, nl, l_dims, "-bHt", 1e-5, 1);
+    for (int i = 0; i < P; i++)
+        gpu->free(gpu, o_d[i]), gpu->free(gpu, l_d[i]), free(o[i]), free(l[i]);
+    gpu->free(gpu, acc_d), gpu->free(gpu, lse_d), gpu->free(gpu, out_d);
+    free(poison), free(acc_c), free(lse_c), free(out_c), free(acc_g), free(lse_g), free(out_g);
     assert_int_equal(fails, 0);
 }
 

@@ -328,9 +328,10 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, int64_t ldq, v
     cpu_tmp_give(be, &tmp);
 }
 
-// (out, lse) += (out_i, lse_i) by the log-sum-exp rule (backend.h attn_merge).
-static void cpu_attn_merge(be_t *be, void *out_, float *lse, const void *out_i_, const float *lse_i, int B, int Tq,
-                           int H, int dv) {
+// (acc, lse) += (out_i, lse_i) by the log-sum-exp rule (backend.h attn_merge);
+// act is fp32 here, so out is a copy of acc.
+static void cpu_attn_merge(be_t *be, float *acc, float *lse, const void *out_i_, const float *lse_i, void *out_,
+                           int first, int B, int Tq, int H, int dv) {
     (void)be;
     float *out = out_;
     const float *out_i = out_i_;
@@ -339,17 +340,20 @@ static void cpu_attn_merge(be_t *be, void *out_, float *lse, const void *out_i_,
         for (int h = 0; h < H; h++)
             for (int t = 0; t < Tq; t++) {
                 int64_t li = ((int64_t)b * H + h) * Tq + t, oi = (((int64_t)b * Tq + t) * H + h) * dv;
-                float la = lse[li], lb = lse_i[li], m = la > lb ? la : lb;
-                if (m == -INFINITY) { // neither set has a key: nothing attended
-                    memset(out + oi, 0, (size_t)dv * sizeof(float));
-                    continue;
+                float la = first ? -INFINITY : lse[li], lb = lse_i[li], m = la > lb ? la : lb;
+                float wa = 0.0f, wb = 0.0f;
+                if (m != -INFINITY) { // else neither set has a key: nothing attended
+                    // weights relative to the larger lse, so neither exponential overflows
+                    wa = expf(la - m), wb = expf(lb - m);
+                    float s = wa + wb;
+                    lse[li] = m + logf(s);
+                    wa /= s, wb /= s;
+                } else {
+                    lse[li] = -INFINITY;
                 }
-                // weights relative to the larger lse, so neither exponential overflows
-                float wa = expf(la - m), wb = expf(lb - m), s = wa + wb;
-                lse[li] = m + logf(s);
-                wa /= s, wb /= s;
-                for (int i = 0; i < dv; i++)
-                    out[oi + i] = wa * out[oi + i] + wb * out_i[oi + i];
+                for (int i = 0; i < dv; i++) // a side of weight 0 is not read (first, or no keys)
+                    acc[oi + i] = (wa > 0.0f ? wa * acc[oi + i] : 0.0f) + (wb > 0.0f ? wb * out_i[oi + i] : 0.0f);
+                if (out) memcpy(out + oi, acc + oi, (size_t)dv * sizeof(float));
             }
 }
 

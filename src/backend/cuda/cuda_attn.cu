@@ -291,29 +291,34 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         }
 }
 
-// (out, lse) += (out_i, lse_i) by the log-sum-exp rule (backend.h attn_merge):
-// one warp per (b, t, h) row, fp32 arithmetic, out rounded to bf16 once. dv is
-// even (a multiple of 16), so each lane takes pairs.
-__global__ void k_attn_merge(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ out_i,
-                             const float *__restrict__ lse_i, int Tq, int H, int dv, int64_t rows) {
-    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; // row (b, t, h) of out
+// (acc, lse) += (out_i, lse_i) by the log-sum-exp rule (backend.h attn_merge):
+// one warp per (b, t, h) row, fp32 arithmetic and fp32 acc, out (if any) acc
+// rounded to bf16. dv is even (a multiple of 16), so each lane takes pairs.
+__global__ void k_attn_merge(float *__restrict__ acc, float *__restrict__ lse, const bf16 *__restrict__ out_i,
+                             const float *__restrict__ lse_i, bf16 *__restrict__ out, int first, int Tq, int H, int dv,
+                             int64_t rows) {
+    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; // row (b, t, h) of acc
     int lane = threadIdx.x & 31;
     if (w >= rows) return;
     int h = (int)(w % H);
     int64_t bt = w / H, b = bt / Tq, t = bt - b * Tq, li = (b * H + h) * Tq + t;
-    float la = lse[li], lb = lse_i[li], m = fmaxf(la, lb);
+    float la = first ? -INFINITY : lse[li], lb = lse_i[li], m = fmaxf(la, lb);
     float wa = 0.f, wb = 0.f, lnew = -INFINITY;
-    if (m != -INFINITY) { // else neither set has a key: out 0
+    if (m != -INFINITY) { // else neither set has a key: acc 0
         wa = __expf(la - m), wb = __expf(lb - m);
         float s = wa + wb;
         lnew = m + __logf(s);
         wa /= s, wb /= s;
     }
-    __nv_bfloat162 *o2 = (__nv_bfloat162 *)(out + w * dv);
+    float2 *a2 = (float2 *)(acc + w * dv);
     const __nv_bfloat162 *i2 = (const __nv_bfloat162 *)(out_i + w * dv);
+    __nv_bfloat162 *o2 = out ? (__nv_bfloat162 *)(out + w * dv) : NULL;
     for (int c = lane; c < dv / 2; c += 32) {
-        float2 a = __bfloat1622float2(o2[c]), x = __bfloat1622float2(i2[c]);
-        o2[c] = __floats2bfloat162_rn(wa * a.x + wb * x.x, wa * a.y + wb * x.y);
+        float2 a = wa > 0.f ? a2[c] : make_float2(0.f, 0.f); // a side of weight 0 is not read
+        float2 x = wb > 0.f ? __bfloat1622float2(i2[c]) : make_float2(0.f, 0.f);
+        float2 r = make_float2(wa * a.x + wb * x.x, wa * a.y + wb * x.y);
+        a2[c] = r;
+        if (o2) o2[c] = __floats2bfloat162_rn(r.x, r.y);
     }
     if (lane == 0) lse[li] = lnew;
 }
@@ -1021,16 +1026,16 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
 #undef FWD
 }
 
-static void cu_attn_merge(be_t *be, void *out, float *lse, const void *out_i, const float *lse_i, int B, int Tq, int H,
-                          int dv) {
+static void cu_attn_merge(be_t *be, float *acc, float *lse, const void *out_i, const float *lse_i, void *out, int first,
+                          int B, int Tq, int H, int dv) {
     if (B < 0 || Tq < 0 || H <= 0 || dv <= 0 || dv % 2) {
         cu_op_error(be, "cuda attn_merge: bad shape B=%d Tq=%d H=%d dv=%d (dv even)", B, Tq, H, dv);
         return;
     }
     int64_t rows = (int64_t)B * Tq * H;
     if (rows == 0) return;
-    k_attn_merge<<<cuda_blocks(rows * 32, 256), 256, 0, cuda_stream(be)>>>((bf16 *)out, lse, (const bf16 *)out_i, lse_i,
-                                                                           Tq, H, dv, rows);
+    k_attn_merge<<<cuda_blocks(rows * 32, 256), 256, 0, cuda_stream(be)>>>(acc, lse, (const bf16 *)out_i, lse_i,
+                                                                           (bf16 *)out, first ? 1 : 0, Tq, H, dv, rows);
     cuda_check_launch(be, "k_attn_merge");
 }
 
