@@ -52,13 +52,13 @@ typedef struct {
 static void run_fwd(void *p, int rep) {
     attn_ctx_t *c = p;
     const attn_shape_t *s = c->s;
-    be->attn_fwd(be, c->o, c->lse, c->q, c->k, c->v, s->B, s->T, s->T, s->H, s->Hkv, s->dqk, s->dv, c->scale);
+    be->attn_fwd(be, c->o, c->lse, c->q, c->k, c->v, s->B, s->T, s->T, s->H, s->Hkv, s->dqk, s->dv, c->scale, 1);
 }
 
 static void run_fwd_bwd(void *p, int rep) {
     attn_ctx_t *c = p;
     const attn_shape_t *s = c->s;
-    be->attn_fwd(be, c->o, c->lse, c->q, c->k, c->v, s->B, s->T, s->T, s->H, s->Hkv, s->dqk, s->dv, c->scale);
+    be->attn_fwd(be, c->o, c->lse, c->q, c->k, c->v, s->B, s->T, s->T, s->H, s->Hkv, s->dqk, s->dv, c->scale, 1);
     be->attn_bwd(be, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->o, c->lse, s->B, s->T, s->T, s->H, s->Hkv,
                  s->dqk, s->dv, c->scale);
 }

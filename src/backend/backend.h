@@ -196,13 +196,28 @@ struct be {
     void (*rope_bwd)(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_t *pos, const float *cos, const float *sin,
                      int64_t N, int nh, int dr, int style);
 
-    // ---- attention (causal, flash-style: no Tq x Tk matrix in memory) -------
-    // q [B,Tq,H,dqk], k [B,Tk,Hkv,dqk], v [B,Tk,Hkv,dv] -> out [B,Tq,H,dv], lse [B,H,Tq].
-    // Query t sits at absolute position Tk - Tq + t and sees keys 0..that position
-    // (bottom-right causal; Tq == Tk in training, Tq < Tk when prefilling after a cache).
-    // Query head h reads KV head h / (H / Hkv).
+    // ---- attention (flash-style: no Tq x Tk matrix in memory) ----------------
+    // q [B,Tq,H,dqk], k [B,Tk,Hkv,dqk], v [B,Tk,Hkv,dv] -> out [B,Tq,H,dv], lse [B,H,Tq]
+    // (lse may be NULL). causal 1: query t sits at absolute position Tk - Tq + t
+    // and sees keys 0..that position (bottom-right causal; Tk >= Tq; Tq == Tk in
+    // training, Tq < Tk when prefilling after a cache). causal 0: every query
+    // sees all Tk keys, any Tk >= 0 (0: out 0, lse -inf) - a tile of a long
+    // cache that lies wholly before the queries (MLA's cached prefill, merged
+    // with attn_merge). Query head h reads KV head h / (H / Hkv).
     void (*attn_fwd)(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
-                     int Tk, int H, int Hkv, int dqk, int dv, float scale);
+                     int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal);
+    // Log-sum-exp merge of attentions of the same queries over disjoint sets of
+    // keys (a long context attended tile by tile) into a running result kept
+    // in fp32, so that many merges round to act only once: acc float
+    // [B,Tq,H,dv] and lse float [B,H,Tq] hold the attention over the keys
+    // merged so far, (out_i act [B,Tq,H,dv], lse_i) that over another set;
+    // afterwards (acc, lse) is the attention over their union:
+    // lse' = log(exp(lse) + exp(lse_i)), acc' = exp(lse - lse') acc + exp(lse_i - lse') out_i.
+    // first: nothing merged yet, (acc, lse) = (out_i, lse_i) (neither read).
+    // out (act [B,Tq,H,dv], or NULL): also receives acc' rounded to act. An
+    // lse of -inf means no keys (both -inf: acc' 0, lse' -inf).
+    void (*attn_merge)(be_t *be, float *acc, float *lse, const void *out_i, const float *lse_i, void *out, int first,
+                       int B, int Tq, int H, int dv);
     void (*attn_bwd)(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                      const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv, int dqk,
                      int dv, float scale);

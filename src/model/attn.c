@@ -57,7 +57,7 @@ static void cached_attn(const layer_ctx_t *c, layer_cache_t *cache, int b, int p
     be->copy_d2d(be, act_at(be, kc->k, (seq + pos0) * kw), k, rows);
     be->copy_d2d(be, act_at(be, kc->v, (seq + pos0) * kw), v, rows);
     be->attn_fwd(be, att, NULL, q, act_at(be, kc->k, seq * kw), act_at(be, kc->v, seq * kw), 1, T, pos0 + T, a->H,
-                 a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh));
+                 a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh), 1);
 }
 
 int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
@@ -83,7 +83,7 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
                         act_at(be, v, r * kw));
         }
     } else {
-        be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh));
+        be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh), 1);
     }
     lin_fwd(c, out, att, w->o, N, qw, a->d);
     if (sv) {

@@ -52,6 +52,10 @@ typedef struct {
     // them, and lin_fwd runs be->qmatmul on it. NULL / 0 otherwise.
     const be_qmat_t *qw;
     int n_qw;
+    // MLA's prefill over a cache attends over the cached keys in tiles of at
+    // most this many keys per sequence (mla.c); 0: as many as a fixed part of
+    // the arena holds. Tests shrink it to exercise several tiles.
+    int mla_tile_keys;
 } layer_ctx_t;
 
 // Element i of an act buffer (i elements of be->act_size bytes past p).

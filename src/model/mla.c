@@ -147,12 +147,92 @@ static int check_weights(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w
 
 // ---- forward (decompressed) ----------------------------------------------------
 
+// k [B, n, G, qd] = [k_nope | k_pe broadcast to every KV head] and v [B, n, G,
+// d_v] of n keys per sequence, decompressed from their latents: kvd [B, n, G,
+// d_nope + d_v] = lat kv_b^T. lat and kr point at the first key's latent and
+// rope key in sequence 0; keys are ld_lat / ld_kr apart, sequences seq keys.
+static void expand_keys(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const void *lat, int64_t ld_lat,
+                        const void *kr, int64_t ld_kr, int64_t seq, int B, int64_t n, void *kvd, void *k, void *v) {
+    be_t *be = c->be;
+    int64_t NK = (int64_t)B * n, kvw = (int64_t)D->G * D->kvh;
+    int packed = seq == n; // the sequences' keys follow each other: one product, one copy per KV head
+    if (packed && ld_lat == D->rkv)
+        lin_fwd(c, kvd, lat, w->kv_b, NK, D->rkv, kvw);
+    else
+        for (int b = 0; b < B; b++)
+            be->gemm(be, 0, 1, n, kvw, D->rkv, 1.0f, act_at(be, lat, (int64_t)b * seq * ld_lat), ld_lat, w->kv_b,
+                     D->rkv, 0.0f, act_at(be, kvd, (int64_t)b * n * kvw), kvw);
+    if (D->dn > 0) be->copy2d(be, k, D->qd, kvd, D->kvh, NK * D->G, D->dn, 0);
+    be->copy2d(be, v, D->dv, act_at(be, kvd, D->dn), D->kvh, NK * D->G, D->dv, 0);
+    int nb = packed ? 1 : B;
+    int64_t rows = packed ? NK : n;
+    for (int b = 0; b < nb; b++)
+        for (int g = 0; g < D->G; g++)
+            be->copy2d(be, act_at(be, k, ((int64_t)b * n * D->G + g) * D->qd + D->dn), (int64_t)D->G * D->qd,
+                       act_at(be, kr, (int64_t)b * seq * ld_kr), ld_kr, rows, D->dr, 0);
+}
+
+// The cached prefill decompresses at most this part of the arena at a time
+// (one tile's kvd, k and v), so its memory does not grow with the context.
+#define MLA_TILE_ARENA_PART 16
+
+// Keys per sequence in one tile of the cached prefill: c->mla_tile_keys when
+// set, else as many as 1 / MLA_TILE_ARENA_PART of the arena holds for B
+// sequences, a multiple of 64 (the CUDA attention's key tiles stay whole).
+static int64_t tile_keys(const layer_ctx_t *c, const dims_t *D, int B) {
+    if (c->mla_tile_keys > 0) return c->mla_tile_keys;
+    int64_t per_key = (int64_t)B * D->G * (D->kvh + D->qd + D->dv) * (int64_t)c->be->act_size;
+    int64_t R = (int64_t)(c->arena->cap / MLA_TILE_ARENA_PART) / per_key / 64 * 64;
+    return R > 64 ? R : 64;
+}
+
+// The T new queries of each sequence (q [B, T, H, qd], their keys already in
+// the cache) over the cache's keys [0, Tk = pos0 + T), in tiles of keys:
+// each tile's latents are decompressed into k and v, attended, and the tiles'
+// results merged by their log-sum-exp (be->attn_merge, into an fp32 running
+// result rounded to act once, at the last tile), so memory depends on the
+// tile and the chunk, not the context. The last tile, the last max(R, T)
+// keys, holds the chunk's own keys and keeps the bottom-right causal mask;
+// tiles [0, R), [R, 2R), ... cover the keys before it, all of which precede
+// every query (no mask). A context that fits one tile is one causal call, as
+// an untiled forward. (Attending in latent space, as the decode step does,
+// would cost more FLOPs here: docs/ARCHITECTURE.md, MLA prefill.)
+static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const layer_cache_t *cache, int B,
+                        int T, int pos0, const void *q, void *att, float *lse) {
+    be_t *be = c->be;
+    int64_t Tk = (int64_t)pos0 + T, R = tile_keys(c, D, B);
+    int64_t n_last = R > T ? R : T;
+    if (n_last > Tk) n_last = Tk;
+    int64_t last0 = Tk - n_last; // the last tile's first key
+    int64_t n_tiles = (last0 + R - 1) / R + 1, NK = (int64_t)B * n_last;
+    int64_t n_out = (int64_t)B * T * D->H * D->dv;
+    void *kvd, *k, *v, *att_i = att;
+    float *lse_i = lse, *acc = NULL;
+    ACT(kvd, NK * D->G * D->kvh);
+    ACT(k, NK * D->G * D->qd);
+    ACT(v, NK * D->G * D->dv);
+    if (n_tiles > 1) { // each tile's result, and the running one in fp32; one tile writes att, lse
+        ACT(att_i, n_out);
+        F32(lse_i, (int64_t)B * D->H * T);
+        F32(acc, n_out);
+    }
+    const void *kv = cache->u.mla.kv;
+    for (int64_t i = 0; i < n_tiles; i++) {
+        int last = i == n_tiles - 1;
+        int64_t u0 = last ? last0 : i * R, n = last ? n_last : (last0 - u0 < R ? last0 - u0 : R);
+        expand_keys(c, D, w, act_at(be, kv, u0 * D->L), D->L, act_at(be, kv, u0 * D->L + D->rkv), D->L, cache->cap, B,
+                    n, kvd, k, v);
+        be->attn_fwd(be, att_i, lse_i, q, k, v, B, T, (int)n, D->H, D->G, D->qd, D->dv, D->scale, last);
+        if (n_tiles > 1) be->attn_merge(be, acc, lse, att_i, lse_i, last ? att : NULL, i == 0, B, T, D->H, D->dv);
+    }
+    return 0;
+}
+
 int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, int T, int pos0,
                 layer_cache_t *cache, mla_saved_t *sv) {
     be_t *be = c->be;
     dims_t D = dims(c);
     int64_t N = (int64_t)B * T;
-    int Tk = cache ? pos0 + T : T; // keys visible to the last query
     TRY(check_weights(c, &D, w));
     if (sv && cache) return err_set(ERR_UNSUP, "MLA layer %d: training forward (saved state) with a cache", c->layer);
     if (pos0 < 0 || pos0 + T > c->rope_npos)
@@ -167,11 +247,10 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
     proj_t p;
     TRY(project(c, &D, w, x, N, pos, sv != NULL, 0, &p));
 
-    // Source of the keys' latents and rope keys: this call's rows, or the whole
-    // cache once they are appended. lat / kr point at row 0 of sequence 0; rows
-    // are ld apart, sequences seq rows apart.
-    const void *lat = p.cn, *kr = p.kpe;
-    int64_t ld_lat = D.rkv, ld_kr = D.dr, seq = T;
+    void *att, *k = NULL, *v = NULL;
+    float *lse;
+    ACT(att, N * D.H * D.dv);
+    F32(lse, (int64_t)B * D.H * T);
     if (cache) {
         void *kv = cache->u.mla.kv;
         int64_t cap = cache->cap;
@@ -180,40 +259,17 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
             be->copy2d(be, row0, D.L, act_at(be, p.cn, (int64_t)b * T * D.rkv), D.rkv, T, D.rkv, 0);
             be->copy2d(be, act_at(be, row0, D.rkv), D.L, act_at(be, p.kpe, (int64_t)b * T * D.dr), D.dr, T, D.dr, 0);
         }
-        lat = kv, kr = act_at(be, kv, D.rkv);
-        ld_lat = ld_kr = D.L, seq = cap;
+        TRY(attend_cache(c, &D, w, cache, B, T, pos0, p.q, att, lse));
+    } else {
+        // every key at once: k and v are the saved activations of the backward
+        void *kvd;
+        ACT(kvd, N * D.G * D.kvh);
+        ACT(k, N * D.G * D.qd);
+        ACT(v, N * D.G * D.dv);
+        expand_keys(c, &D, w, p.cn, D.rkv, p.kpe, D.dr, T, B, T, kvd, k, v);
+        // Attention (causal: query t sees keys 0..t), GQA H / G.
+        be->attn_fwd(be, att, lse, p.q, k, v, B, T, T, D.H, D.G, D.qd, D.dv, D.scale, 1);
     }
-
-    // Decompress every visible latent: kvd [B, Tk, G, d_nope + d_v] = lat kv_b^T.
-    int64_t NK = (int64_t)B * Tk, kvw = (int64_t)D.G * D.kvh;
-    void *kvd, *k, *v, *att;
-    ACT(kvd, NK * kvw);
-    if (!cache)
-        lin_fwd(c, kvd, lat, w->kv_b, NK, D.rkv, kvw);
-    else
-        for (int b = 0; b < B; b++)
-            be->gemm(be, 0, 1, Tk, kvw, D.rkv, 1.0f, act_at(be, lat, (int64_t)b * seq * ld_lat), ld_lat, w->kv_b, D.rkv,
-                     0.0f, act_at(be, kvd, (int64_t)b * Tk * kvw), kvw);
-
-    // k [B, Tk, G, qd] = [k_nope | k_pe broadcast to every KV head], v [B, Tk, G, d_v]
-    ACT(k, NK * D.G * D.qd);
-    ACT(v, NK * D.G * D.dv);
-    if (D.dn > 0) be->copy2d(be, k, D.qd, kvd, D.kvh, NK * D.G, D.dn, 0);
-    be->copy2d(be, v, D.dv, act_at(be, kvd, D.dn), D.kvh, NK * D.G, D.dv, 0);
-    // Without a cache the rope keys are contiguous across sequences: one copy per
-    // KV head; from the cache, one per sequence and KV head.
-    int nb = cache ? B : 1;
-    int64_t rows = cache ? Tk : NK;
-    for (int b = 0; b < nb; b++)
-        for (int g = 0; g < D.G; g++)
-            be->copy2d(be, act_at(be, k, ((int64_t)b * Tk * D.G + g) * D.qd + D.dn), (int64_t)D.G * D.qd,
-                       act_at(be, kr, (int64_t)b * seq * ld_kr), ld_kr, rows, D.dr, 0);
-
-    // Attention (bottom-right causal: query t sits at Tk - T + t), GQA H / G.
-    float *lse;
-    ACT(att, N * D.H * D.dv);
-    F32(lse, (int64_t)B * D.H * T);
-    be->attn_fwd(be, att, lse, p.q, k, v, B, T, Tk, D.H, D.G, D.qd, D.dv, D.scale);
     lin_fwd(c, out, att, w->o, N, (int64_t)D.H * D.dv, D.d);
 
     if (sv) {

@@ -54,6 +54,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
         {be->rope_fwd, "rope_fwd", LAYER_ATTN},
         {be->attn_fwd, "attn_fwd", LAYER_MLA},
+        {be->attn_merge, "attn_merge", LAYER_MLA},
         {be->attn_decode, "attn_decode", LAYER_ATTN},
         {be->kv_append, "kv_append", LAYER_ATTN},
         {be->rope_kv_append, "rope_kv_append", LAYER_ATTN},

@@ -1,5 +1,6 @@
 // Finite-difference gradient checks of the CPU backend's shared ops (norms,
-// RoPE, attention, SwiGLU) and a naive-reference check of attention forward.
+// RoPE, attention, SwiGLU) and naive-reference checks of attention forward
+// (causal and unmasked) and of the merge of attention over two key sets.
 // fp32 throughout: eps 1e-2 on O(1) inputs keeps the truncation error of the
 // central difference (O(eps^2)) and the rounding error (~1e-7/eps) both near
 // 1e-4 relative, so tol 1e-2 separates real bugs (errors of O(1)) from noise.
@@ -52,7 +53,7 @@ static double run(void *ctx, double *l1) {
     case K_L2: be->l2norm_fwd(be, c->out, c->rstd, c->x, c->d, c->N, c->d, 1e-6f); break;
     case K_ATTN:
         be->attn_fwd(be, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk, c->H, c->Hkv, c->dqk, c->dv,
-                     1.0f / sqrtf((float)c->dqk));
+                     1.0f / sqrtf((float)c->dqk), 1);
         break;
     case K_ROPE:
         memcpy(c->out, c->x, (size_t)c->N * c->d * sizeof(float));
@@ -232,17 +233,130 @@ static void test_attention_tiles(void **st) {
     float *out = buf((int64_t)B * Tq * H * DV, 0), *lse = buf((int64_t)B * H * Tq, 0);
     float *row = buf(H * DV, 0), *row_lse = buf(H, 0);
     float scale = 1.0f / sqrtf((float)DQ);
-    be->attn_fwd(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, DQ, DV, scale);
+    be->attn_fwd(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, DQ, DV, scale, 1);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < Tq; t++) {
             int vis = Tk - Tq + t + 1;
             be->attn_fwd(be, row, row_lse, q + ((int64_t)b * Tq + t) * H * DQ, k + (int64_t)b * Tk * Hkv * DQ,
-                         v + (int64_t)b * Tk * Hkv * DV, 1, 1, vis, H, Hkv, DQ, DV, scale);
+                         v + (int64_t)b * Tk * Hkv * DV, 1, 1, vis, H, Hkv, DQ, DV, scale, 1);
             assert_memory_equal(out + ((int64_t)b * Tq + t) * H * DV, row, sizeof(float) * H * DV);
             for (int h = 0; h < H; h++)
                 assert_memory_equal(&lse[((int64_t)b * H + h) * Tq + t], &row_lse[h], sizeof(float));
         }
     attn_case(40, 45);
+}
+
+// attn_fwd with causal = 0: every query row sees all Tk keys, including
+// Tk < Tq; each output row and lse against a naive double-precision softmax.
+// Through the row loop (Tq < 32) and the tiles of query rows, with GQA. fp32
+// scores of O(1) inputs over <= 70 keys differ from double by ~1e-7, so 1e-5
+// is loose for rounding yet a key dropped or counted twice moves an output by
+// ~1/Tk (>= 1e-2) and the lse by log(1 + 1/Tk).
+static void no_mask_case(int B, int Tq, int Tk, uint64_t seed) {
+    be_t *be = tu_cpu();
+    enum { H = 6, Hkv = 2, DQ = 20, DV = 12 };
+    float *q = buf((int64_t)B * Tq * H * DQ, seed), *k = buf((int64_t)B * Tk * Hkv * DQ, seed + 1);
+    float *v = buf((int64_t)B * Tk * Hkv * DV, seed + 2);
+    float *out = buf((int64_t)B * Tq * H * DV, 0), *lse = buf((int64_t)B * H * Tq, 0);
+    double *s = malloc(sizeof(double) * (Tk > 0 ? Tk : 1));
+    float scale = 1.0f / sqrtf((float)DQ);
+    be->attn_fwd(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, DQ, DV, scale, 0);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tq; t++)
+            for (int h = 0; h < H; h++) {
+                int hk = h / (H / Hkv);
+                const float *qr = q + (((int64_t)b * Tq + t) * H + h) * DQ;
+                const float *o = out + (((int64_t)b * Tq + t) * H + h) * DV;
+                float l = lse[((int64_t)b * H + h) * Tq + t];
+                if (Tk == 0) { // nothing attended: out 0, lse -inf
+                    for (int i = 0; i < DV; i++)
+                        assert_true(o[i] == 0.0f);
+                    assert_true(l == -INFINITY);
+                    continue;
+                }
+                double m = -1e300, sum = 0;
+                for (int u = 0; u < Tk; u++) {
+                    const float *kr = k + (((int64_t)b * Tk + u) * Hkv + hk) * DQ;
+                    s[u] = 0;
+                    for (int i = 0; i < DQ; i++)
+                        s[u] += (double)qr[i] * kr[i];
+                    s[u] *= scale;
+                    if (s[u] > m) m = s[u];
+                }
+                for (int u = 0; u < Tk; u++)
+                    sum += exp(s[u] - m);
+                assert_float_equal(l, m + log(sum), 1e-5);
+                for (int i = 0; i < DV; i++) {
+                    double ref = 0;
+                    for (int u = 0; u < Tk; u++)
+                        ref += exp(s[u] - m) / sum * v[(((int64_t)b * Tk + u) * Hkv + hk) * DV + i];
+                    assert_float_equal(o[i], ref, 1e-5);
+                }
+            }
+    free(s);
+}
+static void test_attention_no_mask(void **st) {
+    no_mask_case(2, 5, 9, 71);   // row loop
+    no_mask_case(1, 3, 1, 72);   // one key
+    no_mask_case(2, 40, 17, 73); // tiles of query rows, fewer keys than queries
+    no_mask_case(1, 37, 70, 74); // tiles, more keys than queries
+    no_mask_case(1, 33, 0, 75);  // no key at all
+    no_mask_case(1, 2, 0, 76);
+}
+
+// attn_merge: the attention over keys [0, Tk) cut into three parts, each
+// attended with causal = 0 and merged into a running result in turn (first
+// part: first = 1 over NaN-filled acc and lse, which must not be read; the
+// last merge also writes out), in either order, equals the attention over all
+// Tk keys, out and lse, up to fp32 rounding (1e-5 as in no_mask_case: a wrong
+// weight exp(lse_i - lse) is off by O(0.1)). An empty part (lse -inf) changes
+// nothing, bit for bit; only empty parts give 0 and lse -inf.
+static void test_attention_merge(void **st) {
+    be_t *be = tu_cpu();
+    enum { Tq = 34, Tk = 45, H = 4, Hkv = 2, DQ = 16, DV = 24 };
+    const int64_t no = (int64_t)Tq * H * DV, nl = (int64_t)H * Tq;
+    float *q = buf((int64_t)Tq * H * DQ, 81), *k = buf((int64_t)Tk * Hkv * DQ, 82),
+          *v = buf((int64_t)Tk * Hkv * DV, 83);
+    float *o_all = buf(no, 0), *l_all = buf(nl, 0), *o_i = buf(no, 0), *l_i = buf(nl, 0);
+    float *acc = buf(no, 0), *lse = buf(nl, 0), *out = buf(no, 0);
+    float scale = 1.0f / sqrtf((float)DQ);
+    be->attn_fwd(be, o_all, l_all, q, k, v, 1, Tq, Tk, H, Hkv, DQ, DV, scale, 0);
+    const int cuts[3][2] = {{1, 2}, {20, 33}, {40, 44}}; // parts [0, c0), [c0, c1), [c1, Tk)
+    for (int ci = 0; ci < 3; ci++)
+        for (int order = 0; order < 2; order++) {
+            const int edge[4] = {0, cuts[ci][0], cuts[ci][1], Tk};
+            for (int64_t i = 0; i < no; i++)
+                acc[i] = out[i] = NAN;
+            for (int64_t i = 0; i < nl; i++)
+                lse[i] = NAN;
+            for (int j = 0; j < 3; j++) {
+                int part = order ? 2 - j : j, u0 = edge[part], n = edge[part + 1] - u0;
+                // one sequence: the parts' key rows are contiguous
+                be->attn_fwd(be, o_i, l_i, q, k + (int64_t)u0 * Hkv * DQ, v + (int64_t)u0 * Hkv * DV, 1, Tq, n, H, Hkv,
+                             DQ, DV, scale, 0);
+                be->attn_merge(be, acc, lse, o_i, l_i, j == 2 ? out : NULL, j == 0, 1, Tq, H, DV);
+            }
+            for (int64_t i = 0; i < no; i++) {
+                assert_float_equal(out[i], o_all[i], 1e-5);
+                assert_true(out[i] == acc[i]); // act is fp32 on the CPU
+            }
+            for (int64_t i = 0; i < nl; i++)
+                assert_float_equal(lse[i], l_all[i], 1e-5);
+        }
+    // an empty part first, then everything: the result is the whole attention's, bit for bit
+    be->attn_fwd(be, o_i, l_i, q, k, v, 1, Tq, 0, H, Hkv, DQ, DV, scale, 0);
+    be->attn_merge(be, acc, lse, o_i, l_i, NULL, 1, 1, Tq, H, DV);
+    for (int64_t i = 0; i < no; i++)
+        assert_true(acc[i] == 0.0f);
+    for (int64_t i = 0; i < nl; i++)
+        assert_true(lse[i] == -INFINITY);
+    be->attn_merge(be, acc, lse, o_all, l_all, out, 0, 1, Tq, H, DV);
+    assert_memory_equal(out, o_all, sizeof(float) * no);
+    assert_memory_equal(lse, l_all, sizeof(float) * nl);
+    // then an empty part again: nothing changes
+    be->attn_merge(be, acc, lse, o_i, l_i, out, 0, 1, Tq, H, DV);
+    assert_memory_equal(out, o_all, sizeof(float) * no);
+    assert_memory_equal(lse, l_all, sizeof(float) * nl);
 }
 
 // Conv over x with a row stride wider than C (a slice of a projection output),
@@ -292,6 +406,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_attention, release_buffers),
         cmocka_unit_test_teardown(test_attention_after_cache, release_buffers),
         cmocka_unit_test_teardown(test_attention_tiles, release_buffers),
+        cmocka_unit_test_teardown(test_attention_no_mask, release_buffers),
+        cmocka_unit_test_teardown(test_attention_merge, release_buffers),
         cmocka_unit_test_teardown(test_conv1d_silu, release_buffers),
         cmocka_unit_test_teardown(test_conv1d_linear, release_buffers),
     };

@@ -41,7 +41,7 @@ static void check_attn_decode(int H, int Hkv, int dh) {
                 assert_true(o[i] == 0.0f);
             continue;
         }
-        be->attn_fwd(be, ref, NULL, q + (int64_t)r * H * dh, kc[r], vc[r], 1, 1, len[r], H, Hkv, dh, dh, scale);
+        be->attn_fwd(be, ref, NULL, q + (int64_t)r * H * dh, kc[r], vc[r], 1, 1, len[r], H, Hkv, dh, dh, scale, 1);
         assert_memory_equal(o, ref, sizeof(float) * H * dh);
     }
     for (int r = 0; r < N; r++)

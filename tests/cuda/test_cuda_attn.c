@@ -1,5 +1,5 @@
-// CUDA attention ops (attn_fwd, attn_bwd, mla_decode_attn, attn_decode,
-// kv_append) against the CPU
+// CUDA attention ops (attn_fwd causal and unmasked, attn_merge, attn_bwd,
+// mla_decode_attn, attn_decode, kv_append) against the CPU
 // reference (tu_cpu()) on the GPU machine. Inputs are rounded to bf16 first, so
 // both backends see the same numbers and differences come only from the
 // computation; every GPU output is poisoned with NaN before the call, so an
@@ -100,7 +100,7 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
     float *o_c = malloc(no * sizeof(float) + 4), *lse_c = malloc(nl * sizeof(float) + 4);
     float *dq_c = malloc(nq * sizeof(float) + 4), *dk_c = malloc(nk * sizeof(float) + 4);
     float *dv_c = malloc(nv * sizeof(float) + 4);
-    cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, 1);
     cpu->attn_bwd(cpu, dq_c, dk_c, dv_c, dout, q, k, v, o_c, lse_c, B, Tq, Tk, H, Hkv, dqk, dv, scale);
 
     // GPU: forward with lse, then the backward on the GPU's own out and lse
@@ -114,7 +114,7 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
     void *o_d = tu_dev_act(gpu, poison, no), *dq_d = tu_dev_act(gpu, poison, nq), *dk_d = tu_dev_act(gpu, poison, nk);
     void *dv_d = tu_dev_act(gpu, poison, nv);
     float *lse_d = tu_dev_f32(gpu, poison, nl);
-    gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, B, Tq, Tk, H, Hkv, dqk, dv, scale, 1);
     int rc = gpu->sync(gpu);
     if (rc) printf("  %s: attn_fwd failed: %s\n", label, err_msg());
     assert_int_equal(rc, 0);
@@ -136,7 +136,7 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
 
     // inference form: lse NULL must give the same output bit for bit
     assert_int_equal(gpu->upload_act(gpu, o_d, poison, no), 0);
-    gpu->attn_fwd(gpu, o_d, NULL, q_d, k_d, v_d, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+    gpu->attn_fwd(gpu, o_d, NULL, q_d, k_d, v_d, B, Tq, Tk, H, Hkv, dqk, dv, scale, 1);
     assert_int_equal(gpu->sync(gpu), 0);
     float *o_g2 = tu_host_act(gpu, o_d, no);
     if (memcmp(o_g, o_g2, (size_t)no * sizeof(float)) != 0) {
@@ -190,6 +190,168 @@ static void test_attn(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// Rows [u0, u0 + n) of each of the B sequences of x [B, T, w] (host), contiguous.
+static float *key_rows(const float *x, int B, int T, int u0, int n, int w) {
+    float *p = tu_hbuf((int64_t)B * n * w);
+    for (int b = 0; b < B; b++)
+        memcpy(p + (int64_t)b * n * w, x + ((int64_t)b * T + u0) * w, sizeof(float) * n * w);
+    return p;
+}
+
+// attn_fwd of keys [u0, u0 + n) of k, v (host [B, Tk, Hkv, d]) on the GPU,
+// causal or not, into out / lse (device, poisoned first).
+static void gpu_part(be_t *gpu, void *o_d, float *lse_d, const void *q_d, const float *k, const float *v,
+                     const shape_t *s, int u0, int n, int causal, const float *poison) {
+    float *kp = key_rows(k, s->B, s->Tk, u0, n, s->Hkv * s->dqk), *vp = key_rows(v, s->B, s->Tk, u0, n, s->Hkv * s->dv);
+    void *k_d = tu_dev_act(gpu, kp, (int64_t)s->B * n * s->Hkv * s->dqk);
+    void *v_d = tu_dev_act(gpu, vp, (int64_t)s->B * n * s->Hkv * s->dv);
+    assert_int_equal(gpu->upload_act(gpu, o_d, poison, (int64_t)s->B * s->Tq * s->H * s->dv), 0);
+    assert_int_equal(gpu->copy_h2d(gpu, lse_d, poison, sizeof(float) * s->B * s->H * s->Tq), 0);
+    gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, s->B, s->Tq, n, s->H, s->Hkv, s->dqk, s->dv,
+                  1.0f / sqrtf((float)s->dqk), causal);
+    int rc = gpu->sync(gpu);
+    if (rc) printf("  attn_fwd (causal %d) failed: %s\n", causal, err_msg());
+    assert_int_equal(rc, 0);
+    gpu->free(gpu, k_d), gpu->free(gpu, v_d);
+    free(kp), free(vp);
+}
+
+// attn_fwd with causal = 0 (every key visible; Tk < Tq, no key at all) and
+// the tiles of MLA's cached prefill: keys [0, a) unmasked, [a, Tk) causal,
+// merged by attn_merge (fp32 running result, out at the second merge), which
+// must equal the CPU's causal attention over all Tk keys. Tolerances of
+// test_attn: out 1e-2 (the result carries three bf16 roundings, each part's P
+// and output and the merged output, expected ~3e-3), lse 1e-4 absolute (fp32;
+// a key lost or counted twice moves a row's lse by log(1 + 1/Tk) >= 1e-3). No
+// key: out exactly 0, lse -inf.
+static void test_attn_no_mask_merge(void **st) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    static const shape_t shapes[] = {
+        {1, 1, 1, 1, 1, 64, 64, 1.0f},       {2, 100, 17, 4, 2, 64, 64, 1.0f},  {1, 257, 1000, 6, 2, 128, 128, 1.0f},
+        {1, 129, 333, 6, 2, 128, 128, 3.0f}, {2, 64, 65, 2, 2, 192, 128, 1.0f}, {2, 40, 300, 3, 1, 96, 64, 1.0f},
+        {1, 70, 0, 2, 1, 64, 64, 1.0f},
+    };
+    int fails = 0;
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        const shape_t *s = &shapes[i];
+        const int B = s->B, Tq = s->Tq, Tk = s->Tk, H = s->H, Hkv = s->Hkv, dqk = s->dqk, dv = s->dv;
+        const int64_t nq = (int64_t)B * Tq * H * dqk, no = (int64_t)B * Tq * H * dv, nl = (int64_t)B * H * Tq;
+        const float scale = 1.0f / sqrtf((float)dqk);
+        float *q = tu_rnd(nq, 6000 + 7 * i, s->qstd), *k = tu_rnd((int64_t)B * Tk * Hkv * dqk, 6001 + 7 * i, 1.0f);
+        float *v = tu_rnd((int64_t)B * Tk * Hkv * dv, 6002 + 7 * i, 1.0f);
+        float *poison = tu_nans(no > nl ? no : nl), *o_c = tu_hbuf(no), *lse_c = tu_hbuf(nl);
+        void *q_d = tu_dev_act(gpu, q, nq), *o_d = tu_dev_act(gpu, poison, no), *o2_d = tu_dev_act(gpu, poison, no);
+        float *lse_d = tu_dev_f32(gpu, poison, nl), *lse2_d = tu_dev_f32(gpu, poison, nl);
+        float *acc_d = tu_dev_f32(gpu, poison, no), *lacc_d = tu_dev_f32(gpu, poison, nl);
+        void *m_d = tu_dev_act(gpu, poison, no);
+        const int64_t o_dims[4] = {B, Tq, H, dv}, l_dims[4] = {1, B, H, Tq};
+        char label[160];
+
+        // every key visible
+        snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s no mask", B, Tq, Tk, H, Hkv, dqk, dv,
+                 s->qstd > 1.5f ? " peaky" : "");
+        cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, 0);
+        gpu_part(gpu, o_d, lse_d, q_d, k, v, s, 0, Tk, 0, poison);
+        float *o_g = tu_host_act(gpu, o_d, no), *lse_g = tu_host_f32(gpu, lse_d, nl);
+        if (Tk == 0) {
+            int bad = 0;
+            for (int64_t j = 0; j < no; j++)
+                bad += o_g[j] != 0.0f;
+            for (int64_t j = 0; j < nl; j++)
+                bad += lse_g[j] != -INFINITY;
+            printf("  %-44s no key: %s\n", label, bad ? "out not 0 or lse not -inf  FAIL" : "out 0, lse -inf");
+            fails += bad > 0;
+        } else {
+            fails += cmp(label, "out", o_g, o_c, no, o_dims, "btHc", 1e-2, 0);
+            fails += cmp(label, "lse", lse_g, lse_c, nl, l_dims, "-bHt", 1e-4, 1);
+        }
+        free(o_g), free(lse_g);
+
+        // two tiles as mla.c makes them: [0, a) before every query, [a, Tk) causal
+        if (Tk >= Tq && Tk > 0) {
+            int a = (Tk - Tq) / 2;
+            snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s split at %d", B, Tq, Tk, H, Hkv, dqk, dv,
+                     s->qstd > 1.5f ? " peaky" : "", a);
+            cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, 1);
+            gpu_part(gpu, o_d, lse_d, q_d, k, v, s, 0, a, 0, poison);
+            gpu_part(gpu, o2_d, lse2_d, q_d, k, v, s, a, Tk - a, 1, poison);
+            gpu->attn_merge(gpu, acc_d, lacc_d, o_d, lse_d, NULL, 1, B, Tq, H, dv);
+            gpu->attn_merge(gpu, acc_d, lacc_d, o2_d, lse2_d, m_d, 0, B, Tq, H, dv);
+            int rc = gpu->sync(gpu);
+            if (rc) printf("  %s: attn_merge failed: %s\n", label, err_msg());
+            assert_int_equal(rc, 0);
+            o_g = tu_host_act(gpu, m_d, no), lse_g = tu_host_f32(gpu, lacc_d, nl);
+            fails += cmp(label, "out", o_g, o_c, no, o_dims, "btHc", 1e-2, 0);
+            fails += cmp(label, "lse", lse_g, lse_c, nl, l_dims, "-bHt", 1e-4, 1);
+            free(o_g), free(lse_g);
+        }
+        gpu->free(gpu, q_d), gpu->free(gpu, o_d), gpu->free(gpu, o2_d), gpu->free(gpu, lse_d), gpu->free(gpu, lse2_d);
+        gpu->free(gpu, acc_d), gpu->free(gpu, lacc_d), gpu->free(gpu, m_d);
+        free(q), free(k), free(v), free(poison), free(o_c), free(lse_c);
+    }
+    printf("attention without mask, tiles merged: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
+// attn_merge alone on the same inputs as the CPU's: three random results
+// (outputs and lse with a spread of several nats, some rows -inf, row 4 -inf
+// in all three) merged in turn, the first with first = 1 over NaN-filled acc
+// and lse (not to be read), the last also writing out. Tolerances: acc and out
+// 5e-3 as attn_decode (fp32 weights and acc; out carries the one bf16
+// rounding, ~1.1e-3 in L2); lse 1e-5 absolute (fp32 exp and log of values of
+// order 1-10, ~1e-6). Rows -inf in all: acc and out 0, lse -inf.
+static void test_attn_merge(void **st) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    enum { B = 2, Tq = 77, H = 5, dv = 96, P = 3 };
+    const int64_t no = (int64_t)B * Tq * H * dv, nl = (int64_t)B * H * Tq;
+    float *o[P], *l[P];
+    void *o_d[P];
+    float *l_d[P];
+    for (int i = 0; i < P; i++) {
+        o[i] = tu_rnd(no, 7001 + 2 * i, 1.0f), l[i] = tu_rnd(nl, 7002 + 2 * i, 3.0f);
+        for (int64_t j = i; j < nl; j += 7 + 4 * i) // rows where this part saw no key
+            l[i][j] = -INFINITY;
+        l[i][4] = -INFINITY;
+        for (int b = 0; b < B; b++) // a row of no keys has out 0 (attn_fwd's convention)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < Tq; t++)
+                    if (l[i][((int64_t)b * H + h) * Tq + t] == -INFINITY)
+                        memset(o[i] + (((int64_t)b * Tq + t) * H + h) * dv, 0, sizeof(float) * dv);
+        o_d[i] = tu_dev_act(gpu, o[i], no), l_d[i] = tu_dev_f32(gpu, l[i], nl);
+    }
+    float *poison = tu_nans(no), *acc_c = tu_hdup(poison, no), *lse_c = tu_hdup(poison, nl);
+    float *out_c = tu_hdup(poison, no);
+    float *acc_d = tu_dev_f32(gpu, poison, no), *lse_d = tu_dev_f32(gpu, poison, nl);
+    void *out_d = tu_dev_act(gpu, poison, no);
+    for (int i = 0; i < P; i++) {
+        cpu->attn_merge(cpu, acc_c, lse_c, o[i], l[i], i == P - 1 ? out_c : NULL, i == 0, B, Tq, H, dv);
+        gpu->attn_merge(gpu, acc_d, lse_d, o_d[i], l_d[i], i == P - 1 ? out_d : NULL, i == 0, B, Tq, H, dv);
+    }
+    int rc = gpu->sync(gpu);
+    if (rc) printf("  attn_merge failed: %s\n", err_msg());
+    assert_int_equal(rc, 0);
+    float *acc_g = tu_host_f32(gpu, acc_d, no), *lse_g = tu_host_f32(gpu, lse_d, nl);
+    float *out_g = tu_host_act(gpu, out_d, no);
+    // the rows -inf in all parts: exact; the rest compared with those set aside
+    int fails = 0, bad = 0;
+    for (int64_t j = 0; j < nl; j++)
+        if (lse_c[j] == -INFINITY) {
+            bad += lse_g[j] != -INFINITY;
+            lse_g[j] = lse_c[j] = 0.0f;
+        }
+    const int64_t o_dims[4] = {B, Tq, H, dv}, l_dims[4] = {1, B, H, Tq};
+    printf("  %-44s rows of no key: %s\n", "attn_merge", bad ? "lse not -inf  FAIL" : "lse -inf");
+    fails += bad > 0;
+    fails += cmp("attn_merge", "acc", acc_g, acc_c, no, o_dims, "btHc", 5e-3, 0);
+    fails += cmp("attn_merge", "out", out_g, out_c, no, o_dims, "btHc", 5e-3, 0);
+    fails += cmp("attn_merge", "lse", lse_g, lse_c, nl, l_dims, "-bHt", 1e-5, 1);
+    for (int i = 0; i < P; i++)
+        gpu->free(gpu, o_d[i]), gpu->free(gpu, l_d[i]), free(o[i]), free(l[i]);
+    gpu->free(gpu, acc_d), gpu->free(gpu, lse_d), gpu->free(gpu, out_d);
+    free(poison), free(acc_c), free(lse_c), free(out_c), free(acc_g), free(lse_g), free(out_g);
+    assert_int_equal(fails, 0);
+}
+
 // The backward with a scratch arena that holds the fp32 dQ accumulator of only
 // some (b, kv head) units, so it runs in several passes.
 static void test_attn_bwd_small_arena(void **st) {
@@ -231,7 +393,7 @@ static void test_attn_bwd_deterministic(void **st) {
         void *q_d = tu_dev_act(gpu, q, nq), *k_d = tu_dev_act(gpu, k, nk), *v_d = tu_dev_act(gpu, v, nv);
         void *do_d = tu_dev_act(gpu, dout, no), *o_d = tu_dev_act(gpu, dout, no);
         float *lse_d = tu_dev_f32(gpu, dout, (int64_t)s->B * s->H * s->Tq);
-        gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, s->B, s->Tq, s->Tk, s->H, s->Hkv, s->dqk, s->dv, scale);
+        gpu->attn_fwd(gpu, o_d, lse_d, q_d, k_d, v_d, s->B, s->Tq, s->Tk, s->H, s->Hkv, s->dqk, s->dv, scale, 1);
         float *g[2][3];
         for (int r = 0; r < 2; r++) {
             void *dq_d = tu_dev_act(gpu, q, nq), *dk_d = tu_dev_act(gpu, k, nk), *dv_d = tu_dev_act(gpu, v, nv);
@@ -734,6 +896,8 @@ int main(void) {
         cmocka_unit_test(test_attn),
         cmocka_unit_test(test_attn_bwd_small_arena),
         cmocka_unit_test(test_attn_bwd_deterministic),
+        cmocka_unit_test(test_attn_no_mask_merge),
+        cmocka_unit_test(test_attn_merge),
         cmocka_unit_test(test_mla_decode),
         cmocka_unit_test(test_mla_decode_deterministic),
         cmocka_unit_test(test_attn_decode),

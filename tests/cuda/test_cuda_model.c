@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/err.h"
 #include "base/fs.h"
 #include "base/half.h"
 #include "model/train_fwd.h"
@@ -137,6 +138,46 @@ static void test_model_logits(void **st) {
     model_state_free(&p.cpu, &sc);
     model_state_free(&p.gpu, &sg);
     free(ids), free(lc), free(lg), free(c1), free(g1);
+    free_pair(&p);
+}
+
+// MLA's prefill over a long cache in tiles of keys (mla.c attend_cache) on the
+// GPU: a run with a 1 MiB arena makes the tiles 256 keys (1/16 of the arena
+// holds 292 keys' kvd, k and v of this model, rounded down to a multiple of
+// 64; 128 keys when the CPU stands in for the GPU: fp32), so a 1,000-token
+// prompt prefilled in chunks of 128 attends over up to 3 unmasked tiles
+// merged with a causal one. Against the CPU with its 256 MiB
+// arena (one tile: today's untiled attention), the last position's logits are
+// judged as one decoded position of test_model_logits (bound 1e-1, the same
+// bf16 argument); a tile lost or attended with the wrong mask moves a quarter
+// or more of an MLA layer's attention weight.
+static void test_prefill_key_tiles(void **st) {
+    arch_t a = small_hybrid();
+    pair_t p;
+    make_pair(&p, &a);
+    enum { T = 1000, CHUNK = 128 };
+    model_run_t small;
+    assert_int_equal(model_run_create(&small, &p.gpu, (size_t)1 << 20), 0);
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    for (int i = 0; i < T; i++)
+        ids[i] = (i * 53 + 5) % a.V;
+    model_state_t sc, sg;
+    assert_int_equal(model_state_alloc(&p.cpu, &sc, 1, T), 0);
+    assert_int_equal(model_state_alloc(&p.gpu, &sg, 1, T), 0);
+    float *c1 = malloc(sizeof(float) * a.V), *g1 = tu_nans(a.V);
+    assert_int_equal(model_prefill(&p.rcpu, &sc, ids, T, CHUNK, c1), 0);
+    int rc = model_prefill(&small, &sg, ids, T, CHUNK, g1);
+    if (rc) printf("  prefill with a 1 MiB arena failed: %s\n", err_msg());
+    assert_int_equal(rc, 0);
+    double e = tu_rel_err(g1, c1, a.V);
+    printf("  prefill of %d tokens in chunks of %d, MLA keys in tiles (small arena) / in one tile: last "
+           "position's logits rel err %.2e\n",
+           T, CHUNK, e);
+    assert_true(e < 1e-1);
+    model_state_free(&p.cpu, &sc);
+    model_state_free(&p.gpu, &sg);
+    model_run_free(&small);
+    free(ids), free(c1), free(g1);
     free_pair(&p);
 }
 
@@ -358,7 +399,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_logits),        cmocka_unit_test(test_state_growth),
         cmocka_unit_test(test_step_batch),          cmocka_unit_test(test_model_gradients),
-        cmocka_unit_test(test_smollm2_cuda_vs_cpu),
+        cmocka_unit_test(test_smollm2_cuda_vs_cpu), cmocka_unit_test(test_prefill_key_tiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

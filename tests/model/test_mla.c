@@ -1,6 +1,7 @@
 // MLA layer (fp32 CPU): the forward against a naive double-precision
 // reference written from the spec, finite-difference checks of the backward for
-// x and every parameter, absorbed decode == decompressed prefill, the RoPE
+// x and every parameter, absorbed decode == decompressed prefill, the prefill
+// over a cache in tiles of keys == the whole-sequence forward, the RoPE
 // layout, and the YaRN numbers of the spec's table.
 #include <math.h>
 #include <stdio.h>
@@ -349,6 +350,59 @@ static void test_decode_variants(void **st) { // the absorption with G = H, late
     decode_case(V_MSCALE_ALL, (int[]){13}, 1, 0);
 }
 
+// ---- cached prefill in tiles of keys == whole-sequence forward --------------------
+
+// The prefill over a cache attends in tiles of c.mla_tile_keys keys (mla.c
+// attend_cache), merged by log-sum-exp. Prefill 96 tokens of 2 sequences in
+// the chunks given with a small tile, so that a chunk sees several unmasked
+// tiles before its causal last one (ragged ones, a chunk longer than a tile,
+// one key per tile), and compare every position with one cache-less forward
+// over the 96 tokens. Only fp32 association differs (each tile's softmax is
+// shifted by its own maximum, the merge reweights by exp(lse_i - lse)): a few
+// 2^-24 per term on O(1) outputs, ~1e-7 relative, so 1e-5 is tight; a key
+// dropped, counted twice or masked wrongly moves outputs by ~1/96 or more.
+static void tiles_case(int variant, int tile, const int *chunks, int n_chunks) {
+    enum { B = 2, T = 96, CAP = 100 };
+    lt_t t;
+    setup(&t, variant, B, T, 500 + variant);
+    int d = t.a.d, L = t.a.mla.r_kv + t.a.mla.d_rope;
+    int64_t n = (int64_t)B * T * d;
+    float *ref = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    float *xc = malloc(sizeof(float) * n), *oc = malloc(sizeof(float) * n);
+    tu_ctx_reset(&t.c);
+    assert_int_equal(mla_forward(&t.c, &t.w, ref, t.x, B, T, 0, NULL, NULL), 0);
+    layer_cache_t cache = {.B = B, .cap = CAP, .len = 0};
+    cache.u.mla.kv = calloc((size_t)B * CAP * L, sizeof(float));
+    t.c.mla_tile_keys = tile;
+    for (int k = 0; k < n_chunks; k++) {
+        int len = chunks[k];
+        tu_rows_gather(xc, t.x, B, T, cache.len, len, d);
+        tu_ctx_reset(&t.c);
+        assert_int_equal(mla_forward(&t.c, &t.w, oc, xc, B, len, cache.len, &cache, NULL), 0);
+        tu_rows_scatter(got, oc, B, T, cache.len, len, d);
+        cache.len += len;
+    }
+    assert_int_equal(cache.len, T);
+    double worst = 0;
+    for (int64_t r = 0; r < (int64_t)B * T; r++) {
+        double e = tu_rel_err(got + r * d, ref + r * d, d);
+        if (!(e <= worst)) worst = e;
+    }
+    print_message("  variant %d, tiles of %d keys, %d chunks: max rel err per position %.2e\n", variant, tile, n_chunks,
+                  worst);
+    assert_true(worst < 1e-5);
+    free(cache.u.mla.kv), free(ref), free(got), free(xc), free(oc);
+    teardown(&t);
+}
+static void test_prefill_tiles(void **st) {
+    tiles_case(V_ZEBRA, 16, (int[]){8, 40, 24, 24}, 4); // chunk 40 > tile: its last tile holds just its keys
+    tiles_case(V_ZEBRA, 7, (int[]){5, 9, 30, 13, 39}, 5);
+    tiles_case(V_ZEBRA, 1, (int[]){33, 1, 62}, 3); // one key per tile: a merge per cached key
+    tiles_case(V_QWEN3, 12, (int[]){20, 20, 20, 36}, 4);
+    tiles_case(V_FULL_KV, 25, (int[]){50, 46}, 2);
+    tiles_case(V_ZEBRA, 200, (int[]){30, 66}, 2); // one tile per chunk (the untiled result)
+}
+
 // ---- RoPE layout (spec §2.1) -----------------------------------------------------
 
 // q . k of the stored (de-interleaved) rotated vectors equals q . k after standard
@@ -466,8 +520,8 @@ int main(void) {
         cmocka_unit_test(test_grad_latent_norm), cmocka_unit_test(test_grad_qwen3),
         cmocka_unit_test(test_grad_full_kv),     cmocka_unit_test(test_decode_zebra),
         cmocka_unit_test(test_decode_qwen3),     cmocka_unit_test(test_decode_chunked),
-        cmocka_unit_test(test_decode_variants),  cmocka_unit_test(test_rope_layout),
-        cmocka_unit_test(test_yarn_numbers),
+        cmocka_unit_test(test_decode_variants),  cmocka_unit_test(test_prefill_tiles),
+        cmocka_unit_test(test_rope_layout),      cmocka_unit_test(test_yarn_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

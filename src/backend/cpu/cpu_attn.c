@@ -1,8 +1,9 @@
-// Causal attention: one query row at a time (scores over the visible keys,
-// softmax, weighted sum), or, for prefill and training (many query rows),
-// tiles of query rows that share the keys and values they read, with the
-// same arithmetic per row. Saves lse for the backward. Also the decode ops
-// over per-sequence caches (attn_decode, kv_append).
+// Attention (bottom-right causal, or every key visible): one query row at a
+// time (scores over the visible keys, softmax, weighted sum), or, for prefill
+// and training (many query rows), tiles of query rows that share the keys and
+// values they read, with the same arithmetic per row. Saves lse for the
+// backward, and merges two attentions by their lse (attn_merge). Also the
+// decode ops over per-sequence caches (attn_decode, kv_append).
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -149,8 +150,10 @@ static float attend_row(const float *qr, const float *k, int64_t ldk, const floa
     return m + logf((float)sum);
 }
 
+// Row r of a tile that starts at query t0 sees keys [0, min(s0 + r + 1, Tk)):
+// s0 = off + t0 when causal, Tk (every key) when not.
 static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                           int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+                           int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal) {
     int grp = H / Hkv, off = Tk - Tq, nthr = omp_get_max_threads();
     int64_t qt = ATTN_TILE_FLOATS / (Tk + 8);
     if (qt > ATTN_TILE) qt = ATTN_TILE;
@@ -172,7 +175,8 @@ static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, con
             for (int64_t i = 0; i < n_tiles; i++) {
                 int b = bh / H, h = bh % H, hk = h / grp;
                 int64_t t0 = (n_tiles - 1 - i) * qt, n = Tq - t0 < qt ? Tq - t0 : qt;
-                int64_t kend = off + t0 + n < Tk ? off + t0 + n : Tk, ld = kend + 8;
+                int64_t s0 = causal ? off + t0 : Tk;
+                int64_t kend = s0 + n < Tk ? s0 + n : Tk, ld = kend + 8;
                 int64_t ldq = (int64_t)H * dqk, ldk = (int64_t)Hkv * dqk, ldv = (int64_t)Hkv * dv;
                 const float *qr = q + (((int64_t)b * Tq + t0) * H + h) * dqk;
                 const float *kr = k + ((int64_t)b * Tk * Hkv + hk) * dqk;
@@ -185,18 +189,18 @@ static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, con
                         for (int u = 0; u < 8; u++)
                             kt[d * 8 + u] = u < nk ? kr[(u0 + u) * ldk + d] : 0.0f;
                     for (int64_t r = 0; r < n; r++)
-                        if (u0 < off + t0 + r + 1) dot8_keys8(qr + r * ldq, kt, dqk, S + r * ld + u0);
+                        if (u0 < s0 + r + 1) dot8_keys8(qr + r * ldq, kt, dqk, S + r * ld + u0);
                 }
                 for (int64_t r = 0; r < n; r++) {
                     float m;
-                    double sum = softmax_row(S + r * ld, off + t0 + r + 1, scale, &m); // keys 0 .. off + t
+                    double sum = softmax_row(S + r * ld, s0 + r + 1 < Tk ? s0 + r + 1 : Tk, scale, &m);
                     if (lse) lse[((int64_t)b * H + h) * Tq + t0 + r] = m + logf((float)sum);
                     memset(o + r * H * dv, 0, (size_t)dv * sizeof(float));
                 }
                 // weighted sums over blocks of 64 keys (in L1), key by key in order
                 for (int64_t u0 = 0; u0 < kend; u0 += 64)
-                    for (int64_t r = u0 < off + t0 ? 0 : u0 - off - t0; r < n; r++) {
-                        int64_t ue = off + t0 + r + 1 < u0 + 64 ? off + t0 + r + 1 : u0 + 64;
+                    for (int64_t r = u0 < s0 ? 0 : u0 - s0; r < n; r++) {
+                        int64_t ue = s0 + r + 1 < u0 + 64 ? s0 + r + 1 : u0 + 64;
                         weighted_sum(o + r * H * dv, S + r * ld, vr, ldv, u0, ue < kend ? ue : kend, dv);
                     }
             }
@@ -205,9 +209,16 @@ static void attn_fwd_tiled(be_t *be, float *out, float *lse, const float *q, con
 }
 
 static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const void *k_, const void *v_, int B,
-                         int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+                         int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal) {
+    if (Tk == 0) { // no keys (only without the causal mask): nothing attended
+        memset(out_, 0, (size_t)B * Tq * H * dv * sizeof(float));
+        if (lse)
+            for (int64_t i = 0; i < (int64_t)B * H * Tq; i++)
+                lse[i] = -INFINITY;
+        return;
+    }
     if (Tq >= ATTN_TILE_MIN) {
-        attn_fwd_tiled(be, out_, lse, q_, k_, v_, B, Tq, Tk, H, Hkv, dqk, dv, scale);
+        attn_fwd_tiled(be, out_, lse, q_, k_, v_, B, Tq, Tk, H, Hkv, dqk, dv, scale, causal);
         return;
     }
     float *out = out_;
@@ -229,7 +240,7 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
                 for (int t = 0; t < Tq; t++) {
                     int64_t qi = ((int64_t)b * Tq + t) * H + h, kv = (int64_t)b * Tk * Hkv + h / grp;
                     float l = attend_row(q + qi * dqk, k + kv * dqk, (int64_t)Hkv * dqk, v + kv * dv, (int64_t)Hkv * dv,
-                                         off + t + 1, dqk, dv, scale, p, out + qi * dv);
+                                         causal ? off + t + 1 : Tk, dqk, dv, scale, p, out + qi * dv);
                     if (lse) lse[((int64_t)b * H + h) * Tq + t] = l;
                 }
     }
@@ -317,6 +328,35 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, int64_t ldq, v
     cpu_tmp_give(be, &tmp);
 }
 
+// (acc, lse) += (out_i, lse_i) by the log-sum-exp rule (backend.h attn_merge);
+// act is fp32 here, so out is a copy of acc.
+static void cpu_attn_merge(be_t *be, float *acc, float *lse, const void *out_i_, const float *lse_i, void *out_,
+                           int first, int B, int Tq, int H, int dv) {
+    (void)be;
+    float *out = out_;
+    const float *out_i = out_i_;
+#pragma omp parallel for collapse(2) if ((int64_t)B * Tq * H * dv > CPU_PAR_MIN)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < Tq; t++) {
+                int64_t li = ((int64_t)b * H + h) * Tq + t, oi = (((int64_t)b * Tq + t) * H + h) * dv;
+                float la = first ? -INFINITY : lse[li], lb = lse_i[li], m = la > lb ? la : lb;
+                float wa = 0.0f, wb = 0.0f;
+                if (m != -INFINITY) { // else neither set has a key: nothing attended
+                    // weights relative to the larger lse, so neither exponential overflows
+                    wa = expf(la - m), wb = expf(lb - m);
+                    float s = wa + wb;
+                    lse[li] = m + logf(s);
+                    wa /= s, wb /= s;
+                } else {
+                    lse[li] = -INFINITY;
+                }
+                for (int i = 0; i < dv; i++) // a side of weight 0 is not read (first, or no keys)
+                    acc[oi + i] = (wa > 0.0f ? wa * acc[oi + i] : 0.0f) + (wb > 0.0f ? wb * out_i[oi + i] : 0.0f);
+                if (out) memcpy(out + oi, acc + oi, (size_t)dv * sizeof(float));
+            }
+}
+
 // Each row's new K / V (or latent / rope key) at its own position of its own
 // cache (backend.h kv_append): plain copies.
 static void cpu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
@@ -332,6 +372,7 @@ static void cpu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, in
 void cpu_register_attn(be_t *be) {
     be->attn_fwd = cpu_attn_fwd;
     be->attn_bwd = cpu_attn_bwd;
+    be->attn_merge = cpu_attn_merge;
     be->attn_decode = cpu_attn_decode;
     be->kv_append = cpu_kv_append;
 }

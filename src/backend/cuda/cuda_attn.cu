@@ -6,8 +6,9 @@
 //
 // Forward (FA2): one block per (query tile of BR = 16 * MT * WARPS rows, b, h);
 // each warp owns 16 * MT query rows, keeps O in fp32 registers, and walks the
-// key tiles up to the causal limit with an online softmax (exp2 domain). P is
-// rounded to bf16 for the P V product. lse = m + log(l) per row.
+// key tiles up to the causal limit (or all of them, causal = 0) with an online
+// softmax (exp2 domain). P is rounded to bf16 for the P V product. lse = m +
+// log(l) per row. k_attn_merge combines two such results over disjoint keys.
 //
 // Backward v2 (k_attn_bwd2, the default for head dims 65..128): the FA2
 // partition of the S / dP, dK / dV and dQ products across warps, with P and dS
@@ -97,11 +98,12 @@ template <int DQK, int DV, int WARPS, int BC, int MT> struct fwd_cfg {
 };
 
 // Grid: n_qt * B * H blocks, the heaviest query tiles (the last ones) first.
+// causal 0: every key visible to every row (only keys >= Tk are masked).
 template <int DQK, int DV, int WARPS, int BC, int MT, bool QREG, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
     k_attn_fwd(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-               const bf16 *__restrict__ v, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float sl2,
-               int n_qt) {
+               const bf16 *__restrict__ v, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float sl2, int n_qt,
+               int causal) {
     typedef fwd_cfg<DQK, DV, WARPS, BC, MT> C;
     constexpr int BR = C::BR, NT = C::NT, SQ = C::SQ, SV = C::SV;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
 
     // keys [0, kv_end) are visible to at least one valid query row of the block
     const int q_last = min(q0 + BR, Tq) - 1;
-    const int kv_end = off + q_last + 1;
+    const int kv_end = causal ? off + q_last + 1 : Tk;
     const int n_kv = (kv_end + BC - 1) / BC;
 
     load_tile<BR, DQK, NT>(sQ, SQ, qb, qs, q0, Tq, dqk, tid);
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
                     ldsm_x4(qf[mt][kk], aQ + (mt * 16 * SQ + kk * 16) * 2);
         }
         const int n0 = j * BC;
-        if (n0 > off + wrow0 + 16 * MT - 1) continue; // no key of this tile is visible to this warp's rows
+        if (causal && n0 > off + wrow0 + 16 * MT - 1) continue; // no key of this tile is visible to this warp's rows
         const uint32_t bK = smem_u32(sK + (j & 1) * BC * SQ) + offB_k;
         const uint32_t bV = smem_u32(sV + (j & 1) * BC * SV) + offT_v;
 
@@ -202,8 +204,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
                 }
             }
         }
-        // causal mask (also hides keys >= Tk from valid rows: off + row <= Tk - 1)
-        if (n0 + BC - 1 > off + wrow0) {
+        // causal mask (also hides keys >= Tk from valid rows: off + row <= Tk - 1);
+        // without it only the keys >= Tk of the last tile (zero-filled rows)
+        if (causal ? n0 + BC - 1 > off + wrow0 : n0 + BC > Tk) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = wrow0 + mt * 16 + g + (e >> 1) * 8;
-                        if (col > off + row) s[mt][nt][e] = -INFINITY;
+                        if (col > (causal ? off + row : Tk - 1)) s[mt][nt][e] = -INFINITY;
                     }
         }
         // online softmax; rows g (i = 0) and g + 8 (i = 1) of each m-tile; a row is spread over a quad
@@ -266,6 +269,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         }
     }
 
+    cp_async_wait<0>(); // the first tile's loads are still in flight when there was no key tile (Tk = 0)
     // epilogue: O / l -> bf16; lse = (m + log2 l) * ln 2
     const int64_t os = (int64_t)H * dv;
 #pragma unroll
@@ -285,6 +289,38 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             if (lse && t4 == 0)
                 lse[((int64_t)b * H + h) * Tq + row] = (mrow[mt][i] + __log2f(l)) * 0.69314718055994531f;
         }
+}
+
+// (acc, lse) += (out_i, lse_i) by the log-sum-exp rule (backend.h attn_merge):
+// one warp per (b, t, h) row, fp32 arithmetic and fp32 acc, out (if any) acc
+// rounded to bf16. dv is even (a multiple of 16), so each lane takes pairs.
+__global__ void k_attn_merge(float *__restrict__ acc, float *__restrict__ lse, const bf16 *__restrict__ out_i,
+                             const float *__restrict__ lse_i, bf16 *__restrict__ out, int first, int Tq, int H, int dv,
+                             int64_t rows) {
+    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; // row (b, t, h) of acc
+    int lane = threadIdx.x & 31;
+    if (w >= rows) return;
+    int h = (int)(w % H);
+    int64_t bt = w / H, b = bt / Tq, t = bt - b * Tq, li = (b * H + h) * Tq + t;
+    float la = first ? -INFINITY : lse[li], lb = lse_i[li], m = fmaxf(la, lb);
+    float wa = 0.f, wb = 0.f, lnew = -INFINITY;
+    if (m != -INFINITY) { // else neither set has a key: acc 0
+        wa = __expf(la - m), wb = __expf(lb - m);
+        float s = wa + wb;
+        lnew = m + __logf(s);
+        wa /= s, wb /= s;
+    }
+    float2 *a2 = (float2 *)(acc + w * dv);
+    const __nv_bfloat162 *i2 = (const __nv_bfloat162 *)(out_i + w * dv);
+    __nv_bfloat162 *o2 = out ? (__nv_bfloat162 *)(out + w * dv) : NULL;
+    for (int c = lane; c < dv / 2; c += 32) {
+        float2 a = wa > 0.f ? a2[c] : make_float2(0.f, 0.f); // a side of weight 0 is not read
+        float2 x = wb > 0.f ? __bfloat1622float2(i2[c]) : make_float2(0.f, 0.f);
+        float2 r = make_float2(wa * a.x + wb * x.x, wa * a.y + wb * x.y);
+        a2[c] = r;
+        if (o2) o2[c] = __floats2bfloat162_rn(r.x, r.y);
+    }
+    if (lane == 0) lse[li] = lnew;
 }
 
 // ---- backward ---------------------------------------------------------------
@@ -928,9 +964,10 @@ __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ a
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// causal: Tk >= Tq is needed (the bottom-right mask); without, any Tk >= 0.
 static bool attn_check(be_t *be, const char *op, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale,
-                       const void *const *ptrs, int n_ptrs) {
-    if (B < 0 || Tq < 0 || Tk < Tq || H <= 0 || Hkv <= 0 || H % Hkv) {
+                       const void *const *ptrs, int n_ptrs, int causal) {
+    if (B < 0 || Tq < 0 || Tk < 0 || (causal && Tk < Tq) || H <= 0 || Hkv <= 0 || H % Hkv) {
         cu_op_error(be, "cuda %s: bad shape B=%d Tq=%d Tk=%d H=%d Hkv=%d (need Tk >= Tq, H a multiple of Hkv)", op, B,
                     Tq, Tk, H, Hkv);
         return false;
@@ -953,7 +990,7 @@ static bool attn_check(be_t *be, const char *op, int B, int Tq, int Tk, int H, i
 
 template <int DQK, int DV, int WARPS, int BC, int MT, bool QREG, int MINB>
 static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
-                       int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+                       int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal) {
     typedef fwd_cfg<DQK, DV, WARPS, BC, MT> C;
     auto kern = k_attn_fwd<DQK, DV, WARPS, BC, MT, QREG, MINB>;
     if (cuda_smem_limit(be, (const void *)kern, C::smem, "k_attn_fwd") < 0) return;
@@ -962,16 +999,16 @@ static void launch_fwd(be_t *be, void *out, float *lse, const void *q, const voi
     if (blocks == 0) return;
     kern<<<(unsigned)blocks, C::NT, C::smem, cuda_stream(be)>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
                                                                 (const bf16 *)v, B, Tq, Tk, H, Hkv, dqk, dv,
-                                                                scale * 1.4426950408889634f, n_qt);
+                                                                scale * 1.4426950408889634f, n_qt, causal ? 1 : 0);
     cuda_check_launch(be, "k_attn_fwd");
 }
 
 static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B, int Tq,
-                        int Tk, int H, int Hkv, int dqk, int dv, float scale) {
+                        int Tk, int H, int Hkv, int dqk, int dv, float scale, int causal) {
     const void *ptrs[] = {out, q, k, v};
-    if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4)) return;
+    if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4, causal)) return;
     if (B == 0 || Tq == 0) return;
-#define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale)
+#define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, causal)
     // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB)
     if (dqk <= 64 && dv <= 64) {
         FWD(64, 64, 4, 64, 2, true, 2);
@@ -987,6 +1024,19 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
         FWD(256, 256, 4, 64, 1, false, 1);
     }
 #undef FWD
+}
+
+static void cu_attn_merge(be_t *be, float *acc, float *lse, const void *out_i, const float *lse_i, void *out, int first,
+                          int B, int Tq, int H, int dv) {
+    if (B < 0 || Tq < 0 || H <= 0 || dv <= 0 || dv % 2) {
+        cu_op_error(be, "cuda attn_merge: bad shape B=%d Tq=%d H=%d dv=%d (dv even)", B, Tq, H, dv);
+        return;
+    }
+    int64_t rows = (int64_t)B * Tq * H;
+    if (rows == 0) return;
+    k_attn_merge<<<cuda_blocks(rows * 32, 256), 256, 0, cuda_stream(be)>>>(acc, lse, (const bf16 *)out_i, lse_i,
+                                                                           (bf16 *)out, first ? 1 : 0, Tq, H, dv, rows);
+    cuda_check_launch(be, "k_attn_merge");
 }
 
 typedef void (*bwd_kern_t)(bf16 *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
@@ -1103,7 +1153,7 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
                         const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale) {
     const void *ptrs[] = {dq, dk, dv_, dout, q, k, v, out};
-    if (!attn_check(be, "attn_bwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 8)) return;
+    if (!attn_check(be, "attn_bwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 8, 1)) return;
     if (B == 0 || Tk == 0) return;
     arena_t *ar = &be->scratch;
     size_t mark = arena_mark(ar);
@@ -1587,6 +1637,7 @@ static void cu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int
 
 extern "C" void cuda_register_attn(be_t *be) {
     be->attn_fwd = cu_attn_fwd;
+    be->attn_merge = cu_attn_merge;
     be->attn_bwd = cu_attn_bwd;
     be->attn_decode = cu_attn_decode;
     be->kv_append = cu_kv_append;
