@@ -88,7 +88,7 @@ if [ "$1" = tally ]; then
 fi
 if [ "$1" = pack ]; then
     set -e
-    make -j2 build/hylo build/bench/bench_long >/dev/null
+    make -j2 build/hylo build/bench/bench_long build/bench/bench_decode build/bench/bench_attn >/dev/null
     mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
     # the libraries go in the same tarball (prep's carry is near its limit)
@@ -99,7 +99,9 @@ if [ "$1" = pack ]; then
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') >/dev/null
     mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t &&
         cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
-        cp build/bench/bench_long .carry/stage/build/bench/ && strip .carry/stage/build/bench/bench_long
+        for b in bench_long bench_decode bench_attn; do
+            cp build/bench/$b .carry/stage/build/bench/ && strip .carry/stage/build/bench/$b || exit 1
+        done
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
     head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
@@ -312,7 +314,10 @@ checks)
     # then, each alone on the GPU, single-stream decode speed and kernel
     # profile of the teacher and of its untrained hybrid, their latency sweep,
     # and the serve load test of both. CHECKS=tests,decode,bench,serve (the
-    # default) picks among them, e.g. CHECKS=decode after another phase's tests.
+    # default) picks among them, e.g. CHECKS=decode after another phase's tests;
+    # CHECKS=kernels (not in the default) times decode attention against a
+    # device copy (bench_decode) and attention against PyTorch SDPA
+    # (bench_attn with scripts/ref/bench_sdpa.py), both --quick.
     DEADLINE=${CHECKS_DEADLINE:-540}
     CHECKS=,${CHECKS:-tests,decode,bench,serve},
     assemble
@@ -325,6 +330,12 @@ checks)
     case $CHECKS in *,bench,*) step bench 90 $H bench $U --against $M --lengths 2K,8K,32K --decode 64 --device cuda \
         --chunk 8192 --out $O/bench ;; esac
     case $CHECKS in *,serve,*) serve_load teacher $M 110; serve_load untrained_$LINEAR $U 110 ;; esac
+    case $CHECKS in *,kernels,*)
+        [ -x build/bench/bench_decode ] || tar xJf $t
+        step bench_decode 150 build/bench/bench_decode --quick
+        step bench_attn 150 build/bench/bench_attn --quick
+        step bench_sdpa 150 python3 scripts/ref/bench_sdpa.py --quick ;;
+    esac
     ;;
 long)
     # issue 12's long-context sweep at the HyLo-Llama-3B shapes with random
