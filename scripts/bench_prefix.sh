@@ -9,17 +9,23 @@
 # token is curl's time_starttransfer of a streamed request (the headers go
 # out with the first token). Ends with each server's prefix-cache metrics.
 #   scripts/bench_prefix.sh BIN ROUNDS WORDS     (default build-cpu/hylo 3 1500)
+# MODEL=PATH serves another model (default: the default GGUF), SERVE_ARGS
+# replaces the servers' other options (default --threads 2), PREFIX_MB the
+# cache's size (default 256), e.g. on a GPU for a 32K-token conversation:
+#   MODEL=HYBRID SERVE_ARGS="--device cuda --ctx 32768" PREFIX_MB=4096 \
+#     scripts/bench_prefix.sh build/hylo 3 22000
 set -u
 BIN=${1:-build-cpu/hylo} N=${2:-3} W=${3:-1500}
-M=$(scripts/fetch_model.sh --path)
+M=${MODEL:-$(scripts/fetch_model.sh --path)}
+SERVE_ARGS=${SERVE_ARGS:---threads 2}
 T=$(mktemp -d)
 trap 'kill $PON $POFF 2>/dev/null; rm -rf "$T"' EXIT
 echo "# $(date -u +%F' '%T) UTC; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $BIN ($(git rev-parse --short HEAD))"
-$BIN serve "$M" --port 18441 --threads 2 --prefix-cache-mb 256 >"$T/on.out" 2>"$T/on.err" &
+$BIN serve "$M" --port 18441 $SERVE_ARGS --prefix-cache-mb "${PREFIX_MB:-256}" >"$T/on.out" 2>"$T/on.err" &
 PON=$!
-$BIN serve "$M" --port 18442 --threads 2 --prefix-cache-mb 0 >"$T/off.out" 2>"$T/off.err" &
+$BIN serve "$M" --port 18442 $SERVE_ARGS --prefix-cache-mb 0 >"$T/off.out" 2>"$T/off.err" &
 POFF=$!
-for _ in $(seq 100); do
+for _ in $(seq 300); do
     grep -q serving "$T/on.out" && grep -q serving "$T/off.out" && break
     sleep 0.2
 done

@@ -315,6 +315,8 @@ checks)
     # profile of the teacher and of its untrained hybrid, their latency sweep,
     # and the serve load test of both. CHECKS=tests,decode,bench,serve (the
     # default) picks among them, e.g. CHECKS=decode after another phase's tests;
+    # CHECKS=prefix (not in the default) times a 32K-token chat's second turn
+    # with and without the prefix cache (scripts/bench_prefix.sh);
     # CHECKS=kernels (not in the default) times decode attention against a
     # device copy (bench_decode) and attention against PyTorch SDPA
     # (bench_attn with scripts/ref/bench_sdpa.py), both --quick.
@@ -330,6 +332,14 @@ checks)
     case $CHECKS in *,bench,*) step bench 90 $H bench $U --against $M --lengths 2K,8K,32K --decode 64 --device cuda \
         --chunk 8192 --out $O/bench ;; esac
     case $CHECKS in *,serve,*) serve_load teacher $M 110; serve_load untrained_$LINEAR $U 110 ;; esac
+    # issue 12's prefix-cache target: the second turn of a 32K-token chat (an
+    # untrained hybrid with YaRN 16 on its MLA RoPE: timing only)
+    case $CHECKS in *,prefix,*)
+        [ -d $U.32k ] || step convert32k 60 $H convert --teacher $M --out $U.32k --mla-every 3 --linear $LINEAR \
+            --yarn-factor 16 --yarn-orig 2048
+        step prefix 200 env MODEL=$U.32k SERVE_ARGS="--device cuda --ctx 32768" PREFIX_MB=4096 \
+            bash scripts/bench_prefix.sh $H 3 22000 ;;
+    esac
     case $CHECKS in *,kernels,*)
         [ -x build/bench/bench_decode ] || tar xJf $t
         step bench_decode 150 build/bench/bench_decode --quick
