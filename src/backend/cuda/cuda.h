@@ -32,8 +32,8 @@ typedef struct {
     // buffer serves every launch, recorded ones included.
     unsigned *norm_done;
     float *norm_partial;
-    unsigned *dec_count;    // [CUDA_DEC_COUNTERS] zeroed at creation; decode kernels that merge their
-                            // slices in the last block count on them and leave them 0 (cuda_attn.cu)
+    unsigned *dec_count; // [CUDA_DEC_COUNTERS] zeroed at creation; decode kernels that merge their
+                         // slices in the last block count on them and leave them 0 (cuda_attn.cu)
 } cuda_impl_t;
 
 // The most blocks of proj_add_rmsnorm's kernel (its columns are spread over them).

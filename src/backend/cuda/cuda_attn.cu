@@ -968,8 +968,10 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 static bool attn_check(be_t *be, const char *op, int B, int Tq, int Tk, int H, int Hkv, int dqk, int dv, float scale,
                        const void *const *ptrs, int n_ptrs, int causal) {
     if (B < 0 || Tq < 0 || Tk < 0 || (causal && Tk < Tq) || H <= 0 || Hkv <= 0 || H % Hkv) {
-        cu_op_error(be, "cuda %s: bad shape B=%d Tq=%d Tk=%d H=%d Hkv=%d (need Tk >= Tq, H a multiple of Hkv)", op, B,
-                    Tq, Tk, H, Hkv);
+        cu_op_error(be,
+                    "cuda %s: bad shape B=%d Tq=%d Tk=%d H=%d Hkv=%d causal=%d (need sizes >= 0, Tk >= Tq when causal, "
+                    "H a multiple of Hkv)",
+                    op, B, Tq, Tk, H, Hkv, causal);
         return false;
     }
     if (dqk <= 0 || dv <= 0 || dqk % 16 || dv % 16 || dqk > 256 || dv > 256) {
