@@ -315,7 +315,8 @@ checks)
     # profile of the teacher and of its untrained hybrid, their latency sweep,
     # and the serve load test of both. CHECKS=tests,decode,bench,serve (the
     # default) picks among them, e.g. CHECKS=decode after another phase's tests;
-    # CHECKS=prefix (not in the default) times a 32K-token chat's second turn
+    # CHECKS=concurrency (not in the default) runs the hybrid's load test at 1,
+    # 4, 16 and 64 streams; CHECKS=prefix (not in the default) times a 32K-token chat's second turn
     # with and without the prefix cache (scripts/bench_prefix.sh);
     # CHECKS=kernels (not in the default) times decode attention against a
     # device copy (bench_decode) and attention against PyTorch SDPA
@@ -332,6 +333,14 @@ checks)
     case $CHECKS in *,bench,*) step bench 90 $H bench $U --against $M --lengths 2K,8K,32K --decode 64 --device cuda \
         --chunk 8192 --out $O/bench ;; esac
     case $CHECKS in *,serve,*) serve_load teacher $M 110; serve_load untrained_$LINEAR $U 110 ;; esac
+    # aggregate throughput and latency against concurrency (the hybrid)
+    case $CHECKS in *,concurrency,*)
+        [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
+        for n in 1 4 16 64; do
+            step serve_conc_$n 100 env HYLO=$H DEVICE=cuda STREAMS=$n ROUNDS=2 OUT=$O/serve_conc_$n \
+                SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $U $W/essays.txt
+        done ;;
+    esac
     # issue 12's prefix-cache target: the second turn of a 32K-token chat (an
     # untrained hybrid with YaRN 16 on its MLA RoPE: timing only)
     case $CHECKS in *,prefix,*)
