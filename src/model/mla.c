@@ -84,9 +84,23 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     be_t *be = c->be;
     *p = (proj_t){0};
     p->ldc = D->rkv, p->ldk = D->dr;
+    // A step without latent or q / k norms takes q_a and kv_a as one product
+    // when they lie one after the other (params.c): rows [cq | c | k_pe] of
+    // ld = rq + L, q_b reading cq and the cache append c and k_pe in place.
+    void *qkv_a = NULL;
+    int64_t ld_a = D->rq + D->L;
+    if (step && D->rq > 0 && !D->latent_norm && !D->qk_norm && !lin_qmat(c, w->q_b)) {
+        const void *ws[2] = {w->q_a, w->kv_a};
+        const int64_t outs[2] = {D->rq, D->L};
+        if (lin_adjacent(c, ws, outs, 2, D->d)) ACT(qkv_a, N * ld_a);
+    }
     // query: q_a -> latent norm -> q_b, or one q_proj
     ACT(p->q, N * D->H * D->qd);
-    if (D->rq > 0) {
+    if (qkv_a) {
+        lin_fwd(c, qkv_a, x, w->q_a, N, D->d, ld_a);
+        be->gemm(be, 0, 1, N, (int64_t)D->H * D->qd, D->rq, 1.0f, qkv_a, ld_a, w->q_b, D->rq, 0.0f, p->q,
+                 (int64_t)D->H * D->qd);
+    } else if (D->rq > 0) {
         ACT(p->cq, N * D->rq);
         lin_fwd(c, p->cq, x, w->q_a, N, D->d, D->rq);
         p->cqn = p->cq;
@@ -105,12 +119,18 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
         if (save) F32(p->rstd_q, N * D->H);
         be->rmsnorm_fwd(be, p->q, p->rstd_q, p->q_raw, w->q_norm, N * D->H, D->qd, D->eps);
     }
-    // kv: [c | k_pe] = kv_a(x), split into contiguous buffers for the norms
+    // kv: [c | k_pe] = kv_a(x) (the joint product's part, rows ld_kv apart),
+    // split into contiguous buffers for the norms
     void *ckv;
-    ACT(ckv, N * D->L);
-    lin_fwd(c, ckv, x, w->kv_a, N, D->d, D->L);
+    int64_t ld_kv = D->L;
+    if (qkv_a) {
+        ckv = act_at(be, qkv_a, D->rq), ld_kv = ld_a;
+    } else {
+        ACT(ckv, N * D->L);
+        lin_fwd(c, ckv, x, w->kv_a, N, D->d, D->L);
+    }
     if (step && !D->latent_norm && !D->qk_norm) {
-        p->c = p->cn = ckv, p->kpe = act_at(be, ckv, D->rkv), p->ldc = p->ldk = D->L;
+        p->c = p->cn = ckv, p->kpe = act_at(be, ckv, D->rkv), p->ldc = p->ldk = ld_kv;
     } else {
         ACT(p->c, N * D->rkv);
         be->copy2d(be, p->c, D->rkv, ckv, D->L, N, D->rkv, 0);

@@ -65,14 +65,17 @@ static int layer_params(ptable_t *t, const arch_t *a, int l) {
     case LAYER_MLA: {
         const mla_dims_t *m = &a->mla;
         int rq = arch_mla_rq(a, l), rkv = arch_mla_rkv(a, l), qd = m->d_nope + m->d_rope;
+        // q_a then kv_a, one after the other: a decode step multiplies by both
+        // at once (mla.c project)
         if (rq > 0) {
             P2(l, rq, d, "%s.%d.mla.q_a_proj.weight", pre, l);
+            P2(l, rkv + m->d_rope, d, "%s.%d.mla.kv_a_proj_with_mqa.weight", pre, l);
             if (m->latent_norm) P1(l, 1, rq, "%s.%d.mla.q_a_layernorm.weight", pre, l);
             P2(l, (int64_t)a->H * qd, rq, "%s.%d.mla.q_b_proj.weight", pre, l);
         } else {
             P2(l, (int64_t)a->H * qd, d, "%s.%d.mla.q_proj.weight", pre, l);
+            P2(l, rkv + m->d_rope, d, "%s.%d.mla.kv_a_proj_with_mqa.weight", pre, l);
         }
-        P2(l, rkv + m->d_rope, d, "%s.%d.mla.kv_a_proj_with_mqa.weight", pre, l);
         if (m->latent_norm) P1(l, 1, rkv, "%s.%d.mla.kv_a_layernorm.weight", pre, l);
         P2(l, (int64_t)m->n_kv * (m->d_nope + m->d_v), rkv, "%s.%d.mla.kv_b_proj.weight", pre, l);
         P2(l, d, (int64_t)a->H * m->d_v, "%s.%d.mla.out_proj.weight", pre, l);
