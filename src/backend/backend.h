@@ -337,6 +337,17 @@ struct be {
     void (*rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
                            const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
                            void *const *v_rows, int N, int H, int Hkv, int dh);
+    // An MLA step's RoPE and cache append in one call: the q_pe of head h of
+    // row r, dr values at q + r * ldq + h * hs, rotated in place; row r's
+    // latent c (r_kv values at c + r * ldc) and its rope key (dr values at kpe
+    // + r * ldk, rotated; kpe itself is not written) written as [c | k_pe] to
+    // the cache row rows[r] + pos[r] * (r_kv + dr). Rotation as rope_fwd with
+    // ROPE_INTERLEAVED over dr dims (cos / sin [n_pos, dr / 2]), row r at
+    // position pos[r]. The same results as rope_fwd of q_pe and of k_pe, then
+    // kv_append (v_off = r_kv).
+    void (*mla_rope_append)(be_t *be, void *q, int64_t ldq, int64_t hs, const void *c, int64_t ldc, const void *kpe,
+                            int64_t ldk, const int32_t *pos, const float *cos, const float *sin, void *const *rows,
+                            int N, int H, int r_kv, int dr);
     // One query per row over its own sequence's cache: q [N, H, dqk] (rotated;
     // row r at q + r * ldq, ldq >= H dqk),
     // keys and values are the cache rows u < len[r] (device int32 [N]; the new

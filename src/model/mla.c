@@ -70,9 +70,10 @@ int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int 
 // q [N, H, qd] (q_norm, RoPE on q_pe), the latent cn [N, r_kv] (latent norm) and
 // the rope key kpe [N, d_rope] (k_norm, RoPE), rows of cn and kpe at strides
 // ldc, ldk. With save, the intermediates the backward needs are kept (and the
-// norms record rstd). A step without latent or k norms takes cn and kpe in
-// place in kv_a's output (strides L), two copies fewer: kv_append reads rows
-// at a stride.
+// norms record rstd). A step leaves q_pe and k_pe unrotated (mla_rope_append
+// rotates them on the way into the cache), and without latent or k norms takes
+// cn and kpe in place in kv_a's output (strides L, or q_a and kv_a's joint
+// rows), two copies fewer.
 typedef struct {
     void *cq, *cqn, *q_raw, *q, *c, *cn, *kpe_raw, *kpe;
     float *rstd_cq, *rstd_q, *rstd_c, *rstd_kpe;
@@ -151,6 +152,8 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     }
     // RoPE: q_pe of every head (head stride qd, after the d_nope values) and the
     // one shared k_pe. Interleaved pairs, results stored de-interleaved (§2.1).
+    // A step rotates them as it appends to the cache (mla_step).
+    if (step) return 0;
     be->rope_fwd(be, act_at(be, p->q, D->dn), (int64_t)D->H * D->qd, D->qd, pos, c->rope_cos, c->rope_sin, N, D->H,
                  D->dr, ROPE_INTERLEAVED);
     be->rope_fwd(be, p->kpe, p->ldk, D->dr, pos, c->rope_cos, c->rope_sin, N, 1, D->dr, ROPE_INTERLEAVED);
@@ -439,10 +442,12 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const
     proj_t p;
     TRY(project(c, &D, w, x, B, pos, 0, 1, &p));
 
-    // every row's [c | k_pe] at its own position of its own cache: one append for all runs
+    // q_pe and k_pe rotated, and every row's [c | k_pe] appended at its own
+    // position of its own cache: one call for all runs
     void *const *rows = ctx_step_caches(c, runs, n_runs);
     if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
-    be->kv_append(be, rows, rows, D.L, D.rkv, pos, p.cn, p.ldc, D.rkv, p.kpe, p.ldk, D.dr, (int)B);
+    be->mla_rope_append(be, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, p.cn, p.ldc, p.kpe, p.ldk, pos,
+                        c->rope_cos, c->rope_sin, rows, (int)B, D.H, D.rkv, D.dr);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h)
     void *qlat, *olat, *att;

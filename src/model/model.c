@@ -59,7 +59,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->kv_append, "kv_append", LAYER_ATTN},
         {be->rope_kv_append, "rope_kv_append", LAYER_ATTN},
         {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
-        {be->kv_append, "kv_append", LAYER_MLA},
+        {be->mla_rope_append, "mla_rope_append", LAYER_MLA},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
         {be->gdn_chunk_fwd, "gdn_chunk_fwd", LAYER_GDN},
         {be->gdn_recurrent_fwd, "gdn_recurrent_fwd", LAYER_GDN},

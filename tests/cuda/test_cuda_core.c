@@ -1,12 +1,13 @@
 // CUDA-vs-CPU tests of the shared ops (cuda_core.cu, cuda_norm.cu, cuda_rope.cu,
 // cuda_mlp.cu, cuda_conv.cu), and a decode step's fused ops (proj_swiglu,
-// proj_add_rmsnorm, rope_kv_append). Every input is drawn fresh per shape and rounded
-// to bf16 (tu_round_bf16) so both backends see identical values; the CPU
-// backend (fp32) is the reference. Outputs on the GPU are poisoned with NaN
-// before the op so an unwritten element fails; memory around strided outputs
-// holds the same random values on both sides, so a write outside the region
-// fails too (buffers are always compared whole). Each check prints op, shape,
-// relative L2 error, max abs difference and the first mismatching index.
+// proj_add_rmsnorm, rope_kv_append, mla_rope_append). Every input is drawn
+// fresh per shape and rounded to bf16 (tu_round_bf16) so both backends see
+// identical values; the CPU backend (fp32) is the reference. Outputs on the
+// GPU are poisoned with NaN before the op so an unwritten element fails;
+// memory around strided outputs holds the same random values on both sides,
+// so a write outside the region fails too (buffers are always compared
+// whole). Each check prints op, shape, relative L2 error, max abs difference
+// and the first mismatching index.
 //
 // Tolerances (every check states which one it uses):
 //  EXACT     copies, embedding, state rolls (conv1d_update_state, conv1d_step
@@ -856,6 +857,71 @@ static void test_rope_kv_append(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// mla_rope_append: an MLA step's projected q (H heads of qd values, q_pe the
+// last dr of each) and its [c | k_pe] rows of one product at stride ldk, each
+// row its own sequence in one of two latent caches, at a random position. q:
+// rope_fwd's result on q_pe, one rounding, the rest untouched: BF16. Caches:
+// the latent copied (EXACT would hold; BF16 covers the rotated k_pe beside it)
+// and the rest of each cache surviving.
+static void test_mla_rope_append(void **st) {
+    setup_backends();
+    int fails = 0;
+    // N, H, d_nope, dr, r_kv (the SmolLM2 hybrid: 9 heads, 32 + 32, 48; HyLo-3B: 24, 64 + 64, 128)
+    const int cases[][5] = {{1, 9, 32, 32, 48}, {3, 9, 32, 32, 48}, {8, 24, 64, 64, 128}, {5, 2, 0, 6, 10}};
+    enum { R = 2, CAP = 37 };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int N = cases[ci][0], H = cases[ci][1], dn = cases[ci][2], dr = cases[ci][3], rkv = cases[ci][4];
+        const int qd = dn + dr, half = dr / 2, L = rkv + dr;
+        const int64_t ldq = (int64_t)H * qd, nq = N * ldq, ld = L + 3, nkv = N * ld; // kv rows at a stride
+        const int64_t per = (int64_t)((N + R - 1) / R) * CAP * L;                    // one buffer's sequences
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%d H=%d d_nope=%d dr=%d r_kv=%d", N, H, dn, dr, rkv);
+        float *cs = tu_hbuf((int64_t)CAP * half), *sn = tu_hbuf((int64_t)CAP * half);
+        for (int p = 0; p < CAP; p++)
+            for (int i = 0; i < half; i++) {
+                float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
+                cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+            }
+        int32_t *pos = rnd_ids(N, CAP);
+        float *q = rnd(nq, 1.0f), *qref = tu_hdup(q, nq), *kv = rnd(nkv, 1.0f), *kv_rot = tu_hdup(kv, nkv);
+        float *cache[R], *cref[R];
+        void *cache_d[R], *rows_h[N], *rows_d[N];
+        for (int b = 0; b < R; b++) {
+            cache[b] = rnd(per, 1.0f), cref[b] = tu_hdup(cache[b], per);
+            cache_d[b] = tu_dev_act(gpu, cache[b], per);
+        }
+        for (int r = 0; r < N; r++) {
+            int64_t first = (int64_t)(r / R) * CAP * L; // the sequence's row 0
+            rows_h[r] = cref[r % R] + first, rows_d[r] = tu_gat(gpu, cache_d[r % R], first);
+        }
+        // the reference: rope_fwd of q_pe and of k_pe (in a copy), then kv_append
+        cpu->rope_fwd(cpu, qref + dn, ldq, qd, pos, cs, sn, N, H, dr, ROPE_INTERLEAVED);
+        cpu->rope_fwd(cpu, kv_rot + rkv, ld, dr, pos, cs, sn, N, 1, dr, ROPE_INTERLEAVED);
+        cpu->kv_append(cpu, rows_h, rows_h, L, rkv, pos, kv_rot, ld, rkv, kv_rot + rkv, ld, dr, N);
+        void *dq = tu_dev_act(gpu, q, nq), *dkv = tu_dev_act(gpu, kv, nkv);
+        float *dc = tu_dev_f32(gpu, cs, (int64_t)CAP * half), *ds = tu_dev_f32(gpu, sn, (int64_t)CAP * half);
+        int32_t *dp = tu_dev_i32(gpu, pos, N);
+        void **drows = gpu->alloc(gpu, sizeof rows_d);
+        assert_non_null(drows);
+        assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof rows_d), 0);
+        gpu->mla_rope_append(gpu, tu_gat(gpu, dq, dn), ldq, qd, dkv, ld, tu_gat(gpu, dkv, rkv), ld, dp, dc, ds, drows,
+                             N, H, rkv, dr);
+        int ok = tu_sync(gpu, "mla_rope_append", shape) && check_act("mla_rope_append q", shape, dq, qref, nq, BF16) &&
+                 check_act("mla_rope_append kv (untouched)", shape, dkv, kv, nkv, EXACT);
+        for (int b = 0; b < R && ok; b++)
+            ok = check_act("mla_rope_append cache", shape, cache_d[b], cref[b], per, BF16);
+        fails += !ok;
+        for (int b = 0; b < R; b++) {
+            free(cache[b]), free(cref[b]);
+            tu_dev_free(gpu, cache_d[b]);
+        }
+        free(cs), free(sn), free(pos), free(q), free(qref), free(kv), free(kv_rot);
+        tu_dev_free(gpu, dq), tu_dev_free(gpu, dkv), tu_dev_free(gpu, dc), tu_dev_free(gpu, ds), tu_dev_free(gpu, dp);
+        gpu->free(gpu, drows);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ==== SwiGLU =================================================================================
 
 static void test_swiglu(void **st) {
@@ -1432,6 +1498,7 @@ int main(void) {
         cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_kv_append),
+        cmocka_unit_test(test_mla_rope_append),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_proj_swiglu),
         cmocka_unit_test(test_proj_add_rmsnorm),

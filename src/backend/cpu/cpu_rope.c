@@ -75,8 +75,26 @@ static void cpu_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *k_, 
     }
 }
 
+static void cpu_mla_rope_append(be_t *be, void *q_, int64_t ldq, int64_t hs, const void *c_, int64_t ldc,
+                                const void *kpe_, int64_t ldk, const int32_t *pos, const float *cos, const float *sin,
+                                void *const *rows, int N, int H, int r_kv, int dr) {
+    float *q = q_;
+    const float *c = c_, *kpe = kpe_;
+    int half = dr / 2;
+    for (int r = 0; r < N; r++) {
+        const float *cr = cos + (int64_t)pos[r] * half, *sr = sin + (int64_t)pos[r] * half;
+        float *row = (float *)rows[r] + (int64_t)pos[r] * (r_kv + dr);
+        for (int h = 0; h < H; h++)
+            rope_vec(q + r * ldq + (int64_t)h * hs, cr, sr, dr, ROPE_INTERLEAVED, 1.0f);
+        memcpy(row, c + r * ldc, (size_t)r_kv * sizeof(float));
+        memcpy(row + r_kv, kpe + r * ldk, (size_t)dr * sizeof(float));
+        rope_vec(row + r_kv, cr, sr, dr, ROPE_INTERLEAVED, 1.0f);
+    }
+}
+
 void cpu_register_rope(be_t *be) {
     be->rope_kv_append = cpu_rope_kv_append;
+    be->mla_rope_append = cpu_mla_rope_append;
     be->rope_fwd = cpu_rope_fwd;
     be->rope_bwd = cpu_rope_bwd;
 }

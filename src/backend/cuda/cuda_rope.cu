@@ -127,8 +127,61 @@ static void cu_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *k, int
     cuda_check_launch(be, "k_rope_kv_append");
 }
 
+// mla_rope_append: block r = row r. Warp h < H rotates head h's q_pe in
+// place, warp H the rope key into the cache row; the interleaved pairs are
+// read into registers before any write, as in k_rope. Then the block copies
+// the latent into the row.
+__global__ void k_mla_rope_append(bf16 *q, int64_t ldq, int64_t hs, const bf16 *__restrict__ c, int64_t ldc,
+                                  const bf16 *__restrict__ kpe, int64_t ldk, const int32_t *__restrict__ pos,
+                                  const float *__restrict__ cosb, const float *__restrict__ sinb,
+                                  bf16 *const *__restrict__ rows, int H, int r_kv, int dr) {
+    const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int64_t p = pos[r];
+    const int half = dr / 2;
+    const float *cs = cosb + p * half, *sn = sinb + p * half;
+    bf16 *row = rows[r] + p * (r_kv + dr);
+    for (int h = warp; h <= H; h += warps) {
+        const bf16 *src = h < H ? q + r * ldq + (int64_t)h * hs : kpe + r * ldk;
+        bf16 *dst = h < H ? q + r * ldq + (int64_t)h * hs : row + r_kv;
+        float a[ROPE_MAX_K], b[ROPE_MAX_K];
+#pragma unroll
+        for (int k = 0; k < ROPE_MAX_K; k++) {
+            const int j = lane + 32 * k;
+            a[k] = j < half ? __bfloat162float(src[2 * j]) : 0.0f;
+            b[k] = j < half ? __bfloat162float(src[2 * j + 1]) : 0.0f;
+        }
+        __syncwarp(); // q is rotated in place: every read of the head precedes every write
+#pragma unroll
+        for (int k = 0; k < ROPE_MAX_K; k++) {
+            const int j = lane + 32 * k;
+            if (j < half) {
+                dst[j] = __float2bfloat16_rn(a[k] * cs[j] - b[k] * sn[j]);
+                dst[j + half] = __float2bfloat16_rn(b[k] * cs[j] + a[k] * sn[j]);
+            }
+        }
+    }
+    for (int i = threadIdx.x; i < r_kv; i += blockDim.x)
+        row[i] = c[r * ldc + i];
+}
+
+static void cu_mla_rope_append(be_t *be, void *q, int64_t ldq, int64_t hs, const void *c, int64_t ldc, const void *kpe,
+                               int64_t ldk, const int32_t *pos, const float *cosb, const float *sinb, void *const *rows,
+                               int N, int H, int r_kv, int dr) {
+    if (N <= 0) return;
+    if (dr <= 0 || dr % 2 || dr > 64 * ROPE_MAX_K || H <= 0 || r_kv < 0) {
+        cu_op_error(be, "cuda mla_rope_append: H=%d r_kv=%d dr=%d not supported (dr even, at most %d)", H, r_kv, dr,
+                    64 * ROPE_MAX_K);
+        return;
+    }
+    k_mla_rope_append<<<(unsigned)N, 32 * ROPE_WARPS, 0, cuda_stream(be)>>>((bf16 *)q, ldq, hs, (const bf16 *)c, ldc,
+                                                                            (const bf16 *)kpe, ldk, pos, cosb, sinb,
+                                                                            (bf16 *const *)rows, H, r_kv, dr);
+    cuda_check_launch(be, "k_mla_rope_append");
+}
+
 extern "C" void cuda_register_rope(be_t *be) {
     be->rope_kv_append = cu_rope_kv_append;
+    be->mla_rope_append = cu_mla_rope_append;
     be->rope_fwd = cu_rope_fwd;
     be->rope_bwd = cu_rope_bwd;
 }
