@@ -41,11 +41,17 @@ int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const v
     void *y = ctx_act(c, N * A->d);
     if (!y) return ERR_NOMEM;
     lin_fwd(c, y, a, W, N, in, A->d);
+    lin_out_add(c, o, y, N);
+    return 0;
+}
+
+void lin_out_add(const layer_ctx_t *c, const lin_out_t *o, const void *y, int64_t N) {
+    be_t *be = c->be;
+    const arch_t *A = c->a;
     if (o->norm)
         be->add_rmsnorm_fwd(be, o->xn, NULL, o->x, y, o->norm, N, A->d, A->eps);
     else
         be->add(be, o->x, y, N * A->d);
-    return 0;
 }
 
 void lin_bwd(be_t *be, void *dx, int acc, void *dW, const void *dy, const void *x, const void *W, int64_t N, int64_t in,

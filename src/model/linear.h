@@ -9,6 +9,9 @@ void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_
 // of x (be->proj_add_rmsnorm; a quantised W: its product, then the add and
 // norm). 0, or ERR_NOMEM.
 int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const void *W, int64_t N, int64_t in);
+// y[N, d], already projected, into o's residual stream: x += y, then xn = the
+// norm of x (norm NULL: the add alone). o->x must be set.
+void lin_out_add(const layer_ctx_t *c, const lin_out_t *o, const void *y, int64_t N);
 // 1 when the act matrices ws[0..n) ([outs[i], in] each) lie one after another
 // in memory, so that they are one matrix [sum outs, in] whose product gives
 // their outputs side by side in one call (the parameter table places a

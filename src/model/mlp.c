@@ -42,17 +42,16 @@ int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x
 int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const void *x, int64_t N) {
     be_t *be = c->be;
     int d = c->a->d, f = c->a->ffn;
+    if (lin_qmat(c, w->gate) || lin_qmat(c, w->up)) { // quantised (CPU inference): the plain MLP, then the add
+        void *y = ctx_act(c, N * d);
+        if (!y) return ERR_NOMEM;
+        TRY(mlp_forward(c, w, y, x, N, NULL));
+        lin_out_add(c, out, y, N);
+        return 0;
+    }
     void *h = ctx_act(c, N * f);
     if (!h) return ERR_NOMEM;
-    if (!lin_qmat(c, w->gate) && !lin_qmat(c, w->up)) {
-        be->proj_swiglu(be, h, x, d, w->gate, w->up, N, d, f);
-    } else { // quantised (CPU inference): the products, then swiglu
-        void *up = ctx_act(c, N * f);
-        if (!up) return ERR_NOMEM;
-        lin_fwd(c, h, x, w->gate, N, d, f);
-        lin_fwd(c, up, x, w->up, N, d, f);
-        be->swiglu_fwd(be, h, h, up, f, N, f);
-    }
+    be->proj_swiglu(be, h, x, d, w->gate, w->up, N, d, f);
     return lin_fwd_out(c, out, h, w->down, N, f);
 }
 

@@ -18,5 +18,6 @@ int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x
 // A decode step of N <= BE_FEW_ROWS rows: h = silu(x Wg^T) * (x Wu^T) in one
 // op (be->proj_swiglu), then h W_down^T into out (layer.h lin_out_t: the add
 // into the residual stream and the next norm fused with the product).
+// Quantised gate or up (CPU inference): mlp_forward, then the add and norm.
 int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const void *x, int64_t N);
 int mlp_backward(const layer_ctx_t *c, const mlp_w_t *w, mlp_w_t *g, void *dx, const void *dout, const mlp_saved_t *sv);

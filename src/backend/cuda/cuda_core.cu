@@ -580,70 +580,6 @@ static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, f
 // fp32 sums, a warp reduction, bf16 out.
 enum { GEMV_ROWS = BE_FEW_ROWS, GEMV_WARPS = 4 };
 
-template <int M>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
-           int64_t ldb, int64_t N, int64_t K, float alpha) {
-    const int lane = threadIdx.x & 31;
-    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n >= N) return; // the whole warp
-    const bf16 *b = B + n * ldb;
-    float acc[M];
-#pragma unroll
-    for (int m = 0; m < M; m++)
-        acc[m] = 0.0f;
-    for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
-        float w[8];
-        ld_bf16<8>(b + k, w);
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            float x[8];
-            ld_bf16<8>(A + m * lda + k, x);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                acc[m] = fmaf(x[i], w[i], acc[m]);
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float v = warp_sum(acc[m]);
-        if (lane == 0) C[m * ldc + n] = __float2bfloat16_rn(alpha * v);
-    }
-}
-
-// The rows-times-weight products k_gemv takes: B transposed, nothing to add
-// to C, 16-byte loads possible (K, lda, ldb multiples of 8, A and B aligned).
-static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      float beta) {
-    return !ta && tb && M >= 1 && M <= GEMV_ROWS && K > 0 && beta == 0.0f && (K | lda | ldb) % 8 == 0 &&
-           !(((uintptr_t)A | (uintptr_t)B) & 15);
-}
-
-static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
-                 int64_t ldb, void *C, int64_t ldc) {
-    const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-    cudaStream_t st = cuda_stream(be);
-    bf16 *c = (bf16 *)C;
-    const bf16 *a = (const bf16 *)A, *b = (const bf16 *)B;
-    switch (M) {
-    case 1: k_gemv<1><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    case 2: k_gemv<2><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    case 3: k_gemv<3><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    case 4: k_gemv<4><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    case 5: k_gemv<5><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    case 6: k_gemv<6><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    case 7: k_gemv<7><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    default: k_gemv<8><<<grid, block, 0, st>>>(c, ldc, a, lda, b, ldb, N, K, alpha); break;
-    }
-    cuda_check_launch(be, "k_gemv");
-}
-
-// ---- a decode step's products fused with what follows them (M <= 8 rows) ----
-// The same one-warp-per-column product as k_gemv, with V = 8 (16-byte loads:
-// K, the row strides and the pointers allow it) or 1 (scalar loads). The
-// sums stay in fp32 into the op that follows, so one launch replaces two or
-// three and the product is rounded once, at the end.
-
 // acc[m] += this lane's share of A[m, :] . b[:] (K values; every lane's share
 // summed by warp_sum gives the dot product).
 template <int M, int V>
@@ -662,6 +598,62 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__res
         }
     }
 }
+
+// Launches kern<M, V> for M = rows (1..GEMV_ROWS).
+#define GEMV_LAUNCH_M(rows, V, kern, grid, stream, ...)                                                                \
+    do {                                                                                                               \
+        switch (rows) {                                                                                                \
+        case 1: kern<1, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 2: kern<2, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 3: kern<3, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 4: kern<4, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 5: kern<5, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 6: kern<6, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        case 7: kern<7, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
+        default: kern<8, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                             \
+        }                                                                                                              \
+    } while (0)
+
+template <int M, int V>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
+           int64_t ldb, int64_t N, int64_t K, float alpha) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return; // the whole warp
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        acc[m] = 0.0f;
+    gemv_lane_dot<M, V>(acc, A, lda, B + n * ldb, K, lane);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) C[m * ldc + n] = __float2bfloat16_rn(alpha * v);
+    }
+}
+
+// The rows-times-weight products k_gemv takes: B transposed, nothing to add
+// to C, 16-byte loads possible (K, lda, ldb multiples of 8, A and B aligned).
+static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      float beta) {
+    return !ta && tb && M >= 1 && M <= GEMV_ROWS && K > 0 && beta == 0.0f && (K | lda | ldb) % 8 == 0 &&
+           !(((uintptr_t)A | (uintptr_t)B) & 15);
+}
+
+static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
+                 int64_t ldb, void *C, int64_t ldc) {
+    const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
+    GEMV_LAUNCH_M((int)M, 8, k_gemv, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda, (const bf16 *)B, ldb,
+                  N, K, alpha);
+    cuda_check_launch(be, "k_gemv");
+}
+
+// ---- a decode step's products fused with what follows them (M <= 8 rows) ----
+// The same one-warp-per-column product as k_gemv, with V = 8 (16-byte loads:
+// K, the row strides and the pointers allow it) or 1 (scalar loads). The
+// sums stay in fp32 into the op that follows, so one launch replaces two or
+// three and the product is rounded once, at the end.
 
 // h[m, n] = silu(A[m] . Wg[n]) * (A[m] . Wu[n]): the warp of column n reads
 // row n of both matrices beside each other, the rows of A once for both.
@@ -781,21 +773,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
     if (threadIdx.x == 0) *done = 0; // every other block has counted: ready for the next launch
 }
-
-// Launches kern<M, V> for M = rows (1..GEMV_ROWS).
-#define GEMV_LAUNCH_M(rows, V, kern, grid, stream, ...)                                                                \
-    do {                                                                                                               \
-        switch (rows) {                                                                                                \
-        case 1: kern<1, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 2: kern<2, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 3: kern<3, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 4: kern<4, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 5: kern<5, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 6: kern<6, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 7: kern<7, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        default: kern<8, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                             \
-        }                                                                                                              \
-    } while (0)
 
 static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
                            int64_t K, int64_t f) {
