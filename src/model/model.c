@@ -890,12 +890,13 @@ static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t str
     return be->sync(be);
 }
 
+static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
+                        float *logits);
+
 // Embeds ids (host [N]), runs the layers (run_layers: T tokens of each of
 // the B sequences of state st at st->len, or no state), final norm, and
 // returns into host `logits` [n_rows, V] the logits of rows first + i * stride,
 // i < n_rows (one token per sequence: a decode step, step_forward).
-static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
-                        float *logits);
 static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, model_state_t *st, int64_t first,
                           int64_t stride, int64_t n_rows, float *logits) {
     model_t *m = r->m;
