@@ -184,9 +184,9 @@ cuda_tests() { # tarball
         OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1
 }
 # issue 12's load test: 64 streaming requests of mixed lengths against a model
-serve_load() { # name, model[, timeout (s)]
+serve_load() { # name, model[, timeout (s)[, streams (default 64)]]
     [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
-    step serve_load_$1 ${3:-200} env HYLO=$H DEVICE=cuda STREAMS=64 ROUNDS=2 OUT=$O/serve_load_$1 \
+    step serve_load_$1 ${3:-200} env HYLO=$H DEVICE=cuda STREAMS=${4:-64} ROUNDS=2 OUT=$O/serve_load_$1 \
         SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $2 $W/essays.txt
 }
 # issue 12: single-stream greedy decode of a model (tokens/s from --stats),
@@ -335,10 +335,8 @@ checks)
     case $CHECKS in *,serve,*) serve_load teacher $M 110; serve_load untrained_$LINEAR $U 110 ;; esac
     # aggregate throughput and latency against concurrency (the hybrid)
     case $CHECKS in *,concurrency,*)
-        [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
         for n in 1 4 16 64; do
-            step serve_conc_$n 100 env HYLO=$H DEVICE=cuda STREAMS=$n ROUNDS=2 OUT=$O/serve_conc_$n \
-                SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $U $W/essays.txt
+            serve_load conc${n}_untrained_$LINEAR $U 100 $n
         done ;;
     esac
     # issue 12's prefix-cache target: the second turn of a 32K-token chat (an
