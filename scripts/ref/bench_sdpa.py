@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Reference timings of causal attention with torch SDPA (flash backend), on the
-same shapes and in the same table format as bench/bench_attn.c, so that the
-ratio hylo / SDPA can go into docs/PERFORMANCE.md.
+"""Reference timings of causal attention with torch SDPA, on the same shapes and
+in the same table format as bench/bench_attn.c, so that the ratio hylo / SDPA
+can go into docs/PERFORMANCE.md. Each shape is timed with the cuDNN backend
+(SDPBackend.CUDNN_ATTENTION: what the fast stacks use on Hopper, issue 11's
+reference) and with the flash backend, one row each.
 
-    python3 scripts/ref/bench_sdpa.py [--quick]
+    python3 scripts/ref/bench_sdpa.py [--quick] [--backends cudnn,flash]
 
 Layout: q [B,T,H,dqk], k [B,T,Hkv,dqk], v [B,T,Hkv,dv] bf16 (hylo's layout),
 passed to SDPA as [B,H,T,d] views (transpose, no copy). Forward = one SDPA
@@ -13,8 +15,10 @@ warm-up runs, median of 20 (T = 8192) or 10 (T = 65536) runs. FLOPs as in
 bench_attn.c: fwd = 2 B H T^2 (dqk + dv) / 2, bwd = 2.5 x fwd, counted on the
 logical shape even where SDPA does more work (padding below).
 
-Where the flash backend refuses a shape the script says so in the `note`
-column and falls back:
+The `note` column names the backend that ran. Where the asked backend refuses
+a shape the script says so there and falls back (cuDNN: the same fallbacks,
+never another backend; a shape cuDNN refuses in every form gets a row that
+says so):
   - GQA (Hkv < H): enable_gqa=True if flash accepts it, else k and v expanded
     to H heads before timing ("kv expanded"; the backward then returns
     per-query-head dk/dv and the final reduction over the group is not timed).
@@ -39,9 +43,10 @@ SHAPES = [  # name, B, H, Hkv, dqk, dv
 ]
 
 
-def make_call(q, k, v, H, Hkv, dqk, dv):
+def make_call(q, k, v, H, Hkv, dqk, dv, which):
     """Returns (call(q, k, v) -> out [B,H,T,dv], note, backend) for the first
-    configuration the flash backend accepts (or the efficient backend)."""
+    configuration the backend `which` accepts ("cudnn": cuDNN only; "flash":
+    flash, else the efficient backend)."""
     notes = []
     scale = 1.0 / math.sqrt(dqk)
 
@@ -65,7 +70,11 @@ def make_call(q, k, v, H, Hkv, dqk, dv):
         torch.cuda.synchronize()
         return call
 
-    for backend, bname in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient")):
+    if which == "cudnn":
+        backends = ((SDPBackend.CUDNN_ATTENTION, "cudnn"),)
+    else:
+        backends = ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"))
+    for backend, bname in backends:
         for gqa_mode in ("native", "expand") if Hkv != H else ("native",):
             for pad_v in (False, True) if dqk != dv else (False,):
                 try:
@@ -81,14 +90,20 @@ def make_call(q, k, v, H, Hkv, dqk, dv):
     raise RuntimeError("no SDPA backend accepted the shape")
 
 
-def bench_shape(name, B, T, H, Hkv, dqk, dv):
+def bench_shape(name, B, T, H, Hkv, dqk, dv, which):
     dev = torch.device("cuda")
     torch.manual_seed(0)
     # hylo's [B,T,H,d] layout seen as [B,H,T,d]
     q = torch.randn(B, T, H, dqk, device=dev, dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(B, T, Hkv, dqk, device=dev, dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(B, T, Hkv, dv, device=dev, dtype=torch.bfloat16).transpose(1, 2)
-    call, note, (gqa_mode, _) = make_call(q, k, v, H, Hkv, dqk, dv)
+    try:
+        call, note, (gqa_mode, _) = make_call(q, k, v, H, Hkv, dqk, dv, which)
+    except RuntimeError:
+        line = "| %-12s | %d | %6d | %2d | %2d | %3d | %3d | %9s | %7s | %10s | %7s | %s refused the shape" % (
+            name, B, T, H, Hkv, dqk, dv, "-", "-", "-", "-", which)
+        print(line, flush=True)
+        return line
     if gqa_mode == "expand" and Hkv != H:
         # expand outside the timed region: leaves of the graph are per-query-head k, v
         k = k.repeat_interleave(H // Hkv, dim=1)
@@ -124,7 +139,12 @@ def bench_shape(name, B, T, H, Hkv, dqk, dv):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="T = 8192 only")
+    ap.add_argument("--backends", default="cudnn,flash", help="comma-separated: cudnn, flash (default both)")
     args = ap.parse_args()
+    which = [b for b in args.backends.split(",") if b]
+    for b in which:
+        if b not in ("cudnn", "flash"):
+            raise SystemExit("bench_sdpa.py: --backends takes cudnn and flash, got '%s'" % b)
     print("bench_sdpa: torch %s, %s" % (torch.__version__, torch.cuda.get_device_name()))
     hdr = ("| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
            "f+b TF/s | note")
@@ -132,7 +152,8 @@ def main():
     rows = []
     for T in (8192,) if args.quick else (8192, 65536):
         for (name, B, H, Hkv, dqk, dv) in SHAPES:
-            rows.append(bench_shape(name, B, T, H, Hkv, dqk, dv))
+            for b in which:
+                rows.append(bench_shape(name, B, T, H, Hkv, dqk, dv, b))
     print("\n==== summary (torch SDPA) ====")
     print(hdr)
     for r in rows:
