@@ -88,7 +88,7 @@ if [ "$1" = tally ]; then
 fi
 if [ "$1" = pack ]; then
     set -e
-    make -j2 build/hylo build/bench/bench_long build/bench/bench_decode build/bench/bench_attn >/dev/null
+    make -j2 build/hylo build/bench/bench_long build/bench/bench_decode build/bench/bench_attn build/bench/bench_gdn >/dev/null
     mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
     # the libraries go in the same tarball (prep's carry is near its limit)
@@ -99,7 +99,7 @@ if [ "$1" = pack ]; then
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') >/dev/null
     mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t &&
         cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
-        for b in bench_long bench_decode bench_attn; do
+        for b in bench_long bench_decode bench_attn bench_gdn; do
             cp build/bench/$b .carry/stage/build/bench/ && strip .carry/stage/build/bench/$b || exit 1
         done
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
@@ -319,8 +319,11 @@ checks)
     # 4, 16 and 64 streams; CHECKS=prefix (not in the default) times a 32K-token chat's second turn
     # with and without the prefix cache (scripts/bench_prefix.sh);
     # CHECKS=kernels (not in the default) times decode attention against a
-    # device copy (bench_decode) and attention against PyTorch SDPA
-    # (bench_attn with scripts/ref/bench_sdpa.py), both --quick.
+    # device copy (bench_decode), attention against PyTorch SDPA's cuDNN and
+    # flash backends (bench_attn with scripts/ref/bench_sdpa.py) and, when
+    # .carry/fla (a folder holding FLA's fla package, e.g. the fla-core wheel
+    # unzipped) is carried, the GDN chunk against FLA eager and by its kernel
+    # sum (bench_gdn with scripts/ref/bench_fla_gdn.py), all --quick.
     DEADLINE=${CHECKS_DEADLINE:-540}
     CHECKS=,${CHECKS:-tests,decode,bench,serve},
     assemble
@@ -351,7 +354,9 @@ checks)
         [ -x build/bench/bench_decode ] || tar xJf $t
         step bench_decode 150 build/bench/bench_decode --quick
         step bench_attn 150 build/bench/bench_attn --quick
-        step bench_sdpa 150 python3 scripts/ref/bench_sdpa.py --quick ;;
+        step bench_sdpa 150 python3 scripts/ref/bench_sdpa.py --quick
+        step bench_gdn 120 build/bench/bench_gdn --quick
+        [ -d .carry/fla ] && step bench_fla 200 python3 scripts/ref/bench_fla_gdn.py --fla .carry/fla --quick ;;
     esac
     ;;
 long)

@@ -20,7 +20,11 @@ a ~ N(0, 1)), beta = sigmoid(b) (b ~ N(0, 1)), no initial or final state.
 Forward = one call with inputs that require grad (so FLA saves what its
 backward needs); fwd+bwd = that call plus o.backward(dout). Median of
 triton.testing.do_bench (CUDA events) with its warm-up, after explicit warm-up
-calls that run Triton's autotuning. TFLOP/s by the spec's 2.5 cost model, as
+calls that run Triton's autotuning. Each shape gets two rows: "eager" (that
+median, launch overhead included: FLA as users run it) and "kernel sum" (the
+sum of the durations of the kernels one call launches, from the PyTorch
+profiler's CUDA activity over 10 calls: FLA's GPU time without its Python /
+Triton launch cost, issue 11's fair comparison). TFLOP/s by the spec's 2.5 cost model, as
 bench_gdn.c: forward L (3K + 2Dv) + 6 K Dv + L^2/1.5 per token per value head
 (L = 64), fwd+bwd = 3.5 x forward.
 
@@ -210,6 +214,7 @@ def fwd_flops(B, T, HV, K, Dv):
 def bench_shape(call, name, B, T, H, HV, K, Dv):
     import torch
     import triton
+    from cuda_timing import kernel_ms  # scripts/ref/, the script's own folder
 
     q, k, v, g, beta, dout = make_inputs(B, T, H, HV, K, Dv, "cuda")
     for t in (q, k, v, g, beta):
@@ -235,13 +240,17 @@ def bench_shape(call, name, B, T, H, HV, K, Dv):
     t_f = triton.testing.do_bench(fwd, warmup=50, rep=rep, return_mode="median")
     t_fb = triton.testing.do_bench(fwd_bwd, warmup=50, rep=rep, grad_to_none=[q, k, v, g, beta],
                                    return_mode="median")
+    k_f = kernel_ms(fwd, 10)
+    k_fb = kernel_ms(fwd_bwd, 10, before=clear)
     F = fwd_flops(B, T, HV, K, Dv)
-    line = "| %-8s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %8.1f | %10.3f | %8.1f | FLA Triton" % (
-        name, B, T, H, HV, K, Dv, t_f, F / (t_f * 1e-3) / 1e12, t_fb, 3.5 * F / (t_fb * 1e-3) / 1e12)
-    print(line, flush=True)
+    lines = []
+    for tf, tfb, how in ((t_f, t_fb, "eager"), (k_f, k_fb, "kernel sum")):
+        lines.append("| %-8s | %d | %6d | %2d | %2d | %3d | %3d | %9.3f | %8.1f | %10.3f | %8.1f | FLA Triton, %s" % (
+            name, B, T, H, HV, K, Dv, tf, F / (tf * 1e-3) / 1e12, tfb, 3.5 * F / (tfb * 1e-3) / 1e12, how))
+        print(lines[-1], flush=True)
     del q, k, v, g, beta, dout
     torch.cuda.empty_cache()
-    return line
+    return "\n".join(lines)
 
 
 def main():
