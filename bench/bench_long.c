@@ -10,9 +10,10 @@
 // cache's bytes (one allocation of exactly T + D tokens) and the device memory
 // in use. A length whose cache does not fit says so and the sweep goes on.
 // Wall-clock times around calls that end in a host sync.
-// Usage: bench_long [--teacher|--6mla22gdn|--14mla14gdn] [--2m] [--decode64]
+// Usage: bench_long [--teacher|--6mla22gdn|--14mla14gdn] [--2m|--upto128k] [--decode64]
 //   (default: all three models; lengths 8K, 32K, 128K, 512K, 1M, and 2M with
-//   --2m; 32 decode steps, 64 with --decode64)
+//   --2m, up to 128K only with --upto128k (a profiler's run); 32 decode steps,
+//   64 with --decode64)
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,16 +110,16 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
 }
 
 int main(int argc, char **argv) {
-    int only = 0, two_m = 0, D = 32;
+    int only = 0, n_len = 5, D = 32;
     bench_flag_t flags[] = {{"--teacher", &only, 1},
                             {"--6mla22gdn", &only, 2},
                             {"--14mla14gdn", &only, 3},
-                            {"--2m", &two_m, 1},
+                            {"--2m", &n_len, 6},
+                            {"--upto128k", &n_len, 3},
                             {"--decode64", &D, 64}};
-    if (bench_flags(argc, argv, flags, 5) < 0) return 2;
+    if (bench_flags(argc, argv, flags, 6) < 0) return 2;
     bench_init((size_t)8 << 30); // op scratch: chunked GDN and attention at 8K-token chunks
     const int lengths[6] = {8192, 32768, 131072, 524288, 1048576, 2097152};
-    const int n_len = two_m ? 6 : 5;
     arch_t t = llama_3b();
     upc_dims_t dims = {
         .r_q = 1536, .r_kv = 128, .d_rope = 64, .d_nope = 64, .d_v = 128, .yarn_factor = 32, .yarn_orig = 2048};

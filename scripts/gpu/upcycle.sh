@@ -184,10 +184,16 @@ cuda_tests() { # tarball
         OUT=$O/tests HYLO_MODEL=$M FIXTURES=0 TEST_TIMEOUT=200 bash scripts/gpu/tests.sh) > $O/tests.txt 2>&1
 }
 # issue 12's load test: 64 streaming requests of mixed lengths against a model
+# (fewer streams: throughput only. With 1-16 requests a round, round 2 brings
+# request shapes round 1 did not, so the run arena and the recorded decode
+# steps still grow: 2-19 MiB of GPU memory on an H100, 2026-12-06. The leak
+# check is the 64-stream run's, whose first round covers the shapes.)
 serve_load() { # name, model[, timeout (s)[, streams (default 64)]]
     [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
+    local tol=0
+    [ ${4:-64} -ge 64 ] || tol=1024
     step serve_load_$1 ${3:-200} env HYLO=$H DEVICE=cuda STREAMS=${4:-64} ROUNDS=2 OUT=$O/serve_load_$1 \
-        SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $2 $W/essays.txt
+        GPU_TOL_MIB=$tol SERVE_ARGS="--max-seqs 64" bash scripts/gpu/serve_load.sh $2 $W/essays.txt
 }
 # issue 12: single-stream greedy decode of a model (tokens/s from --stats),
 # and with a third argument `ncu` the kernels of 24 decode tokens under Nsight

@@ -126,15 +126,17 @@ static void test_model_logits(void **st) {
     printf("  prefill + %d decode steps: worst rel err %.2e\n", T - 37, worst);
     // The decode path computes the same function by other algorithms (GDN and
     // SSD recurrences instead of chunks, absorbed MLA over the latent cache),
-    // each in bf16. The bound 1e-1 was set after one failing H200 run (run 7:
-    // 5.82e-2 at the worst of these 64 positions, judged then against
-    // LOGIT_TOL, which bounds the error over all positions, a different
-    // measure). The like-for-like figure came in run 13: the full forward's
-    // worst single position is 5.95e-2 (5.11e-2 over the decoded positions),
-    // the decode's 5.82e-2, so decode adds no error of its own beyond bf16
-    // rounding per position and 1e-1 leaves 1.7x headroom over both. A wrong
-    // cache or state update gives O(1).
-    assert_true(worst < 1e-1);
+    // each in bf16, so its worst position is judged against the full forward's
+    // worst single position over the decoded positions, the like-for-like
+    // figure of bf16 rounding for these weights: run 13 measured 5.82e-2
+    // against 5.11e-2 (1.14x); after the parameter table put q_a and kv_a side
+    // by side (other random draws), an H100 measured 1.35e-1 against 1.09e-1
+    // (1.24x), the full forward alone then over the old fixed bound of 1e-1.
+    // Bound: 2x that figure (at least 5e-2); a wrong cache or state update
+    // gives O(1).
+    double dec_tol = 2.0 * (pos_worst_dec > 2.5e-2 ? pos_worst_dec : 2.5e-2);
+    printf("  decode bound %.2e (2x the full forward's worst decoded position)\n", dec_tol);
+    assert_true(worst < dec_tol);
     model_state_free(&p.cpu, &sc);
     model_state_free(&p.gpu, &sg);
     free(ids), free(lc), free(lg), free(c1), free(g1);
