@@ -109,6 +109,10 @@ int model_forward_train(model_run_t *r, const int32_t *ids, int B, int T, int re
 }
 
 int model_backward(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad) {
+    return model_backward_told(r, acts, dh, grad, NULL);
+}
+
+int model_backward_told(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad, const grad_done_t *done) {
     model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
@@ -132,12 +136,14 @@ int model_backward(model_run_t *r, const model_acts_t *acts, const void *dh, flo
                 s = &sv;
             }
             if (rc == 0) rc = block_backward(r, l, &g[l], s, dx, NULL, dprev);
+            if (rc == 0 && done) rc = done->fn(done->ctx, l);
             arena_reset(&r->arena, mark_l);
             void *t = dx;
             dx = dprev, dprev = t;
         }
     }
     if (rc == 0) be->embed_bwd(be, gemb, dx, acts->ids, N, a->d);
+    if (rc == 0 && done) rc = done->fn(done->ctx, -1);
     arena_reset(&r->arena, mark);
     free(g);
     return rc;

@@ -43,3 +43,16 @@ int model_forward_train(model_run_t *r, const int32_t *ids, int B, int T, int re
 // dh: gradient of acts->h; accumulates every parameter's gradient into grad
 // (float flat buffer laid out by m->pt, on the device).
 int model_backward(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad);
+
+// Told by a backward as soon as a part of the gradient is final, in queue
+// order (what is queued on the backend so far writes it; nothing queued later
+// does): fn(ctx, l) for layer l's parameters, fn(ctx, -1) once at the end for
+// the rest (embedding, final norm, head). The trainer starts reducing that
+// part over the ranks while the backward goes on (train/dist.h). An error
+// from fn ends the backward with it.
+typedef struct {
+    int (*fn)(void *ctx, int layer);
+    void *ctx;
+} grad_done_t;
+// model_backward, telling done (NULL: no one) of each layer as it finishes.
+int model_backward_told(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad, const grad_done_t *done);

@@ -116,6 +116,16 @@ int dist_attach(dist_t *d, be_t *be) {
     ncclComm_t comm;
     NCCL_TRY(ncclCommInitRank(&comm, d->world, id, d->rank), "ncclCommInitRank");
     d->nccl = comm;
+    // the gradient's ranges reduce on their own stream, beside the backward
+    cudaStream_t cs;
+    cudaEvent_t e1, e2;
+    cudaError_t e = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return err_set(ERR_RUNTIME, "cudaStreamCreate(gradient reduction): %s", cudaGetErrorString(e));
+    d->comm_stream = cs;
+    if ((e = cudaEventCreateWithFlags(&e1, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&e2, cudaEventDisableTiming)) != cudaSuccess)
+        return err_set(ERR_RUNTIME, "cudaEventCreate(gradient reduction): %s", cudaGetErrorString(e));
+    d->ev_ready = e1, d->ev_done = e2;
     return 0;
 #else
     return err_set(ERR_UNSUP, "a CUDA backend in a build without CUDA");
@@ -125,8 +135,13 @@ int dist_attach(dist_t *d, be_t *be) {
 void dist_finalize(dist_t *d) {
 #ifdef HYLO_CUDA
     if (d->nccl) ncclCommDestroy((ncclComm_t)d->nccl);
+    if (d->ev_ready) cudaEventDestroy((cudaEvent_t)d->ev_ready);
+    if (d->ev_done) cudaEventDestroy((cudaEvent_t)d->ev_done);
+    if (d->comm_stream) cudaStreamDestroy((cudaStream_t)d->comm_stream);
 #endif
-    d->nccl = NULL;
+    d->nccl = d->ev_ready = d->ev_done = d->comm_stream = NULL;
+    free(d->reqs);
+    d->reqs = NULL, d->n_req = d->cap_req = 0;
     LSAN_OFF();
     if (d->mpi) MPI_Finalize();
     LSAN_ON();
@@ -150,22 +165,72 @@ static int mpi_count(int64_t k, const char *what) {
     return 0;
 }
 
-int dist_reduce_scatter(dist_t *d, float *grad, int64_t S) {
-    if (d->world == 1) return 0;
+int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S) {
+    if (d->world == 1 || hi <= lo) return 0;
+    if (lo < 0 || hi > S * d->world)
+        return err_set(ERR_RUNTIME, "internal: gradient range [%lld, %lld) outside [0, %lld)", (long long)lo, (long long)hi,
+                       (long long)(S * d->world));
+    d->reduced += hi - lo;
 #ifdef HYLO_CUDA
     if (d->nccl) {
-        // in place: NCCL's receive buffer is sendbuff + rank * count
-        NCCL_TRY(ncclReduceScatter(grad, grad + (int64_t)d->rank * S, (size_t)S, ncclFloat32, ncclSum,
-                                   (ncclComm_t)d->nccl, (cudaStream_t)cuda_stream_of(d->be)),
-                 "ncclReduceScatter(gradient)");
+        cudaStream_t cs = (cudaStream_t)d->comm_stream;
+        cudaError_t e = cudaEventRecord((cudaEvent_t)d->ev_ready, (cudaStream_t)cuda_stream_of(d->be));
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(cs, (cudaEvent_t)d->ev_ready, 0);
+        if (e != cudaSuccess) return err_set(ERR_RUNTIME, "gradient reduction: %s", cudaGetErrorString(e));
+        NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+        for (int64_t r = lo / S; r < d->world && r * S < hi; r++) {
+            int64_t a = lo > r * S ? lo : r * S, b = hi < r * S + S ? hi : r * S + S;
+            ncclResult_t x =
+                ncclReduce(grad + a, grad + a, (size_t)(b - a), ncclFloat32, ncclSum, (int)r, (ncclComm_t)d->nccl, cs);
+            if (x != ncclSuccess) {
+                ncclGroupEnd();
+                return nccl_fail(x, "ncclReduce(gradient)");
+            }
+        }
+        NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd(gradient)");
         return 0;
     }
 #endif
-    TRY(mpi_count(S, "reduce-scatter of the gradient"));
-    // MPI's in-place variant leaves the result at the start of the buffer
-    MPI_TRY(MPI_Reduce_scatter_block(MPI_IN_PLACE, grad, (int)S, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
-            "MPI_Reduce_scatter_block(gradient)");
-    if (d->rank) memmove(grad + (int64_t)d->rank * S, grad, (size_t)S * sizeof(float));
+    TRY(mpi_count(S, "reduction of the gradient"));
+    for (int64_t r = lo / S; r < d->world && r * S < hi; r++) {
+        int64_t a = lo > r * S ? lo : r * S, b = hi < r * S + S ? hi : r * S + S;
+        if (d->n_req == d->cap_req) {
+            int cap = d->cap_req ? 2 * d->cap_req : 64;
+            void *q = realloc(d->reqs, (size_t)cap * sizeof(MPI_Request));
+            if (!q) return err_set(ERR_NOMEM, "out of memory");
+            d->reqs = q, d->cap_req = cap;
+        }
+        MPI_Request *req = (MPI_Request *)d->reqs + d->n_req;
+        MPI_TRY(MPI_Ireduce(d->rank == r ? MPI_IN_PLACE : (const void *)(grad + a), grad + a, (int)(b - a), MPI_FLOAT,
+                            MPI_SUM, (int)r, MPI_COMM_WORLD, req),
+                "MPI_Ireduce(gradient)");
+        d->n_req++;
+    }
+    // MPI moves non-blocking collectives on when called: let the earlier ones go on
+    int flag;
+    MPI_TRY(MPI_Testall(d->n_req, (MPI_Request *)d->reqs, &flag, MPI_STATUSES_IGNORE), "MPI_Testall(gradient)");
+    return 0;
+}
+
+int dist_reduce_wait(dist_t *d, int64_t S) {
+    if (d->world == 1) return 0;
+    int64_t got = d->reduced;
+    d->reduced = 0;
+#ifdef HYLO_CUDA
+    if (d->nccl) {
+        cudaError_t e = cudaEventRecord((cudaEvent_t)d->ev_done, (cudaStream_t)d->comm_stream);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)cuda_stream_of(d->be), (cudaEvent_t)d->ev_done, 0);
+        if (e != cudaSuccess) return err_set(ERR_RUNTIME, "gradient reduction: %s", cudaGetErrorString(e));
+    }
+#endif
+    if (d->n_req) {
+        int n = d->n_req;
+        d->n_req = 0;
+        MPI_TRY(MPI_Waitall(n, (MPI_Request *)d->reqs, MPI_STATUSES_IGNORE), "MPI_Waitall(gradient)");
+    }
+    if (got != S * d->world)
+        return err_set(ERR_RUNTIME, "internal: the gradient's reduced ranges cover %lld elements, not %lld", (long long)got,
+                       (long long)(S * d->world));
     return 0;
 }
 

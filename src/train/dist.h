@@ -18,6 +18,12 @@ typedef struct {
     int mpi;                     // MPI_Init was called here (dist_finalize ends it)
     be_t *be;                    // the device of the buffer collectives (dist_attach)
     void *nccl;                  // ncclComm_t (CUDA, world > 1)
+    // The gradient reduced in ranges (dist_reduce_range): MPI requests in
+    // flight (CPU), NCCL's stream and events (CUDA), elements started.
+    void *reqs;
+    int n_req, cap_req;
+    void *comm_stream, *ev_ready, *ev_done;
+    int64_t reduced;
 } dist_t;
 
 // The ranks of the job: MPI_Init (a singleton world of 1 without mpirun).
@@ -40,9 +46,19 @@ void dist_abort(dist_t *d, int code);
 // elements, so that every slice starts aligned.
 int64_t dist_slice(const dist_t *d, int64_t n);
 
-// grad [S world] (device, fp32), in place: afterwards grad[rank S, rank S + S)
-// holds the sum over ranks of that slice; the rest of grad is left undefined.
-int dist_reduce_scatter(dist_t *d, float *grad, int64_t S);
+// The gradient grad [S world] (device, fp32) summed over the ranks into each
+// owner's slice, in ranges while the backward still runs (the trainer starts
+// one per layer as model_backward_told finishes it): starts the sum over
+// ranks of grad[lo, hi), each owner's part of it to its owner (CPU: MPI_Ireduce; CUDA: ncclReduce on a stream of its own, after the
+// work queued so far on the backend's stream), and returns. [lo, hi) must not
+// be written until dist_reduce_wait. The ranges of a step must not overlap,
+// must come in the same order on every rank, and together cover [0, S world).
+int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S);
+// Waits for every range started (CUDA: the backend's stream waits for them);
+// then grad[rank S, rank S + S) holds the sum over ranks of that slice, the
+// rest of grad is left undefined. An error when the ranges did not add up to
+// S world elements.
+int dist_reduce_wait(dist_t *d, int64_t S);
 // w [n] (device, the backend's act dtype), in place: every rank's slice
 // [r S, min(n, r S + S)) goes to every rank.
 int dist_allgather(dist_t *d, void *w, int64_t n, int64_t S);

@@ -68,7 +68,7 @@ int distill_kd(distill_t *d, const int32_t *ids, const int32_t *targets, int B, 
     }
     out->scratch_loss = be->scratch.peak;
     be->scratch.peak = peak_before;
-    int rc = model_backward(rs, &acts, dh, d->grad);
+    int rc = model_backward_told(rs, &acts, dh, d->grad, d->done);
     out->scratch_rest = be->scratch.peak;
     if (out->scratch_loss > be->scratch.peak) be->scratch.peak = out->scratch_loss;
     TRY(rc);
@@ -128,8 +128,11 @@ int distill_ild(distill_t *d, const int32_t *ids, int B, int T, float scale, dis
         }
         be->ild_dist(be, d_loss + 2 * l + 1, da, sv.a, as[l], N, a->d, scale, d->ild_mode);
         rc = block_backward(rs, l, &g[l], &sv, dx, da, NULL);
+        if (rc == 0 && d->done) rc = d->done->fn(d->done->ctx, l);
         arena_reset(&rs->arena, mark);
     }
+    // the final norm's gradient came with the last layer; the embedding has none
+    if (rc == 0 && d->done) rc = d->done->fn(d->done->ctx, -1);
     float *l = rc == 0 ? malloc((size_t)2 * L * sizeof(float)) : NULL;
     if (rc == 0 && !l) rc = err_set(ERR_NOMEM, "out of memory");
     if (rc == 0) rc = be->copy_d2h(be, l, d_loss, (size_t)2 * L * sizeof(float));

@@ -15,6 +15,9 @@ typedef struct {
     int recompute;         // KD: activation checkpointing of the student's blocks
     int ild_mode;          // DIST_L2 (the published loss) or DIST_MSE
     block_saved_t *blocks; // [n_layers] (KD without recompute)
+    // Told of each part of the gradient as it is final (NULL: no one), as
+    // model_backward_told tells it; ILD tells the layers in forward order.
+    const grad_done_t *done;
 } distill_t;
 
 // What a micro-batch measured, unscaled: KL and CE summed over its rows; ILD:

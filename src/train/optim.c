@@ -17,6 +17,19 @@ int optim_create(optim_t *o, model_t *m, dist_t *d) {
     o->lo = (int64_t)d->rank * o->S < o->n ? (int64_t)d->rank * o->S : o->n;
     o->hi = o->lo + o->S < o->n ? o->lo + o->S : o->n;
     o->beta1 = 0.9f, o->beta2 = 0.999f, o->eps = 1e-8f;
+    // where each layer's parameters start (the table lays them out layer by
+    // layer, between the embedding and the final norm)
+    o->n_layers = m->a.n_layers;
+    for (int l = 0; l <= o->n_layers; l++)
+        o->layer_start[l] = -1;
+    for (int i = 0; i < m->pt.n; i++) {
+        const param_t *p = &m->pt.p[i];
+        if (p->layer >= 0 && o->layer_start[p->layer] < 0) o->layer_start[p->layer] = p->off;
+        if (p->layer < 0 && i > 0 && m->pt.p[i - 1].layer == o->n_layers - 1) o->layer_start[o->n_layers] = p->off;
+    }
+    for (int l = 0; l <= o->n_layers; l++)
+        if (o->layer_start[l] < 0 || (l > 0 && o->layer_start[l] < o->layer_start[l - 1]))
+            return err_set(ERR_RUNTIME, "internal: the parameter table does not hold layer %d after layer %d", l, l - 1);
     size_t bytes = (size_t)o->S * sizeof(float), gbytes = bytes * (size_t)d->world;
     int own_master = be->act_dtype != DT_F32;
     o->master = own_master ? be->alloc(be, bytes) : (float *)m->w + o->lo;
@@ -67,7 +80,14 @@ int optim_zero_grad(optim_t *o, model_t *m) {
     return m->be->memset0(m->be, o->grad, (size_t)o->S * o->dist->world * sizeof(float));
 }
 
-int optim_reduce_grads(optim_t *o) { return dist_reduce_scatter(o->dist, o->grad, o->S); }
+int optim_reduce_layer(optim_t *o, int layer) {
+    const int64_t *b = o->layer_start;
+    if (layer >= 0) return dist_reduce_range(o->dist, o->grad, b[layer], b[layer + 1], o->S);
+    TRY(dist_reduce_range(o->dist, o->grad, 0, b[0], o->S));
+    return dist_reduce_range(o->dist, o->grad, b[o->n_layers], o->S * o->dist->world, o->S);
+}
+
+int optim_reduce_wait(optim_t *o) { return dist_reduce_wait(o->dist, o->S); }
 
 // The part [*a, *b) of parameter p inside this rank's slice; 0 when none.
 static int in_slice(const optim_t *o, const param_t *p, int64_t *a, int64_t *b) {

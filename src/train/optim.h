@@ -6,8 +6,9 @@
 // Sharded as ZeRO stage 1 over the ranks of a data-parallel run (dist.h):
 // every rank holds the whole gradient (its backward writes all of it) but the
 // master weights and moments of its slice [lo, hi) of the flat buffer only.
-// A step: the gradient summed over ranks into each owner's slice
-// (optim_reduce_grads), the global norm from every slice's sum of squares,
+// A step: the gradient summed over ranks into each owner's slice, a layer at
+// a time while the backward still runs (optim_reduce_layer, then
+// optim_reduce_wait), the global norm from every slice's sum of squares,
 // AdamW on the slice, then every slice's new weights sent to every rank.
 #pragma once
 #include <stdint.h>
@@ -30,6 +31,12 @@ typedef struct {
     float *h_sumsq;     // host copy
     int64_t step;       // optimizer steps taken
     float beta1, beta2, eps, weight_decay;
+    // The gradient's parts a backward finishes one by one: layer l is
+    // [layer_start[l], layer_start[l + 1]) (its parameters and the padding
+    // after them), layer_start[L] the final norm's offset; the rest is
+    // [0, layer_start[0]) and [layer_start[L], S world).
+    int64_t layer_start[ARCH_MAX_LAYERS + 1];
+    int n_layers;
 } optim_t;
 
 // Allocates the state for m (every parameter trainable, moments zero, master
@@ -42,11 +49,17 @@ void optim_free(optim_t *o, model_t *m);
 void optim_train_only(optim_t *o, const model_t *m, int (*keep)(const char *name));
 int optim_zero_grad(optim_t *o, model_t *m);
 // The gradient summed over the ranks into this rank's slice (nothing with one
-// rank). Each rank's loss is normalised by the global batch, so the sum is
-// the gradient of the global batch's loss.
-int optim_reduce_grads(optim_t *o);
+// rank), in parts as a backward finishes them (its grad_done_t's fn, on the
+// last micro-batch of a step): layer l's parameters, or with layer -1 the rest
+// (embedding, final norm, head; the padding to S world). Each starts a
+// reduction and returns (dist_reduce_range); optim_reduce_wait waits for all
+// of them, and fails unless every part of the step was started once. Each
+// rank's loss is normalised by the global batch, so the sum is the gradient
+// of the global batch's loss.
+int optim_reduce_layer(optim_t *o, int layer);
+int optim_reduce_wait(optim_t *o);
 // The global L2 norm of the trainable parameters' gradient (after
-// optim_reduce_grads): each rank's slice, summed over ranks.
+// optim_reduce_wait): each rank's slice, summed over ranks.
 int optim_grad_norm(optim_t *o, model_t *m, double *norm);
 // One AdamW step on the trainable parameters of the slice with the gradient
 // times grad_scale (clipping), then the model's weights = master, every

@@ -86,8 +86,9 @@ static int64_t count_ce(const int32_t *tgt, int64_t n) {
 // n_ce_all CE targets over all of them), so that the gradients summed over
 // the ranks are those of one rank running all the rows.
 static int micro_step(const train_cfg_t *c, model_run_t *rs, model_run_t *rt, float *grad, block_saved_t *blocks,
-                      const int32_t *ids, const int32_t *tgt, int B, int world, int64_t n_ce_all, distill_loss_t *l) {
-    distill_t d = {rs, rt, grad, c->recompute, c->ild_mode, blocks};
+                      const int32_t *ids, const int32_t *tgt, int B, int world, int64_t n_ce_all,
+                      const grad_done_t *done, distill_loss_t *l) {
+    distill_t d = {rs, rt, grad, c->recompute, c->ild_mode, blocks, done};
     double rows = (double)B * world;
     if (c->ild) return distill_ild(&d, ids, B, c->T, (float)(1.0 / (rows * c->T * c->GA)), l);
     // KL "batchmean" (per sequence) as the published runs; CE a token mean.
@@ -133,7 +134,7 @@ int train_plan(const train_cfg_t *c, be_t *be, model_t *s, model_t *t, optim_t *
             distill_loss_t l;
             if (rc == 0)
                 rc = micro_step(&cc, &rs, t ? &rt : NULL, o->grad, blocks, ids, tgt, c->B, 1,
-                                count_ce(tgt, (int64_t)c->B * cc.T), &l);
+                                count_ce(tgt, (int64_t)c->B * cc.T), NULL, &l);
             p->peak[k] = rs.arena.peak, p->teacher_peak[k] = rt.arena.peak, p->scratch_peak[k] = be->scratch.peak;
             p->scratch_loss[k] = rc == 0 ? l.scratch_loss : 0, p->scratch_rest[k] = rc == 0 ? l.scratch_rest : 0;
             p->n_alloc = rs.arena.n_alloc;
@@ -441,6 +442,10 @@ static int keep_not_embed(const char *name) {
 // X-EcoMLA's freeze_non_mla: only parameters whose name contains "mla" train.
 static int keep_mla(const char *name) { return strstr(name, "mla") != NULL; }
 
+// The backward's news of a finished layer (grad_done_t): its gradient starts
+// its reduction over the ranks.
+static int reduce_layer(void *ctx, int layer) { return optim_reduce_layer(ctx, layer); }
+
 static int run_loop(trainer_t *tr, FILE *metrics) {
     const train_cfg_t *c = tr->c;
     be_t *be = tr->be;
@@ -457,6 +462,9 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
     int64_t tok_log = 0, first = tr->o.step;
     distill_loss_t acc = {0};
     int is_cuda = be->kind == BE_CUDA;
+    // with more than one rank, the last micro-batch of a step reduces each
+    // layer's gradient as soon as its backward is done
+    const grad_done_t reduce = {reduce_layer, &tr->o};
     while (rc == 0 && tr->o.step < tr->total_steps) {
         if (stop) break;
         TRY(optim_zero_grad(&tr->o, &tr->s));
@@ -469,7 +477,7 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             if (rc == 0 && kd_ce) rc = dist_sum(tr->d, &n_ce, 1);
             if (rc == 0)
                 rc = micro_step(c, &tr->rs, tr->have_t ? &tr->rt : NULL, tr->o.grad, tr->blocks, ids, tgt, c->B, world,
-                                (int64_t)n_ce, &l);
+                                (int64_t)n_ce, world > 1 && k == c->GA - 1 ? &reduce : NULL, &l);
             if (rc == 0) {
                 st.kl += l.kl, st.ce += l.ce, st.ild_h += l.ild_h, st.ild_a += l.ild_a;
                 st.n_tok += l.n_tok, st.n_ce += l.n_ce;
@@ -482,7 +490,7 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
         TRY(dist_sum(tr->d, sums, 7));
         st.kl = sums[0], st.ce = sums[1], st.ild_h = sums[2], st.ild_a = sums[3];
         st.n_tok = (int64_t)sums[4], st.n_ce = (int64_t)sums[5], stop = sums[6] > 0;
-        TRY(optim_reduce_grads(&tr->o));
+        TRY(optim_reduce_wait(&tr->o));
         double gnorm;
         TRY(optim_grad_norm(&tr->o, &tr->s, &gnorm));
         if (!isfinite(gnorm)) {

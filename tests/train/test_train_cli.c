@@ -350,7 +350,8 @@ static void assert_close_logs(const char *a, const char *b, int first, int n_exp
 }
 
 // mpirun -np 2 with 2 rows per rank against one process with 4 rows: the
-// same losses to reduction order; 2 ranks killed with SIGKILL after a
+// same losses to reduction order (KD, then ILD: each layer's gradient is
+// reduced as its backward ends, train/dist.h); 2 ranks killed with SIGKILL after a
 // checkpoint and resumed: the uninterrupted 2-rank losses bit for bit; a
 // 2-rank checkpoint resumed by one process and a 1-process checkpoint by 2
 // ranks: the same losses to reduction order.
@@ -421,7 +422,24 @@ static void test_mpi_ranks(void **st) {
     assert_int_equal(run_mpi(2, args), 0);
     char *ld = losses(od);
     assert_close_logs(l1, ld, 0, 4);
-    free(l1), free(l2), free(lk), free(lc), free(ld);
+
+    // ILD (stage 1), whose backward finishes the layers in forward order:
+    // 2 ranks x 2 rows against 1 process x 4 rows
+    char ri1[1100], oi1[1100], ri2[1100], oi2[1100];
+    snprintf(ri1, sizeof ri1, "%s", tu_tmp_path("mpi_ild_1.yaml"));
+    snprintf(oi1, sizeof oi1, "%s", tu_tmp_path("mpi_ild_out_1"));
+    snprintf(ri2, sizeof ri2, "%s", tu_tmp_path("mpi_ild_2.yaml"));
+    snprintf(oi2, sizeof oi2, "%s", tu_tmp_path("mpi_ild_out_2"));
+    write_recipe_b(ri1, student, teacher, oi1, 1, 4, 2);
+    write_recipe_b(ri2, student, teacher, oi2, 1, 2, 2);
+    snprintf(args, sizeof args, "train %s", ri1);
+    assert_int_equal(run_one(args), 0);
+    snprintf(args, sizeof args, "train %s", ri2);
+    assert_int_equal(run_mpi(2, args), 0);
+    char *li1 = losses(oi1), *li2 = losses(oi2);
+    printf("ILD, 1 process x 4 rows:\n%sILD, 2 ranks x 2 rows:\n%s", li1, li2);
+    assert_close_logs(li1, li2, 0, 2);
+    free(l1), free(l2), free(lk), free(lc), free(ld), free(li1), free(li2);
 }
 
 // A recipe key nobody knows is an error naming it.
