@@ -324,6 +324,9 @@ checks)
     # CHECKS=concurrency (not in the default) runs the hybrid's load test at 1,
     # 4, 16 and 64 streams; CHECKS=prefix (not in the default) times a 32K-token chat's second turn
     # with and without the prefix cache (scripts/bench_prefix.sh);
+    # CHECKS=profile_long (not in the default) profiles the 3B hybrid's decode
+    # kernels at 8K-128K (Nsight Compute); CHECKS=fla (not in the default, a
+    # call of its own, with .carry/fla) times FLA's GDN chunk at 8K and 64K;
     # CHECKS=kernels (not in the default) times decode attention against a
     # device copy (bench_decode), attention against PyTorch SDPA's cuDNN and
     # flash backends (bench_attn with scripts/ref/bench_sdpa.py) and, when
@@ -355,6 +358,20 @@ checks)
             --yarn-factor 16 --yarn-orig 2048
         step prefix 200 env MODEL=$U.32k SERVE_ARGS="--device cuda --ctx 32768" PREFIX_MB=4096 \
             bash scripts/bench_prefix.sh $H 3 22000 ;;
+    esac
+    # the 3B hybrid's decode kernels at 8K, 32K and 128K under Nsight Compute
+    # (why its decode grows with the context, run 23; bench_long from $t)
+    case $CHECKS in *,profile_long,*)
+        [ -x build/bench/bench_long ] || tar xJf $t
+        step profile_long 300 sh -c "/usr/local/cuda/bin/ncu --kernel-name \
+            regex:'k_gemv|k_recurrent|k_step_inputs|k_mla|k_gnorm|k_rmsnorm|k_embed|k_bf16|nvjet' \
+            --metrics gpu__time_duration.sum --csv build/bench/bench_long --6mla22gdn --upto128k \
+            > $O/ncu_long.csv" ;;
+    esac
+    # FLA's GDN chunk alone (Triton's autotuning takes minutes: run 23's 200 s
+    # inside the kernels step did not finish the first shape)
+    case $CHECKS in *,fla,*)
+        [ -d .carry/fla ] && step bench_fla_full 520 python3 scripts/ref/bench_fla_gdn.py --fla .carry/fla ;;
     esac
     case $CHECKS in *,kernels,*)
         [ -x build/bench/bench_decode ] || tar xJf $t
