@@ -8,16 +8,17 @@
 // job. The bench-variants build (Makefile: compiled with -DHYLO_BENCH_VARIANTS
 // against the library whose CUDA files keep the bench-only kernel variants)
 // adds --compare, which times every variant in one run, set through the
-// environment variables only that library reads: attention backward
-// HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its default tiles), 1 (v1's
-// alternative tiles); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
+// environment variables only that library reads: attention forward
+// HYLO_ATTN_FWD = 1 (wgmma, cuda_attn_wgmma.cuh, at dqk = dv = 64 and 128);
+// attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
+// default tiles), 1 (v1's alternative tiles); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
 // per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep
 // adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
 // Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
 // fwd = 2 B H T^2 (dqk + dv) / 2, bwd = 2.5 x fwd. The same shapes go through
-// scripts/ref/bench_sdpa.py (torch SDPA, flash backend) for the ratio.
+// scripts/ref/bench_sdpa.py (torch SDPA, cuDNN and flash backends) for the ratio.
 // MLA decode at len 65536, 262144, 1048576 rows per sequence: GB/s of the
 // cache bytes read (B len (r_kv + dr) 2) against a device-to-device copy of a
 // 4 GiB buffer measured in the same run (read + write bytes). Several copies
@@ -104,9 +105,15 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
         }
         set_env("HYLO_ATTN_BWD", saved);
         free(saved);
+        // the forward variant: wgmma (HYLO_ATTN_FWD = 1; where it does not
+        // apply the default runs, so the two columns agree)
+        setenv("HYLO_ATTN_FWD", "1", 1);
+        float t_fw = time_op(run_fwd, &c, 2, reps, 0);
+        unsetenv("HYLO_ATTN_FWD");
         snprintf(row->line, sizeof row->line,
-                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %10.3f | %10.3f | %10.3f | %5.3f |", s->name, s->T,
-                 s->H, s->Hkv, s->dqk, s->dv, t_f, t_fb[0], t_fb[1], t_fb[2], (t_fb[0] - t_f) / (t_fb[1] - t_f));
+                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %8.3f | %10.3f | %10.3f | %10.3f | %5.3f |", s->name,
+                 s->T, s->H, s->Hkv, s->dqk, s->dv, t_f, t_fw, t_fb[0], t_fb[1], t_fb[2],
+                 (t_fb[0] - t_f) / (t_fb[1] - t_f));
     }
     printf("%s\n", row->line);
     fflush(stdout);
@@ -241,8 +248,8 @@ int main(int argc, char **argv) {
     row_t rows[32], drows[32];
     int n_rows = 0, n_drows = 0;
     const char *hdr = compare
-                          ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms | f+b ms v2  | f+b ms v1  | "
-                            "f+b v1-alt | bwd v2/v1 |"
+                          ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms | fwd wgmma | f+b ms v2  | "
+                            "f+b ms v1  | f+b v1-alt | bwd v2/v1 |"
                           : "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
                             "f+b TF/s |";
     if (do_attn) {

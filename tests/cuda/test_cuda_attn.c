@@ -170,22 +170,25 @@ static const shape_t attn_shapes[] = {
 
 // Every shape under the default kernels; in the bench-variants build also
 // under the backward variants (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1
-// with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist).
+// with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist)
+// and the wgmma forward (HYLO_ATTN_FWD = 1, at dqk = dv = 64 and 128).
 static void test_attn(void **st) {
     be_t *gpu = tu_gpu();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
 #ifdef HYLO_BENCH_VARIANTS
-    static const char *bwd_var[] = {NULL, "1", "2", "3"};
-    static const char *tags[] = {"", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]"};
+    static const char *bwd_var[] = {NULL, "1", "2", "3", NULL}, *fwd_var[] = {NULL, NULL, NULL, NULL, "1"};
+    static const char *tags[] = {"", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]", " [fwd wgmma]"};
 #else
-    static const char *bwd_var[] = {NULL}, *tags[] = {""};
+    static const char *bwd_var[] = {NULL}, *fwd_var[] = {NULL}, *tags[] = {""};
 #endif
     for (int var = 0; var < (int)(sizeof bwd_var / sizeof bwd_var[0]); var++) {
         set_knob("HYLO_ATTN_BWD", bwd_var[var]);
+        set_knob("HYLO_ATTN_FWD", fwd_var[var]);
         for (int i = 0; i < n; i++)
             fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, tags[var]);
     }
     set_knob("HYLO_ATTN_BWD", NULL);
+    set_knob("HYLO_ATTN_FWD", NULL);
     printf("attention: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }

@@ -960,6 +960,11 @@ __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ a
     *(uint2 *)(dq + (((int64_t)b * Tq + t) * H + h) * dqk + c) = y;
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+#include "backend/cuda/cuda_tma.cuh"
+#include "backend/cuda/cuda_attn_wgmma.cuh"
+#endif
+
 // ---- host side --------------------------------------------------------------
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -1010,6 +1015,14 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
     const void *ptrs[] = {out, q, k, v};
     if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4, causal)) return;
     if (B == 0 || Tq == 0) return;
+#ifdef HYLO_BENCH_VARIANTS
+    // bench-only: HYLO_ATTN_FWD=1 takes the wgmma forward where it applies
+    // (cuda_attn_wgmma.cuh; not yet run on a GPU)
+    if (cu_env_int("HYLO_ATTN_FWD", 0) == 1 && dqk == dv && (dqk == 64 || dqk == 128) &&
+        (dqk == 64 ? launch_fwd_wgmma<64>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal)
+                   : launch_fwd_wgmma<128>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal)))
+        return;
+#endif
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, causal)
     // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB)
     if (dqk <= 64 && dv <= 64) {

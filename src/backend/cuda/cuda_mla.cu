@@ -20,7 +20,6 @@
 // r_kv up to 512. At the end the RS row groups merge in shared memory and the
 // block writes one partial (m, l, unnormalised O) for its slice.
 // k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
-#include <cuda.h> // CUtensorMap (the tiled TMA copies of the decode)
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +28,7 @@
 
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
 
 // ---- kernels -----------------------------------------------------------------
@@ -351,43 +351,6 @@ typedef struct {
     int64_t qp_ld, qp_hs; // q_pe's row and head strides (elements, multiples of 8)
 } mla2_args_t;
 
-static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-    uint32_t ok;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return ok != 0;
-}
-static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    while (!mbar_try_wait(bar, parity)) {
-    }
-}
-// 1-D bulk copy global -> shared on the copy engine; completes `bytes` on bar.
-static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-// 2-D tensor copy global -> shared of the box at (x = column, y = row) of tmap;
-// completes the box's bytes on bar (out-of-tensor elements arrive as zeros).
-static __device__ __forceinline__ void tensor_g2s(uint32_t dst, const CUtensorMap *tmap, int x, int y, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-            "r"(dst),
-        "l"((uint64_t)tmap), "r"(x), "r"(y), "r"(bar)
-        : "memory");
-}
 // Address of the 16-byte chunk `chunk` (column / 8) of row r in a MLA2_LOAD_TILES slot.
 static __device__ __forceinline__ uint32_t tile_chunk(uint32_t slot, int r, int chunk) {
     return slot + (uint32_t)((chunk >> 3) * MLA2_BOX_BYTES + r * 128 + (((chunk & 7) ^ (r & 7)) << 4));
@@ -395,9 +358,6 @@ static __device__ __forceinline__ uint32_t tile_chunk(uint32_t slot, int r, int 
 // The barrier receives one arrival once all earlier cp.async of this thread landed.
 static __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-static __device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 static __device__ __forceinline__ void griddep_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -849,32 +809,10 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
     arena_reset(&be->scratch, mark); // stream order protects the partials from later users
 }
 
-// The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda);
-// NULL when the driver lacks it.
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static encode_tiled_fn encode_tiled(void) {
-    static int looked;
-    static encode_tiled_fn fn;
-    if (!looked) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (encode_tiled_fn)p;
-        else
-            (void)cudaGetLastError();
-        looked = 1;
-    }
-    return fn;
-}
-
 // The pool [rows, L] bf16 (every sequence's cache) as a 2-D tensor of boxes MLA2_BOX x MLA2_NR,
 // 128-byte swizzle, zeros outside; false when it cannot be described.
 static bool cache_tensor_map(CUtensorMap *m, const void *cache, int64_t rows, int L) {
-    encode_tiled_fn enc = encode_tiled();
+    cuda_encode_tiled_fn enc = cuda_tensor_encoder();
     if (!enc || rows <= 0 || rows >= ((int64_t)1 << 31)) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)L, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)L * 2};
     const cuuint32_t box[2] = {MLA2_BOX, MLA2_NR}, estr[2] = {1, 1};
