@@ -69,7 +69,7 @@ static void fix_free(fix_t *f) {
 // One micro-batch into grad (zeroed first); returns the loss.
 static double run_loss(fix_t *f, float *grad) {
     memset(grad, 0, (size_t)f->s.pt.total * sizeof(float));
-    distill_t d = {&f->rs, &f->rt, grad, f->recompute, DIST_L2, f->blocks};
+    distill_t d = {&f->rs, &f->rt, grad, f->recompute, DIST_L2, f->blocks, NULL};
     distill_loss_t l;
     if (f->ild) {
         assert_int_equal(distill_ild(&d, f->ids, f->B, f->T, f->scale, &l), 0);
@@ -162,7 +162,7 @@ static void test_ild_zero_for_teacher_copy(void **st) {
     fix_init(&f, 0, 1);
     model_run_t rt2;
     assert_int_equal(model_run_create(&rt2, &f.s, 64u << 20), 0);
-    distill_t d = {&f.rs, &rt2, f.grad, 0, DIST_L2, f.blocks};
+    distill_t d = {&f.rs, &rt2, f.grad, 0, DIST_L2, f.blocks, NULL};
     distill_loss_t l;
     assert_int_equal(distill_ild(&d, f.ids, f.B, f.T, f.scale, &l), 0);
     printf("  student as its own teacher: hidden %.3g mixer %.3g\n", l.ild_h, l.ild_a);

@@ -67,7 +67,7 @@ static double micro(fix_t *f, model_run_t *rs, model_run_t *rt) {
     for (int64_t i = 0; i < n; i++)
         ids[i] = (int32_t)((i * 13 + 5) % f->s.a.V), tgt[i] = (int32_t)((i * 17 + 1) % f->s.a.V);
     assert_int_equal(optim_zero_grad(&f->o, &f->s), 0);
-    distill_t d = {rs, rt, f->o.grad, f->c.recompute, f->c.ild_mode, f->blocks};
+    distill_t d = {rs, rt, f->o.grad, f->c.recompute, f->c.ild_mode, f->blocks, NULL};
     distill_loss_t l;
     double loss;
     if (f->c.ild) {

@@ -1018,10 +1018,16 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
 #ifdef HYLO_BENCH_VARIANTS
     // bench-only: HYLO_ATTN_FWD=1 takes the wgmma forward where it applies
     // (cuda_attn_wgmma.cuh; not yet run on a GPU)
-    if (cu_env_int("HYLO_ATTN_FWD", 0) == 1 && dqk == dv && (dqk == 64 || dqk == 128) &&
-        (dqk == 64 ? launch_fwd_wgmma<64>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal)
-                   : launch_fwd_wgmma<128>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal)))
-        return;
+    if (cu_env_int("HYLO_ATTN_FWD", 0) == 1) {
+        bool done = false;
+        if (dqk == 64 && dv == 64)
+            done = launch_fwd_wgmma<64, 64>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
+        else if (dqk == 128 && dv == 128)
+            done = launch_fwd_wgmma<128, 128>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
+        else if (dqk == 192 && dv == 128)
+            done = launch_fwd_wgmma<192, 128>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
+        if (done) return;
+    }
 #endif
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, causal)
     // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB)

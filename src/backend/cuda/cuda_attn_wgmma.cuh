@@ -1,6 +1,7 @@
 // Causal / unmasked attention forward on Hopper's warpgroup matrix instructions
 // (wgmma) with tiles fed by the tensor copy engine (TMA): the bench-variants
-// build's HYLO_ATTN_FWD=1 (cuda_attn.cu cu_attn_fwd), for dqk = dv = 64 or 128.
+// build's HYLO_ATTN_FWD=1 (cuda_attn.cu cu_attn_fwd), for (dqk, dv) = (64, 64),
+// (128, 128) and MLA's (192, 128).
 // Issue 11's route to cuDNN's speed (docs/PERFORMANCE.md: the mma.sync forward
 // runs at 310-330 TFLOP/s where cuDNN's reaches 410-590). Written without a
 // GPU at hand: it becomes the production forward only after test_cuda_attn's
@@ -14,7 +15,7 @@
 //    copy's bytes) and "empty" barrier (one arrival per consumer warpgroup).
 //  - Tiles are [rows][64 columns] panels of 128 bytes a row in the 128-byte
 //    swizzle (the copy engine's layout, which the wgmma descriptors name), a
-//    head dim of 128 being two panels. q, k, v are seen as 3-D tensors
+//    head dim of 128 being two panels, 192 three. q, k, v are seen as 3-D tensors
 //    [B][T][heads x d] so that rows past T come in as zeros.
 //  - S = Q K^T: wgmma m64n128k16 with both operands K-major in shared memory.
 //  - Online softmax on the accumulator fragments (each warp's 16 rows, the
@@ -24,12 +25,13 @@
 
 enum { WG_BR = 128, WG_BC = 128, WG_NS = 2, WG_THREADS = 288 };
 
-template <int D> struct wg_cfg {
-    static constexpr int PANELS = D / 64;
-    static constexpr int Q_BYTES = WG_BR * D * 2;  // PANELS panels of [WG_BR rows][128 B]
-    static constexpr int KV_BYTES = WG_BC * D * 2; // one K or V stage
+template <int DQK, int DV> struct wg_cfg {
+    static constexpr int QK_PANELS = DQK / 64, V_PANELS = DV / 64;
+    static constexpr int Q_BYTES = WG_BR * DQK * 2; // QK_PANELS panels of [WG_BR rows][128 B]
+    static constexpr int K_BYTES = WG_BC * DQK * 2; // one K stage
+    static constexpr int V_BYTES = WG_BC * DV * 2;  // one V stage
     // 1 KB to align the tiles (the swizzle pattern repeats every 1024 bytes), the barriers last
-    static constexpr int SMEM = 1024 + Q_BYTES + 2 * WG_NS * KV_BYTES + 8 * (1 + 3 * WG_NS);
+    static constexpr int SMEM = 1024 + Q_BYTES + WG_NS * (K_BYTES + V_BYTES) + 8 * (1 + 3 * WG_NS);
 };
 
 // A shared-memory matrix descriptor, 128-byte swizzle: start address, leading
@@ -89,15 +91,15 @@ template <> __device__ __forceinline__ void wg_pv<128>(float (&o)[64], const uin
     wgmma_rs_n128(o, a, db);
 }
 
-template <int D>
+template <int DQK, int DV>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     k_attn_fwd_wgmma(bf16 *__restrict__ out, float *__restrict__ lse, const __grid_constant__ CUtensorMap tq,
                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, int B, int Tq,
                      int Tk, int H, int Hkv, float sl2, int n_qt, int causal) {
-    typedef wg_cfg<D> C;
+    typedef wg_cfg<DQK, DV> C;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     const uint32_t base = (smem_u32(wg_smem) + 1023u) & ~1023u;
-    const uint32_t sQ = base, sK = sQ + C::Q_BYTES, sV = sK + WG_NS * C::KV_BYTES, bars = sV + WG_NS * C::KV_BYTES;
+    const uint32_t sQ = base, sK = sQ + C::Q_BYTES, sV = sK + WG_NS * C::K_BYTES, bars = sV + WG_NS * C::V_BYTES;
     const uint32_t bar_q = bars, bar_k = bars + 8, bar_v = bar_k + 8 * WG_NS, bar_e = bar_v + 8 * WG_NS;
 
     const int BH = B * H;
@@ -123,18 +125,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (warp == 8) { // producer
         if (lane == 0) {
             mbar_arrive_expect_tx(bar_q, C::Q_BYTES);
-            for (int p = 0; p < C::PANELS; p++)
-                tensor_g2s_3d(sQ + p * WG_BR * 128, &tq, h * D + 64 * p, q0, b, bar_q);
+            for (int p = 0; p < C::QK_PANELS; p++)
+                tensor_g2s_3d(sQ + p * WG_BR * 128, &tq, h * DQK + 64 * p, q0, b, bar_q);
             for (int j = 0; j < n_kv; j++) {
                 const int s = j % WG_NS, u = j / WG_NS;
                 if (u > 0) mbar_wait(bar_e + 8 * s, (u - 1) & 1); // both warpgroups are done with this stage
-                const uint32_t k_s = sK + s * C::KV_BYTES, v_s = sV + s * C::KV_BYTES;
-                mbar_arrive_expect_tx(bar_k + 8 * s, C::KV_BYTES);
-                for (int p = 0; p < C::PANELS; p++)
-                    tensor_g2s_3d(k_s + p * WG_BC * 128, &tk, hk * D + 64 * p, j * WG_BC, b, bar_k + 8 * s);
-                mbar_arrive_expect_tx(bar_v + 8 * s, C::KV_BYTES);
-                for (int p = 0; p < C::PANELS; p++)
-                    tensor_g2s_3d(v_s + p * WG_BC * 128, &tv, hk * D + 64 * p, j * WG_BC, b, bar_v + 8 * s);
+                const uint32_t k_s = sK + s * C::K_BYTES, v_s = sV + s * C::V_BYTES;
+                mbar_arrive_expect_tx(bar_k + 8 * s, C::K_BYTES);
+                for (int p = 0; p < C::QK_PANELS; p++)
+                    tensor_g2s_3d(k_s + p * WG_BC * 128, &tk, hk * DQK + 64 * p, j * WG_BC, b, bar_k + 8 * s);
+                mbar_arrive_expect_tx(bar_v + 8 * s, C::V_BYTES);
+                for (int p = 0; p < C::V_PANELS; p++)
+                    tensor_g2s_3d(v_s + p * WG_BC * 128, &tv, hk * DV + 64 * p, j * WG_BC, b, bar_v + 8 * s);
             }
         }
         return;
@@ -144,9 +146,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     // thread holds rows r0 and r0 + 8 (tile coordinates), columns 8 n + 2 t4 (+1)
     const int w = warp >> 2, wi = warp & 3, g = lane >> 2, t4 = lane & 3;
     const int r0 = 64 * w + 16 * wi + g;
-    float o[D / 2];
+    float o[DV / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; i++)
+    for (int i = 0; i < DV / 2; i++)
         o[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     float s[64];
@@ -154,12 +156,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t q_w = sQ + w * 64 * 128; // this warpgroup's rows in each Q panel
     for (int j = 0; j < n_kv; j++) {
         const int st = j % WG_NS, ph = (j / WG_NS) & 1, n0 = j * WG_BC;
-        const uint32_t k_s = sK + st * C::KV_BYTES, v_s = sV + st * C::KV_BYTES;
+        const uint32_t k_s = sK + st * C::K_BYTES, v_s = sV + st * C::V_BYTES;
         mbar_wait(bar_k + 8 * st, ph);
-        // S = Q K^T over D / 16 steps of 16 columns (4 per 64-column panel)
+        // S = Q K^T over DQK / 16 steps of 16 columns (4 per 64-column panel)
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
+        for (int kk = 0; kk < DQK / 16; kk++) {
             const uint32_t pan = kk >> 2, sub = (kk & 3) * 32;
             wgmma_ss_n128(s, wg_desc(q_w + pan * WG_BR * 128 + sub, 16, 1024),
                           wg_desc(k_s + pan * WG_BC * 128 + sub, 16, 1024), kk > 0);
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             l_r[i] = l_r[i] * alpha[i] + sum;
         }
 #pragma unroll
-        for (int jn = 0; jn < D / 8; jn++) {
+        for (int jn = 0; jn < DV / 8; jn++) {
             o[jn * 4 + 0] *= alpha[0], o[jn * 4 + 1] *= alpha[0];
             o[jn * 4 + 2] *= alpha[1], o[jn * 4 + 3] *= alpha[1];
         }
@@ -217,12 +219,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
             pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
         }
-        // O += P V: V [128 keys][D] MN-major, 16 keys (two 8-row groups) a step
+        // O += P V: V [128 keys][DV] MN-major, 16 keys (two 8-row groups) a step
         mbar_wait(bar_v + 8 * st, ph);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; kk++)
-            wg_pv<D>(o, pa[kk], wg_desc(v_s + kk * 2048, WG_BC * 128, 1024));
+            wg_pv<DV>(o, pa[kk], wg_desc(v_s + kk * 2048, WG_BC * 128, 1024));
         wg_commit();
         wg_wait0();
         wg_pin(o);
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
 
     // epilogue: O / l -> bf16; lse = (m + log2 l) ln 2
-    const int64_t os = (int64_t)H * D;
+    const int64_t os = (int64_t)H * DV;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         float l = l_r[i];
@@ -241,9 +243,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const int row = q0 + r0 + 8 * i;
         if (row >= Tq) continue;
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        bf16 *orow = out + ((int64_t)b * Tq + row) * os + (int64_t)h * D;
+        bf16 *orow = out + ((int64_t)b * Tq + row) * os + (int64_t)h * DV;
 #pragma unroll
-        for (int jn = 0; jn < D / 8; jn++)
+        for (int jn = 0; jn < DV / 8; jn++)
             *(uint32_t *)(orow + jn * 8 + 2 * t4) = pack_bf16(o[jn * 4 + 2 * i] * inv, o[jn * 4 + 2 * i + 1] * inv);
         if (lse && t4 == 0) lse[((int64_t)b * H + h) * Tq + row] = (m_r[i] + __log2f(l)) * 0.69314718055994531f;
     }
@@ -264,20 +266,21 @@ static bool wg_tensor_map(cuda_encode_tiled_fn enc, CUtensorMap *m, const void *
 // Launches the wgmma forward; false (nothing launched) where it does not apply
 // (no tensor-map encoder, a shape the maps cannot describe): the caller then
 // runs k_attn_fwd.
-template <int D>
+template <int DQK, int DV>
 static bool launch_fwd_wgmma(be_t *be, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                              int Tq, int Tk, int H, int Hkv, float scale, int causal) {
     cuda_encode_tiled_fn enc = cuda_tensor_encoder();
     if (!enc || Tq <= 0 || Tk <= 0) return false;
     CUtensorMap mq, mk, mv;
-    if (!wg_tensor_map(enc, &mq, q, H * D, Tq, B, WG_BR) || !wg_tensor_map(enc, &mk, k, Hkv * D, Tk, B, WG_BC) ||
-        !wg_tensor_map(enc, &mv, v, Hkv * D, Tk, B, WG_BC))
+    if (!wg_tensor_map(enc, &mq, q, H * DQK, Tq, B, WG_BR) || !wg_tensor_map(enc, &mk, k, Hkv * DQK, Tk, B, WG_BC) ||
+        !wg_tensor_map(enc, &mv, v, Hkv * DV, Tk, B, WG_BC))
         return false;
-    auto kern = k_attn_fwd_wgmma<D>;
-    if (cuda_smem_limit(be, (const void *)kern, wg_cfg<D>::SMEM, "k_attn_fwd_wgmma") < 0) return true; // error recorded
+    auto kern = k_attn_fwd_wgmma<DQK, DV>;
+    if (cuda_smem_limit(be, (const void *)kern, wg_cfg<DQK, DV>::SMEM, "k_attn_fwd_wgmma") < 0)
+        return true; // error recorded
     const int n_qt = (Tq + WG_BR - 1) / WG_BR;
     const int64_t blocks = (int64_t)n_qt * B * H;
-    kern<<<(unsigned)blocks, WG_THREADS, wg_cfg<D>::SMEM, cuda_stream(be)>>>(
+    kern<<<(unsigned)blocks, WG_THREADS, wg_cfg<DQK, DV>::SMEM, cuda_stream(be)>>>(
         (bf16 *)out, lse, mq, mk, mv, B, Tq, Tk, H, Hkv, scale * 1.4426950408889634f, n_qt, causal ? 1 : 0);
     cuda_check_launch(be, "k_attn_fwd_wgmma");
     return true;
