@@ -111,12 +111,8 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
 
 int main(int argc, char **argv) {
     int only = 0, n_len = 5, D = 32;
-    bench_flag_t flags[] = {{"--teacher", &only, 1},
-                            {"--6mla22gdn", &only, 2},
-                            {"--14mla14gdn", &only, 3},
-                            {"--2m", &n_len, 6},
-                            {"--upto128k", &n_len, 3},
-                            {"--decode64", &D, 64}};
+    bench_flag_t flags[] = {{"--teacher", &only, 1}, {"--6mla22gdn", &only, 2}, {"--14mla14gdn", &only, 3},
+                            {"--2m", &n_len, 6},     {"--upto128k", &n_len, 3}, {"--decode64", &D, 64}};
     if (bench_flags(argc, argv, flags, 6) < 0) return 2;
     bench_init((size_t)8 << 30); // op scratch: chunked GDN and attention at 8K-token chunks
     const int lengths[6] = {8192, 32768, 131072, 524288, 1048576, 2097152};

@@ -112,7 +112,8 @@ int model_backward(model_run_t *r, const model_acts_t *acts, const void *dh, flo
     return model_backward_told(r, acts, dh, grad, NULL);
 }
 
-int model_backward_told(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad, const grad_done_t *done) {
+int model_backward_told(model_run_t *r, const model_acts_t *acts, const void *dh, float *grad,
+                        const grad_done_t *done) {
     model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;

@@ -120,7 +120,8 @@ int dist_attach(dist_t *d, be_t *be) {
     cudaStream_t cs;
     cudaEvent_t e1, e2;
     cudaError_t e = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
-    if (e != cudaSuccess) return err_set(ERR_RUNTIME, "cudaStreamCreate(gradient reduction): %s", cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        return err_set(ERR_RUNTIME, "cudaStreamCreate(gradient reduction): %s", cudaGetErrorString(e));
     d->comm_stream = cs;
     if ((e = cudaEventCreateWithFlags(&e1, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&e2, cudaEventDisableTiming)) != cudaSuccess)
@@ -168,8 +169,8 @@ static int mpi_count(int64_t k, const char *what) {
 int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S) {
     if (d->world == 1 || hi <= lo) return 0;
     if (lo < 0 || hi > S * d->world)
-        return err_set(ERR_RUNTIME, "internal: gradient range [%lld, %lld) outside [0, %lld)", (long long)lo, (long long)hi,
-                       (long long)(S * d->world));
+        return err_set(ERR_RUNTIME, "internal: gradient range [%lld, %lld) outside [0, %lld)", (long long)lo,
+                       (long long)hi, (long long)(S * d->world));
     d->reduced += hi - lo;
 #ifdef HYLO_CUDA
     if (d->nccl) {
@@ -229,8 +230,8 @@ int dist_reduce_wait(dist_t *d, int64_t S) {
         MPI_TRY(MPI_Waitall(n, (MPI_Request *)d->reqs, MPI_STATUSES_IGNORE), "MPI_Waitall(gradient)");
     }
     if (got != S * d->world)
-        return err_set(ERR_RUNTIME, "internal: the gradient's reduced ranges cover %lld elements, not %lld", (long long)got,
-                       (long long)(S * d->world));
+        return err_set(ERR_RUNTIME, "internal: the gradient's reduced ranges cover %lld elements, not %lld",
+                       (long long)got, (long long)(S * d->world));
     return 0;
 }
 

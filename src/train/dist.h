@@ -49,10 +49,10 @@ int64_t dist_slice(const dist_t *d, int64_t n);
 // The gradient grad [S world] (device, fp32) summed over the ranks into each
 // owner's slice, in ranges while the backward still runs (the trainer starts
 // one per layer as model_backward_told finishes it): starts the sum over
-// ranks of grad[lo, hi), each owner's part of it to its owner (CPU: MPI_Ireduce; CUDA: ncclReduce on a stream of its own, after the
-// work queued so far on the backend's stream), and returns. [lo, hi) must not
-// be written until dist_reduce_wait. The ranges of a step must not overlap,
-// must come in the same order on every rank, and together cover [0, S world).
+// ranks of grad[lo, hi), each owner's part of it to its owner (CPU: MPI_Ireduce; CUDA: ncclReduce on a stream of its
+// own, after the work queued so far on the backend's stream), and returns. [lo, hi) must not be written until
+// dist_reduce_wait. The ranges of a step must not overlap, must come in the same order on every rank, and together
+// cover [0, S world).
 int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S);
 // Waits for every range started (CUDA: the backend's stream waits for them);
 // then grad[rank S, rank S + S) holds the sum over ranks of that slice, the

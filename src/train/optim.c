@@ -29,7 +29,8 @@ int optim_create(optim_t *o, model_t *m, dist_t *d) {
     }
     for (int l = 0; l <= o->n_layers; l++)
         if (o->layer_start[l] < 0 || (l > 0 && o->layer_start[l] < o->layer_start[l - 1]))
-            return err_set(ERR_RUNTIME, "internal: the parameter table does not hold layer %d after layer %d", l, l - 1);
+            return err_set(ERR_RUNTIME, "internal: the parameter table does not hold layer %d after layer %d", l,
+                           l - 1);
     size_t bytes = (size_t)o->S * sizeof(float), gbytes = bytes * (size_t)d->world;
     int own_master = be->act_dtype != DT_F32;
     o->master = own_master ? be->alloc(be, bytes) : (float *)m->w + o->lo;

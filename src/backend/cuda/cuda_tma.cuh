@@ -9,8 +9,9 @@
 // The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda);
 // NULL when the driver lacks it.
 typedef CUresult (*cuda_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+                                         const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                         CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                         CUtensorMapFloatOOBfill);
 // (one lookup per process; each .cu that includes this keeps its own)
 static inline cuda_encode_tiled_fn cuda_tensor_encoder(void) {
     static int looked;
