@@ -1239,7 +1239,8 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 //
 // Slices (split-K) depend on host arguments only (a recorded graph replays
 // them with other lengths): enough blocks for one wave at the kernel's
-// occupancy, never slices shorter than DEC_MIN_SLICE rows of max_len. With one
+// occupancy, never slices shorter than DEC_MIN_SLICE rows of max_len (a
+// quarter of that below 8 DEC_MIN_SLICE rows). With one
 // slice the block writes the output. With more, each block writes its partial
 // (m, l, O) to the scratch arena and counts itself on a per-(row, KV head,
 // chunk) counter; the last block to arrive merges the partials, writes the
@@ -1568,7 +1569,12 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
         }
         o->occ = nb > 0 ? nb : 1, o->occ_smem = smem;
     }
-    int64_t ns = (int64_t)o->occ * ci->sm_count / pairs, by_len = a.max_len / DEC_MIN_SLICE;
+    // below 2K rows, slices of a quarter of that: a few hundred rows in one
+    // block are a chain of dependent loads (13.6 us for SmolLM2's 262-row
+    // caches under Nsight Compute, run 23), while the partials of at most 32
+    // slices are little for the last block to merge
+    const int min_slice = a.max_len < 8 * DEC_MIN_SLICE ? DEC_MIN_SLICE / 4 : DEC_MIN_SLICE;
+    int64_t ns = (int64_t)o->occ * ci->sm_count / pairs, by_len = a.max_len / min_slice;
     if (ns > by_len) ns = by_len;
     if (ns > DEC_MAX_SPLIT) ns = DEC_MAX_SPLIT;
     if (ns < 1 || pairs > CUDA_DEC_COUNTERS) ns = 1; // (many pairs fill the GPU without slices)
