@@ -1332,6 +1332,7 @@ static __device__ __forceinline__ void dec_sum(float (&acc)[W], const float *po,
 // memory dec_smem_bytes(). out [N, H, dv] bf16; zeros where len[r] <= 0.
 template <int G, bool VEC>
 __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(const dec_args_t a) {
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     constexpr int U = dec_cfg<G>::U;
     extern __shared__ float dsm[];
     const int pair = blockIdx.x, split = blockIdx.y, n_split = a.n_split;
@@ -1587,7 +1588,8 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
         if (!a.part_o || !a.part_ml) ns = 1; // no room for the partials: one slice per cache, as correct, slower
     }
     a.n_split = (int)ns;
-    kern<<<dim3((unsigned)pairs, (unsigned)ns), DEC_THREADS, dec_smem_bytes(G, a.lpr, (int)ns), cuda_stream(be)>>>(a);
+    cu_launch_pdl(kern, dim3((unsigned)pairs, (unsigned)ns), dim3(DEC_THREADS), dec_smem_bytes(G, a.lpr, (int)ns),
+                  cuda_stream(be), a);
     cuda_check_launch(be, "k_attn_decode");
     arena_reset(ar, mark); // stream order protects the partials from later users of the scratch
 }

@@ -599,18 +599,19 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__res
     }
 }
 
-// Launches kern<M, V> for M = rows (1..GEMV_ROWS).
+// Launches kern<M, V> for M = rows (1..GEMV_ROWS), as a programmatic dependent
+// launch (cuda_vec.cuh: each of these kernels starts with griddep_enter()).
 #define GEMV_LAUNCH_M(rows, V, kern, grid, stream, ...)                                                                \
     do {                                                                                                               \
         switch (rows) {                                                                                                \
-        case 1: kern<1, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 2: kern<2, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 3: kern<3, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 4: kern<4, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 5: kern<5, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 6: kern<6, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        case 7: kern<7, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                              \
-        default: kern<8, V><<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__); break;                             \
+        case 1: cu_launch_pdl(kern<1, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        case 2: cu_launch_pdl(kern<2, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        case 3: cu_launch_pdl(kern<3, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        case 4: cu_launch_pdl(kern<4, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        case 5: cu_launch_pdl(kern<5, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        case 6: cu_launch_pdl(kern<6, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        case 7: cu_launch_pdl(kern<7, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;             \
+        default: cu_launch_pdl(kern<8, V>, (grid), dim3(GEMV_WARPS * 32), 0, (stream), __VA_ARGS__); break;            \
         }                                                                                                              \
     } while (0)
 
@@ -618,6 +619,7 @@ template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
            int64_t ldb, int64_t N, int64_t K, float alpha) {
+    griddep_enter();
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= N) return; // the whole warp
@@ -661,6 +663,7 @@ template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_swiglu(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
                   const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
+    griddep_enter();
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= f) return; // the whole warp
@@ -705,6 +708,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_add_rmsnorm(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
                        const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
                        unsigned *done, float *partial) {
+    griddep_enter();
     __shared__ float ss_warp[GEMV_WARPS][M];
     __shared__ float rstd[M];
     __shared__ bool last;

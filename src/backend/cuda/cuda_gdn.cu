@@ -320,6 +320,7 @@ template <int E>
 __global__ void __launch_bounds__(REC_WARPS * 32)
     k_recurrent(bf16 *o, float *state, float *const *rows, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                 const float *beta, float scale, int T, int H, int HV, int K, int Dv) {
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / H);
     const int v0 = (blockIdx.x * REC_WARPS + warp) * REC_ROWS;
@@ -1970,14 +1971,14 @@ static void gdn_recurrent(be_t *be, const char *op, void *o, float *state, float
     bf16 *ob = (bf16 *)o;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     if (K <= 64) {
-        auto kfn = k_recurrent<2>;
-        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, rows, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        cu_launch_pdl(k_recurrent<2>, grid, block, 0, cuda_stream(be), ob, state, rows, qb, kb, vb, g, beta, scale, T,
+                      H, HV, K, Dv);
     } else if (K <= 128) {
-        auto kfn = k_recurrent<4>;
-        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, rows, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        cu_launch_pdl(k_recurrent<4>, grid, block, 0, cuda_stream(be), ob, state, rows, qb, kb, vb, g, beta, scale, T,
+                      H, HV, K, Dv);
     } else {
-        auto kfn = k_recurrent<8>;
-        kfn<<<grid, block, 0, cuda_stream(be)>>>(ob, state, rows, qb, kb, vb, g, beta, scale, T, H, HV, K, Dv);
+        cu_launch_pdl(k_recurrent<8>, grid, block, 0, cuda_stream(be), ob, state, rows, qb, kb, vb, g, beta, scale, T,
+                      H, HV, K, Dv);
     }
     cuda_check_launch(be, "gdn k_recurrent");
 }
@@ -2019,6 +2020,7 @@ __global__ void __launch_bounds__(STEP_THREADS)
                   const bf16 *xk, int64_t ldk, const bf16 *xv, int64_t ldv, const bf16 *a, int64_t lda, const bf16 *b,
                   int64_t ldb, const bf16 *q_conv, const bf16 *k_conv, const bf16 *v_conv, const bf16 *A_log,
                   const bf16 *dt_bias, int N, int H, int HV, int K, int Dv, int W, float eps, float beta_scale) {
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     extern __shared__ float ssm[];
     const int r = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
     const int64_t kd = (int64_t)H * K, vd = (int64_t)HV * Dv;
@@ -2069,11 +2071,11 @@ static void cu_gdn_step_inputs(be_t *be, void *q, void *k, void *v, float *g, fl
     const int64_t vblocks = ((int64_t)HV * Dv + STEP_THREADS - 1) / STEP_THREADS;
     const size_t smem = (2 * (size_t)K + 32) * sizeof(float);
     if (cuda_smem_limit(be, (const void *)k_step_inputs, smem, "k_step_inputs") < 0) return;
-    k_step_inputs<<<dim3((unsigned)(H + vblocks), (unsigned)N), STEP_THREADS, smem, cuda_stream(be)>>>(
-        (bf16 *)q, (bf16 *)k, (bf16 *)v, g, beta, (bf16 *const *)rows, (const bf16 *)xq, ldq, (const bf16 *)xk, ldk,
-        (const bf16 *)xv, ldv, (const bf16 *)a, lda, (const bf16 *)b, ldb, (const bf16 *)q_conv, (const bf16 *)k_conv,
-        (const bf16 *)v_conv, (const bf16 *)A_log, (const bf16 *)dt_bias, N, H, HV, K, Dv, W, eps,
-        allow_neg ? 2.0f : 1.0f);
+    cu_launch_pdl(k_step_inputs, dim3((unsigned)(H + vblocks), (unsigned)N), dim3(STEP_THREADS), smem, cuda_stream(be),
+                  (bf16 *)q, (bf16 *)k, (bf16 *)v, g, beta, (bf16 *const *)rows, (const bf16 *)xq, ldq,
+                  (const bf16 *)xk, ldk, (const bf16 *)xv, ldv, (const bf16 *)a, lda, (const bf16 *)b, ldb,
+                  (const bf16 *)q_conv, (const bf16 *)k_conv, (const bf16 *)v_conv, (const bf16 *)A_log,
+                  (const bf16 *)dt_bias, N, H, HV, K, Dv, W, eps, allow_neg ? 2.0f : 1.0f);
     cuda_check_launch(be, "gdn k_step_inputs");
 }
 

@@ -359,10 +359,6 @@ static __device__ __forceinline__ uint32_t tile_chunk(uint32_t slot, int r, int 
 static __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-static __device__ __forceinline__ void griddep_launch_dependents() {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // Grid (n_split, B), (NCW + 1) warps; the last warp is the producer. Shared:
 // [barriers 512 B][Q HR x SQ][ring NSTG slots] (MLA2_LOAD_TILES: the ring starts

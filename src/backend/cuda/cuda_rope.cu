@@ -94,6 +94,7 @@ __global__ void k_rope_kv_append(bf16 *q, int64_t ldq, const bf16 *__restrict__ 
                                  const float *__restrict__ cosb, const float *__restrict__ sinb,
                                  bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, int H, int Hkv,
                                  int dh) {
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int64_t p = pos[r], kw = (int64_t)Hkv * dh;
     const int half = dh / 2;
@@ -121,9 +122,9 @@ static void cu_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *k, int
         cu_op_error(be, "cuda rope_kv_append: head dim %d must be even", dh);
         return;
     }
-    k_rope_kv_append<<<(unsigned)N, 32 * ROPE_WARPS, 0, cuda_stream(be)>>>(
-        (bf16 *)q, ldq, (const bf16 *)k, ldk, (const bf16 *)v, ldv, pos, cosb, sinb, (bf16 *const *)k_rows,
-        (bf16 *const *)v_rows, H, Hkv, dh);
+    cu_launch_pdl(k_rope_kv_append, dim3((unsigned)N), dim3(32 * ROPE_WARPS), 0, cuda_stream(be), (bf16 *)q, ldq,
+                  (const bf16 *)k, ldk, (const bf16 *)v, ldv, pos, cosb, sinb, (bf16 *const *)k_rows,
+                  (bf16 *const *)v_rows, H, Hkv, dh);
     cuda_check_launch(be, "k_rope_kv_append");
 }
 
@@ -135,6 +136,7 @@ __global__ void k_mla_rope_append(bf16 *q, int64_t ldq, int64_t hs, const bf16 *
                                   const bf16 *__restrict__ kpe, int64_t ldk, const int32_t *__restrict__ pos,
                                   const float *__restrict__ cosb, const float *__restrict__ sinb,
                                   bf16 *const *__restrict__ rows, int H, int r_kv, int dr) {
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int64_t p = pos[r];
     const int half = dr / 2;
@@ -173,9 +175,8 @@ static void cu_mla_rope_append(be_t *be, void *q, int64_t ldq, int64_t hs, const
                     64 * ROPE_MAX_K);
         return;
     }
-    k_mla_rope_append<<<(unsigned)N, 32 * ROPE_WARPS, 0, cuda_stream(be)>>>((bf16 *)q, ldq, hs, (const bf16 *)c, ldc,
-                                                                            (const bf16 *)kpe, ldk, pos, cosb, sinb,
-                                                                            (bf16 *const *)rows, H, r_kv, dr);
+    cu_launch_pdl(k_mla_rope_append, dim3((unsigned)N), dim3(32 * ROPE_WARPS), 0, cuda_stream(be), (bf16 *)q, ldq, hs,
+                  (const bf16 *)c, ldc, (const bf16 *)kpe, ldk, pos, cosb, sinb, (bf16 *const *)rows, H, r_kv, dr);
     cuda_check_launch(be, "k_mla_rope_append");
 }
 

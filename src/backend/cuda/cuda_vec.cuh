@@ -2,7 +2,8 @@
 // kernels (cuda_core.cu, cuda_norm.cu, cuda_mlp.cu, cuda_conv.cu, cuda_rope.cu,
 // cuda_gdn.cu, cuda_ssd.cu): bf16 vector loads/stores converted to and from
 // fp32, warp and quad sums, the choice of vector width on the host, grid
-// sizing, scratch-arena partials and op argument errors.
+// sizing, scratch-arena partials, op argument errors, and programmatic
+// dependent launch.
 #pragma once
 #include <stdarg.h>
 #include <stdint.h>
@@ -159,4 +160,35 @@ static inline void cu_op_error(be_t *be, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     cuda_record_error(be, ERR_INPUT, msg);
+}
+
+// ---- programmatic dependent launch -------------------------------------------
+// A kernel launched by cu_launch_pdl may be scheduled while the kernel before
+// it on the stream still runs, its blocks resident and waiting, which hides
+// the launch gap between the many small kernels of a decode step (recorded
+// graphs keep the dependency as a programmatic edge). Such a kernel calls
+// griddep_wait() before it touches any memory (the kernel before it has then
+// finished and its writes are visible), then griddep_launch_dependents() so
+// that the next one can be scheduled the same way while it runs. Launched
+// without the attribute, both return at once.
+static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+static __device__ __forceinline__ void griddep_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+static __device__ __forceinline__ void griddep_enter() {
+    griddep_wait();
+    griddep_launch_dependents();
+}
+template <typename... P, typename... A>
+static inline void cu_launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kern, args...) != cudaSuccess) { // refused: a plain launch
+        (void)cudaGetLastError();
+        kern<<<grid, block, smem, st>>>(args...);
+    }
 }
