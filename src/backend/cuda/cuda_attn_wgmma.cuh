@@ -256,6 +256,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_commit();
         wg_wait0();
         wg_pin(o);
+        // the A registers are read until the wait: kept live (unchanged) up to here
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                asm volatile("" : "+r"(pa[kk][i])::"memory");
         // this warpgroup is done with the stage
         named_sync(1 + w, 128);
         if (wi == 0 && lane == 0) mbar_arrive(bar_e + 8 * st);
