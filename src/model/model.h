@@ -141,9 +141,13 @@ void model_free(model_t *m);
 // per-sequence positions are model_step_batch's own.)
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0);
 // Grows the RoPE tables to cover positions [0, n_pos), doubling from
-// MODEL_ROPE_POS0: a model starts with tables for that many positions (fp32
-// cos + sin: 64 KiB for head dim 64) and the forwards grow them to what they
-// run, where 4096 from the start were 1 MiB that a short generation never reads.
+// MODEL_ROPE_POS0, or to n_pos rounded up to 4096 when that is more than
+// twice the tables: a model starts with tables for MODEL_ROPE_POS0 positions
+// (fp32 cos + sin: 64 KiB for head dim 64) and the forwards grow them to the
+// context limits of the states they run (a state's whole ctx at once), where
+// 4096 from the start were 1 MiB that a short generation never reads. The
+// attention layers' tables exist only when the model has attention layers,
+// the MLA layers' only when it has MLA layers.
 enum { MODEL_ROPE_POS0 = 256 };
 int model_ensure_positions(model_t *m, int n_pos);
 // Binds a weight-view struct set to any flat buffer laid out by m->pt

@@ -118,6 +118,43 @@ static void test_fit_is_exact(void **state) {
     tiny_close(&t);
 }
 
+// The RoPE tables cover a state's whole context limit from its first step
+// (rounded up to 4096 when that is beyond twice the tables), so that the
+// decode steps that follow never rebuild them: a power of two crossed mid-
+// decode used to rebuild them inside one step (run 23's 3B long-context
+// decode grew with the context partly from that). A hybrid with no
+// attention layer has no attention tables.
+static void test_rope_tables_cover_ctx(void **state) {
+    tiny_t t;
+    arch_t a = tiny_hybrid();
+    tiny_open(&t, &a);
+    assert_int_equal(t.m.rope_npos, MODEL_ROPE_POS0);
+    model_state_t st;
+    const int ctx = 5000;
+    assert_int_equal(model_state_alloc(&t.m, &st, 1, ctx), 0);
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float *lg = malloc(sizeof(float) * a.V);
+    assert_int_equal(model_prefill(&t.r, &st, ids, 8, 8, lg), 0);
+    assert_int_equal(t.m.rope_npos, 8192); // 5000 rounded up to 4096s
+    const float *cos0 = t.m.rope_cos, *mla0 = t.m.mla_cos;
+    assert_non_null(cos0);
+    assert_non_null(mla0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(model_step(&t.r, &st, &ids[i], lg), 0);
+    assert_ptr_equal(t.m.rope_cos, cos0); // not rebuilt
+    assert_ptr_equal(t.m.mla_cos, mla0);
+    model_state_free(&t.m, &st);
+    free(lg);
+    tiny_close(&t);
+
+    const layer_kind_t plan[3] = {LAYER_MLA, LAYER_GDN, LAYER_GDN};
+    arch_t h = tu_tiny_arch(plan, 3, 0, 0);
+    tiny_open(&t, &h);
+    assert_null(t.m.rope_cos);
+    assert_non_null(t.m.mla_cos);
+    tiny_close(&t);
+}
+
 // Resident pages of [p, p + n) (mincore; whole pages inside the range).
 static size_t resident_pages(const void *p, size_t n) {
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
@@ -487,10 +524,11 @@ static void test_prefill_batch(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_huge_ctx_starts_small), cmocka_unit_test(test_fit_is_exact),
-        cmocka_unit_test(test_trim_after_prefill),    cmocka_unit_test(test_growth_is_exact),
-        cmocka_unit_test(test_out_of_memory),         cmocka_unit_test(test_info_is_the_allocation),
-        cmocka_unit_test(test_snapshot_restore),      cmocka_unit_test(test_prefill_batch),
+        cmocka_unit_test(test_huge_ctx_starts_small),  cmocka_unit_test(test_fit_is_exact),
+        cmocka_unit_test(test_rope_tables_cover_ctx),  cmocka_unit_test(test_trim_after_prefill),
+        cmocka_unit_test(test_growth_is_exact),        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_info_is_the_allocation), cmocka_unit_test(test_snapshot_restore),
+        cmocka_unit_test(test_prefill_batch),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
