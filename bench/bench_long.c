@@ -8,7 +8,7 @@
 // (model_step, logits to the host and their argmax, as hylo generate) after
 // two untimed ones (the step's graph is recorded in the second).
 // Printed per point: prefill seconds and tokens/s, decode ms per token, the
-// cache's bytes (one allocation of exactly T + D tokens) and the device memory
+// cache's bytes (one allocation of exactly T + D + 2 tokens) and the device memory
 // in use. A length whose cache does not fit says so and the sweep goes on.
 // Wall-clock times around calls that end in a host sync.
 // Usage: bench_long [--teacher|--6mla22gdn|--14mla14gdn] [--2m|--upto128k] [--decode64]
