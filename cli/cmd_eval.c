@@ -519,7 +519,8 @@ static const char *bench_help =
     "\n"
     "Prefill and decode latency and cache memory over a sweep of context lengths, for the model and\n"
     "(with --against) its teacher in the same run. Each point prefills T random tokens in chunks, then\n"
-    "decodes N tokens greedily after them. Writes DIR/result.json and DIR/report.html.\n"
+    "decodes N tokens greedily after them, timed after 2 untimed steps (the first runs op by op, the\n"
+    "second records the step's graph on CUDA). Writes DIR/result.json and DIR/report.html.\n"
     "\n"
     "options:\n"
     "  --lengths LIST      context lengths, e.g. 512,1K,2K,4K (default 512,1K,2K,4K)\n"
@@ -540,7 +541,8 @@ static int bench_model(const char *device, const char *path, long chunk, const i
         cJSON_AddNumberToObject(b, "decode_tokens", (double)n_decode);
         cJSON_AddNumberToObject(b, "prefill_chunk", (double)chunk);
         cJSON_AddStringToObject(b, "memory",
-                                "cache_bytes: the hybrid cache for context + decode tokens; "
+                                "cache_bytes: the hybrid cache for context + decode tokens + 3 (2 "
+                                "untimed warm-up steps, 1 spare); "
                                 "weight_bytes: the flat weights on the device; peak_rss_bytes: the "
                                 "process's peak resident memory so far (host)");
     }

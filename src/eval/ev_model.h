@@ -60,7 +60,7 @@ void ev_model_unwrap(ev_lm_t *lm);
 
 // hylo bench: one point of a latency sweep on the wrapped model, with random
 // token ids (seeded): prefill of T tokens in chunks, then n_decode greedy decode
-// steps; the cache bytes for T + n_decode tokens.
+// steps timed after 2 untimed ones; the cache bytes for T + n_decode + 3 tokens.
 typedef struct {
     int T, n_decode;
     double prefill_s, decode_s; // wall time (the backend synchronised)
