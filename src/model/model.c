@@ -898,6 +898,18 @@ static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t str
 static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
                         float *logits);
 
+// The RoPE positions a prefill of T tokens into st readies: twice what it
+// feeds, or the state's context limit when that is less. Tables grown only to
+// what each forward feeds were rebuilt (on the host) inside the first decode
+// step after a prompt of a power of two tokens: 1.2 s for 2M positions at head
+// dim 128 on the development machine, inside run 23's timed decode at 8K-1M.
+static int prefill_positions(const model_state_t *st, int T) {
+    int64_t fed = (int64_t)st->len + T, want = 2 * fed;
+    if (want > st->ctx) want = st->ctx;
+    if (want < fed) want = fed;
+    return want > INT_MAX ? INT_MAX : (int)want;
+}
+
 // Embeds ids (host [N]), runs the layers (run_layers: T tokens of each of
 // the B sequences of state st at st->len, or no state), final norm, and
 // returns into host `logits` [n_rows, V] the logits of rows first + i * stride,
@@ -909,7 +921,7 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
     if (st && T == 1) return step_forward(r, ids, &st, 1, N, logits); // one token per sequence: a decode step
-    TRY(model_ensure_positions(m, st ? (st->ctx > st->len + T ? st->ctx : st->len + T) : T)); // see step_inputs
+    TRY(model_ensure_positions(m, st ? prefill_positions(st, T) : T));
     arena_reset(&r->arena, 0);
     int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
     void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
@@ -995,8 +1007,7 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
             return err_set(ERR_INPUT, "batched prefill: state %d: %d tokens after %d cached (context capacity %d)", k,
                            n[k], st->len, st->ctx);
         N += n[k];
-        if (st->len + n[k] > end) end = st->len + n[k];
-        if (st->ctx > end) end = st->ctx; // see step_inputs
+        if (prefill_positions(st, n[k]) > end) end = prefill_positions(st, n[k]);
         n_want += !want || want[k];
     }
     if (N > (1 << 24)) return err_set(ERR_INPUT, "batched prefill of %lld tokens", (long long)N);
@@ -1092,14 +1103,9 @@ static void key_swap(step_key_t *a, step_key_t *b) {
 static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
                        int32_t **d_ids, void **x) {
     model_t *m = r->m;
-    // RoPE tables for the states' whole context limits at once: grown a step
-    // at a time, each power of two would rebuild them inside a decode step
-    // (1.2 s on the host for 2M positions at head dim 128)
-    int end = 0;
-    for (int k = 0; k < n_st; k++) {
+    int end = 0; // the positions' limit (prefill sized the tables ahead: prefill_positions)
+    for (int k = 0; k < n_st; k++)
         if (sts[k]->len + 1 > end) end = sts[k]->len + 1;
-        if (sts[k]->ctx > end) end = sts[k]->ctx;
-    }
     TRY(model_ensure_positions(m, end));
     arena_reset(&r->arena, 0);
     *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));

@@ -143,9 +143,10 @@ int model_prepare_positions(model_run_t *r, int B, int T, int pos0);
 // Grows the RoPE tables to cover positions [0, n_pos), doubling from
 // MODEL_ROPE_POS0, or to n_pos rounded up to 4096 when that is more than
 // twice the tables: a model starts with tables for MODEL_ROPE_POS0 positions
-// (fp32 cos + sin: 64 KiB for head dim 64) and the forwards grow them to the
-// context limits of the states they run (a state's whole ctx at once), where
-// 4096 from the start were 1 MiB that a short generation never reads. The
+// (fp32 cos + sin: 64 KiB for head dim 64) and the forwards grow them to what
+// they run (a prefill to twice what it feeds, at most the state's context
+// limit, so that the decode steps after it do not rebuild them), where 4096
+// from the start were 1 MiB that a short generation never reads. The
 // attention layers' tables exist only when the model has attention layers,
 // the MLA layers' only when it has MLA layers.
 enum { MODEL_ROPE_POS0 = 256 };
