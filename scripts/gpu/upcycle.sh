@@ -7,7 +7,9 @@
 #   bash scripts/gpu/upcycle.sh pack      build, corpus (scripts/corpus.sh), fill .carry/
 #                                         (a .carry/corpus.tar.xz already there is reused unless CORPUS=DIR)
 # then one device call each, in this order:
-#   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/p1 .carry/ca .carry/evaldata.tar.xz
+#   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/p1 .carry/evaldata.tar.xz
+#           (and .carry/ca when it still fits the 64 MiB with the working tree; else
+#   call 1b: bash scripts/gpu/upcycle.sh ca      carry .carry/ca)
 #   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb [.carry/chat]
 #           (.carry/chat: teacher chat shards sampled beforehand on any machine with
 #           hylo data --generate --self-instruct, mixed in beside those made there)
@@ -125,12 +127,19 @@ if [ "$1" = pack ]; then
 fi
 if [ "$1" = prep ]; then
     rm -rf $W && mkdir -p $W/out
-    tar xJf .carry/bins.tar.xz && cp .carry/p1/gguf.part $W/p1 && cp .carry/ca/part $W/ca && cp -r .carry/lib $W/lib &&
+    tar xJf .carry/bins.tar.xz && cp .carry/p1/gguf.part $W/p1 && cp -r .carry/lib $W/lib &&
         tar xJf .carry/evaldata.tar.xz -C $W && mv $W/shared/data $W/data
+    # the corpus's first part, when it fits this call's carry (the working
+    # tree grows with docs/logs: else carry it in a call of its own, `ca`)
+    [ -f .carry/ca/part ] && cp .carry/ca/part $W/ca
     LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64 ldd build/hylo | grep "not found"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     ls -la $W
     exit 0
+fi
+if [ "$1" = ca ]; then # the corpus's first part alone (carry .carry/ca), between prep and stage1
+    cp .carry/ca/part $W/ca && ls -la $W/ca
+    exit $?
 fi
 export LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
