@@ -380,7 +380,11 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     if (TILES) sC = (bf16 *)((unsigned char *)sC + ((1024u - (smem_u32(sC) & 1023u)) & 1023u));
     const uint32_t slot_bytes = TILES ? (uint32_t)(a.NB * MLA2_BOX_BYTES) : (uint32_t)(NR * SR * 2);
 
-    griddep_launch_dependents(); // the combine may be scheduled now; it waits for this grid to finish
+    // launched as a programmatic dependent launch (cuda_vec.cuh): the kernel
+    // before it has finished once this returns; then the combine may be
+    // scheduled (it waits for this grid to finish)
+    griddep_wait();
+    griddep_launch_dependents();
 
     const int b = blockIdx.y, split = blockIdx.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -870,9 +874,9 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
                                         MLA2_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
     if (ns == 0) return true;
     a.n_split = (int)ns;
-    kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
-        part_o, part_ml, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows, (const bf16 *)pool,
-        max_rows, len, a, tmap);
+    cu_launch_pdl(kern, dim3((unsigned)ns, (unsigned)B), dim3(threads), smem, cuda_stream(be), part_o, part_ml,
+                  (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows, (const bf16 *)pool, max_rows, len,
+                  a, tmap);
     cuda_check_launch(be, "k_mla_decode2");
 
     // the combine, launched early (programmatic dependent launch); plain launch if refused
