@@ -9,7 +9,8 @@
 // against the library whose CUDA files keep the bench-only kernel variants)
 // adds --compare, which times every variant in one run, set through the
 // environment variables only that library reads: attention forward
-// HYLO_ATTN_FWD = 1 (wgmma, cuda_attn_wgmma.cuh, at dqk = dv = 64 and 128);
+// HYLO_ATTN_FWD = 1 (wgmma, cuda_attn_wgmma.cuh, at (dqk, dv) = (64, 64),
+// (128, 128) and (192, 128));
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
 // default tiles), 1 (v1's alternative tiles); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
 // per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep

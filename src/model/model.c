@@ -900,9 +900,9 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
 
 // The RoPE positions a prefill of T tokens into st readies: twice what it
 // feeds, or the state's context limit when that is less. Tables grown only to
-// what each forward feeds were rebuilt (on the host) inside the first decode
-// step after a prompt of a power of two tokens: 1.2 s for 2M positions at head
-// dim 128 on the development machine, inside run 23's timed decode at 8K-1M.
+// what each forward feeds were rebuilt on the host inside the first decode
+// step after a prompt of a power of two tokens (bench/bench_rope.c times a
+// rebuild; docs/SERVING.md, run 23).
 static int prefill_positions(const model_state_t *st, int T) {
     int64_t fed = (int64_t)st->len + T, want = 2 * fed;
     if (want > st->ctx) want = st->ctx;
@@ -1007,7 +1007,8 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
             return err_set(ERR_INPUT, "batched prefill: state %d: %d tokens after %d cached (context capacity %d)", k,
                            n[k], st->len, st->ctx);
         N += n[k];
-        if (prefill_positions(st, n[k]) > end) end = prefill_positions(st, n[k]);
+        const int want_pos = prefill_positions(st, n[k]);
+        if (want_pos > end) end = want_pos;
         n_want += !want || want[k];
     }
     if (N > (1 << 24)) return err_set(ERR_INPUT, "batched prefill of %lld tokens", (long long)N);

@@ -166,47 +166,58 @@ static int mpi_count(int64_t k, const char *what) {
     return 0;
 }
 
+// One owner's part grad[a, b) of a range, summed into rank r's copy: queued
+// on the reduction stream (NCCL, inside the caller's group) or started as a
+// non-blocking MPI reduction kept in d->reqs.
+static int reduce_piece(dist_t *d, float *grad, int64_t a, int64_t b, int r) {
+#ifdef HYLO_CUDA
+    if (d->nccl) {
+        NCCL_TRY(ncclReduce(grad + a, grad + a, (size_t)(b - a), ncclFloat32, ncclSum, r, (ncclComm_t)d->nccl,
+                            (cudaStream_t)d->comm_stream),
+                 "ncclReduce(gradient)");
+        return 0;
+    }
+#endif
+    if (d->n_req == d->cap_req) {
+        int cap = d->cap_req ? 2 * d->cap_req : 64;
+        void *q = realloc(d->reqs, (size_t)cap * sizeof(MPI_Request));
+        if (!q) return err_set(ERR_NOMEM, "out of memory");
+        d->reqs = q, d->cap_req = cap;
+    }
+    MPI_Request *req = (MPI_Request *)d->reqs + d->n_req;
+    MPI_TRY(MPI_Ireduce(d->rank == r ? MPI_IN_PLACE : (const void *)(grad + a), grad + a, (int)(b - a), MPI_FLOAT,
+                        MPI_SUM, r, MPI_COMM_WORLD, req),
+            "MPI_Ireduce(gradient)");
+    d->n_req++;
+    return 0;
+}
+
 int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S) {
     if (d->world == 1 || hi <= lo) return 0;
     if (lo < 0 || hi > S * d->world)
         return err_set(ERR_RUNTIME, "internal: gradient range [%lld, %lld) outside [0, %lld)", (long long)lo,
                        (long long)hi, (long long)(S * d->world));
     d->reduced += hi - lo;
+    if (!d->nccl) TRY(mpi_count(S, "reduction of the gradient"));
 #ifdef HYLO_CUDA
-    if (d->nccl) {
-        cudaStream_t cs = (cudaStream_t)d->comm_stream;
+    if (d->nccl) { // after the backward's work queued so far, beside what it queues next
         cudaError_t e = cudaEventRecord((cudaEvent_t)d->ev_ready, (cudaStream_t)cuda_stream_of(d->be));
-        if (e == cudaSuccess) e = cudaStreamWaitEvent(cs, (cudaEvent_t)d->ev_ready, 0);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)d->comm_stream, (cudaEvent_t)d->ev_ready, 0);
         if (e != cudaSuccess) return err_set(ERR_RUNTIME, "gradient reduction: %s", cudaGetErrorString(e));
         NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
-        for (int64_t r = lo / S; r < d->world && r * S < hi; r++) {
-            int64_t a = lo > r * S ? lo : r * S, b = hi < r * S + S ? hi : r * S + S;
-            ncclResult_t x =
-                ncclReduce(grad + a, grad + a, (size_t)(b - a), ncclFloat32, ncclSum, (int)r, (ncclComm_t)d->nccl, cs);
-            if (x != ncclSuccess) {
-                ncclGroupEnd();
-                return nccl_fail(x, "ncclReduce(gradient)");
-            }
-        }
-        NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd(gradient)");
-        return 0;
     }
 #endif
-    TRY(mpi_count(S, "reduction of the gradient"));
-    for (int64_t r = lo / S; r < d->world && r * S < hi; r++) {
-        int64_t a = lo > r * S ? lo : r * S, b = hi < r * S + S ? hi : r * S + S;
-        if (d->n_req == d->cap_req) {
-            int cap = d->cap_req ? 2 * d->cap_req : 64;
-            void *q = realloc(d->reqs, (size_t)cap * sizeof(MPI_Request));
-            if (!q) return err_set(ERR_NOMEM, "out of memory");
-            d->reqs = q, d->cap_req = cap;
-        }
-        MPI_Request *req = (MPI_Request *)d->reqs + d->n_req;
-        MPI_TRY(MPI_Ireduce(d->rank == r ? MPI_IN_PLACE : (const void *)(grad + a), grad + a, (int)(b - a), MPI_FLOAT,
-                            MPI_SUM, (int)r, MPI_COMM_WORLD, req),
-                "MPI_Ireduce(gradient)");
-        d->n_req++;
+    int rc = 0;
+    for (int64_t r = lo / S; r < d->world && r * S < hi && rc == 0; r++)
+        rc = reduce_piece(d, grad, lo > r * S ? lo : r * S, hi < r * S + S ? hi : r * S + S, (int)r);
+#ifdef HYLO_CUDA
+    if (d->nccl) {
+        ncclResult_t x = ncclGroupEnd();
+        if (rc == 0 && x != ncclSuccess) rc = nccl_fail(x, "ncclGroupEnd(gradient)");
+        return rc;
     }
+#endif
+    TRY(rc);
     // MPI moves non-blocking collectives on when called: let the earlier ones go on
     int flag;
     MPI_TRY(MPI_Testall(d->n_req, (MPI_Request *)d->reqs, &flag, MPI_STATUSES_IGNORE), "MPI_Testall(gradient)");

@@ -171,7 +171,8 @@ static const shape_t attn_shapes[] = {
 // Every shape under the default kernels; in the bench-variants build also
 // under the backward variants (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1
 // with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist)
-// and the wgmma forward (HYLO_ATTN_FWD = 1, at dqk = dv = 64 and 128).
+// and the wgmma forward (HYLO_ATTN_FWD = 1, at (dqk, dv) = (64, 64), (128, 128)
+// and (192, 128)).
 static void test_attn(void **st) {
     be_t *gpu = tu_gpu();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);

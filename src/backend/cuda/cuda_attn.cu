@@ -1571,9 +1571,8 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
         o->occ = nb > 0 ? nb : 1, o->occ_smem = smem;
     }
     // below 2K rows, slices of a quarter of that: a few hundred rows in one
-    // block are a chain of dependent loads (13.6 us for SmolLM2's 262-row
-    // caches under Nsight Compute, run 23), while the partials of at most 32
-    // slices are little for the last block to merge
+    // block are a chain of dependent loads (docs/SERVING.md, run 23), while
+    // the partials of at most 32 slices are little for the last block to merge
     const int min_slice = a.max_len < 8 * DEC_MIN_SLICE ? DEC_MIN_SLICE / 4 : DEC_MIN_SLICE;
     int64_t ns = (int64_t)o->occ * ci->sm_count / pairs, by_len = a.max_len / min_slice;
     if (ns > by_len) ns = by_len;
