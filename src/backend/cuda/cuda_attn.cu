@@ -960,9 +960,9 @@ __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ a
     *(uint2 *)(dq + (((int64_t)b * Tq + t) * H + h) * dqk + c) = y;
 }
 
-#ifdef HYLO_BENCH_VARIANTS
 #include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_attn_wgmma.cuh"
+#ifdef HYLO_BENCH_VARIANTS
 #endif
 
 // ---- host side --------------------------------------------------------------
@@ -1015,10 +1015,15 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
     const void *ptrs[] = {out, q, k, v};
     if (!attn_check(be, "attn_fwd", B, Tq, Tk, H, Hkv, dqk, dv, scale, ptrs, 4, causal)) return;
     if (B == 0 || Tq == 0) return;
+    // The wgmma forward (cuda_attn_wgmma.cuh) at the head dims the hybrids
+    // use; k_attn_fwd (mma.sync) for the others, and where the tensor maps
+    // cannot describe a shape. Bench-only builds: HYLO_ATTN_FWD=2 runs
+    // k_attn_fwd at every shape, the comparison bench_attn --compare prints.
+    bool mma_only = false;
 #ifdef HYLO_BENCH_VARIANTS
-    // bench-only: HYLO_ATTN_FWD=1 takes the wgmma forward where it applies
-    // (cuda_attn_wgmma.cuh; not yet run on a GPU)
-    if (cu_env_int("HYLO_ATTN_FWD", 0) == 1) {
+    mma_only = cu_env_int("HYLO_ATTN_FWD", 0) == 2;
+#endif
+    if (!mma_only) {
         bool done = false;
         if (dqk == 64 && dv == 64)
             done = launch_fwd_wgmma<64, 64>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
@@ -1028,7 +1033,6 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
             done = launch_fwd_wgmma<192, 128>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
         if (done) return;
     }
-#endif
 #define FWD(...) launch_fwd<__VA_ARGS__>(be, out, lse, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, causal)
     // FWD(DQK, DV, WARPS, BC, MT, QREG, MINB)
     if (dqk <= 64 && dv <= 64) {

@@ -1,11 +1,8 @@
 // Causal / unmasked attention forward on Hopper's warpgroup matrix instructions
-// (wgmma) with tiles fed by the tensor copy engine (TMA): the bench-variants
-// build's HYLO_ATTN_FWD=1 (cuda_attn.cu cu_attn_fwd), for (dqk, dv) = (64, 64),
-// (128, 128) and MLA's (192, 128).
-// Issue 11's route to cuDNN's speed (docs/PERFORMANCE.md: the mma.sync forward
-// trails cuDNN's at every shape measured). Written without a GPU at hand: it becomes the production forward only after
-// test_cuda_attn's variant build passes on the H100 / H200 and bench_attn --compare shows it faster at every shape it
-// takes.
+// (wgmma) with tiles fed by the tensor copy engine (TMA): cu_attn_fwd's kernel
+// (cuda_attn.cu) for (dqk, dv) = (64, 64), (128, 128) and MLA's (192, 128);
+// k_attn_fwd (mma.sync) keeps the other head dims. docs/PERFORMANCE.md has its
+// times against k_attn_fwd and cuDNN.
 //
 // One block per (128 query rows, head, sequence), 9 warps: warps 0-3 and 4-7
 // are two consumer warpgroups of 64 query rows each, warp 8 the producer.
