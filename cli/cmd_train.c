@@ -44,7 +44,9 @@ static const char *help = "usage: hylo train RECIPE.yaml [options]\n"
                           "                    as a run that was never interrupted\n"
                           "  --device D        cpu or cuda (recipe key 'device', default cpu)\n"
                           "  --max-steps N     stop after N optimizer steps\n"
-                          "  --out DIR         output_dir\n";
+                          "  --out DIR         output_dir\n"
+                          "  --force-collectives  run the data-parallel collectives (NCCL on cuda, MPI on cpu) with\n"
+                          "                    one rank too: checks that path on one device; the losses are the same\n";
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) {
@@ -79,7 +81,7 @@ int cmd_train(int argc, char **argv) {
     }
     const char *recipe_path = NULL, *device = NULL, *out = NULL;
     long max_steps = 0;
-    int resume = 0;
+    int resume = 0, force_collectives = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
@@ -93,6 +95,8 @@ int cmd_train(int argc, char **argv) {
             if (r < 0 || (r = cli_int("train", "--max-steps", v, 1, 1L << 40, &max_steps)) < 0) return cli_fail(r);
         } else if (cli_flag(argv, i, "--resume")) {
             resume = 1;
+        } else if (cli_flag(argv, i, "--force-collectives")) {
+            force_collectives = 1;
         } else if (argv[i][0] == '-') {
             return cli_usage("train", "unknown option '%s'", argv[i]);
         } else if (!recipe_path) {
@@ -121,6 +125,7 @@ int cmd_train(int argc, char **argv) {
     // The ranks of an mpirun job, or one (a singleton) without it.
     dist_t d;
     if ((rc = dist_init(&d, &argc, &argv)) < 0) return cli_fail(rc);
+    d.force = force_collectives;
     c.dist = &d;
     if (d.rank > 0) { // rank 0 speaks for the job; the others report only warnings and errors
         if (!freopen("/dev/null", "w", stdout)) return cli_fail(err_set(ERR_IO, "rank %d: /dev/null", d.rank));

@@ -343,6 +343,7 @@ checks)
     # CHECKS=profile_long (not in the default) profiles the 3B hybrid's decode
     # kernels at 8K-128K (Nsight Compute); CHECKS=fla (not in the default, a
     # call of its own, with .carry/fla) times FLA's GDN chunk at 8K and 64K;
+    # CHECKS=nccl (not in the default) runs scripts/gpu/nccl_check.sh;
     # CHECKS=kernels (not in the default) times decode attention against a
     # device copy (bench_decode), attention against PyTorch SDPA's cuDNN and
     # flash backends (bench_attn with scripts/ref/bench_sdpa.py) and, when
@@ -386,6 +387,12 @@ checks)
     esac
     # FLA's GDN chunk alone (Triton's autotuning takes minutes: run 23's 200 s
     # inside the kernels step did not finish the first shape)
+    # issue 14: the NCCL path over one rank against a plain run (identical
+    # losses, tokens/s of both; scripts/gpu/nccl_check.sh)
+    case $CHECKS in *,nccl,*)
+        [ -f $W/docs.shard ] || step data_docs 60 $H data --tokenizer $M --out $W/docs.shard docs
+        step nccl 200 bash scripts/gpu/nccl_check.sh $H $M $U $W/docs.shard $O/nccl cuda ;;
+    esac
     case $CHECKS in *,fla,*)
         [ -d .carry/fla ] && step bench_fla_full 520 python3 scripts/ref/bench_fla_gdn.py --fla .carry/fla ;;
     esac

@@ -6,6 +6,7 @@
 // NCCL runs together): the weight buffer has n elements, not S world, so a
 // plain all-gather would need a padded copy of it.
 #include "train/dist.h"
+#include "base/log.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -56,6 +57,8 @@ static int nccl_fail(ncclResult_t r, const char *what) {
         if (nccl_rc_ != ncclSuccess) return nccl_fail(nccl_rc_, what);                                                 \
     } while (0)
 #endif
+
+int dist_active(const dist_t *d) { return d->world > 1 || d->force; }
 
 void dist_single(dist_t *d) {
     memset(d, 0, sizeof *d);
@@ -108,7 +111,7 @@ int dist_use_device(dist_t *d, const char *device) {
 
 int dist_attach(dist_t *d, be_t *be) {
     d->be = be;
-    if (d->world == 1 || be->kind != BE_CUDA) return 0;
+    if (!dist_active(d) || be->kind != BE_CUDA) return 0;
 #ifdef HYLO_CUDA
     ncclUniqueId id;
     if (d->rank == 0) NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -127,6 +130,7 @@ int dist_attach(dist_t *d, be_t *be) {
         (e = cudaEventCreateWithFlags(&e2, cudaEventDisableTiming)) != cudaSuccess)
         return err_set(ERR_RUNTIME, "cudaEventCreate(gradient reduction): %s", cudaGetErrorString(e));
     d->ev_ready = e1, d->ev_done = e2;
+    if (d->rank == 0) log_info("NCCL: a communicator of %d rank%s, set up over MPI", d->world, d->world > 1 ? "s" : "");
     return 0;
 #else
     return err_set(ERR_UNSUP, "a CUDA backend in a build without CUDA");
@@ -193,7 +197,7 @@ static int reduce_piece(dist_t *d, float *grad, int64_t a, int64_t b, int r) {
 }
 
 int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S) {
-    if (d->world == 1 || hi <= lo) return 0;
+    if (!dist_active(d) || hi <= lo) return 0;
     if (lo < 0 || hi > S * d->world)
         return err_set(ERR_RUNTIME, "internal: gradient range [%lld, %lld) outside [0, %lld)", (long long)lo,
                        (long long)hi, (long long)(S * d->world));
@@ -225,7 +229,7 @@ int dist_reduce_range(dist_t *d, float *grad, int64_t lo, int64_t hi, int64_t S)
 }
 
 int dist_reduce_wait(dist_t *d, int64_t S) {
-    if (d->world == 1) return 0;
+    if (!dist_active(d)) return 0;
     int64_t got = d->reduced;
     d->reduced = 0;
 #ifdef HYLO_CUDA
@@ -247,7 +251,7 @@ int dist_reduce_wait(dist_t *d, int64_t S) {
 }
 
 int dist_allgather(dist_t *d, void *w, int64_t n, int64_t S) {
-    if (d->world == 1) return 0;
+    if (!dist_active(d)) return 0;
     size_t es = d->be->act_size;
 #ifdef HYLO_CUDA
     if (d->nccl) {
@@ -279,7 +283,7 @@ int dist_allgather(dist_t *d, void *w, int64_t n, int64_t S) {
 }
 
 int dist_sum(dist_t *d, double *x, int k) {
-    if (d->world == 1) return 0;
+    if (!dist_active(d)) return 0;
     MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
     return 0;
 }
@@ -287,7 +291,7 @@ int dist_sum(dist_t *d, double *x, int k) {
 int dist_gather(dist_t *d, const float *mine, float *all, int64_t n, int64_t S) {
     int64_t lo = (int64_t)d->rank * S, k = n - lo < S ? (n - lo > 0 ? n - lo : 0) : S;
     if (d->rank == 0) memcpy(all, mine, (size_t)k * sizeof(float));
-    if (d->world == 1) return 0;
+    if (!dist_active(d)) return 0;
     const int64_t chunk = (int64_t)1 << 28; // point to point, in chunks whose count fits an int
     if (d->rank) {
         for (int64_t i = 0; i < k; i += chunk)
@@ -306,7 +310,7 @@ int dist_gather(dist_t *d, const float *mine, float *all, int64_t n, int64_t S) 
 }
 
 int dist_barrier(dist_t *d) {
-    if (d->world == 1) return 0;
+    if (!dist_active(d)) return 0;
     MPI_TRY(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     return 0;
 }

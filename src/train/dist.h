@@ -3,7 +3,9 @@
 // small host messages (loss sums, the gradient norm, checkpoints); the flat
 // gradient and weight buffers go through MPI on the CPU backend and through
 // NCCL (one communicator, set up over MPI) on CUDA. With one rank every
-// collective returns at once: a run without mpirun costs nothing extra.
+// collective returns at once: a run without mpirun costs nothing extra
+// (unless `force` asks for the collectives anyway, to check their path on one
+// device: they then leave every buffer as it is).
 //
 // The flat buffers are cut into world slices of S elements (the last ones may
 // be short or empty): rank r owns [r S, min(n, r S + S)).
@@ -16,8 +18,9 @@ typedef struct {
     int rank, world;             // in MPI_COMM_WORLD
     int local_rank, local_world; // among the ranks of this host (MPI_COMM_TYPE_SHARED)
     int mpi;                     // MPI_Init was called here (dist_finalize ends it)
+    int force;                   // the collectives run with one rank too (hylo train --force-collectives)
     be_t *be;                    // the device of the buffer collectives (dist_attach)
-    void *nccl;                  // ncclComm_t (CUDA, world > 1)
+    void *nccl;                  // ncclComm_t (CUDA, world > 1 or force)
     // The gradient reduced in ranges (dist_reduce_range): MPI requests in
     // flight (CPU), NCCL's stream and events (CUDA), elements started.
     void *reqs;
@@ -25,6 +28,9 @@ typedef struct {
     void *comm_stream, *ev_ready, *ev_done;
     int64_t reduced;
 } dist_t;
+
+// Whether the collectives run: several ranks, or one when asked (`force`).
+int dist_active(const dist_t *d);
 
 // The ranks of the job: MPI_Init (a singleton world of 1 without mpirun).
 int dist_init(dist_t *d, int *argc, char ***argv);

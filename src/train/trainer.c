@@ -462,7 +462,7 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
     int64_t tok_log = 0, first = tr->o.step;
     distill_loss_t acc = {0};
     int is_cuda = be->kind == BE_CUDA;
-    // with more than one rank, the last micro-batch of a step reduces each
+    // with more than one rank (or --force-collectives), the last micro-batch of a step reduces each
     // layer's gradient as soon as its backward is done
     const grad_done_t reduce = {reduce_layer, &tr->o};
     while (rc == 0 && tr->o.step < tr->total_steps) {
@@ -477,7 +477,7 @@ static int run_loop(trainer_t *tr, FILE *metrics) {
             if (rc == 0 && kd_ce) rc = dist_sum(tr->d, &n_ce, 1);
             if (rc == 0)
                 rc = micro_step(c, &tr->rs, tr->have_t ? &tr->rt : NULL, tr->o.grad, tr->blocks, ids, tgt, c->B, world,
-                                (int64_t)n_ce, world > 1 && k == c->GA - 1 ? &reduce : NULL, &l);
+                                (int64_t)n_ce, dist_active(tr->d) && k == c->GA - 1 ? &reduce : NULL, &l);
             if (rc == 0) {
                 st.kl += l.kl, st.ce += l.ce, st.ild_h += l.ild_h, st.ild_a += l.ild_a;
                 st.n_tok += l.n_tok, st.n_ce += l.n_ce;

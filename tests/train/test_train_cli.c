@@ -354,7 +354,8 @@ static void assert_close_logs(const char *a, const char *b, int first, int n_exp
 // reduced as its backward ends, train/dist.h); 2 ranks killed with SIGKILL after a
 // checkpoint and resumed: the uninterrupted 2-rank losses bit for bit; a
 // 2-rank checkpoint resumed by one process and a 1-process checkpoint by 2
-// ranks: the same losses to reduction order.
+// ranks: the same losses to reduction order; one process with
+// --force-collectives: the plain run's losses bit for bit.
 static void test_mpi_ranks(void **st) {
     if (system("command -v mpirun >/dev/null 2>&1") != 0) {
         printf("mpirun is not installed (scripts/setup.sh: openmpi-bin)\n");
@@ -382,6 +383,17 @@ static void test_mpi_ranks(void **st) {
     char *l1 = losses(o1), *l2 = losses(o2);
     printf("1 process x 4 rows:\n%s2 ranks x 2 rows:\n%s", l1, l2);
     assert_close_logs(l1, l2, 0, 4);
+
+    // one process through the collectives' path (--force-collectives): a
+    // reduction and broadcast over one rank leave every buffer as it is, so
+    // the losses are the plain run's bit for bit
+    char of[1100];
+    snprintf(of, sizeof of, "%s", tu_tmp_path("mpi_out_f"));
+    snprintf(args, sizeof args, "train %s --out %s --force-collectives", r1, of);
+    assert_int_equal(run_one(args), 0);
+    char *lf = losses(of);
+    assert_string_equal(l1, lf);
+    free(lf);
 
     // killed with SIGKILL (mpirun and both ranks) once checkpoint-2 is complete
     char ck[1200], cmd[8192];
