@@ -7,19 +7,20 @@
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
-#   make bench           the benchmarks (bench/), bench_attn also in the bench-variants build (below)
+#   make bench           the benchmarks (bench/), bench_attn and bench_gdn also in the bench-variants build (below)
 #   make fuzz            libFuzzer targets of every file parser (token shards included) (clang; docs/FUZZING.md)
 #   make fuzz-smoke      each of them briefly on its corpus (CI)
 #   make format / make format-check
 #
 # One kernel per job: build/hylo and libhylo.a have no kernel variants and read
 # no environment knobs that pick one. Variants kept for comparison (attention
-# backward, MLA decode) are compiled only with -DHYLO_BENCH_VARIANTS, in the
-# bench-variants build: the CUDA files that hold them compiled again into
-# $(BUILD)/bench-variants/, a library of those and the rest of libhylo.a's
-# objects, and, against it, bench_attn (--compare, --sweep) and the CUDA test
-# of the variants (docs/PERFORMANCE.md). `make bench` builds its bench_attn,
-# `make test` (with CUDA) both, `make test-cuda` runs its test too.
+# backward, MLA decode, the GDN state passes on mma.sync) are compiled only with
+# -DHYLO_BENCH_VARIANTS, in the bench-variants build: the CUDA files that hold
+# them compiled again into $(BUILD)/bench-variants/, a library of those and the
+# rest of libhylo.a's objects, and, against it, bench_attn (--compare, --sweep),
+# bench_gdn (--compare) and the CUDA tests of the variants, test_cuda_attn and
+# test_cuda_gdn (docs/PERFORMANCE.md). `make bench` builds its benchmarks,
+# `make test` (with CUDA) all of them, `make test-cuda` runs its tests too.
 
 MODE ?= release
 CC ?= gcc
@@ -87,14 +88,14 @@ BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
 # The bench-variants build (header): its objects, library and binaries.
 VARDIR := $(BUILD)/bench-variants
-VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu
+VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu src/backend/cuda/cuda_gdn.cu
 VAROBJ := $(filter-out $(VARCU:%.cu=$(BUILD)/obj/%.cu.o),$(OBJ)) $(VARCU:%.cu=$(VARDIR)/obj/%.cu.o)
 VARLIB := $(VARDIR)/libhylo.a
 VARBENCHBIN :=
 VARTESTBIN :=
 ifeq ($(CUDA),1)
-VARBENCHBIN := $(VARDIR)/bench/bench_attn
-VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn
+VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn
+VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn $(VARDIR)/tests/cuda/test_cuda_gdn
 endif
 
 .PHONY: all test test-cuda bench fuzz fuzz-smoke format format-check clean model demo

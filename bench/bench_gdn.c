@@ -2,6 +2,7 @@
 // backend's stream, warm-up runs first, the median of the timed runs.
 //
 //   build-X/bench/bench_gdn [--quick] [--no-chunk] [--no-decode] [--kernels]
+//   build-X/bench-variants/bench/bench_gdn [same] [--compare]
 //
 // Chunked rule (the HyLo GDN layer core, B = 1, K = 256, Dv = 512; HyLo-Llama-1B
 // H = HV = 6, HyLo-Llama-3B H = HV = 9; T = 8192 and 65536, --quick: 8192):
@@ -18,6 +19,15 @@
 // MFLOP at K = 256, Dv = 512), backward = 2.5 x forward, so fwd + bwd = 3.5 x.
 // --kernels: per-kernel times of the chunk ops (gdn_cuda_timing, which makes
 // the ops synchronous; run separately from the end-to-end timings).
+//
+// --compare (the bench-variants build: -DHYLO_BENCH_VARIANTS, against the
+// library whose cuda_gdn.cu keeps the bench-only variants) times the chunk ops
+// alone (no l2norms) under HYLO_GDN_STATE = 2 (the state passes on mma.sync,
+// k_state) and under the default kernels (on wgmma, k_state_wg) for the same shapes (--quick: 8K),
+// with the state passes' own times from gdn_cuda_timing, and gives the
+// relative L2 difference of the variant's outputs (o, dq, dk, dv, dg, dbeta)
+// from the default's on the same inputs: ~1e-3 is bf16 rounding taking other
+// turns, O(1) a broken variant (the test has the exact check). Then nothing else runs.
 //
 // Decode (gdn_recurrent_fwd, T = 1) at B = 1, 8, 64 for both layers: time per
 // token and GB/s of the state bytes read and written (2 B HV Dv K 4 bytes; q, k,
@@ -100,7 +110,8 @@ static double fwd_flops(const shape_t *s) {
     return (double)s->B * s->T * s->HV * (L * (3.0 * s->K + 2.0 * s->Dv) + 6.0 * s->K * s->Dv + L * L / 1.5);
 }
 
-static void bench_chunk(const shape_t *s, int kernels, row_t *row, row_t *krow, int *n_krow) {
+// Inputs (q, k through l2norm_fwd; gates as the layer makes them) and output buffers.
+static void chunk_setup(chunk_ctx_t *cp, const shape_t *s) {
     chunk_ctx_t c = {.s = s, .scale = 1.0f / sqrtf((float)s->K)};
     const int64_t N = (int64_t)s->B * s->T, nq = N * s->H * s->K, nv = N * s->HV * s->Dv, ng = N * s->HV;
     c.qraw = dev_rand(nq, 1, 0.0f, 1.0f), c.kraw = dev_rand(nq, 2, 0.0f, 1.0f), c.v = dev_rand(nv, 3, 0.0f, 1.0f);
@@ -119,7 +130,43 @@ static void bench_chunk(const shape_t *s, int kernels, row_t *row, row_t *krow, 
     be->l2norm_fwd(be, c.q, c.rq, c.qraw, s->K, rows, s->K, 1e-6f);
     be->l2norm_fwd(be, c.k, c.rk, c.kraw, s->K, rows, s->K, 1e-6f);
     check_sync("inputs");
+    be->free(be, a), be->free(be, b), be->free(be, A_log), be->free(be, dt_bias);
+    *cp = c;
+}
 
+static void chunk_free(chunk_ctx_t *c) {
+    void *bufs[] = {c->qraw, c->kraw,  c->v,     c->dout, c->q,  c->k, c->o,    c->dq, c->dk,
+                    c->dv,   c->dqraw, c->dkraw, c->rq,   c->rk, c->g, c->beta, c->dg, c->dbeta};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(be, bufs[i]);
+}
+
+// Per-kernel ms per call of `runs` forward + backward runs (gdn_cuda_timing):
+// rows into krow when given; the state passes' times into k_fwd, k_bwd when given.
+static void kernel_times(chunk_ctx_t *c, int runs, row_t *krow, int *n_krow, double *k_fwd, double *k_bwd) {
+    const shape_t *s = c->s;
+    gdn_cuda_timing(1);
+    for (int i = 0; i < runs; i++)
+        run_fwd_bwd(c, i);
+    check_sync("kernel timing");
+    gdn_cuda_timing(0);
+    const char *names[16];
+    double ms[16];
+    int calls[16];
+    int n = gdn_cuda_timing_read(names, ms, calls, 16);
+    for (int i = 0; i < n; i++) {
+        const double t = ms[i] / (calls[i] ? calls[i] : 1);
+        if (krow && *n_krow < 64)
+            snprintf(krow[(*n_krow)++].line, sizeof krow[0].line, "| %-8s | %6d | %-28s | %9.3f |", s->name, s->T,
+                     names[i], t);
+        if (k_fwd && strstr(names[i], "k_state (forward pass)")) *k_fwd = t;
+        if (k_bwd && strstr(names[i], "k_state (both passes)")) *k_bwd = t;
+    }
+}
+
+static void bench_chunk(const shape_t *s, int kernels, row_t *row, row_t *krow, int *n_krow) {
+    chunk_ctx_t c;
+    chunk_setup(&c, s);
     const int reps = s->T <= 8192 ? 20 : 10;
     c.with_l2 = 1;
     const float t_f = time_op(run_fwd, &c, 2, reps, 0), t_fb = time_op(run_fwd_bwd, &c, 2, reps, 0);
@@ -134,26 +181,96 @@ static void bench_chunk(const shape_t *s, int kernels, row_t *row, row_t *krow, 
     printf("%s\n", row->line);
     fflush(stdout);
 
-    if (kernels) {
-        gdn_cuda_timing(1);
-        const int kr = 5;
-        for (int i = 0; i < kr; i++)
-            run_fwd_bwd(&c, i);
-        check_sync("kernel timing");
-        gdn_cuda_timing(0);
-        const char *names[16];
-        double ms[16];
-        int calls[16];
-        int n = gdn_cuda_timing_read(names, ms, calls, 16);
-        for (int i = 0; i < n && *n_krow < 64; i++)
-            snprintf(krow[(*n_krow)++].line, sizeof krow[0].line, "| %-8s | %6d | %-28s | %9.3f |", s->name, s->T,
-                     names[i], ms[i] / (calls[i] ? calls[i] : 1));
-    }
-    void *bufs[] = {c.qraw,  c.kraw, c.v,  c.dout, c.q,    c.k,  c.o,     c.dq, c.dk, c.dv,  c.dqraw,
-                    c.dkraw, c.rq,   c.rk, c.g,    c.beta, c.dg, c.dbeta, a,    b,    A_log, dt_bias};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        be->free(be, bufs[i]);
+    if (kernels) kernel_times(&c, 5, krow, n_krow, NULL, NULL);
+    chunk_free(&c);
 }
+
+#ifdef HYLO_BENCH_VARIANTS
+static void set_env(const char *name, const char *val) {
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+}
+
+// n device elements (bf16 when act, else fp32) as host floats.
+static float *host_copy(const void *d, int64_t n, int act) {
+    float *h = malloc((size_t)n * sizeof(float));
+    if (!h) die("host memory");
+    if (act) {
+        uint16_t *raw = malloc((size_t)n * 2);
+        if (!raw || cudaMemcpy(raw, d, (size_t)n * 2, cudaMemcpyDeviceToHost) != cudaSuccess) die("download");
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t u = (uint32_t)raw[i] << 16;
+            memcpy(&h[i], &u, 4);
+        }
+        free(raw);
+    } else if (cudaMemcpy(h, d, (size_t)n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        die("download");
+    }
+    return h;
+}
+
+// ||x - ref|| / ||ref|| (NaN anywhere: returned as NaN)
+static double rel_l2(const float *x, const float *ref, int64_t n) {
+    double se = 0, ss = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)x[i] - ref[i];
+        se += d * d, ss += (double)ref[i] * ref[i];
+    }
+    return sqrt(se) / (ss > 0 ? sqrt(ss) : 1.0);
+}
+
+// One --compare row: the chunk ops alone under the default and the wgmma state
+// passes, their k_state times, and the largest relative difference of the outputs.
+static void compare_chunk(const shape_t *s, row_t *row) {
+    chunk_ctx_t c;
+    chunk_setup(&c, s);
+    c.with_l2 = 0;
+    const int reps = s->T <= 8192 ? 20 : 10;
+    static const char *vars[2] = {"2", NULL}; // k_state, then the default (k_state_wg)
+    float t_f[2], t_fb[2];
+    double k_f[2] = {0, 0}, k_b[2] = {0, 0}, worst = 0;
+    const int64_t N = (int64_t)s->B * s->T, nq = N * s->H * s->K, nv = N * s->HV * s->Dv, ng = N * s->HV;
+    struct {
+        const char *name;
+        void *d;
+        int64_t n;
+        int act;
+        float *ref;
+    } outs[6] = {{"o", c.o, nv, 1, NULL},   {"dq", c.dq, nq, 1, NULL}, {"dk", c.dk, nq, 1, NULL},
+                 {"dv", c.dv, nv, 1, NULL}, {"dg", c.dg, ng, 0, NULL}, {"dbeta", c.dbeta, ng, 0, NULL}};
+    const char *worst_name = "-";
+    for (int v = 0; v < 2; v++) {
+        set_env("HYLO_GDN_STATE", vars[v]);
+        // NaN in the whole scratch arena first: no intermediate (h, Delta, ...)
+        // of the other variant's runs can stand in for one this variant skipped
+        if (cudaMemset(be->scratch.base, 0xff, be->scratch.cap) != cudaSuccess) die("scratch poison");
+        t_f[v] = time_op(run_fwd, &c, 2, reps, 0);
+        t_fb[v] = time_op(run_fwd_bwd, &c, 2, reps, 0); // leaves this variant's outputs in c
+        for (int i = 0; i < 6; i++) {
+            float *h = host_copy(outs[i].d, outs[i].n, outs[i].act);
+            if (v == 0) {
+                outs[i].ref = h;
+                continue;
+            }
+            const double r = rel_l2(h, outs[i].ref, outs[i].n);
+            if (isnan(r) || (!isnan(worst) && r > worst)) worst = r, worst_name = outs[i].name; // NaN sticks
+            free(h), free(outs[i].ref);
+        }
+        kernel_times(&c, 3, NULL, NULL, &k_f[v], &k_b[v]);
+    }
+    set_env("HYLO_GDN_STATE", NULL);
+    snprintf(row->line, sizeof row->line,
+             "| %-8s | %6d | %2d | %8.3f | %8.3f | %10.3f | %10.3f | %5.2fx | %7.3f | %7.3f | %7.3f | %7.3f | %.1e "
+             "(%s)%s",
+             s->name, s->T, s->HV, t_f[0], t_f[1], t_fb[0], t_fb[1], t_fb[0] / t_fb[1], k_f[0], k_f[1], k_b[0], k_b[1],
+             worst, worst_name, worst < 5e-2 ? "" : " MISMATCH");
+    printf("%s\n", row->line);
+    fflush(stdout);
+    chunk_free(&c);
+}
+#endif
 
 // ---- decode ------------------------------------------------------------------------
 
@@ -208,10 +325,16 @@ static void bench_decode(const char *name, int B, int H, int HV, int K, int Dv, 
 
 int main(int argc, char **argv) {
     int quick = 0, do_chunk = 1, do_decode = 1, kernels = 0;
-    const bench_flag_t flags[] = {{"--quick", &quick, 1},
-                                  {"--no-chunk", &do_chunk, 0},
-                                  {"--no-decode", &do_decode, 0},
-                                  {"--kernels", &kernels, 1}};
+#ifdef HYLO_BENCH_VARIANTS
+    int compare = 0;
+#endif
+    const bench_flag_t flags[] = {
+        {"--quick", &quick, 1},         {"--no-chunk", &do_chunk, 0},
+        {"--no-decode", &do_decode, 0}, {"--kernels", &kernels, 1},
+#ifdef HYLO_BENCH_VARIANTS
+        {"--compare", &compare, 1},
+#endif
+    };
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     static const shape_t shapes[] = {
         {"1B GDN", 1, 0, 6, 6, 256, 512},
@@ -228,6 +351,29 @@ int main(int argc, char **argv) {
     scratch += (size_t)64 << 20; // gate partials and alignment
     bench_init(scratch);
     printf("bench_gdn: scratch %.2f GB\n", scratch / 1e9);
+#ifdef HYLO_BENCH_VARIANTS
+    if (compare) {
+        const char *chdr =
+            "| layer    |      T | HV | fwd mma  | fwd wgmma | f+b mma    | f+b wgmma  | f+b    | k_state "
+            "fwd ms | wgmma  | k_state bwd ms | wgmma | max rel diff (output)";
+        printf("bench_gdn (bench-variants build): --compare: chunk ops alone, HYLO_GDN_STATE=2 (mma.sync "
+               "state passes) vs the default (wgmma)\n%s\n",
+               chdr);
+        row_t crows[4];
+        int n_c = 0;
+        for (int ti = 0; ti < nT; ti++)
+            for (int i = 0; i < 2; i++) {
+                shape_t s = shapes[i];
+                s.T = Ts[ti];
+                compare_chunk(&s, &crows[n_c++]);
+            }
+        printf("\n==== summary (hylo CUDA, bench-variants: mma.sync vs wgmma state passes) ====\n%s\n", chdr);
+        for (int i = 0; i < n_c; i++)
+            printf("%s\n", crows[i].line);
+        bench_finish();
+        return 0;
+    }
+#endif
 
     row_t rows[8], krows[64], drows[16];
     int n_rows = 0, n_krows = 0, n_drows = 0;

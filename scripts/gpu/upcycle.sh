@@ -99,11 +99,12 @@ if [ "$1" = pack ]; then
     # the CUDA tests, run beside stage 2 (scripts/gpu/tests.sh), and bench_long
     # (the first call carries all else it can)
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') \
-        build/bench-variants/tests/cuda/test_cuda_attn build/bench-variants/bench/bench_attn >/dev/null
+        build/bench-variants/tests/cuda/test_cuda_attn build/bench-variants/bench/bench_attn \
+        build/bench-variants/tests/cuda/test_cuda_gdn build/bench-variants/bench/bench_gdn >/dev/null
     mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t \
         .carry/stage/build/bench-variants/tests/cuda .carry/stage/build/bench-variants/bench &&
         cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
-        for f in tests/cuda/test_cuda_attn bench/bench_attn; do
+        for f in tests/cuda/test_cuda_attn bench/bench_attn tests/cuda/test_cuda_gdn bench/bench_gdn; do
             cp build/bench-variants/$f .carry/stage/build/bench-variants/$f && strip .carry/stage/build/bench-variants/$f
         done &&
         for b in bench_long bench_decode bench_attn bench_gdn; do
@@ -339,7 +340,9 @@ checks)
     # 4, 16 and 64 streams; CHECKS=prefix (not in the default) times a 32K-token chat's second turn
     # with and without the prefix cache (scripts/bench_prefix.sh);
     # CHECKS=variants (not in the default) runs the bench-variants build's
-    # test_cuda_attn and bench_attn --compare --quick --no-decode;
+    # test_cuda_attn and bench_attn --compare --quick --no-decode, then its
+    # test_cuda_gdn and bench_gdn --compare (GDN's state passes on mma.sync
+    # against the production wgmma ones);
     # CHECKS=profile_long (not in the default) profiles the 3B hybrid's decode
     # kernels at 8K-128K (Nsight Compute); CHECKS=fla (not in the default, a
     # call of its own, with .carry/fla) times FLA's GDN chunk at 8K and 64K;
@@ -396,12 +399,16 @@ checks)
     case $CHECKS in *,fla,*)
         [ -d .carry/fla ] && step bench_fla_full 520 python3 scripts/ref/bench_fla_gdn.py --fla .carry/fla ;;
     esac
-    # the bench-only kernel variants (the wgmma attention forward among them):
-    # their CUDA test against the CPU, then every variant timed at 8K
+    # the bench-only kernel variants (the wgmma attention forward, the wgmma
+    # GDN state passes): their CUDA tests against the CPU, then every variant
+    # timed (attention at 8K; GDN at 8K and 64K, default vs HYLO_GDN_STATE=1)
     case $CHECKS in *,variants,*)
-        [ -x build/bench-variants/tests/cuda/test_cuda_attn ] || tar xJf $t
+        [ -x build/bench-variants/tests/cuda/test_cuda_attn ] && [ -x build/bench-variants/tests/cuda/test_cuda_gdn ] ||
+            tar xJf $t
         step variants_test 200 env HYLO_REQUIRE_GPU=1 build/bench-variants/tests/cuda/test_cuda_attn
-        step variants_bench 150 build/bench-variants/bench/bench_attn --compare --quick --no-decode ;;
+        step variants_bench 150 build/bench-variants/bench/bench_attn --compare --quick --no-decode
+        step variants_gdn_test 200 env HYLO_REQUIRE_GPU=1 build/bench-variants/tests/cuda/test_cuda_gdn
+        step variants_gdn_bench 120 build/bench-variants/bench/bench_gdn --compare ;;
     esac
     case $CHECKS in *,kernels,*)
         [ -x build/bench/bench_decode ] || tar xJf $t

@@ -59,6 +59,15 @@
 //                   4.55e-3 (ddt_bias); 5e-2 leaves 10x (it was 1e-1, the
 //                   H = HV = 1 case's bound before that was measured).
 // An indexing, masking, chunk-boundary or GVA mistake gives errors of 0.1-1.
+//
+// Built twice (Makefile): build/tests/cuda/test_cuda_gdn runs the production
+// kernels; the bench-variants build (build/bench-variants/tests/cuda/test_cuda_gdn,
+// -DHYLO_BENCH_VARIANTS, against the library whose cuda_gdn.cu keeps the
+// bench-only variants) runs every chunked case again under each variant, chosen
+// through the environment variable only that library reads: HYLO_GDN_STATE = 2,
+// the sequential state passes on mma.sync (k_state; production runs them on
+// wgmma, k_state_wg). Same tolerances: both round to bf16 at the same points
+// and differ only in the fp32 summation order inside the tensor cores.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -413,13 +422,15 @@ typedef struct {
     int mode; // 0: no state (training); 1: state given, init 0 (final written); 2: initial state, final written
 } ccase_t;
 
-static int chunk_case(ccase_t c) {
+// tag: the kernel variant's name in the printed shape ("" for the default)
+static int chunk_case(ccase_t c, const char *tag) {
     const int B = c.B, T = c.T, H = c.H, HV = c.HV, K = c.K, Dv = c.Dv;
-    char shape[128];
-    snprintf(shape, sizeof shape, "B=%d T=%d H=%d HV=%d K=%d Dv=%d %s", B, T, H, HV, K, Dv,
+    char shape[160];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d HV=%d K=%d Dv=%d %s%s", B, T, H, HV, K, Dv,
              c.mode == 0   ? "no state"
              : c.mode == 1 ? "state out"
-                           : "state in/out");
+                           : "state in/out",
+             tag);
     const int64_t N = (int64_t)B * T, nq = N * H * K, nv = N * HV * Dv, ng = N * HV, ns = (int64_t)B * HV * Dv * K;
     const int64_t dqk[4] = {B, T, H, K}, dov[4] = {B, T, HV, Dv}, dgt[4] = {1, B, T, HV}, dst[4] = {B, HV, Dv, K};
     const float scale = 1.0f / sqrtf((float)K);
@@ -513,24 +524,49 @@ static const ccase_t CHUNK_CASES[] = {
     {2, 1000, 2, 2, 64, 64, 2}, {1, 100, 2, 2, 80, 48, 2},   {1, 200, 2, 4, 256, 64, 1},
 };
 
+#ifdef HYLO_BENCH_VARIANTS
+// Sets (val) or clears (NULL) a kernel variant knob of the bench-variants build.
+static void set_knob(const char *name, const char *val) {
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+}
+#endif
+
+// Every case under the default kernels; in the bench-variants build also under
+// HYLO_GDN_STATE = 2 (the mma.sync state passes, k_state), with fresh inputs.
 static void test_chunk(void **st) {
     setup();
     int fails = 0;
     const char *only = getenv("HYLO_GDN_TEST_CASES"); // e.g. "0,3,10": a subset, for quick runs
-    for (size_t i = 0; i < sizeof CHUNK_CASES / sizeof CHUNK_CASES[0]; i++) {
-        if (only) {
-            char key[16];
-            snprintf(key, sizeof key, "%zu", i);
-            int hit = 0;
-            for (const char *p = only; *p;) {
-                size_t n = strcspn(p, ",");
-                if (n == strlen(key) && !strncmp(p, key, n)) hit = 1;
-                p += n + (p[n] == ',');
+#ifdef HYLO_BENCH_VARIANTS
+    static const char *vars[] = {NULL, "2"}, *tags[] = {"", " [state mma.sync]"};
+#else
+    static const char *vars[] = {NULL}, *tags[] = {""};
+#endif
+    for (int var = 0; var < (int)(sizeof vars / sizeof vars[0]); var++) {
+#ifdef HYLO_BENCH_VARIANTS
+        set_knob("HYLO_GDN_STATE", vars[var]);
+#endif
+        for (size_t i = 0; i < sizeof CHUNK_CASES / sizeof CHUNK_CASES[0]; i++) {
+            if (only) {
+                char key[16];
+                snprintf(key, sizeof key, "%zu", i);
+                int hit = 0;
+                for (const char *p = only; *p;) {
+                    size_t n = strcspn(p, ",");
+                    if (n == strlen(key) && !strncmp(p, key, n)) hit = 1;
+                    p += n + (p[n] == ',');
+                }
+                if (!hit) continue;
             }
-            if (!hit) continue;
+            fails += chunk_case(CHUNK_CASES[i], tags[var]);
         }
-        fails += chunk_case(CHUNK_CASES[i]);
     }
+#ifdef HYLO_BENCH_VARIANTS
+    set_knob("HYLO_GDN_STATE", NULL);
+#endif
     assert_int_equal(fails, 0);
 }
 

@@ -95,7 +95,9 @@
 // warpgroup tiles read each B operand once per 64 rows (4x less shared-memory
 // traffic in the state passes and k_dqkw); next, TMA multicast of the W/K/Q
 // tiles over a cluster of one head's Dv slices (L2 -> SM traffic is repeated
-// per slice today), and overlapping k_out with the forward state pass.
+// per slice today), and overlapping k_out with the forward state pass. The
+// state passes now run on wgmma (k_state_wg below; k_state stays for shapes a
+// tensor map cannot describe, and for bench_gdn --compare's comparison).
 //
 // ---- precision -----------------------------------------------------------------
 // bf16 tensor-core operands: q, k, v, dO (inputs), T_A, W, U, P, h, dh, Delta,
@@ -114,6 +116,8 @@
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
+#include "backend/cuda/cuda_tma.cuh"
+#include "backend/cuda/cuda_wgmma.cuh"
 
 enum { BT = 64 };      // chunk length
 enum { LDT = BT + 8 }; // row stride (elements) of a padded 64-column bf16 tile
@@ -999,6 +1003,431 @@ template <int KP, int NW> __global__ void __launch_bounds__(NW * 32, 1) k_state(
                           a.K, a.Dv, a.NT);
 }
 
+// ==== F3 / B2 and B4 on wgmma (the production state passes) ======================
+//
+// k_state_wg: k_state's passes with one warpgroup (4 warps) per (sequence, value
+// head, 64 value rows), the state tile S^T [64 v][KP] (dS^T in the reverse pass)
+// one wgmma accumulator: thread (warp w, g = lane/4, t = lane%4) holds rows
+// 16 w + g, +8 and columns 8 n + 2 t, +1, the elements the k_state warp w held.
+// wgmma reads each B operand once per 64 rows where each mma.sync warp read it
+// for 16: a quarter of k_state's shared-memory operand traffic per chunk step.
+// Per chunk:
+//  forward: S^T -> bf16 -> sS (stmatrix; 128B-swizzled K-major panels): the A
+//    operand of (W S)^T = S^T W^T (m64n64k16, A and B from shared memory) and the
+//    source of h[c]'s tensor store. Delta^T = U^T - (W S)^T with U^T's fragments by
+//    ldmatrix.trans; Delta -> sD (stmatrix.trans) -> tensor store. S^T <- e^{G_L}
+//    S^T + (Delta diag(gamma))^T K: A in registers, B the K tile read N-major, one
+//    m64nKPk16 per 16 tokens.
+//  reverse: dS^T -> sS -> dh[c]; (K dS)^T = dS^T K^T (both from shared memory);
+//    times gamma; + dO^T P (A = the dO tile read M-major, B = P N-major); dDelta ->
+//    sD -> store; dS^T <- e^{G_L} dS^T + (dO diag(scale e^G))^T Q - dDelta^T W
+//    (A in registers, Q and W N-major), in k_state's order.
+// The bf16 rounding points are k_state's (h, Delta, Delta gamma, dh, dDelta, the
+// scaled dO, -dDelta), so the two agree up to the fp32 summation order inside
+// the tensor cores. Tiles come by the tensor copy engine (thread 0 issues them
+// and the h / Delta stores), one chunk ahead; rows past T and columns past K or
+// Dv arrive as zeros and are not stored. Forward: {W, K, U} double-buffered;
+// reverse: {Q, W, P, dO} double-buffered, K single (chunk c-1's is loaded once
+// chunk c's products with K are done: shared memory holds no second K at K 256).
+// e^G and gamma by 4-byte cp.async (zero past L).
+
+template <int KP> struct wgs_cfg {
+    static constexpr int NPAN = KP / 64;  // 64-column panels of a [64][KP] tile
+    static constexpr int PAN = BT * 128;  // one [64 rows][64] bf16 panel (8 KB)
+    static constexpr int TK = NPAN * PAN; // a [64][KP] tile
+    static constexpr int VEC = 1024;      // e^G, gamma [64] fp32 (the rest keeps 1 KB alignment)
+    // forward: two stages {W, K, U, vectors}, then sS, sD, 2 barriers
+    static constexpr int F_W = 0, F_K = TK, F_U = 2 * TK, F_V = 2 * TK + PAN, F_STAGE = F_V + VEC;
+    static constexpr int F_S = 2 * F_STAGE, F_D = F_S + TK, F_BAR = F_D + PAN;
+    // reverse: two stages {Q, W, P (later sD), dO}, then K, sS, the vectors of both stages, 3 barriers
+    static constexpr int R_Q = 0, R_W = TK, R_P = 2 * TK, R_O = 2 * TK + PAN, R_STAGE = 2 * TK + 2 * PAN;
+    static constexpr int R_K = 2 * R_STAGE, R_S = R_K + TK, R_V = R_S + TK, R_BAR = R_V + 4 * BT * 4;
+    // 1 KB of slack aligns the base (the swizzle pattern repeats every 1024 bytes)
+    static constexpr int SMEM = 1024 + (F_BAR > R_BAR ? F_BAR : R_BAR) + 64;
+};
+
+// Tensor maps (bf16, boxes of 64 x 64 in the 128-byte swizzle): loads of W, U, P,
+// k, q, dO; stores of h, dh, Delta, dDelta. Those a pass does not use stay zero.
+typedef struct {
+    CUtensorMap w, u, p, k, q, dout, h, dh, dl, ddl;
+} wgs_maps;
+
+// Per-lane row / chunk of the ldmatrix and stmatrix x4 addresses. Matrix i of
+// x4 takes its row addresses from lanes 8 i.., and matrices 1, 3 (lm = 1) are
+// the +8 rows along M (value rows v), 2, 3 (lk = 1) the +8 along the k side.
+//   S^T [v][x] in sS (not transposed): row v = 16 w + 8 lm + lr, chunk 2 (ks % 4) + lk.
+//   [j][v] tiles (U, dO, sD; transposed): row j = 16 kk + 8 lk + lr, chunk 2 w + lm.
+struct wgs_lane {
+    int lr, lm, lk;
+    __device__ wgs_lane(int lane) : lr(lane & 7), lm((lane >> 3) & 1), lk(lane >> 4) {}
+};
+
+// h[c] (or dh[c]) = the state: S^T to bf16 into sS, the A fragment of k-step ks
+// (n-tiles 2 ks, 2 ks + 1 of the accumulator) by one stmatrix.
+template <int KP>
+static __device__ __forceinline__ void wgs_put_state(uint32_t sS, const float (&s)[KP / 2], int warp, wgs_lane l) {
+#pragma unroll
+    for (int ks = 0; ks < KP / 16; ks++) {
+        const uint32_t r[4] = {gdn_pack_bf16(s[8 * ks], s[8 * ks + 1]), gdn_pack_bf16(s[8 * ks + 2], s[8 * ks + 3]),
+                               gdn_pack_bf16(s[8 * ks + 4], s[8 * ks + 5]),
+                               gdn_pack_bf16(s[8 * ks + 6], s[8 * ks + 7])};
+        stsm_x4(sS + (ks >> 2) * wgs_cfg<KP>::PAN + wgmma_swz(16 * warp + 8 * l.lm + l.lr, 2 * (ks & 3) + l.lk), r);
+    }
+}
+
+// acc = S^T B^T over the KP columns: A = sS, B = a [64 j][KP] tile (W or K), both K-major.
+template <int KP>
+static __device__ __forceinline__ void wgs_state_x_tile(float (&acc)[32], uint32_t sS, uint32_t tile) {
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        acc[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KP / 16; ks++) {
+        const uint32_t off = (ks >> 2) * wgs_cfg<KP>::PAN + (ks & 3) * 32;
+        wgmma_ss_n64<0, 0>(acc, wgmma_desc(sS + off, 16, 1024), wgmma_desc(tile + off, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(acc);
+}
+
+// A [64 v][64 j] accumulator (Delta^T or dDelta^T) to bf16 into sD as [j][v]
+// (stmatrix.trans: fragment row v -> column), fenced for the tensor store.
+static __device__ __forceinline__ void wgs_put_vt(uint32_t sD, const float (&acc)[32], int warp, wgs_lane l) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const uint32_t r[4] = {
+            gdn_pack_bf16(acc[8 * kk], acc[8 * kk + 1]), gdn_pack_bf16(acc[8 * kk + 2], acc[8 * kk + 3]),
+            gdn_pack_bf16(acc[8 * kk + 4], acc[8 * kk + 5]), gdn_pack_bf16(acc[8 * kk + 6], acc[8 * kk + 7])};
+        stsm_x4_t(sD + wgmma_swz(16 * kk + 8 * l.lk + l.lr, 2 * warp + l.lm), r);
+    }
+    fence_proxy_async();
+}
+
+// Final state rows (fp32) of this thread from its accumulator: the row and
+// column indices are recomputed from an opaque copy of the lane, so the
+// compiler does not keep the prologue's copies of them alive through the chunk
+// loop (32 registers at KP 256).
+template <int KP>
+static __device__ __forceinline__ void wgs_store_state(float *dst, const float (&s)[KP / 2], int bh, int vb0, int K,
+                                                       int Dv) {
+    int lane = threadIdx.x;
+    asm volatile("and.b32 %0, %0, 31;" : "+r"(lane));
+    const int warp = threadIdx.x >> 5, gq = lane >> 2, t4 = lane & 3;
+    if (vb0 + 16 * warp >= Dv) return;
+#pragma unroll
+    for (int n = 0; n < KP / 8; n++) {
+        const int x = 8 * n + 2 * t4;
+        if (x < K) {
+            float *sp = dst + ((int64_t)bh * Dv + vb0 + 16 * warp + gq) * K + x;
+            *(float2 *)sp = make_float2(s[4 * n], s[4 * n + 1]);
+            *(float2 *)(sp + 8 * K) = make_float2(s[4 * n + 2], s[4 * n + 3]);
+        }
+    }
+}
+
+// Forward pass (see above) for (bh = blockIdx.y, value rows blockIdx.x * 64..).
+template <int KP>
+static __device__ __forceinline__ void wgs_fwd(uint32_t base, unsigned char *gbase, const wgs_maps &m,
+                                               const state_args &a) {
+    typedef wgs_cfg<KP> C;
+    const int T = a.T, HV = a.HV, K = a.K, Dv = a.Dv, NT = a.NT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / a.H);
+    const int vb0 = blockIdx.x * 64;
+    const bool wv = vb0 + 16 * warp < Dv; // the warp's 16 rows exist (Dv % 16 == 0)
+    const wgs_lane l(lane);
+    const uint32_t sS = base + C::F_S, sD = base + C::F_D, bar = base + C::F_BAR; // bar + 8 s: stage s full
+    const float *EGb = a.EG + (int64_t)bh * T, *GMb = a.GM + (int64_t)bh * T;
+
+    float s[KP / 2]; // S^T: s[4 n + e] = S^T[16 w + g + 8 (e >> 1)][8 n + 2 t + (e & 1)]
+#pragma unroll
+    for (int n = 0; n < KP / 8; n++) {
+        const int x = 8 * n + 2 * t4;
+        const bool ok = a.state && a.init && wv && x < K;
+        const float *sp = a.state + ((int64_t)bh * Dv + vb0 + 16 * warp + gq) * K + x;
+        s[4 * n + 0] = ok ? sp[0] : 0.0f;
+        s[4 * n + 1] = ok ? sp[1] : 0.0f;
+        s[4 * n + 2] = ok ? sp[8 * K] : 0.0f;
+        s[4 * n + 3] = ok ? sp[8 * K + 1] : 0.0f;
+    }
+
+    auto issue = [&](int c) { // thread 0: W, K, U tiles of chunk c into stage c & 1
+        const uint32_t st = base + (c & 1) * C::F_STAGE, fb = bar + 8 * (c & 1);
+        const int t0 = c * BT;
+        mbar_arrive_expect_tx(fb, 2 * C::TK + C::PAN);
+#pragma unroll
+        for (int p = 0; p < C::NPAN; p++) {
+            tensor_g2s_3d(st + C::F_W + p * C::PAN, &m.w, 64 * p, t0, bh, fb);
+            tma_load_4d(st + C::F_K + p * C::PAN, &m.k, 64 * p, hq, t0, b, fb);
+        }
+        tensor_g2s_3d(st + C::F_U, &m.u, vb0, t0, bh, fb);
+    };
+    auto issue_vec = [&](int c) { // e^G, gamma of chunk c into stage c & 1 (zero past L): one cp.async group
+        float *v = (float *)(gbase + (c & 1) * C::F_STAGE + C::F_V);
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        vec_async(v, EGb + t0, L, tid);
+        vec_async(v + BT, GMb + t0, L, tid);
+        cp_async_commit();
+    };
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        mbar_init(bar + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    issue_vec(0);
+    __syncthreads();
+    if (tid == 0) issue(0);
+
+    for (int c = 0; c < NT; c++) {
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        const uint32_t st = base + (c & 1) * C::F_STAGE;
+        const float *sEG = (const float *)(gbase + (c & 1) * C::F_STAGE + C::F_V), *sGM = sEG + BT;
+        cp_async_wait<0>();
+        if (tid == 0) tma_store_wait_read<0>(); // chunk c-1's h and Delta stores have read sS, sD
+        __syncthreads(); // chunk c-1 is done everywhere: its stage, sS, sD are free; chunk c's vectors visible
+        if (c + 1 < NT) {
+            if (tid == 0) issue(c + 1);
+            issue_vec(c + 1);
+        }
+        // h[c] = S (bf16), also the A operand of W S
+        wgs_put_state<KP>(sS, s, warp, l);
+        fence_proxy_async();
+        __syncthreads(); // sS complete
+        if (tid == 0) {
+#pragma unroll
+            for (int p = 0; p < C::NPAN; p++)
+                tma_store_3d(&m.h, 64 * p, vb0, bh * NT + c, sS + p * C::PAN);
+            tma_store_commit();
+        }
+        mbar_wait(bar + 8 * (c & 1), (c >> 1) & 1); // W, K, U of chunk c
+
+        // (W S)^T: rows v, columns j
+        float acc[32];
+        wgs_state_x_tile<KP>(acc, sS, st + C::F_W);
+        // Delta^T = U^T - (W S)^T: ldmatrix.trans of U [j][v] gives U^T's A fragment
+        // of k-step kk, i.e. the bf16 pairs of n-tiles 2 kk, 2 kk + 1
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t u[4];
+            ldsm_x4_t(u, st + C::F_U + wgmma_swz(16 * kk + 8 * l.lk + l.lr, 2 * warp + l.lm));
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                acc[8 * kk + 2 * i] = bf_lo(u[i]) - acc[8 * kk + 2 * i];
+                acc[8 * kk + 2 * i + 1] = bf_hi(u[i]) - acc[8 * kk + 2 * i + 1];
+            }
+        }
+        wgs_put_vt(sD, acc, warp, l); // Delta -> sD, stored below
+        // S^T <- e^{G_L} S^T + (Delta diag(gamma))^T K; A of k-step kk (tokens 16 kk..):
+        // bf16(Delta gamma_j), as k_state's acc_to_a_cols
+        const float eL = sEG[L - 1];
+        uint32_t ad[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const int j0 = 16 * kk + 2 * t4;
+            const float f0 = sGM[j0], f1 = sGM[j0 + 1], f2 = sGM[j0 + 8], f3 = sGM[j0 + 9];
+            ad[kk][0] = gdn_pack_bf16(acc[8 * kk] * f0, acc[8 * kk + 1] * f1);
+            ad[kk][1] = gdn_pack_bf16(acc[8 * kk + 2] * f0, acc[8 * kk + 3] * f1);
+            ad[kk][2] = gdn_pack_bf16(acc[8 * kk + 4] * f2, acc[8 * kk + 5] * f3);
+            ad[kk][3] = gdn_pack_bf16(acc[8 * kk + 6] * f2, acc[8 * kk + 7] * f3);
+        }
+#pragma unroll
+        for (int i = 0; i < KP / 2; i++)
+            s[i] *= eL;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) // K [j][x] N-major: 16 tokens = two 8-row groups a step
+            wgmma_rs_tb<KP>(s, ad[kk], wgmma_desc(st + C::F_K + kk * 2048, C::PAN, 1024));
+        wgmma_commit();
+        __syncthreads(); // sD complete (each warp fenced its part)
+        if (tid == 0) {
+            tma_store_3d(&m.dl, vb0, t0, bh, sD);
+            tma_store_commit();
+        }
+        wgmma_wait<0>();
+        wgmma_pin(s);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_keep(ad[kk]);
+    }
+    if (a.state && a.write_final) wgs_store_state<KP>(a.state, s, bh, vb0, K, Dv);
+    if (tid == 0) tma_store_wait<0>();
+}
+
+// Reverse pass (see above) for (bh = blockIdx.y, value rows blockIdx.x * 64..).
+// Buffers: {Q, W, P, dO} of chunk c-1 load into the other stage while chunk c
+// runs; K has one buffer, reloaded for chunk c-1 once chunk c's K dS and dO^T P
+// are done (a chunk step ahead of its use too); sD is the current stage's P slot
+// (P's last reader, the dO^T P product, is done by then), so that all fits 227 KB.
+template <int KP>
+static __device__ __forceinline__ void wgs_bwd(uint32_t base, unsigned char *gbase, const wgs_maps &m,
+                                               const state_args &a) {
+    typedef wgs_cfg<KP> C;
+    const int T = a.T, HV = a.HV, K = a.K, Dv = a.Dv, NT = a.NT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.y, b = bh / HV, h = bh - b * HV, hq = h / (HV / a.H);
+    const int vb0 = blockIdx.x * 64;
+    const bool wv = vb0 + 16 * warp < Dv;
+    const wgs_lane l(lane);
+    const uint32_t sK = base + C::R_K, sS = base + C::R_S;
+    const uint32_t bar = base + C::R_BAR, bar_k = bar + 16; // bar + 8 s: stage s full; bar_k: K full
+    const float *EGb = a.EG + (int64_t)bh * T, *GMb = a.GM + (int64_t)bh * T;
+
+    float s[KP / 2]; // dS^T, laid out as S^T in wgs_fwd
+#pragma unroll
+    for (int n = 0; n < KP / 8; n++) {
+        const int x = 8 * n + 2 * t4;
+        const bool ok = a.dstate_final && wv && x < K;
+        const float *sp = a.dstate_final + ((int64_t)bh * Dv + vb0 + 16 * warp + gq) * K + x;
+        s[4 * n + 0] = ok ? sp[0] : 0.0f;
+        s[4 * n + 1] = ok ? sp[1] : 0.0f;
+        s[4 * n + 2] = ok ? sp[8 * K] : 0.0f;
+        s[4 * n + 3] = ok ? sp[8 * K + 1] : 0.0f;
+    }
+
+    auto issue = [&](int c) { // thread 0: Q, W, P, dO tiles of chunk c into stage c & 1
+        const uint32_t st = base + (c & 1) * C::R_STAGE, fb = bar + 8 * (c & 1);
+        const int t0 = c * BT;
+        mbar_arrive_expect_tx(fb, 2 * C::TK + 2 * C::PAN);
+#pragma unroll
+        for (int p = 0; p < C::NPAN; p++) {
+            tma_load_4d(st + C::R_Q + p * C::PAN, &m.q, 64 * p, hq, t0, b, fb);
+            tensor_g2s_3d(st + C::R_W + p * C::PAN, &m.w, 64 * p, t0, bh, fb);
+        }
+        tensor_g2s_3d(st + C::R_P, &m.p, 0, t0, bh, fb);
+        tma_load_4d(st + C::R_O, &m.dout, vb0, h, t0, b, fb);
+    };
+    auto issue_k = [&](int c) { // thread 0: the K tile of chunk c (one buffer)
+        mbar_arrive_expect_tx(bar_k, C::TK);
+#pragma unroll
+        for (int p = 0; p < C::NPAN; p++)
+            tma_load_4d(sK + p * C::PAN, &m.k, 64 * p, hq, c * BT, b, bar_k);
+    };
+    auto issue_vec = [&](int c) {
+        float *v = (float *)(gbase + C::R_V + (c & 1) * 2 * BT * 4);
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        vec_async(v, EGb + t0, L, tid);
+        vec_async(v + BT, GMb + t0, L, tid);
+        cp_async_commit();
+    };
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        mbar_init(bar + 8, 1);
+        mbar_init(bar_k, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    issue_vec(NT - 1);
+    __syncthreads();
+    if (tid == 0) {
+        issue_k(NT - 1);
+        issue(NT - 1);
+    }
+
+    // iteration it takes chunk c = NT-1-it: stage c & 1 in its (it >> 1)-th use, K in its it-th
+    for (int it = 0; it < NT; it++) {
+        const int c = NT - 1 - it, t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        const uint32_t st = base + (c & 1) * C::R_STAGE, sD = st + C::R_P;
+        const float *sEG = (const float *)(gbase + C::R_V + (c & 1) * 2 * BT * 4), *sGM = sEG + BT;
+        cp_async_wait<0>();
+        if (tid == 0) tma_store_wait_read<0>(); // chunk c+1's dh and dDelta stores have read sS and its sD
+        __syncthreads(); // chunk c+1 is done everywhere: its stage and sS are free; chunk c's vectors visible
+        if (c > 0) {
+            if (tid == 0) issue(c - 1);
+            issue_vec(c - 1);
+        }
+        // dh[c] = dS (bf16), also the A operand of K dS
+        wgs_put_state<KP>(sS, s, warp, l);
+        fence_proxy_async();
+        __syncthreads(); // sS complete
+        if (tid == 0) {
+#pragma unroll
+            for (int p = 0; p < C::NPAN; p++)
+                tma_store_3d(&m.dh, 64 * p, vb0, bh * NT + c, sS + p * C::PAN);
+            tma_store_commit();
+        }
+        mbar_wait(bar_k, it & 1); // K of chunk c
+
+        // dDelta^T = (dS^T K^T) diag(gamma) + dO^T P
+        float acc[32];
+        wgs_state_x_tile<KP>(acc, sS, sK);
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float gm = sGM[8 * n + 2 * t4 + e];
+                acc[4 * n + e] *= gm;
+                acc[4 * n + 2 + e] *= gm;
+            }
+        mbar_wait(bar + 8 * (c & 1), (it >> 1) & 1); // Q, W, P, dO of chunk c
+        wgmma_fence();
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++) // A = dO^T (dO [i][v]: M-major), B = P [i][j] (N-major); 16 tokens i a step
+            wgmma_ss_n64<1, 1>(acc, wgmma_desc(st + C::R_O + ki * 2048, C::PAN, 1024),
+                               wgmma_desc(st + C::R_P + ki * 2048, C::PAN, 1024), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(acc);
+        __syncthreads(); // every warp is done with K and P (sD overwrites P)
+        if (tid == 0 && c > 0) issue_k(c - 1);
+        wgs_put_vt(sD, acc, warp, l); // dDelta -> sD, stored below
+
+        // dS^T <- e^{G_L} dS^T + (dO diag(scale e^G))^T Q - dDelta^T W. A fragments of
+        // k-step ki (tokens 16 ki..): ao = bf16(bf16(dO)^T scale e^{G_i}) by ldmatrix.trans
+        // of dO [i][v], ad = bf16(-dDelta^T), as k_state
+        uint32_t ao[4][4], ad[4][4];
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++) {
+            ldsm_x4_t(ao[ki], st + C::R_O + wgmma_swz(16 * ki + 8 * l.lk + l.lr, 2 * warp + l.lm));
+            const int i0 = 16 * ki + 2 * t4;
+            const float f0 = a.scale * sEG[i0], f1 = a.scale * sEG[i0 + 1], f2 = a.scale * sEG[i0 + 8],
+                        f3 = a.scale * sEG[i0 + 9];
+            ao[ki][0] = gdn_pack_bf16(bf_lo(ao[ki][0]) * f0, bf_hi(ao[ki][0]) * f1);
+            ao[ki][1] = gdn_pack_bf16(bf_lo(ao[ki][1]) * f0, bf_hi(ao[ki][1]) * f1);
+            ao[ki][2] = gdn_pack_bf16(bf_lo(ao[ki][2]) * f2, bf_hi(ao[ki][2]) * f3);
+            ao[ki][3] = gdn_pack_bf16(bf_lo(ao[ki][3]) * f2, bf_hi(ao[ki][3]) * f3);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                ad[ki][i] = gdn_pack_bf16(-acc[8 * ki + 2 * i], -acc[8 * ki + 2 * i + 1]);
+        }
+        const float eL = sEG[L - 1];
+#pragma unroll
+        for (int i = 0; i < KP / 2; i++)
+            s[i] *= eL;
+        wgmma_fence();
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++) {
+            wgmma_rs_tb<KP>(s, ao[ki], wgmma_desc(st + C::R_Q + ki * 2048, C::PAN, 1024));
+            wgmma_rs_tb<KP>(s, ad[ki], wgmma_desc(st + C::R_W + ki * 2048, C::PAN, 1024));
+        }
+        wgmma_commit();
+        __syncthreads(); // sD complete (each warp fenced its part)
+        if (tid == 0) {
+            tma_store_3d(&m.ddl, vb0, t0, bh, sD);
+            tma_store_commit();
+        }
+        wgmma_wait<0>();
+        wgmma_pin(s);
+#pragma unroll
+        for (int ki = 0; ki < 4; ki++)
+            wgmma_keep(ao[ki]), wgmma_keep(ad[ki]);
+    }
+    if (a.dstate0) wgs_store_state<KP>(a.dstate0, s, bh, vb0, K, Dv);
+    if (tid == 0) tma_store_wait<0>();
+}
+
+// Grid (ceil(Dv / 64), B*HV, passes) as k_state's; 128 threads (one warpgroup).
+template <int KP>
+__global__ void __launch_bounds__(128, 1) k_state_wg(const __grid_constant__ wgs_maps m, const state_args a) {
+    extern __shared__ __align__(1024) unsigned char wgs_smem[];
+    const uint32_t raw = smem_u32(wgs_smem), base = (raw + 1023u) & ~1023u;
+    unsigned char *gbase = wgs_smem + (base - raw); // the same address, generic
+    if ((int)blockIdx.z == a.rev_z)
+        wgs_bwd<KP>(base, gbase, m, a);
+    else
+        wgs_fwd<KP>(base, gbase, m, a);
+}
+
 // ==== F4: outputs ================================================================
 
 template <int KP> struct out_cfg {
@@ -1816,8 +2245,75 @@ template <int KP, int NW> static void launch_state_t(be_t *be, dim3 grid, const 
     cuda_check_launch(be, "gdn k_state");
 }
 
+// A bf16 tensor map over `rank` dims (dims[0] innermost, in elements; strides of
+// dims 1.. in bytes) with boxes of 64 elements of dim 0 by 64 of dim `rdim` (1
+// of the others), 128-byte swizzle, zeros outside the tensor.
+static bool wgs_map(cuda_encode_tiled_fn enc, CUtensorMap *m, const void *p, int rank, const cuuint64_t *dims,
+                    const cuuint64_t *strides, int rdim) {
+    cuuint32_t box[4], es[4];
+    for (int i = 0; i < rank; i++)
+        box[i] = i == 0 || i == rdim ? 64 : 1, es[i] = 1;
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)p, dims, strides, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int KP> static void launch_state_wg_t(be_t *be, dim3 grid, const wgs_maps &m, const state_args &a) {
+    auto kfn = k_state_wg<KP>;
+    const size_t sm = wgs_cfg<KP>::SMEM;
+    if (cuda_smem_limit(be, (const void *)kfn, sm, "gdn k_state_wg") < 0) return;
+    kfn<<<grid, dim3(128), sm, cuda_stream(be)>>>(m, a);
+    cuda_check_launch(be, "gdn k_state_wg");
+}
+
+// k_state_wg in place of k_state; false (nothing launched) without a tensor-map
+// encoder or where a map cannot describe the shape: k_state runs then.
+static bool launch_state_wg(be_t *be, int B, int passes, const state_args &a) {
+    cuda_encode_tiled_fn enc = cuda_tensor_encoder();
+    if (!enc) return false;
+    const cuuint64_t T = (cuuint64_t)a.T, H = (cuuint64_t)a.H, HV = (cuuint64_t)a.HV, K = (cuuint64_t)a.K,
+                     Dv = (cuuint64_t)a.Dv, BHV = (cuuint64_t)B * a.HV, NT = (cuuint64_t)a.NT;
+    wgs_maps m;
+    memset(&m, 0, sizeof m);
+    // head-major scratch [BHV][T][X] (W: X = K; U, Delta, dDelta: Dv; P: 64), rows t
+    const cuuint64_t dimW[3] = {K, T, BHV}, strW[2] = {2 * K, 2 * T * K};
+    const cuuint64_t dimU[3] = {Dv, T, BHV}, strU[2] = {2 * Dv, 2 * T * Dv};
+    const cuuint64_t dimP[3] = {(cuuint64_t)BT, T, BHV}, strP[2] = {2 * BT, 2 * T * BT};
+    // k, q [B][T][H][K] and dO [B][T][HV][Dv], rows t of one head (zeros past T and K / Dv)
+    const cuuint64_t dimK[4] = {K, H, T, (cuuint64_t)B}, strK[3] = {2 * K, 2 * H * K, 2 * T * H * K};
+    const cuuint64_t dimO[4] = {Dv, HV, T, (cuuint64_t)B}, strO[3] = {2 * Dv, 2 * HV * Dv, 2 * T * HV * Dv};
+    // h, dh [BHV][NT][Dv][K] as [BHV NT][Dv][K], rows v
+    const cuuint64_t dimH[3] = {K, Dv, BHV * NT}, strH[2] = {2 * K, 2 * Dv * K};
+    bool ok = wgs_map(enc, &m.w, a.W, 3, dimW, strW, 1) && wgs_map(enc, &m.k, a.k, 4, dimK, strK, 2);
+    if (a.rev_z < 0 || passes > 1)
+        ok = ok && wgs_map(enc, &m.u, a.U, 3, dimU, strU, 1) && wgs_map(enc, &m.h, a.hst, 3, dimH, strH, 1) &&
+             wgs_map(enc, &m.dl, a.Dl, 3, dimU, strU, 1);
+    if (a.rev_z >= 0)
+        ok = ok && wgs_map(enc, &m.q, a.q, 4, dimK, strK, 2) && wgs_map(enc, &m.p, a.P, 3, dimP, strP, 1) &&
+             wgs_map(enc, &m.dout, a.dO, 4, dimO, strO, 2) && wgs_map(enc, &m.dh, a.dhst, 3, dimH, strH, 1) &&
+             wgs_map(enc, &m.ddl, a.dDl, 3, dimU, strU, 1);
+    if (!ok) return false;
+    const dim3 grid((unsigned)((a.Dv + 63) / 64), (unsigned)(B * a.HV), (unsigned)passes);
+    if (a.K <= 64)
+        launch_state_wg_t<64>(be, grid, m, a);
+    else if (a.K <= 128)
+        launch_state_wg_t<128>(be, grid, m, a);
+    else
+        launch_state_wg_t<256>(be, grid, m, a);
+    return true;
+}
+
 // passes = 1: forward pass only (rev_z = -1); 2: reverse (z = 0) and forward (z = 1) together.
 static void launch_state(be_t *be, int B, int passes, const state_args &a) {
+    // k_state_wg (wgmma, 1.30-1.36x faster forward + backward on an H100:
+    // docs/PERFORMANCE.md); k_state where a tensor map cannot describe the
+    // shape, and in the bench-variants build under HYLO_GDN_STATE=2 (the
+    // comparison bench_gdn --compare prints)
+    bool mma_only = false;
+#ifdef HYLO_BENCH_VARIANTS
+    mma_only = cu_env_int("HYLO_GDN_STATE", 0) == 2;
+#endif
+    if (!mma_only && launch_state_wg(be, B, passes, a)) return;
     const dim3 grid((unsigned)((a.Dv + 16 * GDN_NW - 1) / (16 * GDN_NW)), (unsigned)(B * a.HV), (unsigned)passes);
     if (a.K <= 64)
         launch_state_t<64, GDN_NW>(be, grid, a);
