@@ -138,8 +138,9 @@ static void run_mla(void *p, int rep) {
     mla_ctx_t *c = p;
     int i = rep % c->n_copies;
     // one buffer holds the B sequences: it is the pool (the tiled copies' tensor map)
-    be->mla_decode_attn(be, c->out, c->q_lat, c->q_pe, (int64_t)c->H * c->dr, c->dr, c->rows[i], c->len_d, (int)c->len,
-                        c->cache[i], c->B * c->len, c->B, c->H, c->r_kv, c->dr, 1.0f / sqrtf((float)(c->r_kv + c->dr)));
+    be->mla_decode_attn(be, c->out, c->q_lat, c->q_pe, (int64_t)c->H * c->dr, c->dr, c->rows[i], (be_pages_t){0},
+                        c->len_d, (int)c->len, c->cache[i], c->B * c->len, c->B, c->H, c->r_kv, c->dr,
+                        1.0f / sqrtf((float)(c->r_kv + c->dr)));
 }
 
 static int sweep; // v2 decode over HYLO_MLA_WARPS x HYLO_MLA_STAGES (--sweep; bench-variants build only)

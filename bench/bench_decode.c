@@ -53,12 +53,13 @@ static void run_dec(void *p, int rep) {
     const shape_t *s = c->s;
     const int i = rep % c->n_copies;
     if (!s->mla) {
-        be->attn_decode(be, c->out, c->q, (int64_t)s->H * s->b, c->ptr[i], c->ptr[i] + c->B, c->len_d, (int)c->len,
-                        c->B, s->H, s->a, s->b, s->b, 1.0f / sqrtf((float)s->b));
+        be->attn_decode(be, c->out, c->q, (int64_t)s->H * s->b, c->ptr[i], c->ptr[i] + c->B, (be_pages_t){0}, c->len_d,
+                        (int)c->len, c->B, s->H, s->a, s->b, s->b, 1.0f / sqrtf((float)s->b));
     } else {
         // one buffer holds the B sequences: it is the pool (the tiled copies' tensor map)
-        be->mla_decode_attn(be, c->out, c->q, c->q_pe, (int64_t)s->H * s->b, s->b, c->ptr[i], c->len_d, (int)c->len,
-                            c->cache[i], c->B * c->len, c->B, s->H, s->a, s->b, 1.0f / sqrtf((float)(s->a + s->b)));
+        be->mla_decode_attn(be, c->out, c->q, c->q_pe, (int64_t)s->H * s->b, s->b, c->ptr[i], (be_pages_t){0}, c->len_d,
+                            (int)c->len, c->cache[i], c->B * c->len, c->B, s->H, s->a, s->b,
+                            1.0f / sqrtf((float)(s->a + s->b)));
     }
 }
 

@@ -41,7 +41,7 @@ static const char *help =
     "                    /health and /metrics stay open\n"
     "  --model-name N    the model's name in the API (default: PATH's file name)\n"
     "  --ctx N           most tokens of one request, prompt and answer (default 4096); each\n"
-    "                    request's cache grows with use up to what it needs\n"
+    "                    request's cache takes pages of 256 tokens as it grows\n"
     "  --max-seqs N      requests generating at once (default 4)\n"
     "  --queue N         requests waiting beyond them (default 16)\n"
     "  --chunk N         prefill tokens of a request per turn (default 512)\n"
@@ -49,11 +49,12 @@ static const char *help =
     "                    prompt starts with an earlier prompt (a chat's next turn) restore its\n"
     "                    state and prefill only the rest; least recently used entries go first\n"
     "  --prefix-block N  tokens between the recurrent-state snapshots of a prompt (default 1024)\n"
-    "  --cache-mb N      MiB the running requests' caches may plan together (default: 85% of the\n"
-    "                    device's free memory after loading, less the prefix cache; printed at\n"
-    "                    start). Each request plans its prompt + max_tokens; one that would pass\n"
-    "                    the budget waits for running ones to finish, one that can never fit\n"
-    "                    gets 400\n"
+    "  --cache-mb N      MiB of the running requests' caches (default: 85% of the device's free\n"
+    "                    memory after loading, less the prefix cache; printed at start): their\n"
+    "                    recurrent states and a pool of pages of 256 tokens, shared with the\n"
+    "                    prefix cache. A request starts when its prompt's pages are free; when\n"
+    "                    none is for a running one, the newest is preempted and resumed later;\n"
+    "                    one that could not run alone in the pool gets 400\n"
     "  --device D        cpu or cuda (default cpu)\n"
     "  --threads N       CPU threads of the engine (default: all)\n";
 
@@ -178,8 +179,9 @@ int cmd_serve(int argc, char **argv) {
                      m.a.V);
     // The cache budget: given, or planned from what the device has free now
     // (the weights loaded) less the prefix cache's budget, with 15% left
-    // for the run's arena, the decode step's buffers and a growing cache's
-    // copy (model_state_reserve holds old and new rows while it copies).
+    // for the run's arena, the decode step's buffers and the prefix cache's
+    // recurrent-state snapshots. The engine takes its page pool from it at
+    // once (srv_pool_pages).
     int64_t budget = cache_mb > 0 ? (int64_t)cache_mb * 1048576 : 0;
     if (rc == 0 && cache_mb < 0) {
         int64_t fr = be->mem_free ? be->mem_free(be) : -1;
@@ -212,8 +214,10 @@ int cmd_serve(int argc, char **argv) {
     }
     if (rc == 0) {
         int v6 = strchr(host, ':') != NULL;
-        char cb[48] = "no cache budget (free memory unknown)";
-        if (budget) snprintf(cb, sizeof cb, "cache budget %.0f MiB", budget / 1048576.0);
+        char cb[96] = "no cache budget (free memory unknown)";
+        if (budget)
+            snprintf(cb, sizeof cb, "cache budget %.0f MiB: %lld pages of 256 tokens", budget / 1048576.0,
+                     (long long)srv_engine_pages(e));
         printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld, %s%s)\n", name, v6 ? "[" : "",
                host, v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, cb,
                key && key[0] ? ", API key required" : "");

@@ -55,6 +55,28 @@ typedef struct be be_t;
 // takes the separate products, whose tiles reuse the weights across rows.
 enum { BE_FEW_ROWS = 8 };
 
+// The paged cache: a sequence's cache rows in pages of BE_PAGE_ROWS rows, a
+// whole number of every decode kernel's tiles (attn_decode reads a slice in
+// steps of 16 rows or fewer, MLA decode in tiles of 32), so that a step of
+// rows never straddles two pages. A decode step's page tables: row u of the
+// sequence of step row r is row
+//   pages[r * stride + u / BE_PAGE_ROWS] * BE_PAGE_ROWS + u % BE_PAGE_ROWS
+// of the rows that start at its base pointer (the page pool of its layer).
+// pages NULL: every row's cache is contiguous, row u is row u (a cache of
+// consecutive pages, without a table to read).
+enum { BE_PAGE_ROWS = 256 };
+typedef struct {
+    const int32_t *pages; // device int32 [N, stride], or NULL
+    int64_t stride;       // pages per step row
+} be_pages_t;
+
+// row(r, u) above, for code that reads the tables where they are (the CPU
+// backend, whose device memory is the host's).
+static inline int64_t be_page_row(be_pages_t pg, int64_t r, int64_t u) {
+    if (!pg.pages) return u;
+    return (int64_t)pg.pages[r * pg.stride + u / BE_PAGE_ROWS] * BE_PAGE_ROWS + u % BE_PAGE_ROWS;
+}
+
 // A weight matrix W [rows, cols] kept in its file's storage format for
 // inference (CPU: the ggml block formats of a GGUF, or bf16), instead of the
 // act copy. type: a ggml type number (io/gguf.h enum ggml_type); row r is
@@ -307,26 +329,27 @@ struct be {
     // ---- decode over per-sequence caches --------------------------------------
     // A decode step has N rows, one new token per sequence, and every sequence
     // has a cache of its own: rows (cache entries, one per token) `ld` elements
-    // apart, row u of the sequence of step row r at base[r] + u * ld, where
-    // base is a device array of N device pointers (act). The sequences may come
-    // from different allocations (a server's requests each own their cache), so
-    // these ops take one pointer per row rather than one buffer and a stride;
-    // the caller uploads the step's pointer arrays once per step (model.c), and
-    // each op is one launch for all N rows whatever buffers they live in.
-    // Per-row pointers are also what the coming paged cache grows into: base[r]
-    // becomes row r's block table (one pointer per block of rows, blocks a
-    // whole number of the kernels' tiles so that no tile straddles two blocks),
-    // and `pool` below becomes the block pool.
+    // apart, row u of the sequence of step row r at base[r] + row(r, u) * ld,
+    // where base is a device array of N device pointers (act) and row(r, u) is
+    // u, or with page tables (pg, be_pages_t above) the row its page holds it
+    // at. The sequences may come from different allocations (contiguous
+    // caches each own their buffer) or share one pool of pages (the server's
+    // paged caches: base[r] is then the pool of the layer, the same for every
+    // row), so these ops take one pointer per row and the step's tables
+    // rather than one buffer and a stride; the caller uploads the step's
+    // pointer arrays and tables once per step (model.c), and each op is one
+    // launch for all N rows whatever buffers and pages they live in.
     //
     // Appends each row's new entry at its own position pos[r] (device int32
-    // [N]): k[r, 0..kw) to k_rows[r] + pos[r] * ld and v[r, 0..vw) to
-    // v_rows[r] + pos[r] * ld + v_off. k, v act rows at strides ldk, ldv (kw,
+    // [N]): k[r, 0..kw) to k_rows[r] + row(r, pos[r]) * ld and v[r, 0..vw) to
+    // v_rows[r] + row(r, pos[r]) * ld + v_off. k, v act rows at strides ldk, ldv (kw,
     // vw when contiguous; the row width of one product's output when k and v
     // are parts of it).
     // Attention: K and V caches (v_off 0); MLA: k_rows = v_rows = the latent
     // cache, k = the latent c, v = the rotated rope key at column v_off = r_kv.
-    void (*kv_append)(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off, const int32_t *pos,
-                      const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw, int N);
+    void (*kv_append)(be_t *be, void *const *k_rows, void *const *v_rows, be_pages_t pg, int64_t ld, int64_t v_off,
+                      const int32_t *pos, const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw,
+                      int N);
     // An attention step's RoPE and cache append in one call: q [N, H, dh] (row
     // r at q + r * ldq) rotated in place, k [N, Hkv, dh] (rows ldk apart)
     // rotated into the K caches and v [N, Hkv, dh] (rows ldv apart) copied into
@@ -336,40 +359,43 @@ struct be {
     // results as rope_fwd of q and of k, then kv_append.
     void (*rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
                            const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
-                           void *const *v_rows, int N, int H, int Hkv, int dh);
+                           void *const *v_rows, be_pages_t pg, int N, int H, int Hkv, int dh);
     // An MLA step's RoPE and cache append in one call: the q_pe of head h of
     // row r, dr values at q + r * ldq + h * hs, rotated in place; row r's
     // latent c (r_kv values at c + r * ldc) and its rope key (dr values at kpe
     // + r * ldk, rotated; kpe itself is not written) written as [c | k_pe] to
-    // the cache row rows[r] + pos[r] * (r_kv + dr). Rotation as rope_fwd with
+    // the cache row rows[r] + row(r, pos[r]) * (r_kv + dr). Rotation as rope_fwd with
     // ROPE_INTERLEAVED over dr dims (cos / sin [n_pos, dr / 2]), row r at
     // position pos[r]. The same results as rope_fwd of q_pe and of k_pe, then
     // kv_append (v_off = r_kv).
     void (*mla_rope_append)(be_t *be, void *q, int64_t ldq, int64_t hs, const void *c, int64_t ldc, const void *kpe,
                             int64_t ldk, const int32_t *pos, const float *cos, const float *sin, void *const *rows,
-                            int N, int H, int r_kv, int dr);
+                            be_pages_t pg, int N, int H, int r_kv, int dr);
     // One query per row over its own sequence's cache: q [N, H, dqk] (rotated;
     // row r at q + r * ldq, ldq >= H dqk),
     // keys and values are the cache rows u < len[r] (device int32 [N]; the new
-    // token's row included), K row u at k_rows[r] + u * Hkv * dqk laid out
-    // [Hkv, dqk], V row at v_rows[r] + u * Hkv * dv, [Hkv, dv]; query head h
+    // token's row included), K row u at k_rows[r] + row(r, u) * Hkv * dqk laid
+    // out [Hkv, dqk], V row at v_rows[r] + row(r, u) * Hkv * dv, [Hkv, dv]; query head h
     // reads KV head h / (H / Hkv). out [N, H, dv] = softmax(scale q k^T) v (zero
     // where len[r] <= 0). max_len (host) >= every len[r]: sizes the work.
     void (*attn_decode)(be_t *be, void *out, const void *q, int64_t ldq, void *const *k_rows, void *const *v_rows,
-                        const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale);
+                        be_pages_t pg, const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv,
+                        float scale);
     // MLA over the latent cache (weight absorption). For each row b and head h:
     // scores over cache rows u < len[b] of (q_lat[b,h] . c_u + q_pe[b,h] . kpe_u)
     // * scale, softmax, out[b,h] = sum p_u c_u. q_lat, out [B, H, r_kv]; q_pe
     // [b, h] (dr values) at q_pe + b * ldqp + h * hsqp (contiguous: H dr, dr; a
     // part of each head of the projected q: H qd, qd); cache rows [c | rotated k_pe] of r_kv + dr elements, row u of
-    // row b's sequence at rows[b] + u * (r_kv + dr). max_len (host) >= every
-    // len[b]. pool / pool_rows: optional (NULL, 0), a buffer of pool_rows cache
-    // rows that holds every row's cache, each rows[b] at a whole row of it (one
-    // state's cache, the paged cache's block pool): CUDA then reads tiles of
-    // rows through one TMA tensor map over it, else one copy per row.
+    // row b's sequence at rows[b] + row(b, u) * (r_kv + dr). max_len (host) >=
+    // every len[b]. pool / pool_rows: optional (NULL, 0), a buffer of
+    // pool_rows cache rows that holds every row's cache, each rows[b] at a
+    // whole row of it (one state's cache, or the paged cache's page pool):
+    // CUDA then reads tiles of 32 rows through one TMA tensor map over it
+    // (a tile's first row at rows[b]'s row of the pool + row(b, u)), else one
+    // copy per row.
     void (*mla_decode_attn)(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
-                            void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows,
-                            int B, int H, int r_kv, int dr, float scale);
+                            void *const *rows, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
+                            int64_t pool_rows, int B, int H, int r_kv, int dr, float scale);
 
     // The recurrent layers' decode step over per-row states: row r's conv
     // window and recurrent state are wherever rows[r] points (device arrays

@@ -45,19 +45,73 @@ static int project(const layer_ctx_t *c, const attn_w_t *w, const void *x, int64
     return 0;
 }
 
+// The cached prefill gathers at most this part of the arena at a time (one
+// tile's keys and values), when a sequence's keys are not one run in memory.
+#define ATTN_TILE_ARENA_PART 16
+
+// Keys per tile of the cached prefill: c->cache_tile_keys when set, else as
+// many as 1 / ATTN_TILE_ARENA_PART of the arena holds, a multiple of 64 (the
+// CUDA attention's key tiles stay whole).
+static int64_t tile_keys(const layer_ctx_t *c) {
+    if (c->cache_tile_keys > 0) return c->cache_tile_keys;
+    int64_t per_key = 2 * (int64_t)c->a->Hkv * c->a->dh * (int64_t)c->be->act_size;
+    int64_t R = (int64_t)(c->arena->cap / ATTN_TILE_ARENA_PART) / per_key / 64 * 64;
+    return R > 64 ? R : 64;
+}
+
 // Appends T new rows (k, v [T, Hkv, dh] of sequence b, at its position pos0)
-// to the cache and attends q [T, H, dh] over the sequence's cached prefix.
-static void cached_attn(const layer_ctx_t *c, layer_cache_t *cache, int b, int pos0, int T, void *att, const void *q,
-                        const void *k, const void *v) {
+// to the cache and attends q [T, H, dh] over the sequence's cached prefix,
+// Tk = pos0 + T keys. Keys that lie in one run of memory (a contiguous
+// cache, or consecutive pages) are attended in place in one causal call.
+// Others (a paged cache's scattered pages) go in tiles of R keys gathered
+// into the arena, as MLA's cached prefill does (mla.c attend_cache): the
+// last tile, the last max(R, T) keys, keeps the bottom-right causal mask,
+// the tiles before it see every key, and their results merge by
+// log-sum-exp in fp32 (attn_merge); a context within one tile is one causal
+// call over the gathered keys, the bits of the in-place call.
+static int cached_attn(const layer_ctx_t *c, layer_cache_t *cache, int b, int pos0, int T, void *att, const void *q,
+                       const void *k, const void *v) {
     be_t *be = c->be;
     const arch_t *a = c->a;
-    int64_t kw = (int64_t)a->Hkv * a->dh, seq = (int64_t)b * cache->cap; // the sequence's first cache row
-    size_t rows = (size_t)T * kw * be->act_size;
+    int64_t kw = (int64_t)a->Hkv * a->dh, Tk = (int64_t)pos0 + T;
+    float scale = 1.0f / sqrtf((float)a->dh);
     attn_cache_t *kc = &cache->u.attn;
-    be->copy_d2d(be, act_at(be, kc->k, (seq + pos0) * kw), k, rows);
-    be->copy_d2d(be, act_at(be, kc->v, (seq + pos0) * kw), v, rows);
-    be->attn_fwd(be, att, NULL, q, act_at(be, kc->k, seq * kw), act_at(be, kc->v, seq * kw), 1, T, pos0 + T, a->H,
-                 a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh), 1);
+    cache_copy_rows(be, cache, kc->k, kw, b, pos0, T, 0, kw, (void *)k, kw, 1);
+    cache_copy_rows(be, cache, kc->v, kw, b, pos0, T, 0, kw, (void *)v, kw, 1);
+    if (cache_run(cache, b, 0, Tk) == Tk) {
+        int64_t row0 = cache_row(cache, b, 0);
+        be->attn_fwd(be, att, NULL, q, act_at(be, kc->k, row0 * kw), act_at(be, kc->v, row0 * kw), 1, T, (int)Tk, a->H,
+                     a->Hkv, a->dh, a->dh, scale, 1);
+        return 0;
+    }
+    int64_t R = tile_keys(c), n_last = R > T ? R : T;
+    if (n_last > Tk) n_last = Tk;
+    int64_t last0 = Tk - n_last, n_tiles = (last0 + R - 1) / R + 1, n_out = (int64_t)T * a->H * a->dh;
+    void *kt = ctx_act(c, n_last * kw), *vt = ctx_act(c, n_last * kw), *att_i = att;
+    float *lse_i = NULL, *acc = NULL, *lse = NULL;
+    if (n_tiles > 1) { // each tile's result, and the running one in fp32
+        att_i = ctx_act(c, n_out);
+        lse_i = ctx_f32(c, (int64_t)a->H * T);
+        lse = ctx_f32(c, (int64_t)a->H * T);
+        acc = ctx_f32(c, n_out);
+        if (!att_i || !lse_i || !lse || !acc) return err_wrap(ERR_NOMEM, "attention layer %d: ", c->layer);
+    }
+    if (!kt || !vt) return err_wrap(ERR_NOMEM, "attention layer %d: ", c->layer);
+    for (int64_t i = 0; i < n_tiles; i++) {
+        int last = i == n_tiles - 1;
+        int64_t u0 = last ? last0 : i * R, n = last ? n_last : (last0 - u0 < R ? last0 - u0 : R);
+        const void *tk = kt, *tv = vt;
+        if (cache_run(cache, b, u0, n) == n) { // one run: read in place
+            int64_t row = cache_row(cache, b, u0);
+            tk = act_at(be, kc->k, row * kw), tv = act_at(be, kc->v, row * kw);
+        } else {
+            cache_copy_rows(be, cache, kc->k, kw, b, u0, n, 0, kw, kt, kw, 0);
+            cache_copy_rows(be, cache, kc->v, kw, b, u0, n, 0, kw, vt, kw, 0);
+        }
+        be->attn_fwd(be, att_i, lse_i, q, tk, tv, 1, T, (int)n, a->H, a->Hkv, a->dh, a->dh, scale, last);
+        if (n_tiles > 1) be->attn_merge(be, acc, lse, att_i, lse_i, last ? att : NULL, i == 0, 1, T, a->H, a->dh);
+    }
+    return 0;
 }
 
 int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
@@ -79,8 +133,10 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
             return err_set(ERR_INPUT, "context of %d tokens exceeds the cache capacity %d", pos0 + T, cache->cap);
         for (int b = 0; b < B; b++) {
             int64_t r = (int64_t)b * T;
-            cached_attn(c, cache, b, pos0, T, act_at(be, att, r * qw), act_at(be, q, r * qw), act_at(be, k, r * kw),
-                        act_at(be, v, r * kw));
+            size_t mark = arena_mark(c->arena);
+            TRY(cached_attn(c, cache, b, pos0, T, act_at(be, att, r * qw), act_at(be, q, r * qw), act_at(be, k, r * kw),
+                            act_at(be, v, r * kw)));
+            arena_reset(c->arena, mark); // a tile's temporaries
         }
     } else {
         be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh), 1);
@@ -129,7 +185,9 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, con
     void *q, *k, *v, *att = ctx_act(c, N * qw);
     int32_t *pos = ctx_step_positions(c, runs, n_runs);   // positions [N], then visible lengths [N]
     void *const *base = ctx_step_caches(c, runs, n_runs); // K caches [N], then V caches [N]
+    be_pages_t pg;                                        // their page tables
     if (!att || !pos || !base) return ERR_NOMEM;
+    TRY(ctx_step_pages(c, runs, n_runs, &pg));
     // q, k, v from one product when they are one matrix in memory (rows [q | k
     // | v], stride ld), then q and k rotated and k and v appended to the
     // caches in one call (k rotated into the cache); Qwen3's q / k norms take
@@ -144,13 +202,13 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, con
         if (!qkv) return ERR_NOMEM;
         lin_fwd(c, qkv, x, w->q, N, a->d, ldq);
         q = qkv, k = act_at(be, qkv, qw), v = act_at(be, qkv, qw + kw);
-        be->rope_kv_append(be, q, ldq, k, ldk, v, ldk, pos, c->rope_cos, c->rope_sin, base, base + N, N, a->H, a->Hkv,
-                           a->dh);
+        be->rope_kv_append(be, q, ldq, k, ldk, v, ldk, pos, c->rope_cos, c->rope_sin, base, base + N, pg, N, a->H,
+                           a->Hkv, a->dh);
     } else {
         TRY(project(c, w, x, N, pos, NULL, &q, &k, &v));
-        be->kv_append(be, base, base + N, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
+        be->kv_append(be, base, base + N, pg, kw, 0, pos, k, ldk, (int)kw, v, ldk, (int)kw, N);
     }
-    be->attn_decode(be, att, q, ldq, base, base + N, pos + N, step_max_ctx(runs, n_runs), N, a->H, a->Hkv, a->dh, a->dh,
-                    1.0f / sqrtf((float)a->dh));
+    be->attn_decode(be, att, q, ldq, base, base + N, pg, pos + N, step_max_ctx(runs, n_runs), N, a->H, a->Hkv, a->dh,
+                    a->dh, 1.0f / sqrtf((float)a->dh));
     return lin_fwd_out(c, out, att, w->o, N, qw);
 }

@@ -91,7 +91,8 @@ int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *r
         for (int i = 0, r = 0; i < n_runs; i++) {
             const layer_cache_t *k = runs[i].cache;
             for (int j = 0; j < runs[i].n; j++, r++) {
-                int64_t first = ((int64_t)runs[i].seq0 + j) * k->cap * row; // the sequence's row 0
+                // the sequence's row 0; a paged one's pages are rows of the whole pool
+                int64_t first = k->pages ? 0 : ((int64_t)runs[i].seq0 + j) * k->cap * row;
                 if (kind == LAYER_ATTN) {
                     out[r] = (char *)k->u.attn.k + first * (int64_t)act;
                     out[N + r] = (char *)k->u.attn.v + first * (int64_t)act;
@@ -117,6 +118,75 @@ void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n
     int rc = c->be->copy_h2d(c->be, d, h, (size_t)n * sizeof(void *));
     free(h);
     return rc < 0 ? NULL : d;
+}
+
+int64_t cache_run(const layer_cache_t *c, int b, int64_t u, int64_t n) {
+    if (!c->pages) return n;
+    const int32_t *pg = c->pages + (int64_t)b * c->page_stride;
+    int64_t i = u / BE_PAGE_ROWS, got = BE_PAGE_ROWS - u % BE_PAGE_ROWS;
+    while (got < n && pg[i + 1] == pg[i] + 1)
+        got += BE_PAGE_ROWS, i++;
+    return got < n ? got : n;
+}
+
+void cache_copy_rows(be_t *be, const layer_cache_t *c, void *buf, int64_t w, int b, int64_t u0, int64_t n, int64_t col,
+                     int64_t cols, void *x, int64_t ldx, int to_cache) {
+    for (int64_t i = 0; i < n;) {
+        int64_t run = cache_run(c, b, u0 + i, n - i);
+        void *rows = act_at(be, buf, cache_row(c, b, u0 + i) * w + col), *xr = act_at(be, x, i * ldx);
+        if (to_cache)
+            be->copy2d(be, rows, w, xr, ldx, run, cols, 0);
+        else
+            be->copy2d(be, xr, ldx, rows, w, run, cols, 0);
+        i += run;
+    }
+}
+
+static int pages_of(int64_t rows) { return (int)((rows + BE_PAGE_ROWS - 1) / BE_PAGE_ROWS); }
+
+int step_page_stride(const step_run_t *runs, int n_runs) {
+    int paged = 0, m = 0;
+    for (int i = 0; i < n_runs; i++) {
+        const layer_cache_t *k = runs[i].cache;
+        int n = pages_of(k->pages ? (k->ctx > k->cap ? k->ctx : k->cap) : k->cap);
+        paged |= k->pages != NULL;
+        if (n > m) m = n;
+    }
+    return paged ? m : 0;
+}
+
+void step_page_tables(const step_run_t *runs, int n_runs, int stride, int32_t *out) {
+    for (int i = 0, r = 0; i < n_runs; i++) {
+        const layer_cache_t *k = runs[i].cache;
+        int held = pages_of(k->cap); // a paged cache's cap is its pages' rows
+        for (int j = 0; j < runs[i].n; j++, r++) {
+            int32_t *t = out + (int64_t)r * stride;
+            for (int p = 0; p < stride; p++)
+                t[p] = p >= held ? 0 : k->pages ? k->pages[(int64_t)(runs[i].seq0 + j) * k->page_stride + p] : p;
+        }
+    }
+}
+
+int ctx_step_pages(const layer_ctx_t *c, const step_run_t *runs, int n_runs, be_pages_t *pg) {
+    if (c->step_cache) {
+        *pg = c->step_pages;
+        return 0;
+    }
+    *pg = (be_pages_t){NULL, 0};
+    int stride = step_page_stride(runs, n_runs), N = step_rows(runs, n_runs);
+    if (!stride) return 0;
+    size_t bytes = (size_t)N * stride * sizeof(int32_t);
+    int32_t *d = arena_alloc(c->arena, bytes), *h = malloc(bytes);
+    if (!d || !h) {
+        free(h);
+        return err_set(ERR_NOMEM, "page tables of a decode step of %d rows", N);
+    }
+    step_page_tables(runs, n_runs, stride, h);
+    int rc = c->be->copy_h2d(c->be, d, h, bytes);
+    free(h);
+    if (rc < 0) return rc;
+    *pg = (be_pages_t){d, stride};
+    return 0;
 }
 
 int step_max_ctx(const step_run_t *runs, int n_runs) {

@@ -45,17 +45,20 @@ typedef struct {
     // A decode step's per-row cache bases of this layer (NULL: X_step uploads
     // its own; step_cache_bases says what they are), for the backend's decode
     // ops (backend.h kv_append, attn_decode, mla_decode_attn, conv1d_step,
-    // gdn_recurrent_step, ssd_recurrent_step).
+    // gdn_recurrent_step, ssd_recurrent_step), and, prepared with them, the
+    // rows' page tables (step_page_tables; pages NULL: every cache contiguous).
     void *const *step_cache;
+    be_pages_t step_pages;
     // The model's matrices kept in their stored format (quantised inference,
     // model.h MODEL_QUANT): a weight view pointing into qw[0..n_qw) is one of
     // them, and lin_fwd runs be->qmatmul on it. NULL / 0 otherwise.
     const be_qmat_t *qw;
     int n_qw;
-    // MLA's prefill over a cache attends over the cached keys in tiles of at
-    // most this many keys per sequence (mla.c); 0: as many as a fixed part of
-    // the arena holds. Tests shrink it to exercise several tiles.
-    int mla_tile_keys;
+    // A prefill over a cache attends over the cached keys in tiles of at most
+    // this many keys per sequence (MLA always, mla.c; attention when a
+    // sequence's keys are not one run in memory, attn.c); 0: as many as a
+    // fixed part of the arena holds. Tests shrink it to exercise several tiles.
+    int cache_tile_keys;
 } layer_ctx_t;
 
 // Element i of an act buffer (i elements of be->act_size bytes past p).
@@ -93,9 +96,18 @@ typedef struct {
     void *conv;   // act [B, C, W] pre-conv [x | B | C]
 } m2_cache_t;
 
+// The growing caches (attention K and V, MLA latents) are contiguous or
+// paged. Contiguous: k, v, kv hold [B, cap, ...], row u of sequence b at row
+// b cap + u. Paged (model.h model_pool_t; pages not NULL): k, v, kv point at
+// the layer's page pool, and row u of sequence b is row
+// pages[b page_stride + u / BE_PAGE_ROWS] BE_PAGE_ROWS + u % BE_PAGE_ROWS of
+// it (cache_row); the table (host) is the state's, shared by its layers.
 typedef struct {
-    int B, cap, len; // sequences, room in tokens (the sequence stride of k, v, kv; model.c grows it), tokens cached
-    int ctx;         // the most tokens it may grow to (model_state_alloc's ctx; 0: cap)
+    int B, cap, len;      // sequences, room in tokens (contiguous: the sequence stride of k, v, kv), tokens cached
+    int ctx;              // the most tokens it may grow to (model_state_alloc's ctx; 0: cap)
+    const int32_t *pages; // paged: [B, page_stride] page of each BE_PAGE_ROWS rows (host); NULL: contiguous
+    int page_stride;
+    int64_t pool_rows; // paged: the rows of the pool k, v, kv point at
     union {
         attn_cache_t attn;
         mla_cache_t mla;
@@ -103,6 +115,16 @@ typedef struct {
         m2_cache_t m2;
     } u;
 } layer_cache_t;
+
+// Row u of sequence b of a growing cache, as a row of its buffer (k, v, kv).
+static inline int64_t cache_row(const layer_cache_t *c, int b, int64_t u) {
+    if (!c->pages) return (int64_t)b * c->cap + u;
+    return (int64_t)c->pages[(int64_t)b * c->page_stride + u / BE_PAGE_ROWS] * BE_PAGE_ROWS + u % BE_PAGE_ROWS;
+}
+// How many of rows [u, u + n) of sequence b follow row u in memory (>= 1 for
+// n >= 1): all of them in a contiguous cache, else up to the end of the run
+// of consecutive pages that u's page starts.
+int64_t cache_run(const layer_cache_t *c, int b, int64_t u, int64_t n);
 
 // A decode step's rows come in runs: run i is sequences [seq0, seq0 + n) of
 // `cache`, at position cache->len, taking the step's next n rows. One cache of
@@ -136,7 +158,8 @@ int step_rows(const step_run_t *runs, int n_runs);
 int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
 // A decode step's per-row cache bases for layer `layer` of kind a->kind[layer]
 // (act elements of `act` bytes): attention 2N pointers, row r's sequence's K
-// cache (its row 0) then its V cache; MLA N, the latent cache; GDN 4N, the
+// cache (its row 0; a paged one's: the pool's row 0, its rows found through
+// the step's page tables) then its V cache; MLA N, the latent cache; GDN 4N, the
 // recurrent state (float [HV, Dv, K]) then the q, k and v conv windows (act
 // [C, W]); Mamba-2 2N, the state (float [H, P, N]) then the conv window.
 // Written to out (may be NULL: only counted); returns how many.
@@ -144,6 +167,25 @@ int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *r
 // Device array of the step's cache bases of c's layer: c->step_cache when
 // prepared, else uploaded into the arena (NULL + error slot on failure).
 void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
+// Copies rows [u0, u0 + n) of sequence b of a growing cache's buffer buf
+// (rows of w act elements), columns [col, col + cols), to x (to_cache 0: a
+// gather) or from it (1: an append), x's rows ldx apart: one copy per run of
+// consecutive rows (cache_run).
+void cache_copy_rows(be_t *be, const layer_cache_t *c, void *buf, int64_t w, int b, int64_t u0, int64_t n, int64_t col,
+                     int64_t cols, void *x, int64_t ldx, int to_cache);
+// Pages per step row of a step's page tables, 0 when no run is paged (no
+// tables: every cache contiguous, backend.h be_pages_t); else the most pages
+// a run's sequence may span: a paged run's context limit (so that the
+// tables' shape holds while the caches grow), a contiguous one's room.
+int step_page_stride(const step_run_t *runs, int n_runs);
+// The step's page tables [N, stride] into out (stride from step_page_stride,
+// > 0): a paged sequence's pages, a contiguous one's rows as consecutive
+// pages from its row 0 (0, 1, 2, ...); entries past what a sequence holds 0.
+void step_page_tables(const step_run_t *runs, int n_runs, int stride, int32_t *out);
+// The step's page tables on the device: c->step_pages when prepared (with
+// c->step_cache), else uploaded into the arena; pages NULL when no run is
+// paged. 0, or ERR_NOMEM.
+int ctx_step_pages(const layer_ctx_t *c, const step_run_t *runs, int n_runs, be_pages_t *pg);
 // The largest context limit of a step's caches (their ctx, else their cap):
 // the bound of the rows' visible lengths the attention ops size their work
 // by. It holds for a state's lifetime, so a recorded step's launches hold

@@ -199,11 +199,11 @@ static void expand_keys(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
 // (one tile's kvd, k and v), so its memory does not grow with the context.
 #define MLA_TILE_ARENA_PART 16
 
-// Keys per sequence in one tile of the cached prefill: c->mla_tile_keys when
+// Keys per sequence in one tile of the cached prefill: c->cache_tile_keys when
 // set, else as many as 1 / MLA_TILE_ARENA_PART of the arena holds for B
 // sequences, a multiple of 64 (the CUDA attention's key tiles stay whole).
 static int64_t tile_keys(const layer_ctx_t *c, const dims_t *D, int B) {
-    if (c->mla_tile_keys > 0) return c->mla_tile_keys;
+    if (c->cache_tile_keys > 0) return c->cache_tile_keys;
     int64_t per_key = (int64_t)B * D->G * (D->kvh + D->qd + D->dv) * (int64_t)c->be->act_size;
     int64_t R = (int64_t)(c->arena->cap / MLA_TILE_ARENA_PART) / per_key / 64 * 64;
     return R > 64 ? R : 64;
@@ -218,8 +218,10 @@ static int64_t tile_keys(const layer_ctx_t *c, const dims_t *D, int B) {
 // keys, holds the chunk's own keys and keeps the bottom-right causal mask;
 // tiles [0, R), [R, 2R), ... cover the keys before it, all of which precede
 // every query (no mask). A context that fits one tile is one causal call, as
-// an untiled forward. (Attending in latent space, as the decode step does,
-// would cost more FLOPs here: docs/ARCHITECTURE.md, MLA prefill.)
+// an untiled forward. A contiguous cache's latents are read in place; a paged
+// one's tile is gathered first unless its rows are one run of pages. (Attending
+// in latent space, as the decode step does, would cost more FLOPs here:
+// docs/ARCHITECTURE.md, MLA prefill.)
 static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const layer_cache_t *cache, int B,
                         int T, int pos0, const void *q, void *att, float *lse) {
     be_t *be = c->be;
@@ -229,8 +231,9 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
     int64_t last0 = Tk - n_last; // the last tile's first key
     int64_t n_tiles = (last0 + R - 1) / R + 1, NK = (int64_t)B * n_last;
     int64_t n_out = (int64_t)B * T * D->H * D->dv;
-    void *kvd, *k, *v, *att_i = att;
+    void *kvd, *k, *v, *att_i = att, *gat = NULL;
     float *lse_i = lse, *acc = NULL;
+    if (cache->pages) ACT(gat, NK * D->L); // a tile's latents, gathered from their pages
     ACT(kvd, NK * D->G * D->kvh);
     ACT(k, NK * D->G * D->qd);
     ACT(v, NK * D->G * D->dv);
@@ -243,8 +246,17 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
     for (int64_t i = 0; i < n_tiles; i++) {
         int last = i == n_tiles - 1;
         int64_t u0 = last ? last0 : i * R, n = last ? n_last : (last0 - u0 < R ? last0 - u0 : R);
-        expand_keys(c, D, w, act_at(be, kv, u0 * D->L), D->L, act_at(be, kv, u0 * D->L + D->rkv), D->L, cache->cap, B,
-                    n, kvd, k, v);
+        const void *lat = act_at(be, kv, u0 * D->L); // sequence b's keys b * seq keys further
+        int64_t seq = cache->cap;
+        if (cache->pages && B == 1 && cache_run(cache, 0, u0, n) == n) {
+            lat = act_at(be, kv, cache_row(cache, 0, u0) * D->L), seq = n;
+        } else if (cache->pages) {
+            for (int b = 0; b < B; b++)
+                cache_copy_rows(be, cache, (void *)kv, D->L, b, u0, n, 0, D->L, act_at(be, gat, (int64_t)b * n * D->L),
+                                D->L, 0);
+            lat = gat, seq = n;
+        }
+        expand_keys(c, D, w, lat, D->L, act_at(be, lat, D->rkv), D->L, seq, B, n, kvd, k, v);
         be->attn_fwd(be, att_i, lse_i, q, k, v, B, T, (int)n, D->H, D->G, D->qd, D->dv, D->scale, last);
         if (n_tiles > 1) be->attn_merge(be, acc, lse, att_i, lse_i, last ? att : NULL, i == 0, B, T, D->H, D->dv);
     }
@@ -276,11 +288,11 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
     F32(lse, (int64_t)B * D.H * T);
     if (cache) {
         void *kv = cache->u.mla.kv;
-        int64_t cap = cache->cap;
         for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
-            void *row0 = act_at(be, kv, ((int64_t)b * cap + pos0) * D.L);
-            be->copy2d(be, row0, D.L, act_at(be, p.cn, (int64_t)b * T * D.rkv), D.rkv, T, D.rkv, 0);
-            be->copy2d(be, act_at(be, row0, D.rkv), D.L, act_at(be, p.kpe, (int64_t)b * T * D.dr), D.dr, T, D.dr, 0);
+            cache_copy_rows(be, cache, kv, D.L, b, pos0, T, 0, D.rkv, act_at(be, p.cn, (int64_t)b * T * D.rkv), D.rkv,
+                            1);
+            cache_copy_rows(be, cache, kv, D.L, b, pos0, T, D.rkv, D.dr, act_at(be, p.kpe, (int64_t)b * T * D.dr), D.dr,
+                            1);
         }
         TRY(attend_cache(c, &D, w, cache, B, T, pos0, p.q, att, lse));
     } else {
@@ -445,9 +457,11 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const
     // q_pe and k_pe rotated, and every row's [c | k_pe] appended at its own
     // position of its own cache: one call for all runs
     void *const *rows = ctx_step_caches(c, runs, n_runs);
+    be_pages_t pg; // their page tables
     if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
+    TRY(ctx_step_pages(c, runs, n_runs, &pg));
     be->mla_rope_append(be, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, p.cn, p.ldc, p.kpe, p.ldk, pos,
-                        c->rope_cos, c->rope_sin, rows, (int)B, D.H, D.rkv, D.dr);
+                        c->rope_cos, c->rope_sin, rows, pg, (int)B, D.H, D.rkv, D.dr);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h)
     void *qlat, *olat, *att;
@@ -459,14 +473,17 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const
         be->memset0(be, qlat, (size_t)(B * Hr) * be->act_size);
 
     // attention of every row over its own cache, its visible length from vis:
-    // one call for all runs. One run's sequences lie in one buffer, which the
-    // CUDA kernel can read through one tensor map (pool).
+    // one call for all runs. One run's sequences lie in one buffer, and paged
+    // caches in one pool, which the CUDA kernel can read through one tensor
+    // map (pool).
     ACT(olat, B * Hr);
     const layer_cache_t *k0 = runs[0].cache;
-    const void *pool = n_runs == 1 ? k0->u.mla.kv : NULL;
-    int64_t pool_rows = n_runs == 1 ? (int64_t)k0->B * k0->cap : 0;
+    const void *pool = k0->u.mla.kv;
+    int64_t pool_rows = k0->pages ? k0->pool_rows : (int64_t)k0->B * k0->cap;
+    for (int i = 1; i < n_runs; i++)
+        if (!k0->pages || runs[i].cache->u.mla.kv != pool) pool = NULL, pool_rows = 0;
     // q_pe read in place in q: head stride qd, after the d_nope values
-    be->mla_decode_attn(be, olat, qlat, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, rows, vis,
+    be->mla_decode_attn(be, olat, qlat, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, rows, pg, vis,
                         step_max_ctx(runs, n_runs), pool, pool_rows, (int)B, D.H, D.rkv, D.dr, D.scale);
 
     // att[b, h] = wv_g(h) olat[b, h]

@@ -211,6 +211,7 @@ void model_run_free(model_run_t *r) {
         be->free(be, r->arena.base);
         be->free(be, r->pos_buf);
         be->free(be, r->cache_buf);
+        be->free(be, r->page_buf);
         if (r->graph) be->graph_free(be, r->graph);
     }
     free(r->key.v);
@@ -219,6 +220,7 @@ void model_run_free(model_run_t *r) {
     free(r->pos_host);
     free(r->runs);
     free(r->cache_host);
+    free(r->page_host);
     free(r->cache_off);
     memset(r, 0, sizeof *r);
 }
@@ -369,8 +371,9 @@ int64_t model_cache_bytes_per_token(const model_t *m) {
 }
 
 // Layer l's growing buffers: how many, their bytes per token of one sequence
-// (w, in arch_cache_parts' order) and the cache fields holding them (slot).
-static int grow_parts(const model_t *m, model_state_t *st, int l, int64_t w[4], void **slot[2]) {
+// (w, in arch_cache_parts' order) and the cache fields holding them (slot;
+// a paged state's point into its pool).
+static int grow_parts(const model_t *m, const model_state_t *st, int l, int64_t w[4], void **slot[2]) {
     if (!arch_cache_grows(&m->a, l)) return 0;
     layer_cache_t *c = &st->layers[l];
     if (m->a.kind[l] == LAYER_ATTN)
@@ -437,9 +440,158 @@ static int grow_to(const model_t *m, model_state_t *st, int n, int want) {
     return 0;
 }
 
+int model_pages_for(int64_t n) { return (int)((n + BE_PAGE_ROWS - 1) / BE_PAGE_ROWS); }
+
+// ---- the page pool ---------------------------------------------------------------
+
+int64_t model_page_bytes(const model_t *m) { return (int64_t)BE_PAGE_ROWS * model_cache_bytes_per_token(m); }
+
+int model_pool_create(const model_t *m, model_pool_t *pool, int n_pages) {
+    const arch_t *a = &m->a;
+    be_t *be = m->be;
+    memset(pool, 0, sizeof *pool);
+    if (n_pages < 1) return err_set(ERR_INPUT, "a page pool of %d pages", n_pages);
+    // each part's pages one after another, every part 256-byte aligned
+    int64_t total = 0, w[4];
+    for (int l = 0; l < a->n_layers; l++) {
+        int np = arch_cache_grows(a, l) ? arch_cache_parts(a, l, 1, 1, sizeof(float), (int)be->act_size, w) : 0;
+        for (int i = 0; i < np; i++)
+            total += round256((int64_t)n_pages * BE_PAGE_ROWS * w[i]);
+    }
+    pool->part = calloc((size_t)2 * (a->n_layers ? a->n_layers : 1), sizeof *pool->part);
+    pool->ref = calloc((size_t)n_pages, sizeof *pool->ref);
+    if (!pool->part || !pool->ref) {
+        model_pool_free(m, pool);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    if (total > 0 && !(pool->mem = be->alloc(be, (size_t)total))) {
+        model_pool_free(m, pool);
+        return err_wrap(ERR_NOMEM, "a page pool of %d pages of %d tokens (%.1f MiB): ", n_pages, BE_PAGE_ROWS,
+                        total / 1048576.0);
+    }
+    char *p = pool->mem;
+    for (int l = 0; l < a->n_layers; l++) {
+        int np = arch_cache_grows(a, l) ? arch_cache_parts(a, l, 1, 1, sizeof(float), (int)be->act_size, w) : 0;
+        for (int i = 0; i < np; i++) {
+            pool->part[2 * l + i] = p;
+            p += round256((int64_t)n_pages * BE_PAGE_ROWS * w[i]);
+        }
+    }
+    pool->n_pages = pool->n_free = n_pages;
+    pool->bytes = (size_t)total;
+    pool->page_bytes = model_page_bytes(m);
+    return 0;
+}
+
+void model_pool_free(const model_t *m, model_pool_t *pool) {
+    if (pool->mem) m->be->free(m->be, pool->mem);
+    free(pool->ref);
+    free(pool->part);
+    memset(pool, 0, sizeof *pool);
+}
+
+// A free page with one reference (the lowest, so that a sequence's pages
+// tend to follow each other: fewer copies when a prefill gathers them), or
+// -1 when none is left.
+static int pool_take(model_pool_t *pool) {
+    if (pool->n_free == 0) return -1;
+    for (int p = pool->hint; p < pool->n_pages; p++)
+        if (pool->ref[p] == 0) {
+            pool->ref[p] = 1;
+            pool->n_free--;
+            pool->hint = p + 1;
+            return p;
+        }
+    assert(0 && "n_free counts a page that is not free");
+    return -1;
+}
+
+void model_pool_hold(model_pool_t *pool, const int32_t *pages, int n) {
+    for (int i = 0; i < n; i++) {
+        assert(pool->ref[pages[i]] > 0);
+        pool->ref[pages[i]]++;
+    }
+}
+
+void model_pool_release(model_pool_t *pool, const int32_t *pages, int n) {
+    for (int i = 0; i < n; i++) {
+        int p = pages[i];
+        assert(pool->ref[p] > 0);
+        if (--pool->ref[p] == 0) {
+            pool->n_free++;
+            if (p < pool->hint) pool->hint = p;
+        }
+    }
+}
+
+// ---- paged states ----------------------------------------------------------------
+
+// The room and bytes of a paged state after its pages changed.
+static void paged_sync(const model_t *m, model_state_t *st) {
+    int64_t rows = (int64_t)st->n_pages * BE_PAGE_ROWS;
+    st->cap = rows < st->ctx ? (int)rows : st->ctx;
+    for (int l = 0; l < m->a.n_layers; l++)
+        if (arch_cache_grows(&m->a, l)) st->layers[l].cap = st->cap;
+    st->cache_bytes = (size_t)((int64_t)st->n_pages * st->pool->page_bytes);
+    st->bytes = st->fixed_bytes + st->cache_bytes;
+}
+
+// Replaces the state's page i (shared) by a copy of its rows below len.
+static int paged_copy_on_write(const model_t *m, model_state_t *st, int i) {
+    model_pool_t *pool = st->pool;
+    int q = pool_take(pool);
+    if (q < 0) return ERR_NOMEM;
+    int64_t rows = (int64_t)st->len - (int64_t)i * BE_PAGE_ROWS, w[4];
+    if (rows > BE_PAGE_ROWS) rows = BE_PAGE_ROWS;
+    int rc = 0;
+    for (int l = 0; l < m->a.n_layers && rc == 0 && rows > 0; l++) {
+        int np =
+            arch_cache_grows(&m->a, l) ? arch_cache_parts(&m->a, l, 1, 1, sizeof(float), (int)m->be->act_size, w) : 0;
+        for (int k = 0; k < np && rc == 0; k++) {
+            char *part = pool->part[2 * l + k];
+            int64_t page = (int64_t)BE_PAGE_ROWS * w[k];
+            rc = m->be->copy_d2d(m->be, part + q * page, part + st->pages[i] * page, (size_t)(rows * w[k]));
+        }
+    }
+    int32_t drop = rc == 0 ? st->pages[i] : q;
+    model_pool_release(pool, &drop, 1);
+    if (rc == 0) st->pages[i] = q;
+    return rc;
+}
+
+static int paged_reserve(const model_t *m, model_state_t *st, int n) {
+    model_pool_t *pool = st->pool;
+    int need = model_pages_for(n), rc = 0;
+    // pages that rows [len, n) write into and others hold too: copies first
+    for (int i = st->len / BE_PAGE_ROWS; i < st->n_pages && i < need && rc == 0; i++)
+        if (pool->ref[st->pages[i]] > 1) rc = paged_copy_on_write(m, st, i);
+    while (rc == 0 && st->n_pages < need) {
+        int p = pool_take(pool);
+        if (p < 0)
+            rc = ERR_NOMEM;
+        else
+            st->pages[st->n_pages++] = p;
+    }
+    paged_sync(m, st);
+    if (rc == ERR_NOMEM)
+        return err_set(
+            ERR_NOMEM,
+            "the page pool is full: %d tokens need %d pages of %d tokens, the sequence holds %d, and none of "
+            "the %d pages is free (%lld bytes a page)",
+            n, need, BE_PAGE_ROWS, st->n_pages, pool->n_pages, (long long)pool->page_bytes);
+    return rc;
+}
+
+static void paged_drop(const model_t *m, model_state_t *st) {
+    model_pool_release(st->pool, st->pages, st->n_pages);
+    st->n_pages = 0;
+    paged_sync(m, st);
+}
+
 int model_state_reserve(const model_t *m, model_state_t *st, int n) {
-    if (n <= st->cap) return 0;
+    if (n <= st->cap && !st->pool) return 0;
     if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    if (st->pool) return paged_reserve(m, st, n); // also when it has the room: a shared page is copied
     // Doubling keeps the copies at O(1) per token; near the memory's end the
     // exact room asked for may still fit where double does not.
     int want = st->cap > st->ctx / 2 ? st->ctx : 2 * st->cap;
@@ -447,12 +599,15 @@ int model_state_reserve(const model_t *m, model_state_t *st, int n) {
 }
 
 int model_state_fit(const model_t *m, model_state_t *st, int n) {
-    if (n <= st->cap) return 0;
+    if (n <= st->cap && !st->pool) return 0;
     if (n > st->ctx) return err_set(ERR_INPUT, "%d tokens per sequence exceed the state's context of %d", n, st->ctx);
+    if (st->pool) return paged_reserve(m, st, n);
     return grow_to(m, st, n, n);
 }
 
-int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
+// What both forms share: the layers and the fixed states, allocated and
+// zeroed; no growing room yet (cap 0 when a layer grows).
+static int state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
     const arch_t *a = &m->a;
     be_t *be = m->be;
     memset(st, 0, sizeof *st);
@@ -475,17 +630,11 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
     }
     if (total) {
         st->fixed = be->alloc(be, (size_t)total);
-        if (!st->fixed) {
-            model_state_free(m, st);
+        if (!st->fixed)
             return err_wrap(ERR_NOMEM, "recurrent states of %d sequence%s (%lld bytes): ", B, B == 1 ? "" : "s",
                             (long long)total);
-        }
         st->fixed_bytes = (size_t)total;
-        int rc = be->memset0(be, st->fixed, st->fixed_bytes);
-        if (rc < 0) {
-            model_state_free(m, st);
-            return rc;
-        }
+        TRY(be->memset0(be, st->fixed, st->fixed_bytes));
     }
     char *p = st->fixed;
     for (int l = 0; l < a->n_layers; l++) {
@@ -504,13 +653,43 @@ int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
     }
     st->cap = grows ? 0 : ctx;
     st->bytes = st->fixed_bytes;
-    int rc = model_state_reserve(m, st, ctx < MODEL_STATE_CAP0 ? ctx : MODEL_STATE_CAP0);
+    return 0;
+}
+
+int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx) {
+    int rc = state_alloc(m, st, B, ctx);
+    if (rc == 0) rc = model_state_reserve(m, st, ctx < MODEL_STATE_CAP0 ? ctx : MODEL_STATE_CAP0);
     if (rc < 0) model_state_free(m, st);
     return rc;
 }
 
+int model_state_alloc_paged(const model_t *m, model_state_t *st, model_pool_t *pool, int ctx) {
+    int rc = state_alloc(m, st, 1, ctx);
+    if (rc == 0 && !(st->pages = calloc((size_t)model_pages_for(ctx), sizeof *st->pages)))
+        rc = err_set(ERR_NOMEM, "out of memory");
+    if (rc < 0) {
+        model_state_free(m, st);
+        return rc;
+    }
+    st->pool = pool;
+    for (int l = 0; l < m->a.n_layers; l++) {
+        if (!arch_cache_grows(&m->a, l)) continue;
+        layer_cache_t *c = &st->layers[l];
+        c->pages = st->pages, c->page_stride = model_pages_for(ctx);
+        c->pool_rows = (int64_t)pool->n_pages * BE_PAGE_ROWS;
+        if (m->a.kind[l] == LAYER_ATTN)
+            c->u.attn.k = pool->part[2 * l], c->u.attn.v = pool->part[2 * l + 1];
+        else
+            c->u.mla.kv = pool->part[2 * l];
+    }
+    paged_sync(m, st);
+    return 0;
+}
+
 void model_state_free(const model_t *m, model_state_t *st) {
-    if (st->layers)
+    if (st->pool) {
+        paged_drop(m, st);
+    } else if (st->layers) {
         for (int l = 0; l < m->a.n_layers; l++) {
             int64_t w[4];
             void **slot[2];
@@ -518,8 +697,10 @@ void model_state_free(const model_t *m, model_state_t *st) {
             for (int i = 0; i < np; i++)
                 m->be->free(m->be, *slot[i]);
         }
+    }
     if (st->fixed) m->be->free(m->be, st->fixed);
     free(st->layers);
+    free(st->pages);
     memset(st, 0, sizeof *st);
 }
 
@@ -533,6 +714,7 @@ static void set_len(const model_t *m, model_state_t *st, int len) {
 void model_state_reset(const model_t *m, model_state_t *st) {
     if (st->fixed) m->be->memset0(m->be, st->fixed, st->fixed_bytes);
     set_len(m, st, 0);
+    if (st->pool) paged_drop(m, st);
 }
 
 // ---- snapshots -------------------------------------------------------------------
@@ -565,8 +747,8 @@ int64_t model_snapshot_fixed_bytes(const model_t *m) {
 }
 
 // The copies of a snapshot or a restore: sequence b's rows [0, n) between the
-// state and a compact buffer of n_rows rows, and its fixed states; to_state
-// says which way.
+// state (contiguous or paged: run by run of consecutive rows) and a compact
+// buffer of n_rows rows, and its fixed states; to_state says which way.
 static int snap_copy(const model_t *m, model_state_t *st, int b, int n, int n_rows, void *rows, void *fixed,
                      int to_state) {
     be_t *be = m->be;
@@ -574,11 +756,16 @@ static int snap_copy(const model_t *m, model_state_t *st, int b, int n, int n_ro
     for (int l = 0; l < m->a.n_layers; l++) {
         int64_t w[4];
         void **gslot[2], *fslot[4];
+        const layer_cache_t *lc = &st->layers[l];
         int np = grow_parts(m, st, l, w, gslot);
         for (int i = 0; i < np && rows; i++) {
-            char *s = (char *)*gslot[i] + (int64_t)b * st->layers[l].cap * w[i];
-            size_t bytes = (size_t)((int64_t)n * w[i]);
-            if (n > 0) TRY(to_state ? be->copy_d2d(be, s, pr, bytes) : be->copy_d2d(be, pr, s, bytes));
+            for (int64_t u = 0; u < n;) {
+                int64_t run = cache_run(lc, b, u, n - u);
+                char *s = (char *)*gslot[i] + cache_row(lc, b, u) * w[i], *c = pr + u * w[i];
+                size_t bytes = (size_t)(run * w[i]);
+                TRY(to_state ? be->copy_d2d(be, s, c, bytes) : be->copy_d2d(be, c, s, bytes));
+                u += run;
+            }
             pr += (int64_t)n_rows * w[i];
         }
         np = fixed_parts(m, st, l, w, fslot);
@@ -604,12 +791,44 @@ int model_state_restore(const model_t *m, model_state_t *st, const void *rows, i
         return err_set(ERR_INPUT,
                        "restore of %d tokens from a snapshot of %d rows%s%s into a state of %d sequences of at most %d",
                        len, n_rows, rows ? "" : " (no rows)", fixed ? "" : " (no fixed states)", st->B, st->ctx);
+    if (st->pool) set_len(m, st, 0); // nothing held is kept: no shared page copied for rows to be overwritten
     TRY(model_state_reserve(m, st, len));
     int rc = snap_copy(m, st, 0, len, n_rows, (void *)rows, (void *)fixed, 1);
     if (rc < 0) { // half copied: a fresh sequence rather than a mixed one
         model_state_reset(m, st);
         return rc;
     }
+    set_len(m, st, len);
+    return 0;
+}
+
+int model_state_share(const model_t *m, const model_state_t *st, int n, int32_t *pages) {
+    if (!st->pool || n < 0 || n > st->len)
+        return err_set(ERR_INPUT, "sharing %d rows of a %s state of %d tokens", n, st->pool ? "paged" : "contiguous",
+                       st->len);
+    int k = model_pages_for(n);
+    memcpy(pages, st->pages, (size_t)k * sizeof *pages);
+    model_pool_hold(st->pool, pages, k);
+    return 0;
+}
+
+int model_state_restore_pages(const model_t *m, model_state_t *st, const int32_t *pages, const void *fixed, int len) {
+    if (!st->pool || len < 0 || len > st->ctx || (!fixed && model_snapshot_fixed_bytes(m) > 0))
+        return err_set(ERR_INPUT, "restore of %d tokens%s into a %s state of at most %d", len,
+                       fixed ? "" : " (no fixed states)", st->pool ? "paged" : "contiguous", st->ctx);
+    paged_drop(m, st);
+    if (fixed) {
+        int rc = snap_copy(m, st, 0, 0, 0, NULL, (void *)fixed, 1);
+        if (rc < 0) {
+            model_state_reset(m, st);
+            return rc;
+        }
+    }
+    int k = model_pages_for(len);
+    memcpy(st->pages, pages, (size_t)k * sizeof *pages);
+    model_pool_hold(st->pool, pages, k);
+    st->n_pages = k;
+    paged_sync(m, st);
     set_len(m, st, len);
     return 0;
 }
@@ -687,7 +906,7 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
     const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
-    r->step_cache = NULL;
+    r->step_cache = NULL, r->step_pages = (be_pages_t){NULL, 0};
     TRY(runs_room(r, n_st));
     if (!r->cache_off && !(r->cache_off = malloc((size_t)(a->n_layers ? a->n_layers : 1) * sizeof(int64_t))))
         return err_set(ERR_NOMEM, "out of memory");
@@ -710,6 +929,25 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
         step_cache_bases(a, l, be->act_size, r->runs, n_st, r->cache_host + r->cache_off[l]);
     }
     TRY(be->copy_h2d(be, r->cache_buf, r->cache_host, (size_t)need * sizeof(void *)));
+    // The rows' page tables, shared by the layers (those of the first growing
+    // one; every growing layer of a state has the same pages), when a state
+    // is paged; else none (contiguous caches need no table).
+    r->step_pages = (be_pages_t){NULL, 0};
+    for (int l = 0; l < a->n_layers; l++) {
+        if (!arch_cache_grows(a, l)) continue;
+        for (int k = 0; k < n_st; k++)
+            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+        int stride = step_page_stride(r->runs, n_st), N = step_rows(r->runs, n_st);
+        if (!stride) break;
+        int64_t n = (int64_t)N * stride;
+        rc = mirror_room(be, (void **)&r->page_buf, (void **)&r->page_host, &r->page_cap, n, 1024, sizeof(int32_t),
+                         "page tables");
+        if (rc < 0) return rc;
+        step_page_tables(r->runs, n_st, stride, r->page_host);
+        TRY(be->copy_h2d(be, r->page_buf, r->page_host, (size_t)n * sizeof(int32_t)));
+        r->step_pages = (be_pages_t){r->page_buf, stride};
+        break;
+    }
     r->step_cache = r->cache_buf;
     return 0;
 }
@@ -728,7 +966,8 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
                      .step_pos = r->step_pos,
                      .qw = m->qw,
                      .n_qw = m->n_qw};
-    if (r->step_cache && r->cache_off[l] >= 0) c.step_cache = r->step_cache + r->cache_off[l];
+    if (r->step_cache && r->cache_off[l] >= 0)
+        c.step_cache = r->step_cache + r->cache_off[l], c.step_pages = r->step_pages;
     if (m->a.kind[l] == LAYER_MLA) c.rope_cos = m->mla_cos, c.rope_sin = m->mla_sin;
     return c;
 }
@@ -1061,7 +1300,7 @@ enum { STEP_GRAPH_ROWS = 64 };
 // Everything a step's launches depend on, as values, into r->key_new.
 static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N) {
     const model_t *m = r->m;
-    int64_t need = 16 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
+    int64_t need = 18 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
     step_key_t *kn = &r->key_new;
     if (need > kn->room) {
         uint64_t *p = realloc(kn->v, (size_t)need * sizeof *p);
@@ -1071,11 +1310,14 @@ static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t
     uint64_t *k = kn->v;
     k[n++] = (uint64_t)N, k[n++] = (uint64_t)n_st, k[n++] = (uintptr_t)r->arena.base;
     k[n++] = (uintptr_t)m->be->scratch.base, k[n++] = (uintptr_t)r->pos_buf, k[n++] = (uintptr_t)r->cache_buf;
+    k[n++] = (uintptr_t)r->step_pages.pages, k[n++] = (uint64_t)r->step_pages.stride;
     k[n++] = (uintptr_t)m->rope_cos, k[n++] = (uintptr_t)m->rope_sin, k[n++] = (uintptr_t)m->mla_cos;
     k[n++] = (uintptr_t)m->mla_sin;
     for (int s = 0; s < n_st; s++) {
         model_state_t *st = sts[s];
-        k[n++] = (uintptr_t)st, k[n++] = (uint64_t)st->B, k[n++] = (uint64_t)st->cap, k[n++] = (uint64_t)st->ctx;
+        // a paged state's room is in its page table (device memory), not in the launches
+        k[n++] = (uintptr_t)st, k[n++] = (uint64_t)st->B, k[n++] = st->pool ? 0 : (uint64_t)st->cap;
+        k[n++] = (uint64_t)st->ctx;
         k[n++] = (uintptr_t)st->fixed;
         for (int l = 0; l < m->a.n_layers; l++) {
             int64_t w[4];

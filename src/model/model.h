@@ -83,6 +83,11 @@ typedef struct {
     int64_t cache_cap;              // pointers of each
     int64_t *cache_off;
     void *const *step_cache;
+    // ... and, uploaded with them when a state of the step is paged, the
+    // rows' page tables (layer.h step_page_tables; pages NULL: none).
+    int32_t *page_buf, *page_host; // device, host staging
+    int64_t page_cap;              // entries of each
+    be_pages_t step_pages;
     // The recorded decode step (model.c step_forward; backends with graphs):
     // the replay and the key it was recorded with, the key of the last step
     // that ran op by op (a key is recorded when it comes twice in a row), the
@@ -157,17 +162,55 @@ int model_bind(const model_t *m, void *flat, size_t elt, layer_w_t *lw, void **e
                void **lm_head);
 
 // ---- inference ----------------------------------------------------------------
+// The page pool of paged states (hylo serve): page p holds BE_PAGE_ROWS
+// token rows of every growing layer (attention K and V apart, MLA latent +
+// rope key), at row p * BE_PAGE_ROWS of the layer's part of one device block
+// (part[2 l] K or the latents, part[2 l + 1] V; NULL for fixed-state
+// layers). A state's table and the prefix cache's entries hold references to
+// pages; a page is free when none does. Every use is on one thread (the
+// engine's).
+typedef struct {
+    int n_pages, n_free;
+    int32_t *ref;       // [n_pages] references (host); 0: free
+    int hint;           // no page below it is free
+    void *mem;          // the device block
+    size_t bytes;       // its size
+    void **part;        // [2 n_layers] each growing layer's parts
+    int64_t page_bytes; // bytes of one page over every part (model_page_bytes)
+} model_pool_t;
+
+// Bytes of one page on m's backend: BE_PAGE_ROWS * model_cache_bytes_per_token.
+int64_t model_page_bytes(const model_t *m);
+// A pool of n_pages pages (one allocation; ERR_NOMEM naming its bytes), all free.
+int model_pool_create(const model_t *m, model_pool_t *pool, int n_pages);
+void model_pool_free(const model_t *m, model_pool_t *pool);
+// One more reference on each of n pages, or one fewer (a page whose count
+// reaches 0 is free again).
+void model_pool_hold(model_pool_t *pool, const int32_t *pages, int n);
+void model_pool_release(model_pool_t *pool, const int32_t *pages, int n);
+
 // The hybrid cache of B sequences, the one owner of its capacity. Fixed-size
 // parts (GDN / Mamba-2 states and conv windows) are allocated and zeroed once.
-// The growing ones (attention K and V, MLA latent + rope key: one device
-// buffer each per layer, [B, cap, ...]) hold room for `cap` tokens per
-// sequence, start small and grow with use up to `ctx` (model_state_reserve,
-// which prefill and step call): nothing is allocated or zeroed for tokens
-// never fed. Their elements are the backend's act dtype (fp32 on the CPU,
-// bf16 on CUDA), so cache_bytes = B * cap * model_cache_bytes_per_token(m),
-// the figure `hylo info` prints for that device. (A growth that runs out of
-// memory halfway leaves some layers larger than cap: then cache_bytes, the
-// real total, is more.)
+// The growing ones (attention K and V, MLA latent + rope key) hold room for
+// `cap` tokens per sequence and grow with use up to `ctx`
+// (model_state_reserve, which prefill and step call): nothing is allocated
+// or zeroed for tokens never fed. Their elements are the backend's act dtype
+// (fp32 on the CPU, bf16 on CUDA). Two forms (layer.h layer_cache_t):
+// - contiguous (model_state_alloc; generate, eval, training tools): one
+//   device buffer per part per layer, [B, cap, ...], starting small and
+//   reallocated to twice the room (its rows copied) as it grows, so
+//   cache_bytes = B * cap * model_cache_bytes_per_token(m), the figure
+//   `hylo info` prints for that device (a growth that runs out of memory
+//   halfway leaves some layers larger than cap: then cache_bytes, the real
+//   total, is more);
+// - paged (model_state_alloc_paged; one sequence, the server's requests):
+//   the rows live in pages of a model_pool_t, listed in the state's table
+//   (pages, shared by its layers), and growing takes pages, copying
+//   nothing; cap = min(n_pages * BE_PAGE_ROWS, ctx), cache_bytes = n_pages *
+//   model_page_bytes. Pages may be shared with the prefix cache and other
+//   states (model_state_share / model_state_restore_pages): before rows are
+//   written into a shared page the state takes a copy of it (copy on
+//   write), so what others hold never changes.
 typedef struct {
     int B, ctx, cap, len;  // sequences, most tokens (the context limit), room now, tokens consumed
     layer_cache_t *layers; // [n_layers]
@@ -175,6 +218,9 @@ typedef struct {
     size_t fixed_bytes;    // its size
     size_t cache_bytes;    // the growing buffers' bytes now
     size_t bytes;          // fixed_bytes + cache_bytes: everything the state holds on the device
+    model_pool_t *pool;    // paged: where its pages come from; NULL: contiguous
+    int32_t *pages;        // paged: [pages_of(ctx)] the sequence's pages, n_pages of them held (host)
+    int n_pages;
 } model_state_t;
 
 // Tokens of room a new state starts with (fewer when ctx is smaller).
@@ -185,19 +231,25 @@ int64_t model_cache_bytes_per_token(const model_t *m);
 // A state for B sequences of at most ctx tokens each, with room for
 // min(ctx, MODEL_STATE_CAP0) tokens.
 int model_state_alloc(const model_t *m, model_state_t *st, int B, int ctx);
-// Room for n tokens per sequence (n <= ctx, else ERR_INPUT): when n > cap the
-// growing buffers are reallocated to max(n, min(ctx, 2 cap)) tokens (n alone
-// when that does not fit) and the cached rows copied. Out of memory is
+// A paged state of one sequence of at most ctx tokens over pool (which must
+// outlive it): no pages yet (room 0; its fixed states allocated and zeroed).
+int model_state_alloc_paged(const model_t *m, model_state_t *st, model_pool_t *pool, int ctx);
+// Room for n tokens per sequence (n <= ctx, else ERR_INPUT). Contiguous:
+// when n > cap the growing buffers are reallocated to max(n, min(ctx, 2
+// cap)) tokens (n alone when that does not fit) and the cached rows copied.
+// Paged: pages are taken from the pool up to n tokens, and a shared page
+// that rows [len, n) would write is first replaced by a copy (copy on
+// write). Out of memory (a paged state: a pool without free pages) is
 // ERR_NOMEM naming the tokens and bytes asked for; the cache keeps what it
-// held and stays usable.
+// held (a paged one, the pages it got) and stays usable.
 int model_state_reserve(const model_t *m, model_state_t *st, int n);
 // Room for exactly n tokens per sequence when cap < n (no doubling; errors as
 // model_state_reserve): for a caller that knows the whole request (gen_run:
 // the prompt and the answer), whose cache is then one allocation of its size.
 int model_state_fit(const model_t *m, model_state_t *st, int n);
 void model_state_free(const model_t *m, model_state_t *st);
-// len = 0, fixed states zeroed; the growing buffers keep their room (rows
-// past len are never read).
+// len = 0, fixed states zeroed; contiguous growing buffers keep their room
+// (rows past len are never read), a paged state gives its pages back.
 void model_state_reset(const model_t *m, model_state_t *st);
 
 // ---- snapshots (prefix caching) -------------------------------------------------
@@ -225,7 +277,20 @@ int model_state_snapshot(const model_t *m, const model_state_t *st, int b, int n
 // first (errors as model_state_reserve, the state then as it was); after it
 // st->len = len, as if those tokens had been prefilled.
 int model_state_restore(const model_t *m, model_state_t *st, const void *rows, int n_rows, const void *fixed, int len);
-
+// The paged form of a snapshot's rows: no copy, references. model_state_share
+// puts the first pages_of(n) pages of a paged state (n <= st->len, rows [0,
+// n) and whatever else those pages hold) into pages, with a reference taken
+// on each; the holder gives them back with model_pool_release. Rows [0, p)
+// of them serve any prefix p <= n, as a snapshot's.
+int model_state_share(const model_t *m, const model_state_t *st, int n, int32_t *pages);
+// Makes a paged state hold a prefix of len tokens: the pages covering rows
+// [0, len) of `pages` (references taken; the state's own pages given back
+// first) and fixed (taken at len; NULL when the model has none). After it
+// st->len = len, as if those tokens had been prefilled; the last page, when
+// partial and shared, is copied before the state writes into it.
+int model_state_restore_pages(const model_t *m, model_state_t *st, const int32_t *pages, const void *fixed, int len);
+// Pages that n tokens of one sequence take: ceil(n / BE_PAGE_ROWS).
+int model_pages_for(int64_t n);
 // Feeds T tokens per sequence (ids host [B*T]) in chunks of `chunk` tokens,
 // extending the cache (room for all T is reserved first: out of memory leaves
 // the state as it was); logits (host, [B, V]) of each sequence's last token.

@@ -13,17 +13,22 @@
 typedef struct req {
     uint64_t id;
     srv_submit_t s;
-    int32_t *prompt; // owned copy of s.prompt
-    int fed;         // prompt tokens fed so far
-    int decoding;    // the prompt is in; next is the token to feed
+    // owned copy of s.prompt, room for n_prompt + max_new: the generated
+    // tokens follow the prompt, so that a preempted request prefills its
+    // prompt and its answer so far again (n_feed tokens)
+    int32_t *prompt;
+    int n_feed;   // tokens to prefill: n_prompt, or more after a preemption
+    int resumed;  // prefilling again after a preemption that came after its first token
+    int fed;      // of them fed so far
+    int decoding; // the prompt is in; next is the token to feed
     int32_t next;
     int n_new;
     int cancel; // set under the engine's mutex
-    int has_state;
-    model_state_t st;
+    int has_state, has_smp;
+    model_state_t st; // paged (the engine's pool)
     sampler_t smp;
     srv_prefix_rec_t rec; // the prefix cache's boundaries of this prompt
-    int64_t need;         // cache bytes planned (srv_request_bytes), counted in planned while running
+    int promised;         // pages counted in e->promised between admission and start
     double t_last;        // when the last token was handed on
     struct req *link;
 } req_t;
@@ -43,8 +48,13 @@ struct srv_engine {
     int n_queued;
     req_t **active; // [max_seqs], running
     int n_active;
-    int64_t planned;  // the running requests' need, summed (under cfg.cache_budget)
-    req_t **turn;     // [max_seqs] the engine thread's copy of active for one turn
+    // The paged cache: the running requests' attention / MLA rows and the
+    // prefix cache's entries, in pages of one pool (model.h model_pool_t).
+    model_pool_t pool;
+    int has_pool;
+    int promised; // pages admitted requests will take when they start (e->mu)
+    req_t **turn; // [max_seqs] the engine thread's copy of active for one turn
+    int n_turn;
     int *turn_cancel; // [max_seqs] and their cancel flags
     // a decode step: the decoding requests (indices into turn), and those in
     // the step: their turn indices, states and tokens
@@ -63,17 +73,24 @@ int64_t srv_request_bytes(const model_t *m, int n) {
     return (int64_t)n * model_cache_bytes_per_token(m) + model_snapshot_fixed_bytes(m);
 }
 
+int64_t srv_pool_pages(const model_t *m, const srv_engine_cfg_t *cfg) {
+    int64_t page = model_page_bytes(m), fixed = model_snapshot_fixed_bytes(m);
+    int64_t most = (int64_t)cfg->max_seqs * model_pages_for(cfg->ctx);
+    if (cfg->prefix_bytes > 0 && page > 0) most += cfg->prefix_bytes / page + 1;
+    if (!cfg->cache_budget || page == 0) return most;
+    int64_t n = (cfg->cache_budget - (int64_t)cfg->max_seqs * fixed) / page;
+    return n < most ? n : most;
+}
+
 static void req_free(srv_engine_t *e, req_t *r) {
-    if (r->need) { // it was running: its plan leaves the budget
+    if (r->promised) { // admitted, never started
         pthread_mutex_lock(&e->mu);
-        e->planned -= r->need;
+        e->promised -= r->promised;
         pthread_mutex_unlock(&e->mu);
     }
     if (e->prefix) srv_prefix_rec_free(e->prefix, &r->rec);
-    if (r->has_state) {
-        model_state_free(e->m, &r->st);
-        sampler_free(&r->smp);
-    }
+    if (r->has_state) model_state_free(e->m, &r->st);
+    if (r->has_smp) sampler_free(&r->smp);
     free(r->prompt);
     free(r);
 }
@@ -106,13 +123,18 @@ static int is_stop_id(const srv_engine_t *e, int32_t id) {
     return 0;
 }
 
-static int64_t request_need(const srv_engine_t *e, const req_t *r) {
-    return srv_request_bytes(e->m, r->s.n_prompt + r->s.max_new);
-}
+// Pages r takes when it starts: its prompt (and answer so far) and the row
+// of its next token.
+static int start_pages(const req_t *r) { return model_pages_for((int64_t)r->n_feed + 1); }
 
-// Whether r may start now under the cache budget (e->mu held).
-static int fits(const srv_engine_t *e, const req_t *r) {
-    return !e->cfg.cache_budget || e->planned + request_need(e, r) <= e->cfg.cache_budget;
+// Whether r may start now: pages free for it beyond those promised to the
+// requests admitted before it (e->mu held; the pool and the prefix cache
+// are the engine thread's, which holds the mutex here). The prefix cache's
+// least recently used entries give theirs back first when it is short.
+static int fits(srv_engine_t *e, const req_t *r) {
+    while (e->pool.n_free - e->promised < start_pages(r))
+        if (!e->prefix || !srv_prefix_evict(e->prefix)) return 0;
+    return 1;
 }
 
 // The prefix cache's counters, as they are now, to /metrics.
@@ -122,24 +144,86 @@ static void publish_prefix(srv_engine_t *e) {
     srv_metrics_prefix(e->metrics, s.hits, s.misses, s.reused_tokens, s.evictions, s.bytes, s.entries);
 }
 
-// A request's first turn: its cache (room for its prompt and answer at
-// most, growing with use) and its sampler. 0, or the request is finished.
+static void publish_pages(srv_engine_t *e) {
+    if (e->metrics) srv_metrics_pages(e->metrics, e->pool.n_free, e->pool.n_pages);
+}
+
+// Puts running request v back at the head of the queue, its pages given back
+// (engine thread, no lock held): it is prefilled again when it starts next,
+// with its answer so far after its prompt (n_feed), and goes on from there;
+// its client sees one stream. Its sampler keeps its state.
+static void preempt(srv_engine_t *e, req_t *v) {
+    log_info("request %llu preempted at %d cached tokens (%d generated): no cache page free (%d pages); it resumes "
+             "later",
+             (unsigned long long)v->id, v->st.len, v->n_new, e->pool.n_pages);
+    if (e->prefix) srv_prefix_rec_free(e->prefix, &v->rec);
+    model_state_free(e->m, &v->st);
+    v->has_state = 0;
+    v->n_feed = v->s.n_prompt + v->n_new;
+    v->resumed = v->n_new > 0;
+    v->fed = 0, v->decoding = 0;
+    if (e->metrics) srv_metrics_preempted(e->metrics);
+    pthread_mutex_lock(&e->mu);
+    v->link = e->q_head;
+    e->q_head = v;
+    if (!e->q_tail) e->q_tail = v;
+    e->n_queued++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+// Room for n tokens in r's cache, made when the pool has no page free: the
+// prefix cache's least recently used entries give theirs back first, then
+// the newest running request (the highest id among this turn's, r
+// included) is preempted, until the room is there. 0: room; 1: r itself was
+// preempted (its turn entry is cleared); < 0: an error (r still runs).
+static int make_room(srv_engine_t *e, req_t *r, int n) {
+    for (;;) {
+        int rc = model_state_reserve(e->m, &r->st, n);
+        if (rc != ERR_NOMEM) return rc;
+        if (e->prefix && srv_prefix_evict(e->prefix)) {
+            publish_prefix(e);
+            continue;
+        }
+        int v = -1;
+        for (int i = 0; i < e->n_turn; i++)
+            if (e->turn[i] && e->turn[i]->has_state && (v < 0 || e->turn[i]->id > e->turn[v]->id)) v = i;
+        if (v < 0) return rc;
+        req_t *victim = e->turn[v];
+        e->turn[v] = NULL;
+        err_clear();
+        preempt(e, victim);
+        if (victim == r) return 1;
+    }
+}
+
+// A request's first turn (again after a preemption): its paged cache, with
+// the pages of its prompt (and answer so far) and its next token taken now,
+// restored from the prefix cache where it can be, and its sampler. 0; 1 when
+// it went back to the queue (make_room) or finished.
 static int start(srv_engine_t *e, req_t *r) {
-    int rc = model_state_alloc(e->m, &r->st, 1, r->s.n_prompt + r->s.max_new);
-    if (rc == 0) {
+    pthread_mutex_lock(&e->mu);
+    e->promised -= r->promised;
+    r->promised = 0;
+    pthread_mutex_unlock(&e->mu);
+    int rc = model_state_alloc_paged(e->m, &r->st, &e->pool, r->s.n_prompt + r->s.max_new);
+    if (rc == 0) r->has_state = 1;
+    if (rc == 0 && !r->has_smp) {
         rc = sampler_init(&r->smp, &r->s.sampler, e->m->a.V);
-        if (rc < 0) model_state_free(e->m, &r->st);
+        r->has_smp = rc == 0;
+    }
+    if (rc == 0 && e->prefix) {
+        r->fed = srv_prefix_restore(e->prefix, &r->st, r->prompt, r->n_feed, &r->rec);
+        publish_prefix(e);
+    }
+    if (rc == 0) {
+        rc = make_room(e, r, r->n_feed + 1);
+        if (rc == 1) return 1;
     }
     if (rc < 0) {
         char msg[300];
         snprintf(msg, sizeof msg, "cannot allocate the request's cache: %s", err_msg());
         finish(e, r, SRV_FINISH_ERROR, rc == ERR_INPUT ? 400 : 503, msg);
-        return -1;
-    }
-    r->has_state = 1;
-    if (e->prefix) {
-        r->fed = srv_prefix_restore(e->prefix, &r->st, r->prompt, r->s.n_prompt, &r->rec);
-        publish_prefix(e);
+        return 1;
     }
     return 0;
 }
@@ -158,6 +242,7 @@ static int emit(srv_engine_t *e, req_t *r, const float *logits) {
         srv_metrics_tokens(e->metrics, 0, 1);
     }
     r->t_last = now;
+    r->prompt[r->s.n_prompt + r->n_new] = id; // part of its prompt if it is ever preempted
     r->n_new++;
     if (r->s.on_token(r->s.user, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
     if (r->n_new >= r->s.max_new) return finish(e, r, SRV_FINISH_LENGTH, 200, NULL), 1;
@@ -171,22 +256,24 @@ static int next_chunk(const srv_engine_t *e, const req_t *r, int *last) {
     // where its boundaries are taken), also after a restored prefix: its
     // rest then goes through the products in the chunks a prefill from
     // token 0 would use, but for the first (docs/SERVING.md, prefix caching).
-    int n = r->s.n_prompt - r->fed, to = e->cfg.chunk - r->fed % e->cfg.chunk;
+    int n = r->n_feed - r->fed, to = e->cfg.chunk - r->fed % e->cfg.chunk;
     if (e->prefix) {
         int block = srv_prefix_block(e->prefix), tb = block - r->fed % block;
         if (tb < to) to = tb;
     }
     if (n > to) n = to;
-    *last = r->fed + n == r->s.n_prompt;
+    *last = r->fed + n == r->n_feed;
     return n;
 }
 
 // After a prefill chunk of n tokens: the prefix cache's records and, after
-// the last chunk (logits: its last token's), the first token. 1 when the
-// request finished (it is freed), else 0.
+// the last chunk (logits: its last token's), the first token (the next one
+// of a resumed request). 1 when the request finished (it is freed), else 0.
+// A resumed request's prompt and answer so far are no prompt of a client:
+// no entry of the prefix cache, and its prompt tokens were counted before.
 static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *logits) {
     r->fed += n;
-    if (e->prefix) {
+    if (e->prefix && !r->resumed) {
         if (last)
             srv_prefix_insert(e->prefix, &r->rec, &r->st, r->prompt, r->s.n_prompt);
         else
@@ -194,7 +281,7 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *l
         publish_prefix(e);
     }
     if (!last) return 0;
-    if (e->metrics) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
+    if (e->metrics && !r->resumed) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
     r->decoding = 1;
     return emit(e, r, logits);
 }
@@ -210,6 +297,7 @@ static void prefill(srv_engine_t *e, req_t **turn, const int *idx, int n) {
     int k = 0;
     for (int i = 0; i < n; i++) {
         req_t *r = turn[idx[i]];
+        if (!r) continue; // preempted for an older one
         int last, c = next_chunk(e, r, &last);
         if (c == 1) {
             int rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, 1, 1, last ? e->logits : NULL);
@@ -242,14 +330,21 @@ static void prefill(srv_engine_t *e, req_t **turn, const int *idx, int n) {
 // Finished requests are freed and their turn[] entries set to NULL.
 static void decode(srv_engine_t *e, req_t **turn, const int *idx, int n) {
     int k = 0;
-    for (int i = 0; i < n; i++) { // room for the token first, so that a cache that cannot grow fails alone
+    // room for the token first (a page every BE_PAGE_ROWS tokens; preempting
+    // the newest requests when the pool is out), so that a cache that cannot
+    // grow fails alone
+    for (int i = 0; i < n; i++) {
         req_t *r = turn[idx[i]];
-        int rc = model_state_reserve(e->m, &r->st, r->st.len + 1);
+        if (!r) continue; // preempted for an older one
+        int rc = make_room(e, r, r->st.len + 1);
         if (rc < 0) {
             finish_error(e, r, rc);
             turn[idx[i]] = NULL;
-            continue;
         }
+    }
+    for (int i = 0; i < n; i++) {
+        req_t *r = turn[idx[i]];
+        if (!r) continue;
         e->step_idx[k] = idx[i], e->step_st[k] = &r->st, e->step_ids[k] = r->next;
         k++;
     }
@@ -268,6 +363,7 @@ static void publish_gauges(srv_engine_t *e) {
     for (int i = 0; i < e->n_active; i++)
         if (e->active[i]->has_state) bytes += (int64_t)e->active[i]->st.bytes;
     srv_metrics_gauges(e->metrics, e->n_queued, e->n_active, bytes);
+    publish_pages(e);
 }
 
 void srv_engine_run(srv_engine_t *e) {
@@ -291,12 +387,12 @@ void srv_engine_run(srv_engine_t *e) {
                 pp = &r->link;
             }
         }
-        // In arrival order while the cache budget holds: the oldest waiting
-        // request is never passed by a smaller one.
+        // In arrival order (a preempted request first) while pages are free:
+        // the oldest waiting request is never passed by a smaller one.
         while (e->q_head && e->n_active < e->cfg.max_seqs && fits(e, e->q_head)) {
             req_t *r = e->q_head;
-            r->need = request_need(e, r);
-            e->planned += r->need;
+            r->promised = start_pages(r);
+            e->promised += r->promised;
             e->q_head = r->link;
             if (!e->q_head) e->q_tail = NULL;
             e->n_queued--;
@@ -314,6 +410,7 @@ void srv_engine_run(srv_engine_t *e) {
             turn[i] = e->active[i];
             cancelled[i] = e->active[i]->cancel || e->stopping;
         }
+        e->n_turn = n;
         const char *why = e->stopping ? "the server is shutting down" : "cancelled";
         publish_gauges(e);
         pthread_mutex_unlock(&e->mu);
@@ -329,10 +426,11 @@ void srv_engine_run(srv_engine_t *e) {
         int n_dec = 0, n_pre = 0;
         for (int i = 0; i < n; i++) {
             req_t *r = turn[i];
+            if (!r) continue; // preempted by a request that started before it this turn
             if (cancelled[i]) {
                 finish(e, r, SRV_FINISH_CANCELLED, 503, why);
                 turn[i] = NULL;
-            } else if (!r->has_state && start(e, r) < 0) {
+            } else if (!r->has_state && start(e, r)) {
                 turn[i] = NULL;
             } else if (r->decoding) {
                 e->dec_idx[n_dec++] = i;
@@ -389,8 +487,24 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
         return rc;
     }
     e->has_run = 1;
+    int64_t pages = srv_pool_pages(m, cfg);
+    if (pages < 1 || pages > INT32_MAX) {
+        int64_t page = model_page_bytes(m);
+        srv_engine_free(e);
+        return err_set(pages < 1 ? ERR_INPUT : ERR_UNSUP,
+                       "the cache budget of %.1f MiB holds %lld pages of %d tokens (%.1f MiB a page, %d sequences' "
+                       "recurrent states of %.1f MiB taken first): at least one is needed (hylo serve --cache-mb)",
+                       cfg->cache_budget / 1048576.0, (long long)pages, BE_PAGE_ROWS, page / 1048576.0, cfg->max_seqs,
+                       model_snapshot_fixed_bytes(m) / 1048576.0);
+    }
+    rc = model_pool_create(m, &e->pool, (int)pages);
+    if (rc < 0) {
+        srv_engine_free(e);
+        return rc;
+    }
+    e->has_pool = 1;
     if (cfg->prefix_bytes > 0) {
-        rc = srv_prefix_create(&e->prefix, m, cfg->prefix_bytes, cfg->prefix_block);
+        rc = srv_prefix_create(&e->prefix, m, &e->pool, cfg->prefix_bytes, cfg->prefix_block);
         if (rc < 0) {
             srv_engine_free(e);
             return rc;
@@ -407,12 +521,15 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
     if (s->n_prompt < 1 || s->max_new < 1 || (int64_t)s->n_prompt + s->max_new > e->cfg.ctx)
         return err_set(ERR_INPUT, "a prompt of %d tokens and %d new ones do not fit the context of %d", s->n_prompt,
                        s->max_new, e->cfg.ctx);
-    int64_t need = srv_request_bytes(e->m, s->n_prompt + s->max_new);
-    if (e->cfg.cache_budget && need > e->cfg.cache_budget)
+    // a request that could not run even alone in the pool (it would be
+    // preempted for itself for ever)
+    int need = model_pages_for((int64_t)s->n_prompt + s->max_new);
+    if (need > e->pool.n_pages)
         return err_set(ERR_INPUT,
-                       "a prompt of %d tokens and %d new ones need %.1f MiB of cache, more than the server's cache "
-                       "budget of %.1f MiB (hylo serve --cache-mb)",
-                       s->n_prompt, s->max_new, need / 1048576.0, e->cfg.cache_budget / 1048576.0);
+                       "a prompt of %d tokens and %d new ones need %d cache pages of %d tokens (%.1f MiB), more than "
+                       "the server's %d (%.1f MiB of its cache budget, hylo serve --cache-mb)",
+                       s->n_prompt, s->max_new, need, BE_PAGE_ROWS, need * (double)e->pool.page_bytes / 1048576.0,
+                       e->pool.n_pages, e->pool.n_pages * (double)e->pool.page_bytes / 1048576.0);
     pthread_mutex_lock(&e->mu);
     // Room for max_seqs running and queue waiting (the queue is where every
     // request passes through, so it may briefly hold more than `queue`).
@@ -421,7 +538,7 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
     pthread_mutex_unlock(&e->mu);
     if (refuse) return refuse;
     req_t *r = calloc(1, sizeof *r);
-    int32_t *p = malloc((size_t)s->n_prompt * sizeof(int32_t));
+    int32_t *p = malloc(((size_t)s->n_prompt + s->max_new) * sizeof(int32_t));
     if (!r || !p) {
         free(r), free(p);
         return err_set(ERR_NOMEM, "out of memory");
@@ -429,6 +546,7 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
     memcpy(p, s->prompt, (size_t)s->n_prompt * sizeof(int32_t));
     r->s = *s;
     r->s.prompt = r->prompt = p;
+    r->n_feed = s->n_prompt;
     pthread_mutex_lock(&e->mu);
     // Checked again: another thread may have filled the queue meanwhile.
     refuse = e->stopping ? SRV_SHUTTING_DOWN : e->n_active + e->n_queued >= cap ? SRV_QUEUE_FULL : 0;
@@ -460,6 +578,7 @@ void srv_engine_cancel(srv_engine_t *e, uint64_t id) {
 }
 
 int srv_engine_ctx(const srv_engine_t *e) { return e->cfg.ctx; }
+int srv_engine_pages(const srv_engine_t *e) { return e->pool.n_pages; }
 
 void srv_engine_shutdown(srv_engine_t *e) {
     pthread_mutex_lock(&e->mu);
@@ -478,7 +597,8 @@ void srv_engine_free(srv_engine_t *e) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
     }
-    srv_prefix_free(e->prefix); // after the requests, whose records it frees
+    srv_prefix_free(e->prefix);                       // after the requests, whose records it frees
+    if (e->has_pool) model_pool_free(e->m, &e->pool); // after the states and entries that held its pages
     if (e->has_run) model_run_free(&e->run);
     free(e->logits);
     free(e->active);

@@ -1,11 +1,18 @@
 // The serving engine: the thread in srv_engine_run owns the model and runs
 // every accepted request to its end; HTTP threads submit requests and get
 // their tokens back through callbacks. Each running request has its own cache
-// (model_state_t, B = 1, growing with use). Each turn, every request still
+// (model_state_t, B = 1), paged: its attention / MLA rows in pages of one
+// pool shared with the prefix cache (model.h model_pool_t), taken as it
+// grows; its GDN / Mamba-2 states its own. Each turn, every request still
 // in its prompt feeds one prefill chunk, and every request already decoding
 // gets its next token from one decode step of all of them together
 // (model_step_batch: continuous batching, each at its own length); up to
-// max_seqs run at once, others wait in a bounded queue (docs/SERVING.md).
+// max_seqs run at once, others wait in a bounded queue. A request starts when
+// the pages of its prompt are free; when a running one needs a page and none
+// is, the prefix cache's least recently used entries give theirs back, then
+// the newest running request is preempted: its pages freed, it goes back to
+// the head of the queue and is prefilled again (its answer so far included)
+// when pages free up, its client's stream going on (docs/SERVING.md).
 #pragma once
 #include <stdint.h>
 
@@ -25,11 +32,10 @@ typedef struct {
     const int32_t *stop_ids; // token ids that end a generation (not output)
     int n_stop_ids;
     int64_t prefix_bytes; // the prefix cache's budget (serve/prefix.h); 0: none
-    // Bytes the running requests' caches may plan together (0: no limit): a
-    // request plans its whole context (prompt + max_new tokens, and its
-    // fixed states; srv_request_bytes) when it starts; one that would pass
-    // the budget waits until running ones finish, and one that could never
-    // fit is refused at submit (ERR_INPUT naming both figures).
+    // Bytes of the running requests' caches (0: no limit): max_seqs
+    // sequences' fixed states, the rest pages of the pool (srv_pool_pages).
+    // A request that could not run alone in the pool is refused at submit
+    // (ERR_INPUT naming both figures).
     int64_t cache_budget;
     int prefix_block; // its boundaries of recurrent states, in tokens
 } srv_engine_cfg_t;
@@ -62,6 +68,11 @@ typedef struct {
 // device: n rows of every attention / MLA layer, and the GDN / Mamba-2
 // states and conv windows (allocation padding aside).
 int64_t srv_request_bytes(const model_t *m, int n);
+// Pages of the engine's pool for cfg (model.h model_pool_t): what the cache
+// budget holds after max_seqs sequences' fixed states, at most what max_seqs
+// requests of ctx tokens and a full prefix cache can hold (all of that when
+// there is no budget); < 1 when the budget holds no page.
+int64_t srv_pool_pages(const model_t *m, const srv_engine_cfg_t *cfg);
 
 // srv_engine_submit's refusals (positive: not errors of the engine).
 enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };
@@ -77,6 +88,8 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id);
 // when it has finished already.
 void srv_engine_cancel(srv_engine_t *e, uint64_t id);
 int srv_engine_ctx(const srv_engine_t *e);
+// Pages of the engine's pool (srv_pool_pages).
+int srv_engine_pages(const srv_engine_t *e);
 // The engine loop, on the calling thread, until srv_engine_shutdown: then
 // everything queued and running is cancelled (each gets on_done) and it
 // returns. Call it on the thread that loaded the model, so that the model's

@@ -39,6 +39,18 @@ void srv_metrics_cancelled(srv_metrics_t *m) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_preempted(srv_metrics_t *m) {
+    pthread_mutex_lock(&m->mu);
+    m->preempted++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_pages(srv_metrics_t *m, int64_t free_pages, int64_t total) {
+    pthread_mutex_lock(&m->mu);
+    m->pages_free = free_pages, m->pages_total = total;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64_t cache_bytes) {
     pthread_mutex_lock(&m->mu);
     m->queued = queued, m->running = running, m->cache_bytes = cache_bytes;
@@ -97,10 +109,18 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   "# HELP hylo_running_sequences Sequences being prefilled or decoded.\n"
                   "# TYPE hylo_running_sequences gauge\nhylo_running_sequences %lld\n"
                   "# HELP hylo_cache_bytes Device bytes held by the running sequences' caches.\n"
-                  "# TYPE hylo_cache_bytes gauge\nhylo_cache_bytes %lld\n",
+                  "# TYPE hylo_cache_bytes gauge\nhylo_cache_bytes %lld\n"
+                  "# HELP hylo_cache_pages_free Pages of the paged cache's pool that nothing holds.\n"
+                  "# TYPE hylo_cache_pages_free gauge\nhylo_cache_pages_free %lld\n"
+                  "# HELP hylo_cache_pages_total Pages of the paged cache's pool.\n"
+                  "# TYPE hylo_cache_pages_total gauge\nhylo_cache_pages_total %lld\n"
+                  "# HELP hylo_preemptions_total Running requests preempted for want of cache pages (resumed "
+                  "later).\n"
+                  "# TYPE hylo_preemptions_total counter\nhylo_preemptions_total %llu\n",
                   (unsigned long long)m->cancelled, (unsigned long long)m->prompt_tokens,
                   (unsigned long long)m->gen_tokens, (long long)m->queued, (long long)m->running,
-                  (long long)m->cache_bytes);
+                  (long long)m->cache_bytes, (long long)m->pages_free, (long long)m->pages_total,
+                  (unsigned long long)m->preempted);
     strbuf_printf(o,
                   "# HELP hylo_prefix_cache_hits_total Requests that restored a cached prefix.\n"
                   "# TYPE hylo_prefix_cache_hits_total counter\nhylo_prefix_cache_hits_total %llu\n"

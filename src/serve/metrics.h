@@ -19,8 +19,8 @@ typedef struct {
     pthread_mutex_t mu;
     int status[SRV_STATUS_SLOTS]; // HTTP status codes seen, with their counts
     uint64_t status_n[SRV_STATUS_SLOTS];
-    uint64_t prompt_tokens, gen_tokens, cancelled;
-    int64_t queued, running, cache_bytes;
+    uint64_t prompt_tokens, gen_tokens, cancelled, preempted;
+    int64_t queued, running, cache_bytes, pages_free, pages_total;
     uint64_t prefix_hits, prefix_misses, prefix_reused, prefix_evictions; // the prefix cache (serve/prefix.h)
     int64_t prefix_bytes, prefix_entries;
     srv_hist_t ttft, tpot; // seconds: submit -> first token; between output tokens
@@ -32,6 +32,10 @@ void srv_metrics_free(srv_metrics_t *m);
 void srv_metrics_request(srv_metrics_t *m, int status);
 void srv_metrics_tokens(srv_metrics_t *m, int64_t prompt, int64_t gen);
 void srv_metrics_cancelled(srv_metrics_t *m);
+// A running request preempted (its pages freed, queued to be prefilled again).
+void srv_metrics_preempted(srv_metrics_t *m);
+// The page pool (model.h model_pool_t): pages free and in all.
+void srv_metrics_pages(srv_metrics_t *m, int64_t free_pages, int64_t total);
 void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64_t cache_bytes);
 // The prefix cache's counters and gauges, as they are now.
 void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64_t reused, uint64_t evictions,

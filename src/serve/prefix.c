@@ -9,7 +9,7 @@
 typedef struct {
     int32_t *ids; // the prompt [n] (host)
     int n;
-    void *rows;         // model_snapshot_rows_bytes(m, n) on the device (NULL when that is 0)
+    int32_t *pages;     // [model_pages_for(n)] the pool's pages holding rows [0, n), one reference each
     srv_prefix_rec_t b; // the boundaries with their fixed states
     int64_t bytes;
     uint64_t used; // LRU clock of the last hit or insert
@@ -17,6 +17,7 @@ typedef struct {
 
 struct srv_prefix {
     const model_t *m;
+    model_pool_t *pool;
     int64_t budget, fixed_bytes;
     int block;
     entry_t *e;
@@ -25,14 +26,14 @@ struct srv_prefix {
     srv_prefix_stats_t s;
 };
 
-int srv_prefix_create(srv_prefix_t **out, const model_t *m, int64_t budget, int block) {
+int srv_prefix_create(srv_prefix_t **out, const model_t *m, model_pool_t *pool, int64_t budget, int block) {
     *out = NULL;
     if (budget < 1 || block < 1)
         return err_set(ERR_INPUT, "prefix cache: budget %lld bytes, block %d tokens: both must be positive",
                        (long long)budget, block);
     srv_prefix_t *pc = calloc(1, sizeof *pc);
     if (!pc) return err_set(ERR_NOMEM, "out of memory");
-    pc->m = m, pc->budget = budget, pc->block = block;
+    pc->m = m, pc->pool = pool, pc->budget = budget, pc->block = block;
     pc->fixed_bytes = model_snapshot_fixed_bytes(m);
     *out = pc;
     return 0;
@@ -71,7 +72,8 @@ static void entry_drop(srv_prefix_t *pc, int i) {
     entry_t *e = &pc->e[i];
     pc->s.bytes -= e->bytes;
     srv_prefix_rec_free(pc, &e->b);
-    pc->m->be->free(pc->m->be, e->rows);
+    model_pool_release(pc->pool, e->pages, model_pages_for(e->n));
+    free(e->pages);
     free(e->ids);
     pc->e[i] = pc->e[--pc->n];
     pc->s.entries = pc->n;
@@ -119,8 +121,8 @@ int srv_prefix_restore(srv_prefix_t *pc, model_state_t *st, const int32_t *ids, 
         int b, q = restore_point(pc, &pc->e[i], ids, n, &b);
         if (q > p || (q == p && q > 0 && pc->e[i].used > pc->e[best].used)) best = i, p = q, bi = b;
     }
-    if (p > 0 && model_state_restore(pc->m, st, pc->e[best].rows, pc->e[best].n,
-                                     bi >= 0 ? pc->e[best].b.fixed[bi] : NULL, p) < 0) {
+    if (p > 0 &&
+        model_state_restore_pages(pc->m, st, pc->e[best].pages, bi >= 0 ? pc->e[best].b.fixed[bi] : NULL, p) < 0) {
         log_warn("prefix cache: restoring %d tokens failed (%s); prefilling them", p, err_msg());
         model_state_reset(pc->m, st);
         p = 0;
@@ -171,7 +173,6 @@ static int covers(const srv_prefix_t *pc, const entry_t *e, const int32_t *ids, 
 }
 
 void srv_prefix_insert(srv_prefix_t *pc, srv_prefix_rec_t *rec, const model_state_t *st, const int32_t *ids, int n) {
-    be_t *be = pc->m->be;
     mark_at(pc, rec, st);                                                     // the end of the turn
     if (pc->fixed_bytes && (!rec->n || rec->pos[rec->n - 1] != n)) goto skip; // it could not be taken
     for (int i = 0; i < pc->n; i++)
@@ -184,16 +185,15 @@ void srv_prefix_insert(srv_prefix_t *pc, srv_prefix_rec_t *rec, const model_stat
     if (bytes > pc->budget) goto skip;
     entry_t e = {.n = n, .bytes = bytes, .b = *rec};
     e.ids = malloc((size_t)n * sizeof(int32_t));
-    e.rows = rows_bytes ? be->alloc(be, (size_t)rows_bytes) : NULL;
+    e.pages = malloc((size_t)(model_pages_for(n) ? model_pages_for(n) : 1) * sizeof(int32_t));
     if (pc->n == pc->cap) {
         int cap = pc->cap ? 2 * pc->cap : 16;
         entry_t *grown = realloc(pc->e, (size_t)cap * sizeof *grown);
         if (grown) pc->e = grown, pc->cap = cap;
     }
-    if (!e.ids || (rows_bytes && !e.rows) || pc->n == pc->cap ||
-        model_state_snapshot(pc->m, st, 0, n, e.rows, NULL) < 0) {
+    if (!e.ids || !e.pages || pc->n == pc->cap || model_state_share(pc->m, st, n, e.pages) < 0) {
         free(e.ids);
-        be->free(be, e.rows);
+        free(e.pages);
         goto skip;
     }
     memcpy(e.ids, ids, (size_t)n * sizeof(int32_t));
@@ -205,14 +205,19 @@ void srv_prefix_insert(srv_prefix_t *pc, srv_prefix_rec_t *rec, const model_stat
     pc->e[pc->n++] = e;
     pc->s.bytes += bytes;
     pc->s.entries = pc->n;
-    while (pc->s.bytes > pc->budget) { // the newest fits alone, so it stays
-        int lru = 0;
-        for (int i = 1; i < pc->n; i++)
-            if (pc->e[i].used < pc->e[lru].used) lru = i;
-        entry_drop(pc, lru);
-        pc->s.evictions++;
-    }
+    while (pc->s.bytes > pc->budget) // the newest fits alone, so it stays
+        srv_prefix_evict(pc);
     return;
 skip:
     srv_prefix_rec_free(pc, rec);
+}
+
+int srv_prefix_evict(srv_prefix_t *pc) {
+    if (!pc->n) return 0;
+    int lru = 0;
+    for (int i = 1; i < pc->n; i++)
+        if (pc->e[i].used < pc->e[lru].used) lru = i;
+    entry_drop(pc, lru);
+    pc->s.evictions++;
+    return 1;
 }

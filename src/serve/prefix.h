@@ -1,13 +1,16 @@
-// The server's prefix cache: snapshots of requests' states (model.h
-// model_state_snapshot) keyed by the prompt tokens they hold, so that a
-// request whose prompt starts with a cached prefix (a follow-up turn of a
-// chat, a shared system prompt) restores it and prefills only the rest.
+// The server's prefix cache: requests' states keyed by the prompt tokens they
+// hold, so that a request whose prompt starts with a cached prefix (a
+// follow-up turn of a chat, a shared system prompt) restores it and prefills
+// only the rest.
 //
-// An entry is one prompt's tokens [0, n) with one snapshot of its attention /
-// MLA rows [0, n) and the fixed (GDN / Mamba-2) states at a few boundaries:
-// every `block` tokens while the prompt was prefilled, and n, the end of the
-// turn. Rows [0, p) of an entry serve any p <= n, so the growing part is
-// stored once per entry (a snapshot per boundary would cost O(n^2) bytes);
+// An entry is one prompt's tokens [0, n) with references to the pages of its
+// paged state that hold its attention / MLA rows [0, n) (model.h
+// model_state_share: no copy; a state restored from them shares them and
+// copies a partial last page before writing into it) and snapshots of the
+// fixed (GDN / Mamba-2) states at a few boundaries: every `block` tokens
+// while the prompt was prefilled, and n, the end of the turn. Rows [0, p) of
+// an entry serve any p <= n, so the growing part is held once per entry (a
+// snapshot per boundary would cost O(n^2) bytes);
 // the fixed states, a constant size each, are what a restore point needs
 // besides, so a restore lands on a boundary (on any p for a model without
 // fixed states). A request restores at the longest such point that its
@@ -32,13 +35,15 @@ typedef struct {
 
 typedef struct {
     uint64_t hits, misses, reused_tokens, evictions;
-    int64_t bytes; // held by the entries (device snapshots and host token ids)
+    int64_t bytes; // held by the entries: their rows (n x the cache bytes per token), fixed snapshots, token ids
     int entries;
 } srv_prefix_stats_t;
 
 // A cache of at most `budget` bytes (> 0) with fixed-state boundaries every
-// `block` tokens (> 0).
-int srv_prefix_create(srv_prefix_t **out, const model_t *m, int64_t budget, int block);
+// `block` tokens (> 0), over the paged states of pool (the entries' pages
+// are pool's; a partial last page is held whole, so the pages an entry pins
+// are up to one page more than its bytes).
+int srv_prefix_create(srv_prefix_t **out, const model_t *m, model_pool_t *pool, int64_t budget, int block);
 void srv_prefix_free(srv_prefix_t *pc);
 int srv_prefix_block(const srv_prefix_t *pc);
 // Restores into st (one fresh sequence) the longest cached prefix of
@@ -51,7 +56,10 @@ void srv_prefix_mark(srv_prefix_t *pc, srv_prefix_rec_t *rec, const model_state_
 // At the end of a prompt (st->len == n): rec and the rows become the entry
 // of ids[0, n), unless one covers it already; older entries it covers are
 // dropped, then the least recently used until the budget holds. rec is
-// emptied. Failures (no memory for the snapshot) only skip the entry.
+// emptied. Failures (no memory) only skip the entry.
 void srv_prefix_insert(srv_prefix_t *pc, srv_prefix_rec_t *rec, const model_state_t *st, const int32_t *ids, int n);
+// Drops the least recently used entry, giving its pages back (the engine,
+// when the pool runs out of pages): 1, or 0 when there is none.
+int srv_prefix_evict(srv_prefix_t *pc);
 void srv_prefix_rec_free(srv_prefix_t *pc, srv_prefix_rec_t *rec);
 srv_prefix_stats_t srv_prefix_stats(const srv_prefix_t *pc);

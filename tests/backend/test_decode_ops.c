@@ -33,7 +33,7 @@ static void check_attn_decode(int H, int Hkv, int dh) {
     float *q = malloc(sizeof(float) * N * H * dh), *out = malloc(sizeof(float) * N * H * dh);
     float *ref = malloc(sizeof(float) * H * dh);
     tu_randn(q, (int64_t)N * H * dh, 400, 2.0f);
-    be->attn_decode(be, out, q, (int64_t)H * dh, kb, vb, len, 70, N, H, Hkv, dh, dh, scale);
+    be->attn_decode(be, out, q, (int64_t)H * dh, kb, vb, (be_pages_t){0}, len, 70, N, H, Hkv, dh, dh, scale);
     for (int r = 0; r < N; r++) {
         const float *o = out + (int64_t)r * H * dh;
         if (len[r] == 0) {
@@ -71,7 +71,7 @@ static void test_kv_append(void **st) {
     float k[N * KW], v[N * KW];
     tu_randn(k, N * KW, 30, 1.0f), tu_randn(v, N * KW, 31, 1.0f);
     // attention form: K and V caches, rows of KW
-    be->kv_append(be, kb, vb, KW, 0, pos, k, KW, KW, v, KW, KW, N);
+    be->kv_append(be, kb, vb, (be_pages_t){0}, KW, 0, pos, k, KW, KW, v, KW, KW, N);
     for (int r = 0; r < N; r++) {
         memcpy(kc0[r] + pos[r] * KW, k + r * KW, sizeof(float) * KW);
         memcpy(vc0[r] + pos[r] * KW, v + r * KW, sizeof(float) * KW);
@@ -79,7 +79,7 @@ static void test_kv_append(void **st) {
         assert_memory_equal(vc[r], vc0[r], sizeof(float) * CAP * KW);
     }
     // MLA form: one cache of rows KW = 7 + VW, [k (7) | v (VW)]
-    be->kv_append(be, kb, kb, KW, 7, pos, k, 7, 7, v, VW, VW, N);
+    be->kv_append(be, kb, kb, (be_pages_t){0}, KW, 7, pos, k, 7, 7, v, VW, VW, N);
     for (int r = 0; r < N; r++) {
         memcpy(kc0[r] + pos[r] * KW, k + r * 7, sizeof(float) * 7);
         memcpy(kc0[r] + pos[r] * KW + 7, v + r * VW, sizeof(float) * VW);

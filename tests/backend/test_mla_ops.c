@@ -32,7 +32,7 @@ static void test_mla_decode_attn(void **st) {
     for (int64_t i = 0; i < (int64_t)B * CAP * L; i++)
         other[i] = i < (int64_t)CAP * L ? NAN : cache[i];
     void *rows[B] = {cache, other + (int64_t)CAP * L};
-    be->mla_decode_attn(be, out, ql, qp, H * DR, DR, rows, len, 13, NULL, 0, B, H, R, DR, scale);
+    be->mla_decode_attn(be, out, ql, qp, H * DR, DR, rows, (be_pages_t){0}, len, 13, NULL, 0, B, H, R, DR, scale);
     // reversed: row 0 is sequence 1, row 1 sequence 0 (queries and lengths swapped too)
     float *ql2 = malloc(sizeof(float) * B * H * R), *qp2 = malloc(sizeof(float) * B * H * DR);
     float *out2 = malloc(sizeof(float) * B * H * R);
@@ -40,7 +40,7 @@ static void test_mla_decode_attn(void **st) {
     memcpy(qp2, qp + H * DR, sizeof(float) * H * DR), memcpy(qp2 + H * DR, qp, sizeof(float) * H * DR);
     void *rows2[B] = {rows[1], rows[0]};
     int32_t len2[B] = {len[1], len[0]};
-    be->mla_decode_attn(be, out2, ql2, qp2, H * DR, DR, rows2, len2, 13, NULL, 0, B, H, R, DR, scale);
+    be->mla_decode_attn(be, out2, ql2, qp2, H * DR, DR, rows2, (be_pages_t){0}, len2, 13, NULL, 0, B, H, R, DR, scale);
     // the same arithmetic per (row, head) whatever the order: bitwise
     assert_memory_equal(out2, out + H * R, sizeof(float) * H * R);
     assert_memory_equal(out2 + H * R, out, sizeof(float) * H * R);

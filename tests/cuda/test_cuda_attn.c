@@ -477,7 +477,8 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
         rows_h[b] = cache + (int64_t)b * c->cap * L;
     }
     max_len += c->max_pad;
-    cpu->mla_decode_attn(cpu, out_c, ql, qp + qp_off, H * hs, hs, rows_h, c->len, max_len, NULL, 0, B, H, R, DR, scale);
+    cpu->mla_decode_attn(cpu, out_c, ql, qp + qp_off, H * hs, hs, rows_h, (be_pages_t){0}, c->len, max_len, NULL, 0, B,
+                         H, R, DR, scale);
 
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
     void *seq_d[8] = {0}; // separate: each sequence's copy
@@ -493,8 +494,8 @@ static int run_mla(const mla_case_t *c, uint64_t seed, int separate, int qp_off)
     int32_t *len_d = gpu->alloc(gpu, sizeof(int32_t) * 8);
     assert_non_null(len_d);
     assert_int_equal(gpu->copy_h2d(gpu, len_d, c->len, sizeof(int32_t) * B), 0);
-    gpu->mla_decode_attn(gpu, out_d, ql_d, tu_gat(gpu, qp_d, qp_off), H * hs, hs, rows_d, len_d, max_len,
-                         separate ? NULL : cache_d, separate ? 0 : B * c->cap, B, H, R, DR, scale);
+    gpu->mla_decode_attn(gpu, out_d, ql_d, tu_gat(gpu, qp_d, qp_off), H * hs, hs, rows_d, (be_pages_t){0}, len_d,
+                         max_len, separate ? NULL : cache_d, separate ? 0 : B * c->cap, B, H, R, DR, scale);
     int rc = gpu->sync(gpu);
     if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
     assert_int_equal(rc, 0);
@@ -592,7 +593,8 @@ static void test_mla_decode_deterministic(void **st) {
     float *cache = tu_rnd(ncache, 9001, 1.0f), *ql = tu_rnd(nq, 9002, 1.0f), *qp = tu_rnd(np, 9003, 1.0f);
     float *out_c = malloc(nq * sizeof(float)), *poison = tu_nans(nq);
     void *rows_h[2] = {cache, cache + cap * L};
-    cpu->mla_decode_attn(cpu, out_c, ql, qp, H * DR, DR, rows_h, len, 4999, NULL, 0, B, H, R, DR, scale);
+    cpu->mla_decode_attn(cpu, out_c, ql, qp, H * DR, DR, rows_h, (be_pages_t){0}, len, 4999, NULL, 0, B, H, R, DR,
+                         scale);
     void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
     rows_h[0] = cache_d, rows_h[1] = tu_gat(gpu, cache_d, cap * L);
     void **rows_d = gpu->alloc(gpu, sizeof rows_h);
@@ -614,8 +616,8 @@ static void test_mla_decode_deterministic(void **st) {
         float *got[2];
         for (int r = 0; r < 2; r++) {
             void *out_d = tu_dev_act(gpu, poison, nq);
-            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, H * DR, DR, rows_d, len_d, 4999, cache_d, B * cap, B, H, R, DR,
-                                 scale);
+            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, H * DR, DR, rows_d, (be_pages_t){0}, len_d, 4999, cache_d,
+                                 B * cap, B, H, R, DR, scale);
             int rc = gpu->sync(gpu);
             if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
             assert_int_equal(rc, 0);
@@ -729,7 +731,7 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
             kb_d[r] = tu_gat(gpu, u->kd, seq * kw), vb_d[r] = tu_gat(gpu, u->vd, seq * vw);
         }
     float *q = tu_rnd((int64_t)B * ldq, seed + 1, c->qstd), *out_c = malloc(sizeof(float) * nq);
-    cpu->attn_decode(cpu, out_c, q, ldq, kb_h, vb_h, len, max_len, B, H, Hkv, dh, dv, scale);
+    cpu->attn_decode(cpu, out_c, q, ldq, kb_h, vb_h, (be_pages_t){0}, len, max_len, B, H, Hkv, dh, dv, scale);
 
     void *q_d = tu_dev_act(gpu, q, (int64_t)B * ldq);
     float *poison = tu_nans(nq);
@@ -742,7 +744,8 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
     float *first = NULL;                   // call 1's output
     for (int call = 0; call < 2; call++) { // the second call sees the counters the first one left
         void *out_d = tu_dev_act(gpu, poison, nq);
-        gpu->attn_decode(gpu, out_d, q_d, ldq, ptr_d, ptr_d + B, len_d, max_len, B, H, Hkv, dh, dv, scale);
+        gpu->attn_decode(gpu, out_d, q_d, ldq, ptr_d, ptr_d + B, (be_pages_t){0}, len_d, max_len, B, H, Hkv, dh, dv,
+                         scale);
         int rc = gpu->sync(gpu);
         if (rc) printf("  %s: attn_decode failed: %s\n", label, err_msg());
         assert_int_equal(rc, 0);
@@ -863,14 +866,14 @@ static void test_kv_append(void **st) {
         // k and v: their own buffers, or both one buffer of rows [q | k | v]
         const int64_t nk = forms[f].q_cols ? N * P : (int64_t)N * kw, nv = forms[f].q_cols ? 0 : (int64_t)N * vw;
         float *k = tu_rnd(nk, 300 + f, 1.0f), *v = nv ? tu_rnd(nv, 400 + f, 1.0f) : k;
-        cpu->kv_append(cpu, kb_h, vb_h, ld, forms[f].v_off, pos, k + ko, ldk, kw, v + vo, ldv, vw, N);
+        cpu->kv_append(cpu, kb_h, vb_h, (be_pages_t){0}, ld, forms[f].v_off, pos, k + ko, ldk, kw, v + vo, ldv, vw, N);
         void *k_d = tu_dev_act(gpu, k, nk), *v_d = nv ? tu_dev_act(gpu, v, nv) : k_d;
         void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * N);
         assert_non_null(ptr_d);
         assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_d, sizeof kb_d), 0);
         assert_int_equal(gpu->copy_h2d(gpu, ptr_d + N, vb_d, sizeof vb_d), 0);
         int32_t *pos_d = tu_dev_i32(gpu, pos, N);
-        gpu->kv_append(gpu, ptr_d, ptr_d + N, ld, forms[f].v_off, pos_d, tu_gat(gpu, k_d, ko), ldk, kw,
+        gpu->kv_append(gpu, ptr_d, ptr_d + N, (be_pages_t){0}, ld, forms[f].v_off, pos_d, tu_gat(gpu, k_d, ko), ldk, kw,
                        tu_gat(gpu, v_d, vo), ldv, vw, N);
         int rc = gpu->sync(gpu);
         if (rc) printf("  kv_append failed: %s\n", err_msg());
@@ -895,6 +898,290 @@ static void test_kv_append(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// ---- paged caches (backend.h be_pages_t: a step's page tables) ------------------
+//
+// B sequences' caches of lengths len[] in one pool of pages of BE_PAGE_ROWS
+// rows, in a shuffled order, with spare pages nobody holds: every pool row
+// that is no sequence's row u < len[r] holds NaN (a read of it poisons the
+// output). Each row's table has one entry more than it holds (0, as a step's
+// tables past what a sequence holds). The reference reads contiguous copies
+// of the same rows without tables (rows[r], [len[r] + room, w]).
+typedef struct {
+    int B, stride, n_pages;
+    int32_t *pages; // [B, stride]
+    float *pool;    // host [n_pages BE_PAGE_ROWS, w]
+    float **rows;   // [B] host contiguous copies
+    int64_t w;
+} paged_t;
+
+static int64_t pg_row(const paged_t *p, int r, int64_t u) {
+    return (int64_t)p->pages[(int64_t)r * p->stride + u / BE_PAGE_ROWS] * BE_PAGE_ROWS + u % BE_PAGE_ROWS;
+}
+
+// room: rows past each length its pages must hold too (an append's).
+static void paged_make(paged_t *p, int B, const int32_t *len, int room, int64_t w, uint64_t seed) {
+    memset(p, 0, sizeof *p);
+    p->B = B, p->w = w;
+    int held[64], total = 0;
+    assert_true(B <= 64);
+    for (int r = 0; r < B; r++) {
+        held[r] = (len[r] + room + BE_PAGE_ROWS - 1) / BE_PAGE_ROWS;
+        if (held[r] < 1) held[r] = 1;
+        total += held[r];
+        if (held[r] + 1 > p->stride) p->stride = held[r] + 1;
+    }
+    p->n_pages = total + 2;
+    int32_t *perm = malloc(sizeof(int32_t) * p->n_pages);
+    for (int i = 0; i < p->n_pages; i++)
+        perm[i] = i;
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = p->n_pages - 1; i > 0; i--) { // Fisher-Yates
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int j = (int)(x % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    p->pages = calloc((size_t)B * p->stride, sizeof(int32_t));
+    for (int r = 0, k = 0; r < B; r++)
+        for (int i = 0; i < held[r]; i++)
+            p->pages[(int64_t)r * p->stride + i] = perm[k++];
+    free(perm);
+    p->pool = tu_nans((int64_t)p->n_pages * BE_PAGE_ROWS * w);
+    p->rows = calloc((size_t)B, sizeof *p->rows);
+    for (int r = 0; r < B; r++) {
+        p->rows[r] = tu_rnd(((int64_t)len[r] + room) * w + 1, seed + 7 * r + 1, 1.0f);
+        for (int64_t u = 0; u < len[r]; u++)
+            memcpy(p->pool + pg_row(p, r, u) * w, p->rows[r] + u * w, sizeof(float) * w);
+    }
+}
+
+static void paged_free(paged_t *p) {
+    for (int r = 0; r < p->B; r++)
+        free(p->rows[r]);
+    free(p->rows), free(p->pages), free(p->pool);
+}
+
+// attn_decode over a paged pool against the CPU over contiguous copies
+// (tolerance as run_attn_decode), lengths around page boundaries and long
+// ones (split into slices that end inside pages), max_len the rows' context
+// limit as a recorded step passes it; twice, bit for bit the same.
+static int run_paged_attn(int H, int Hkv, int dh, int B, const int32_t *len, uint64_t seed) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    const int64_t kw = (int64_t)Hkv * dh, nq = (int64_t)B * H * dh;
+    const float scale = 1.0f / sqrtf((float)dh);
+    paged_t pk, pv;
+    paged_make(&pk, B, len, 0, kw, seed);
+    paged_make(&pv, B, len, 0, kw, seed); // the same page order (seed), other values below
+    for (int r = 0; r < B; r++) {
+        float *v = tu_rnd((int64_t)len[r] * kw + 1, seed + 100 + r, 1.0f);
+        memcpy(pv.rows[r], v, sizeof(float) * len[r] * kw);
+        for (int64_t u = 0; u < len[r]; u++)
+            memcpy(pv.pool + pg_row(&pv, r, u) * kw, v + u * kw, sizeof(float) * kw);
+        free(v);
+    }
+    const int max_len = (pk.stride - 1) * BE_PAGE_ROWS;
+    float *q = tu_rnd(nq, seed + 1, 1.0f), *out_c = malloc(sizeof(float) * nq);
+    void **kb_h = malloc(sizeof(void *) * B), **vb_h = malloc(sizeof(void *) * B);
+    for (int r = 0; r < B; r++)
+        kb_h[r] = pk.rows[r], vb_h[r] = pv.rows[r];
+    cpu->attn_decode(cpu, out_c, q, H * dh, kb_h, vb_h, (be_pages_t){0}, len, max_len, B, H, Hkv, dh, dh, scale);
+    const int64_t npool = (int64_t)pk.n_pages * BE_PAGE_ROWS * kw;
+    void *k_d = tu_dev_act(gpu, pk.pool, npool), *v_d = tu_dev_act(gpu, pv.pool, npool), *q_d = tu_dev_act(gpu, q, nq);
+    void **ptr_d = gpu->alloc(gpu, sizeof(void *) * 2 * B);
+    assert_non_null(ptr_d);
+    for (int r = 0; r < B; r++) // every row's base: the pool
+        kb_h[r] = k_d, vb_h[r] = v_d;
+    assert_int_equal(gpu->copy_h2d(gpu, ptr_d, kb_h, sizeof(void *) * B), 0);
+    assert_int_equal(gpu->copy_h2d(gpu, ptr_d + B, vb_h, sizeof(void *) * B), 0);
+    int32_t *pages_d = tu_dev_i32(gpu, pk.pages, (int64_t)B * pk.stride), *len_d = tu_dev_i32(gpu, len, B);
+    char label[160];
+    int nl = snprintf(label, sizeof label, "paged attn_decode B%d H%d Hkv%d dh%d len", B, H, Hkv, dh);
+    for (int r = 0; r < B && nl < (int)sizeof label - 12; r++)
+        nl += snprintf(label + nl, sizeof label - nl, " %d", len[r]);
+    float *poison = tu_nans(nq), *first = NULL;
+    int fails = 0;
+    for (int call = 0; call < 2; call++) {
+        void *out_d = tu_dev_act(gpu, poison, nq);
+        gpu->attn_decode(gpu, out_d, q_d, H * dh, ptr_d, ptr_d + B, (be_pages_t){pages_d, pk.stride}, len_d, max_len, B,
+                         H, Hkv, dh, dh, scale);
+        int rc = gpu->sync(gpu);
+        if (rc) printf("  %s: attn_decode failed: %s\n", label, err_msg());
+        assert_int_equal(rc, 0);
+        float *out_g = tu_host_act(gpu, out_d, nq);
+        gpu->free(gpu, out_d);
+        const int64_t dims[4] = {1, B, H, dh};
+        fails += cmp(label, "out", out_g, out_c, nq, dims, "-rHc", 5e-3, 0);
+        if (call == 0) {
+            first = out_g;
+        } else {
+            if (memcmp(first, out_g, sizeof(float) * nq)) printf("  %s: call 2 differs from call 1  FAIL\n", label);
+            fails += memcmp(first, out_g, sizeof(float) * nq) != 0;
+            free(out_g);
+        }
+    }
+    free(first), free(poison), free(q), free(out_c), free(kb_h), free(vb_h);
+    gpu->free(gpu, k_d), gpu->free(gpu, v_d), gpu->free(gpu, q_d), gpu->free(gpu, ptr_d);
+    gpu->free(gpu, pages_d), gpu->free(gpu, len_d);
+    paged_free(&pk), paged_free(&pv);
+    return fails;
+}
+
+// mla_decode_attn over a paged pool (rows [c | k_pe]) against the CPU over
+// contiguous copies (tolerance as test_mla_decode): with the pool given (the
+// tensor map over it: a tile's row is its page's row) and without it (the
+// per-row copies).
+static int run_paged_mla(int H, int R, int DR, int B, const int32_t *len, uint64_t seed) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    const int L = R + DR;
+    const int64_t nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
+    const float scale = 1.0f / sqrtf((float)L);
+    paged_t pc;
+    paged_make(&pc, B, len, 0, L, seed);
+    const int max_len = (pc.stride - 1) * BE_PAGE_ROWS;
+    float *ql = tu_rnd(nq, seed + 2, 1.0f), *qp = tu_rnd(np, seed + 3, 1.0f), *out_c = malloc(sizeof(float) * nq);
+    void **rows_h = malloc(sizeof(void *) * B);
+    for (int r = 0; r < B; r++)
+        rows_h[r] = pc.rows[r];
+    cpu->mla_decode_attn(cpu, out_c, ql, qp, H * DR, DR, rows_h, (be_pages_t){0}, len, max_len, NULL, 0, B, H, R, DR,
+                         scale);
+    const int64_t pool_rows = (int64_t)pc.n_pages * BE_PAGE_ROWS;
+    void *pool_d = tu_dev_act(gpu, pc.pool, pool_rows * L), *ql_d = tu_dev_act(gpu, ql, nq);
+    void *qp_d = tu_dev_act(gpu, qp, np);
+    for (int r = 0; r < B; r++)
+        rows_h[r] = pool_d;
+    void **rows_d = gpu->alloc(gpu, sizeof(void *) * B);
+    assert_non_null(rows_d);
+    assert_int_equal(gpu->copy_h2d(gpu, rows_d, rows_h, sizeof(void *) * B), 0);
+    int32_t *pages_d = tu_dev_i32(gpu, pc.pages, (int64_t)B * pc.stride), *len_d = tu_dev_i32(gpu, len, B);
+    float *poison = tu_nans(nq);
+    int fails = 0;
+    for (int with_pool = 1; with_pool >= 0; with_pool--) {
+        char label[160];
+        int nl = snprintf(label, sizeof label, "paged mla B%d H%d r_kv%d dr%d%s len", B, H, R, DR,
+                          with_pool ? "" : " (no pool)");
+        for (int r = 0; r < B && nl < (int)sizeof label - 12; r++)
+            nl += snprintf(label + nl, sizeof label - nl, " %d", len[r]);
+        void *out_d = tu_dev_act(gpu, poison, nq);
+        gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, H * DR, DR, rows_d, (be_pages_t){pages_d, pc.stride}, len_d,
+                             max_len, with_pool ? pool_d : NULL, with_pool ? pool_rows : 0, B, H, R, DR, scale);
+        int rc = gpu->sync(gpu);
+        if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
+        assert_int_equal(rc, 0);
+        float *out_g = tu_host_act(gpu, out_d, nq);
+        const int64_t dims[4] = {1, B, H, R};
+        fails += cmp(label, "out", out_g, out_c, nq, dims, "-bHc", 1e-2, 0);
+        free(out_g);
+        gpu->free(gpu, out_d);
+    }
+    free(poison), free(ql), free(qp), free(out_c), free(rows_h);
+    gpu->free(gpu, pool_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, rows_d);
+    gpu->free(gpu, pages_d), gpu->free(gpu, len_d);
+    paged_free(&pc);
+    return fails;
+}
+
+// The appends into a paged pool, each row at position len[r] (the first row
+// of a page among them, and the last): kv_append (attention's K and V pools;
+// MLA's one pool with the rope key at column r_kv), rope_kv_append and
+// mla_rope_append. Each pool after the GPU's op against the CPU's op on the
+// same pool and tables: kv_append bit for bit, the rotations within bf16
+// rounding (check 1e-2 relative); NaN rows stay NaN (compared as such).
+static int run_paged_appends(uint64_t seed) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    enum { N = 6, H = 4, HKV = 2, DH = 64, RKV = 128, DR = 32 };
+    static const int32_t pos[N] = {0, 255, 256, 511, 300, 1000};
+    const int64_t kw = (int64_t)HKV * DH, L = RKV + DR;
+    int fails = 0;
+    for (int form = 0; form < 4; form++) { // kv_append attention, kv_append MLA, rope_kv_append, mla_rope_append
+        const int mla = form == 1 || form == 3;
+        const int64_t w = mla ? L : kw;
+        paged_t pk, pv;
+        paged_make(&pk, N, pos, 1, w, seed + form);
+        paged_make(&pv, N, pos, 1, w, seed + form);
+        const int64_t npool = (int64_t)pk.n_pages * BE_PAGE_ROWS * w;
+        // inputs apart: q (H heads of DH, or of DR: MLA's q_pe), k and v rows of the cache's width
+        const int64_t nqa = (int64_t)N * H * DH, nqm = (int64_t)N * H * DR, nk = (int64_t)N * w;
+        float *q = tu_rnd(mla ? nqm : nqa, seed + 10 + form, 1.0f), *k = tu_rnd(nk, seed + 20 + form, 1.0f);
+        float *v = tu_rnd(nk, seed + 30 + form, 1.0f);
+        float *cs = malloc(sizeof(float) * 1024 * 32), *sn = malloc(sizeof(float) * 1024 * 32);
+        for (int i = 0; i < 1024 * 32; i++)
+            cs[i] = cosf(0.001f * i), sn[i] = sinf(0.001f * i);
+        void *k_d = tu_dev_act(gpu, pk.pool, npool), *v_d = tu_dev_act(gpu, pv.pool, npool);
+        void *qd = tu_dev_act(gpu, q, mla ? nqm : nqa), *kd = tu_dev_act(gpu, k, nk), *vd = tu_dev_act(gpu, v, nk);
+        float *cs_d = tu_dev_f32(gpu, cs, 1024 * 32), *sn_d = tu_dev_f32(gpu, sn, 1024 * 32);
+        void *bases[2 * N];
+        for (int r = 0; r < N; r++)
+            bases[r] = k_d, bases[N + r] = mla ? k_d : v_d;
+        void **ptr_d = gpu->alloc(gpu, sizeof bases);
+        assert_non_null(ptr_d);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d, bases, sizeof bases), 0);
+        int32_t *pages_d = tu_dev_i32(gpu, pk.pages, (int64_t)N * pk.stride), *pos_d = tu_dev_i32(gpu, pos, N);
+        be_pages_t pg_c = {pk.pages, pk.stride}, pg_g = {pages_d, pk.stride};
+        for (int r = 0; r < N; r++)
+            bases[r] = pk.pool, bases[N + r] = mla ? pk.pool : pv.pool;
+        const char *name = form == 0   ? "paged kv_append (K, V)"
+                           : form == 1 ? "paged kv_append (MLA)"
+                           : form == 2 ? "paged rope_kv_append"
+                                       : "paged mla_rope_append";
+        if (form < 2) {
+            cpu->kv_append(cpu, bases, bases + N, pg_c, w, mla ? RKV : 0, pos, k, w, mla ? RKV : (int)w, v, w,
+                           mla ? DR : (int)w, N);
+            gpu->kv_append(gpu, ptr_d, ptr_d + N, pg_g, w, mla ? RKV : 0, pos_d, kd, w, mla ? RKV : (int)w, vd, w,
+                           mla ? DR : (int)w, N);
+        } else if (form == 2) {
+            cpu->rope_kv_append(cpu, q, H * DH, k, kw, v, kw, pos, cs, sn, bases, bases + N, pg_c, N, H, HKV, DH);
+            gpu->rope_kv_append(gpu, qd, H * DH, kd, kw, vd, kw, pos_d, cs_d, sn_d, ptr_d, ptr_d + N, pg_g, N, H, HKV,
+                                DH);
+        } else {
+            cpu->mla_rope_append(cpu, q, H * DR, DR, k, L, tu_gat(cpu, k, RKV), L, pos, cs, sn, bases, pg_c, N, H, RKV,
+                                 DR);
+            gpu->mla_rope_append(gpu, qd, H * DR, DR, kd, L, tu_gat(gpu, kd, RKV), L, pos_d, cs_d, sn_d, ptr_d, pg_g, N,
+                                 H, RKV, DR);
+        }
+        int rc = gpu->sync(gpu);
+        if (rc) printf("  %s failed: %s\n", name, err_msg());
+        assert_int_equal(rc, 0);
+        float *kg = tu_host_act(gpu, k_d, npool), *vg = tu_host_act(gpu, v_d, npool);
+        int bad = 0;
+        // every pool row: NaN where the CPU's is, else equal (kv_append) or close (rotated)
+        for (int64_t i = 0; i < npool; i++) {
+            for (int which = 0; which < 2; which++) {
+                float g = which ? vg[i] : kg[i], c = which ? pv.pool[i] : pk.pool[i];
+                if (isnan(c) != isnan(g))
+                    bad++;
+                else if (!isnan(c) && (form < 2 || which == 1 ? g != c : fabsf(g - c) > 1e-2f * (1.0f + fabsf(c))))
+                    bad++;
+            }
+        }
+        printf("  %-44s pools %s\n", name, bad ? "DIFFER  FAIL" : "agree");
+        fails += bad > 0;
+        free(kg), free(vg), free(q), free(k), free(v), free(cs), free(sn);
+        gpu->free(gpu, k_d), gpu->free(gpu, v_d), gpu->free(gpu, qd), gpu->free(gpu, kd), gpu->free(gpu, vd);
+        gpu->free(gpu, cs_d), gpu->free(gpu, sn_d), gpu->free(gpu, ptr_d), gpu->free(gpu, pages_d);
+        gpu->free(gpu, pos_d);
+        paged_free(&pk), paged_free(&pv);
+    }
+    return fails;
+}
+
+// The decode ops through page tables (the server's paged caches): every
+// length class of attn_decode (page boundaries, a split long cache, an empty
+// row), MLA decode with and without the pool's tensor map, and the appends.
+static void test_paged_decode(void **st) {
+    static const int32_t lens8[8] = {1, 255, 256, 257, 511, 700, 0, 3000};
+    static const int32_t long1[2] = {20000, 513};
+    int fails = 0;
+    fails += run_paged_attn(9, 3, 64, 8, lens8, 11);
+    fails += run_paged_attn(32, 8, 128, 8, lens8, 12);
+    fails += run_paged_attn(9, 3, 64, 2, long1, 13);
+    fails += run_paged_attn(4, 4, 32, 8, lens8, 14); // head dim 32: 32 rows a warp reads per iteration
+    fails += run_paged_mla(9, 128, 32, 8, lens8, 21);
+    fails += run_paged_mla(32, 512, 64, 2, long1, 22);
+    fails += run_paged_appends(31);
+    printf("paged decode ops: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attn),
@@ -906,6 +1193,7 @@ int main(void) {
         cmocka_unit_test(test_mla_decode_deterministic),
         cmocka_unit_test(test_attn_decode),
         cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_paged_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -832,7 +832,8 @@ static void test_rope_kv_append(void **st) {
         float *k_rot = tu_hdup(qkv, n);
         cpu->rope_fwd(cpu, ref, P, dh, pos, cs, sn, N, H, dh, ROPE_NEOX);
         cpu->rope_fwd(cpu, k_rot + qw, P, dh, pos, cs, sn, N, Hkv, dh, ROPE_NEOX);
-        cpu->kv_append(cpu, rows_h, rows_h + N, kw, 0, pos, k_rot + qw, P, (int)kw, qkv + qw + kw, P, (int)kw, N);
+        cpu->kv_append(cpu, rows_h, rows_h + N, (be_pages_t){0}, kw, 0, pos, k_rot + qw, P, (int)kw, qkv + qw + kw, P,
+                       (int)kw, N);
         void *dqkv = tu_dev_act(gpu, qkv, n);
         float *dc = tu_dev_f32(gpu, cs, (int64_t)CAP * half), *ds = tu_dev_f32(gpu, sn, (int64_t)CAP * half);
         int32_t *dp = tu_dev_i32(gpu, pos, N);
@@ -840,7 +841,7 @@ static void test_rope_kv_append(void **st) {
         assert_non_null(drows);
         assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof rows_d), 0);
         gpu->rope_kv_append(gpu, dqkv, P, tu_gat(gpu, dqkv, qw), P, tu_gat(gpu, dqkv, qw + kw), P, dp, dc, ds, drows,
-                            drows + N, N, H, Hkv, dh);
+                            drows + N, (be_pages_t){0}, N, H, Hkv, dh);
         int ok = tu_sync(gpu, "rope_kv_append", shape) && check_act("rope_kv_append q", shape, dqkv, ref, n, BF16);
         for (int b = 0; b < R && ok; b++)
             ok = check_act("rope_kv_append K cache", shape, kc_d[b], kref[b], per, BF16) &&
@@ -897,7 +898,7 @@ static void test_mla_rope_append(void **st) {
         // the reference: rope_fwd of q_pe and of k_pe (in a copy), then kv_append
         cpu->rope_fwd(cpu, qref + dn, ldq, qd, pos, cs, sn, N, H, dr, ROPE_INTERLEAVED);
         cpu->rope_fwd(cpu, kv_rot + rkv, ld, dr, pos, cs, sn, N, 1, dr, ROPE_INTERLEAVED);
-        cpu->kv_append(cpu, rows_h, rows_h, L, rkv, pos, kv_rot, ld, rkv, kv_rot + rkv, ld, dr, N);
+        cpu->kv_append(cpu, rows_h, rows_h, (be_pages_t){0}, L, rkv, pos, kv_rot, ld, rkv, kv_rot + rkv, ld, dr, N);
         void *dq = tu_dev_act(gpu, q, nq), *dkv = tu_dev_act(gpu, kv, nkv);
         float *dc = tu_dev_f32(gpu, cs, (int64_t)CAP * half), *ds = tu_dev_f32(gpu, sn, (int64_t)CAP * half);
         int32_t *dp = tu_dev_i32(gpu, pos, N);
@@ -905,7 +906,7 @@ static void test_mla_rope_append(void **st) {
         assert_non_null(drows);
         assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof rows_d), 0);
         gpu->mla_rope_append(gpu, tu_gat(gpu, dq, dn), ldq, qd, dkv, ld, tu_gat(gpu, dkv, rkv), ld, dp, dc, ds, drows,
-                             N, H, rkv, dr);
+                             (be_pages_t){0}, N, H, rkv, dr);
         int ok = tu_sync(gpu, "mla_rope_append", shape) && check_act("mla_rope_append q", shape, dq, qref, nq, BF16) &&
                  check_act("mla_rope_append kv (untouched)", shape, dkv, kv, nkv, EXACT);
         for (int b = 0; b < R && ok; b++)

@@ -243,6 +243,77 @@ static void test_step_batch(void **st) {
     free_pair(&p);
 }
 
+// The same through paged caches on the GPU (the server's: one pool, page
+// tables; model_state_alloc_paged) against contiguous ones on the CPU: the
+// prompts prefilled in two batched rounds, so that a second chunk attends over
+// a cache whose pages are not consecutive (gathered key tiles), then 24
+// batched decode steps in which a sequence takes a new page (the recorded
+// step replayed with other page tables: a paged state's room is not in the
+// step's key). Each row judged as in test_step_batch.
+static void test_step_batch_paged(void **st) {
+    arch_t a = small_hybrid();
+    pair_t p;
+    make_pair(&p, &a);
+    enum { N = 3, STEPS = 24 };
+    const int round1[N] = {200, 200, 280}, round2[N] = {40, 100, 50};
+    model_pool_t pool;
+    assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
+    model_state_t sc[N], sg[N];
+    model_state_t *pc[N], *pg[N];
+    float *c1 = malloc(sizeof(float) * N * a.V), *g1 = tu_nans((int64_t)N * a.V);
+    static int32_t prompt[N][400];
+    const int32_t *chunk[N];
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < round1[k] + round2[k]; i++)
+            prompt[k][i] = (i * 41 + 7 * k + 3) % a.V;
+        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 512), 0);
+        assert_int_equal(model_state_alloc_paged(&p.gpu, &sg[k], &pool, 512), 0);
+        pc[k] = &sc[k], pg[k] = &sg[k];
+    }
+    double worst_pre = 0;
+    for (int round = 0; round < 2; round++) {
+        const int *n = round ? round2 : round1;
+        for (int k = 0; k < N; k++)
+            chunk[k] = prompt[k] + (round ? round1[k] : 0);
+        assert_int_equal(model_prefill_batch(&p.rcpu, pc, N, chunk, n, NULL, c1), 0);
+        assert_int_equal(model_prefill_batch(&p.rgpu, pg, N, chunk, n, NULL, g1), 0);
+        for (int k = 0; k < N; k++) {
+            double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
+            if (!(e <= worst_pre)) worst_pre = e;
+        }
+    }
+    printf("  paged: the 3 prompts (%d, %d, %d tokens) in two batched rounds: worst rel err of a row %.2e; pages of "
+           "sequence 1: %d %d\n",
+           round1[0] + round2[0], round1[1] + round2[1], round1[2] + round2[2], worst_pre, sg[1].pages[0],
+           sg[1].pages[1]);
+    assert_true(sg[1].pages[1] != sg[1].pages[0] + 1); // its second chunk gathered its keys
+    assert_true(worst_pre < 1e-1);
+    double worst = 0;
+    for (int t = 0; t < STEPS; t++) {
+        int32_t ids[N];
+        for (int k = 0; k < N; k++)
+            ids[k] = (t * 13 + k * 101 + 1) % a.V;
+        assert_int_equal(model_step_batch(&p.rcpu, pc, N, ids, c1), 0);
+        assert_int_equal(model_step_batch(&p.rgpu, pg, N, ids, g1), 0);
+        for (int k = 0; k < N; k++) {
+            double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
+            if (!(e <= worst)) worst = e;
+        }
+    }
+    printf("  paged: %d batched decode steps (sequence 0 into its second page): worst rel err of a row %.2e\n", STEPS,
+           worst);
+    assert_int_equal(sg[0].n_pages, 2);
+    assert_true(worst < 1e-1);
+    for (int k = 0; k < N; k++) {
+        model_state_free(&p.cpu, &sc[k]);
+        model_state_free(&p.gpu, &sg[k]);
+    }
+    assert_int_equal(pool.n_free, 8);
+    model_pool_free(&p.gpu, &pool);
+    free(c1), free(g1);
+    free_pair(&p);
+}
+
 static void test_model_gradients(void **st) {
     arch_t a = small_hybrid();
     pair_t p;
@@ -404,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_model_logits),        cmocka_unit_test(test_state_growth),
         cmocka_unit_test(test_step_batch),          cmocka_unit_test(test_model_gradients),
         cmocka_unit_test(test_smollm2_cuda_vs_cpu), cmocka_unit_test(test_prefill_key_tiles),
+        cmocka_unit_test(test_step_batch_paged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

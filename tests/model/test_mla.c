@@ -352,7 +352,7 @@ static void test_decode_variants(void **st) { // the absorption with G = H, late
 
 // ---- cached prefill in tiles of keys == whole-sequence forward --------------------
 
-// The prefill over a cache attends in tiles of c.mla_tile_keys keys (mla.c
+// The prefill over a cache attends in tiles of c.cache_tile_keys keys (mla.c
 // attend_cache), merged by log-sum-exp. Prefill 96 tokens of 2 sequences in
 // the chunks given with a small tile, so that a chunk sees several unmasked
 // tiles before its causal last one (ragged ones, a chunk longer than a tile,
@@ -373,7 +373,7 @@ static void tiles_case(int variant, int tile, const int *chunks, int n_chunks) {
     assert_int_equal(mla_forward(&t.c, &t.w, ref, t.x, B, T, 0, NULL, NULL), 0);
     layer_cache_t cache = {.B = B, .cap = CAP, .len = 0};
     cache.u.mla.kv = calloc((size_t)B * CAP * L, sizeof(float));
-    t.c.mla_tile_keys = tile;
+    t.c.cache_tile_keys = tile;
     for (int k = 0; k < n_chunks; k++) {
         int len = chunks[k];
         tu_rows_gather(xc, t.x, B, T, cache.len, len, d);

@@ -686,20 +686,26 @@ static void test_prefix_eviction(void **state) {
     free(r), free(first), free(again);
     server_stop(&s);
 }
-// The cache budget: the default model on the CPU plans 46080 bytes a token
-// (30 layers x K and V x 3 heads x 64 x fp32), so 8 MiB hold 182 tokens: a
-// chat prompt with 200 max_tokens never fits (400 naming both figures); a
-// running 14 + 160-token completion (7.6 MiB) leaves no room for a second
-// one of ~14 tokens (0.6 MiB), which waits in the queue with a slot free,
-// then runs; both answer as the CLI does.
+// The cache budget, in pages: the default model on the CPU holds 46080
+// bytes a token (30 layers x K and V x 3 heads x 64 x fp32), so a page of 256
+// tokens is 11.25 MiB and 12 MiB hold one page. A chat prompt with 300
+// max_tokens needs 2 pages: 400 naming both figures. A running 14 + 160-token
+// completion holds the page (the prefix cache's entry of its prompt, which
+// shares it, gives it up when its first decode step copies it on write), so
+// a second one of ~14 tokens waits in the queue with a slot free, then runs;
+// both answer as the CLI does. Then 24 MiB (2 pages) and two streamed
+// completions of 14 + 300 tokens (2 pages each): both start, the newer is
+// preempted when both need their second page and resumes when the older is
+// done; both streams are whole (300 tokens, finish_reason length, [DONE]).
 static void test_cache_budget(void **state) {
     cli_answers();
     server_t s2;
-    server_start(&s2, "", "--ctx 1024 --max-seqs 2 --cache-mb 8");
+    server_start(&s2, "", "--ctx 1024 --max-seqs 2 --cache-mb 12");
     char *r;
-    assert_int_equal(http(&s2, "/v1/chat/completions", chat_body(Q, 200, NULL), &r), 400);
+    assert_int_equal(http(&s2, "/v1/chat/completions", chat_body(Q, 300, NULL), &r), 400);
     expect_error(r, 400, NULL);
-    if (!strstr(r, "cache budget of 8.0 MiB")) fail_msg("the refusal does not name the budget: %s", r);
+    if (!strstr(r, "need 2 cache pages of 256 tokens") || !strstr(r, "more than the server's 1"))
+        fail_msg("the refusal does not name the pages: %s", r);
     free(r);
     call_t c[2];
     call_start(&c[0], &s2, "/v1/completions", completion_body(LONG, 160, ", \"stream\": true"), NULL);
@@ -721,6 +727,28 @@ static void test_cache_budget(void **state) {
     char *t = answer_within(r, NULL, 8, NULL);
     assert_string_equal(t, want_completion);
     free(r), free(t);
+    assert_true(metric(&s2, "hylo_cache_pages_total") == 1);
+    server_stop(&s2);
+
+    server_start(&s2, "", "--ctx 1024 --max-seqs 2 --cache-mb 24");
+    const char *opts = ", \"stream\": true, \"stream_options\": {\"include_usage\": true}";
+    call_start(&c[0], &s2, "/v1/completions", completion_body(LONG, 300, opts), NULL);
+    call_start(&c[1], &s2, "/v1/completions", completion_body("10, 20, 30, 40,", 300, opts), NULL);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(call_end(&c[k], &r), 200);
+        char *text = stream_text(r, finish, NULL, NULL);
+        const char *u = strstr(r, "\"completion_tokens\":");
+        assert_non_null(u);
+        int n = atoi(u + strlen("\"completion_tokens\":"));
+        printf("  stream %d: %d tokens, finish %s\n", k, n, finish);
+        assert_string_equal(finish, "length");
+        assert_int_equal(n, 300);
+        free(text), free(r);
+    }
+    double pre = metric(&s2, "hylo_preemptions_total");
+    printf("  2 pages, 2 requests of 2 pages: %.0f preemption(s)\n", pre);
+    assert_true(pre >= 1);
+    assert_true(metric(&s2, "hylo_running_sequences") == 0 && metric(&s2, "hylo_queue_length") == 0);
     server_stop(&s2);
 }
 

@@ -132,21 +132,41 @@ static void weighted_sum(float *o, const float *w, const float *v, int64_t ldv, 
             o[e] += w[u] * v[u * ldv + e];
 }
 
-// One query row qr against n keys (rows of k and v, strides ldk and ldv):
-// scores 4 keys at a time, softmax_row, weighted_sum into o; p holds n
-// scores. Returns the row's log-sum-exp. The row loop of attn_fwd and
-// attn_decode are this function.
-static float attend_row(const float *qr, const float *k, int64_t ldk, const float *v, int64_t ldv, int n, int dqk,
-                        int dv, float scale, float *p, float *o) {
-    int u = 0;
-    for (; u + 4 <= n; u += 4)
-        dot8_keys4(qr, k + u * ldk, ldk, dqk, p + u);
-    for (; u < n; u++)
-        p[u] = dot8(qr, k + u * ldk, dqk);
+// Keys from u on that lie one after another in memory, at most n - u: the
+// rest of u's page with page tables (pg of step row r), else all of them.
+static int key_run(be_pages_t pg, int u, int n) {
+    int left = n - u;
+    if (!pg.pages) return left;
+    int page_left = BE_PAGE_ROWS - u % BE_PAGE_ROWS;
+    return page_left < left ? page_left : left;
+}
+
+// One query row qr against n keys (rows of k and v, strides ldk and ldv;
+// row u at row be_page_row(pg, r, u) of each): scores 4 keys at a time,
+// softmax_row, weighted_sum into o; p holds n scores. Returns the row's
+// log-sum-exp. The row loop of attn_fwd and attn_decode are this function.
+// A page holds a multiple of 4 keys, and o carries weighted_sum's running
+// sums from one page to the next, so paged keys get the bits of contiguous
+// ones.
+static float attend_row(const float *qr, const float *k, int64_t ldk, const float *v, int64_t ldv, be_pages_t pg,
+                        int64_t r, int n, int dqk, int dv, float scale, float *p, float *o) {
+    for (int u = 0; u < n;) {
+        int cnt = key_run(pg, u, n), i = 0;
+        const float *kp = k + be_page_row(pg, r, u) * ldk;
+        for (; i + 4 <= cnt; i += 4)
+            dot8_keys4(qr, kp + i * ldk, ldk, dqk, p + u + i);
+        for (; i < cnt; i++)
+            p[u + i] = dot8(qr, kp + i * ldk, dqk);
+        u += cnt;
+    }
     float m;
     double sum = softmax_row(p, n, scale, &m);
     memset(o, 0, (size_t)dv * sizeof(float));
-    weighted_sum(o, p, v, ldv, 0, n, dv);
+    for (int u = 0; u < n;) {
+        int cnt = key_run(pg, u, n);
+        weighted_sum(o, p + u, v + be_page_row(pg, r, u) * ldv, ldv, 0, cnt, dv);
+        u += cnt;
+    }
     return m + logf((float)sum);
 }
 
@@ -239,8 +259,9 @@ static void cpu_attn_fwd(be_t *be, void *out_, float *lse, const void *q_, const
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < Tq; t++) {
                     int64_t qi = ((int64_t)b * Tq + t) * H + h, kv = (int64_t)b * Tk * Hkv + h / grp;
-                    float l = attend_row(q + qi * dqk, k + kv * dqk, (int64_t)Hkv * dqk, v + kv * dv, (int64_t)Hkv * dv,
-                                         causal ? off + t + 1 : Tk, dqk, dv, scale, p, out + qi * dv);
+                    float l =
+                        attend_row(q + qi * dqk, k + kv * dqk, (int64_t)Hkv * dqk, v + kv * dv, (int64_t)Hkv * dv,
+                                   (be_pages_t){0}, 0, causal ? off + t + 1 : Tk, dqk, dv, scale, p, out + qi * dv);
                     if (lse) lse[((int64_t)b * H + h) * Tq + t] = l;
                 }
     }
@@ -297,7 +318,8 @@ static void cpu_attn_bwd(be_t *be, void *dq_, void *dk_, void *dv_, const void *
 // for a query at the end of a Tk = len[r] cache, so a step through this op has
 // the bits of the former per-row attn_fwd calls.
 static void cpu_attn_decode(be_t *be, void *out_, const void *q_, int64_t ldq, void *const *k_rows, void *const *v_rows,
-                            const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
+                            be_pages_t pg, const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv,
+                            float scale) {
     float *out = out_;
     const float *q = q_;
     int grp = H / Hkv, nthr = omp_get_max_threads(), per = max_len > 0 ? max_len : 1;
@@ -320,7 +342,7 @@ static void cpu_attn_decode(be_t *be, void *out_, const void *q_, int64_t ldq, v
                 int n = len[r] < per ? len[r] : per; // max_len bounds the scores buffer
                 float *o = out + ((int64_t)r * H + h) * dv;
                 if (n > 0)
-                    attend_row(qr, k, ldk, v, ldv, n, dqk, dv, scale, p, o);
+                    attend_row(qr, k, ldk, v, ldv, pg, r, n, dqk, dv, scale, p, o);
                 else // nothing cached: a zero output rather than 0/0
                     memset(o, 0, (size_t)dv * sizeof(float));
             }
@@ -359,13 +381,14 @@ static void cpu_attn_merge(be_t *be, float *acc, float *lse, const void *out_i_,
 
 // Each row's new K / V (or latent / rope key) at its own position of its own
 // cache (backend.h kv_append): plain copies.
-static void cpu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
+static void cpu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, be_pages_t pg, int64_t ld, int64_t v_off,
                           const int32_t *pos, const void *k_, int64_t ldk, int kw, const void *v_, int64_t ldv, int vw,
                           int N) {
     const float *k = k_, *v = v_;
     for (int r = 0; r < N; r++) {
-        memcpy((float *)k_rows[r] + pos[r] * ld, k + (int64_t)r * ldk, (size_t)kw * sizeof(float));
-        memcpy((float *)v_rows[r] + pos[r] * ld + v_off, v + (int64_t)r * ldv, (size_t)vw * sizeof(float));
+        int64_t row = be_page_row(pg, r, pos[r]);
+        memcpy((float *)k_rows[r] + row * ld, k + (int64_t)r * ldk, (size_t)kw * sizeof(float));
+        memcpy((float *)v_rows[r] + row * ld + v_off, v + (int64_t)r * ldv, (size_t)vw * sizeof(float));
     }
 }
 

@@ -10,10 +10,11 @@
 #include "backend/cpu/cpu.h"
 
 // q_lat [B, H, r_kv], q_pe [B, H, dr] (rotated), rows[b]: row b's cache, rows
-// [c | rotated k_pe] of r_kv + dr, len[b] visible rows of it, out [B, H, r_kv].
-// pool is for the CUDA kernel's tiled copies; the CPU reads through rows[].
+// [c | rotated k_pe] of r_kv + dr (row u at row be_page_row(pg, b, u) of it),
+// len[b] visible rows of it, out [B, H, r_kv]. pool is for the CUDA kernel's
+// tiled copies; the CPU reads through rows[].
 static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const void *q_pe_, int64_t ldqp, int64_t hsqp,
-                                void *const *rows_, const int32_t *len, int max_len, const void *pool,
+                                void *const *rows_, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
                                 int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
     float *out = out_;
     const float *q_lat = q_lat_, *q_pe = q_pe_;
@@ -41,7 +42,7 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
                 if (n <= 0) continue; // nothing cached: a zero output rather than 0/0
                 float m = -INFINITY;
                 for (int u = 0; u < n; u++) {
-                    const float *row = rows + u * L;
+                    const float *row = rows + be_page_row(pg, b, u) * L;
                     float s = 0;
                     for (int i = 0; i < r_kv; i++)
                         s += ql[i] * row[i];
@@ -53,7 +54,7 @@ static void cpu_mla_decode_attn(be_t *be, void *out_, const void *q_lat_, const 
                 double sum = cpu_exp_shift(p, n, m);
                 float inv = (float)(1.0 / sum);
                 for (int u = 0; u < n; u++) {
-                    const float *row = rows + u * L;
+                    const float *row = rows + be_page_row(pg, b, u) * L;
                     float wgt = p[u] * inv;
                     for (int i = 0; i < r_kv; i++)
                         o[i] += wgt * row[i];

@@ -58,14 +58,15 @@ static void cpu_rope_bwd(be_t *be, void *dx, int64_t ld, int64_t hs, const int32
 // after the copy, so that k is not written.
 static void cpu_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *k_, int64_t ldk, const void *v_,
                                int64_t ldv, const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
-                               void *const *v_rows, int N, int H, int Hkv, int dh) {
+                               void *const *v_rows, be_pages_t pg, int N, int H, int Hkv, int dh) {
     float *q = q_;
     const float *k = k_, *v = v_;
     int64_t kw = (int64_t)Hkv * dh;
     int half = dh / 2;
     for (int r = 0; r < N; r++) {
         const float *c = cos + (int64_t)pos[r] * half, *s = sin + (int64_t)pos[r] * half;
-        float *kd = (float *)k_rows[r] + pos[r] * kw, *vd = (float *)v_rows[r] + pos[r] * kw;
+        int64_t row = be_page_row(pg, r, pos[r]);
+        float *kd = (float *)k_rows[r] + row * kw, *vd = (float *)v_rows[r] + row * kw;
         for (int h = 0; h < H; h++)
             rope_vec(q + r * ldq + (int64_t)h * dh, c, s, dh, ROPE_NEOX, 1.0f);
         memcpy(kd, k + r * ldk, (size_t)kw * sizeof(float));
@@ -77,13 +78,13 @@ static void cpu_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *k_, 
 
 static void cpu_mla_rope_append(be_t *be, void *q_, int64_t ldq, int64_t hs, const void *c_, int64_t ldc,
                                 const void *kpe_, int64_t ldk, const int32_t *pos, const float *cos, const float *sin,
-                                void *const *rows, int N, int H, int r_kv, int dr) {
+                                void *const *rows, be_pages_t pg, int N, int H, int r_kv, int dr) {
     float *q = q_;
     const float *c = c_, *kpe = kpe_;
     int half = dr / 2;
     for (int r = 0; r < N; r++) {
         const float *cr = cos + (int64_t)pos[r] * half, *sr = sin + (int64_t)pos[r] * half;
-        float *row = (float *)rows[r] + (int64_t)pos[r] * (r_kv + dr);
+        float *row = (float *)rows[r] + be_page_row(pg, r, pos[r]) * (r_kv + dr);
         for (int h = 0; h < H; h++)
             rope_vec(q + r * ldq + (int64_t)h * hs, cr, sr, dr, ROPE_INTERLEAVED, 1.0f);
         memcpy(row, c + r * ldc, (size_t)r_kv * sizeof(float));

@@ -12,6 +12,14 @@
 
 typedef __nv_bfloat16 bf16;
 
+// Row u of step row r's cache (backend.h be_pages_t): the row of its page in
+// the pool, or u itself without page tables.
+static_assert((BE_PAGE_ROWS & (BE_PAGE_ROWS - 1)) == 0, "BE_PAGE_ROWS must be a power of two");
+static __device__ __forceinline__ int64_t cu_page_row(be_pages_t pg, int64_t r, int64_t u) {
+    if (!pg.pages) return u;
+    return (int64_t)__ldg(pg.pages + r * pg.stride + u / BE_PAGE_ROWS) * BE_PAGE_ROWS + (u & (BE_PAGE_ROWS - 1));
+}
+
 typedef struct {
     int device;
     cudaStream_t stream;

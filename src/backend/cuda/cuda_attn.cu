@@ -1241,6 +1241,11 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // registers, exp2 domain) over the rows it reads; no barrier in the loop. At
 // the end the lane groups merge by shuffles, the warps through shared memory.
 //
+// Paged caches: a warp's loads of one iteration are the U * KPW rows [ub, ub
+// + U * KPW), a power of two of at most 128 rows, and slices start on
+// multiples of it, so the rows of an iteration lie in one page: the warp
+// looks the page up once per iteration.
+//
 // Slices (split-K) depend on host arguments only (a recorded graph replays
 // them with other lengths): enough blocks for one wave at the kernel's
 // occupancy, never slices shorter than DEC_MIN_SLICE rows of max_len (a
@@ -1263,6 +1268,7 @@ typedef struct {
     const bf16 *q;
     int64_t ldq;
     const bf16 *const *k_rows, *const *v_rows;
+    be_pages_t pg; // the rows' page tables (backend.h), or none
     const int32_t *len;
     int max_len, H, Hkv, grp, nhc, dqk, dv, lpr, n_split;
     float sl2; // scale * log2(e): scores in the exp2 domain
@@ -1349,8 +1355,10 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
 
     int n = a.len[r];
     n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
-    // this block's rows [u_begin, u_end): slices of whole 16-row steps, the last ones may be short or empty
-    const int per = ((n + n_split - 1) / n_split + 15) / 16 * 16;
+    // this block's rows [u_begin, u_end): slices of whole steps of max(16, U KPW) rows (so that an iteration's
+    // rows lie in one page), the last ones may be short or empty
+    const int ra = U * KPW > 16 ? U * KPW : 16;
+    const int per = ((n + n_split - 1) / n_split + ra - 1) / ra * ra;
     const int u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
 
     float q[G][8];
@@ -1377,12 +1385,13 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     // them all); a lane group's rows past u_end load nothing and weigh 0.
     for (int ub = u_begin + warp * U * KPW; ub < u_end; ub += step) {
         uint4 kr[U], vr[U];
+        const int64_t at = cu_page_row(a.pg, r, ub) - ub; // rows [ub, ub + U KPW) are at u + at
 #pragma unroll
         for (int i = 0; i < U; i++) {
             const int u = ub + i * KPW + slot;
             const bool ok = u < u_end;
-            kr[i] = dec_ld8<VEC>(kb + (int64_t)u * ldK, ok ? kc : 0);
-            vr[i] = dec_ld8<VEC>(vb + (int64_t)u * ldV, ok ? vc : 0);
+            kr[i] = dec_ld8<VEC>(kb + (u + at) * ldK, ok ? kc : 0);
+            vr[i] = dec_ld8<VEC>(vb + (u + at) * ldV, ok ? vc : 0);
         }
         float s[G][U];
 #pragma unroll
@@ -1613,7 +1622,8 @@ template <bool VEC> static void dec_launch_g(be_t *be, int G, const dec_args_t &
 // the device and are not checked: rows of a multiple of 8 bf16 in buffers from
 // the allocator keep them so); other head dims take scalar loads.
 static void cu_attn_decode(be_t *be, void *out, const void *q, int64_t ldq, void *const *k_rows, void *const *v_rows,
-                           const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv, float scale) {
+                           be_pages_t pg, const int32_t *len, int max_len, int N, int H, int Hkv, int dqk, int dv,
+                           float scale) {
     if (N <= 0 || H <= 0) return;
     if (Hkv <= 0 || H % Hkv || dqk <= 0 || dv <= 0 || dqk > 256 || dv > 256 || max_len < 0 || N > 0x7fffffff / H) {
         cu_op_error(be, "cuda attn_decode: N=%d H=%d Hkv=%d dqk=%d dv=%d max_len=%d not supported", N, H, Hkv, dqk, dv,
@@ -1623,7 +1633,7 @@ static void cu_attn_decode(be_t *be, void *out, const void *q, int64_t ldq, void
     dec_args_t a;
     memset(&a, 0, sizeof a);
     a.out = (bf16 *)out, a.q = (const bf16 *)q, a.ldq = ldq;
-    a.k_rows = (const bf16 *const *)k_rows, a.v_rows = (const bf16 *const *)v_rows, a.len = len;
+    a.k_rows = (const bf16 *const *)k_rows, a.v_rows = (const bf16 *const *)v_rows, a.pg = pg, a.len = len;
     a.max_len = max_len, a.H = H, a.Hkv = Hkv, a.grp = H / Hkv, a.dqk = dqk, a.dv = dv;
     a.sl2 = scale * 1.4426950408889634f;
     const int pieces = ((dqk > dv ? dqk : dv) + 7) / 8;
@@ -1646,11 +1656,11 @@ static void cu_attn_decode(be_t *be, void *out, const void *q, int64_t ldq, void
 }
 
 // Grid N (one block per row): the row's k and v into its own cache rows.
-__global__ void k_kv_append(bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, int64_t ld,
-                            int64_t v_off, const int32_t *__restrict__ pos, const bf16 *__restrict__ k, int64_t ldk,
-                            int kw, const bf16 *__restrict__ v, int64_t ldv, int vw) {
+__global__ void k_kv_append(bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, be_pages_t pg,
+                            int64_t ld, int64_t v_off, const int32_t *__restrict__ pos, const bf16 *__restrict__ k,
+                            int64_t ldk, int kw, const bf16 *__restrict__ v, int64_t ldv, int vw) {
     const int r = blockIdx.x;
-    const int64_t p = pos[r];
+    const int64_t p = cu_page_row(pg, r, pos[r]);
     bf16 *kd = k_rows[r] + p * ld, *vd = v_rows[r] + p * ld + v_off;
     for (int i = threadIdx.x; i < kw; i += blockDim.x)
         kd[i] = k[(int64_t)r * ldk + i];
@@ -1658,12 +1668,12 @@ __global__ void k_kv_append(bf16 *const *__restrict__ k_rows, bf16 *const *__res
         vd[i] = v[(int64_t)r * ldv + i];
 }
 
-static void cu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, int64_t ld, int64_t v_off,
+static void cu_kv_append(be_t *be, void *const *k_rows, void *const *v_rows, be_pages_t pg, int64_t ld, int64_t v_off,
                          const int32_t *pos, const void *k, int64_t ldk, int kw, const void *v, int64_t ldv, int vw,
                          int N) {
     if (N <= 0) return;
-    k_kv_append<<<(unsigned)N, 128, 0, cuda_stream(be)>>>((bf16 *const *)k_rows, (bf16 *const *)v_rows, ld, v_off, pos,
-                                                          (const bf16 *)k, ldk, kw, (const bf16 *)v, ldv, vw);
+    k_kv_append<<<(unsigned)N, 128, 0, cuda_stream(be)>>>((bf16 *const *)k_rows, (bf16 *const *)v_rows, pg, ld, v_off,
+                                                          pos, (const bf16 *)k, ldk, kw, (const bf16 *)v, ldv, vw);
     cuda_check_launch(be, "k_kv_append");
 }
 

@@ -42,6 +42,7 @@ typedef struct {
     int n_split;            // blocks per sequence
     float sl2;              // scale * log2(e)
     int64_t qp_ld, qp_hs;   // q_pe's row and head strides (elements, multiples of 8)
+    be_pages_t pg;          // the sequences' page tables (backend.h), or none
 } mla_args_t;
 
 template <int CW>
@@ -71,8 +72,7 @@ __global__ void __launch_bounds__(512, 1)
     const int64_t end = start + rps < n ? start + rps : n;
     const int nrows = end > start ? (int)(end - start) : 0;
     const int n_st = (nrows + ST_ROWS - 1) / ST_ROWS;
-    const bf16 *cache = rows[b]; // row 0 of this sequence's cache
-    const bf16 *rows_g = cache + start * L;
+    const bf16 *cache = rows[b]; // row 0 of this sequence's cache (or of its pages' pool)
 
     // Q [HR][SQ] = [q_lat | q_pe | 0], zero rows past H (plain 16-byte loads)
     for (int i = tid; i < HR * (SQ / 8); i += nthr) {
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(512, 1)
         const int r0 = st * ST_ROWS;
         for (int r = warp; r < ST_ROWS; r += nwarps) {
             bool ok = r0 + r < nrows;
-            const bf16 *src = rows_g + (int64_t)(r0 + r) * L;
+            const bf16 *src = ok ? cache + cu_page_row(a.pg, b, start + r0 + r) * L : cache;
             for (int c = lane * 8; c < L; c += 256)
                 cp_async16(smem_u32(dst + r * SR + c), ok ? src + c : cache, ok);
         }
@@ -349,6 +349,7 @@ typedef struct {
     int neg;              // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
     float sl2;            // > 0
     int64_t qp_ld, qp_hs; // q_pe's row and head strides (elements, multiples of 8)
+    be_pages_t pg;        // the sequences' page tables (backend.h), or none: a tile of 32 rows lies in one page
 } mla2_args_t;
 
 // Address of the 16-byte chunk `chunk` (column / 8) of row r in a MLA2_LOAD_TILES slot.
@@ -397,8 +398,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     const int64_t end = start + rps < n ? start + rps : n;
     const int nrows = end > start ? (int)(end - start) : 0;
     const int n_tiles = (nrows + NR - 1) / NR;
-    const bf16 *cache = rows[b]; // row 0 of this sequence's cache
-    const bf16 *rows_g = cache + start * L;
+    const bf16 *cache = rows[b]; // row 0 of this sequence's cache (or of its pages' pool)
     // MLA2_LOAD_TILES: the sequence's row 0 as a row of the pool the tensor map describes
     const int64_t row0 = TILES ? (int64_t)(cache - pool) / L : 0;
 
@@ -425,13 +425,14 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
             if (fill > 0) mbar_wait(bar_empty + 8 * slot, (fill - 1) & 1);
             const int valid = nrows - t * NR < NR ? nrows - t * NR : NR;
             bf16 *dst = (bf16 *)((unsigned char *)sC + slot * slot_bytes);
-            const bf16 *src = rows_g + (int64_t)t * NR * L;
+            // the tile's rows: one run of NR rows in memory (a page holds whole tiles)
+            const bf16 *src = cache + cu_page_row(a.pg, b, start + (int64_t)t * NR) * L;
             if (TILES) {
                 // whole boxes, rows past the slice included (the consumers zero those)
                 if (lane == 0) {
                     const uint32_t bar = bar_full + 8 * slot;
                     mbar_arrive_expect_tx(bar, slot_bytes);
-                    const int y = (int)(row0 + start + (int64_t)t * NR);
+                    const int y = (int)(row0 + cu_page_row(a.pg, b, start + (int64_t)t * NR));
                     for (int bx = 0; bx < a.NB; bx++)
                         tensor_g2s(smem_u32(dst) + bx * MLA2_BOX_BYTES, &tmap, bx * MLA2_BOX, y, bar);
                 }
@@ -923,8 +924,8 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
 //   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
 //   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
 static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
-                       void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows, int B,
-                       int H, int r_kv, int dr, float scale) {
+                       void *const *rows, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
+                       int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
     if (r_kv < 8 || r_kv % 8 || dr < 0 || dr % 8 || max_len < 0 || pool_rows < 0) {
         cu_op_error(be, "cuda mla_decode_attn: r_kv=%d dr=%d max_len=%d not supported (r_kv, dr multiples of 8)", r_kv,
                     dr, max_len);
@@ -952,7 +953,7 @@ static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe,
         mla2_args_t a;
         memset(&a, 0, sizeof a);
         a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = L, a.Lp = Lp, a.HT = HT, a.CC = CC;
-        a.qp_ld = ldqp, a.qp_hs = hsqp;
+        a.qp_ld = ldqp, a.qp_hs = hsqp, a.pg = pg;
         a.SQ = Lp + 8;                    // (SQ / 8) odd: ldmatrix rows in distinct bank groups
         a.SR = (wide + 15) / 16 * 16 + 8; // the same for the ring rows
         float sl2 = fabsf(scale) * 1.4426950408889634f;
@@ -975,7 +976,7 @@ static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe,
     mla_args_t a;
     memset(&a, 0, sizeof a);
     a.H = H, a.r_kv = r_kv, a.dr = dr, a.L = L, a.Lp = Lp;
-    a.qp_ld = ldqp, a.qp_hs = hsqp;
+    a.qp_ld = ldqp, a.qp_hs = hsqp, a.pg = pg;
     a.HT = HT;
     a.CC = CC;
     if (a.HT * a.CC > 16) {
@@ -999,8 +1000,8 @@ static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe,
 // them (a q_pe inside the projected q of a d_nope not a multiple of 8) get a
 // contiguous copy first.
 static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
-                               void *const *rows, const int32_t *len, int max_len, const void *pool, int64_t pool_rows,
-                               int B, int H, int r_kv, int dr, float scale) {
+                               void *const *rows, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
+                               int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
     if (B <= 0 || H <= 0) return;
     const size_t mark = arena_mark(&be->scratch);
     if (((uintptr_t)q_pe & 15) || (ldqp | hsqp) % 8) {
@@ -1016,7 +1017,7 @@ static void cu_mla_decode_attn(be_t *be, void *out, const void *q_lat, const voi
                 be->copy2d(be, qp + (int64_t)b * H * dr, dr, (const bf16 *)q_pe + (int64_t)b * ldqp, hsqp, H, dr, 0);
         q_pe = qp, ldqp = (int64_t)H * dr, hsqp = dr;
     }
-    mla_decode(be, out, q_lat, q_pe, ldqp, hsqp, rows, len, max_len, pool, pool_rows, B, H, r_kv, dr, scale);
+    mla_decode(be, out, q_lat, q_pe, ldqp, hsqp, rows, pg, len, max_len, pool, pool_rows, B, H, r_kv, dr, scale);
     arena_reset(&be->scratch, mark); // stream order protects the copy from later users
 }
 

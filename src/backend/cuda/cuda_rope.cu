@@ -92,14 +92,15 @@ static void cu_rope_bwd(be_t *be, void *dx, int64_t ld, int64_t hs, const int32_
 __global__ void k_rope_kv_append(bf16 *q, int64_t ldq, const bf16 *__restrict__ k, int64_t ldk,
                                  const bf16 *__restrict__ v, int64_t ldv, const int32_t *__restrict__ pos,
                                  const float *__restrict__ cosb, const float *__restrict__ sinb,
-                                 bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, int H, int Hkv,
-                                 int dh) {
+                                 bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, be_pages_t pg,
+                                 int H, int Hkv, int dh) {
     griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int64_t p = pos[r], kw = (int64_t)Hkv * dh;
     const int half = dh / 2;
     const float *c = cosb + p * half, *s = sinb + p * half;
-    bf16 *kd = k_rows[r] + p * kw, *vd = v_rows[r] + p * kw;
+    const int64_t row = cu_page_row(pg, r, p);
+    bf16 *kd = k_rows[r] + row * kw, *vd = v_rows[r] + row * kw;
     for (int h = warp; h < H + Hkv; h += warps) {
         const bf16 *src = h < H ? q + r * ldq + (int64_t)h * dh : k + r * ldk + (int64_t)(h - H) * dh;
         bf16 *dst = h < H ? q + r * ldq + (int64_t)h * dh : kd + (int64_t)(h - H) * dh;
@@ -116,7 +117,7 @@ __global__ void k_rope_kv_append(bf16 *q, int64_t ldq, const bf16 *__restrict__ 
 
 static void cu_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
                               const int32_t *pos, const float *cosb, const float *sinb, void *const *k_rows,
-                              void *const *v_rows, int N, int H, int Hkv, int dh) {
+                              void *const *v_rows, be_pages_t pg, int N, int H, int Hkv, int dh) {
     if (N <= 0) return;
     if (dh <= 0 || dh % 2) {
         cu_op_error(be, "cuda rope_kv_append: head dim %d must be even", dh);
@@ -124,7 +125,7 @@ static void cu_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *k, int
     }
     cu_launch_pdl(k_rope_kv_append, dim3((unsigned)N), dim3(32 * ROPE_WARPS), 0, cuda_stream(be), (bf16 *)q, ldq,
                   (const bf16 *)k, ldk, (const bf16 *)v, ldv, pos, cosb, sinb, (bf16 *const *)k_rows,
-                  (bf16 *const *)v_rows, H, Hkv, dh);
+                  (bf16 *const *)v_rows, pg, H, Hkv, dh);
     cuda_check_launch(be, "k_rope_kv_append");
 }
 
@@ -135,13 +136,13 @@ static void cu_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *k, int
 __global__ void k_mla_rope_append(bf16 *q, int64_t ldq, int64_t hs, const bf16 *__restrict__ c, int64_t ldc,
                                   const bf16 *__restrict__ kpe, int64_t ldk, const int32_t *__restrict__ pos,
                                   const float *__restrict__ cosb, const float *__restrict__ sinb,
-                                  bf16 *const *__restrict__ rows, int H, int r_kv, int dr) {
+                                  bf16 *const *__restrict__ rows, be_pages_t pg, int H, int r_kv, int dr) {
     griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int64_t p = pos[r];
     const int half = dr / 2;
     const float *cs = cosb + p * half, *sn = sinb + p * half;
-    bf16 *row = rows[r] + p * (r_kv + dr);
+    bf16 *row = rows[r] + cu_page_row(pg, r, p) * (r_kv + dr);
     for (int h = warp; h <= H; h += warps) {
         const bf16 *src = h < H ? q + r * ldq + (int64_t)h * hs : kpe + r * ldk;
         bf16 *dst = h < H ? q + r * ldq + (int64_t)h * hs : row + r_kv;
@@ -168,7 +169,7 @@ __global__ void k_mla_rope_append(bf16 *q, int64_t ldq, int64_t hs, const bf16 *
 
 static void cu_mla_rope_append(be_t *be, void *q, int64_t ldq, int64_t hs, const void *c, int64_t ldc, const void *kpe,
                                int64_t ldk, const int32_t *pos, const float *cosb, const float *sinb, void *const *rows,
-                               int N, int H, int r_kv, int dr) {
+                               be_pages_t pg, int N, int H, int r_kv, int dr) {
     if (N <= 0) return;
     if (dr <= 0 || dr % 2 || dr > 64 * ROPE_MAX_K || H <= 0 || r_kv < 0) {
         cu_op_error(be, "cuda mla_rope_append: H=%d r_kv=%d dr=%d not supported (dr even, at most %d)", H, r_kv, dr,
@@ -176,7 +177,7 @@ static void cu_mla_rope_append(be_t *be, void *q, int64_t ldq, int64_t hs, const
         return;
     }
     cu_launch_pdl(k_mla_rope_append, dim3((unsigned)N), dim3(32 * ROPE_WARPS), 0, cuda_stream(be), (bf16 *)q, ldq, hs,
-                  (const bf16 *)c, ldc, (const bf16 *)kpe, ldk, pos, cosb, sinb, (bf16 *const *)rows, H, r_kv, dr);
+                  (const bf16 *)c, ldc, (const bf16 *)kpe, ldk, pos, cosb, sinb, (bf16 *const *)rows, pg, H, r_kv, dr);
     cuda_check_launch(be, "k_mla_rope_append");
 }
 

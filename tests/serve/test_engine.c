@@ -1,0 +1,215 @@
+// The serving engine's paged cache (serve/engine.c) on a tiny hybrid built
+// here (attention, MLA, GDN, Mamba-2), driven in-process: a request that can
+// never fit the pool is refused; two long requests that the pool cannot hold
+// together both finish, the newer one preempted (its pages freed, prefilled
+// again with its answer so far, its stream going on), and every token of
+// both streams is what greedy decoding of its sequence gives; the prefix
+// cache shares its pages with the requests that restore them.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "serve/engine.h"
+#include "testutil.h"
+
+typedef struct {
+    model_t m;
+    srv_metrics_t met;
+    srv_engine_t *e;
+    int left; // requests not done yet; the last one stops the engine
+} bench_t;
+
+typedef struct {
+    bench_t *b;
+    int32_t tok[1024];
+    int n;
+    srv_done_t done;
+    int has_done;
+} stream_t;
+
+static int on_token(void *user, int32_t id) {
+    stream_t *s = user;
+    assert_true(s->n < 1024);
+    s->tok[s->n++] = id;
+    return 0;
+}
+
+static void on_done(void *user, const srv_done_t *d) {
+    stream_t *s = user;
+    s->done = *d, s->has_done = 1;
+    if (--s->b->left == 0) srv_engine_shutdown(s->b->e);
+}
+
+static arch_t tiny_hybrid(void) {
+    const layer_kind_t plan[6] = {LAYER_MLA, LAYER_M2, LAYER_ATTN, LAYER_GDN, LAYER_MLA, LAYER_M2};
+    return tu_tiny_arch(plan, 6, 0, 0);
+}
+
+// An engine over the tiny model whose pool holds `pages` pages.
+static void bench_open(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes) {
+    memset(b, 0, sizeof *b);
+    arch_t a = tiny_hybrid();
+    assert_int_equal(model_create(&b->m, &a, tu_cpu()), 0);
+    float *w = tu_params(&b->m.pt, 11, 0.3f);
+    memcpy(b->m.w, w, (size_t)b->m.pt.total * sizeof(float)); // CPU backend: act == float
+    free(w);
+    srv_metrics_init(&b->met);
+    srv_engine_cfg_t cfg = {.max_seqs = max_seqs,
+                            .queue = 8,
+                            .ctx = 1024,
+                            .chunk = 64,
+                            .prefix_bytes = prefix_bytes,
+                            .prefix_block = 128,
+                            .cache_budget = (int64_t)max_seqs * model_snapshot_fixed_bytes(&b->m) +
+                                            (int64_t)pages * model_page_bytes(&b->m)};
+    assert_int_equal(srv_pool_pages(&b->m, &cfg), pages);
+    assert_int_equal(srv_engine_create(&b->e, &b->m, &cfg, &b->met), 0);
+    assert_int_equal(srv_engine_pages(b->e), pages);
+}
+
+static void bench_close(bench_t *b) {
+    srv_engine_free(b->e);
+    srv_metrics_free(&b->met);
+    model_free(&b->m);
+}
+
+static void submit(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new) {
+    memset(s, 0, sizeof *s);
+    s->b = b;
+    srv_submit_t q = {.prompt = prompt,
+                      .n_prompt = n_prompt,
+                      .max_new = max_new,
+                      .sampler = {.temperature = 0, .top_p = 1},
+                      .on_token = on_token,
+                      .on_done = on_done,
+                      .user = s};
+    uint64_t id;
+    assert_int_equal(srv_engine_submit(b->e, &q, &id), 0);
+    b->left++;
+}
+
+// Every generated token is the greedy choice given the prompt and the tokens
+// before it: the logits of one forward over the whole sequence, the token's
+// within 1e-3 of the largest (the engine's prefill and decode steps round
+// apart from this forward, and from each other; a lost, repeated or wrong
+// token is far off). Returns the worst gap.
+static double check_greedy(model_t *m, const int32_t *prompt, int n_prompt, const stream_t *s) {
+    int T = n_prompt + s->n, V = m->a.V;
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    memcpy(ids, prompt, sizeof(int32_t) * n_prompt);
+    memcpy(ids + n_prompt, s->tok, sizeof(int32_t) * s->n);
+    float *lg = malloc(sizeof(float) * (size_t)T * V);
+    model_run_t r;
+    assert_int_equal(model_run_create(&r, m, 64u << 20), 0);
+    assert_int_equal(model_logits_all(&r, ids, 1, T, lg), 0);
+    double worst = 0;
+    for (int j = 0; j < s->n; j++) {
+        const float *l = lg + (size_t)(n_prompt + j - 1) * V;
+        double gap = l[sampler_argmax(l, V)] - l[s->tok[j]];
+        if (gap > worst) worst = gap;
+    }
+    model_run_free(&r);
+    free(ids), free(lg);
+    return worst;
+}
+
+// A pool of 3 pages (256 tokens each) and two requests of 10 + 400 tokens
+// (2 pages each): both start, and when both need their second page the
+// newer is preempted, waits for the older to finish and resumes. A request
+// of more pages than the pool is refused at submit.
+static void test_preemption(void **state) {
+    bench_t b;
+    bench_open(&b, 3, 2, 0);
+    int32_t pa[10], pb[10], big[10];
+    for (int i = 0; i < 10; i++)
+        pa[i] = (i * 7 + 3) % b.m.a.V, pb[i] = (i * 5 + 1) % b.m.a.V, big[i] = i;
+    srv_submit_t q = {.prompt = big, .n_prompt = 10, .max_new = 800, .sampler = {.top_p = 1}};
+    uint64_t id;
+    assert_int_equal(srv_engine_submit(b.e, &q, &id), ERR_INPUT);
+    printf("  refused: %s\n", err_msg());
+    assert_non_null(strstr(err_msg(), "need 4 cache pages of 256 tokens"));
+    stream_t sa, sb;
+    submit(&b, &sa, pa, 10, 400);
+    submit(&b, &sb, pb, 10, 400);
+    srv_engine_run(b.e);
+    assert_true(sa.has_done && sb.has_done);
+    printf("  A: %d tokens (finish %d), B: %d tokens (finish %d); preemptions %llu; pages free %lld of %lld\n", sa.n,
+           (int)sa.done.finish, sb.n, (int)sb.done.finish, (unsigned long long)b.met.preempted,
+           (long long)b.met.pages_free, (long long)b.met.pages_total);
+    assert_int_equal(sa.done.finish, SRV_FINISH_LENGTH);
+    assert_int_equal(sb.done.finish, SRV_FINISH_LENGTH);
+    assert_int_equal(sa.n, 400);
+    assert_int_equal(sb.n, 400);
+    assert_int_equal(sb.done.n_new, 400);
+    assert_int_equal(sb.done.n_prompt, 10);
+    assert_true(b.met.preempted >= 1);
+    assert_int_equal(b.met.pages_free, 3);
+    assert_int_equal(b.met.prompt_tokens, 20); // a resumed prompt is not counted again
+    double ga = check_greedy(&b.m, pa, 10, &sa), gb = check_greedy(&b.m, pb, 10, &sb);
+    printf("  worst gap to the greedy token: A %.2e, B %.2e\n", ga, gb);
+    assert_true(ga < 1e-3 && gb < 1e-3);
+    bench_close(&b);
+}
+
+// The prefix cache over the pool: a prompt of 300 tokens, then (submitted
+// when the first is done) the same again: the second restores the first's
+// pages up to its last boundary (256, the fixed states' block) and prefills
+// the rest into its own copy of the partial page, and answers token for
+// token as the first did (the same chunks from 256 on). The entry keeps its
+// two pages after both are done.
+static const int32_t *again_prompt;
+static stream_t *again_stream;
+
+static void on_done_again(void *user, const srv_done_t *d) {
+    stream_t *s = user;
+    if (again_stream) {
+        stream_t *n = again_stream;
+        again_stream = NULL;
+        submit(s->b, n, again_prompt, 300, 20);
+    }
+    on_done(user, d);
+}
+
+static void test_prefix_pages(void **state) {
+    bench_t b;
+    bench_open(&b, 6, 2, 1 << 20);
+    int32_t p[300];
+    for (int i = 0; i < 300; i++)
+        p[i] = (i * 11 + 2) % b.m.a.V;
+    stream_t s1, s2;
+    again_prompt = p, again_stream = &s2;
+    memset(&s1, 0, sizeof s1);
+    s1.b = &b;
+    srv_submit_t q = {.prompt = p,
+                      .n_prompt = 300,
+                      .max_new = 20,
+                      .sampler = {.temperature = 0, .top_p = 1},
+                      .on_token = on_token,
+                      .on_done = on_done_again,
+                      .user = &s1};
+    uint64_t id;
+    assert_int_equal(srv_engine_submit(b.e, &q, &id), 0);
+    b.left++;
+    srv_engine_run(b.e);
+    assert_true(s1.has_done && s2.has_done);
+    printf("  prefix: hits %llu, reused %llu tokens, entries %lld, pages free %lld of %lld\n",
+           (unsigned long long)b.met.prefix_hits, (unsigned long long)b.met.prefix_reused,
+           (long long)b.met.prefix_entries, (long long)b.met.pages_free, (long long)b.met.pages_total);
+    assert_int_equal(s1.n, 20);
+    assert_int_equal(s2.n, 20);
+    assert_memory_equal(s1.tok, s2.tok, sizeof(int32_t) * 20);
+    assert_int_equal(b.met.prefix_hits, 1);
+    assert_int_equal(b.met.prefix_reused, 256);
+    assert_int_equal(b.met.prefix_entries, 1);
+    assert_int_equal(b.met.pages_free, 6 - 2); // the entry's two pages
+    bench_close(&b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_prefix_pages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
