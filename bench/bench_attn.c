@@ -9,10 +9,13 @@
 // against the library whose CUDA files keep the bench-only kernel variants)
 // adds --compare, which times every variant in one run, set through the
 // environment variables only that library reads: attention forward
-// HYLO_ATTN_FWD = 1 (wgmma, cuda_attn_wgmma.cuh, at (dqk, dv) = (64, 64),
-// (128, 128) and (192, 128));
+// HYLO_ATTN_FWD = 2 (mma.sync, k_attn_fwd, at every head dim; the default is
+// wgmma, cuda_attn_wgmma.cuh, at (dqk, dv) = (64, 64), (128, 128) and
+// (192, 128));
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
-// default tiles), 1 (v1's alternative tiles); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
+// default tiles), 1 (v1's alternative tiles), 4 (wgmma,
+// cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims; timed after
+// the default forward); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
 // per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep
 // adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
@@ -104,17 +107,24 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
             setenv("HYLO_ATTN_BWD", vars[i], 1);
             t_fb[i] = time_op(run_fwd_bwd, &c, 2, reps, 0);
         }
+        // the forward variant: mma.sync, k_attn_fwd (HYLO_ATTN_FWD = 2; the
+        // default forward is wgmma at the head dims it takes, elsewhere the
+        // two columns agree)
+        setenv("HYLO_ATTN_FWD", "2", 1);
+        float t_fm = time_op(run_fwd, &c, 2, reps, 0);
+        unsetenv("HYLO_ATTN_FWD");
+        // the wgmma backward after the default forward (HYLO_ATTN_BWD = 4; the
+        // default backward where it does not apply); bwd wg/v2 compares the
+        // backward parts alone (each f+b less the default forward)
+        setenv("HYLO_ATTN_BWD", "4", 1);
+        float t_fbw = time_op(run_fwd_bwd, &c, 2, reps, 0);
         set_env("HYLO_ATTN_BWD", saved);
         free(saved);
-        // the forward variant: wgmma (HYLO_ATTN_FWD = 1; where it does not
-        // apply the default runs, so the two columns agree)
-        setenv("HYLO_ATTN_FWD", "1", 1);
-        float t_fw = time_op(run_fwd, &c, 2, reps, 0);
-        unsetenv("HYLO_ATTN_FWD");
         snprintf(row->line, sizeof row->line,
-                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %8.3f | %10.3f | %10.3f | %10.3f | %5.3f |", s->name,
-                 s->T, s->H, s->Hkv, s->dqk, s->dv, t_f, t_fw, t_fb[0], t_fb[1], t_fb[2],
-                 (t_fb[0] - t_f) / (t_fb[1] - t_f));
+                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %8.3f | %10.3f | %10.3f | %10.3f | %5.3f | %9.3f | "
+                 "%9.3f |",
+                 s->name, s->T, s->H, s->Hkv, s->dqk, s->dv, t_f, t_fm, t_fb[0], t_fb[1], t_fb[2],
+                 (t_fb[0] - t_f) / (t_fb[1] - t_f), t_fbw, (t_fbw - t_f) / (t_fb[0] - t_f));
     }
     printf("%s\n", row->line);
     fflush(stdout);
@@ -250,8 +260,8 @@ int main(int argc, char **argv) {
     row_t rows[32], drows[32];
     int n_rows = 0, n_drows = 0;
     const char *hdr = compare
-                          ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms | fwd wgmma | f+b ms v2  | "
-                            "f+b ms v1  | f+b v1-alt | bwd v2/v1 |"
+                          ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms | fwd mma   | f+b ms v2  | "
+                            "f+b ms v1  | f+b v1-alt | bwd v2/v1 | f+b wgmma | bwd wg/v2 |"
                           : "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
                             "f+b TF/s |";
     if (do_attn) {

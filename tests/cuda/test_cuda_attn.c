@@ -156,7 +156,11 @@ static int run_attn(be_t *gpu, const shape_t *s, uint64_t seed, const char *tag)
 // instantiated head-dim pair and padded ones through the generic path. The last
 // four are for the backward v2 (128-key, 64-query tiles): several key tiles with
 // a partial last one, Tq < Tk with the diagonal inside a tile, GQA, a peaky
-// softmax, dv < dqk.
+// softmax, dv < dqk. The five after them are for the wgmma backward (128-key
+// tiles, 128-query steps at 64/64, 64 at 128/128 and 192/128): B = 2 with GQA
+// at each head-dim pair and T not a multiple of a tile (Tq == Tk, Tq < Tk), a
+// step past Tq whose lse2 / D load is short (Tq 200: Tqp 256), and Tq = 150,
+// where the second warpgroup's keys of the last key tile see no query.
 static const shape_t attn_shapes[] = {
     {1, 1, 1, 1, 1, 64, 64, 1.0f},       {2, 17, 17, 4, 4, 64, 64, 1.0f},     {2, 257, 257, 8, 2, 64, 64, 1.0f},
     {1, 1000, 1000, 2, 1, 64, 64, 1.0f}, {1, 129, 1000, 2, 1, 64, 64, 1.0f},  {1, 100, 100, 3, 1, 128, 128, 1.0f},
@@ -166,23 +170,44 @@ static const shape_t attn_shapes[] = {
     {1, 70, 70, 4, 2, 160, 96, 1.0f},    {1, 130, 130, 2, 1, 256, 256, 1.0f}, {1, 513, 513, 2, 2, 256, 128, 1.0f},
     {1, 65, 65, 2, 2, 16, 32, 1.0f},     {1, 40, 333, 4, 4, 64, 64, 3.0f},    {1, 300, 300, 4, 2, 128, 128, 1.0f},
     {2, 200, 455, 6, 2, 128, 128, 3.0f}, {1, 385, 385, 3, 3, 64, 64, 1.0f},   {1, 97, 160, 2, 1, 64, 48, 1.0f},
+    {2, 333, 333, 4, 2, 192, 128, 1.0f}, {2, 200, 333, 6, 2, 64, 64, 3.0f},   {2, 333, 600, 4, 1, 128, 128, 1.0f},
+    {2, 200, 700, 4, 2, 192, 128, 3.0f}, {1, 150, 150, 2, 1, 64, 64, 1.0f},
 };
+
+// Whether the comma-separated list of numbers `list` holds k.
+static int list_has(const char *list, int k) {
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (v == k) return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
 
 // Every shape under the default kernels; in the bench-variants build also
 // under the backward variants (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1
 // with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist)
-// and the wgmma forward (HYLO_ATTN_FWD = 1, at (dqk, dv) = (64, 64), (128, 128)
-// and (192, 128)).
+// and the mma.sync forward (HYLO_ATTN_FWD = 2, k_attn_fwd; the default is the
+// wgmma forward at (dqk, dv) = (64, 64), (128, 128) and (192, 128)), then the
+// wgmma backward after the default forward (HYLO_ATTN_BWD = 4: the pair
+// bench_attn --compare times; the default backward at the other head dims).
+// HYLO_ATTN_TEST_VARIANTS (e.g. "0,5") runs only the variants listed, by
+// their index below, for a short GPU run.
 static void test_attn(void **st) {
     be_t *gpu = tu_gpu();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
 #ifdef HYLO_BENCH_VARIANTS
-    static const char *bwd_var[] = {NULL, "1", "2", "3", NULL}, *fwd_var[] = {NULL, NULL, NULL, NULL, "1"};
-    static const char *tags[] = {"", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]", " [fwd wgmma]"};
+    static const char *bwd_var[] = {NULL, "1", "2", "3", NULL, "4"}, *fwd_var[] = {NULL, NULL, NULL, NULL, "2", NULL};
+    static const char *tags[] = {
+        "", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]", " [fwd mma.sync]", " [bwd wgmma]"};
 #else
     static const char *bwd_var[] = {NULL}, *fwd_var[] = {NULL}, *tags[] = {""};
 #endif
+    const char *only = getenv("HYLO_ATTN_TEST_VARIANTS");
     for (int var = 0; var < (int)(sizeof bwd_var / sizeof bwd_var[0]); var++) {
+        if (only && !list_has(only, var)) continue;
         set_knob("HYLO_ATTN_BWD", bwd_var[var]);
         set_knob("HYLO_ATTN_FWD", fwd_var[var]);
         for (int i = 0; i < n; i++)
@@ -369,6 +394,12 @@ static void test_attn_bwd_small_arena(void **st) {
     }
     const shape_t s = {2, 257, 257, 8, 2, 64, 64, 1.0f};
     int fails = run_attn(small, &s, 77, " [1 MiB arena]");
+#ifdef HYLO_BENCH_VARIANTS
+    // the wgmma backward keeps its own passes over the units (cuda_attn_wgmma_bwd.cuh)
+    set_knob("HYLO_ATTN_BWD", "4");
+    fails += run_attn(small, &s, 78, " [1 MiB arena, bwd wgmma]");
+    set_knob("HYLO_ATTN_BWD", NULL);
+#endif
     be_destroy(small);
     assert_int_equal(fails, 0);
 }

@@ -963,6 +963,7 @@ __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ a
 #include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_attn_wgmma.cuh"
 #ifdef HYLO_BENCH_VARIANTS
+#include "backend/cuda/cuda_attn_wgmma_bwd.cuh"
 #endif
 
 // ---- host side --------------------------------------------------------------
@@ -1142,12 +1143,24 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // production build has none), chosen by HYLO_ATTN_BWD: 1 = v1 with its
 // alternative tiles (d 64 and 128), 2 = v1 with its default tiles at d 128 (the
 // default before v2), 3 = v2 at d 64. All lost to the defaults in run 7
-// (docs/PERFORMANCE.md). True when a variant ran; false leaves the call to the
-// default kernels.
+// (docs/PERFORMANCE.md). 4 = the wgmma backward (cuda_attn_wgmma_bwd.cuh) at
+// (dqk, dv) = (64, 64), (128, 128), (192, 128); not yet run on a GPU. True
+// when a variant ran; false leaves the call to the default kernels.
 static bool bwd_variant(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                         const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale, int Tqp) {
     const int var = cu_env_int("HYLO_ATTN_BWD", 0);
+    if (var == 4) { // attn_bwd is causal
+        if (dqk == 64 && dv == 64)
+            return launch_bwd_wgmma<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+        if (dqk == 128 && dv == 128)
+            return launch_bwd_wgmma<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
+                                              1);
+        if (dqk == 192 && dv == 128)
+            return launch_bwd_wgmma<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
+                                              1);
+        return false;
+    }
     if (dqk <= 64 && dv <= 64) {
         if (var == 1)
             launch_bwd<64, 64, 1, 4, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale,

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One short device call after kernel work, carrying only .carry/t (upcycle.sh
+# pack) and .carry/lib: the production CUDA tests of attention, the model, GDN
+# and the core ops side by side (correctness only, so they may share the GPU),
+# the bench-variants attention test under the variants listed in
+# VARIANTS (test_cuda_attn's HYLO_ATTN_TEST_VARIANTS; default 5, the wgmma
+# backward), then bench_attn --compare and torch SDPA (cuDNN, flash) on the
+# same shapes, one after the other. Logs under $OUT/r.
+tar xJf .carry/t/tests.tar.xz || exit 1
+export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
+R=$OUT/r; mkdir -p $R; nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt
+s=$(date +%s)
+for t in attn model gdn core; do (timeout 170 build/tests/cuda/test_cuda_$t > $R/test_cuda_$t.txt 2>&1; echo "test_cuda_$t rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) & done
+(HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout 170 build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
+wait
+timeout 45 build/bench-variants/bench/bench_attn --compare --quick --no-decode > $R/bench_attn_compare.txt 2>&1; echo "bench_attn rc=$?" >> $R/summary.txt
+timeout 45 python3 scripts/ref/bench_sdpa.py --quick > $R/bench_sdpa.txt 2>&1; echo "bench_sdpa rc=$?" >> $R/summary.txt
+cat $R/summary.txt; grep -h 'PASSED\|FAILED' $R/*.txt | sort | uniq -c
