@@ -19,6 +19,8 @@
 //    registers (bf16, the m16n8k16 A fragment) and V MN-major (transposed B).
 // Output and lse as k_attn_fwd: O / l in bf16, lse = (m + log2 l) ln 2.
 
+#include "backend/cuda/cuda_wgmma.cuh"
+
 enum { WG_BR = 128, WG_BC = 128, WG_NS = 2, WG_THREADS = 288 };
 
 template <int DQK, int DV> struct wg_cfg {
@@ -29,91 +31,6 @@ template <int DQK, int DV> struct wg_cfg {
     // 1 KB to align the tiles (the swizzle pattern repeats every 1024 bytes), the barriers last
     static constexpr int SMEM = 1024 + Q_BYTES + WG_NS * (K_BYTES + V_BYTES) + 8 * (1 + 3 * WG_NS);
 };
-
-// A shared-memory matrix descriptor, 128-byte swizzle: start address, leading
-// and stride byte offsets (K-major: stride = 1024 between 8-row groups, leading
-// unused; MN-major: leading = between 64-column panels, stride = 1024).
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Keeps the compiler from moving reads or writes of an accumulator across the
-// asynchronous matrix instructions' issue and wait.
-template <int N> static __device__ __forceinline__ void wg_pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (m64 x n128, fp32 fragments) = (scale_d ? d : 0) + A B: A (m64 x k16) and B
-// (n128 x k16) both K-major in shared memory (descriptors da, db).
-static __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
-                 "52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// d (m64 x n64, fp32 fragments) += A B: A (m64 x k16) in registers (the
-// mma.sync m16n8k16 A fragment of each warp's 16 rows), B (k16 x n64)
-// MN-major in shared memory (descriptor db, transposed: imm-tnsp-b 1).
-static __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31}, {%32,%33,%34,%35}, "
-                 "%36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-// d (m64 x n128, fp32 fragments) += A B: A (m64 x k16) in registers (the
-// mma.sync m16n8k16 A fragment of each warp's 16 rows), B (k16 x n128)
-// MN-major in shared memory (descriptor db, transposed: imm-tnsp-b 1).
-static __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
-                 "52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, "
-                 "%68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-template <int D> static __device__ __forceinline__ void wg_pv(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t db);
-template <> __device__ __forceinline__ void wg_pv<64>(float (&o)[32], const uint32_t (&a)[4], uint64_t db) {
-    wgmma_rs_n64(o, a, db);
-}
-template <> __device__ __forceinline__ void wg_pv<128>(float (&o)[64], const uint32_t (&a)[4], uint64_t db) {
-    wgmma_rs_n128(o, a, db);
-}
 
 template <int DQK, int DV>
 __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -183,16 +100,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const uint32_t k_s = sK + st * C::K_BYTES, v_s = sV + st * C::V_BYTES;
         mbar_wait(bar_k + 8 * st, ph);
         // S = Q K^T over DQK / 16 steps of 16 columns (4 per 64-column panel)
-        wg_fence();
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; kk++) {
             const uint32_t pan = kk >> 2, sub = (kk & 3) * 32;
-            wgmma_ss_n128(s, wg_desc(q_w + pan * WG_BR * 128 + sub, 16, 1024),
-                          wg_desc(k_s + pan * WG_BC * 128 + sub, 16, 1024), kk > 0);
+            wgmma_ss_n128<0, 0>(s, wgmma_desc(q_w + pan * WG_BR * 128 + sub, 16, 1024),
+                                wgmma_desc(k_s + pan * WG_BC * 128 + sub, 16, 1024), kk > 0);
         }
-        wg_commit();
-        wg_wait0();
-        wg_pin(s);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(s);
 
         // mask: keys past the causal limit of the row (or past Tk)
         const int row_a = q0 + r0; // absolute query index of this thread's first row
@@ -245,13 +162,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         // O += P V: V [128 keys][DV] MN-major, 16 keys (two 8-row groups) a step
         mbar_wait(bar_v + 8 * st, ph);
-        wg_fence();
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; kk++)
-            wg_pv<DV>(o, pa[kk], wg_desc(v_s + kk * 2048, WG_BC * 128, 1024));
-        wg_commit();
-        wg_wait0();
-        wg_pin(o);
+            wgmma_rs_tb<DV>(o, pa[kk], wgmma_desc(v_s + kk * 2048, WG_BC * 128, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(o);
         // the A registers are read until the wait: kept live (unchanged) up to here
 #pragma unroll
         for (int kk = 0; kk < 8; kk++)

@@ -88,15 +88,6 @@ template <int R> static __device__ __forceinline__ void wb_setmaxnreg_inc() {
 template <int R> static __device__ __forceinline__ void wb_setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
-// Waits until at most N of this thread's committed wgmma groups are pending.
-template <int N> static __device__ __forceinline__ void wb_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Orders this thread's ordinary shared-memory stores before the async proxy's
-// (wgmma operand) reads that a later barrier releases.
-static __device__ __forceinline__ void wb_fence_async_smem() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 static __device__ __forceinline__ void wb_sts32(uint32_t addr, uint32_t x) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
@@ -117,79 +108,21 @@ template <int M> static __device__ __forceinline__ void wb_pin_a(uint32_t (&a)[M
             asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
-// d (m64 x n32) = (scale_d ? d : 0) + A B, A and B K-major in shared memory.
-static __device__ __forceinline__ void wb_ss_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// d (m64 x n64) = (scale_d ? d : 0) + A B, A and B K-major in shared memory.
-static __device__ __forceinline__ void wb_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// d (m64 x n64) = (scale_d ? d : 0) + A B, A and B MN-major in shared memory
-// (both transpose bits).
-static __device__ __forceinline__ void wb_ss_tt_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// d (m64 x n128) = (scale_d ? d : 0) + A B, A and B MN-major in shared memory.
-static __device__ __forceinline__ void wb_ss_tt_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
-                 "52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
 // S^T / dP^T step: d (m64 x nN) (+)= A B, both K-major (N = BM queries).
 template <int N> static __device__ __forceinline__ void wb_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int acc) {
     if constexpr (N == 32)
-        wb_ss_n32(d, da, db, acc);
+        wgmma_ss_n32<0, 0>(d, da, db, acc);
     else if constexpr (N == 64)
-        wb_ss_n64(d, da, db, acc);
+        wgmma_ss_n64<0, 0>(d, da, db, acc);
     else
-        wgmma_ss_n128(d, da, db, acc);
+        wgmma_ss_n128<0, 0>(d, da, db, acc);
 }
 // dQ step: d (m64 x nN) (+)= A B, both MN-major.
 template <int N> static __device__ __forceinline__ void wb_ss_tt(float (&d)[N / 2], uint64_t da, uint64_t db, int acc) {
     if constexpr (N == 64)
-        wb_ss_tt_n64(d, da, db, acc);
+        wgmma_ss_n64<1, 1>(d, da, db, acc);
     else
-        wb_ss_tt_n128(d, da, db, acc);
+        wgmma_ss_n128<1, 1>(d, da, db, acc);
 }
 // dV / dK step: d (m64 x nN, N = 64, 128, 192) += A (registers) B, B MN-major at
 // addr with its 64-column panels lbo bytes apart. 192 = n128 then n64 on the
@@ -198,13 +131,13 @@ template <int N> static __device__ __forceinline__ void wb_ss_tt(float (&d)[N / 
 template <int N>
 static __device__ __forceinline__ void wb_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t addr, uint32_t lbo) {
     if constexpr (N == 64) {
-        wgmma_rs_n64(d, a, wg_desc(addr, lbo, 1024));
+        wgmma_rs_tb<64>(d, a, wgmma_desc(addr, lbo, 1024));
     } else if constexpr (N == 128) {
-        wgmma_rs_n128(d, a, wg_desc(addr, lbo, 1024));
+        wgmma_rs_tb<128>(d, a, wgmma_desc(addr, lbo, 1024));
     } else {
         static_assert(N == 192, "n");
-        wgmma_rs_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, wg_desc(addr, lbo, 1024));
-        wgmma_rs_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, wg_desc(addr + 2 * lbo, lbo, 1024));
+        wgmma_rs_tb<128>(*reinterpret_cast<float(*)[64]>(&d[0]), a, wgmma_desc(addr, lbo, 1024));
+        wgmma_rs_tb<64>(*reinterpret_cast<float(*)[32]>(&d[64]), a, wgmma_desc(addr + 2 * lbo, lbo, 1024));
     }
 }
 
@@ -221,15 +154,15 @@ static __device__ __forceinline__ void wb_dq(float *dqh, int dqk, uint32_t a0, u
 #pragma unroll
     for (int i = 0; i < NQ / 2; i++)
         acc[i] = 0.f;
-    wg_pin(acc); // the zeros are set before the fence (no warpgroup arrive added per wgmma)
-    wg_fence();
+    wgmma_pin(acc); // the zeros are set before the fence (no warpgroup arrive added per wgmma)
+    wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < WB_BN / 16; kc++) // 16 keys a step: two 8-row groups of both operands (2048 bytes)
-        wb_ss_tt<NQ>(acc, wg_desc(a0 + kc * 2048, WB_BN * 128, 1024), wg_desc(b0 + kc * 2048, WB_BN * 128, 1024),
+        wb_ss_tt<NQ>(acc, wgmma_desc(a0 + kc * 2048, WB_BN * 128, 1024), wgmma_desc(b0 + kc * 2048, WB_BN * 128, 1024),
                      kc > 0);
-    wg_commit();
-    wb_wait<0>();
-    wg_pin(acc);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(acc);
     // Lanes t and t ^ 1 trade pairs so that each adds 4 consecutive columns:
     // an even t keeps row g, columns 8 j + 2 t .. + 3; an odd t row g + 8,
     // columns 8 j + 2 (t - 1) .. + 3 (half the atomic operations of v2 pairs).
@@ -284,7 +217,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     // multiple of 64); zeros make the rest finite (those queries are masked)
     for (int i = tid; i < WB_NS * 2 * BM; i += WB_THREADS)
         ((float *)(wb_smem + (sLD - raw)))[i] = 0.f;
-    wb_fence_async_smem(); // before the copy engine writes the same bytes
+    fence_proxy_async(); // before the copy engine writes the same bytes
     if (tid == 0) {
         mbar_init(bar_kv, 1);
         for (int s = 0; s < WB_NS; s++) {
@@ -357,26 +290,26 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
 #pragma unroll
             for (int sb = 0; sb < BM / QS; sb++) {
                 float st[QS / 2], dp[QS / 2];
-                wg_fence();
+                wgmma_fence();
                 // S^T = K_w Q^T over DQK / 16 steps of 16 columns (4 per 64-column panel, 32 bytes each);
                 // the sub-block's queries are rows [QS sb, QS sb + QS) of each Q panel
 #pragma unroll
                 for (int kk = 0; kk < DQK / 16; kk++) {
                     const uint32_t pan = kk >> 2, sub = (kk & 3) * 32;
-                    wb_ss<QS>(st, wg_desc(k_w + pan * WB_BN * 128 + sub, 16, 1024),
-                              wg_desc(q_s + pan * BM * 128 + sb * QS * 128 + sub, 16, 1024), kk > 0);
+                    wb_ss<QS>(st, wgmma_desc(k_w + pan * WB_BN * 128 + sub, 16, 1024),
+                              wgmma_desc(q_s + pan * BM * 128 + sb * QS * 128 + sub, 16, 1024), kk > 0);
                 }
-                wg_commit();
+                wgmma_commit();
                 // dP^T = V_w dO^T
 #pragma unroll
                 for (int kk = 0; kk < DV / 16; kk++) {
                     const uint32_t pan = kk >> 2, sub = (kk & 3) * 32;
-                    wb_ss<QS>(dp, wg_desc(v_w + pan * WB_BN * 128 + sub, 16, 1024),
-                              wg_desc(o_s + pan * BM * 128 + sb * QS * 128 + sub, 16, 1024), kk > 0);
+                    wb_ss<QS>(dp, wgmma_desc(v_w + pan * WB_BN * 128 + sub, 16, 1024),
+                              wgmma_desc(o_s + pan * BM * 128 + sb * QS * 128 + sub, 16, 1024), kk > 0);
                 }
-                wg_commit();
-                wb_wait<1>(); // S^T done; dP^T may still run
-                wg_pin(st);
+                wgmma_commit();
+                wgmma_wait<1>(); // S^T done; dP^T may still run
+                wgmma_pin(st);
 
                 // P^T = exp2(S^T sl2 - lse2[query]); masked: a key past the query's
                 // causal limit (past Tk when not causal), a query past Tq
@@ -395,8 +328,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                         st[4 * j + e] = p;
                     }
                 }
-                wb_wait<0>();
-                wg_pin(dp);
+                wgmma_wait<0>();
+                wgmma_pin(dp);
                 // dS^T = P^T (dP^T - D[query]) (unscaled), into dp
 #pragma unroll
                 for (int j = 0; j < QS / 8; j++) {
@@ -429,23 +362,23 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                         wb_sts32(at, sa[kq][2 * hf]);
                         wb_sts32(at + 8 * 128, sa[kq][2 * hf + 1]);
                     }
-                wb_fence_async_smem();
+                fence_proxy_async();
                 // dV += P^T dO, dK += dS^T Q: 16 queries (two 8-row groups, 2048 bytes) a step.
                 // The fragments are pinned first so that no conversion lands after
                 // the fence (ptxas would add a warpgroup arrive per wgmma, C7519).
                 wb_pin_a(pa);
                 wb_pin_a(sa);
-                wg_fence();
+                wgmma_fence();
 #pragma unroll
                 for (int kq = 0; kq < QS / 16; kq++) {
                     const uint32_t row16 = (sb * (QS / 16) + kq) * 2048;
                     wb_rs<DV>(dva, pa[kq], o_s + row16, BM * 128);
                     wb_rs<DQK>(dka, sa[kq], q_s + row16, BM * 128);
                 }
-                wg_commit();
-                wb_wait<0>(); // also before dQ's accumulator exists: the registers do not hold both at 192/128
-                wg_pin(dva);
-                wg_pin(dka);
+                wgmma_commit();
+                wgmma_wait<0>(); // also before dQ's accumulator exists: the registers do not hold both at 192/128
+                wgmma_pin(dva);
+                wgmma_pin(dka);
                 wb_pin_a(pa);
                 wb_pin_a(sa);
             }
@@ -456,7 +389,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                 wb_sts32(at, 0u);
                 wb_sts32(at + 8 * 128, 0u);
             }
-            wb_fence_async_smem();
+            fence_proxy_async();
         }
         // this warpgroup is done with the stage
         named_sync(1 + w, 128);
