@@ -444,3 +444,14 @@ arch_t tu_tiny_arch(const layer_kind_t *plan, int n, int yarn, int tied) {
     a.is_hybrid = 1;
     return a;
 }
+
+int tu_list_has(const char *list, long k) {
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (v == k) return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}

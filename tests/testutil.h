@@ -115,6 +115,9 @@ void tu_rows_scatter(float *x, const float *src, int B, int T, int t0, int n, in
 // difference is then that of two CPU runs. Cases that need the real device
 // (a second CUDA backend, a CUDA-only error path) skip themselves.
 int tu_fake_gpu(void);
+// Whether a comma-separated list of numbers (e.g. "0,3,10", from an
+// environment variable that picks a test's cases for a short run) holds k.
+int tu_list_has(const char *list, long k);
 // The backend under test: the fake GPU under HYLO_TEST_CPU_AS_GPU=1, else
 // tu_cuda() (skips without a GPU, or fails under HYLO_REQUIRE_GPU=1).
 be_t *tu_gpu(void);

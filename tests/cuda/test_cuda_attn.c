@@ -174,18 +174,6 @@ static const shape_t attn_shapes[] = {
     {2, 200, 700, 4, 2, 192, 128, 3.0f}, {1, 150, 150, 2, 1, 64, 64, 1.0f},
 };
 
-// Whether the comma-separated list of numbers `list` holds k.
-static int list_has(const char *list, int k) {
-    for (const char *p = list; *p;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p) return 0;
-        if (v == k) return 1;
-        p = *end == ',' ? end + 1 : end;
-    }
-    return 0;
-}
-
 // Every shape under the default kernels; in the bench-variants build also
 // under the backward variants (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1
 // with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist)
@@ -207,7 +195,7 @@ static void test_attn(void **st) {
 #endif
     const char *only = getenv("HYLO_ATTN_TEST_VARIANTS");
     for (int var = 0; var < (int)(sizeof bwd_var / sizeof bwd_var[0]); var++) {
-        if (only && !list_has(only, var)) continue;
+        if (only && !tu_list_has(only, var)) continue;
         set_knob("HYLO_ATTN_BWD", bwd_var[var]);
         set_knob("HYLO_ATTN_FWD", fwd_var[var]);
         for (int i = 0; i < n; i++)

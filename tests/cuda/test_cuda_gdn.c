@@ -550,17 +550,7 @@ static void test_chunk(void **st) {
         set_knob("HYLO_GDN_STATE", vars[var]);
 #endif
         for (size_t i = 0; i < sizeof CHUNK_CASES / sizeof CHUNK_CASES[0]; i++) {
-            if (only) {
-                char key[16];
-                snprintf(key, sizeof key, "%zu", i);
-                int hit = 0;
-                for (const char *p = only; *p;) {
-                    size_t n = strcspn(p, ",");
-                    if (n == strlen(key) && !strncmp(p, key, n)) hit = 1;
-                    p += n + (p[n] == ',');
-                }
-                if (!hit) continue;
-            }
+            if (only && !tu_list_has(only, (long)i)) continue;
             fails += chunk_case(CHUNK_CASES[i], tags[var]);
         }
     }

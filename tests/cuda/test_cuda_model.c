@@ -183,6 +183,34 @@ static void test_prefill_key_tiles(void **st) {
     free_pair(&p);
 }
 
+// The worst relative error of the N rows of V logits g against c.
+static double worst_row_err(const float *g, const float *c, int N, int V) {
+    double worst = 0;
+    for (int k = 0; k < N; k++) {
+        double e = tu_rel_err(g + (int64_t)k * V, c + (int64_t)k * V, V);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+// `steps` batched decode steps of the N states on each side (the same token
+// ids), the worst row error over all of them (c1, g1: [N, V] scratch).
+static double decode_steps_worst(pair_t *p, model_state_t **pc, model_state_t **pg, int N, int steps, int V, float *c1,
+                                 float *g1) {
+    double worst = 0;
+    for (int t = 0; t < steps; t++) {
+        int32_t ids[8];
+        assert_true(N <= 8);
+        for (int k = 0; k < N; k++)
+            ids[k] = (t * 13 + k * 101 + 1) % V;
+        assert_int_equal(model_step_batch(&p->rcpu, pc, N, ids, c1), 0);
+        assert_int_equal(model_step_batch(&p->rgpu, pg, N, ids, g1), 0);
+        double e = worst_row_err(g1, c1, N, V);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
 // Continuous batching on the GPU: three prompts of different lengths
 // prefilled in one forward (model_prefill_batch), then decoding together
 // with model_step_batch (the per-row cache pointers and lengths of the
@@ -212,25 +240,10 @@ static void test_step_batch(void **st) {
     }
     assert_int_equal(model_prefill_batch(&p.rcpu, pc, N, chunk, len, NULL, c1), 0);
     assert_int_equal(model_prefill_batch(&p.rgpu, pg, N, chunk, len, NULL, g1), 0);
-    double worst_pre = 0;
-    for (int k = 0; k < N; k++) {
-        double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
-        if (!(e <= worst_pre)) worst_pre = e;
-    }
+    double worst_pre = worst_row_err(g1, c1, N, a.V);
     printf("  batched prefill of the 3 prompts: worst rel err of a row %.2e\n", worst_pre);
     assert_true(worst_pre < 1e-1);
-    double worst = 0;
-    for (int t = 0; t < STEPS; t++) {
-        int32_t ids[N];
-        for (int k = 0; k < N; k++)
-            ids[k] = (t * 13 + k * 101 + 1) % a.V;
-        assert_int_equal(model_step_batch(&p.rcpu, pc, N, ids, c1), 0);
-        assert_int_equal(model_step_batch(&p.rgpu, pg, N, ids, g1), 0);
-        for (int k = 0; k < N; k++) {
-            double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
-            if (!(e <= worst)) worst = e;
-        }
-    }
+    double worst = decode_steps_worst(&p, pc, pg, N, STEPS, a.V, c1, g1);
     printf("  %d sequences (lengths %d, %d, %d) x %d batched decode steps: worst rel err of a row %.2e\n", N, len[0],
            len[1], len[2], STEPS, worst);
     assert_true(worst < 1e-1);
@@ -277,10 +290,8 @@ static void test_step_batch_paged(void **st) {
             chunk[k] = prompt[k] + (round ? round1[k] : 0);
         assert_int_equal(model_prefill_batch(&p.rcpu, pc, N, chunk, n, NULL, c1), 0);
         assert_int_equal(model_prefill_batch(&p.rgpu, pg, N, chunk, n, NULL, g1), 0);
-        for (int k = 0; k < N; k++) {
-            double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
-            if (!(e <= worst_pre)) worst_pre = e;
-        }
+        double e = worst_row_err(g1, c1, N, a.V);
+        if (!(e <= worst_pre)) worst_pre = e;
     }
     printf("  paged: the 3 prompts (%d, %d, %d tokens) in two batched rounds: worst rel err of a row %.2e; pages of "
            "sequence 1: %d %d\n",
@@ -288,18 +299,7 @@ static void test_step_batch_paged(void **st) {
            sg[1].pages[1]);
     assert_true(sg[1].pages[1] != sg[1].pages[0] + 1); // its second chunk gathered its keys
     assert_true(worst_pre < 1e-1);
-    double worst = 0;
-    for (int t = 0; t < STEPS; t++) {
-        int32_t ids[N];
-        for (int k = 0; k < N; k++)
-            ids[k] = (t * 13 + k * 101 + 1) % a.V;
-        assert_int_equal(model_step_batch(&p.rcpu, pc, N, ids, c1), 0);
-        assert_int_equal(model_step_batch(&p.rgpu, pg, N, ids, g1), 0);
-        for (int k = 0; k < N; k++) {
-            double e = tu_rel_err(g1 + (int64_t)k * a.V, c1 + (int64_t)k * a.V, a.V);
-            if (!(e <= worst)) worst = e;
-        }
-    }
+    double worst = decode_steps_worst(&p, pc, pg, N, STEPS, a.V, c1, g1);
     printf("  paged: %d batched decode steps (sequence 0 into its second page): worst rel err of a row %.2e\n", STEPS,
            worst);
     assert_int_equal(sg[0].n_pages, 2);
