@@ -13,9 +13,8 @@
 // wgmma, cuda_attn_wgmma.cuh, at (dqk, dv) = (64, 64), (128, 128) and
 // (192, 128));
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
-// default tiles), 1 (v1's alternative tiles), 4 (wgmma,
-// cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims; timed after
-// the default forward); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
+// default tiles), 1 (v1's alternative tiles), all mma.sync (the default is
+// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
 // per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep
 // adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
@@ -113,10 +112,10 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
         setenv("HYLO_ATTN_FWD", "2", 1);
         float t_fm = time_op(run_fwd, &c, 2, reps, 0);
         unsetenv("HYLO_ATTN_FWD");
-        // the wgmma backward after the default forward (HYLO_ATTN_BWD = 4; the
-        // default backward where it does not apply); bwd wg/v2 compares the
-        // backward parts alone (each f+b less the default forward)
-        setenv("HYLO_ATTN_BWD", "4", 1);
+        // the default backward (wgmma where it applies, else as v2's column);
+        // bwd wg/v2 compares the backward parts alone (each f+b less the
+        // default forward)
+        unsetenv("HYLO_ATTN_BWD");
         float t_fbw = time_op(run_fwd_bwd, &c, 2, reps, 0);
         set_env("HYLO_ATTN_BWD", saved);
         free(saved);

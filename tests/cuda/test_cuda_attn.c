@@ -174,13 +174,13 @@ static const shape_t attn_shapes[] = {
     {2, 200, 700, 4, 2, 192, 128, 3.0f}, {1, 150, 150, 2, 1, 64, 64, 1.0f},
 };
 
-// Every shape under the default kernels; in the bench-variants build also
-// under the backward variants (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1
-// with its default tiles at d 128, 3: k_attn_bwd2 at d <= 64, where they exist)
-// and the mma.sync forward (HYLO_ATTN_FWD = 2, k_attn_fwd; the default is the
-// wgmma forward at (dqk, dv) = (64, 64), (128, 128) and (192, 128)), then the
-// wgmma backward after the default forward (HYLO_ATTN_BWD = 4: the pair
-// bench_attn --compare times; the default backward at the other head dims).
+// Every shape under the default kernels (wgmma forward and backward at
+// (dqk, dv) = (64, 64), (128, 128) and (192, 128), mma.sync elsewhere); in the
+// bench-variants build also under the mma.sync backward variants
+// (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1 with its default tiles at
+// d 128, 3: k_attn_bwd2 at d <= 64, where they exist), the mma.sync forward
+// (HYLO_ATTN_FWD = 2, k_attn_fwd) and the mma.sync backward at every head dim
+// (HYLO_ATTN_BWD = 4, the production backward before run 25).
 // HYLO_ATTN_TEST_VARIANTS (e.g. "0,5") runs only the variants listed, by
 // their index below, for a short GPU run.
 static void test_attn(void **st) {
@@ -189,7 +189,7 @@ static void test_attn(void **st) {
 #ifdef HYLO_BENCH_VARIANTS
     static const char *bwd_var[] = {NULL, "1", "2", "3", NULL, "4"}, *fwd_var[] = {NULL, NULL, NULL, NULL, "2", NULL};
     static const char *tags[] = {
-        "", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]", " [fwd mma.sync]", " [bwd wgmma]"};
+        "", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]", " [fwd mma.sync]", " [bwd mma.sync]"};
 #else
     static const char *bwd_var[] = {NULL}, *fwd_var[] = {NULL}, *tags[] = {""};
 #endif
@@ -383,9 +383,9 @@ static void test_attn_bwd_small_arena(void **st) {
     const shape_t s = {2, 257, 257, 8, 2, 64, 64, 1.0f};
     int fails = run_attn(small, &s, 77, " [1 MiB arena]");
 #ifdef HYLO_BENCH_VARIANTS
-    // the wgmma backward keeps its own passes over the units (cuda_attn_wgmma_bwd.cuh)
+    // the mma.sync backward keeps its own passes over the units (run_bwd)
     set_knob("HYLO_ATTN_BWD", "4");
-    fails += run_attn(small, &s, 78, " [1 MiB arena, bwd wgmma]");
+    fails += run_attn(small, &s, 78, " [1 MiB arena, bwd mma.sync]");
     set_knob("HYLO_ATTN_BWD", NULL);
 #endif
     be_destroy(small);

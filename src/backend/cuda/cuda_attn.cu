@@ -962,9 +962,7 @@ __global__ void k_attn_dq_out(bf16 *__restrict__ dq, const float *__restrict__ a
 
 #include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_attn_wgmma.cuh"
-#ifdef HYLO_BENCH_VARIANTS
 #include "backend/cuda/cuda_attn_wgmma_bwd.cuh"
-#endif
 
 // ---- host side --------------------------------------------------------------
 
@@ -1141,26 +1139,14 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 #ifdef HYLO_BENCH_VARIANTS
 // Bench-only backward variants (bench-variants build, bench_attn --compare; the
 // production build has none), chosen by HYLO_ATTN_BWD: 1 = v1 with its
-// alternative tiles (d 64 and 128), 2 = v1 with its default tiles at d 128 (the
-// default before v2), 3 = v2 at d 64. All lost to the defaults in run 7
-// (docs/PERFORMANCE.md). 4 = the wgmma backward (cuda_attn_wgmma_bwd.cuh) at
-// (dqk, dv) = (64, 64), (128, 128), (192, 128); not yet run on a GPU. True
-// when a variant ran; false leaves the call to the default kernels.
-static bool bwd_variant(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
-                        const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
-                        int dqk, int dv, float scale, int Tqp) {
-    const int var = cu_env_int("HYLO_ATTN_BWD", 0);
-    if (var == 4) { // attn_bwd is causal
-        if (dqk == 64 && dv == 64)
-            return launch_bwd_wgmma<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
-        if (dqk == 128 && dv == 128)
-            return launch_bwd_wgmma<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
-                                              1);
-        if (dqk == 192 && dv == 128)
-            return launch_bwd_wgmma<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
-                                              1);
-        return false;
-    }
+// alternative tiles (d 64 and 128), 2 = v1 with its default tiles at d 128,
+// 3 = v2 at d 64; each falls back to the mma.sync kernels below elsewhere.
+// 4 = the mma.sync kernels at every shape (the production backward before the
+// wgmma one). All lost in runs 7 and 25 (docs/PERFORMANCE.md). True when a
+// variant ran.
+static bool bwd_variant(int var, be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q,
+                        const void *k, const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H,
+                        int Hkv, int dqk, int dv, float scale, int Tqp) {
     if (dqk <= 64 && dv <= 64) {
         if (var == 1)
             launch_bwd<64, 64, 1, 4, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale,
@@ -1187,6 +1173,21 @@ static bool bwd_variant(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 }
 #endif
 
+// The wgmma backward (cuda_attn_wgmma_bwd.cuh) at the head dims the hybrids
+// use; false where it does not apply (another head dim, deterministic mode,
+// a shape the tensor maps cannot describe).
+static bool bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                      const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv, int dqk,
+                      int dv, float scale, int Tqp) { // attn_bwd is causal
+    if (dqk == 64 && dv == 64)
+        return launch_bwd_wgmma<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+    if (dqk == 128 && dv == 128)
+        return launch_bwd_wgmma<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+    if (dqk == 192 && dv == 128)
+        return launch_bwd_wgmma<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+    return false;
+}
+
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                         const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale) {
@@ -1212,10 +1213,18 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
     }
 #define BWD(...)                                                                                                       \
     launch_bwd<__VA_ARGS__>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp)
+    // the wgmma backward where it applies, else the mma.sync kernels
+    int var = 0;
 #ifdef HYLO_BENCH_VARIANTS
-    if (!bwd_variant(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp))
+    var = cu_env_int("HYLO_ATTN_BWD", 0);
 #endif
-    {
+    bool done =
+        var ? false : bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+#ifdef HYLO_BENCH_VARIANTS
+    if (!done && var)
+        done = bwd_variant(var, be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+#endif
+    if (!done) {
         // v2 at d <= 128, where it cuts ldmatrix traffic by ~29%. At d <= 64 v1
         // keeps K and V fragments in registers and already moves ~48 bytes per
         // pair against v2's ~50: v1 stays there (run 7: v2 1.11-1.17x slower).

@@ -1,9 +1,8 @@
 // Causal attention backward on Hopper's warpgroup matrix instructions (wgmma)
-// with tiles fed by the tensor copy engine (TMA): the bench-variants build's
-// HYLO_ATTN_BWD=4 (cuda_attn.cu bwd_variant), for (dqk, dv) = (64, 64),
-// (128, 128) and MLA's (192, 128). Written without a GPU at hand: it becomes
-// the production backward only after test_cuda_attn's variant build passes on
-// the H100 / H200 and bench_attn --compare shows it faster at every shape it takes.
+// with tiles fed by the tensor copy engine (TMA): the production backward
+// (cuda_attn.cu bwd_wgmma) for (dqk, dv) = (64, 64), (128, 128) and MLA's
+// (192, 128); the mma.sync kernels keep the other head dims and deterministic
+// mode (the bench-variants build's HYLO_ATTN_BWD=4 runs them everywhere).
 //
 // Same contract as k_attn_bwd2: D = rowsum(dO O) and lse2 = lse log2(e) from
 // k_attn_bwd_pre ([B H][Tqp], zeros past Tq); dK = scale dS^T Q and dV = P^T dO
