@@ -1,7 +1,7 @@
 // Decode attention against the memory bandwidth (CUDA backend): attn_decode
-// and mla_decode_attn over caches of 8K to 1M rows per sequence, B = 1 and 8,
-// every sequence at the same length (max_len = that length). CUDA events on
-// the backend's stream, warm-up runs first, the median of the timed runs.
+// and mla_decode_attn over caches of 256 to 1M rows per sequence, B = 1 and
+// 8, every sequence at the same length. CUDA events on the backend's stream,
+// warm-up runs first, the median of the timed runs.
 //
 //   build/bench/bench_decode [--quick] [--no-attn] [--no-mla]
 //
@@ -10,10 +10,19 @@
 // 2; MLA: B len (r_kv + dr) 2) against a cudaMemcpyAsync device-to-device
 // copy of as many bytes (its GB/s counts read + write, as bench_attn's
 // table), so "% copy" is the share of the copy's bandwidth the op reaches.
-// Several copies of the cache are rotated (at least 1 GB in all) so that
-// repeated calls do not run from the L2; the memcpy rotates over the same
-// copies. Cases of more than 16 GiB of cache are skipped (one 80 GB card).
-// --quick: lengths 8K, 64K and 1M only.
+// Several copies of the cache are rotated (at least 1 GB in all, at most 48
+// copies: the short caches stay in the L2) so that repeated calls do not run
+// from the L2; the memcpy rotates over the same copies. Cases of more than 16
+// GiB of cache are skipped (one 80 GB card).
+// Two timings of each: "call us", one call between two events as before (it
+// includes the host's time to queue the launches, which the GPU waits for),
+// and "graph us", per call of GRAPH_CALLS calls recorded into one CUDA graph
+// and replayed (as a decode step runs: no host work between launches). The
+// short points (256 and 2K rows) show the fixed cost; "256 of 4K" passes
+// max_len 4096 for 256-row caches, as a step recorded at hylo generate's
+// default context limit does (the grid is sized for 4K rows, the kernels use
+// what the lengths need).
+// --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -28,7 +37,7 @@
 #define BENCH_NAME "bench_decode"
 #include "bench_util.h"
 
-enum { MAX_B = 8, MAX_COPIES = 48 };
+enum { MAX_B = 8, MAX_COPIES = 48, GRAPH_CALLS = 16 };
 
 typedef struct {
     const char *name;
@@ -40,7 +49,7 @@ typedef struct {
 typedef struct {
     const shape_t *s;
     int B, n_copies;
-    int64_t len;
+    int64_t len, max_len;    // rows of every sequence; the op's max_len (>= len)
     size_t bytes;            // cache bytes the op reads per call
     void *cache[MAX_COPIES]; // per copy: attention [K of B sequences | V of B sequences]; MLA the B sequences
     void **ptr[MAX_COPIES];  // per copy: device row pointers (attention: B K then B V; MLA: B rows)
@@ -54,11 +63,11 @@ static void run_dec(void *p, int rep) {
     const int i = rep % c->n_copies;
     if (!s->mla) {
         be->attn_decode(be, c->out, c->q, (int64_t)s->H * s->b, c->ptr[i], c->ptr[i] + c->B, (be_pages_t){0}, c->len_d,
-                        (int)c->len, c->B, s->H, s->a, s->b, s->b, 1.0f / sqrtf((float)s->b));
+                        (int)c->max_len, c->B, s->H, s->a, s->b, s->b, 1.0f / sqrtf((float)s->b));
     } else {
         // one buffer holds the B sequences: it is the pool (the tiled copies' tensor map)
         be->mla_decode_attn(be, c->out, c->q, c->q_pe, (int64_t)s->H * s->b, s->b, c->ptr[i], (be_pages_t){0}, c->len_d,
-                            (int)c->len, c->cache[i], c->B * c->len, c->B, s->H, s->a, s->b,
+                            (int)c->max_len, c->cache[i], c->B * c->len, c->B, s->H, s->a, s->b,
                             1.0f / sqrtf((float)(s->a + s->b)));
     }
 }
@@ -68,12 +77,42 @@ static void run_memcpy(void *p, int rep) {
     cudaMemcpyAsync(c->dst, c->cache[rep % c->n_copies], c->bytes, cudaMemcpyDeviceToDevice, stream);
 }
 
-static void bench_case(const shape_t *s, int B, int64_t len) {
-    dec_ctx_t c = {.s = s, .B = B, .len = len};
+// Median time per call in ms of `calls` calls (rep = 0, 1, ...) recorded into
+// one graph, over `reps` replays after one warm-up replay.
+static float time_graph(op_fn fn, void *ctx, int calls, int reps) {
+    void *g = NULL;
+    if (be->graph_begin(be) < 0) die("graph_begin");
+    for (int i = 0; i < calls; i++)
+        fn(ctx, i);
+    if (be->graph_end(be, &g) < 0) die("graph_end");
+    if (be->graph_launch(be, g) < 0) die("graph_launch");
+    check_sync("graph warm-up");
+    float t[128];
+    if (reps > 128) reps = 128;
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(ev0, stream);
+        if (be->graph_launch(be, g) < 0) die("graph_launch");
+        cudaEventRecord(ev1, stream);
+        cudaEventSynchronize(ev1);
+        check_sync("timed graph");
+        cudaEventElapsedTime(&t[i], ev0, ev1);
+    }
+    be->graph_free(be, g);
+    qsort(t, (size_t)reps, sizeof(float), cmp_float);
+    const float med = reps % 2 ? t[reps / 2] : 0.5f * (t[reps / 2 - 1] + t[reps / 2]);
+    return med / (float)calls;
+}
+
+static void bench_case(const shape_t *s, int B, int64_t len, int64_t max_len) {
+    dec_ctx_t c = {.s = s, .B = B, .len = len, .max_len = max_len > len ? max_len : len};
     c.bytes = (size_t)B * len * s->row_bytes;
+    char rows[48]; // the len column: rows, or "rows of max_len"
+    if (c.max_len > len)
+        snprintf(rows, sizeof rows, "%lld of %lld", (long long)len, (long long)c.max_len);
+    else
+        snprintf(rows, sizeof rows, "%lld", (long long)len);
     if (c.bytes > ((size_t)16 << 30)) {
-        printf("| %-14s | %d | %7lld | skipped: %.1f GiB of cache |\n", s->name, B, (long long)len,
-               (double)c.bytes / (1 << 30));
+        printf("| %-14s | %d | %-11s | skipped: %.1f GiB of cache |\n", s->name, B, rows, (double)c.bytes / (1 << 30));
         return;
     }
     c.n_copies = (int)ceil(1.0e9 / (double)c.bytes);
@@ -116,9 +155,13 @@ static void bench_case(const shape_t *s, int B, int64_t len) {
     check_sync("decode op");
     const float t_cp = time_op(run_memcpy, &c, 3, reps, 0);
     check_sync("memcpy");
-    const double gbs = (double)c.bytes / (t_op * 1e-3) / 1e9, cp_gbs = 2.0 * (double)c.bytes / (t_cp * 1e-3) / 1e9;
-    printf("| %-14s | %d | %7lld | %9.1f | %9.4f | %7.1f | %9.4f | %7.1f | %5.1f%% |\n", s->name, B, (long long)len,
-           (double)c.bytes / 1e6, t_op, gbs, t_cp, cp_gbs, 100.0 * gbs / cp_gbs);
+    // the graphs: fewer calls for the long caches (each call already long)
+    const int calls = c.bytes < ((size_t)256 << 20) ? GRAPH_CALLS : 2;
+    const float g_op = time_graph(run_dec, &c, calls, reps), g_cp = time_graph(run_memcpy, &c, calls, reps);
+    // op GB/s over the copy's read + write GB/s = t_copy / (2 t_op)
+    printf("| %-14s | %d | %-11s | %9.1f | %9.1f | %7.1f | %9.1f | %5.1f%% | %9.1f | %9.1f | %6.1f%% |\n", s->name, B,
+           rows, (double)c.bytes / 1e6, 1e3 * t_op, (double)c.bytes / (t_op * 1e-3) / 1e9, 1e3 * t_cp,
+           100.0 * t_cp / (2.0 * t_op), 1e3 * g_op, 1e3 * g_cp, 100.0 * g_cp / (2.0 * g_op));
     fflush(stdout);
     for (int i = 0; i < c.n_copies; i++)
         be->free(be, c.cache[i]), be->free(be, c.ptr[i]);
@@ -138,17 +181,21 @@ int main(int argc, char **argv) {
         {"llama3.1-8b", 0, 32, 8, 128, 8 * 256 * 2}, {"mla hylo-3b", 1, 24, 128, 64, 192 * 2},
         {"mla smollm2", 1, 9, 128, 32, 160 * 2},     {"mla r512", 1, 16, 512, 64, 576 * 2},
     };
-    static const int64_t all_lens[] = {8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576};
-    static const int64_t quick_lens[] = {8192, 65536, 1048576};
-    const int64_t *lens = quick ? quick_lens : all_lens;
-    const int n_lens = quick ? 3 : 8;
+    // rows per sequence, max_len (0: the rows)
+    static const int64_t all_lens[][2] = {{256, 0},   {256, 4096}, {2048, 0},   {8192, 0},   {16384, 0},  {32768, 0},
+                                          {65536, 0}, {131072, 0}, {262144, 0}, {524288, 0}, {1048576, 0}};
+    static const int64_t quick_lens[][2] = {{256, 0}, {256, 4096}, {2048, 0}, {8192, 0}, {65536, 0}, {1048576, 0}};
+    const int64_t(*lens)[2] = quick ? quick_lens : all_lens;
+    const int n_lens =
+        quick ? (int)(sizeof quick_lens / sizeof quick_lens[0]) : (int)(sizeof all_lens / sizeof all_lens[0]);
     copy_bandwidth_gbs(); // the asymptotic reference, on a line of its own
-    printf("| shape          | B |     len | cache MB  |   op ms   |  GB/s   | memcpy ms | GB/s r+w | %% copy |\n");
+    printf("| shape          | B | len         | cache MB  |  call us  |  GB/s   | memcpy us | %% copy |  graph us "
+           "| g.memcpy  | g.%%copy |\n");
     for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
         if (shapes[si].mla ? !do_mla : !do_attn) continue;
         for (int bi = 0; bi < 2; bi++)
             for (int li = 0; li < n_lens; li++)
-                bench_case(&shapes[si], bi ? 8 : 1, lens[li]);
+                bench_case(&shapes[si], bi ? 8 : 1, lens[li][0], lens[li][1]);
     }
     bench_finish();
     return 0;

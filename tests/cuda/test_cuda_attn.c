@@ -19,15 +19,17 @@
 //    row's lse by about log(1 + 1/Tk) >= 1e-3 at these sizes.
 //  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward (P
 //    rounded to bf16 for the tensor-core P c product, ~1e-3 in L2, and the
-//    output's, ~1.1e-3); the split merge adds only fp32 noise.
+//    output's, ~1.1e-3); the split merge (by the last block or the combine
+//    kernel; none for a one-block sequence) adds only fp32 noise.
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
 //    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
 //    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
 //    ~1.2e-3. The kernel's online softmax in the exp2 domain (scale * log2(e)
 //    folded into q: one more fp32 rounding per score, ex2 ~2^-22 relative) and
-//    its merges of lane groups, warps and slices (a few fp32 roundings each)
-//    stay at that order of noise; 5e-3 leaves 4x room over the bf16 output
-//    rounding, while one wrong row or weight is ~1e-1.
+//    its merges of lane groups, warps and slices (a few fp32 roundings each;
+//    a one-block pair has no slice merge) stay at that order of noise; 5e-3
+//    leaves 4x room over the bf16 output rounding, while one wrong row or
+//    weight is ~1e-1.
 //  - kv_append: exact (memcmp of the caches): bf16 copies of bf16-rounded inputs.
 // A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
 // A failure prints the shape, the error, and the first element off by more
@@ -449,14 +451,21 @@ static void test_attn_bwd_deterministic(void **st) {
 // the 32-row tiles and slice boundaries, long ones split over many blocks), B
 // = 1 and 8, SmolLM2-size (r_kv 128, dr 32) and r_kv 512 + dr 64 latents.
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
-// Every case runs under the production dispatch (v2 with tiled tensor copies,
-// and v1 for the shape v2 does not lay out: the last case), with the sequences
-// in one buffer (the pool) and each in its own allocation (no pool: v2 then
-// takes a bulk copy per row). In the bench-variants build each case also runs
-// under each kernel forced (HYLO_MLA_DECODE 1 = v1, 2 = v2 with cp.async, 3 =
-// v2 with a bulk copy per row) and under small v2 rings (HYLO_MLA_STAGES /
-// HYLO_MLA_WARPS), so that the slots wrap many times and one or two row groups
-// consume them.
+// v2 finishes a sequence one of three ways, by its length (cuda_mla.cu,
+// mla_slices): one block that writes the output (up to one ring of tiles), the
+// last of its slices' blocks merging their partials, or the combine kernel
+// (more slices than merge_max); the cases take each, and all three in one
+// call. Every case runs under the production dispatch (v2 with tiled tensor
+// copies, and v1 for the shape v2 does not lay out), with the sequences in one
+// buffer (the pool) and each in its own allocation (no pool: v2 then takes a
+// bulk copy per row, whose ring of other slots has another one-block
+// threshold). In the bench-variants build each case also runs under each
+// kernel forced (HYLO_MLA_DECODE 1 = v1, 2 = v2 with cp.async, 3 = v2 with a
+// bulk copy per row), under small v2 rings (HYLO_MLA_STAGES / HYLO_MLA_WARPS),
+// so that the slots wrap many times and one or two row groups consume them
+// (and the one-block threshold drops to 96 rows), and with every split
+// sequence merged in its last block or every one in the combine kernel
+// (HYLO_MLA_MERGE 1, 2).
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -565,23 +574,43 @@ static void test_mla_decode(void **st) {
         {4, 16, 512, 64, 40, {33, 32, 31, 1}, 1.0f, 0},
         {2, 24, 128, 64, 9000, {100, 2000}, 1.0f, 7000},
         {1, 9, 128, 32, 5000, {0}, 1.0f, 4999},
+        // around the one-block threshold (one fill of v2's ring, NSTG 32 rows,
+        // at least the 8 tiles of a slice: 576 at H 9, r_kv 128, dr 32 with the
+        // tiled copies and 227 KB of shared memory, 672 with the per-row ones;
+        // 256 at H 16, r_kv 512, dr 64), one launch each (576: one block, 577:
+        // 2 slices), then in one launch under a recorded step's max_len (577
+        // and 257: slices merged by the last block, the rest one block each)
+        {1, 9, 128, 32, 600, {576}, 1.0f, 0},
+        {1, 9, 128, 32, 600, {577}, 1.0f, 0},
+        {4, 9, 128, 32, 8200, {0, 1, 576, 577}, 1.0f, 7600},
+        {1, 16, 512, 64, 600, {256}, 1.0f, 0},
+        {1, 16, 512, 64, 600, {512}, 1.0f, 0},
+        {4, 16, 512, 64, 4300, {257, 256, 1, 0}, 1.0f, 4000},
+        // the three ways in one launch: 44 slices per sequence (one wave of 132
+        // SMs over 3), of which 70,000 rows take all (more than the 42 the
+        // last block merges at this shape: the combine kernel), 2,000 rows 8
+        // (the last block's merge), 300 rows one block
+        {3, 9, 128, 32, 70000, {70000, 2000, 300}, 1.0f, 0},
     };
     static const struct {
-        const char *dec, *stages, *warps;
+        const char *dec, *stages, *warps, *merge;
 #ifdef HYLO_BENCH_VARIANTS
-    } vars[] = {{NULL, NULL, NULL}, {"1", NULL, NULL}, {"2", NULL, NULL}, {"3", NULL, NULL},
-                {"0", "3", NULL},   {"0", "4", "2"},   {"3", "3", NULL},  {"2", "5", "2"}};
+    } vars[] = {{NULL, NULL, NULL, NULL}, {"1", NULL, NULL, NULL}, {"2", NULL, NULL, NULL}, {"3", NULL, NULL, NULL},
+                {"0", "3", NULL, NULL},   {"0", "4", "2", NULL},   {"3", "3", NULL, NULL},  {"2", "5", "2", NULL},
+                {"0", NULL, NULL, "1"},   {"0", NULL, NULL, "2"},  {"0", "3", NULL, "1"}};
 #else
-    } vars[] = {{NULL, NULL, NULL}};
+    } vars[] = {{NULL, NULL, NULL, NULL}};
 #endif
     int fails = 0;
     for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
         set_knob("HYLO_MLA_DECODE", vars[v].dec);
         set_knob("HYLO_MLA_STAGES", vars[v].stages);
         set_knob("HYLO_MLA_WARPS", vars[v].warps);
+        set_knob("HYLO_MLA_MERGE", vars[v].merge);
         if (v) // variants only exist in the bench-variants build
-            printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s]\n", vars[v].dec,
-                   vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-");
+            printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s HYLO_MLA_MERGE=%s]\n", vars[v].dec,
+                   vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-",
+                   vars[v].merge ? vars[v].merge : "-");
         for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
             for (int sep = 0; sep < 2; sep++)
                 fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep, 0); // fresh inputs per variant
@@ -591,68 +620,79 @@ static void test_mla_decode(void **st) {
     set_knob("HYLO_MLA_DECODE", NULL);
     set_knob("HYLO_MLA_STAGES", NULL);
     set_knob("HYLO_MLA_WARPS", NULL);
+    set_knob("HYLO_MLA_MERGE", NULL);
     printf("mla_decode_attn: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
 
 // MLA decode, run twice on the same inputs: the outputs must agree bit for bit
-// (memcmp). v2 merges in a fixed order. In the bench-variants build also v1
-// forced (HYLO_MLA_DECODE=1): it merges its row groups in shared memory; at
-// H <= 16 and r_kv <= 128 it has 4 of them per block, whose sums an unordered
-// merge could associate differently from run to run (production runs v1 only
-// for shapes of more than 11 warps per row group, one row group per block).
-// Also checked against the CPU (tolerance as in test_mla_decode).
+// (memcmp). v2 merges in a fixed order: B = 2 at 4,999 and 3,001 rows (19 and
+// 12 slices, merged by the last block of each sequence) and B = 1 at 20,000
+// rows (78 slices at H 9, r_kv 128: the combine kernel). In the bench-variants
+// build also v1 forced (HYLO_MLA_DECODE=1): it merges its row groups in shared
+// memory; at H <= 16 and r_kv <= 128 it has 4 of them per block, whose sums an
+// unordered merge could associate differently from run to run (production
+// runs v1 only for shapes of more than 11 warps per row group, one row group
+// per block). Also checked against the CPU (tolerance as in test_mla_decode).
 static void test_mla_decode_deterministic(void **st) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
-    const int B = 2, H = 9, R = 128, DR = 32, L = R + DR;
-    const int64_t cap = 5000;
-    const int32_t len[2] = {4999, 3001};
-    const int64_t ncache = (int64_t)B * cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
+    static const struct {
+        int B;
+        int32_t len[2];
+        int64_t cap;
+    } runs[] = {{2, {4999, 3001}, 5000}, {1, {20000, 0}, 20000}};
+    const int H = 9, R = 128, DR = 32, L = R + DR;
     const float scale = 1.0f / sqrtf((float)L);
-    float *cache = tu_rnd(ncache, 9001, 1.0f), *ql = tu_rnd(nq, 9002, 1.0f), *qp = tu_rnd(np, 9003, 1.0f);
-    float *out_c = malloc(nq * sizeof(float)), *poison = tu_nans(nq);
-    void *rows_h[2] = {cache, cache + cap * L};
-    cpu->mla_decode_attn(cpu, out_c, ql, qp, H * DR, DR, rows_h, (be_pages_t){0}, len, 4999, NULL, 0, B, H, R, DR,
-                         scale);
-    void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq), *qp_d = tu_dev_act(gpu, qp, np);
-    rows_h[0] = cache_d, rows_h[1] = tu_gat(gpu, cache_d, cap * L);
-    void **rows_d = gpu->alloc(gpu, sizeof rows_h);
-    assert_non_null(rows_d);
-    assert_int_equal(gpu->copy_h2d(gpu, rows_d, rows_h, sizeof rows_h), 0);
-    int32_t *len_d = tu_dev_i32(gpu, len, B);
-    const int64_t dims[4] = {1, B, H, R};
 #ifdef HYLO_BENCH_VARIANTS
     static const char *vars[] = {"1", NULL};
 #else
     static const char *vars[] = {NULL};
 #endif
     int fails = 0;
-    for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
-        set_knob("HYLO_MLA_DECODE", vars[v]);
-        char label[96];
-        snprintf(label, sizeof label, "mla twice B%d H%d r_kv%d%s%s", B, H, R, vars[v] ? " HYLO_MLA_DECODE=" : "",
-                 vars[v] ? vars[v] : "");
-        float *got[2];
-        for (int r = 0; r < 2; r++) {
-            void *out_d = tu_dev_act(gpu, poison, nq);
-            gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, H * DR, DR, rows_d, (be_pages_t){0}, len_d, 4999, cache_d,
-                                 B * cap, B, H, R, DR, scale);
-            int rc = gpu->sync(gpu);
-            if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
-            assert_int_equal(rc, 0);
-            got[r] = tu_host_act(gpu, out_d, nq);
-            gpu->free(gpu, out_d);
+    for (int k = 0; k < (int)(sizeof runs / sizeof runs[0]); k++) {
+        const int B = runs[k].B, max_len = runs[k].len[0];
+        const int64_t cap = runs[k].cap;
+        const int64_t ncache = (int64_t)B * cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
+        float *cache = tu_rnd(ncache, 9001 + k, 1.0f), *ql = tu_rnd(nq, 9002 + k, 1.0f);
+        float *qp = tu_rnd(np, 9003 + k, 1.0f), *out_c = malloc(nq * sizeof(float)), *poison = tu_nans(nq);
+        void *rows_h[2] = {cache, cache + cap * L};
+        cpu->mla_decode_attn(cpu, out_c, ql, qp, H * DR, DR, rows_h, (be_pages_t){0}, runs[k].len, max_len, NULL, 0, B,
+                             H, R, DR, scale);
+        void *cache_d = tu_dev_act(gpu, cache, ncache), *ql_d = tu_dev_act(gpu, ql, nq);
+        void *qp_d = tu_dev_act(gpu, qp, np);
+        rows_h[0] = cache_d, rows_h[1] = tu_gat(gpu, cache_d, cap * L);
+        void **rows_d = gpu->alloc(gpu, sizeof rows_h);
+        assert_non_null(rows_d);
+        assert_int_equal(gpu->copy_h2d(gpu, rows_d, rows_h, sizeof(void *) * B), 0);
+        int32_t *len_d = tu_dev_i32(gpu, runs[k].len, B);
+        const int64_t dims[4] = {1, B, H, R};
+        for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
+            set_knob("HYLO_MLA_DECODE", vars[v]);
+            char label[96];
+            snprintf(label, sizeof label, "mla twice B%d H%d r_kv%d len %d%s%s", B, H, R, max_len,
+                     vars[v] ? " HYLO_MLA_DECODE=" : "", vars[v] ? vars[v] : "");
+            float *got[2];
+            for (int r = 0; r < 2; r++) {
+                void *out_d = tu_dev_act(gpu, poison, nq);
+                gpu->mla_decode_attn(gpu, out_d, ql_d, qp_d, H * DR, DR, rows_d, (be_pages_t){0}, len_d, max_len,
+                                     cache_d, B * cap, B, H, R, DR, scale);
+                int rc = gpu->sync(gpu);
+                if (rc) printf("  %s: mla_decode_attn failed: %s\n", label, err_msg());
+                assert_int_equal(rc, 0);
+                got[r] = tu_host_act(gpu, out_d, nq);
+                gpu->free(gpu, out_d);
+            }
+            fails += cmp(label, "out", got[0], out_c, nq, dims, "-bHc", 1e-2, 0);
+            int same = memcmp(got[0], got[1], (size_t)nq * sizeof(float)) == 0;
+            printf("  %-44s run 2 == run 1: %s\n", label, same ? "bitwise equal" : "DIFFERENT  FAIL");
+            fails += !same;
+            free(got[0]), free(got[1]);
         }
-        fails += cmp(label, "out", got[0], out_c, nq, dims, "-bHc", 1e-2, 0);
-        int same = memcmp(got[0], got[1], (size_t)nq * sizeof(float)) == 0;
-        printf("  %-44s run 2 == run 1: %s\n", label, same ? "bitwise equal" : "DIFFERENT  FAIL");
-        fails += !same;
-        free(got[0]), free(got[1]);
+        set_knob("HYLO_MLA_DECODE", NULL);
+        gpu->free(gpu, cache_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, len_d);
+        gpu->free(gpu, rows_d);
+        free(cache), free(ql), free(qp), free(out_c), free(poison);
     }
-    set_knob("HYLO_MLA_DECODE", NULL);
-    gpu->free(gpu, cache_d), gpu->free(gpu, ql_d), gpu->free(gpu, qp_d), gpu->free(gpu, len_d);
-    gpu->free(gpu, rows_d);
-    free(cache), free(ql), free(qp), free(out_c), free(poison);
     assert_int_equal(fails, 0);
 }
 
@@ -812,6 +852,13 @@ static int run_attn_decode(const dec_case_t *c, uint64_t seed) {
 // takes: head chunks); dqk 128 with dv 64; dh 36 (not a multiple of 8: the
 // scalar loads); a max_len far past every length (a recorded step's context
 // limit: empty slices), and a single empty row under such a max_len.
+// Then both sides of the one-block threshold (k_attn_decode's short_rows,
+// DEC_SHORT_ROUNDS block iterations: 512 rows at dh 64 with 3 heads per KV
+// head, 256 at dh 128 with 3, 512 at dh 128 with 4, 128 at dh 128 with 8, 64
+// at dh 256 with 8): B = 1 at the threshold and one row past it with max_len
+// the length (the host launches one block per pair, or slices), and B = 4 at
+// 0, 1, the threshold and one past it in one call under max_len 8192 (the
+// kernel picks each pair's path by its length).
 static void test_attn_decode(void **st) {
     static const int32_t mixed8[8] = {70000, 0, 1, 31, 32, 33, 4096, 12345};
     static const int32_t mixed8b[8] = {9000, 33, 4096, 0, 1, 2500, 32, 31};
@@ -832,6 +879,14 @@ static void test_attn_decode(void **st) {
     // B = 1 over lengths around the row groups and long ones, groups 1, 3, 8
     static const int32_t b1_len[6] = {1, 31, 32, 33, 4096, 70000};
     static const struct { int H, Hkv, dh; } b1_shapes[] = {{4, 4, 64}, {9, 3, 64}, {24, 8, 128}, {8, 1, 128}};
+    static const struct {
+        int H, Hkv, dh;
+        int32_t at[4]; // B = 1: at[2], at[3]; B = 4: all, max_len 8192
+    } edge[] = {{9, 3, 64, {0, 1, 512, 513}},
+                {24, 8, 128, {0, 1, 256, 257}},
+                {32, 8, 128, {0, 1, 512, 513}},
+                {8, 1, 128, {0, 1, 128, 129}},
+                {8, 1, 256, {0, 1, 64, 65}}};
     int fails = 0;
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
         fails += run_attn_decode(&cases[i], 7000 + 31 * i);
@@ -841,6 +896,15 @@ static void test_attn_decode(void **st) {
                 b1_shapes[i].H, b1_shapes[i].Hkv, b1_shapes[i].dh, 1, 1, 1.0f, 0, 0, 0, &b1_len[k], 0};
             fails += run_attn_decode(&c, 8000 + 17 * i + k);
         }
+    for (int i = 0; i < (int)(sizeof edge / sizeof edge[0]); i++) {
+        for (int k = 2; k < 4; k++) {
+            const dec_case_t c = {edge[i].H, edge[i].Hkv, edge[i].dh, 1, 1, 1.0f, 0, 0, 0, &edge[i].at[k], 0};
+            fails += run_attn_decode(&c, 8500 + 13 * i + k);
+        }
+        const dec_case_t c = {edge[i].H, edge[i].Hkv, edge[i].dh,          4, 2, 1.0f, 0, 0,
+                              0,         edge[i].at,  8192 - edge[i].at[3]};
+        fails += run_attn_decode(&c, 8600 + 13 * i);
+    }
     printf("attn_decode: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
@@ -1201,6 +1265,109 @@ static void test_paged_decode(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// The arguments of one decode op as a step records them (the lengths from len).
+typedef struct {
+    int mla, B, H, Hkv, dh, R, DR, max_len;
+    float scale;
+    void *out;
+    const void *q, *q_pe, *pool;
+    void *const *ptr; // attention: B K bases then B V bases; MLA: B row bases
+    const int32_t *len;
+} dec_op_t;
+
+static void dec_op_run(be_t *be, const dec_op_t *o) {
+    if (o->mla)
+        be->mla_decode_attn(be, o->out, o->q, o->q_pe, (int64_t)o->H * o->DR, o->DR, o->ptr, (be_pages_t){0}, o->len,
+                            o->max_len, o->pool, o->pool ? (int64_t)o->B * o->max_len : 0, o->B, o->H, o->R, o->DR,
+                            o->scale);
+    else
+        be->attn_decode(be, o->out, o->q, (int64_t)o->H * o->dh, o->ptr, o->ptr + o->B, (be_pages_t){0}, o->len,
+                        o->max_len, o->B, o->H, o->Hkv, o->dh, o->dh, o->scale);
+}
+
+// A recorded decode step replays its launches over the lengths the device
+// holds at each replay (model.c step_forward): attn_decode (SmolLM2's 9 heads
+// over 3 KV heads of 64) and mla_decode_attn (9 heads, r_kv 128, dr 32, the
+// sequences in one pool) recorded once into a graph under max_len 20,000,
+// then replayed with other lengths uploaded before each replay, so that a
+// sequence's path (one block; slices merged by the last block; for MLA, the
+// combine kernel) changes between replays of the same launches, and a counter
+// left set by one replay would break the next. Each replay against the CPU at
+// its lengths (tolerances as test_attn_decode and test_mla_decode). Every
+// cache row up to max_len is valid: a kernel that read past a length would
+// miss the reference by ~1e-1. Without graphs (the fake GPU) the same calls
+// run one by one.
+static void test_decode_graph_replay(void **st) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    enum { B = 3, STEPS = 5, MAXLEN = 20000 };
+    static const int32_t lens[STEPS][B] = {
+        {300, 2000, 20000}, {20000, 0, 577}, {1, 513, 9000}, {0, 20000, 4096}, {300, 2000, 20000}};
+    int fails = 0;
+    for (int mla = 0; mla < 2; mla++) {
+        const char *name = mla ? "mla_decode_attn" : "attn_decode";
+        dec_op_t o = {.mla = mla, .B = B, .H = 9, .Hkv = 3, .dh = 64, .R = 128, .DR = 32, .max_len = MAXLEN};
+        const int64_t w = mla ? o.R + o.DR : (int64_t)o.Hkv * o.dh; // a cache row (attention: of K, and of V)
+        const int64_t nout = (int64_t)B * o.H * (mla ? o.R : o.dh), np = (int64_t)B * o.H * o.DR;
+        const int64_t ncache = (int64_t)B * MAXLEN * w;
+        o.scale = 1.0f / sqrtf((float)(mla ? o.R + o.DR : o.dh));
+        float *kh = tu_rnd(ncache, 9101 + mla, 1.0f), *vh = mla ? NULL : tu_rnd(ncache, 9102, 1.0f);
+        float *q = tu_rnd(nout, 9103 + mla, 1.0f), *qp = tu_rnd(np, 9104, 1.0f); // q: as many as out
+        float *out_c = malloc(sizeof(float) * nout), *poison = tu_nans(nout);
+        void *kd = tu_dev_act(gpu, kh, ncache), *vd = mla ? NULL : tu_dev_act(gpu, vh, ncache);
+        void *qd = tu_dev_act(gpu, q, nout), *qpd = tu_dev_act(gpu, qp, np), *out_d = tu_dev_act(gpu, poison, nout);
+        void *ptr_h[2 * B], *ptr_c[2 * B]; // device bases (K then V, or the MLA rows); the CPU's
+        for (int b = 0; b < B; b++) {
+            ptr_h[b] = tu_gat(gpu, kd, b * MAXLEN * w), ptr_c[b] = kh + b * MAXLEN * w;
+            ptr_h[B + b] = mla ? NULL : tu_gat(gpu, vd, b * MAXLEN * w);
+            ptr_c[B + b] = mla ? NULL : vh + b * MAXLEN * w;
+        }
+        void **ptr_d = gpu->alloc(gpu, sizeof ptr_h);
+        assert_non_null(ptr_d);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_d, ptr_h, sizeof ptr_h), 0);
+        int32_t *len_d = tu_dev_i32(gpu, lens[0], B);
+        o.out = out_d, o.q = qd, o.q_pe = qpd, o.pool = mla ? kd : NULL, o.ptr = ptr_d, o.len = len_d;
+        dec_op_run(gpu, &o); // a first call outside the recording (model.c records a step the second time)
+        assert_int_equal(gpu->sync(gpu), 0);
+        void *g = NULL;
+        const int graph = gpu->graph_begin != NULL;
+        if (graph) {
+            assert_int_equal(gpu->graph_begin(gpu), 0);
+            dec_op_run(gpu, &o);
+            int rc = gpu->graph_end(gpu, &g);
+            if (rc) printf("  recording %s failed: %s\n", name, err_msg());
+            assert_int_equal(rc, 0);
+        }
+        for (int k = 0; k < STEPS; k++) {
+            assert_int_equal(gpu->copy_h2d(gpu, len_d, lens[k], sizeof(int32_t) * B), 0);
+            tu_upload_act(gpu, out_d, poison, nout);
+            if (graph)
+                assert_int_equal(gpu->graph_launch(gpu, g), 0);
+            else
+                dec_op_run(gpu, &o);
+            int rc = gpu->sync(gpu);
+            if (rc) printf("  %s replay %d failed: %s\n", name, k, err_msg());
+            assert_int_equal(rc, 0);
+            dec_op_t c = o; // the CPU over the host caches, at this replay's lengths
+            c.out = out_c, c.q = q, c.q_pe = qp, c.pool = NULL, c.ptr = ptr_c, c.len = lens[k];
+            dec_op_run(cpu, &c);
+            float *out_g = tu_host_act(gpu, out_d, nout);
+            char label[128];
+            snprintf(label, sizeof label, "%s %s %d: len %d %d %d", name, graph ? "replay" : "call", k, lens[k][0],
+                     lens[k][1], lens[k][2]);
+            const int64_t dims[4] = {1, B, o.H, mla ? o.R : o.dh};
+            fails += cmp(label, "out", out_g, out_c, nout, dims, "-bHc", mla ? 1e-2 : 5e-3, 0);
+            free(out_g);
+        }
+        if (graph) gpu->graph_free(gpu, g);
+        gpu->free(gpu, kd), gpu->free(gpu, qd), gpu->free(gpu, qpd), gpu->free(gpu, out_d), gpu->free(gpu, ptr_d);
+        gpu->free(gpu, len_d);
+        if (vd) gpu->free(gpu, vd);
+        free(kh), free(vh), free(q), free(qp), free(out_c), free(poison);
+    }
+    printf("decode graph replays: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attn),
@@ -1213,6 +1380,7 @@ int main(void) {
         cmocka_unit_test(test_attn_decode),
         cmocka_unit_test(test_kv_append),
         cmocka_unit_test(test_paged_decode),
+        cmocka_unit_test(test_decode_graph_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1258,29 +1258,47 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // owns 8 consecutive columns of the head dim (one 16-byte load of K and one of
 // V per cache row); LPR = the power of two >= max(dqk, dv) / 8 lanes read one
 // row, so a warp reads KPW = 32 / LPR rows per load instruction and keeps
-// DEC_U such loads of K and of V in flight before it uses any. Each group of
-// LPR lanes keeps its own online softmax (m, l, unnormalised O in fp32
+// U (dec_cfg) such loads of K and of V in flight before it uses any. Each
+// group of LPR lanes keeps its own online softmax (m, l, unnormalised O in fp32
 // registers, exp2 domain) over the rows it reads; no barrier in the loop. At
 // the end the lane groups merge by shuffles, the warps through shared memory.
 //
 // Paged caches: a warp's loads of one iteration are the U * KPW rows [ub, ub
-// + U * KPW), a power of two of at most 128 rows, and slices start on
-// multiples of it, so the rows of an iteration lie in one page: the warp
-// looks the page up once per iteration.
+// + U * KPW), a power of two of at most 256 rows (BE_PAGE_ROWS), and slices
+// start on multiples of it, so the rows of an iteration lie in one page: the
+// warp looks the page up once per iteration.
 //
-// Slices (split-K) depend on host arguments only (a recorded graph replays
-// them with other lengths): enough blocks for one wave at the kernel's
-// occupancy, never slices shorter than DEC_MIN_SLICE rows of max_len (a
-// quarter of that below 8 DEC_MIN_SLICE rows). With one
-// slice the block writes the output. With more, each block writes its partial
-// (m, l, O) to the scratch arena and counts itself on a per-(row, KV head,
-// chunk) counter; the last block to arrive merges the partials, writes the
-// output and sets the counter back to 0 (cuda_impl_t.dec_count, zeroed once at
-// backend creation), so the op is one launch and leaves no state behind.
+// Slices (split-K): the grid's n_split depends on host arguments only (a
+// recorded graph replays it with other lengths): enough blocks for one wave
+// at the kernel's occupancy, never slices shorter than DEC_MIN_SLICE rows of
+// max_len (a quarter of that below 8 DEC_MIN_SLICE rows), and one slice when
+// max_len is short (below). Each pair then uses, by its own length n read in
+// the kernel, ns = dec_slices() of them, the rest of its blocks exiting at
+// once:
+//  - short (n <= short_rows, DEC_SHORT_ROUNDS block iterations): one block
+//    reads every row and its warps merge in shared memory; it writes the
+//    output, with no partials, fence or counter. A split would add at least
+//    four dependent memory round trips (partial stores and fence, the
+//    counter, the last block's (m, l) loads, its O loads) to save a few
+//    load rounds of one block, so below that it does not pay;
+//  - split: slices of at least one block iteration (DEC_WARPS U KPW rows:
+//    fewer leave warps idle and add a partial without shortening the chain),
+//    each block writes its partial (m, l, O) to the scratch arena and counts
+//    itself on a per-(row, KV head, chunk) counter; the last block to arrive
+//    merges the ns partials, writes the output and sets the counter back to 0
+//    (cuda_impl_t.dec_count, zeroed once at backend creation). At n = max_len
+//    ns = n_split (the host's slices hold at least that many rows).
+// So the op is one launch and leaves no state behind, and a step recorded
+// with a long context limit takes the short path while its caches are short.
 // Query heads of one KV head are done G at a time (G <= 8 registers of q and O
 // per column); a group larger than 8 takes several head chunks.
 enum { DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32 };
 enum { DEC_MIN_SLICE = 256, DEC_MAX_SPLIT = 256 }; // rows a slice holds at least; slices at most
+// Block iterations (each: every warp's U KPW rows in flight at once) up to
+// which one block takes a pair's rows: short_rows = DEC_SHORT_ROUNDS
+// DEC_WARPS U KPW, 512 rows for SmolLM2's layer (dh 64, 3 heads per KV head),
+// 256 for Llama-3.2-3B's (dh 128, 3), 512 for Llama-3.1-8B's (dh 128, 4: U 8).
+enum { DEC_SHORT_ROUNDS = 4 };
 
 typedef struct {
     bf16 *out;
@@ -1293,14 +1311,19 @@ typedef struct {
     be_pages_t pg; // the rows' page tables (backend.h), or none
     const int32_t *len;
     int max_len, H, Hkv, grp, nhc, dqk, dv, lpr, n_split;
-    float sl2; // scale * log2(e): scores in the exp2 domain
+    int short_rows; // a pair of at most this many rows: one block, no split (DEC_SHORT_ROUNDS)
+    float sl2;      // scale * log2(e): scores in the exp2 domain
 } dec_args_t;
 
-// Rows of K and V each lane group keeps in flight: fewer for 8 heads, whose q
-// and O registers leave less room.
+// Rows of K and V each lane group keeps in flight: fewer for 6 and 8 heads,
+// whose q and O registers leave less room. 4 heads at 2 blocks per SM (128
+// registers) spilled in the row loop (q and O alone take 64), so they run one
+// block per SM with twice the rows in flight: the same bytes per SM.
 template <int G> struct dec_cfg {
-    static constexpr int U = G <= 4 ? 4 : 2;
-    static constexpr int MINB = G <= 4 ? 2 : 1; // blocks per SM the registers are capped for
+    static constexpr int U = G == 4 ? 8 : G < 4 ? 4 : 2;
+    static constexpr int MINB = G < 4 ? 2 : 1; // blocks per SM the registers are capped for
+    // a warp's U KPW <= 32 U rows of an iteration: a power of two within one page
+    static_assert((U & (U - 1)) == 0 && 32 * U <= BE_PAGE_ROWS, "dec_cfg: rows of an iteration");
 };
 
 // 8 bf16 of a cache row from column c of a row with `cols` valid columns past
@@ -1330,6 +1353,15 @@ static __device__ __forceinline__ void dec_cvt8(uint4 u, float (&f)[8]) {
         float2 t = __bfloat1622float2(h[k]);
         f[2 * k] = t.x, f[2 * k + 1] = t.y;
     }
+}
+
+// Slices a pair of n rows uses of the grid's n_split: one when short, else
+// slices of at least `rit` rows (one block iteration). The same in every block
+// of the pair (same n), so they agree on who counts and who merges.
+static __device__ __forceinline__ int dec_slices(int n, int n_split, int short_rows, int rit) {
+    if (n <= short_rows) return 1;
+    const int s = (n + rit - 1) / rit;
+    return s < n_split ? s : n_split;
 }
 
 // exp2(x - m) for a running maximum m that may still be -inf (nothing seen):
@@ -1367,7 +1399,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     constexpr int U = dec_cfg<G>::U;
     extern __shared__ float dsm[];
-    const int pair = blockIdx.x, split = blockIdx.y, n_split = a.n_split;
+    const int pair = blockIdx.x, split = blockIdx.y;
     const int hc = pair % a.nhc, g = pair / a.nhc % a.Hkv, r = pair / a.nhc / a.Hkv;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int LPR = a.lpr, KPW = 32 / LPR, li = lane & (LPR - 1), slot = lane / LPR;
@@ -1376,11 +1408,19 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     const int gh = min(G, a.grp - hc * G);                  // heads of the chunk (the rest compute on zeros)
 
     int n = a.len[r];
+    const bf16 *krow0 = a.k_rows[r], *vrow0 = a.v_rows[r];
     n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
+    const int step = DEC_WARPS * U * KPW; // rows the block reads per iteration
+    const int ns = dec_slices(n, a.n_split, a.short_rows, step);
+    // a slice this pair's length leaves unused: the whole block exits. The
+    // test also reads the cache pointers (never 1: rows are 16-byte aligned),
+    // so that their loads are issued with len's, not one round trip after it
+    // (past the branch, where the compiler would otherwise put them)
+    if ((split >= ns) & (((uintptr_t)krow0 & (uintptr_t)vrow0) != 1)) return;
     // this block's rows [u_begin, u_end): slices of whole steps of max(16, U KPW) rows (so that an iteration's
     // rows lie in one page), the last ones may be short or empty
     const int ra = U * KPW > 16 ? U * KPW : 16;
-    const int per = ((n + n_split - 1) / n_split + ra - 1) / ra * ra;
+    const int per = ((n + ns - 1) / ns + ra - 1) / ra * ra;
     const int u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
 
     float q[G][8];
@@ -1401,8 +1441,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     }
 
     const int64_t ldK = (int64_t)a.Hkv * a.dqk, ldV = (int64_t)a.Hkv * a.dv;
-    const bf16 *kb = a.k_rows[r] + (int64_t)g * a.dqk + c0, *vb = a.v_rows[r] + (int64_t)g * a.dv + c0;
-    const int step = DEC_WARPS * U * KPW; // rows the block reads per iteration
+    const bf16 *kb = krow0 + (int64_t)g * a.dqk + c0, *vb = vrow0 + (int64_t)g * a.dv + c0;
     // Every lane of a warp runs the same iterations (the score shuffles need
     // them all); a lane group's rows past u_end load nothing and weigh 0.
     for (int ub = u_begin + warp * U * KPW; ub < u_end; ub += step) {
@@ -1482,7 +1521,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     }
     __syncthreads();
     const int dv = a.dv, E = gh * dv;
-    const int64_t pbase = (int64_t)pair * n_split + split; // this block's partial
+    const int64_t pbase = (int64_t)pair * a.n_split + split; // this block's partial (n_split per pair)
     for (int i = tid; i < E; i += DEC_THREADS) {
         const int j = i / dv, c = i - j * dv;
         float M = -INFINITY, L = 0.f, O = 0.f;
@@ -1493,39 +1532,45 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
             L = fmaf(wt, sl[w * G + j], L);
             O = fmaf(wt, so[(w * G + j) * DVP + c], O);
         }
-        if (n_split == 1) {
+        if (ns == 1) {
             a.out[((int64_t)r * a.H + h0 + j) * dv + c] = __float2bfloat16_rn(L > 0.f ? O / L : 0.f);
         } else {
             a.part_o[(pbase * G + j) * dv + c] = O;
             if (c == 0) a.part_ml[pbase * G + j] = make_float2(M, L);
         }
     }
-    if (n_split == 1) return;
+    if (ns == 1) return;
 
-    // the last block of the pair to finish merges the n_split partials
+    // the last block of the pair to finish merges the ns partials
     __shared__ unsigned s_last;
     __threadfence(); // this block's partial is visible before its count
     __syncthreads();
     if (tid == 0) {
         const unsigned done = atomicAdd(&a.count[pair], 1u);
-        s_last = done == (unsigned)n_split - 1;
+        s_last = done == (unsigned)ns - 1;
     }
     __syncthreads();
     if (!s_last) return;
     __threadfence(); // the other blocks' partials are read after their counts
-    // shared: [n_split][G] weights, [G] sums, then per-subset sums of O
-    float *ws = dsm, *sL = ws + n_split * G, *red = sL + G;
-    const float2 *ml = a.part_ml + (int64_t)pair * n_split * G;
+    // shared: [ns][G] m then weights, [ns][G] l, [G] sums, then per-subset sums
+    // of O. Every (m, l) loaded at once (one round trip), then reduced per head.
+    float *ws = dsm, *wl = ws + ns * G, *sL = wl + ns * G, *red = sL + G;
+    const float2 *ml = a.part_ml + (int64_t)pair * a.n_split * G;
+    for (int i = tid; i < ns * G; i += DEC_THREADS)
+        if (i % G < gh) { // (heads past gh have no partial)
+            const float2 v = __ldcg(&ml[i]);
+            ws[i] = v.x, wl[i] = v.y;
+        }
+    __syncthreads();
     if (tid < gh) {
         float M = -INFINITY;
-        for (int t = 0; t < n_split; t++)
-            M = fmaxf(M, __ldcg(&ml[t * G + tid].x));
+        for (int t = 0; t < ns; t++)
+            M = fmaxf(M, ws[t * G + tid]);
         float L = 0.f;
-        for (int t = 0; t < n_split; t++) {
-            const float2 v = __ldcg(&ml[t * G + tid]);
-            const float wt = dec_w(v.x, M);
+        for (int t = 0; t < ns; t++) {
+            const float wt = dec_w(ws[t * G + tid], M);
             ws[t * G + tid] = wt;
-            L = fmaf(wt, v.y, L);
+            L = fmaf(wt, wl[t * G + tid], L);
         }
         sL[tid] = L;
     }
@@ -1536,13 +1581,13 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     // (dv a multiple of 8): float4 units, which never straddle two heads.
     constexpr int W = VEC ? 4 : 1;
     const int EW = E / W;
-    const float *po = a.part_o + (int64_t)pair * n_split * G * dv;
+    const float *po = a.part_o + (int64_t)pair * a.n_split * G * dv;
     bf16 *ob = a.out + ((int64_t)r * a.H + h0) * dv;
     if (EW >= DEC_THREADS) {
         for (int i = tid; i < EW; i += DEC_THREADS) {
             const int j = i * W / dv;
             float acc[W];
-            dec_sum<W>(acc, po, ws, i, j, G * dv, 0, 1, n_split, G);
+            dec_sum<W>(acc, po, ws, i, j, G * dv, 0, 1, ns, G);
             const float L = sL[j], inv = L > 0.f ? 1.f / L : 0.f;
 #pragma unroll
             for (int e = 0; e < W; e++)
@@ -1552,7 +1597,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
         const int nsub = DEC_THREADS / EW, sub = tid / EW, i = tid - sub * EW;
         if (sub < nsub) { // red[sub][i][W]
             float acc[W];
-            dec_sum<W>(acc, po, ws, i, i * W / dv, G * dv, sub, nsub, n_split, G);
+            dec_sum<W>(acc, po, ws, i, i * W / dv, G * dv, sub, nsub, ns, G);
 #pragma unroll
             for (int e = 0; e < W; e++)
                 red[tid * W + e] = acc[e];
@@ -1573,10 +1618,10 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
 }
 
 // Dynamic shared memory of k_attn_decode: the warps' merge, or the last
-// block's merge of n_split partials (the same memory, used one after the other).
+// block's merge of up to n_split partials (the same memory, used one after the other).
 static size_t dec_smem_bytes(int G, int lpr, int n_split) {
     const size_t warps = (size_t)DEC_WARPS * G * (lpr * 8 + 2);
-    const size_t last = n_split > 1 ? (size_t)n_split * G + G + 4 * DEC_THREADS : 0;
+    const size_t last = n_split > 1 ? (size_t)2 * n_split * G + G + 4 * DEC_THREADS : 0;
     return (warps > last ? warps : last) * sizeof(float);
 }
 
@@ -1592,7 +1637,8 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
     auto kern = k_attn_decode<G, VEC>;
     static dec_occ_t oc; // per instance; read again when the shared memory asked about changes
     // slices: one wave of blocks at the kernel's occupancy over the pairs, at
-    // least DEC_MIN_SLICE rows of max_len each (host arguments only)
+    // least DEC_MIN_SLICE rows of max_len each, none when max_len is short
+    // (host arguments only; the kernel uses fewer for shorter lengths)
     size_t smem = dec_smem_bytes(G, a.lpr, 1);
     if (cuda_smem_limit(be, (const void *)kern, dec_smem_bytes(G, a.lpr, DEC_MAX_SPLIT), "k_attn_decode") < 0) return;
     dec_occ_t *o = &oc;
@@ -1607,11 +1653,16 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
     }
     // below 2K rows, slices of a quarter of that: a few hundred rows in one
     // block are a chain of dependent loads (docs/SERVING.md, run 23), while
-    // the partials of at most 32 slices are little for the last block to merge
-    const int min_slice = a.max_len < 8 * DEC_MIN_SLICE ? DEC_MIN_SLICE / 4 : DEC_MIN_SLICE;
+    // the partials of at most 32 slices are little for the last block to merge;
+    // and never less than one block iteration (dec_slices)
+    const int rit = DEC_WARPS * dec_cfg<G>::U * (32 / a.lpr); // rows per block iteration
+    a.short_rows = DEC_SHORT_ROUNDS * rit;
+    int min_slice = a.max_len < 8 * DEC_MIN_SLICE ? DEC_MIN_SLICE / 4 : DEC_MIN_SLICE;
+    if (min_slice < rit) min_slice = rit;
     int64_t ns = (int64_t)o->occ * ci->sm_count / pairs, by_len = a.max_len / min_slice;
     if (ns > by_len) ns = by_len;
     if (ns > DEC_MAX_SPLIT) ns = DEC_MAX_SPLIT;
+    if (a.max_len <= a.short_rows) ns = 1;           // every pair is short (dec_slices)
     if (ns < 1 || pairs > CUDA_DEC_COUNTERS) ns = 1; // (many pairs fill the GPU without slices)
     arena_t *ar = &be->scratch;
     const size_t mark = arena_mark(ar);

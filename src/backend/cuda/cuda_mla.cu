@@ -6,8 +6,9 @@
 // keys = whole rows [c | kpe]) and V = the c part of the same rows. Memory
 // bound: every cache row is read from device memory exactly once.
 //
-// Two versions. v2 (k_mla_decode2 + k_mla_combine2, further down) is the
-// default: a producer warp and a ring of 32-row tiles, described there. v1
+// Two versions. v2 (k_mla_decode2, and k_mla_combine2 for merges too large
+// for one block; further down) is the default: a producer warp and a ring of
+// 32-row tiles, described there. v1
 // (the fallback for shapes v2 does not lay out):
 // k_mla_decode: grid (n_split, B). A block takes one contiguous slice of the
 // visible rows of its sequence and streams it through shared memory in stages
@@ -315,13 +316,36 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 // the same per-lane work would cost several times the issue slots a row's
 // bytes allow at full bandwidth. The products stay on the tensor cores, fed
 // through shared memory by the tensor copies.
-// The combine is a separate kernel launched with programmatic dependent launch
-// (it starts while the decode drains and waits on griddepcontrol.wait), with
-// float4 loads spread over the splits. A fused "last block combines" was not
-// taken: at B = 1 the last block would read all 132 partials (2 MB) alone,
-// ~15 us on one SM, more than the launch it saves.
+//
+// Slices and their merge. The grid's n_split is set by host arguments only
+// (one wave of blocks over the batch, at least MLA_MIN_SLICE_TILES tiles of
+// max_len each; one when max_len <= short_rows), so a recorded step replays
+// it; each sequence then uses ns = mla_slices() of them by its own length,
+// read in the kernel (the other blocks exit at once):
+//  - n <= short_rows (one fill of the ring: every tile in flight at once; and
+//    up to MLA_MIN_SLICE_TILES tiles, the least a slice holds): one block
+//    takes every row and writes the output, no partials;
+//  - else slices of at least MLA_MIN_SLICE_TILES tiles, each block writing
+//    its partial (m, l, unnormalised O); when ns <= merge_max the last block
+//    of the sequence to finish (a counter per sequence, cuda_impl_t.dec_count,
+//    left at 0) merges them in the same launch;
+//  - more slices are merged by k_mla_combine2, a second kernel launched with
+//    programmatic dependent launch (it starts while the decode drains and
+//    waits on griddepcontrol.wait; its blocks exit for the sequences the
+//    decode merged). Why not always the last block: the merge reads ns H
+//    r_kv 4 bytes of partials, 1.6 MB at B = 1 (132 slices, H 24, r_kv 128),
+//    ~15 us for one SM at ~100 GB/s from L2, where the combine's H B blocks
+//    share it. merge_max holds one block's read to MLA_MERGE_BYTES (~2 us).
+// At n = max_len, ns = n_split (host and kernel apply the same minimum).
 
 enum { MLA2_NR = 32, MLA2_MAXW = 11, MLA2_MAXSTG = 32, MLA2_BAR_BYTES = 2 * MLA2_MAXSTG * 8 };
+// Slices of at least this many tiles (of max_len on the host, of the length in
+// the kernel): at short contexts more slices only add partials to merge.
+enum { MLA_MIN_SLICE_TILES = 8 };
+// The most partial bytes (ns H r_kv 4) one block merges (see above): at ~100
+// GB/s from L2 about 2 us, what the combine kernel's launch and its own chain
+// of loads cost.
+enum { MLA_MERGE_BYTES = 192 << 10 };
 
 // How the producer fills a ring slot (template argument LOAD of k_mla_decode2):
 //  - MLA2_LOAD_TILES: a few TMA tensor copies per tile, boxes of 64 columns x
@@ -341,16 +365,26 @@ enum { MLA2_BOX = 64, MLA2_BOX_BYTES = MLA2_NR * 128 }; // box columns (128 byte
 
 typedef struct {
     int H, r_kv, dr, L, Lp;
-    int HT, CC, RS, NCW; // head tiles, column chunks, row groups; NCW = HT * CC * RS consumer warps
-    int SQ, SR;          // shared row strides (elements) of Q and of the ring slots
-    int NSTG;            // ring slots of MLA2_NR rows
-    int NB;              // MLA2_LOAD_TILES: boxes of MLA2_BOX columns per slot
-    int n_split;
+    int HT, CC, RS, NCW;  // head tiles, column chunks, row groups; NCW = HT * CC * RS consumer warps
+    int SQ, SR;           // shared row strides (elements) of Q and of the ring slots
+    int NSTG;             // ring slots of MLA2_NR rows
+    int NB;               // MLA2_LOAD_TILES: boxes of MLA2_BOX columns per slot
+    int n_split;          // slices of the grid (per sequence)
+    int short_rows;       // a sequence of at most this many rows: one block, no partials (NSTG tiles)
+    int merge_max;        // a sequence of at most this many slices is merged by its last block
     int neg;              // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
     float sl2;            // > 0
     int64_t qp_ld, qp_hs; // q_pe's row and head strides (elements, multiples of 8)
     be_pages_t pg;        // the sequences' page tables (backend.h), or none: a tile of 32 rows lies in one page
 } mla2_args_t;
+
+// Slices a sequence of n rows uses of the grid's n_split (the comment above
+// MLA2_NR); the same in every block of the sequence and in the combine.
+static __device__ __forceinline__ int mla_slices(int64_t n, int n_split, int short_rows) {
+    if (n <= short_rows) return 1;
+    const int64_t s = (n + MLA_MIN_SLICE_TILES * MLA2_NR - 1) / (MLA_MIN_SLICE_TILES * MLA2_NR);
+    return s < n_split ? (int)s : n_split;
+}
 
 // Address of the 16-byte chunk `chunk` (column / 8) of row r in a MLA2_LOAD_TILES slot.
 static __device__ __forceinline__ uint32_t tile_chunk(uint32_t slot, int r, int chunk) {
@@ -361,16 +395,99 @@ static __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// out[b] from the ns partials of sequence b, by the whole block (the last
+// of the sequence to finish): out[b, h, :] = sum_t w_t O_t / sum_t w_t l_t,
+// w_t = 2^(m_t - max m), as k_mla_combine2, in a fixed order (the same bits
+// on every run). Partial t of b is at b n_split + t; the partials are read
+// through L2 (__ldcg): other blocks wrote them. Shared sm: 2 ns H + H floats,
+// rounded up to 4, and a float4 per thread (launch_mla2's merge_max keeps it
+// within the ring).
+static __device__ void mla_merge(bf16 *__restrict__ out, const float *__restrict__ part_o,
+                                 const float *__restrict__ part_ml, float *sm, int b, int ns, int n_split, int H,
+                                 int r_kv) {
+    const int tid = threadIdx.x, nthr = blockDim.x, cq = r_kv / 4;
+    float *wm = sm, *wl = wm + ns * H, *sinv = wl + ns * H; // [ns][H] m then weights, [ns][H] l, [H] 1 / sum
+    float4 *red = (float4 *)(sm + ((2 * ns * H + H + 3) & ~3));
+    // (m, l) of slice t, head h at ml[t H + h]: every one loaded at once (one round trip)
+    const float2 *ml = (const float2 *)part_ml + (int64_t)b * n_split * H;
+    for (int i = tid; i < ns * H; i += nthr) {
+        const float2 v = __ldcg(ml + i);
+        wm[i] = v.x, wl[i] = v.y;
+    }
+    __syncthreads();
+    for (int h = tid; h < H; h += nthr) {
+        float M = -INFINITY;
+        for (int t = 0; t < ns; t++)
+            if (wl[t * H + h] > 0.f) M = fmaxf(M, wm[t * H + h]);
+        float S = 0.f;
+        for (int t = 0; t < ns; t++) {
+            const float l = wl[t * H + h], w = l > 0.f ? exp2f(wm[t * H + h] - M) : 0.f;
+            wm[t * H + h] = w;
+            S += w * l;
+        }
+        sinv[h] = S > 0.f ? 1.f / S : 0.f;
+    }
+    __syncthreads();
+    // unit i = h cq + q: 4 columns of head h; slice t's at po[t H cq + i]
+    const int units = H * cq;
+    const float4 *po = (const float4 *)part_o + (int64_t)b * n_split * H * cq;
+    bf16 *ob = out + (int64_t)b * H * r_kv;
+    if (units >= nthr) {
+        for (int i = tid; i < units; i += nthr) {
+            const int h = i / cq;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+            for (int t = 0; t < ns; t++) {
+                const float w = wm[t * H + h];
+                const float4 x = __ldcg(po + (int64_t)t * units + i);
+                acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
+                acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
+            }
+            const float inv = sinv[h];
+            ob[4 * i] = __float2bfloat16_rn(acc.x * inv), ob[4 * i + 1] = __float2bfloat16_rn(acc.y * inv);
+            ob[4 * i + 2] = __float2bfloat16_rn(acc.z * inv), ob[4 * i + 3] = __float2bfloat16_rn(acc.w * inv);
+        }
+        return;
+    }
+    // fewer units than threads: nsub subsets of the slices per unit (more
+    // loads in flight), added in subset order
+    const int nsub = nthr / units, sub = tid / units, i = tid - sub * units;
+    if (sub < nsub) {
+        const int h = i / cq;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int t = sub; t < ns; t += nsub) {
+            const float w = wm[t * H + h];
+            const float4 x = __ldcg(po + (int64_t)t * units + i);
+            acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
+            acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
+        }
+        red[tid] = acc;
+    }
+    __syncthreads();
+    if (tid < units) {
+        float4 acc = red[tid];
+        for (int k = 1; k < nsub; k++) {
+            const float4 x = red[k * units + tid];
+            acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+        }
+        const float inv = sinv[tid / cq];
+        ob[4 * tid] = __float2bfloat16_rn(acc.x * inv), ob[4 * tid + 1] = __float2bfloat16_rn(acc.y * inv);
+        ob[4 * tid + 2] = __float2bfloat16_rn(acc.z * inv), ob[4 * tid + 3] = __float2bfloat16_rn(acc.w * inv);
+    }
+}
+
 // Grid (n_split, B), (NCW + 1) warps; the last warp is the producer. Shared:
 // [barriers 512 B][Q HR x SQ][ring NSTG slots] (MLA2_LOAD_TILES: the ring starts
 // at the next 1024-byte boundary, which the swizzle pattern needs); the ring is
-// reused for the final merge of the RS row groups.
+// reused for the final merge of the RS row groups, then for the merge of the
+// slices. out [B, H, r_kv]; part_o, part_ml, count: unused when n_split = 1.
 template <int CW, int LOAD>
 __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
-    k_mla_decode2(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
-                  const bf16 *__restrict__ q_pe, const bf16 *const *__restrict__ rows, const bf16 *pool,
-                  int64_t max_rows, const int32_t *__restrict__ len, mla2_args_t a,
-                  const __grid_constant__ CUtensorMap tmap) {
+    k_mla_decode2(bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
+                  unsigned *__restrict__ count, const bf16 *__restrict__ q_lat, const bf16 *__restrict__ q_pe,
+                  const bf16 *const *__restrict__ rows, const bf16 *pool, int64_t max_rows,
+                  const int32_t *__restrict__ len, mla2_args_t a, const __grid_constant__ CUtensorMap tmap) {
     constexpr int NR = MLA2_NR;
     constexpr bool TILES = LOAD == MLA2_LOAD_TILES;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -390,15 +507,21 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     const int b = blockIdx.y, split = blockIdx.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int64_t n = len[b];
+    const bf16 *cache = rows[b]; // row 0 of this sequence's cache (or of its pages' pool)
     if (n > max_rows) n = max_rows;
     if (n < 0) n = 0;
-    int64_t rps = (n + a.n_split - 1) / a.n_split;
-    rps = (rps + NR - 1) / NR * NR;
+    const int ns = mla_slices(n, a.n_split, a.short_rows);
+    // a slice this sequence's length leaves unused: the whole block exits,
+    // before any barrier. The test also reads the cache pointer (never 1: rows
+    // are 16-byte aligned), so that its load is issued with len's, not one
+    // round trip after it (past the branch, where the compiler may put it)
+    if ((split >= ns) & ((uintptr_t)cache != 1)) return;
+    int64_t rps = (n + ns - 1) / ns;
+    rps = (rps + NR - 1) / NR * NR; // slices of whole tiles: a tile lies in one page
     const int64_t start = (int64_t)split * rps;
     const int64_t end = start + rps < n ? start + rps : n;
     const int nrows = end > start ? (int)(end - start) : 0;
     const int n_tiles = (nrows + NR - 1) / NR;
-    const bf16 *cache = rows[b]; // row 0 of this sequence's cache (or of its pages' pool)
     // MLA2_LOAD_TILES: the sequence's row 0 as a row of the pool the tensor map describes
     const int64_t row0 = TILES ? (int64_t)(cache - pool) / L : 0;
 
@@ -636,8 +759,23 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
             float4 x = *(const float4 *)(eo + (r * HR + h) * CCWp + c);
             acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
         }
-        *(float4 *)(part_o + (pidx * a.H + h) * a.r_kv + c) = acc;
+        if (ns == 1) { // the sequence's only slice: the output, normalised by the sum of its row groups
+            float M = -INFINITY, S = 0.f;
+            for (int r = 0; r < RS; r++)
+                M = fmaxf(M, em[r * HR + h]);
+            for (int r = 0; r < RS; r++) {
+                float l = el[r * HR + h];
+                if (l > 0.f) S += l * exp2_approx(em[r * HR + h] - M);
+            }
+            const float inv = S > 0.f ? 1.f / S : 0.f; // no rows: zeros
+            bf16 *o4 = out + ((int64_t)b * a.H + h) * a.r_kv + c;
+            o4[0] = __float2bfloat16_rn(acc.x * inv), o4[1] = __float2bfloat16_rn(acc.y * inv);
+            o4[2] = __float2bfloat16_rn(acc.z * inv), o4[3] = __float2bfloat16_rn(acc.w * inv);
+        } else {
+            *(float4 *)(part_o + (pidx * a.H + h) * a.r_kv + c) = acc;
+        }
     }
+    if (ns == 1) return;
     for (int h = tid; h < a.H; h += blockDim.x) {
         float M = -INFINITY, S = 0.f;
         for (int r = 0; r < RS; r++)
@@ -649,26 +787,47 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
         part_ml[(pidx * a.H + h) * 2] = M;
         part_ml[(pidx * a.H + h) * 2 + 1] = S;
     }
+    if (ns > a.merge_max) return; // k_mla_combine2 merges this sequence
+
+    // the last block of the sequence to finish merges its ns partials; the
+    // flag in Q's shared memory, which nothing reads any more (static shared
+    // memory would come out of the ring's budget, sized to the last slot)
+    unsigned *s_last = (unsigned *)sQ;
+    __threadfence(); // this block's partial is visible before its count
+    __syncthreads(); // (also: every read of em, el, eo above is done)
+    if (tid == 0) *s_last = atomicAdd(&count[b], 1u) == (unsigned)ns - 1;
+    __syncthreads();
+    if (!*s_last) return;
+    __threadfence(); // the other blocks' partials are read after their counts
+    mla_merge(out, part_o, part_ml, (float *)sC, b, ns, a.n_split, a.H, a.r_kv);
+    if (tid == 0) count[b] = 0; // ready for the next launch (stream order)
 }
 
 // out[b, h, :] = sum_s w_s O_s / sum_s w_s l_s, w_s = 2^(m_s - max m), as k_mla_combine,
 // but 256 threads per (h, b), each summing float4 columns over a strided subset of
 // the splits (several loads in flight), then a reduction over the subsets. May
 // start before the decode grid finishes (programmatic dependent launch): reads
-// nothing before griddepcontrol.wait.
-__global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, const float *__restrict__ part_o,
-                                                      const float *__restrict__ part_ml, int H, int r_kv, int n_split) {
+// nothing before griddepcontrol.wait. Only for the sequences of more than
+// merge_max slices (mla_slices of its length; k_mla_decode2 wrote the others).
+__global__ void __launch_bounds__(256)
+    k_mla_combine2(bf16 *__restrict__ out, const float *__restrict__ part_o, const float *__restrict__ part_ml,
+                   const int32_t *__restrict__ len, int64_t max_rows, int H, int r_kv, int n_split, int short_rows,
+                   int merge_max) {
     extern __shared__ __align__(16) float cw_s[]; // [n_split] weights, then [G][CQ] float4 partial sums
     __shared__ float red[32];
     griddep_wait();
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+    int64_t n = len[b];
+    n = n < 0 ? 0 : n > max_rows ? max_rows : n;
+    const int ns = mla_slices(n, n_split, short_rows); // partials of this sequence (the stride stays n_split)
+    if (ns <= merge_max) return;                       // the decode wrote this sequence's output
     const float *ml = part_ml + ((int64_t)b * n_split * H + h) * 2; // split s at ml[s * H * 2]
     float M = -INFINITY;
-    for (int s = tid; s < n_split; s += blockDim.x)
+    for (int s = tid; s < ns; s += blockDim.x)
         if (ml[(int64_t)s * H * 2 + 1] > 0.f) M = fmaxf(M, ml[(int64_t)s * H * 2]);
     M = block_reduce(M, true, red);
     float S = 0.f;
-    for (int s = tid; s < n_split; s += blockDim.x) {
+    for (int s = tid; s < ns; s += blockDim.x) {
         float l = ml[(int64_t)s * H * 2 + 1];
         float ws = l > 0.f ? exp2f(ml[(int64_t)s * H * 2] - M) : 0.f;
         cw_s[s] = ws;
@@ -684,7 +843,7 @@ __global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, co
         for (int q = tid; q < CQ; q += blockDim.x) {
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-            for (int s = 0; s < n_split; s++) {
+            for (int s = 0; s < ns; s++) {
                 float w = cw_s[s];
                 float4 x = po[s * sstride + q];
                 acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
@@ -700,7 +859,7 @@ __global__ void __launch_bounds__(256) k_mla_combine2(bf16 *__restrict__ out, co
     if (grp < G) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-        for (int s = grp; s < n_split; s += G) {
+        for (int s = grp; s < ns; s += G) {
             float w = cw_s[s];
             float4 x = po[s * sstride + q];
             acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
@@ -728,16 +887,15 @@ typedef struct {
     size_t occ_smem;
 } mla_launch_state_t;
 
-enum { MLA_MIN_SLICE_TILES = 8 };
-
 // Everything v1 and v2 set up alike before their launches: raises the kernel's
 // shared memory limit (cuda_smem_limit), reads its occupancy (cached in *ls), picks the slices per sequence (one wave
-// of blocks over the batch, each at least MLA_MIN_SLICE_TILES tiles of `rows_per_tile` rows of max_rows) and takes the
-// partial results (m, l, unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call
-// failed (recorded; *mark restored).
+// of blocks over the batch, each at least MLA_MIN_SLICE_TILES tiles of `rows_per_tile` rows of max_rows; one when
+// max_rows <= short_rows, v2's one-block path, which needs no partials: < 0 for v1) and takes the partial results
+// (m, l, unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed
+// (recorded; *mark restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
-                                size_t smem, int B, int64_t max_rows, int rows_per_tile, int H, int r_kv,
-                                float **part_o, float **part_ml, size_t *mark) {
+                                size_t smem, int B, int64_t max_rows, int64_t short_rows, int rows_per_tile, int H,
+                                int r_kv, float **part_o, float **part_ml, size_t *mark) {
     cuda_impl_t *ci = cuda_impl(be);
     if (cuda_smem_limit(be, kern, smem, name) < 0) return 0;
     if (ls->occ_threads != threads || ls->occ_smem != smem) {
@@ -760,6 +918,10 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
     if (ns < 1) ns = 1;
     arena_t *ar = &be->scratch;
     *mark = arena_mark(ar);
+    if (max_rows <= short_rows) { // every sequence is short (mla_slices): one block each, the output itself
+        *part_o = *part_ml = NULL;
+        return 1;
+    }
     *part_o = (float *)arena_alloc(ar, (size_t)B * ns * H * r_kv * sizeof(float));
     *part_ml = (float *)arena_alloc(ar, (size_t)B * ns * H * 2 * sizeof(float));
     if (!*part_o || !*part_ml) {
@@ -797,8 +959,8 @@ static void launch_mla(be_t *be, void *out, const void *q_lat, const void *q_pe,
     static mla_launch_state_t ls;
     float *part_o, *part_ml;
     size_t mark;
-    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode", &ls, threads, smem, B, max_rows, MLA_NR,
-                                        a.H, a.r_kv, &part_o, &part_ml, &mark);
+    const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode", &ls, threads, smem, B, max_rows, -1,
+                                        MLA_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
     if (ns == 0) return;
     a.n_split = (int)ns;
     kern<<<dim3((unsigned)ns, (unsigned)B), threads, smem, cuda_stream(be)>>>(
@@ -868,17 +1030,39 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     a.NCW = wpr * a.RS;
     const int threads = (a.NCW + 1) * 32;
     const size_t smem = fixed + (size_t)a.NSTG * slot;
+    a.short_rows = a.NSTG * MLA2_NR; // one fill of the ring: a short sequence's tiles all in flight at once
     static mla_launch_state_t ls;
     float *part_o, *part_ml;
     size_t mark;
     const int64_t ns = mla_launch_setup(be, (const void *)kern, "k_mla_decode2", &ls, threads, smem, B, max_rows,
-                                        MLA2_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
+                                        a.short_rows, MLA2_NR, a.H, a.r_kv, &part_o, &part_ml, &mark);
     if (ns == 0) return true;
     a.n_split = (int)ns;
-    cu_launch_pdl(kern, dim3((unsigned)ns, (unsigned)B), dim3(threads), smem, cuda_stream(be), part_o, part_ml,
-                  (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows, (const bf16 *)pool, max_rows, len,
-                  a, tmap);
+    // sequences of up to merge_max slices merge in their last block: at most
+    // MLA_MERGE_BYTES of partials, and weights and sums that fit the ring
+    // (mla_merge: 2 ns H + H + 3 floats, then a float4 per thread)
+    const int64_t part_bytes = (int64_t)a.H * a.r_kv * (int64_t)sizeof(float); // one slice's partial O
+    const int64_t ring = (int64_t)a.NSTG * (int64_t)slot - 16 * (int64_t)threads - 4 * (int64_t)(a.H + 3);
+    int64_t by_smem = ring > 0 ? ring / (8 * (int64_t)a.H) : 0, mm = MLA_MERGE_BYTES / part_bytes;
+#ifdef HYLO_BENCH_VARIANTS
+    // bench-only: HYLO_MLA_MERGE = 1 merges in the last block whatever the bytes (as far as
+    // the ring holds the weights), 2 always in k_mla_combine2 (the split's two launches)
+    const int merge_var = cu_env_int("HYLO_MLA_MERGE", 0);
+    if (merge_var == 1) mm = ns;
+    if (merge_var == 2) mm = 1;
+#endif
+    if (mm > by_smem) mm = by_smem;
+    if (mm > ns) mm = ns;
+    if (mm < 1 || B > CUDA_DEC_COUNTERS) mm = 1; // (a counter per sequence)
+    a.merge_max = (int)mm;
+    cu_launch_pdl(kern, dim3((unsigned)ns, (unsigned)B), dim3(threads), smem, cuda_stream(be), (bf16 *)out, part_o,
+                  part_ml, ci->dec_count, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows,
+                  (const bf16 *)pool, max_rows, len, a, tmap);
     cuda_check_launch(be, "k_mla_decode2");
+    if (ns <= a.merge_max) { // every sequence's output is written by the decode
+        arena_reset(&be->scratch, mark);
+        return true;
+    }
 
     // the combine, launched early (programmatic dependent launch); plain launch if refused
     const int CQ = a.r_kv / 4, G = CQ >= 256 ? 1 : 256 / CQ;
@@ -894,11 +1078,11 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k_mla_combine2, (bf16 *)out, (const float *)part_o, (const float *)part_ml,
-                                       a.H, a.r_kv, (int)ns);
+                                       len, max_rows, a.H, a.r_kv, (int)ns, a.short_rows, a.merge_max);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        k_mla_combine2<<<cfg.gridDim, 256, csmem, cuda_stream(be)>>>((bf16 *)out, part_o, part_ml, a.H, a.r_kv,
-                                                                     (int)ns);
+        k_mla_combine2<<<cfg.gridDim, 256, csmem, cuda_stream(be)>>>((bf16 *)out, part_o, part_ml, len, max_rows, a.H,
+                                                                     a.r_kv, (int)ns, a.short_rows, a.merge_max);
     }
     cuda_check_launch(be, "k_mla_combine2");
     arena_reset(&be->scratch, mark); // stream order protects the partials from later users
@@ -922,7 +1106,9 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
 //   HYLO_MLA_DECODE = 0 / unset: the above; 1: v1 only; 2: v2 with a cp.async
 //   producer; 3: v2 with one bulk copy per row (the default of run 7).
 //   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
-//   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32).
+//   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32);
+//   HYLO_MLA_MERGE = 1: v2 merges every split sequence in its last block; 2:
+//   always in k_mla_combine2 (default: by MLA_MERGE_BYTES).
 static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
                        void *const *rows, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
                        int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
