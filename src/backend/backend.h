@@ -431,6 +431,20 @@ struct be {
                             const void *a, int64_t lda, const void *b, int64_t ldb, const void *q_conv,
                             const void *k_conv, const void *v_conv, const void *A_log, const void *dt_bias, int N,
                             int H, int HV, int K, int Dv, int W, float eps, int allow_neg);
+    // A Gated DeltaNet decode step from its projections to the input of
+    // o_proj, in one call: gdn_step_inputs (l2_eps for the L2 norms; rows as
+    // there, each state at least 16-byte aligned), gdn_recurrent_step (scale),
+    // then per value head over Dv y = rmsnorm(o) * o_norm * silu(z)
+    // (gated_rmsnorm_fwd, GNORM_NORM_THEN_GATE, eps), or without the gate (z
+    // NULL) y = rmsnorm(o) * o_norm (rmsnorm_fwd). z [N, HV Dv] with row
+    // stride ldz; y [N, HV Dv] contiguous. The same results as those ops in
+    // sequence (CUDA: one launch; o rounded to act before the norm, as between
+    // the ops; the norm's sum of squares in another order).
+    void (*gdn_step)(be_t *be, void *y, void *const *rows, const void *xq, int64_t ldq, const void *xk, int64_t ldk,
+                     const void *xv, int64_t ldv, const void *a, int64_t lda, const void *b, int64_t ldb, const void *z,
+                     int64_t ldz, const void *q_conv, const void *k_conv, const void *v_conv, const void *A_log,
+                     const void *dt_bias, const void *o_norm, float scale, int N, int H, int HV, int K, int Dv, int W,
+                     float l2_eps, float eps, int allow_neg);
     // Mamba-2 SSD, one token per row: x, Bm, Cm, dt, A_log, D as
     // ssd_recurrent_fwd with B = N, T = 1; rows[r] is row r's state, float
     // [H, P, N], read and updated in place. y [N, H, P]. The same results as

@@ -81,7 +81,9 @@ static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
 // ---- forward -----------------------------------------------------------------
 
 // Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
-// token-by-token recurrence); everything but the rule is the same code. The
+// token-by-token recurrence): the projections and o_proj are the same code;
+// between them a forward runs the convs, norms, gates, the chunked rule and
+// the output norm op by op, a step all of it in one be->gdn_step call. The
 // B sequences come in runs (layer.h step_run_t; none without a cache): in a
 // forward the convolutions and the rule run once per run, on its sequences'
 // states; in a step once over all rows, through per-row state pointers.
@@ -98,19 +100,23 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     memset(s, 0, sizeof *s);
     s->B = B, s->T = T, s->x = x;
 
-    // projections; a decode step multiplies by q, k, v, a and b at once when
-    // they are one matrix in memory (row r: [q | k | v | a | b], row stride
-    // ldp), one product instead of five
-    const void *ws[5] = {w->q_proj, w->k_proj, w->v_proj, w->a_proj, w->b_proj};
-    const int64_t outs[5] = {m.kd, m.kd, m.vd, m.HV, m.HV}, P = 2 * m.kd + m.vd + 2 * m.HV;
-    int64_t ldp[5] = {m.kd, m.kd, m.vd, m.HV, m.HV};
-    if (recurrent && lin_adjacent(c, ws, outs, 5, m.d)) {
+    // projections; a decode step multiplies by q, k, v, a, b and g at once
+    // when they are one matrix in memory (row r: [q | k | v | a | b | z],
+    // row stride ldp), one product instead of six
+    const void *ws[6] = {w->q_proj, w->k_proj, w->v_proj, w->a_proj, w->b_proj, w->g_proj};
+    const int64_t outs[6] = {m.kd, m.kd, m.vd, m.HV, m.HV, m.vd};
+    const int nw = m.use_gate ? 6 : 5;
+    int64_t ldp[6] = {m.kd, m.kd, m.vd, m.HV, m.HV, m.vd}, P = 0;
+    for (int i = 0; i < nw; i++)
+        P += outs[i];
+    if (recurrent && lin_adjacent(c, ws, outs, nw, m.d)) {
         void *pr;
         NEED(pr = ctx_act(c, N * P));
         lin_fwd(c, pr, x, w->q_proj, N, m.d, P);
         s->qpre = pr, s->kpre = act_at(be, pr, m.kd), s->vpre = act_at(be, pr, 2 * m.kd);
         s->a = act_at(be, pr, 2 * m.kd + m.vd), s->b = act_at(be, pr, 2 * m.kd + m.vd + m.HV);
-        for (int i = 0; i < 5; i++)
+        if (m.use_gate) s->z = act_at(be, pr, 2 * m.kd + m.vd + 2 * m.HV);
+        for (int i = 0; i < 6; i++)
             ldp[i] = P;
     } else {
         NEED(s->qpre = ctx_act(c, N * m.kd));
@@ -123,10 +129,24 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
         lin_fwd(c, s->vpre, x, w->v_proj, N, m.d, m.vd);
         lin_fwd(c, s->a, x, w->a_proj, N, m.d, m.HV);
         lin_fwd(c, s->b, x, w->b_proj, N, m.d, m.HV);
+        if (m.use_gate) {
+            NEED(s->z = ctx_act(c, N * m.vd));
+            lin_fwd(c, s->z, x, w->g_proj, N, m.d, m.vd);
+        }
     }
-    if (m.use_gate) {
-        NEED(s->z = ctx_act(c, N * m.vd));
-        lin_fwd(c, s->z, x, w->g_proj, N, m.d, m.vd);
+
+    // a decode step: every row's state and windows by pointer (layer.h
+    // step_cache_bases: states, then the q, k, v windows); convs, norms,
+    // gates, the rule and the output norm in one call (on the GPU one launch
+    // instead of three)
+    if (recurrent) {
+        void *const *rows;
+        NEED(rows = ctx_step_caches(c, runs, n_runs));
+        NEED(s->y = ctx_act(c, N * m.vd));
+        be->gdn_step(be, s->y, rows, s->qpre, ldp[0], s->kpre, ldp[1], s->vpre, ldp[2], s->a, ldp[3], s->b, ldp[4],
+                     s->z, ldp[5], w->q_conv, w->k_conv, w->v_conv, w->A_log, w->dt_bias, w->o_norm, m.scale, (int)N,
+                     m.H, m.HV, m.K, m.Dv, m.W, 1e-6f, m.eps, m.allow_neg);
+        return lin_fwd_out(c, out, s->y, w->o_proj, N, m.vd);
     }
 
     // short convs + SiLU, three separate depthwise convs; with a cache they
@@ -141,22 +161,10 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     NEED(s->k = ctx_act(c, N * m.kd));
     NEED(s->g = ctx_f32(c, N * m.HV));
     NEED(s->beta = ctx_f32(c, N * m.HV));
-    // a decode step: every row's state and windows by pointer (layer.h
-    // step_cache_bases: states, then the q, k, v windows); the convs, norms
-    // and gates in one call (on the GPU one launch instead of six)
-    void *const *rows = NULL;
-    if (recurrent) {
-        NEED(rows = ctx_step_caches(c, runs, n_runs));
-        be->gdn_step_inputs(be, s->q, s->k, s->v, s->g, s->beta, rows, s->qpre, ldp[0], s->kpre, ldp[1], s->vpre,
-                            ldp[2], s->a, ldp[3], s->b, ldp[4], w->q_conv, w->k_conv, w->v_conv, w->A_log, w->dt_bias,
-                            (int)N, m.H, m.HV, m.K, m.Dv, m.W, 1e-6f, m.allow_neg);
-    }
-    void *qc = NULL, *kc = NULL;
-    if (!recurrent) {
-        NEED(qc = ctx_act(c, N * m.kd));
-        NEED(kc = ctx_act(c, N * m.kd));
-    }
-    for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
+    void *qc, *kc;
+    NEED(qc = ctx_act(c, N * m.kd));
+    NEED(kc = ctx_act(c, N * m.kd));
+    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
         gdn_cache_t *rc = runs[i].cache ? &runs[i].cache->u.gdn : NULL;
         int nb = runs[i].n, kd = (int)m.kd, vd = (int)m.vd;
         int64_t r = (int64_t)b * T, ok = (int64_t)runs[i].seq0 * kd * m.W, ov = (int64_t)runs[i].seq0 * vd * m.W;
@@ -176,13 +184,11 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     }
 
     // L2 norm of q and k per head (rows of K), gates
-    if (!recurrent) {
-        NEED(s->rq = ctx_f32(c, N * m.H));
-        NEED(s->rk = ctx_f32(c, N * m.H));
-        be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
-        be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
-        be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
-    }
+    NEED(s->rq = ctx_f32(c, N * m.H));
+    NEED(s->rk = ctx_f32(c, N * m.H));
+    be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
+    be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
+    be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
 
     // the rule; the cache's state is the initial state and receives the final one
     NEED(s->o = ctx_act(c, N * m.vd));
@@ -191,9 +197,7 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
         NEED(s->state0 = ctx_f32(c, ns));
         be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
     }
-    if (recurrent)
-        be->gdn_recurrent_step(be, s->o, rows, s->q, s->k, s->v, s->g, s->beta, m.scale, (int)N, m.H, m.HV, m.K, m.Dv);
-    for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
+    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
         float *state = runs[i].cache ? runs[i].cache->u.gdn.state + (int64_t)runs[i].seq0 * m.HV * m.Dv * m.K : NULL;
         int64_t r = (int64_t)b * T;
         void *o = act_at(be, s->o, r * m.vd);

@@ -45,7 +45,7 @@ typedef struct {
     // A decode step's per-row cache bases of this layer (NULL: X_step uploads
     // its own; step_cache_bases says what they are), for the backend's decode
     // ops (backend.h kv_append, attn_decode, mla_decode_attn, conv1d_step,
-    // gdn_recurrent_step, ssd_recurrent_step), and, prepared with them, the
+    // gdn_step, ssd_recurrent_step), and, prepared with them, the
     // rows' page tables (step_page_tables; pages NULL: every cache contiguous).
     void *const *step_cache;
     be_pages_t step_pages;

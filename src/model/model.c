@@ -64,7 +64,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
         {be->gdn_chunk_fwd, "gdn_chunk_fwd", LAYER_GDN},
         {be->gdn_recurrent_fwd, "gdn_recurrent_fwd", LAYER_GDN},
-        {be->gdn_step_inputs, "gdn_step_inputs", LAYER_GDN},
+        {be->gdn_step, "gdn_step", LAYER_GDN},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_M2},
         {be->ssd_chunk_fwd, "ssd_chunk_fwd", LAYER_M2},
         {be->ssd_recurrent_fwd, "ssd_recurrent_fwd", LAYER_M2},

@@ -88,17 +88,19 @@ static int layer_params(ptable_t *t, const arch_t *a, int l) {
     case LAYER_GDN: {
         const gdn_dims_t *g = &a->gdn;
         int64_t kd = (int64_t)g->n_heads * g->head_k, vd = (int64_t)g->n_v_heads * g->head_v;
+        // q, k, v, a, b and g one after another: a decode step multiplies by
+        // all six at once (gdn.c gdn_run)
         P2(l, kd, d, "%s.%d.gdn.q_proj.weight", pre, l);
         P2(l, kd, d, "%s.%d.gdn.k_proj.weight", pre, l);
         P2(l, vd, d, "%s.%d.gdn.v_proj.weight", pre, l);
         P2(l, g->n_v_heads, d, "%s.%d.gdn.a_proj.weight", pre, l);
         P2(l, g->n_v_heads, d, "%s.%d.gdn.b_proj.weight", pre, l);
+        if (g->use_gate) P2(l, vd, d, "%s.%d.gdn.g_proj.weight", pre, l);
         P1(l, 1, g->n_v_heads, "%s.%d.gdn.A_log", pre, l);
         P1(l, 1, g->n_v_heads, "%s.%d.gdn.dt_bias", pre, l);
         P3(l, kd, 1, g->conv, "%s.%d.gdn.q_conv1d.weight", pre, l);
         P3(l, kd, 1, g->conv, "%s.%d.gdn.k_conv1d.weight", pre, l);
         P3(l, vd, 1, g->conv, "%s.%d.gdn.v_conv1d.weight", pre, l);
-        if (g->use_gate) P2(l, vd, d, "%s.%d.gdn.g_proj.weight", pre, l);
         P1(l, 1, g->head_v, "%s.%d.gdn.o_norm.weight", pre, l);
         P2(l, d, vd, "%s.%d.gdn.o_proj.weight", pre, l);
         break;

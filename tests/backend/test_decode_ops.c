@@ -2,7 +2,8 @@
 // conv1d_step, gdn_recurrent_step, ssd_recurrent_step) on the CPU against the
 // per-row calls a decode step made before them: a cache copy per row and
 // attn_fwd with Tq = 1 over that sequence's cache; the per-state conv,
-// update and recurrences on each row alone.
+// update and recurrences on each row alone. And gdn_step against the three
+// ops it puts in one call.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,58 @@ static void test_gdn_recurrent_step(void **st) {
     free(q), free(k), free(v), free(g), free(beta), free(o), free(ref);
 }
 
+// gdn_step against its three ops in sequence (gdn_step_inputs,
+// gdn_recurrent_step, then gated_rmsnorm_fwd, or rmsnorm_fwd without the
+// gate) on copies of the same states and windows: the reference the fused
+// CUDA kernel is tested against must be exactly those ops. Projections of
+// one strided buffer ([q | k | v | a | b | z | pad] per row), GVA (HV = 2 H),
+// two steps in a row.
+static void check_gdn_step(int gate) {
+    be_t *be = tu_cpu();
+    enum { N = 16, H = 2, HV = 4, K = 128, Dv = 128, W = 4 };
+    const int64_t kd = H * K, vd = HV * Dv, ld = 2 * kd + vd + 2 * HV + vd + 3, oa = 2 * kd + vd, ob = oa + HV,
+                  oz = ob + HV, n[4] = {vd * K, kd * W, kd * W, vd * W};
+    const float scale = 1.0f / sqrtf((float)K);
+    float *x = malloc(sizeof(float) * N * ld), *cw = malloc(sizeof(float) * (2 * kd + vd) * W);
+    float A_log[HV], dtb[HV], onorm[Dv];
+    tu_randu(A_log, HV, 110, 0.0f, 2.8f), tu_randu(dtb, HV, 111, -5.0f, -2.0f), tu_randu(onorm, Dv, 112, 0.5f, 1.5f);
+    tu_randn(cw, (2 * kd + vd) * W, 113, 0.5f);
+    const float *qw = cw, *kw = cw + kd * W, *vw = cw + 2 * kd * W;
+    void *rows[4 * N], *rows0[4 * N];
+    for (int j = 0; j < 4; j++)
+        for (int r = 0; r < N; r++) {
+            float *c;
+            rows[j * N + r] = row_state(n[j], 120 + j * N + r, j ? 1.0f : 0.1f, &c);
+            rows0[j * N + r] = c;
+        }
+    float *y = malloc(sizeof(float) * N * vd), *ref = malloc(sizeof(float) * N * vd);
+    float *q = malloc(sizeof(float) * N * kd), *k = malloc(sizeof(float) * N * kd), *v = malloc(sizeof(float) * N * vd),
+          *o = malloc(sizeof(float) * N * vd), *g = malloc(sizeof(float) * N * HV),
+          *beta = malloc(sizeof(float) * N * HV);
+    for (int t = 0; t < 2; t++) {
+        tu_randn(x, N * ld, 130 + t, 1.0f);
+        be->gdn_step(be, y, rows, x, ld, x + kd, ld, x + 2 * kd, ld, x + oa, ld, x + ob, ld, gate ? x + oz : NULL, ld,
+                     qw, kw, vw, A_log, dtb, onorm, scale, N, H, HV, K, Dv, W, 1e-6f, 1e-5f, 0);
+        be->gdn_step_inputs(be, q, k, v, g, beta, rows0, x, ld, x + kd, ld, x + 2 * kd, ld, x + oa, ld, x + ob, ld, qw,
+                            kw, vw, A_log, dtb, N, H, HV, K, Dv, W, 1e-6f, 0);
+        be->gdn_recurrent_step(be, o, rows0, q, k, v, g, beta, scale, N, H, HV, K, Dv);
+        if (gate)
+            be->gated_rmsnorm_fwd(be, ref, NULL, o, x + oz, ld, onorm, Dv, N, HV, Dv, 1e-5f, GNORM_NORM_THEN_GATE);
+        else
+            be->rmsnorm_fwd(be, ref, NULL, o, onorm, (int64_t)N * HV, Dv, 1e-5f);
+        assert_memory_equal(y, ref, sizeof(float) * N * vd);
+    }
+    for (int i = 0; i < 4 * N; i++) {
+        assert_memory_equal(rows[i], rows0[i], sizeof(float) * n[i / N]);
+        free(rows[i]), free(rows0[i]);
+    }
+    free(x), free(cw), free(y), free(ref), free(q), free(k), free(v), free(o), free(g), free(beta);
+}
+static void test_gdn_step(void **st) {
+    check_gdn_step(1);
+    check_gdn_step(0);
+}
+
 // ssd_recurrent_step against ssd_recurrent_fwd (B = 1, T = 1) per row; x, B
 // and C column slices of one xBC row (the layer's strides), grouped as
 // MambaInLlama (Hx = GB = 2 heads of x and B for H = 4, GC = H).
@@ -197,7 +250,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attn_decode_gqa),    cmocka_unit_test(test_attn_decode_mha),
         cmocka_unit_test(test_kv_append),          cmocka_unit_test(test_conv1d_step),
-        cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_ssd_recurrent_step),
+        cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_gdn_step),
+        cmocka_unit_test(test_ssd_recurrent_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

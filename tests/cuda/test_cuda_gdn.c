@@ -1,6 +1,7 @@
 // CUDA Gated DeltaNet ops (cuda_gdn.cu) against the CPU reference (tu_cpu()):
-// gates forward / backward, the decode recurrence, the chunked rule forward
-// and backward, and the whole GDN layer (model/gdn.c) on both backends.
+// gates forward / backward, the decode recurrence, the decode step's inputs
+// and the whole fused decode step, the chunked rule forward and backward, and
+// the whole GDN layer (model/gdn.c) on both backends.
 // Inputs are drawn fresh per case and rounded to bf16 (tu_round_bf16) so both
 // backends see the same numbers; q and k are L2-normalised per head (as the
 // layer feeds them), g = -exp(A_log) softplus(a + dt_bias) with A_log in
@@ -43,6 +44,23 @@
 //                   L2 norm, two roundings of 2^-9 (~1.6e-3 in L2) where the
 //                   CPU keeps fp32; a wrong channel, head or window tap is off
 //                   by O(1).
+//  STEP_Y     1.5e-2 gdn_step y (the output norm's, o_proj's input): q, k, v
+//                   rounded as STEP_QKV, o rounded (REC_O), y rounded once
+//                   more, against fp32 throughout, over three steps whose
+//                   errors the state carries. Measured by a host emulation of
+//                   k_gdn_step (its decomposition and roundings; the fused
+//                   cases below, 10 draws each): 2.7e-3 .. 7.7e-3, the largest
+//                   where a step has fewest elements (K = Dv = 32 one row;
+//                   Dv = 99). A wrong head, slice, row or window is off by O(1)
+//                   (a wrong slice of the norm's parts measured 0.44 there).
+//  STEP_S     8e-3  gdn_step states after three steps: updates from bf16 q, k,
+//                   v against fp32 ones. Measured the same way: 1.0e-3 .. 3.2e-3.
+//  FUSED_Y    1e-3  gdn_step y against the three GPU ops on the same inputs:
+//                   the same roundings and formulas but for the order of the
+//                   norm's sum of squares, which moves rstd by an ulp or so and
+//                   may flip a rare element by one bf16 ulp (~4e-3 / sqrt(n)
+//                   each). The states against the three ops': REC_S (the same
+//                   formulas and order as k_recurrent: expected bit-identical).
 //  LAYER      3e-2  whole layer: bf16 activations between all ops (projections,
 //                   convs, norms, the rule) against fp32 everywhere on the CPU,
 //                   ~10 roundings of 2^-9 in a chain (~5e-3 expected); weight
@@ -81,8 +99,8 @@ static be_t *cpu, *gpu;
 static uint64_t g_seed = 0x6d17;
 
 static const double CHUNK_O = 1e-2, CHUNK_S = 1e-2, CHUNK_G = 1.5e-2, CHUNK_GB = 2e-2;
-static const double REC_O = 4e-3, REC_S = 1e-5, GATE_F32 = 1e-5, GATE_BF16 = 4e-3, STEP_QKV = 6e-3, LAYER = 3e-2,
-                    LAYER_SCALAR = 1e-2, LAYER_SCALAR_GVA = 5e-2;
+static const double REC_O = 4e-3, REC_S = 1e-5, GATE_F32 = 1e-5, GATE_BF16 = 4e-3, STEP_QKV = 6e-3, STEP_Y = 1.5e-2,
+                    STEP_S = 8e-3, FUSED_Y = 1e-3, LAYER = 3e-2, LAYER_SCALAR = 1e-2, LAYER_SCALAR_GVA = 5e-2;
 
 // tu_gpu(): the GPU, or the fake one under HYLO_TEST_CPU_AS_GPU=1 (testutil.h;
 // every check then passes with error 0).
@@ -415,6 +433,135 @@ static void test_step_inputs(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// Every row's buffer j of a decode step (rows[j N + r]: j = 0 the states,
+// fp32; 1, 2, 3 the q, k, v windows, act) in one host array, row after row.
+static float *rows_host(void *const *rows_d, int N, int j, int64_t n) {
+    float *out = tu_hbuf(N * n);
+    for (int r = 0; r < N; r++) {
+        float *h = j ? tu_host_act(gpu, rows_d[j * N + r], n) : tu_host_f32(gpu, rows_d[j * N + r], n);
+        memcpy(out + r * n, h, sizeof(float) * n);
+        free(h);
+    }
+    return out;
+}
+static float *rows_cat(void *const *rows_h, int N, int j, int64_t n) {
+    float *out = tu_hbuf(N * n);
+    for (int r = 0; r < N; r++)
+        memcpy(out + r * n, rows_h[j * N + r], sizeof(float) * n);
+    return out;
+}
+
+// gdn_step: a whole decode step in one call (on the GPU one launch of
+// k_gdn_step, or its three kernels for a shape k_gdn_step does not take)
+// against the CPU's (gdn_step_inputs, gdn_recurrent_step and the output norm
+// in sequence), and against the GPU's own three ops on copies of the same
+// states and windows. Three steps in a row on every row's state and windows,
+// fresh projections each step, one strided buffer as the joint product gives
+// them ([q | k | v | a | b | z | pad] per row). Each step's y within STEP_Y of
+// the CPU's and FUSED_Y of the three ops'; after the last step the states
+// within STEP_S of the CPU's and REC_S of the three ops', the windows exact.
+static void test_step(void **st) {
+    setup();
+    int fails = 0;
+    // N, H, HV, K, Dv, W, allow_neg, use_gate. SmolLM2's 10MLA20GDN (one head
+    // of K 256, Dv 512: clusters of 8 blocks of 64 rows); HyLo-Llama-1B's and
+    // -3B's (6, 9 heads); grouped values (G = 2: 4 blocks a head) over 64 rows;
+    // without the gate; K = 80 (20 lanes) with Dv = 48 (one block, 6 warps);
+    // G = 8 (a cluster of 8 value heads); test_cuda_model's shape; Dv = 99 (2
+    // slices of 50 and 49 rows); G = 3, which k_gdn_step does not take.
+    static const int cases[][8] = {{1, 1, 1, 256, 512, 4, 0, 1}, {2, 6, 6, 256, 512, 4, 0, 1},
+                                   {1, 9, 9, 256, 512, 4, 0, 1}, {64, 2, 4, 128, 256, 4, 1, 1},
+                                   {3, 2, 2, 64, 128, 4, 0, 0},  {5, 1, 1, 80, 48, 3, 0, 1},
+                                   {4, 1, 8, 64, 64, 4, 0, 0},   {1, 2, 2, 32, 32, 4, 0, 1},
+                                   {2, 1, 1, 64, 99, 4, 0, 1},   {2, 1, 3, 64, 64, 4, 0, 1}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int N = cases[ci][0], H = cases[ci][1], HV = cases[ci][2], K = cases[ci][3], Dv = cases[ci][4],
+                  W = cases[ci][5], neg = cases[ci][6], gate = cases[ci][7];
+        const int64_t kd = (int64_t)H * K, vd = (int64_t)HV * Dv, ld = 2 * kd + vd + 2 * HV + vd + 3;
+        const int64_t oa = 2 * kd + vd, ob = oa + HV, oz = ob + HV; // a, b, z in a row of the projections
+        const float scale = 1.0f / sqrtf((float)K), eps = 1e-6f;
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%d H=%d HV=%d K=%d Dv=%d W=%d%s%s", N, H, HV, K, Dv, W, neg ? " neg" : "",
+                 gate ? "" : " no gate");
+        float *qw = rnd(kd * W, 0.5f), *kw = rnd(kd * W, 0.5f), *vw = rnd(vd * W, 0.5f), *A_log = unif(HV, 0.0f, 2.8f),
+              *dtb = unif(HV, -5.0f, -2.0f), *onorm = unif(Dv, 0.5f, 1.5f);
+        tu_round_bf16(A_log, HV), tu_round_bf16(dtb, HV), tu_round_bf16(onorm, Dv);
+        void *dqw = tu_dev_act(gpu, qw, kd * W), *dkw = tu_dev_act(gpu, kw, kd * W), *dvw = tu_dev_act(gpu, vw, vd * W),
+             *dA = tu_dev_act(gpu, A_log, HV), *ddt = tu_dev_act(gpu, dtb, HV), *dnorm = tu_dev_act(gpu, onorm, Dv);
+        // every row's state and windows: the CPU's, the fused op's and the three ops' (GPU)
+        const int64_t n[4] = {vd * K, kd * W, kd * W, vd * W};
+        void **rows_h = calloc((size_t)4 * N, sizeof(void *)), **rows_f = calloc((size_t)4 * N, sizeof(void *)),
+             **rows_u = calloc((size_t)4 * N, sizeof(void *));
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < N; r++) {
+                float *h = j ? rnd(n[j], 1.0f) : rnd_f32(n[j], 0.1f);
+                rows_h[j * N + r] = h;
+                rows_f[j * N + r] = j ? tu_dev_act(gpu, h, n[j]) : (void *)tu_dev_f32(gpu, h, n[j]);
+                rows_u[j * N + r] = j ? tu_dev_act(gpu, h, n[j]) : (void *)tu_dev_f32(gpu, h, n[j]);
+            }
+        void **ptr_f = gpu->alloc(gpu, sizeof(void *) * 4 * N), **ptr_u = gpu->alloc(gpu, sizeof(void *) * 4 * N);
+        assert_true(ptr_f && ptr_u);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_f, rows_f, sizeof(void *) * 4 * N), 0);
+        assert_int_equal(gpu->copy_h2d(gpu, ptr_u, rows_u, sizeof(void *) * 4 * N), 0);
+        float *nan = tu_nans(N * vd), *y_ref = tu_hbuf(N * vd);
+        void *dy = tu_dev_act(gpu, nan, N * vd), *dyu = tu_dev_act(gpu, nan, N * vd),
+             *dq = tu_dev_act(gpu, nan, N * kd), *dk = tu_dev_act(gpu, nan, N * kd), *dv = tu_dev_act(gpu, nan, N * vd),
+             *d_o = tu_dev_act(gpu, nan, N * vd);
+        float *dg = tu_dev_f32(gpu, nan, N * HV), *dbeta = tu_dev_f32(gpu, nan, N * HV);
+        const int64_t dyv[4] = {1, N, HV, Dv};
+        for (int t = 0; t < 3; t++) {
+            char sh[128];
+            snprintf(sh, sizeof sh, "%s step %d", shape, t + 1);
+            float *x = rnd(N * ld, 1.0f);
+            void *dx = tu_dev_act(gpu, x, N * ld);
+            cpu->gdn_step(cpu, y_ref, rows_h, x, ld, x + kd, ld, x + 2 * kd, ld, x + oa, ld, x + ob, ld,
+                          gate ? x + oz : NULL, ld, qw, kw, vw, A_log, dtb, onorm, scale, N, H, HV, K, Dv, W, 1e-6f,
+                          eps, neg);
+            tu_upload_act(gpu, dy, nan, N * vd), tu_upload_act(gpu, dyu, nan, N * vd);
+            gpu->gdn_step(gpu, dy, ptr_f, dx, ld, tu_gat(gpu, dx, kd), ld, tu_gat(gpu, dx, 2 * kd), ld,
+                          tu_gat(gpu, dx, oa), ld, tu_gat(gpu, dx, ob), ld, gate ? tu_gat(gpu, dx, oz) : NULL, ld, dqw,
+                          dkw, dvw, dA, ddt, dnorm, scale, N, H, HV, K, Dv, W, 1e-6f, eps, neg);
+            gpu->gdn_step_inputs(gpu, dq, dk, dv, dg, dbeta, ptr_u, dx, ld, tu_gat(gpu, dx, kd), ld,
+                                 tu_gat(gpu, dx, 2 * kd), ld, tu_gat(gpu, dx, oa), ld, tu_gat(gpu, dx, ob), ld, dqw,
+                                 dkw, dvw, dA, ddt, N, H, HV, K, Dv, W, 1e-6f, neg);
+            gpu->gdn_recurrent_step(gpu, d_o, ptr_u, dq, dk, dv, dg, dbeta, scale, N, H, HV, K, Dv);
+            if (gate)
+                gpu->gated_rmsnorm_fwd(gpu, dyu, NULL, d_o, tu_gat(gpu, dx, oz), ld, dnorm, Dv, N, HV, Dv, eps,
+                                       GNORM_NORM_THEN_GATE);
+            else
+                gpu->rmsnorm_fwd(gpu, dyu, NULL, d_o, dnorm, (int64_t)N * HV, Dv, eps);
+            float *yu = tu_host_act(gpu, dyu, N * vd);
+            fails +=
+                !tu_sync(gpu, "gdn_step", sh) || !check_act("gdn_step y", sh, dy, y_ref, N * vd, dyv, "-rhv", STEP_Y);
+            fails += !check_act("gdn_step y vs 3 ops", sh, dy, yu, N * vd, dyv, "-rhv", FUSED_Y);
+            free(x), free(yu);
+            tu_dev_free(gpu, dx);
+        }
+        static const char *what[4] = {"gdn_step state", "gdn_step q window", "gdn_step k window", "gdn_step v window"};
+        for (int j = 0; j < 4; j++) {
+            float *got = rows_host(rows_f, N, j, n[j]), *want = rows_cat(rows_h, N, j, n[j]),
+                  *other = rows_host(rows_u, N, j, n[j]);
+            const int64_t dd[4] = {1, 1, N, n[j]};
+            char op[64];
+            fails += !check(what[j], shape, got, want, N * n[j], dd, "--rc", j ? 0.0 : STEP_S);
+            snprintf(op, sizeof op, "%s vs 3 ops", what[j]);
+            fails += !check(op, shape, got, other, N * n[j], dd, "--rc", j ? 0.0 : REC_S);
+            free(got), free(want), free(other);
+        }
+        for (int i = 0; i < 4 * N; i++)
+            free(rows_h[i]), tu_dev_free(gpu, rows_f[i]), tu_dev_free(gpu, rows_u[i]);
+        gpu->free(gpu, ptr_f), gpu->free(gpu, ptr_u);
+        free(rows_h), free(rows_f), free(rows_u), free(qw), free(kw), free(vw), free(A_log), free(dtb), free(onorm);
+        free(nan), free(y_ref);
+        tu_dev_free(gpu, dqw), tu_dev_free(gpu, dkw), tu_dev_free(gpu, dvw), tu_dev_free(gpu, dA),
+            tu_dev_free(gpu, ddt), tu_dev_free(gpu, dnorm), tu_dev_free(gpu, dy), tu_dev_free(gpu, dyu),
+            tu_dev_free(gpu, dq);
+        tu_dev_free(gpu, dk), tu_dev_free(gpu, dv), tu_dev_free(gpu, d_o), tu_dev_free(gpu, dg),
+            tu_dev_free(gpu, dbeta);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ==== chunked rule ==================================================================
 
 typedef struct {
@@ -691,9 +838,13 @@ static void test_layer(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gates),          cmocka_unit_test(test_recurrent),
-        cmocka_unit_test(test_recurrent_step), cmocka_unit_test(test_step_inputs),
-        cmocka_unit_test(test_chunk),          cmocka_unit_test(test_chunk_small_scratch),
+        cmocka_unit_test(test_gates),
+        cmocka_unit_test(test_recurrent),
+        cmocka_unit_test(test_recurrent_step),
+        cmocka_unit_test(test_step_inputs),
+        cmocka_unit_test(test_step),
+        cmocka_unit_test(test_chunk),
+        cmocka_unit_test(test_chunk_small_scratch),
         cmocka_unit_test(test_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

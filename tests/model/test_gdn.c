@@ -201,12 +201,12 @@ static void test_decode(void **st) {
     float *got = malloc((size_t)B * T * d * sizeof(float)), *xp = malloc((size_t)B * Tp * d * sizeof(float));
     float *op = malloc((size_t)B * Tp * d * sizeof(float));
     tu_randn(x, (int64_t)B * T * d, 31, 1.0f);
-    // the steps below multiply by q, k, v, a and b in one product: they lie
-    // one after another in the parameter table's buffer
-    const void *ws[5] = {f.w.q_proj, f.w.k_proj, f.w.v_proj, f.w.a_proj, f.w.b_proj};
-    const int64_t outs[5] = {32, 32, 48, 2, 2};
-    assert_true(lin_adjacent(&f.c, ws, outs, 5, d));
-    assert_false(lin_adjacent(&f.c, ws + 1, outs, 4, d)); // sizes shifted by one (v taken as 32 rows): a gap
+    // the steps below multiply by q, k, v, a, b and g in one product: they
+    // lie one after another in the parameter table's buffer
+    const void *ws[6] = {f.w.q_proj, f.w.k_proj, f.w.v_proj, f.w.a_proj, f.w.b_proj, f.w.g_proj};
+    const int64_t outs[6] = {32, 32, 48, 2, 2, 48};
+    assert_true(lin_adjacent(&f.c, ws, outs, 6, d));
+    assert_false(lin_adjacent(&f.c, ws + 1, outs, 5, d)); // sizes shifted by one (v taken as 32 rows): a gap
     layer_cache_t cache, cref;
     cache_init(&cache, &f.a, B);
     cache_init(&cref, &f.a, B);

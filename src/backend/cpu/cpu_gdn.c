@@ -192,6 +192,32 @@ static void cpu_gdn_step_inputs(be_t *be, void *q, void *k, void *v, float *g, f
     cpu_tmp_give(be, &tmp);
 }
 
+// A whole decode step by the three ops it fuses on the GPU: this is the
+// reference the fused kernel is tested against.
+static void cpu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, int64_t ldq, const void *xk, int64_t ldk,
+                         const void *xv, int64_t ldv, const void *a, int64_t lda, const void *b, int64_t ldb,
+                         const void *z, int64_t ldz, const void *q_conv, const void *k_conv, const void *v_conv,
+                         const void *A_log, const void *dt_bias, const void *o_norm, float scale, int N, int H, int HV,
+                         int K, int Dv, int W, float l2_eps, float eps, int allow_neg) {
+    const int64_t kd = (int64_t)H * K, vd = (int64_t)HV * Dv;
+    cpu_tmp_t tmp;
+    float *q = cpu_tmp_take(be, &tmp, (int64_t)N * (2 * kd + 2 * vd + 2 * HV), "gdn_step");
+    if (!q) {
+        cpu_fill_nan(y, (int64_t)N * vd);
+        return;
+    }
+    float *k = q + (int64_t)N * kd, *v = k + (int64_t)N * kd, *o = v + (int64_t)N * vd, *g = o + (int64_t)N * vd,
+          *beta = g + (int64_t)N * HV;
+    be->gdn_step_inputs(be, q, k, v, g, beta, rows, xq, ldq, xk, ldk, xv, ldv, a, lda, b, ldb, q_conv, k_conv, v_conv,
+                        A_log, dt_bias, N, H, HV, K, Dv, W, l2_eps, allow_neg);
+    be->gdn_recurrent_step(be, o, rows, q, k, v, g, beta, scale, N, H, HV, K, Dv);
+    if (z)
+        be->gated_rmsnorm_fwd(be, y, NULL, o, z, ldz, o_norm, Dv, N, HV, Dv, eps, GNORM_NORM_THEN_GATE);
+    else
+        be->rmsnorm_fwd(be, y, NULL, o, o_norm, (int64_t)N * HV, Dv, eps);
+    cpu_tmp_give(be, &tmp);
+}
+
 // Backpropagation through time over the stored states (test oracle).
 int cpu_gdn_recurrent_bwd(float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dstate0, const float *dout,
                           const float *dstate_final, const float *q, const float *k, const float *v, const float *g,
@@ -732,4 +758,5 @@ void cpu_register_gdn(be_t *be) {
     be->gdn_recurrent_fwd = cpu_gdn_recurrent_fwd;
     be->gdn_recurrent_step = cpu_gdn_recurrent_step;
     be->gdn_step_inputs = cpu_gdn_step_inputs;
+    be->gdn_step = cpu_gdn_step;
 }

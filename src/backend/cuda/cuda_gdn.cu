@@ -50,6 +50,9 @@
 //          tokens; memory-bound (reads and writes 4 K Dv bytes per head). The
 //          states are one [B, HV, Dv, K] buffer, or (gdn_recurrent_step) each
 //          sequence's own at a per-row pointer.
+//  k_gdn_step (a model's decode step): k_step_inputs, k_recurrent and the
+//          gated norm in one launch, a cluster of blocks per (row, q/k head)
+//          (its comment, below).
 //
 // ---- scratch (be->scratch; bytes per sequence-token per value head) -------------
 // With Tc = 64 NT (T rounded up to whole chunks), every buffer rounded up to
@@ -106,6 +109,7 @@
 // final state and dstate0. Expected relative L2 error against the fp32 CPU
 // reference: ~3e-3 (o, state), ~5e-3 (dq, dk, dv), ~1e-2 (dg).
 
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -2497,17 +2501,28 @@ static void cu_gdn_recurrent_fwd(be_t *be, void *o, float *state, const void *q,
 
 enum { STEP_THREADS = 256 };
 
-// One channel's conv of the new input xc over its window s (act [W]), SiLU,
-// then the window rolled forward.
-static __device__ float step_conv(bf16 *s, const bf16 *w, bf16 xc, int W) {
+// One channel's conv of the new input xc over its window s (act [W]; the
+// last W - 1 are read), SiLU, rounded as conv1d_step's act output is.
+static __device__ float conv_out(const bf16 *s, const bf16 *w, bf16 xc, int W) {
     float p = 0.0f;
     for (int i = 0; i + 1 < W; i++)
         p += __bfloat162float(w[i]) * __bfloat162float(s[i + 1]);
     p += __bfloat162float(w[W - 1]) * __bfloat162float(xc);
+    return bf2f(__float2bfloat16_rn(dev_silu(p)));
+}
+
+// The window rolled forward: the oldest input out, xc in as the newest.
+static __device__ void conv_roll(bf16 *s, bf16 xc, int W) {
     for (int j = 0; j + 1 < W; j++)
         s[j] = s[j + 1];
     s[W - 1] = xc;
-    return bf2f(__float2bfloat16_rn(dev_silu(p))); // conv1d_step's output is act (bf16)
+}
+
+// conv_out, then the window rolled (the thread that reads a window rolls it).
+static __device__ float step_conv(bf16 *s, const bf16 *w, bf16 xc, int W) {
+    const float y = conv_out(s, w, xc, W);
+    conv_roll(s, xc, W);
+    return y;
 }
 
 // Dynamic shared memory: 2 K floats (the head's q and k conv outputs) + 32 (reduction).
@@ -2580,6 +2595,292 @@ static void cu_gdn_recurrent_step(be_t *be, void *o, void *const *rows, const vo
     gdn_recurrent(be, "gdn_recurrent_step", o, NULL, (float *const *)rows, q, k, v, g, beta, scale, N, 1, H, HV, K, Dv);
 }
 
+// ==== fused decode step ================================================================
+//
+// k_gdn_step: a decode step from the projections to o_proj's input in one
+// launch, what k_step_inputs, k_recurrent and the gated norm (cuda_norm.cu
+// k_gnorm_fwd) do in three: a small step's cost is its launches, not its
+// bytes (docs/SERVING.md). The same roundings as the three (conv outputs,
+// the normalised q and k, and o to bf16), the same fp32 formulas.
+//
+// Grid (G S, H, N) in clusters of G S blocks along x: the cluster owns q/k
+// head x of row r and its G = HV / H value heads, each cut into S slices of
+// R value rows, one per block (cluster rank j: value head x G + j / S, rows
+// [(j % S) R, (j % S + 1) R) of it). Two things need more than a block's rows:
+//  - q and k: every block convolves and L2-normalises the whole q/k head
+//    itself (K channels each, cheap), only reading the windows; rank 0 rolls
+//    them forward after a cluster barrier, when every block has read them.
+//    A v channel belongs to one block, which reads and rolls its window.
+//  - the output norm's sum of squares over a value head's Dv: each block's
+//    part is read by the S blocks of its head from distributed shared
+//    memory, summed in rank order (the same bits whichever block runs first).
+// The rule is k_recurrent's: a warp takes RW value rows at a time with their
+// state rows in registers, K spread over the lanes (E each), the same
+// formulas and summation order, so o and the state have k_recurrent's bits.
+// 256 threads as k_step_inputs: q and k get its reduction order and bits;
+// only the norm's sum of squares is summed in another order than k_gnorm_fwd.
+// Clusters of up to 8 blocks (the portable limit): G must be a power of two
+// up to 8 and K a multiple of 8 up to 256; other shapes run the three kernels.
+
+namespace cg = cooperative_groups;
+
+enum { GS_THREADS = 256, GS_WARPS = GS_THREADS / 32, GS_CLUSTER = 8 };
+
+typedef struct {
+    bf16 *y;
+    void *const *rows;
+    const bf16 *xq, *xk, *xv, *a, *b, *z;
+    int64_t ldq, ldk, ldv, lda, ldb, ldz;
+    const bf16 *q_conv, *k_conv, *v_conv, *A_log, *dt_bias, *o_norm;
+    float scale, l2_eps, eps, beta_scale;
+    int N, H, HV, K, Dv, W, S, R;
+} gdn_step_args;
+
+// E consecutive floats (E = 2: one 8-byte access, else 16-byte ones).
+template <int E> static __device__ __forceinline__ void ld_f32v(const float *p, float (&f)[E]) {
+    if constexpr (E == 2) {
+        const float2 u = *reinterpret_cast<const float2 *>(p);
+        f[0] = u.x, f[1] = u.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; i += 4) {
+            const float4 u = *reinterpret_cast<const float4 *>(p + i);
+            f[i] = u.x, f[i + 1] = u.y, f[i + 2] = u.z, f[i + 3] = u.w;
+        }
+    }
+}
+template <int E> static __device__ __forceinline__ void st_f32v(float *p, const float (&f)[E]) {
+    if constexpr (E == 2) {
+        *reinterpret_cast<float2 *>(p) = make_float2(f[0], f[1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; i += 4)
+            *reinterpret_cast<float4 *>(p + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+    }
+}
+
+// Dynamic shared memory: q, k [K], v, o [R] (the block's rows), 32 for
+// block_reduce, the block's sum of squares, g and beta. One block per SM in
+// the bounds: the 8 x 8 state tile of <8, 8> spilled under a register cap of
+// 128 (two blocks), and without a cap ptxas capped <8, 4> at 80 and spilled.
+template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_step(const gdn_step_args p) {
+    extern __shared__ __align__(16) float gsm[];
+    float *qs = gsm, *ks = qs + p.K, *vs = ks + p.K, *os = vs + p.R, *red = os + p.R, *part = red + 32,
+          *gate = part + 1;
+    cg::cluster_group cl = cg::this_cluster();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int rank = (int)cl.block_rank(), x = blockIdx.y, r = blockIdx.z, K = p.K, Dv = p.Dv, W = p.W, N = p.N;
+    const int h = x * (p.HV / p.H) + rank / p.S, v_lo = (rank % p.S) * p.R;
+    const int nv = Dv - v_lo < p.R ? (Dv > v_lo ? Dv - v_lo : 0) : p.R; // this block's value rows
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
+
+    // g, beta of value head h (gdn_gate_fwd)
+    if (tid == 0) {
+        gate[0] = -expf(bf2f(p.A_log[h])) * dev_softplus(bf2f(p.a[(int64_t)r * p.lda + h]) + bf2f(p.dt_bias[h]));
+        gate[1] = p.beta_scale * dev_sigmoid(bf2f(p.b[(int64_t)r * p.ldb + h]));
+    }
+    // q, k: the whole head's conv (windows read, not rolled), SiLU, L2 norm
+    bf16 *wq = (bf16 *)p.rows[N + r], *wk = (bf16 *)p.rows[2 * N + r], *wv = (bf16 *)p.rows[3 * N + r];
+    const bf16 *xq = p.xq + (int64_t)r * p.ldq + (int64_t)x * K, *xk = p.xk + (int64_t)r * p.ldk + (int64_t)x * K;
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = tid; i < K; i += GS_THREADS) {
+        const int64_t c = (int64_t)x * K + i;
+        const float fq = conv_out(wq + c * W, p.q_conv + c * W, xq[i], W);
+        const float fk = conv_out(wk + c * W, p.k_conv + c * W, xk[i], W);
+        qs[i] = fq, ks[i] = fk;
+        sq += fq * fq, sk += fk * fk;
+    }
+    const float rq = 1.0f / sqrtf(block_reduce(sq, false, red) + p.l2_eps);
+    const float rk = 1.0f / sqrtf(block_reduce(sk, false, red) + p.l2_eps);
+    for (int i = tid; i < K; i += GS_THREADS) {
+        qs[i] = bf2f(__float2bfloat16_rn(qs[i] * rq));
+        ks[i] = bf2f(__float2bfloat16_rn(ks[i] * rk));
+    }
+    // v: the block's rows of head h, windows read and rolled
+    const int64_t c0 = (int64_t)h * Dv + v_lo;
+    for (int i = tid; i < nv; i += GS_THREADS)
+        vs[i] = step_conv(wv + (c0 + i) * W, p.v_conv + (c0 + i) * W, p.xv[(int64_t)r * p.ldv + c0 + i], W);
+    __syncthreads();
+
+    // the rule on the block's rows (k_recurrent, T = 1): o rounded to bf16 into os
+    float *st = (float *)p.rows[r] + c0 * K; // row v_lo of head h's state [Dv, K]
+    const float alpha = expf(gate[0]), bt = gate[1];
+    const int x0 = lane * E;
+    const bool kval = x0 < K;
+    float kk[E], qq[E];
+    if (kval) {
+        ld_f32v<E>(ks + x0, kk);
+        ld_f32v<E>(qs + x0, qq);
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            kk[e] = qq[e] = 0.0f;
+    }
+    for (int v0 = warp * RW; v0 < nv; v0 += GS_WARPS * RW) {
+        float s[RW][E];
+#pragma unroll
+        for (int j = 0; j < RW; j++) {
+            if (kval && v0 + j < nv) {
+                ld_f32v<E>(st + (int64_t)(v0 + j) * K + x0, s[j]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    s[j][e] = 0.0f;
+            }
+        }
+        float sk_[RW], sq_[RW];
+#pragma unroll
+        for (int j = 0; j < RW; j++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                s[j][e] *= alpha;
+                acc += s[j][e] * kk[e];
+            }
+            sk_[j] = warp_sum(acc);
+        }
+#pragma unroll
+        for (int j = 0; j < RW; j++) {
+            const float vv = v0 + j < nv ? vs[v0 + j] : 0.0f;
+            const float u = bt * (vv - sk_[j]);
+            float acc = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                s[j][e] += kk[e] * u;
+                acc += s[j][e] * qq[e];
+            }
+            sq_[j] = warp_sum(acc);
+        }
+        if (lane < RW && v0 + lane < nv) {
+            float mine = sq_[0];
+#pragma unroll
+            for (int j = 1; j < RW; j++)
+                mine = lane == j ? sq_[j] : mine;
+            os[v0 + lane] = bf2f(__float2bfloat16_rn(p.scale * mine));
+        }
+#pragma unroll
+        for (int j = 0; j < RW; j++)
+            if (kval && v0 + j < nv) st_f32v<E>(st + (int64_t)(v0 + j) * K + x0, s[j]);
+    }
+    __syncthreads();
+
+    // output norm over head h's Dv: the block's part, then its head's S parts
+    float ss = 0.0f;
+    for (int i = tid; i < nv; i += GS_THREADS)
+        ss += os[i] * os[i];
+    ss = block_reduce(ss, false, red);
+    if (tid == 0) part[0] = ss;
+    cl.sync(); // every part written, every block done reading the q and k windows
+    const int first = rank - rank % p.S;
+    float tot = 0.0f;
+    for (int j = 0; j < p.S; j++)
+        tot += *cl.map_shared_rank(part, first + j);
+    const float rn = 1.0f / sqrtf(tot / (float)Dv + p.eps);
+    const bf16 *zr = p.z ? p.z + (int64_t)r * p.ldz + c0 : nullptr;
+    bf16 *yr = p.y + (int64_t)r * p.HV * Dv + c0;
+    for (int i = tid; i < nv; i += GS_THREADS) {
+        float f = os[i] * rn * bf2f(p.o_norm[v_lo + i]);
+        if (zr) f *= dev_silu(bf2f(zr[i])); // the gate after the norm (GNORM_NORM_THEN_GATE)
+        yr[i] = __float2bfloat16_rn(f);
+    }
+    if (rank == 0)
+        for (int i = tid; i < K; i += GS_THREADS) {
+            const int64_t c = (int64_t)x * K + i;
+            conv_roll(wq + c * W, xq[i], W);
+            conv_roll(wk + c * W, xk[i], W);
+        }
+    cl.sync(); // no block leaves while another may still read its part
+}
+
+template <int E, int RW> static void launch_gdn_step_t(be_t *be, dim3 grid, unsigned cluster, const gdn_step_args &p) {
+    auto kern = k_gdn_step<E, RW>;
+    const size_t smem = ((size_t)2 * p.K + 2 * (size_t)p.R + 32 + 3) * sizeof(float); // the layout above k_gdn_step
+    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") < 0) return;
+    cu_launch_pdl_cluster(kern, grid, dim3(GS_THREADS), cluster, smem, cuda_stream(be), p);
+    cuda_check_launch(be, "gdn k_gdn_step");
+}
+
+// The shapes k_gdn_step does not take: the three ops' kernels, through
+// temporaries in the scratch arena.
+static void gdn_step_unfused(be_t *be, const gdn_step_args &p, int allow_neg) {
+    const size_t mark = arena_mark(&be->scratch);
+    const size_t N = (size_t)p.N, kd = (size_t)p.H * p.K, vd = (size_t)p.HV * p.Dv;
+    bf16 *q = (bf16 *)cu_scratch_try(be, 2 * N * kd), *k = (bf16 *)cu_scratch_try(be, 2 * N * kd);
+    bf16 *v = (bf16 *)cu_scratch_try(be, 2 * N * vd), *o = (bf16 *)cu_scratch_try(be, 2 * N * vd);
+    float *g = (float *)cu_scratch_try(be, 4 * N * p.HV), *beta = (float *)cu_scratch_try(be, 4 * N * p.HV);
+    if (!q || !k || !v || !o || !g || !beta) {
+        arena_reset(&be->scratch, mark);
+        cu_op_error(be, "cuda gdn_step: the scratch arena has no room for the %zu bytes of the unfused step",
+                    cu_round256(2 * N * kd) * 2 + cu_round256(2 * N * vd) * 2 + cu_round256(4 * N * p.HV) * 2);
+        gdn_poison(be, p.y, 2 * N * vd);
+        return;
+    }
+    cu_gdn_step_inputs(be, q, k, v, g, beta, p.rows, p.xq, p.ldq, p.xk, p.ldk, p.xv, p.ldv, p.a, p.lda, p.b, p.ldb,
+                       p.q_conv, p.k_conv, p.v_conv, p.A_log, p.dt_bias, p.N, p.H, p.HV, p.K, p.Dv, p.W, p.l2_eps,
+                       allow_neg);
+    gdn_recurrent(be, "gdn_step", o, NULL, (float *const *)p.rows, q, k, v, g, beta, p.scale, p.N, 1, p.H, p.HV, p.K,
+                  p.Dv);
+    if (p.z)
+        be->gated_rmsnorm_fwd(be, p.y, NULL, o, p.z, p.ldz, p.o_norm, p.Dv, p.N, p.HV, p.Dv, p.eps,
+                              GNORM_NORM_THEN_GATE);
+    else
+        be->rmsnorm_fwd(be, p.y, NULL, o, p.o_norm, (int64_t)p.N * p.HV, p.Dv, p.eps);
+    arena_reset(&be->scratch, mark);
+}
+
+static void cu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, int64_t ldq, const void *xk, int64_t ldk,
+                        const void *xv, int64_t ldv, const void *a, int64_t lda, const void *b, int64_t ldb,
+                        const void *z, int64_t ldz, const void *q_conv, const void *k_conv, const void *v_conv,
+                        const void *A_log, const void *dt_bias, const void *o_norm, float scale, int N, int H, int HV,
+                        int K, int Dv, int W, float l2_eps, float eps, int allow_neg) {
+    if (N < 1) return;
+    if (H < 1 || HV < H || HV % H || K < 1 || Dv < 1 || W < 1 || N > 65535 || H > 65535) {
+        cu_op_error(be, "cuda gdn_step: N=%d H=%d HV=%d K=%d Dv=%d W=%d not supported (HV a multiple of H, N <= 65535)",
+                    N, H, HV, K, Dv, W);
+        gdn_poison(be, y, (size_t)N * HV * Dv * 2);
+        return;
+    }
+    gdn_step_args p;
+    p.y = (bf16 *)y, p.rows = rows;
+    p.xq = (const bf16 *)xq, p.xk = (const bf16 *)xk, p.xv = (const bf16 *)xv;
+    p.a = (const bf16 *)a, p.b = (const bf16 *)b, p.z = (const bf16 *)z;
+    p.ldq = ldq, p.ldk = ldk, p.ldv = ldv, p.lda = lda, p.ldb = ldb, p.ldz = ldz;
+    p.q_conv = (const bf16 *)q_conv, p.k_conv = (const bf16 *)k_conv, p.v_conv = (const bf16 *)v_conv;
+    p.A_log = (const bf16 *)A_log, p.dt_bias = (const bf16 *)dt_bias, p.o_norm = (const bf16 *)o_norm;
+    p.scale = scale, p.l2_eps = l2_eps, p.eps = eps, p.beta_scale = allow_neg ? 2.0f : 1.0f;
+    p.N = N, p.H = H, p.HV = HV, p.K = K, p.Dv = Dv, p.W = W, p.S = 1, p.R = Dv;
+    const int G = HV / H;
+    if (G > GS_CLUSTER || (G & (G - 1)) || K % 8 || K > 256) {
+        gdn_step_unfused(be, p, allow_neg);
+        return;
+    }
+    // as many slices as the cluster holds, but each of a pass of 8 warps x 4
+    // rows at least (smaller blocks would leave warps idle for no gain)
+    p.S = GS_CLUSTER / G;
+    while (p.S > 1 && Dv / p.S < 4 * GS_WARPS)
+        p.S /= 2;
+    p.R = (Dv + p.S - 1) / p.S;
+    const unsigned cs = (unsigned)(G * p.S);
+    const dim3 grid(cs, (unsigned)H, (unsigned)N);
+    const bool rw8 = p.R > 4 * GS_WARPS; // 8 rows a warp when a pass of 4 does not cover the block's rows
+    if (K <= 64) {
+        if (rw8)
+            launch_gdn_step_t<2, 8>(be, grid, cs, p);
+        else
+            launch_gdn_step_t<2, 4>(be, grid, cs, p);
+    } else if (K <= 128) {
+        if (rw8)
+            launch_gdn_step_t<4, 8>(be, grid, cs, p);
+        else
+            launch_gdn_step_t<4, 4>(be, grid, cs, p);
+    } else {
+        if (rw8)
+            launch_gdn_step_t<8, 8>(be, grid, cs, p);
+        else
+            launch_gdn_step_t<8, 4>(be, grid, cs, p);
+    }
+}
+
 static void cu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a, int64_t lda, const void *b, int64_t ldb,
                             const void *A_log, const void *dt_bias, int64_t N, int HV, int allow_neg) {
     if (N < 1 || HV < 1) return;
@@ -2627,4 +2928,5 @@ extern "C" void cuda_register_gdn(be_t *be) {
     be->gdn_recurrent_fwd = cu_gdn_recurrent_fwd;
     be->gdn_recurrent_step = cu_gdn_recurrent_step;
     be->gdn_step_inputs = cu_gdn_step_inputs;
+    be->gdn_step = cu_gdn_step;
 }

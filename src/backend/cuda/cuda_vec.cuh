@@ -192,3 +192,23 @@ static inline void cu_launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size
         kern<<<grid, block, smem, st>>>(args...);
     }
 }
+// The same for a kernel that runs in clusters of `cluster` blocks along x
+// (grid.x a multiple of it). Refused with the dependency: the cluster launch
+// alone; a refusal of that stays for cuda_check_launch to report.
+template <typename... P, typename... A>
+static inline void cu_launch_pdl_cluster(void (*kern)(P...), dim3 grid, dim3 block, unsigned cluster, size_t smem,
+                                         cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 2;
+    if (cudaLaunchKernelEx(&cfg, kern, args...) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, kern, args...);
+    }
+}
