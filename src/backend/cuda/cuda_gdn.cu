@@ -324,6 +324,41 @@ __global__ void k_gate_bwd2(float *dA_log, float *ddt_bias, const double *part, 
 enum { REC_ROWS = 4, REC_WARPS = 4 };
 
 // E = K/32 state elements per lane (lane l holds columns [l E, l E + E)).
+// One token of the delta rule on R state rows a warp holds (each lane E
+// consecutive columns of K): s = alpha s, u = beta (v - s k), s += k u, and
+// the readout s q, which lane j < R returns for row j (k_recurrent, k_gdn_step).
+template <int R, int E>
+static __device__ __forceinline__ float delta_rule_rows(float (&s)[R][E], const float (&kk)[E], const float (&qq)[E],
+                                                        const float (&vv)[R], float alpha, float bt, int lane) {
+    float sk[R], sq[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            s[j][e] *= alpha;
+            acc += s[j][e] * kk[e];
+        }
+        sk[j] = warp_sum(acc);
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float u = bt * (vv[j] - sk[j]);
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            s[j][e] += kk[e] * u;
+            acc += s[j][e] * qq[e];
+        }
+        sq[j] = warp_sum(acc);
+    }
+    float mine = sq[0];
+#pragma unroll
+    for (int j = 1; j < R; j++)
+        mine = lane == j ? sq[j] : mine;
+    return mine;
+}
+
 template <int E>
 __global__ void __launch_bounds__(REC_WARPS * 32)
     k_recurrent(bf16 *o, float *state, float *const *rows, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
@@ -366,36 +401,12 @@ __global__ void __launch_bounds__(REC_WARPS * 32)
         }
         const float alpha = expf(g[row * HV + h]), bt = beta[row * HV + h];
         const bf16 *vp = v + (row * HV + h) * Dv;
-        float sk[REC_ROWS], sq[REC_ROWS];
+        float vv[REC_ROWS];
 #pragma unroll
-        for (int r = 0; r < REC_ROWS; r++) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                s[r][e] *= alpha;
-                acc += s[r][e] * kk[e];
-            }
-            sk[r] = warp_sum(acc);
-        }
-#pragma unroll
-        for (int r = 0; r < REC_ROWS; r++) {
-            const float vv = v0 + r < Dv ? bf2f(vp[v0 + r]) : 0.0f;
-            const float u = bt * (vv - sk[r]);
-            float acc = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                s[r][e] += kk[e] * u;
-                acc += s[r][e] * qq[e];
-            }
-            sq[r] = warp_sum(acc);
-        }
-        if (lane < REC_ROWS && v0 + lane < Dv) {
-            float mine = sq[0];
-#pragma unroll
-            for (int r = 1; r < REC_ROWS; r++)
-                mine = lane == r ? sq[r] : mine;
-            o[(row * HV + h) * Dv + v0 + lane] = __float2bfloat16_rn(scale * mine);
-        }
+        for (int r = 0; r < REC_ROWS; r++)
+            vv[r] = v0 + r < Dv ? bf2f(vp[v0 + r]) : 0.0f;
+        const float mine = delta_rule_rows<REC_ROWS, E>(s, kk, qq, vv, alpha, bt, lane);
+        if (lane < REC_ROWS && v0 + lane < Dv) o[(row * HV + h) * Dv + v0 + lane] = __float2bfloat16_rn(scale * mine);
     }
 #pragma unroll
     for (int r = 0; r < REC_ROWS; r++)
@@ -2728,36 +2739,12 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
                     s[j][e] = 0.0f;
             }
         }
-        float sk_[RW], sq_[RW];
+        float vv[RW];
 #pragma unroll
-        for (int j = 0; j < RW; j++) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                s[j][e] *= alpha;
-                acc += s[j][e] * kk[e];
-            }
-            sk_[j] = warp_sum(acc);
-        }
-#pragma unroll
-        for (int j = 0; j < RW; j++) {
-            const float vv = v0 + j < nv ? vs[v0 + j] : 0.0f;
-            const float u = bt * (vv - sk_[j]);
-            float acc = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                s[j][e] += kk[e] * u;
-                acc += s[j][e] * qq[e];
-            }
-            sq_[j] = warp_sum(acc);
-        }
-        if (lane < RW && v0 + lane < nv) {
-            float mine = sq_[0];
-#pragma unroll
-            for (int j = 1; j < RW; j++)
-                mine = lane == j ? sq_[j] : mine;
-            os[v0 + lane] = bf2f(__float2bfloat16_rn(p.scale * mine));
-        }
+        for (int j = 0; j < RW; j++)
+            vv[j] = v0 + j < nv ? vs[v0 + j] : 0.0f;
+        const float mine = delta_rule_rows<RW, E>(s, kk, qq, vv, alpha, bt, lane);
+        if (lane < RW && v0 + lane < nv) os[v0 + lane] = bf2f(__float2bfloat16_rn(p.scale * mine));
 #pragma unroll
         for (int j = 0; j < RW; j++)
             if (kval && v0 + j < nv) st_f32v<E>(st + (int64_t)(v0 + j) * K + x0, s[j]);

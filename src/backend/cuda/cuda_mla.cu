@@ -46,6 +46,20 @@ typedef struct {
     be_pages_t pg;          // the sequences' page tables (backend.h), or none
 } mla_args_t;
 
+// The (m, l) of head row h over a block's RS row groups (cm, cl: [RS][HR]):
+// the largest m, and the sum of the groups' l rescaled to it.
+static __device__ __forceinline__ void rowgroups_ml(const float *cm, const float *cl, int RS, int HR, int h,
+                                                    float *M_out, float *S_out) {
+    float M = -INFINITY, S = 0.f;
+    for (int r = 0; r < RS; r++)
+        M = fmaxf(M, cm[r * HR + h]);
+    for (int r = 0; r < RS; r++) {
+        float l = cl[r * HR + h];
+        if (l > 0.f) S += l * exp2_approx(cm[r * HR + h] - M);
+    }
+    *M_out = M, *S_out = S;
+}
+
 template <int CW>
 __global__ void __launch_bounds__(512, 1)
     k_mla_decode(float *__restrict__ part_o, float *__restrict__ part_ml, const bf16 *__restrict__ q_lat,
@@ -241,13 +255,8 @@ __global__ void __launch_bounds__(512, 1)
         part_o[pidx * a.H * a.r_kv + i] = co[h * CCW + c];
     }
     for (int h = tid; h < a.H; h += nthr) {
-        float M = -INFINITY, S = 0.f;
-        for (int r = 0; r < RS; r++)
-            M = fmaxf(M, cm[r * HR + h]);
-        for (int r = 0; r < RS; r++) {
-            float l = cl[r * HR + h];
-            if (l > 0.f) S += l * exp2_approx(cm[r * HR + h] - M);
-        }
+        float M, S;
+        rowgroups_ml(cm, cl, RS, HR, h, &M, &S);
         part_ml[(pidx * a.H + h) * 2] = M;
         part_ml[(pidx * a.H + h) * 2 + 1] = S;
     }
@@ -760,13 +769,8 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
             acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
         }
         if (ns == 1) { // the sequence's only slice: the output, normalised by the sum of its row groups
-            float M = -INFINITY, S = 0.f;
-            for (int r = 0; r < RS; r++)
-                M = fmaxf(M, em[r * HR + h]);
-            for (int r = 0; r < RS; r++) {
-                float l = el[r * HR + h];
-                if (l > 0.f) S += l * exp2_approx(em[r * HR + h] - M);
-            }
+            float M, S;
+            rowgroups_ml(em, el, RS, HR, h, &M, &S);
             const float inv = S > 0.f ? 1.f / S : 0.f; // no rows: zeros
             bf16 *o4 = out + ((int64_t)b * a.H + h) * a.r_kv + c;
             o4[0] = __float2bfloat16_rn(acc.x * inv), o4[1] = __float2bfloat16_rn(acc.y * inv);
@@ -777,13 +781,8 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     }
     if (ns == 1) return;
     for (int h = tid; h < a.H; h += blockDim.x) {
-        float M = -INFINITY, S = 0.f;
-        for (int r = 0; r < RS; r++)
-            M = fmaxf(M, em[r * HR + h]);
-        for (int r = 0; r < RS; r++) {
-            float l = el[r * HR + h];
-            if (l > 0.f) S += l * exp2_approx(em[r * HR + h] - M);
-        }
+        float M, S;
+        rowgroups_ml(em, el, RS, HR, h, &M, &S);
         part_ml[(pidx * a.H + h) * 2] = M;
         part_ml[(pidx * a.H + h) * 2 + 1] = S;
     }
