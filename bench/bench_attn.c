@@ -14,9 +14,9 @@
 // (192, 128));
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
 // default tiles), 1 (v1's alternative tiles), all mma.sync (the default is
-// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy
-// per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep
-// adds default decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
+// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one
+// bulk copy per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep adds default decode runs over
+// HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
 // Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
