@@ -3,7 +3,7 @@
 # pack) and .carry/lib: the production CUDA tests of attention, the model, GDN
 # and the core ops side by side (correctness only, so they may share the GPU),
 # the bench-variants attention test under the variants listed in
-# VARIANTS (test_cuda_attn's HYLO_ATTN_TEST_VARIANTS; default 5, the mma.sync
+# VARIANTS (none: not run) (test_cuda_attn's HYLO_ATTN_TEST_VARIANTS; default 5, the mma.sync
 # backward), then, one after the other: decode attention against a device
 # copy (bench_decode --quick), single-stream decode of SmolLM2-shaped models
 # (bench_long --smollm2; also .carry/base/bench_long.xz, an older build to
@@ -15,17 +15,20 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
 R=$OUT/r; mkdir -p $R; nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt
 s=$(date +%s)
 for t in attn model gdn core; do (timeout ${TESTS_LIMIT:-170} build/tests/cuda/test_cuda_$t > $R/test_cuda_$t.txt 2>&1; echo "test_cuda_$t rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) & done
-(HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout ${VARIANTS_LIMIT:-300} build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
+[ "${VARIANTS:-5}" = none ] ||
+    (HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout ${VARIANTS_LIMIT:-300} build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
 wait
-timeout 120 build/bench/bench_decode --quick > $R/bench_decode.txt 2>&1; echo "bench_decode rc=$?" >> $R/summary.txt
-timeout 90 build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
+timeout ${DECODE_LIMIT:-120} build/bench/bench_decode --quick > $R/bench_decode.txt 2>&1; echo "bench_decode rc=$?" >> $R/summary.txt
+timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
 [ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
 if [ -x .carry/base/bench_long ]; then
-    timeout 90 .carry/base/bench_long --smollm2 > $R/base_bench_long_smollm2.txt 2>&1; echo "base bench_long rc=$?" >> $R/summary.txt
+    timeout ${LONG_LIMIT:-90} .carry/base/bench_long --smollm2 > $R/base_bench_long_smollm2.txt 2>&1; echo "base bench_long rc=$?" >> $R/summary.txt
 fi
 if [ "${REF:-1}" = 1 ]; then
     timeout 45 build/bench-variants/bench/bench_attn --compare --quick --no-decode > $R/bench_attn_compare.txt 2>&1; echo "bench_attn rc=$?" >> $R/summary.txt
     timeout 45 python3 scripts/ref/bench_sdpa.py --quick > $R/bench_sdpa.txt 2>&1; echo "bench_sdpa rc=$?" >> $R/summary.txt
 fi
 cat $R/summary.txt; grep -h 'PASSED\|FAILED' $R/*.txt | sort | uniq -c
+grep -h ' FAILED \|failed' $R/test_*.txt | head -20
+grep -H 'T=' $R/*bench_long*.txt | sed 's/prefill.*decode/decode/; s/cache.*//'
 tar czf $OUT/r.tar.gz -C $OUT r && rm -rf $R
