@@ -50,9 +50,10 @@ enum { DIST_L2 = 0, DIST_MSE = 1 };
 typedef struct be be_t;
 
 // The most rows a decode step's fused projections (proj_swiglu,
-// proj_add_rmsnorm) take in one launch on CUDA (its one-warp-per-column
-// product reads the weights once for this many rows); a step with more rows
-// takes the separate products, whose tiles reuse the weights across rows.
+// proj_add_rmsnorm, proj_rope_kv_append) take in one launch on CUDA (their
+// one-warp-per-column product reads the weights once for this many rows); a
+// step with more rows takes the separate products, whose tiles reuse the
+// weights across rows.
 enum { BE_FEW_ROWS = 8 };
 
 // The paged cache: a sequence's cache rows in pages of BE_PAGE_ROWS rows, a
@@ -360,6 +361,19 @@ struct be {
     void (*rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *k, int64_t ldk, const void *v, int64_t ldv,
                            const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
                            void *const *v_rows, be_pages_t pg, int N, int H, int Hkv, int dh);
+    // A decode step's q, k, v product fused with rope_kv_append: x [N, K]
+    // (rows ldx apart) times W [(H + 2 Hkv) dh, K]^T, the q, k and v
+    // projections one matrix (rows [q heads | k heads | v heads]); q [N, H,
+    // dh] rotated into q (row r at q + r * ldq), k rotated and v as it is
+    // into row r's K and V cache entries as rope_kv_append writes them
+    // (rotation, positions, tables and pages as there). q, the caches and x
+    // do not overlap. The same results as gemm into [q | k | v] then
+    // rope_kv_append, but for the product's rounding: CUDA rotates its fp32
+    // sums and rounds once. One launch on CUDA for N <= BE_FEW_ROWS (any N
+    // works, in launches of that many rows).
+    void (*proj_rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *W,
+                                const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
+                                void *const *v_rows, be_pages_t pg, int N, int64_t K, int H, int Hkv, int dh);
     // An MLA step's RoPE and cache append in one call: the q_pe of head h of
     // row r, dr values at q + r * ldq + h * hs, rotated in place; row r's
     // latent c (r_kv values at c + r * ldc) and its rope key (dr values at kpe

@@ -190,13 +190,21 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, con
     TRY(ctx_step_pages(c, runs, n_runs, &pg));
     // q, k, v from one product when they are one matrix in memory (rows [q | k
     // | v], stride ld), then q and k rotated and k and v appended to the
-    // caches in one call (k rotated into the cache); Qwen3's q / k norms take
-    // the separate path. Every row at its own sequence's position, in its own
-    // cache: one append and one attention call for all rows of all runs.
+    // caches in one call (k rotated into the cache); a step of a few rows
+    // takes the product and the append as one op (launch-bound on a GPU).
+    // Qwen3's q / k norms take the separate path. Every row at its own
+    // sequence's position, in its own cache: one append and one attention
+    // call for all rows of all runs.
     const void *ws[3] = {w->q, w->k, w->v};
     const int64_t outs[3] = {qw, kw, kw};
     int64_t ldq = qw, ldk = kw;
-    if (!w->q_norm && lin_adjacent(c, ws, outs, 3, a->d)) {
+    int adjacent = !w->q_norm && lin_adjacent(c, ws, outs, 3, a->d);
+    if (adjacent && N <= BE_FEW_ROWS) {
+        q = ctx_act(c, N * qw);
+        if (!q) return ERR_NOMEM;
+        be->proj_rope_kv_append(be, q, qw, x, a->d, w->q, pos, c->rope_cos, c->rope_sin, base, base + N, pg, N, a->d,
+                                a->H, a->Hkv, a->dh);
+    } else if (adjacent) {
         ldq = ldk = qw + 2 * kw;
         void *qkv = ctx_act(c, N * ldq);
         if (!qkv) return ERR_NOMEM;

@@ -59,6 +59,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->attn_decode, "attn_decode", LAYER_ATTN},
         {be->kv_append, "kv_append", LAYER_ATTN},
         {be->rope_kv_append, "rope_kv_append", LAYER_ATTN},
+        {be->proj_rope_kv_append, "proj_rope_kv_append", LAYER_ATTN},
         {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
         {be->mla_rope_append, "mla_rope_append", LAYER_MLA},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},

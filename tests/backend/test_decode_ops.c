@@ -3,7 +3,7 @@
 // per-row calls a decode step made before them: a cache copy per row and
 // attn_fwd with Tq = 1 over that sequence's cache; the per-state conv,
 // update and recurrences on each row alone. And gdn_step against the three
-// ops it puts in one call.
+// ops it puts in one call, proj_rope_kv_append against its two.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +220,58 @@ static void test_gdn_step(void **st) {
 // ssd_recurrent_step against ssd_recurrent_fwd (B = 1, T = 1) per row; x, B
 // and C column slices of one xBC row (the layer's strides), grouped as
 // MambaInLlama (Hx = GB = 2 heads of x and B for H = 4, GC = H).
+// proj_rope_kv_append equals its two ops, gemm into [q | k | v] then
+// rope_kv_append, bit for bit: q (rows of a wider buffer, the rest of it
+// untouched) and every cache, each row at its own position (page boundaries
+// among them), with contiguous caches of their own or through page tables
+// over one pool (pages out of order). GQA; x rows of a wider buffer.
+static void check_proj_rope_kv_append(int paged) {
+    be_t *be = tu_cpu();
+    enum { N = 5, H = 6, HKV = 2, DH = 8, K = 40, LDX = 43, NPOS = 600, STRIDE = 3, NPAGES = N * STRIDE };
+    enum { QW = H * DH, KW = HKV * DH, P = QW + 2 * KW, LDQ = QW + 5 };
+    const int32_t pos[N] = {0, 255, 256, 599, 77};
+    const int64_t per = paged ? (int64_t)NPAGES * BE_PAGE_ROWS * KW : (int64_t)NPOS * KW; // one buffer
+    const int nbuf = paged ? 1 : N;
+    float *x = malloc(sizeof(float) * N * LDX), *W = malloc(sizeof(float) * P * K);
+    float *cs = malloc(sizeof(float) * NPOS * DH / 2), *sn = malloc(sizeof(float) * NPOS * DH / 2);
+    float *q = malloc(sizeof(float) * N * LDQ), *q0 = malloc(sizeof(float) * N * LDQ),
+          *qkv = malloc(sizeof(float) * N * P);
+    tu_randn(x, N * LDX, 70, 1.0f), tu_randn(W, P * K, 71, 0.2f), tu_randn(q, N * LDQ, 72, 1.0f);
+    tu_randn(cs, NPOS * DH / 2, 73, 1.0f), tu_randn(sn, NPOS * DH / 2, 74, 1.0f);
+    memcpy(q0, q, sizeof(float) * N * LDQ);
+    int32_t pages[NPAGES];
+    for (int i = 0; i < NPAGES; i++) // row r's pages, descending
+        pages[i] = NPAGES - 1 - i;
+    be_pages_t pg = {paged ? pages : NULL, STRIDE};
+    float *kc[N], *vc[N], *kc0[N], *vc0[N];
+    void *kb[2 * N], *kb0[2 * N];
+    for (int b = 0; b < nbuf; b++) {
+        kc[b] = row_state(per, 80 + b, 1.0f, &kc0[b]);
+        vc[b] = row_state(per, 90 + b, 1.0f, &vc0[b]);
+    }
+    for (int r = 0; r < N; r++) {
+        int b = paged ? 0 : r;
+        kb[r] = kc[b], kb[N + r] = vc[b], kb0[r] = kc0[b], kb0[N + r] = vc0[b];
+    }
+    be->proj_rope_kv_append(be, q, LDQ, x, LDX, W, pos, cs, sn, kb, kb + N, pg, N, K, H, HKV, DH);
+    be->gemm(be, 0, 1, N, P, K, 1.0f, x, LDX, W, K, 0.0f, qkv, P);
+    be->rope_kv_append(be, qkv, P, qkv + QW, P, qkv + QW + KW, P, pos, cs, sn, kb0, kb0 + N, pg, N, H, HKV, DH);
+    for (int r = 0; r < N; r++)
+        memcpy(q0 + r * LDQ, qkv + r * P, sizeof(float) * QW);
+    assert_memory_equal(q, q0, sizeof(float) * N * LDQ);
+    for (int b = 0; b < nbuf; b++) {
+        assert_memory_equal(kc[b], kc0[b], sizeof(float) * per);
+        assert_memory_equal(vc[b], vc0[b], sizeof(float) * per);
+    }
+    for (int b = 0; b < nbuf; b++)
+        free(kc[b]), free(vc[b]), free(kc0[b]), free(vc0[b]);
+    free(x), free(W), free(cs), free(sn), free(q), free(q0), free(qkv);
+}
+static void test_proj_rope_kv_append(void **st) {
+    check_proj_rope_kv_append(0);
+    check_proj_rope_kv_append(1);
+}
+
 static void test_ssd_recurrent_step(void **st) {
     be_t *be = tu_cpu();
     enum { N = 6, H = 4, Hx = 2, GB = 2, GC = 4, P = 32, Ns = 64 };
@@ -251,7 +303,7 @@ int main(void) {
         cmocka_unit_test(test_attn_decode_gqa),    cmocka_unit_test(test_attn_decode_mha),
         cmocka_unit_test(test_kv_append),          cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_gdn_step),
-        cmocka_unit_test(test_ssd_recurrent_step),
+        cmocka_unit_test(test_ssd_recurrent_step), cmocka_unit_test(test_proj_rope_kv_append),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

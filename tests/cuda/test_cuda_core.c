@@ -1,13 +1,13 @@
 // CUDA-vs-CPU tests of the shared ops (cuda_core.cu, cuda_norm.cu, cuda_rope.cu,
 // cuda_mlp.cu, cuda_conv.cu), and a decode step's fused ops (proj_swiglu,
-// proj_add_rmsnorm, rope_kv_append, mla_rope_append). Every input is drawn
-// fresh per shape and rounded to bf16 (tu_round_bf16) so both backends see
-// identical values; the CPU backend (fp32) is the reference. Outputs on the
-// GPU are poisoned with NaN before the op so an unwritten element fails;
-// memory around strided outputs holds the same random values on both sides,
-// so a write outside the region fails too (buffers are always compared
-// whole). Each check prints op, shape, relative L2 error, max abs difference
-// and the first mismatching index.
+// proj_add_rmsnorm, proj_rope_kv_append, rope_kv_append, mla_rope_append).
+// Every input is drawn fresh per shape and rounded to bf16 (tu_round_bf16) so
+// both backends see identical values; the CPU backend (fp32) is the
+// reference. Outputs on the GPU are poisoned with NaN before the op so an
+// unwritten element fails; memory around strided outputs holds the same
+// random values on both sides, so a write outside the region fails too
+// (buffers are always compared whole). Each check prints op, shape, relative
+// L2 error, max abs difference and the first mismatching index.
 //
 // Tolerances (every check states which one it uses):
 //  EXACT     copies, embedding, state rolls (conv1d_update_state, conv1d_step
@@ -976,7 +976,8 @@ static void test_swiglu(void **st) {
     assert_int_equal(fails, 0);
 }
 
-// ==== a decode step's fused products (cuda_core.cu k_gemv_swiglu, k_gemv_add_rmsnorm) ====
+// ==== a decode step's fused products (cuda_core.cu k_gemv_swiglu, k_gemv_add_rmsnorm,
+// k_gemv_rope_kv_append) ====
 // N <= 8 rows in one launch, more in launches of 8; K a multiple of 8 takes
 // 16-byte loads, an odd K (or an odd row stride) the scalar path.
 
@@ -1093,6 +1094,105 @@ static void test_proj_add_rmsnorm(void **st) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         fails += proj_add_rmsnorm_case(cases[i]);
+    assert_int_equal(fails, 0);
+}
+
+typedef struct {
+    int N, H, Hkv, dh;
+    int64_t K, ldx, ldq; // 0: K, H dh
+    int paged;           // 1: one pool of pages through tables; 0: caches of their own
+} prcase_t;
+
+// proj_rope_kv_append (k_gemv_rope_kv_append): x W^T for one matrix [q | k |
+// v], q and k rotated, k and v appended, each row its own sequence at its own
+// position (page boundaries among them when N >= 4): caches of their own in
+// two buffers, or one K and one V pool whose pages each row's table lists
+// out of order. Reference: the CPU op (its product then rope_kv_append, bit
+// for bit: test_decode_ops). q and the K entries: rotations of the GPU's
+// fp32 sums (another order) rounded once; V entries: the sums rounded once:
+// BF16, as proj_swiglu (a pair rotated from the wrong columns, or an entry in
+// another row's place, is O(1) off). The rest of q's buffer and of every
+// cache must survive (buffers compared whole; q's region poisoned).
+static int proj_rope_case(prcase_t c) {
+    enum { NPOS = 520, R = 2, MAXN = 16 };
+    static const int32_t edges[4] = {255, 256, 511, 0};
+    const int half = c.dh / 2, stride = (NPOS + BE_PAGE_ROWS - 1) / BE_PAGE_ROWS, n_pages = c.N * stride;
+    const int64_t qw = (int64_t)c.H * c.dh, kw = (int64_t)c.Hkv * c.dh, P = qw + 2 * kw;
+    const int64_t ldx = c.ldx ? c.ldx : c.K, ldq = c.ldq ? c.ldq : qw, xlen = c.N * ldx, qlen = c.N * ldq;
+    const int nbuf = c.paged ? 1 : R;
+    const int64_t per = c.paged ? (int64_t)n_pages * BE_PAGE_ROWS * kw : (int64_t)((c.N + R - 1) / R) * NPOS * kw;
+    char shape[128];
+    snprintf(shape, sizeof shape, "N=%d H=%d Hkv=%d dh=%d K=%lld ldx=%lld ldq=%lld %s", c.N, c.H, c.Hkv, c.dh,
+             (long long)c.K, (long long)ldx, (long long)ldq, c.paged ? "paged" : "contiguous");
+    float *cs = tu_hbuf((int64_t)NPOS * half), *sn = tu_hbuf((int64_t)NPOS * half);
+    for (int p = 0; p < NPOS; p++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
+            cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+        }
+    int32_t *pos = rnd_ids(c.N, NPOS), *pages = malloc(sizeof(int32_t) * n_pages);
+    for (int r = 0; c.N >= 4 && r < 4; r++)
+        pos[r] = edges[r];
+    for (int i = 0; i < n_pages; i++) // each row's pages descending: never consecutive
+        pages[i] = n_pages - 1 - i;
+    float *x = rnd(xlen, 1.0f), *W = rnd(P * c.K, 0.05f), *q0 = rnd(qlen, 1.0f), *qref = tu_hdup(q0, qlen);
+    float *qpois = poisoned(q0, qlen, 0, c.N, qw, ldq), *kc[R], *vc[R], *kref[R], *vref[R];
+    void *kc_d[R], *vc_d[R], *rows_h[2 * MAXN], *rows_d[2 * MAXN];
+    assert_true(c.N <= MAXN);
+    for (int b = 0; b < nbuf; b++) {
+        kc[b] = rnd(per, 1.0f), vc[b] = rnd(per, 1.0f), kref[b] = tu_hdup(kc[b], per), vref[b] = tu_hdup(vc[b], per);
+        kc_d[b] = tu_dev_act(gpu, kc[b], per), vc_d[b] = tu_dev_act(gpu, vc[b], per);
+    }
+    for (int r = 0; r < c.N; r++) {
+        const int b = c.paged ? 0 : r % R;
+        const int64_t first = c.paged ? 0 : (int64_t)(r / R) * NPOS * kw; // the sequence's row 0
+        rows_h[r] = kref[b] + first, rows_h[c.N + r] = vref[b] + first;
+        rows_d[r] = tu_gat(gpu, kc_d[b], first), rows_d[c.N + r] = tu_gat(gpu, vc_d[b], first);
+    }
+    const be_pages_t pg_h = {c.paged ? pages : NULL, stride};
+    cpu->proj_rope_kv_append(cpu, qref, ldq, x, ldx, W, pos, cs, sn, rows_h, rows_h + c.N, pg_h, c.N, c.K, c.H, c.Hkv,
+                             c.dh);
+    void *dx = tu_dev_act(gpu, x, xlen), *dW = tu_dev_act(gpu, W, P * c.K), *dq = tu_dev_act(gpu, qpois, qlen);
+    float *dc = tu_dev_f32(gpu, cs, (int64_t)NPOS * half), *ds = tu_dev_f32(gpu, sn, (int64_t)NPOS * half);
+    int32_t *dp = tu_dev_i32(gpu, pos, c.N), *dpages = tu_dev_i32(gpu, pages, n_pages);
+    void **drows = gpu->alloc(gpu, sizeof(void *) * 2 * c.N);
+    assert_non_null(drows);
+    assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof(void *) * 2 * c.N), 0);
+    const be_pages_t pg_d = {c.paged ? dpages : NULL, stride};
+    gpu->proj_rope_kv_append(gpu, dq, ldq, dx, ldx, dW, dp, dc, ds, drows, drows + c.N, pg_d, c.N, c.K, c.H, c.Hkv,
+                             c.dh);
+    int ok =
+        tu_sync(gpu, "proj_rope_kv_append", shape) && check_act("proj_rope_kv_append q", shape, dq, qref, qlen, BF16);
+    for (int b = 0; b < nbuf && ok; b++)
+        ok = check_act("proj_rope_kv_append K cache", shape, kc_d[b], kref[b], per, BF16) &&
+             check_act("proj_rope_kv_append V cache", shape, vc_d[b], vref[b], per, BF16);
+    for (int b = 0; b < nbuf; b++) {
+        free(kc[b]), free(vc[b]), free(kref[b]), free(vref[b]);
+        tu_dev_free(gpu, kc_d[b]), tu_dev_free(gpu, vc_d[b]);
+    }
+    free(cs), free(sn), free(pos), free(pages), free(x), free(W), free(q0), free(qref), free(qpois);
+    tu_dev_free(gpu, dx), tu_dev_free(gpu, dW), tu_dev_free(gpu, dq), tu_dev_free(gpu, dc), tu_dev_free(gpu, ds);
+    tu_dev_free(gpu, dp), tu_dev_free(gpu, dpages);
+    gpu->free(gpu, drows);
+    return !ok;
+}
+
+static void test_proj_rope_kv_append(void **st) {
+    setup_backends();
+    int fails = 0;
+    prcase_t cases[] = {
+        {.N = 1, .H = 9, .Hkv = 3, .dh = 64, .K = 576},                        // SmolLM2-135M, one row
+        {.N = 8, .H = 9, .Hkv = 3, .dh = 64, .K = 576},                        // eight rows
+        {.N = 8, .H = 9, .Hkv = 3, .dh = 64, .K = 576, .paged = 1},            // the server's paged caches
+        {.N = 3, .H = 9, .Hkv = 3, .dh = 64, .K = 576, .paged = 1},            // three rows, paged
+        {.N = 4, .H = 4, .Hkv = 4, .dh = 128, .K = 256},                       // head dim 128, MHA
+        {.N = 2, .H = 8, .Hkv = 2, .dh = 128, .K = 512, .paged = 1},           // head dim 128, GQA 4:1
+        {.N = 5, .H = 3, .Hkv = 1, .dh = 6, .K = 333},                         // odd K: the scalar loads
+        {.N = 6, .H = 4, .Hkv = 2, .dh = 32, .K = 96, .ldx = 100, .ldq = 140}, // rows of wider buffers
+        {.N = 11, .H = 6, .Hkv = 2, .dh = 16, .K = 64, .paged = 1},            // more than 8 rows: two launches
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += proj_rope_case(cases[i]);
     assert_int_equal(fails, 0);
 }
 
@@ -1503,6 +1603,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_proj_swiglu),
         cmocka_unit_test(test_proj_add_rmsnorm),
+        cmocka_unit_test(test_proj_rope_kv_append),
         cmocka_unit_test(test_conv1d),
         cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_rmsnorm_deterministic),

@@ -619,9 +619,10 @@ template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
            int64_t ldb, int64_t N, int64_t K, float alpha) {
-    griddep_enter();
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n < N) warp_prefetch_l2(B + n * ldb, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
     if (n >= N) return; // the whole warp
     float acc[M];
 #pragma unroll
@@ -663,11 +664,15 @@ template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_swiglu(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
                   const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
-    griddep_enter();
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n >= f) return; // the whole warp
     const bf16 *g = Wg + n * K, *u = Wu + n * K;
+    if (n < f) {
+        warp_prefetch_l2(g, K * (int64_t)sizeof(bf16), lane);
+        warp_prefetch_l2(u, K * (int64_t)sizeof(bf16), lane);
+    }
+    griddep_enter();
+    if (n >= f) return; // the whole warp
     float ag[M], au[M];
 #pragma unroll
     for (int m = 0; m < M; m++)
@@ -708,11 +713,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_add_rmsnorm(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
                        const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
                        unsigned *done, float *partial) {
-    griddep_enter();
     __shared__ float ss_warp[GEMV_WARPS][M];
     __shared__ float rstd[M];
     __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS)
+        warp_prefetch_l2(W + n * K, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
     float ss[M];
 #pragma unroll
     for (int m = 0; m < M; m++)
@@ -778,6 +785,73 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (threadIdx.x == 0) *done = 0; // every other block has counted: ready for the next launch
 }
 
+// q, k and v of an attention decode step from one product, rotated and
+// appended (proj_rope_kv_append). Warp u takes columns c and c + dh/2 of head
+// h of W's rows [q | k | v] (c = h dh + j, j < dh/2): for a q or k head the
+// two halves of a NEOX rotation pair, rotated from the fp32 sums; for a v
+// head two columns stored as they are. Lane m < M stores row m's pair, so it
+// alone loads that row's destination (its q row, or its cache entry through
+// the page tables) and angle, before the product. The bounds ask for one
+// resident block per SM: without that ptxas held a variant to 64 registers,
+// and it spilled.
+template <int M, int V>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+    k_gemv_rope_kv_append(bf16 *__restrict__ q, int64_t ldq, const bf16 *__restrict__ A, int64_t lda,
+                          const bf16 *__restrict__ W, int64_t K, const int32_t *__restrict__ pos,
+                          const float *__restrict__ cosb, const float *__restrict__ sinb,
+                          bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, be_pages_t pg, int H,
+                          int Hkv, int dh) {
+    const int lane = threadIdx.x & 31, half = dh >> 1;
+    const int64_t u = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (u >= (int64_t)(H + 2 * Hkv) * half) return; // the whole warp
+    const int h = (int)u / half, j = (int)u - h * half;
+    const bf16 *w0 = W + ((int64_t)h * dh + j) * K, *w1 = w0 + (int64_t)half * K;
+    warp_prefetch_l2(w0, K * (int64_t)sizeof(bf16), lane);
+    warp_prefetch_l2(w1, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
+    const bool rotate = h < H + Hkv; // q and k heads; v heads are stored as they are
+    bf16 *dst = NULL;
+    float cj = 0.0f, sj = 0.0f;
+    if (lane < M) {
+        const int64_t p = pos[lane];
+        if (h < H) {
+            dst = q + lane * ldq + (int64_t)h * dh + j;
+        } else {
+            const int64_t row = cu_page_row(pg, lane, p) * ((int64_t)Hkv * dh);
+            dst = h < H + Hkv ? k_rows[lane] + row + (int64_t)(h - H) * dh + j
+                              : v_rows[lane] + row + (int64_t)(h - H - Hkv) * dh + j;
+        }
+        if (rotate) cj = cosb[p * half + j], sj = sinb[p * half + j];
+    }
+    float a0[M], a1[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        a0[m] = a1[m] = 0.0f;
+    for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
+        float b0[V], b1[V];
+        ld_bf16<V>(w0 + k, b0);
+        ld_bf16<V>(w1 + k, b1);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float x[V];
+            ld_bf16<V>(A + m * lda + k, x);
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                a0[m] = fmaf(x[i], b0[i], a0[m]);
+                a1[m] = fmaf(x[i], b1[i], a1[m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float x0 = warp_sum(a0[m]), x1 = warp_sum(a1[m]);
+        if (lane == m) {
+            dst[0] = __float2bfloat16_rn(rotate ? x0 * cj - x1 * sj : x0);
+            dst[half] = __float2bfloat16_rn(rotate ? x1 * cj + x0 * sj : x1);
+        }
+    }
+}
+
 static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
                            int64_t K, int64_t f) {
     if (N <= 0 || f <= 0) return;
@@ -819,6 +893,35 @@ static void cu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int6
     cuda_check_launch(be, "k_gemv_add_rmsnorm");
 }
 
+static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *W,
+                                   const int32_t *pos, const float *cosb, const float *sinb, void *const *k_rows,
+                                   void *const *v_rows, be_pages_t pg, int N, int64_t K, int H, int Hkv, int dh) {
+    if (N <= 0) return;
+    if (dh <= 0 || dh % 2 || H <= 0 || Hkv <= 0 || K <= 0) {
+        cu_op_error(be, "cuda proj_rope_kv_append: H=%d Hkv=%d dh=%d K=%lld not supported (dh even, all positive)", H,
+                    Hkv, dh, (long long)K);
+        return;
+    }
+    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)W) & 15);
+    const int64_t pairs = (int64_t)(H + 2 * Hkv) * (dh / 2); // one warp each
+    const dim3 grid((unsigned)((pairs + GEMV_WARPS - 1) / GEMV_WARPS));
+    cudaStream_t st = cuda_stream(be);
+    for (int r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
+        const int rows = N - r < GEMV_ROWS ? N - r : GEMV_ROWS;
+        bf16 *qr = (bf16 *)q + r * ldq;
+        const bf16 *xr = (const bf16 *)x + r * ldx;
+        bf16 *const *kr = (bf16 *const *)k_rows + r, *const *vr = (bf16 *const *)v_rows + r;
+        const be_pages_t pr = {pg.pages ? pg.pages + r * pg.stride : NULL, pg.stride};
+        if (v8)
+            GEMV_LAUNCH_M(rows, 8, k_gemv_rope_kv_append, grid, st, qr, ldq, xr, ldx, (const bf16 *)W, K, pos + r, cosb,
+                          sinb, kr, vr, pr, H, Hkv, dh);
+        else
+            GEMV_LAUNCH_M(rows, 1, k_gemv_rope_kv_append, grid, st, qr, ldq, xr, ldx, (const bf16 *)W, K, pos + r, cosb,
+                          sinb, kr, vr, pr, H, Hkv, dh);
+    }
+    cuda_check_launch(be, "k_gemv_rope_kv_append");
+}
+
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (N > 0 && gemv_fits(transA, transB, M, K, A, lda, B, ldb, beta)) {
@@ -848,6 +951,7 @@ extern "C" void cuda_register_core(be_t *be) {
     be->gemm_batched = cu_gemm_batched;
     be->proj_swiglu = cu_proj_swiglu;
     be->proj_add_rmsnorm = cu_proj_add_rmsnorm;
+    be->proj_rope_kv_append = cu_proj_rope_kv_append;
     be->embed_fwd = cu_embed_fwd;
     be->embed_bwd = cu_embed_bwd;
 }

@@ -175,6 +175,14 @@ static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcon
 static __device__ __forceinline__ void griddep_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+// Warms L2 with `bytes` from p, one prefetch per 128-byte line spread over a
+// warp's lanes: a decode product's weight rows (read-only) asked for before
+// griddep_wait, so they arrive while the kernel before still runs.
+static __device__ __forceinline__ void warp_prefetch_l2(const void *p, int64_t bytes, int lane) {
+    const char *c = (const char *)p;
+    for (int64_t o = (int64_t)lane * 128; o < bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + o));
+}
 static __device__ __forceinline__ void griddep_enter() {
     griddep_wait();
     griddep_launch_dependents();
