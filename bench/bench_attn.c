@@ -11,7 +11,11 @@
 // environment variables only that library reads: attention forward
 // HYLO_ATTN_FWD = 2 (mma.sync, k_attn_fwd, at every head dim; the default is
 // wgmma, cuda_attn_wgmma.cuh, at (dqk, dv) = (64, 64), (128, 128) and
-// (192, 128));
+// (192, 128)), 3 (the wgmma forward with its blocks in sections of (b, kv head)
+// units whose K and V fit in L2, k_attn_fwd_wgmma_l2), 4 (the same order on
+// one persistent wave of blocks), both tuned by HYLO_ATTN_FWD_L2MB (the
+// section budget, default 32), HYLO_ATTN_FWD_UNITS (units per section in its
+// place) and HYLO_ATTN_FWD_BLOCKS (the persistent grid);
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
 // default tiles), 1 (v1's alternative tiles), all mma.sync (the default is
 // wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one
@@ -106,11 +110,15 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
             setenv("HYLO_ATTN_BWD", vars[i], 1);
             t_fb[i] = time_op(run_fwd_bwd, &c, 2, reps, 0);
         }
-        // the forward variant: mma.sync, k_attn_fwd (HYLO_ATTN_FWD = 2; the
+        // the forward variants: mma.sync, k_attn_fwd (HYLO_ATTN_FWD = 2; the
         // default forward is wgmma at the head dims it takes, elsewhere the
-        // two columns agree)
-        setenv("HYLO_ATTN_FWD", "2", 1);
-        float t_fm = time_op(run_fwd, &c, 2, reps, 0);
+        // columns agree), wgmma in L2-sized sections (3) and persistent (4)
+        static const char *fvars[3] = {"2", "3", "4"};
+        float t_fv[3];
+        for (int i = 0; i < 3; i++) {
+            setenv("HYLO_ATTN_FWD", fvars[i], 1);
+            t_fv[i] = time_op(run_fwd, &c, 2, reps, 0);
+        }
         unsetenv("HYLO_ATTN_FWD");
         // the default backward (wgmma where it applies, else as v2's column);
         // bwd wg/v2 compares the backward parts alone (each f+b less the
@@ -120,9 +128,9 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
         set_env("HYLO_ATTN_BWD", saved);
         free(saved);
         snprintf(row->line, sizeof row->line,
-                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %8.3f | %10.3f | %10.3f | %10.3f | %5.3f | %9.3f | "
-                 "%9.3f |",
-                 s->name, s->T, s->H, s->Hkv, s->dqk, s->dv, t_f, t_fm, t_fb[0], t_fb[1], t_fb[2],
+                 "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %8.3f | %8.3f | %8.3f | %10.3f | %10.3f | %10.3f | "
+                 "%5.3f | %9.3f | %9.3f |",
+                 s->name, s->T, s->H, s->Hkv, s->dqk, s->dv, t_f, t_fv[0], t_fv[1], t_fv[2], t_fb[0], t_fb[1], t_fb[2],
                  (t_fb[0] - t_f) / (t_fb[1] - t_f), t_fbw, (t_fbw - t_f) / (t_fb[0] - t_f));
     }
     printf("%s\n", row->line);
@@ -240,12 +248,12 @@ int main(int argc, char **argv) {
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     bench_init((size_t)4 << 30);
 #ifdef HYLO_BENCH_VARIANTS
-    const char *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE");
+    const char *vb = getenv("HYLO_ATTN_BWD"), *vm = getenv("HYLO_MLA_DECODE"), *vf = getenv("HYLO_ATTN_FWD");
     if (compare)
         printf("bench_attn (bench-variants build): --compare: every variant\n");
     else
-        printf("bench_attn (bench-variants build): kernel variants bwd %s, mla decode %s\n", vb ? vb : "0",
-               vm ? vm : "0");
+        printf("bench_attn (bench-variants build): kernel variants fwd %s, bwd %s, mla decode %s\n", vf ? vf : "0",
+               vb ? vb : "0", vm ? vm : "0");
 #else
     printf("bench_attn: production kernels\n");
 #endif
@@ -258,11 +266,11 @@ int main(int argc, char **argv) {
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     row_t rows[32], drows[32];
     int n_rows = 0, n_drows = 0;
-    const char *hdr = compare
-                          ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms | fwd mma   | f+b ms v2  | "
-                            "f+b ms v1  | f+b v1-alt | bwd v2/v1 | f+b wgmma | bwd wg/v2 |"
-                          : "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
-                            "f+b TF/s |";
+    const char *hdr =
+        compare ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms |  fwd mma |   fwd L2 | fwd pers | "
+                  "f+b ms v2  | f+b ms v1  | f+b v1-alt | bwd v2/v1 | f+b wgmma | bwd wg/v2 |"
+                : "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
+                  "f+b TF/s |";
     if (do_attn) {
         printf("%s\n", hdr);
         const int Ts[2] = {8192, 65536};

@@ -176,35 +176,63 @@ static const shape_t attn_shapes[] = {
     {2, 200, 700, 4, 2, 192, 128, 3.0f}, {1, 150, 150, 2, 1, 64, 64, 1.0f},
 };
 
-// Every shape under the default kernels (wgmma forward and backward at
-// (dqk, dv) = (64, 64), (128, 128) and (192, 128), mma.sync elsewhere); in the
-// bench-variants build also under the mma.sync backward variants
-// (HYLO_ATTN_BWD = 1: v1's alternative tiles, 2: v1 with its default tiles at
-// d 128, 3: k_attn_bwd2 at d <= 64, where they exist), the mma.sync forward
-// (HYLO_ATTN_FWD = 2, k_attn_fwd) and the mma.sync backward at every head dim
-// (HYLO_ATTN_BWD = 4, the production backward before run 25).
-// HYLO_ATTN_TEST_VARIANTS (e.g. "0,5") runs only the variants listed, by
-// their index below, for a short GPU run.
+// The kernel variants the attention tests run, as the knobs of the
+// bench-variants build (NULL: unset): the default kernels (wgmma forward and
+// backward at (dqk, dv) = (64, 64), (128, 128) and (192, 128), mma.sync
+// elsewhere); the mma.sync backward variants (HYLO_ATTN_BWD = 1: v1's
+// alternative tiles, 2: v1 with its default tiles at d 128, 3: k_attn_bwd2 at
+// d <= 64, where they exist); the mma.sync forward (HYLO_ATTN_FWD = 2,
+// k_attn_fwd); the mma.sync backward at every head dim (HYLO_ATTN_BWD = 4, the
+// production backward before run 25); the wgmma forward in L2-sized sections
+// of (b, kv head) units (HYLO_ATTN_FWD = 3) and on a persistent grid (4).
+// The test shapes are far below the L2 budget (one section, fewer tiles than
+// SMs), so the last three force small sections (HYLO_ATTN_FWD_UNITS, some
+// shorter at the end) and a few persistent blocks (HYLO_ATTN_FWD_BLOCKS, each
+// claiming several tiles in turn).
+typedef struct {
+    const char *bwd, *fwd, *units, *blocks, *tag;
+} attn_var_t;
+#ifdef HYLO_BENCH_VARIANTS
+static const attn_var_t attn_vars[] = {
+    {NULL, NULL, NULL, NULL, ""},
+    {"1", NULL, NULL, NULL, " [bwd variant 1]"},
+    {"2", NULL, NULL, NULL, " [bwd variant 2]"},
+    {"3", NULL, NULL, NULL, " [bwd variant 3]"},
+    {NULL, "2", NULL, NULL, " [fwd mma.sync]"},
+    {"4", NULL, NULL, NULL, " [bwd mma.sync]"},
+    {NULL, "3", "2", NULL, " [fwd L2 order, 2 units a section]"},
+    {NULL, "4", "1", "3", " [fwd persistent, 3 blocks, 1 unit a section]"},
+    {NULL, "4", NULL, "5", " [fwd persistent, 5 blocks]"},
+};
+#else
+static const attn_var_t attn_vars[] = {{NULL, NULL, NULL, NULL, ""}};
+#endif
+enum { N_ATTN_VARS = (int)(sizeof attn_vars / sizeof attn_vars[0]) };
+
+// Sets the knobs of variant v (v < 0: clears them all); 0 where
+// HYLO_ATTN_TEST_VARIANTS (e.g. "0,5": indices into attn_vars, for a short GPU
+// run) leaves it out.
+static int set_attn_var(int v) {
+    const attn_var_t *a = v >= 0 ? &attn_vars[v] : NULL;
+    const char *only = getenv("HYLO_ATTN_TEST_VARIANTS");
+    if (a && only && !tu_list_has(only, v)) return 0;
+    set_knob("HYLO_ATTN_BWD", a ? a->bwd : NULL);
+    set_knob("HYLO_ATTN_FWD", a ? a->fwd : NULL);
+    set_knob("HYLO_ATTN_FWD_UNITS", a ? a->units : NULL);
+    set_knob("HYLO_ATTN_FWD_BLOCKS", a ? a->blocks : NULL);
+    return 1;
+}
+
+// Every shape under every variant of attn_vars.
 static void test_attn(void **st) {
     be_t *gpu = tu_gpu();
     int fails = 0, n = (int)(sizeof attn_shapes / sizeof attn_shapes[0]);
-#ifdef HYLO_BENCH_VARIANTS
-    static const char *bwd_var[] = {NULL, "1", "2", "3", NULL, "4"}, *fwd_var[] = {NULL, NULL, NULL, NULL, "2", NULL};
-    static const char *tags[] = {
-        "", " [bwd variant 1]", " [bwd variant 2]", " [bwd variant 3]", " [fwd mma.sync]", " [bwd mma.sync]"};
-#else
-    static const char *bwd_var[] = {NULL}, *fwd_var[] = {NULL}, *tags[] = {""};
-#endif
-    const char *only = getenv("HYLO_ATTN_TEST_VARIANTS");
-    for (int var = 0; var < (int)(sizeof bwd_var / sizeof bwd_var[0]); var++) {
-        if (only && !tu_list_has(only, var)) continue;
-        set_knob("HYLO_ATTN_BWD", bwd_var[var]);
-        set_knob("HYLO_ATTN_FWD", fwd_var[var]);
+    for (int var = 0; var < N_ATTN_VARS; var++) {
+        if (!set_attn_var(var)) continue;
         for (int i = 0; i < n; i++)
-            fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, tags[var]);
+            fails += run_attn(gpu, &attn_shapes[i], 1000 + 17 * i, attn_vars[var].tag);
     }
-    set_knob("HYLO_ATTN_BWD", NULL);
-    set_knob("HYLO_ATTN_FWD", NULL);
+    set_attn_var(-1);
     printf("attention: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
@@ -242,9 +270,10 @@ static void gpu_part(be_t *gpu, void *o_d, float *lse_d, const void *q_d, const 
 // test_attn: out 1e-2 (the result carries three bf16 roundings, each part's P
 // and output and the merged output, expected ~3e-3), lse 1e-4 absolute (fp32;
 // a key lost or counted twice moves a row's lse by log(1 + 1/Tk) >= 1e-3). No
-// key: out exactly 0, lse -inf.
-static void test_attn_no_mask_merge(void **st) {
-    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+// key: out exactly 0, lse -inf. Run under the default kernels and each
+// forward variant of attn_vars (the backward ones do not change it). Returns
+// the number of failures.
+static int no_mask_merge(be_t *gpu, be_t *cpu, const char *tag) {
     static const shape_t shapes[] = {
         {1, 1, 1, 1, 1, 64, 64, 1.0f},       {2, 100, 17, 4, 2, 64, 64, 1.0f},  {1, 257, 1000, 6, 2, 128, 128, 1.0f},
         {1, 129, 333, 6, 2, 128, 128, 3.0f}, {2, 64, 65, 2, 2, 192, 128, 1.0f}, {2, 40, 300, 3, 1, 96, 64, 1.0f},
@@ -267,8 +296,8 @@ static void test_attn_no_mask_merge(void **st) {
         char label[160];
 
         // every key visible
-        snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s no mask", B, Tq, Tk, H, Hkv, dqk, dv,
-                 s->qstd > 1.5f ? " peaky" : "");
+        snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s no mask%s", B, Tq, Tk, H, Hkv, dqk, dv,
+                 s->qstd > 1.5f ? " peaky" : "", tag);
         cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, 0);
         gpu_part(gpu, o_d, lse_d, q_d, k, v, s, 0, Tk, 0, poison);
         float *o_g = tu_host_act(gpu, o_d, no), *lse_g = tu_host_f32(gpu, lse_d, nl);
@@ -289,8 +318,8 @@ static void test_attn_no_mask_merge(void **st) {
         // two tiles as mla.c makes them: [0, a) before every query, [a, Tk) causal
         if (Tk >= Tq && Tk > 0) {
             int a = (Tk - Tq) / 2;
-            snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s split at %d", B, Tq, Tk, H, Hkv, dqk, dv,
-                     s->qstd > 1.5f ? " peaky" : "", a);
+            snprintf(label, sizeof label, "B%d Tq%d Tk%d H%d Hkv%d %d/%d%s split at %d%s", B, Tq, Tk, H, Hkv, dqk, dv,
+                     s->qstd > 1.5f ? " peaky" : "", a, tag);
             cpu->attn_fwd(cpu, o_c, lse_c, q, k, v, B, Tq, Tk, H, Hkv, dqk, dv, scale, 1);
             gpu_part(gpu, o_d, lse_d, q_d, k, v, s, 0, a, 0, poison);
             gpu_part(gpu, o2_d, lse2_d, q_d, k, v, s, a, Tk - a, 1, poison);
@@ -308,6 +337,16 @@ static void test_attn_no_mask_merge(void **st) {
         gpu->free(gpu, acc_d), gpu->free(gpu, lacc_d), gpu->free(gpu, m_d);
         free(q), free(k), free(v), free(poison), free(o_c), free(lse_c);
     }
+    return fails;
+}
+
+static void test_attn_no_mask_merge(void **st) {
+    be_t *gpu = tu_gpu(), *cpu = tu_cpu();
+    set_attn_var(-1);
+    int fails = no_mask_merge(gpu, cpu, attn_vars[0].tag); // the default kernels, whatever the list
+    for (int var = 1; var < N_ATTN_VARS; var++)
+        if (attn_vars[var].fwd && set_attn_var(var)) fails += no_mask_merge(gpu, cpu, attn_vars[var].tag);
+    set_attn_var(-1);
     printf("attention without mask, tiles merged: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }

@@ -1016,11 +1016,26 @@ static void cu_attn_fwd(be_t *be, void *out, float *lse, const void *q, const vo
     if (B == 0 || Tq == 0) return;
     // The wgmma forward (cuda_attn_wgmma.cuh) at the head dims the hybrids
     // use; k_attn_fwd (mma.sync) for the others, and where the tensor maps
-    // cannot describe a shape. Bench-only builds: HYLO_ATTN_FWD=2 runs
-    // k_attn_fwd at every shape, the comparison bench_attn --compare prints.
+    // cannot describe a shape. Bench-only builds (bench_attn --compare times
+    // each): HYLO_ATTN_FWD=2 runs k_attn_fwd at every shape; 3 the wgmma
+    // forward with its blocks in L2-sized sections of (b, kv head) units
+    // (k_attn_fwd_wgmma_l2), 4 the same order on one persistent wave of
+    // blocks; 3 and 4 fall back to the default elsewhere.
     bool mma_only = false;
 #ifdef HYLO_BENCH_VARIANTS
-    mma_only = cu_env_int("HYLO_ATTN_FWD", 0) == 2;
+    const int fvar = cu_env_int("HYLO_ATTN_FWD", 0);
+    mma_only = fvar == 2;
+    if (fvar == 3 || fvar == 4) {
+        const int pers = fvar == 4;
+        bool done = false;
+        if (dqk == 64 && dv == 64)
+            done = launch_fwd_wgmma_l2<64, 64>(be, pers, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
+        else if (dqk == 128 && dv == 128)
+            done = launch_fwd_wgmma_l2<128, 128>(be, pers, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
+        else if (dqk == 192 && dv == 128)
+            done = launch_fwd_wgmma_l2<192, 128>(be, pers, out, lse, q, k, v, B, Tq, Tk, H, Hkv, scale, causal);
+        if (done) return;
+    }
 #endif
     if (!mma_only) {
         bool done = false;
