@@ -599,6 +599,29 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__res
     }
 }
 
+// The same for two weight rows read side by side (acc0 against b0, acc1
+// against b1), the rows of A read once for both.
+template <int M, int V>
+__device__ __forceinline__ void gemv_lane_dot2(float (&acc0)[M], float (&acc1)[M], const bf16 *__restrict__ A,
+                                               int64_t lda, const bf16 *__restrict__ b0, const bf16 *__restrict__ b1,
+                                               int64_t K, int lane) {
+    for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
+        float w0[V], w1[V];
+        ld_bf16<V>(b0 + k, w0);
+        ld_bf16<V>(b1 + k, w1);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float x[V];
+            ld_bf16<V>(A + m * lda + k, x);
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                acc0[m] = fmaf(x[i], w0[i], acc0[m]);
+                acc1[m] = fmaf(x[i], w1[i], acc1[m]);
+            }
+        }
+    }
+}
+
 // Launches kern<M, V> for M = rows (1..GEMV_ROWS), as a programmatic dependent
 // launch (cuda_vec.cuh: each of these kernels starts with griddep_enter()).
 #define GEMV_LAUNCH_M(rows, V, kern, grid, stream, ...)                                                                \
@@ -677,21 +700,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int m = 0; m < M; m++)
         ag[m] = au[m] = 0.0f;
-    for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
-        float wg[V], wu[V];
-        ld_bf16<V>(g + k, wg);
-        ld_bf16<V>(u + k, wu);
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            float x[V];
-            ld_bf16<V>(A + m * lda + k, x);
-#pragma unroll
-            for (int i = 0; i < V; i++) {
-                ag[m] = fmaf(x[i], wg[i], ag[m]);
-                au[m] = fmaf(x[i], wu[i], au[m]);
-            }
-        }
-    }
+    gemv_lane_dot2<M, V>(ag, au, A, lda, g, u, K, lane);
 #pragma unroll
     for (int m = 0; m < M; m++) {
         const float gs = warp_sum(ag[m]), us = warp_sum(au[m]);
@@ -827,21 +836,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
 #pragma unroll
     for (int m = 0; m < M; m++)
         a0[m] = a1[m] = 0.0f;
-    for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
-        float b0[V], b1[V];
-        ld_bf16<V>(w0 + k, b0);
-        ld_bf16<V>(w1 + k, b1);
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            float x[V];
-            ld_bf16<V>(A + m * lda + k, x);
-#pragma unroll
-            for (int i = 0; i < V; i++) {
-                a0[m] = fmaf(x[i], b0[i], a0[m]);
-                a1[m] = fmaf(x[i], b1[i], a1[m]);
-            }
-        }
-    }
+    gemv_lane_dot2<M, V>(a0, a1, A, lda, w0, w1, K, lane);
 #pragma unroll
     for (int m = 0; m < M; m++) {
         const float x0 = warp_sum(a0[m]), x1 = warp_sum(a1[m]);
