@@ -342,9 +342,13 @@ static void test_model_gradients(void **st) {
     // Per tensor: bf16 activations and bf16 products in the backward; the
     // relative error of a gradient tensor grows with the depth it flows
     // through. Matrices and norm weights: bound 1e-1. Per-head vectors (A_log,
-    // dt_bias, D) are sums over all tokens of terms of both signs whose error is
-    // relative to the terms (see test_cuda_ssd): bound 3e-1. A wrong formula
-    // gives O(1); the seen values are printed.
+    // dt_bias, D) are sums over all tokens of terms of both signs, whose error
+    // is relative to the terms, not to the result (test_cuda_gdn and
+    // test_cuda_ssd hold them so, layer by layer): relative to the result it
+    // depends on how much the draw cancels (run 24: worst 8.2e-2; run 26, the
+    // same backward with other GDN weights: 3.6e-1). What this test adds is
+    // the wiring, and a gradient dropped or doubled on its way is off by 1:
+    // bound 5e-1. The seen values are printed.
     double worst = 0, worst_vec = 0;
     for (int i = 0; i < p.cpu.pt.n; i++) {
         const param_t *q = &p.cpu.pt.p[i];
@@ -357,7 +361,7 @@ static void test_model_gradients(void **st) {
     }
     printf("  worst parameter-gradient rel err %.2e (matrices, norms), %.2e (per-head vectors)\n", worst, worst_vec);
     assert_true(worst < 1e-1);
-    assert_true(worst_vec < 3e-1);
+    assert_true(worst_vec < 5e-1);
     gbe->free(gbe, dgrad);
     gbe->free(gbe, dR);
     free(gg), free(gc), free(R), free(ids);
