@@ -22,8 +22,8 @@
 // max_len 4096 for 256-row caches, as a step recorded at hylo generate's
 // default context limit does (the grid is sized for 4K rows, the kernels use
 // what the lengths need).
-// --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only; --1m: 1M only, --b8: B = 8
-// only (e.g. under compute-sanitizer).
+// --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only; --64k, --1m: that length only;
+// --b1, --b8: that batch only (one point under compute-sanitizer or ncu).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -171,12 +171,10 @@ static void bench_case(const shape_t *s, int B, int64_t len, int64_t max_len) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, do_attn = 1, do_mla = 1, only_1m = 0, only_b8 = 0;
-    const bench_flag_t flags[] = {{"--quick", &quick, 1},
-                                  {"--no-attn", &do_attn, 0},
-                                  {"--no-mla", &do_mla, 0},
-                                  {"--1m", &only_1m, 1},
-                                  {"--b8", &only_b8, 1}};
+    int quick = 0, do_attn = 1, do_mla = 1, only_len = 0, only_b = 0;
+    const bench_flag_t flags[] = {{"--quick", &quick, 1},      {"--no-attn", &do_attn, 0},   {"--no-mla", &do_mla, 0},
+                                  {"--64k", &only_len, 65536}, {"--1m", &only_len, 1048576}, {"--b1", &only_b, 1},
+                                  {"--b8", &only_b, 8}};
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     bench_init((size_t)1 << 30);
     printf("bench_decode: production kernels\n");
@@ -198,9 +196,10 @@ int main(int argc, char **argv) {
            "| g.memcpy  | g.%%copy |\n");
     for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
         if (shapes[si].mla ? !do_mla : !do_attn) continue;
-        for (int bi = only_b8; bi < 2; bi++)
+        for (int bi = 0; bi < 2; bi++)
             for (int li = 0; li < n_lens; li++)
-                if (!only_1m || lens[li][0] == 1048576) bench_case(&shapes[si], bi ? 8 : 1, lens[li][0], lens[li][1]);
+                if ((!only_len || lens[li][0] == only_len) && (!only_b || only_b == (bi ? 8 : 1)))
+                    bench_case(&shapes[si], bi ? 8 : 1, lens[li][0], lens[li][1]);
     }
     bench_finish();
     return 0;
