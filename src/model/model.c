@@ -1030,17 +1030,21 @@ int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *
 // over one run per state), else T tokens per sequence at sts[0]->len (n_st
 // is 1). With run_len: a batched prefill, B = 1, T the total, state k's
 // run_len[k] tokens packed after those of the states before it, each mixer
-// run per state. rec (may be NULL) records each layer's input and mixer
-// output.
+// run per state; its last n_one states (run_len 1 each: decode tokens riding
+// in the prefill) instead step together, one X_step over their rows, with
+// the step's positions and cache bases prepared (r->step_pos, r->step_cache).
+// rec (may be NULL) records each layer's input and mixer output.
 static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *const *sts, int n_st, const int *run_len,
-                      const model_record_t *rec) {
+                      int n_one, const model_record_t *rec) {
     const model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
     int step = n_st > 0 && T == 1 && !run_len, pos0 = n_st ? sts[0]->len : 0;
     assert(step || run_len || n_st <= 1);
+    assert(!n_one || (run_len && n_one <= n_st && r->step_pos));
     if (step) TRY(runs_room(r, n_st));
+    if (n_one) TRY(runs_room(r, n_one));
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them. A decode step of a few rows fuses them
     // with the output projections before them too (layer.h lin_out_t: a step
@@ -1051,7 +1055,11 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     if (!xn || !y) return ERR_NOMEM;
     if (a->n_layers) be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
     for (int l = 0; l < a->n_layers; l++) {
-        layer_ctx_t c = model_layer_ctx(r, l);
+        // cs: the riding rows' mixer's context, the only one with the
+        // prepared step; the chunks' mixers, the norms and the MLP (over
+        // every row) run as a prefill's
+        layer_ctx_t c = model_layer_ctx(r, l), cs = c;
+        if (n_one) c.step_pos = NULL, c.step_cache = NULL, c.step_pages = (be_pages_t){NULL, 0};
         const layer_w_t *w = &m->lw[l];
         size_t mark = arena_mark(&r->arena);
         if (rec && rec->x) be->copy_d2d(be, rec->x[l], x, (size_t)N * a->d * be->act_size);
@@ -1061,10 +1069,17 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
             lin_out_t o = fused ? (lin_out_t){NULL, x, xn, w->norm2} : (lin_out_t){y, NULL, NULL, NULL};
             TRY(model_mixer_step(&c, w, &o, xn, n_st, r->runs));
         } else if (run_len) {
-            for (int k = 0, row = 0; k < n_st; row += run_len[k++]) {
+            int row = 0;
+            for (int k = 0; k < n_st - n_one; row += run_len[k++]) {
                 TRY(model_mixer_forward(&c, w, act_at(be, y, (int64_t)row * a->d), act_at(be, xn, (int64_t)row * a->d),
                                         1, run_len[k], sts[k]->len, &sts[k]->layers[l], NULL));
                 arena_reset(&r->arena, mark); // y and xn were allocated before the mark
+            }
+            if (n_one) { // the riding decode rows, after the chunks: one step of them all
+                for (int k = 0; k < n_one; k++)
+                    r->runs[k] = (step_run_t){&sts[n_st - n_one + k]->layers[l], 0, 1};
+                lin_out_t o = {act_at(be, y, (int64_t)row * a->d), NULL, NULL, NULL};
+                TRY(model_mixer_step(&cs, w, &o, act_at(be, xn, (int64_t)row * a->d), n_one, r->runs));
             }
         } else {
             TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, n_st ? &sts[0]->layers[l] : NULL, NULL));
@@ -1168,7 +1183,7 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
     TRY(model_prepare_positions(r, B, T, st ? st->len : 0));
-    TRY(run_layers(r, x, B, T, st ? &st : NULL, st ? 1 : 0, NULL, NULL));
+    TRY(run_layers(r, x, B, T, st ? &st : NULL, st ? 1 : 0, NULL, 0, NULL));
     if (!logits) return be->sync(be);
     return head_logits(r, x, first, stride, NULL, n_rows, logits);
 }
@@ -1185,7 +1200,7 @@ int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, cons
     if (!d_ids || !x) return ERR_NOMEM;
     TRY(model_embed(m, ids, N, d_ids, x));
     TRY(model_prepare_positions(r, B, T, 0));
-    TRY(run_layers(r, x, B, T, NULL, 0, NULL, rec));
+    TRY(run_layers(r, x, B, T, NULL, 0, NULL, 0, rec));
     be->rmsnorm_fwd(be, h, NULL, x, m->final_norm, N, a->d, a->eps);
     arena_reset(&r->arena, mark);
     return 0;
@@ -1216,19 +1231,51 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
 
 // A batched prefill's positions: state k's n[k] rows at sts[k]->len + t, one
 // prepared entry per state (the first MODEL_POS_RUNS of them; the mixers of
-// the rest upload their own).
-static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int n_st, const int *n, int64_t N) {
+// the rest upload their own), k < n_st, N rows in all; then, in the same
+// upload, the step positions (r->step_pos: positions, then visible lengths)
+// of the n_one states sts[n_st..n_st + n_one) that step one token each.
+static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int n_st, const int *n, int64_t N,
+                                 int n_one) {
     be_t *be = r->m->be;
-    TRY(pos_room(r, N));
+    int64_t all = N + 2 * (int64_t)n_one;
+    TRY(pos_room(r, all));
     int32_t *h = r->pos_host;
     for (int k = 0, row = 0; k < n_st; k++)
         for (int t = 0; t < n[k]; t++)
             h[row++] = sts[k]->len + t;
+    for (int k = 0; k < n_one; k++)
+        h[N + k] = sts[n_st + k]->len, h[N + n_one + k] = sts[n_st + k]->len + 1;
     r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL; // a failed upload leaves nothing prepared
-    TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)N * sizeof(int32_t)));
+    TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)all * sizeof(int32_t)));
     for (int k = 0, row = 0; k < n_st && k < MODEL_POS_RUNS; row += n[k++])
         r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf + row, 1, n[k], sts[k]->len};
+    if (n_one) r->step_pos = r->pos_buf + N;
     return 0;
+}
+
+// A batched prefill whose chunks are all one token: a decode step of the
+// states (step_forward, as model_step_batch runs it), the wanted rows'
+// logits kept, in order.
+static int prefill_one_each(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *const *ids,
+                            const uint8_t *want, int n_want, float *logits) {
+    int64_t V = r->m->a.V;
+    int some = logits && n_want > 0 && n_want < n_st; // only some rows' logits: all of them into a buffer first
+    int32_t *h = malloc((size_t)n_st * sizeof(int32_t));
+    float *all = some ? malloc((size_t)n_st * V * sizeof(float)) : NULL;
+    if (!h || (some && !all)) {
+        free(h), free(all);
+        return err_set(ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; k < n_st; k++)
+        h[k] = ids[k][0];
+    int rc = step_forward(r, h, sts, n_st, n_st, some ? all : n_want ? logits : NULL);
+    for (int k = 0, j = 0; rc == 0 && some && k < n_st; k++)
+        if (want[k]) memcpy(logits + V * j++, all + V * k, (size_t)V * sizeof(float));
+    if (rc == 0)
+        for (int k = 0; k < n_st; k++)
+            set_len(r->m, sts[k], sts[k]->len + 1);
+    free(h), free(all);
+    return rc;
 }
 
 int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *const *ids, const int *n,
@@ -1237,7 +1284,7 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = 0;
-    int end = 0, n_want = 0;
+    int end = 0, n_want = 0, n_one = 0;
     if (n_st < 1) return err_set(ERR_INPUT, "a batched prefill of %d states", n_st);
     for (int k = 0; k < n_st; k++) {
         const model_state_t *st = sts[k];
@@ -1250,35 +1297,55 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
         const int want_pos = prefill_positions(st, n[k]);
         if (want_pos > end) end = want_pos;
         n_want += !want || want[k];
+        n_one += n[k] == 1;
     }
     if (N > (1 << 24)) return err_set(ERR_INPUT, "batched prefill of %lld tokens", (long long)N);
     for (int k = 0; k < n_st; k++)
         TRY(model_state_reserve(m, sts[k], sts[k]->len + n[k]));
     TRY(model_ensure_positions(m, end));
+    if (!logits) n_want = 0;
+    if (n_one == n_st) return prefill_one_each(r, sts, n_st, ids, want, n_want, logits);
+    // The forward's order: the chunks of several tokens in the caller's
+    // order, then the one-token ones (decode tokens, or the last token of a
+    // prompt restored from a prefix cache), which step together (run_layers);
+    // last[] lists the wanted rows in the caller's order. Without one-token
+    // chunks this is the caller's order. A one-token state at length 0 (a
+    // one-token prompt) steps too, as model_prefill runs it: the step zeroes
+    // its Mamba-2 states as a forward does (m2.c), its GDN states and windows
+    // are zero since allocation or reset either way, and only a recorded step
+    // must not start a state (step_forward), which this forward never is.
     arena_reset(&r->arena, 0);
     int32_t *h_ids = malloc((size_t)N * sizeof(int32_t));
     int64_t *last = malloc((size_t)n_st * sizeof(int64_t));
+    model_state_t **ord = malloc((size_t)n_st * sizeof *ord);
+    int *ord_n = malloc((size_t)n_st * sizeof(int));
     int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
     void *x = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
-    int rc = 0;
-    if (!h_ids || !last)
+    int rc = 0, n_multi = n_st - n_one;
+    if (!h_ids || !last || !ord || !ord_n)
         rc = err_set(ERR_NOMEM, "out of memory");
     else if (!d_ids || !x)
         rc = ERR_NOMEM;
-    int64_t row = 0;
+    int64_t row[2] = {0, N - n_one}; // the next row of the chunks of several tokens, of the one-token ones
+    int slot[2] = {0, n_multi};
     for (int k = 0, j = 0; k < n_st && rc == 0; k++) {
-        memcpy(h_ids + row, ids[k], (size_t)n[k] * sizeof(int32_t));
-        row += n[k];
-        if (!want || want[k]) last[j++] = row - 1;
+        int one = n[k] == 1;
+        memcpy(h_ids + row[one], ids[k], (size_t)n[k] * sizeof(int32_t));
+        ord[slot[one]] = sts[k], ord_n[slot[one]++] = n[k];
+        row[one] += n[k];
+        if (!want || want[k]) last[j++] = row[one] - 1;
     }
     if (rc == 0) rc = model_embed(m, h_ids, N, d_ids, x);
-    if (rc == 0) rc = prepare_run_positions(r, sts, n_st, n, N);
-    if (rc == 0) rc = run_layers(r, x, 1, (int)N, sts, n_st, n, NULL);
-    if (rc == 0) rc = n_want && logits ? head_logits(r, x, 0, 1, last, n_want, logits) : be->sync(be);
+    if (rc == 0) rc = prepare_run_positions(r, ord, n_multi, ord_n, N - n_one, n_one);
+    if (rc == 0 && n_one) rc = prepare_step_caches(r, ord + n_multi, n_one);
+    if (rc == 0) rc = run_layers(r, x, 1, (int)N, ord, n_st, ord_n, n_one, NULL);
+    if (rc == 0) rc = n_want ? head_logits(r, x, 0, 1, last, n_want, logits) : be->sync(be);
     if (rc == 0)
         for (int k = 0; k < n_st; k++)
             set_len(m, sts[k], sts[k]->len + n[k]);
-    free(h_ids), free(last);
+    // the riding rows' step is no step of the run's: nothing of it stays prepared
+    r->step_pos = NULL, r->step_cache = NULL, r->step_pages = (be_pages_t){NULL, 0};
+    free(h_ids), free(last), free(ord), free(ord_n);
     return rc;
 }
 
@@ -1368,7 +1435,7 @@ static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, m
     model_t *m = r->m;
     be_t *be = m->be;
     embed_rows(m, d_ids, N, x);
-    TRY(run_layers(r, x, (int)N, 1, sts, n_st, NULL, NULL));
+    TRY(run_layers(r, x, (int)N, 1, sts, n_st, NULL, 0, NULL));
     if (!lg) return 0;
     void *hn = arena_alloc(&r->arena, (size_t)N * m->a.d * be->act_size);
     *lg = arena_alloc(&r->arena, (size_t)N * m->a.V * be->act_size);

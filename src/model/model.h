@@ -297,12 +297,22 @@ int model_pages_for(int64_t n);
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
 // A prefill chunk of each of n_st single-sequence states in one forward
 // (continuous batching of prompts): state k takes n[k] >= 1 tokens ids[k]
-// (host) after its own len. The projections and MLPs run once over the
-// chunks packed together, each mixer once per state over its own cache.
-// Room is reserved in every state first (a state that cannot grow fails the
-// call, the states as they were); then each len advances by its n[k].
-// logits (host) gets, for each state k with want[k] (want NULL: every
-// state), in state order, the logits of its chunk's last token.
+// (host) after its own len. The norms and MLPs run once over the chunks
+// packed together, each chunk of several tokens through its mixer once per
+// state over its own cache. The one-token chunks (decode tokens riding in a
+// prefill, as a server's turn gives them: the next token of a decoding
+// request) are packed after the others and their mixers run as one decode
+// step of them all (model_mixer_step, each row over its own cache at its own
+// length, a state at length 0 included), so one forward serves a turn's
+// prefill chunks and decode tokens; when every chunk is one token the call is
+// a decode step of the states (model_step_batch's path). Room is reserved in
+// every state first (a state that cannot grow fails the call, the states as
+// they were); then each len advances by its n[k]. logits (host) gets, for
+// each state k with want[k] (want NULL: every state), in state order, the
+// logits of its chunk's last token. Without one-token chunks the forward is
+// the chunks in state order; with them, the rows a one-token chunk and a
+// chunk of several tokens share (products, norms, MLPs) round as the
+// rows of a prefill do, not as a decode step's fused ops.
 int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *const *ids, const int *n,
                         const uint8_t *want, float *logits);
 // One token per sequence (ids host [B]); logits host [B, V].

@@ -56,16 +56,19 @@ struct srv_engine {
     req_t **turn; // [max_seqs] the engine thread's copy of active for one turn
     int n_turn;
     int *turn_cancel; // [max_seqs] and their cancel flags
-    // a decode step: the decoding requests (indices into turn), and those in
-    // the step: their turn indices, states and tokens
+    // a turn's forward: the decoding and the prefilling requests (indices
+    // into turn), and the forward's rows: their turn indices, states, tokens
+    // (a decode row's), chunks (a decode row's: its token), chunk lengths,
+    // and which ones want logits (a prompt's last chunk, every decode row)
     int *dec_idx, *step_idx, *pre_idx;
     model_state_t **step_st;
     int32_t *step_ids;
-    const int32_t **pre_ids; // a batched prefill's chunks, their lengths, which are last
+    const int32_t **pre_ids;
     int *pre_n;
     uint8_t *pre_last;
     uint64_t next_id;
-    int stopping; // no more submits; everything is cancelled
+    srv_engine_stats_t stats; // (e->mu)
+    int stopping;             // no more submits; everything is cancelled
     int has_run, sync_init;
 };
 
@@ -286,74 +289,67 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *l
     return emit(e, r, logits);
 }
 
-// The next prefill chunk of every prefilling request turn[idx[0..n)], and
-// after a request's last chunk its first token. Chunks of several tokens go
-// through one batched forward (model_prefill_batch: the chunks packed, each
-// over its own cache); a chunk of one token (the rest of a prompt whose
-// prefix was cached) through model_prefill alone, which runs it as a decode
-// step, as generation after a whole prompt does. Finished requests are freed
-// and their turn[] entries set to NULL.
-static void prefill(srv_engine_t *e, req_t **turn, const int *idx, int n) {
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        req_t *r = turn[idx[i]];
-        if (!r) continue; // preempted for an older one
-        int last, c = next_chunk(e, r, &last);
-        if (c == 1) {
-            int rc = model_prefill(&e->run, &r->st, r->prompt + r->fed, 1, 1, last ? e->logits : NULL);
-            if (rc < 0 ? (finish_error(e, r, rc), 1) : chunk_done(e, r, 1, last, e->logits)) turn[idx[i]] = NULL;
-            continue;
-        }
-        int rc = model_state_reserve(e->m, &r->st, r->st.len + c); // a cache that cannot grow fails alone
-        if (rc < 0) {
-            finish_error(e, r, rc);
-            turn[idx[i]] = NULL;
-            continue;
-        }
-        e->step_idx[k] = idx[i], e->step_st[k] = &r->st, e->pre_ids[k] = r->prompt + r->fed;
-        e->pre_n[k] = c, e->pre_last[k] = (uint8_t)last;
-        k++;
-    }
-    if (!k) return;
-    int rc = model_prefill_batch(&e->run, e->step_st, k, e->pre_ids, e->pre_n, e->pre_last, e->logits);
-    for (int i = 0, j = 0; i < k; i++) {
-        req_t *r = turn[e->step_idx[i]];
-        const float *lg = e->logits + (size_t)j * e->m->a.V;
-        j += e->pre_last[i];
-        if (rc < 0 ? (finish_error(e, r, rc), 1) : chunk_done(e, r, e->pre_n[i], e->pre_last[i], lg))
-            turn[e->step_idx[i]] = NULL;
-    }
-}
-
-// The next token of every decoding request turn[idx[0..n)], from one batched
-// decode step (model_step_batch: each request's own cache and length).
-// Finished requests are freed and their turn[] entries set to NULL.
-static void decode(srv_engine_t *e, req_t **turn, const int *idx, int n) {
-    int k = 0;
-    // room for the token first (a page every BE_PAGE_ROWS tokens; preempting
-    // the newest requests when the pool is out), so that a cache that cannot
-    // grow fails alone
-    for (int i = 0; i < n; i++) {
-        req_t *r = turn[idx[i]];
+// The turn's one forward: the next prefill chunk of every prefilling request
+// turn[pre[0..n_pre)] and the next token of every decoding one
+// turn[dec[0..n_dec)]. With prefill work it is one batched prefill
+// (model_prefill_batch: the chunks packed, each over its own cache; the
+// decode tokens ride in it as one-token chunks, which step together, each
+// over its own cache at its own length), so the weights are read once for
+// the turn; without, one decode step (model_step_batch: recorded as a CUDA
+// graph where it can, fused kernels for a few rows). After a request's last
+// chunk comes its first token (chunk_done), after a decode its next one
+// (emit). Finished requests are freed and their turn[] entries set to NULL.
+// Adds what ran to *ran (forwards, mixed, rode).
+static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, const int *dec, int n_dec,
+                    srv_engine_stats_t *ran) {
+    // room for each decode token first (a page every BE_PAGE_ROWS tokens;
+    // preempting the newest requests when the pool is out), so that a cache
+    // that cannot grow fails alone
+    for (int i = 0; i < n_dec; i++) {
+        req_t *r = turn[dec[i]];
         if (!r) continue; // preempted for an older one
         int rc = make_room(e, r, r->st.len + 1);
         if (rc < 0) {
             finish_error(e, r, rc);
-            turn[idx[i]] = NULL;
+            turn[dec[i]] = NULL;
         }
     }
-    for (int i = 0; i < n; i++) {
-        req_t *r = turn[idx[i]];
+    int k = 0;
+    for (int i = 0; i < n_pre; i++) {
+        req_t *r = turn[pre[i]];
+        if (!r) continue; // preempted for an older one
+        int last, c = next_chunk(e, r, &last);
+        int rc = model_state_reserve(e->m, &r->st, r->st.len + c); // a cache that cannot grow fails alone
+        if (rc < 0) {
+            finish_error(e, r, rc);
+            turn[pre[i]] = NULL;
+            continue;
+        }
+        e->step_idx[k] = pre[i], e->step_st[k] = &r->st, e->pre_ids[k] = r->prompt + r->fed;
+        e->pre_n[k] = c, e->pre_last[k] = (uint8_t)last;
+        k++;
+    }
+    const int k_pre = k;
+    for (int i = 0; i < n_dec; i++) {
+        req_t *r = turn[dec[i]];
         if (!r) continue;
-        e->step_idx[k] = idx[i], e->step_st[k] = &r->st, e->step_ids[k] = r->next;
+        e->step_idx[k] = dec[i], e->step_st[k] = &r->st, e->step_ids[k] = r->next;
+        e->pre_ids[k] = &e->step_ids[k], e->pre_n[k] = 1, e->pre_last[k] = 1;
         k++;
     }
     if (!k) return;
-    int rc = model_step_batch(&e->run, e->step_st, k, e->step_ids, e->logits);
-    for (int i = 0; i < k; i++) {
+    int rc = k_pre ? model_prefill_batch(&e->run, e->step_st, k, e->pre_ids, e->pre_n, e->pre_last, e->logits)
+                   : model_step_batch(&e->run, e->step_st, k, e->step_ids, e->logits);
+    ran->forwards++;
+    if (k_pre && k > k_pre) ran->mixed++, ran->rode += (uint64_t)(k - k_pre);
+    for (int i = 0, j = 0; i < k; i++) {
         req_t *r = turn[e->step_idx[i]];
-        if (rc < 0 ? (finish_error(e, r, rc), 1) : emit(e, r, e->logits + (size_t)i * e->m->a.V))
-            turn[e->step_idx[i]] = NULL;
+        const float *lg = e->logits + (size_t)j * e->m->a.V;
+        j += e->pre_last[i];
+        int gone = rc < 0      ? (finish_error(e, r, rc), 1)
+                   : i < k_pre ? chunk_done(e, r, e->pre_n[i], e->pre_last[i], lg)
+                               : emit(e, r, lg);
+        if (gone) turn[e->step_idx[i]] = NULL;
     }
 }
 
@@ -420,9 +416,9 @@ void srv_engine_run(srv_engine_t *e) {
             gone = r->link;
             finish(e, r, SRV_FINISH_CANCELLED, 503, why);
         }
-        // One unit of work per running request: a prefill chunk each, all in
-        // one batched forward, then one batched decode step of those that
-        // were decoding already; finished ones leave the slots.
+        // One unit of work per running request, all in one forward: a
+        // prefill chunk of each request in its prompt, the next token of each
+        // decoding one; finished ones leave the slots.
         int n_dec = 0, n_pre = 0;
         for (int i = 0; i < n; i++) {
             req_t *r = turn[i];
@@ -438,9 +434,11 @@ void srv_engine_run(srv_engine_t *e) {
                 e->pre_idx[n_pre++] = i;
             }
         }
-        prefill(e, turn, e->pre_idx, n_pre);
-        decode(e, turn, e->dec_idx, n_dec);
+        srv_engine_stats_t ran = {0};
+        forward(e, turn, e->pre_idx, n_pre, e->dec_idx, n_dec, &ran);
         pthread_mutex_lock(&e->mu);
+        e->stats.turns += ran.forwards > 0;
+        e->stats.forwards += ran.forwards, e->stats.mixed += ran.mixed, e->stats.rode += ran.rode;
         int k = 0;
         for (int i = 0; i < n; i++)
             if (turn[i]) e->active[k++] = turn[i];
@@ -530,6 +528,12 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
                        "the server's %d (%.1f MiB of its cache budget, hylo serve --cache-mb)",
                        s->n_prompt, s->max_new, need, BE_PAGE_ROWS, need * (double)e->pool.page_bytes / 1048576.0,
                        e->pool.n_pages, e->pool.n_pages * (double)e->pool.page_bytes / 1048576.0);
+    // a token the model does not have would fail the forward of every
+    // request beside it
+    for (int i = 0; i < s->n_prompt; i++)
+        if (s->prompt[i] < 0 || s->prompt[i] >= e->m->a.V)
+            return err_set(ERR_INPUT, "prompt token %d (at %d) is not in the model's vocabulary [0, %d)", s->prompt[i],
+                           i, e->m->a.V);
     pthread_mutex_lock(&e->mu);
     // Room for max_seqs running and queue waiting (the queue is where every
     // request passes through, so it may briefly hold more than `queue`).
@@ -575,6 +579,13 @@ void srv_engine_cancel(srv_engine_t *e, uint64_t id) {
         if (e->active[i]->id == id) e->active[i]->cancel = found = 1;
     if (found) pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+}
+
+srv_engine_stats_t srv_engine_stats(srv_engine_t *e) {
+    pthread_mutex_lock(&e->mu);
+    srv_engine_stats_t s = e->stats;
+    pthread_mutex_unlock(&e->mu);
+    return s;
 }
 
 int srv_engine_ctx(const srv_engine_t *e) { return e->cfg.ctx; }

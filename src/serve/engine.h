@@ -3,11 +3,12 @@
 // their tokens back through callbacks. Each running request has its own cache
 // (model_state_t, B = 1), paged: its attention / MLA rows in pages of one
 // pool shared with the prefix cache (model.h model_pool_t), taken as it
-// grows; its GDN / Mamba-2 states its own. Each turn, every request still
-// in its prompt feeds one prefill chunk, and every request already decoding
-// gets its next token from one decode step of all of them together
-// (model_step_batch: continuous batching, each at its own length); up to
-// max_seqs run at once, others wait in a bounded queue. A request starts when
+// grows; its GDN / Mamba-2 states its own. Each turn runs one forward:
+// every request still in its prompt feeds one prefill chunk and every request
+// already decoding gets its next token, its row riding in the batched prefill
+// (model_prefill_batch) when there are chunks, else one decode step of all of
+// them together (model_step_batch); continuous batching, each request at its
+// own length. Up to max_seqs run at once, others wait in a bounded queue. A request starts when
 // the pages of its prompt are free; when a running one needs a page and none
 // is, the prefix cache's least recently used entries give theirs back, then
 // the newest running request is preempted: its pages freed, it goes back to
@@ -74,6 +75,14 @@ int64_t srv_request_bytes(const model_t *m, int n);
 // there is no budget); < 1 when the budget holds no page.
 int64_t srv_pool_pages(const model_t *m, const srv_engine_cfg_t *cfg);
 
+// What the engine has run: turns that ran the model, the forwards they ran
+// (one a turn: a batched prefill, or a decode step when no request was in
+// its prompt), the forwards that carried decode tokens beside prefill chunks
+// (mixed), and those tokens (rode).
+typedef struct {
+    uint64_t turns, forwards, mixed, rode;
+} srv_engine_stats_t;
+
 // srv_engine_submit's refusals (positive: not errors of the engine).
 enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };
 
@@ -81,13 +90,16 @@ enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };
 // runs until srv_engine_run. metrics may be NULL.
 int srv_engine_create(srv_engine_t **e, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics);
 // Queues a request: 0 (accepted: *id names it, on_done will come),
-// SRV_QUEUE_FULL, SRV_SHUTTING_DOWN, or a negative ERR_* (bad sizes, memory).
+// SRV_QUEUE_FULL, SRV_SHUTTING_DOWN, or a negative ERR_* (bad sizes, a
+// prompt token outside the model's vocabulary, memory).
 int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id);
 // Ends request id as soon as the engine thread sees it (within one step):
 // its cache is freed and on_done comes with SRV_FINISH_CANCELLED. Nothing
 // when it has finished already.
 void srv_engine_cancel(srv_engine_t *e, uint64_t id);
 int srv_engine_ctx(const srv_engine_t *e);
+// The counts so far (any thread).
+srv_engine_stats_t srv_engine_stats(srv_engine_t *e);
 // Pages of the engine's pool (srv_pool_pages).
 int srv_engine_pages(const srv_engine_t *e);
 // The engine loop, on the calling thread, until srv_engine_shutdown: then

@@ -314,6 +314,101 @@ static void test_step_batch_paged(void **st) {
     free_pair(&p);
 }
 
+// Decode rows riding in a prefill (model_prefill_batch with one-token
+// chunks: the server's turn when requests prefill while others decode),
+// paged on the GPU as the server's requests are, against contiguous states on
+// the CPU. Three prompts prefilled together and decoded for 4 steps (the
+// step recorded and replayed where the backend records); then three forwards
+// in which those three decode one token each while a fourth state, fresh,
+// takes its prompt in chunks of 70, 70 and 30 tokens, and in the first a
+// fifth, fresh, takes a one-token prompt (its Mamba-2 states zeroed by the
+// riding rows' step), in the order 0, 3, 4, 1, 2 (the forward puts the
+// one-token rows last and gives the logits back in this order); then 4
+// decode steps of all five (recorded anew after the positions and cache
+// bases the mixed forwards overwrote). Each row judged as in test_step_batch.
+static double mixed_forward_worst(pair_t *p, model_state_t **pc, model_state_t **pg, int n_st,
+                                  const int32_t *const *ids, const int *n, const uint8_t *want, int V, float *c1,
+                                  float *g1) {
+    int n_want = 0;
+    for (int k = 0; k < n_st; k++)
+        n_want += want[k];
+    assert_int_equal(model_prefill_batch(&p->rcpu, pc, n_st, ids, n, want, c1), 0);
+    assert_int_equal(model_prefill_batch(&p->rgpu, pg, n_st, ids, n, want, g1), 0);
+    return worst_row_err(g1, c1, n_want, V);
+}
+
+static void test_decode_rows_in_prefill(void **st) {
+    arch_t a = small_hybrid();
+    pair_t p;
+    make_pair(&p, &a);
+    enum { N = 5, STEPS = 4 };
+    const int len[3] = {40, 90, 200};
+    model_pool_t pool;
+    assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
+    model_state_t sc[N], sg[N];
+    model_state_t *pc[N], *pg[N];
+    float *c1 = malloc(sizeof(float) * N * a.V), *g1 = tu_nans((int64_t)N * a.V);
+    static int32_t prompt[N][200];
+    const int32_t *chunk[N];
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < 200; i++)
+            prompt[k][i] = (i * 43 + 11 * k + 5) % a.V;
+        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 512), 0);
+        assert_int_equal(model_state_alloc_paged(&p.gpu, &sg[k], &pool, 512), 0);
+        pc[k] = &sc[k], pg[k] = &sg[k];
+        chunk[k] = prompt[k];
+    }
+    assert_int_equal(model_prefill_batch(&p.rcpu, pc, 3, chunk, len, NULL, c1), 0);
+    assert_int_equal(model_prefill_batch(&p.rgpu, pg, 3, chunk, len, NULL, g1), 0);
+    double worst = worst_row_err(g1, c1, 3, a.V);
+    double e = decode_steps_worst(&p, pc, pg, 3, STEPS, a.V, c1, g1);
+    if (!(e <= worst)) worst = e;
+    printf("  3 prompts prefilled and %d decode steps: worst rel err of a row %.2e\n", STEPS, worst);
+    // three forwards of decode rows riding in state 3's prompt (and state 4's one token)
+    double worst_mixed = 0;
+    const int chunks3[3] = {70, 70, 30};
+    for (int f = 0, fed = 0; f < 3; fed += chunks3[f++]) {
+        int32_t tok[N];
+        const int32_t *ids[N];
+        int n[N];
+        uint8_t want[N];
+        model_state_t *oc[N], *og[N];
+        const int order[N] = {0, 3, 4, 1, 2};
+        int n_st = f == 0 ? N : N - 1;
+        for (int j = 0, o = 0; j < N; j++) {
+            int k = order[j];
+            if (k == 4 && f > 0) continue;
+            tok[k] = (int32_t)((f * 31 + k * 7 + 2) % a.V);
+            ids[o] = k == 3 ? prompt[3] + fed : &tok[k];
+            n[o] = k == 3 ? chunks3[f] : 1;
+            want[o] = k != 3 || f == 2;
+            oc[o] = pc[k], og[o] = pg[k];
+            o++;
+        }
+        e = mixed_forward_worst(&p, oc, og, n_st, ids, n, want, a.V, c1, g1);
+        if (!(e <= worst_mixed)) worst_mixed = e;
+    }
+    assert_int_equal(sg[3].len, 170);
+    assert_int_equal(sg[4].len, 1);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(sg[k].len, len[k] + STEPS + 3);
+    double worst_after = decode_steps_worst(&p, pc, pg, N, STEPS, a.V, c1, g1);
+    printf("  3 forwards of 3 decode rows riding in a 170-token prompt (and a one-token prompt): worst rel err of a "
+           "row %.2e; then %d decode steps of all five: %.2e\n",
+           worst_mixed, STEPS, worst_after);
+    assert_true(worst < 1e-1);
+    assert_true(worst_mixed < 1e-1);
+    assert_true(worst_after < 1e-1);
+    for (int k = 0; k < N; k++) {
+        model_state_free(&p.cpu, &sc[k]);
+        model_state_free(&p.gpu, &sg[k]);
+    }
+    assert_int_equal(pool.n_free, 8);
+    model_pool_free(&p.gpu, &pool);
+    free(c1), free(g1);
+    free_pair(&p);
+}
+
 static void test_model_gradients(void **st) {
     arch_t a = small_hybrid();
     pair_t p;
@@ -479,7 +574,7 @@ int main(void) {
         cmocka_unit_test(test_model_logits),        cmocka_unit_test(test_state_growth),
         cmocka_unit_test(test_step_batch),          cmocka_unit_test(test_model_gradients),
         cmocka_unit_test(test_smollm2_cuda_vs_cpu), cmocka_unit_test(test_prefill_key_tiles),
-        cmocka_unit_test(test_step_batch_paged),
+        cmocka_unit_test(test_step_batch_paged),    cmocka_unit_test(test_decode_rows_in_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,9 @@
 // together both finish, the newer one preempted (its pages freed, prefilled
 // again with its answer so far, its stream going on), and every token of
 // both streams is what greedy decoding of its sequence gives; the prefix
-// cache shares its pages with the requests that restore them.
+// cache shares its pages with the requests that restore them; decode tokens
+// ride in the prefill chunks of the same turn, one forward a turn, every
+// answer the one its request gets alone.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,19 +76,26 @@ static void bench_close(bench_t *b) {
     model_free(&b->m);
 }
 
-static void submit(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new) {
+// A greedy request whose tokens go to s through tok (on_token, or one that
+// does more).
+static void submit_with(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new,
+                        int (*tok)(void *, int32_t)) {
     memset(s, 0, sizeof *s);
     s->b = b;
     srv_submit_t q = {.prompt = prompt,
                       .n_prompt = n_prompt,
                       .max_new = max_new,
                       .sampler = {.temperature = 0, .top_p = 1},
-                      .on_token = on_token,
+                      .on_token = tok,
                       .on_done = on_done,
                       .user = s};
     uint64_t id;
     assert_int_equal(srv_engine_submit(b->e, &q, &id), 0);
     b->left++;
+}
+
+static void submit(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new) {
+    submit_with(b, s, prompt, n_prompt, max_new, on_token);
 }
 
 // Every generated token is the greedy choice given the prompt and the tokens
@@ -206,10 +215,95 @@ static void test_prefix_pages(void **state) {
     bench_close(&b);
 }
 
+// Decode rows riding in the prefill: requests at different stages overlap,
+// and every turn runs one forward. A (10-token prompt), B (300 tokens: five
+// chunks of 64) and C (a one-token prompt, a fresh state stepping in the
+// prefill) start together; while B is in its prompt, A and C decode, their
+// tokens riding in B's chunks; D (130 tokens) arrives after A's 12th token
+// and prefills while the others decode. Each answer (greedy) is token for
+// token the one the request gets alone in an engine (its decode steps
+// then model_step_batch's; the riding rows round apart from a decode step
+// in the last bits only: test_state.c test_decode_rows_in_prefill), and
+// every token the greedy choice of a forward over its whole sequence (gap
+// below 1e-3 as in test_preemption). The engine's counts: one forward a
+// turn, and forwards that carried decode tokens.
+enum { OV_N = 4 };
+static int32_t ov_prompt[OV_N][300];
+static const int ov_len[OV_N] = {10, 300, 1, 130}, ov_new[OV_N] = {40, 20, 30, 10};
+static stream_t *ov_later; // D, submitted from A's 12th token
+
+static int on_token_ov(void *user, int32_t id) {
+    stream_t *s = user;
+    on_token(user, id);
+    if (s->n == 12 && ov_later) {
+        stream_t *d = ov_later;
+        ov_later = NULL;
+        submit(s->b, d, ov_prompt[3], ov_len[3], ov_new[3]);
+    }
+    return 0;
+}
+
+// Request i alone in an engine of its own.
+static void ov_alone(int i, stream_t *s) {
+    bench_t b;
+    bench_open(&b, 12, 4, 0);
+    submit(&b, s, ov_prompt[i], ov_len[i], ov_new[i]);
+    srv_engine_run(b.e);
+    assert_true(s->has_done);
+    srv_engine_stats_t st = srv_engine_stats(b.e);
+    assert_int_equal(st.mixed, 0);
+    bench_close(&b);
+}
+
+static void test_decode_rides_in_prefill(void **state) {
+    bench_t b;
+    bench_open(&b, 12, 4, 0);
+    int V = b.m.a.V;
+    for (int i = 0; i < OV_N; i++)
+        for (int t = 0; t < ov_len[i]; t++)
+            ov_prompt[i][t] = (t * (7 + 2 * i) + 3 * i + 1) % V;
+    stream_t s[OV_N];
+    submit_with(&b, &s[0], ov_prompt[0], ov_len[0], ov_new[0], on_token_ov);
+    submit(&b, &s[1], ov_prompt[1], ov_len[1], ov_new[1]);
+    submit(&b, &s[2], ov_prompt[2], ov_len[2], ov_new[2]);
+    ov_later = &s[3];
+    // a token the model does not have is refused at submit (it would fail the forward of the requests beside it)
+    int32_t bad[2] = {1, V};
+    srv_submit_t qb = {.prompt = bad, .n_prompt = 2, .max_new = 1, .sampler = {.top_p = 1}};
+    uint64_t id;
+    assert_int_equal(srv_engine_submit(b.e, &qb, &id), ERR_INPUT);
+    srv_engine_run(b.e);
+    srv_engine_stats_t st = srv_engine_stats(b.e);
+    printf("  together: %llu turns, %llu forwards, %llu of them with %llu decode tokens riding in the prefill\n",
+           (unsigned long long)st.turns, (unsigned long long)st.forwards, (unsigned long long)st.mixed,
+           (unsigned long long)st.rode);
+    for (int i = 0; i < OV_N; i++) {
+        assert_true(s[i].has_done);
+        assert_int_equal(s[i].done.finish, SRV_FINISH_LENGTH);
+        assert_int_equal(s[i].n, ov_new[i]);
+        stream_t alone;
+        ov_alone(i, &alone);
+        assert_int_equal(alone.n, ov_new[i]);
+        assert_memory_equal(s[i].tok, alone.tok, sizeof(int32_t) * ov_new[i]);
+        double gap = check_greedy(&b.m, ov_prompt[i], ov_len[i], &s[i]);
+        printf("  request %c: %d tokens, the same alone; worst gap to the greedy token %.2e\n", 'A' + i, s[i].n, gap);
+        assert_true(gap < 1e-3);
+    }
+    // one forward a turn; B's chunks 2 to 5 carried A's and C's tokens, D's
+    // chunks the others'
+    assert_int_equal(st.forwards, st.turns);
+    assert_true(st.mixed >= 4 + 3);
+    assert_true(st.rode >= 2 * 4 + 3 * 2);
+    assert_int_equal(b.met.gen_tokens, 40 + 20 + 30 + 10);
+    assert_int_equal(b.met.pages_free, 12);
+    bench_close(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_prefix_pages),
+        cmocka_unit_test(test_decode_rides_in_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

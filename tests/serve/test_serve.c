@@ -349,7 +349,8 @@ static void test_stream(void **state) {
 
 // Four requests at once (two chats, two completions) each get the answer
 // they get alone, while a longer one that started first is mid-answer: the
-// engine decodes them in one batched step at different lengths (and, with
+// engine runs them in one forward a turn at different lengths, decode
+// tokens riding in the prompts' prefill chunks (and, with
 // --max-seqs 4, the last to come waits and joins when a slot frees), and the
 // longer one's answer is its answer alone too.
 static void test_concurrent(void **state) {
