@@ -7,7 +7,7 @@
 #   make MODE=asan test  the same under AddressSanitizer + UBSan (build-asan/)
 #   make CUDA=0          build without the CUDA backend
 #   make test-cuda       CUDA-vs-CPU tests (needs a GPU)
-#   make bench           the benchmarks (bench/), bench_attn and bench_gdn also in the bench-variants build (below)
+#   make bench           the benchmarks (bench/), bench_attn, bench_gdn and bench_decode also in the bench-variants build (below)
 #   make fuzz            libFuzzer targets of every file parser (token shards included) (clang; docs/FUZZING.md)
 #   make fuzz-smoke      each of them briefly on its corpus (CI)
 #   make format / make format-check
@@ -94,7 +94,7 @@ VARLIB := $(VARDIR)/libhylo.a
 VARBENCHBIN :=
 VARTESTBIN :=
 ifeq ($(CUDA),1)
-VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn
+VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn $(VARDIR)/bench/bench_decode
 VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn $(VARDIR)/tests/cuda/test_cuda_gdn
 endif
 

@@ -187,8 +187,17 @@ static __device__ __forceinline__ void griddep_enter() {
     griddep_wait();
     griddep_launch_dependents();
 }
+// The bench-variants build's HYLO_PDL=0 launches them plainly (the files of
+// that build only: attention, MLA and GDN), to tell a fault of the overlap from
+// one of the kernel.
 template <typename... P, typename... A>
 static inline void cu_launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+#ifdef HYLO_BENCH_VARIANTS
+    if (!cu_env_int("HYLO_PDL", 1)) {
+        kern<<<grid, block, smem, st>>>(args...);
+        return;
+    }
+#endif
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
     cudaLaunchAttribute attr[1];
