@@ -256,6 +256,18 @@ static void test_step_batch(void **st) {
     free_pair(&p);
 }
 
+// The end of a paged test: the N state pairs freed, every page of the GPU's
+// 8-page pool back, the pool and the pair freed.
+static void free_paged(pair_t *p, model_state_t *sc, model_state_t *sg, int N, model_pool_t *pool) {
+    for (int k = 0; k < N; k++) {
+        model_state_free(&p->cpu, &sc[k]);
+        model_state_free(&p->gpu, &sg[k]);
+    }
+    assert_int_equal(pool->n_free, 8);
+    model_pool_free(&p->gpu, pool);
+    free_pair(p);
+}
+
 // The same through paged caches on the GPU (the server's: one pool, page
 // tables; model_state_alloc_paged) against contiguous ones on the CPU: the
 // prompts prefilled in two batched rounds, so that a second chunk attends over
@@ -304,14 +316,8 @@ static void test_step_batch_paged(void **st) {
            worst);
     assert_int_equal(sg[0].n_pages, 2);
     assert_true(worst < 1e-1);
-    for (int k = 0; k < N; k++) {
-        model_state_free(&p.cpu, &sc[k]);
-        model_state_free(&p.gpu, &sg[k]);
-    }
-    assert_int_equal(pool.n_free, 8);
-    model_pool_free(&p.gpu, &pool);
     free(c1), free(g1);
-    free_pair(&p);
+    free_paged(&p, sc, sg, N, &pool);
 }
 
 // Decode rows riding in a prefill (model_prefill_batch with one-token
@@ -399,14 +405,8 @@ static void test_decode_rows_in_prefill(void **st) {
     assert_true(worst < 1e-1);
     assert_true(worst_mixed < 1e-1);
     assert_true(worst_after < 1e-1);
-    for (int k = 0; k < N; k++) {
-        model_state_free(&p.cpu, &sc[k]);
-        model_state_free(&p.gpu, &sg[k]);
-    }
-    assert_int_equal(pool.n_free, 8);
-    model_pool_free(&p.gpu, &pool);
     free(c1), free(g1);
-    free_pair(&p);
+    free_paged(&p, sc, sg, N, &pool);
 }
 
 static void test_model_gradients(void **st) {
