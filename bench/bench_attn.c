@@ -18,9 +18,11 @@
 // place) and HYLO_ATTN_FWD_BLOCKS (the persistent grid);
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
 // default tiles), 1 (v1's alternative tiles), all mma.sync (the default is
-// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims); MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one
-// bulk copy per row), 2 (v2, cp.async), 0 (v2, tiled tensor copies: the default). --sweep adds default decode runs over
-// HYLO_MLA_WARPS x HYLO_MLA_STAGES.
+// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims), 5 (the
+// wgmma backward with dQ added by bulk tensor reductions: "f+b dQ bulk");
+// MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy per row), 2 (v2,
+// cp.async), 0 (v2, tiled tensor copies: the default). --sweep adds default
+// decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
 // Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
@@ -125,13 +127,16 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
         // default forward)
         unsetenv("HYLO_ATTN_BWD");
         float t_fbw = time_op(run_fwd_bwd, &c, 2, reps, 0);
+        // the wgmma backward with its dQ tiles added by bulk tensor reductions (5)
+        setenv("HYLO_ATTN_BWD", "5", 1);
+        float t_fbq = time_op(run_fwd_bwd, &c, 2, reps, 0);
         set_env("HYLO_ATTN_BWD", saved);
         free(saved);
         snprintf(row->line, sizeof row->line,
                  "| %-12s | %6d | %2d | %2d | %3d | %3d | %8.3f | %8.3f | %8.3f | %8.3f | %10.3f | %10.3f | %10.3f | "
-                 "%5.3f | %9.3f | %9.3f |",
+                 "%5.3f | %9.3f | %9.3f | %11.3f |",
                  s->name, s->T, s->H, s->Hkv, s->dqk, s->dv, t_f, t_fv[0], t_fv[1], t_fv[2], t_fb[0], t_fb[1], t_fb[2],
-                 (t_fb[0] - t_f) / (t_fb[1] - t_f), t_fbw, (t_fbw - t_f) / (t_fb[0] - t_f));
+                 (t_fb[0] - t_f) / (t_fb[1] - t_f), t_fbw, (t_fbw - t_f) / (t_fb[0] - t_f), t_fbq);
     }
     printf("%s\n", row->line);
     fflush(stdout);
@@ -268,7 +273,7 @@ int main(int argc, char **argv) {
     int n_rows = 0, n_drows = 0;
     const char *hdr =
         compare ? "| shape        |      T |  H | Hkv | dqk |  dv |   fwd ms |  fwd mma |   fwd L2 | fwd pers | "
-                  "f+b ms v2  | f+b ms v1  | f+b v1-alt | bwd v2/v1 | f+b wgmma | bwd wg/v2 |"
+                  "f+b ms v2  | f+b ms v1  | f+b v1-alt | bwd v2/v1 | f+b wgmma | bwd wg/v2 | f+b dQ bulk |"
                 : "| shape        | B |      T |  H | Hkv | dqk |  dv |    fwd ms | fwd TF/s | fwd+bwd ms | "
                   "f+b TF/s |";
     if (do_attn) {

@@ -186,9 +186,13 @@ static const shape_t attn_shapes[] = {
 // production backward before run 25); the wgmma forward in L2-sized sections
 // of (b, kv head) units (HYLO_ATTN_FWD = 3) and on a persistent grid (4).
 // The test shapes are far below the L2 budget (one section, fewer tiles than
-// SMs), so the last three force small sections (HYLO_ATTN_FWD_UNITS, some
-// shorter at the end) and a few persistent blocks (HYLO_ATTN_FWD_BLOCKS, each
-// claiming several tiles in turn).
+// SMs), so the three after them force small sections (HYLO_ATTN_FWD_UNITS,
+// some shorter at the end) and a few persistent blocks (HYLO_ATTN_FWD_BLOCKS,
+// each claiming several tiles in turn). Last, the wgmma backward with its dQ
+// tiles added by bulk tensor reductions from shared memory (HYLO_ATTN_BWD = 5,
+// the default backward at other head dims): the shapes with T not a multiple
+// of 64 check that rows at or past Tq add nothing (the next head's rows in the
+// accumulator).
 typedef struct {
     const char *bwd, *fwd, *units, *blocks, *tag;
 } attn_var_t;
@@ -203,6 +207,7 @@ static const attn_var_t attn_vars[] = {
     {NULL, "3", "2", NULL, " [fwd L2 order, 2 units a section]"},
     {NULL, "4", "1", "3", " [fwd persistent, 3 blocks, 1 unit a section]"},
     {NULL, "4", NULL, "5", " [fwd persistent, 5 blocks]"},
+    {"5", NULL, NULL, NULL, " [bwd wgmma, dQ by bulk reduce]"},
 };
 #else
 static const attn_var_t attn_vars[] = {{NULL, NULL, NULL, NULL, ""}};

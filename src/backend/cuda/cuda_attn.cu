@@ -1158,7 +1158,8 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // 3 = v2 at d 64; each falls back to the mma.sync kernels below elsewhere.
 // 4 = the mma.sync kernels at every shape (the production backward before the
 // wgmma one). All lost in runs 7 and 25 (docs/PERFORMANCE.md). True when a
-// variant ran.
+// variant ran. (5, the wgmma backward with dQ by bulk reductions, is
+// bwd_wgmma_dqb below.)
 static bool bwd_variant(int var, be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q,
                         const void *k, const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H,
                         int Hkv, int dqk, int dv, float scale, int Tqp) {
@@ -1203,6 +1204,28 @@ static bool bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void *dout,
     return false;
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+// HYLO_ATTN_BWD=5: the wgmma backward with each step's dQ tile written to
+// shared memory and added into the fp32 accumulator by bulk tensor reductions
+// (k_attn_bwd_wgmma_dqb) instead of red.global.add.v4 from registers, at the
+// same head dims; false where it does not apply (the caller falls back to the
+// default backward).
+static bool bwd_wgmma_dqb(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                          const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
+                          int dqk, int dv, float scale, int Tqp) { // attn_bwd is causal
+    if (dqk == 64 && dv == 64)
+        return launch_bwd_wgmma<64, 64, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
+                                              1);
+    if (dqk == 128 && dv == 128)
+        return launch_bwd_wgmma<128, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
+                                                1);
+    if (dqk == 192 && dv == 128)
+        return launch_bwd_wgmma<192, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
+                                                1);
+    return false;
+}
+#endif
+
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                         const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale) {
@@ -1236,6 +1259,9 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
     bool done =
         var ? false : bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
 #ifdef HYLO_BENCH_VARIANTS
+    if (!done && var == 5) // else the default: the wgmma backward, or mma.sync below
+        done = bwd_wgmma_dqb(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp) ||
+               bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
     if (!done && var)
         done = bwd_variant(var, be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
 #endif

@@ -51,11 +51,20 @@
 // Shared memory: K, V (128 rows), 2 stages of Q, dO (BM rows), 2 dS^T buffers
 // (128 keys x BM), 2 stages of lse2 / D, 1 KB for alignment: 166,952 bytes at
 // 64/64, 165,928 at 128/128, 198,696 at 192/128 (one block per SM).
+//
+// Bench-only (bench-variants build, HYLO_ATTN_BWD=5: k_attn_bwd_wgmma_dqb, not
+// yet run on a GPU): the same kernel, but each warpgroup writes its dQ share
+// into 16 KB of shared memory and one of its threads adds it into the
+// accumulator with two bulk tensor reductions (wb_dq_bulk), in place of 1024
+// red.global.add.v4 issued by the warpgroup per 64 x 64 share. Shared memory
+// 32 KB more: 199,720 / 198,696 / 231,464 bytes (192/128 reuses warpgroup 0's
+// slot for its second pass of 64 columns).
 #pragma once
 
-enum { WB_BN = 128, WB_NS = 2, WB_THREADS = 384 };
+// WB_DQ_BOX: the bench-only dQ slots' box, 64 rows x 32 fp32 (wb_dq_bulk)
+enum { WB_BN = 128, WB_NS = 2, WB_THREADS = 384, WB_DQ_BOX = 64 * 32 * 4 };
 
-template <int DQK, int DV> struct wb_cfg {
+template <int DQK, int DV, bool DQB = false> struct wb_cfg {
     static_assert((DQK == 64 && DV == 64) || (DQK == 128 && DV == 128) || (DQK == 192 && DV == 128), "head dims");
     static constexpr int BM = DQK <= 64 ? 128 : 64; // query rows per step
     static constexpr int QK_PANELS = DQK / 64, V_PANELS = DV / 64;
@@ -74,11 +83,17 @@ template <int DQK, int DV> struct wb_cfg {
     static constexpr int QS = DQK == 192 ? 32 : BM;
     static constexpr int OFF_V = K_BYTES, OFF_Q = OFF_V + V_BYTES, OFF_O = OFF_Q + WB_NS * Q_BYTES;
     static constexpr int OFF_DS = OFF_O + WB_NS * O_BYTES, OFF_LD = OFF_DS + 2 * DS_BYTES;
-    static constexpr int OFF_BAR = OFF_LD + WB_NS * LD_BYTES;
+    // DQB (bench-only, HYLO_ATTN_BWD=5, wb_dq_bulk): one fp32 dQ slot per consumer
+    // warpgroup, two boxes of [64 rows][32 floats] (16 KB), between lse2 / D and the barriers
+    static constexpr int DQ_SLOT = 2 * WB_DQ_BOX;
+    static constexpr int OFF_DQ = OFF_LD + WB_NS * LD_BYTES;
+    static constexpr int OFF_BAR = OFF_DQ + (DQB ? 2 * DQ_SLOT : 0);
     // 1 KB to align the panels (the swizzle pattern repeats every 1024 bytes); barriers: K/V, full, empty
     static constexpr int SMEM = 1024 + OFF_BAR + 8 * (1 + 2 * WB_NS);
     static_assert(Q_BYTES % 1024 == 0 && O_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "panel alignment");
     static_assert((NQ0 == 64 || NQ0 == 128) && (NQ1 == 64 || NQ1 == 128), "dQ column split");
+    static_assert(!DQB || (OFF_DQ % 1024 == 0 && SMEM <= 232448), "dQ slots: alignment, 227 KB a block");
+    static_assert(!DQB || ((BM == 128 ? NQ0 : NQP) == 64 && NQ1 == 64), "dQ slots: passes of 64 columns");
 };
 
 template <int R> static __device__ __forceinline__ void wb_setmaxnreg_inc() {
@@ -94,6 +109,9 @@ static __device__ __forceinline__ float2 wb_lds2(uint32_t addr) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
     return v;
+}
+static __device__ __forceinline__ void wb_sts_v2(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 static __device__ __forceinline__ void wb_red_add_v4(float *p, float a, float b, float c, float d) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -181,25 +199,86 @@ static __device__ __forceinline__ void wb_dq(float *dqh, int dqk, uint32_t a0, u
     }
 }
 
+// Bench-only (HYLO_ATTN_BWD=5): one warpgroup's dQ share of 64 rows [row0, row0
+// + 64) x 64 columns [c0, c0 + 64), computed as in wb_dq, then added into the
+// accumulator by the copy engine instead of 1024 red.global.add.v4 (8 a thread):
+//  - each thread stores its 32 floats into the warpgroup's slot, the two boxes
+//    (columns c0.., c0 + 32..) of tdq, the accumulator's tensor map ([heads][Tq]
+//    [dqk] fp32, boxes of 64 rows x 32 columns, 128-byte swizzle: row r of a box
+//    is 128 bytes, its 16-byte chunk c at c ^ r % 8);
+//  - fence.proxy.async (the copy engine reads what ordinary stores wrote), the
+//    warpgroup's barrier, then one thread (issuer) adds both boxes with
+//    cp.reduce.async.bulk.tensor (.add, fp32) in one bulk group (empty when
+//    all 64 rows are past Tq). The map's bounds drop the rows at or past Tq
+//    (the next head's rows in the accumulator; their dS, so dQ, is 0 anyway).
+//  - wait: the slot still holds an earlier pass of this step (192/128's second
+//    pass): the issuer first waits until that group has read it, then the
+//    barrier. The first pass of a step needs no wait here: the issuer waited
+//    before the step's "stage done" barrier (k_attn_bwd_wgmma).
+// Banks: a store writes registers 4 j + 2 h, + 1 (row 16 wi + g + 8 h, columns
+// 8 j + 2 t4, + 1) as 8 bytes at chunk (2 (j % 4) + t4 / 2) ^ g of box j / 4. For
+// one j and h a warp writes 8 rows x 2 chunks; with g = 0..7 each of the 8 chunk
+// positions (4 banks) gets two chunk halves from two rows: 256 bytes in 2
+// wavefronts, the least there is. (Unswizzled rows of 256 or 512 bytes would put
+// all 8 rows in the same banks, 4 wavefronts.)
+static __device__ __forceinline__ void wb_dq_bulk(const CUtensorMap *tdq, int head, uint32_t slot, uint32_t a0,
+                                                  uint32_t b0, int row0, int c0, int Tq, bool wait, bool issuer,
+                                                  int bar, int wi, int g, int t4) {
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        acc[i] = 0.f;
+    wgmma_pin(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < WB_BN / 16; kc++)
+        wb_ss_tt<64>(acc, wgmma_desc(a0 + kc * 2048, WB_BN * 128, 1024), wgmma_desc(b0 + kc * 2048, WB_BN * 128, 1024),
+                     kc > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(acc);
+    if (wait) {
+        if (issuer) tma_store_wait_read<0>();
+        named_sync(bar, 128);
+    }
+    const uint32_t x = (uint32_t)((t4 >> 1) ^ g), at = slot + (16 * wi + g) * 128 + 8 * (t4 & 1);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wb_sts_v2(at + (j >> 2) * WB_DQ_BOX + h * 1024 + (((2u * (j & 3)) ^ x) << 4), acc[4 * j + 2 * h],
+                      acc[4 * j + 2 * h + 1]);
+    fence_proxy_async();
+    named_sync(bar, 128);
+    if (issuer) {
+        if (row0 < Tq) { // else every row is past Tq (64/64: warpgroup 1 at Tq % 128 <= 64)
+            tma_reduce_add_3d(tdq, c0, row0, head, slot);
+            tma_reduce_add_3d(tdq, c0 + 32, row0, head, slot + WB_DQ_BOX);
+        }
+        tma_store_commit();
+    }
+}
+
 // Grid: n_kt * n_units blocks, key tile slowest (tile 0, the heaviest when
 // causal, first). unit = (b, kv head) = u0 + local index ul; dqacc is [n_units
 // * grp][Tq][dqk] (head hh of the unit at ul * grp + hh). CAUSAL false: every
 // query sees every key (not reachable through attn_bwd, which is causal). A
 // template argument rather than a flag: the flag's extra live values made the
-// 192/128 consumers spill loop counters.
-template <int DQK, int DV, bool CAUSAL>
-__global__ void __launch_bounds__(WB_THREADS, 1)
-    k_attn_bwd_wgmma(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc,
-                     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
-                     const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                     const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv,
-                     float sl2, float scale, int u0, int n_units, int Tqp) {
-    typedef wb_cfg<DQK, DV> C;
+// 192/128 consumers spill loop counters. The body of k_attn_bwd_wgmma and of
+// the bench-only k_attn_bwd_wgmma_dqb (DQB: dQ by wb_dq_bulk into tdq, the
+// accumulator's tensor map; NULL otherwise).
+template <int DQK, int DV, bool CAUSAL, bool DQB>
+static __device__ __forceinline__ void
+wb_bwd(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc, const CUtensorMap *tq,
+       const CUtensorMap *tdo, const CUtensorMap *tk, const CUtensorMap *tv, const CUtensorMap *tdq,
+       const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv, float sl2,
+       float scale, int u0, int n_units, int Tqp) {
+    typedef wb_cfg<DQK, DV, DQB> C;
     constexpr int BM = C::BM, QS = C::QS;
     extern __shared__ __align__(1024) unsigned char wb_smem[];
     const uint32_t raw = smem_u32(wb_smem), base = (raw + 1023u) & ~1023u;
     const uint32_t sK = base, sV = base + C::OFF_V, sQ = base + C::OFF_Q, sO = base + C::OFF_O;
-    const uint32_t sDS = base + C::OFF_DS, sLD = base + C::OFF_LD;
+    const uint32_t sDS = base + C::OFF_DS, sLD = base + C::OFF_LD, sDQ = base + C::OFF_DQ;
     const uint32_t bar_kv = base + C::OFF_BAR, bar_full = bar_kv + 8, bar_empty = bar_full + 8 * WB_NS;
 
     const int jt = blockIdx.x / n_units, ul = blockIdx.x - jt * n_units;
@@ -232,9 +311,9 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         if (tid == 0) {
             mbar_arrive_expect_tx(bar_kv, C::K_BYTES + C::V_BYTES);
             for (int p = 0; p < C::QK_PANELS; p++)
-                tensor_g2s_3d(sK + p * WB_BN * 128, &tk, hk * DQK + 64 * p, n0, b, bar_kv);
+                tensor_g2s_3d(sK + p * WB_BN * 128, tk, hk * DQK + 64 * p, n0, b, bar_kv);
             for (int p = 0; p < C::V_PANELS; p++)
-                tensor_g2s_3d(sV + p * WB_BN * 128, &tv, hk * DV + 64 * p, n0, b, bar_kv);
+                tensor_g2s_3d(sV + p * WB_BN * 128, tv, hk * DV + 64 * p, n0, b, bar_kv);
             for (int it = 0; it < n_it; it++) {
                 const int s = it % WB_NS, r = it / WB_NS;
                 if (r > 0) mbar_wait(bar_empty + 8 * s, (r - 1) & 1); // both warpgroups are done with the stage
@@ -244,9 +323,9 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                 const uint32_t l_s = sLD + s * C::LD_BYTES;
                 mbar_arrive_expect_tx(fb, C::Q_BYTES + C::O_BYTES + 2 * lb);
                 for (int p = 0; p < C::QK_PANELS; p++)
-                    tensor_g2s_3d(q_s + p * BM * 128, &tq, h * DQK + 64 * p, m0, b, fb);
+                    tensor_g2s_3d(q_s + p * BM * 128, tq, h * DQK + 64 * p, m0, b, fb);
                 for (int p = 0; p < C::V_PANELS; p++)
-                    tensor_g2s_3d(o_s + p * BM * 128, &tdo, h * DV + 64 * p, m0, b, fb);
+                    tensor_g2s_3d(o_s + p * BM * 128, tdo, h * DV + 64 * p, m0, b, fb);
                 const int64_t li = ((int64_t)b * H + h) * Tqp + m0;
                 bulk_g2s(l_s, lse2 + li, lb, fb);
                 bulk_g2s(l_s + BM * 4, Dd + li, lb, fb);
@@ -262,6 +341,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     // so the wgmma under branches on it are not serialized (ptxas C7520)
     const int w = __shfl_sync(0xffffffffu, (warp >> 2) - 1, 0), wi = warp & 3, g = lane >> 2, t4 = lane & 3;
     const int kr = 64 * w + 16 * wi + g;
+    const bool issuer = wi == 0 && lane == 0; // DQB: the thread of the warpgroup that issues its bulk reductions
     float dka[DQK / 2], dva[DV / 2];
 #pragma unroll
     for (int i = 0; i < DQK / 2; i++)
@@ -390,7 +470,10 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
             }
             fence_proxy_async();
         }
-        // this warpgroup is done with the stage
+        // this warpgroup is done with the stage (DQB: and the bulk reduction of its
+        // dQ slot, issued the step before, has read it; the slot is written below)
+        if constexpr (DQB)
+            if (issuer) tma_store_wait_read<0>();
         named_sync(1 + w, 128);
         if (wi == 0 && lane == 0) mbar_arrive(bar_empty + 8 * s);
         // both warpgroups' dS^T in the buffer. Two buffers make this the only
@@ -399,15 +482,31 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         // step it - 2 (the last reader of that buffer) has completed.
         named_sync(3, 256);
 
-        float *dqh = dqacc + (int64_t)(ul * grp + hh) * Tq * DQK;
-        if (BM == 128) // rows [64 w, 64 w + 64): panel w of the buffer, all columns
-            wb_dq<C::NQ0>(dqh, DQK, dsb + w * WB_BN * 128, sK, m0 + 64 * w, 0, Tq, wi, g, t4);
-        else if (w == 0) {
+        if constexpr (DQB) { // the same shares and passes, through warpgroup w's slot
+            const int head = ul * grp + hh;
+            const uint32_t slot = sDQ + w * C::DQ_SLOT;
+            if (BM == 128)
+                wb_dq_bulk(tdq, head, slot, dsb + w * WB_BN * 128, sK, m0 + 64 * w, 0, Tq, false, issuer, 1 + w, wi, g,
+                           t4);
+            else if (w == 0) {
 #pragma unroll
-            for (int c = 0; c < C::NQ0; c += C::NQP) // passes of NQP columns (registers: see wb_cfg)
-                wb_dq<C::NQP>(dqh, DQK, dsb, sK + (c / 64) * WB_BN * 128, m0, c, Tq, wi, g, t4);
-        } else
-            wb_dq<C::NQ1>(dqh, DQK, dsb, sK + (C::NQ0 / 64) * WB_BN * 128, m0, C::NQ0, Tq, wi, g, t4);
+                for (int c = 0; c < C::NQ0; c += 64)
+                    wb_dq_bulk(tdq, head, slot, dsb, sK + (c / 64) * WB_BN * 128, m0, c, Tq, c > 0, issuer, 1 + w, wi,
+                               g, t4);
+            } else
+                wb_dq_bulk(tdq, head, slot, dsb, sK + (C::NQ0 / 64) * WB_BN * 128, m0, C::NQ0, Tq, false, issuer, 1 + w,
+                           wi, g, t4);
+        } else {
+            float *dqh = dqacc + (int64_t)(ul * grp + hh) * Tq * DQK;
+            if (BM == 128) // rows [64 w, 64 w + 64): panel w of the buffer, all columns
+                wb_dq<C::NQ0>(dqh, DQK, dsb + w * WB_BN * 128, sK, m0 + 64 * w, 0, Tq, wi, g, t4);
+            else if (w == 0) {
+#pragma unroll
+                for (int c = 0; c < C::NQ0; c += C::NQP) // passes of NQP columns (registers: see wb_cfg)
+                    wb_dq<C::NQP>(dqh, DQK, dsb, sK + (c / 64) * WB_BN * 128, m0, c, Tq, wi, g, t4);
+            } else
+                wb_dq<C::NQ1>(dqh, DQK, dsb, sK + (C::NQ0 / 64) * WB_BN * 128, m0, C::NQ0, Tq, wi, g, t4);
+        }
     }
 
     // epilogue: dK = scale dS^T Q, dV = P^T dO -> bf16 (rows past Tk not stored)
@@ -424,18 +523,64 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         for (int j = 0; j < DV / 8; j++)
             *(uint32_t *)(dvr + 8 * j + 2 * t4) = pack_bf16(dva[4 * j + 2 * i], dva[4 * j + 2 * i + 1]);
     }
+    if constexpr (DQB) // the slot's last bulk reduction done before the block's shared memory goes
+        if (issuer) tma_store_wait<0>();
 }
+
+template <int DQK, int DV, bool CAUSAL>
+__global__ void __launch_bounds__(WB_THREADS, 1)
+    k_attn_bwd_wgmma(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc,
+                     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                     const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                     const float *__restrict__ lse2, const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv,
+                     float sl2, float scale, int u0, int n_units, int Tqp) {
+    wb_bwd<DQK, DV, CAUSAL, false>(dk, dvo, dqacc, &tq, &tdo, &tk, &tv, nullptr, lse2, Dd, Tq, Tk, H, Hkv, sl2, scale,
+                                   u0, n_units, Tqp);
+}
+
+#ifdef HYLO_BENCH_VARIANTS
+// Bench-only (HYLO_ATTN_BWD=5): dQ added by bulk tensor reductions through tdq,
+// the accumulator [n_units * grp][Tq][dqk] fp32 as a 3-D tensor map of boxes of
+// 32 columns x 64 rows, 128-byte swizzle (launch_bwd_wgmma's wb_dq_map).
+template <int DQK, int DV, bool CAUSAL>
+__global__ void __launch_bounds__(WB_THREADS, 1)
+    k_attn_bwd_wgmma_dqb(bf16 *__restrict__ dk, bf16 *__restrict__ dvo, float *__restrict__ dqacc,
+                         const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                         const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse2,
+                         const float *__restrict__ Dd, int Tq, int Tk, int H, int Hkv, float sl2, float scale, int u0,
+                         int n_units, int Tqp) {
+    wb_bwd<DQK, DV, CAUSAL, true>(dk, dvo, dqacc, &tq, &tdo, &tk, &tv, &tdq, lse2, Dd, Tq, Tk, H, Hkv, sl2, scale, u0,
+                                  n_units, Tqp);
+}
+#endif
+
+#ifdef HYLO_BENCH_VARIANTS
+// The dQ accumulator acc ([heads][Tq][dqk] fp32) as the 3-D tensor map of
+// k_attn_bwd_wgmma_dqb: boxes of 32 columns (128 bytes, the 128-byte swizzle's
+// row) x 64 rows x 1 head. Rows at or past Tq lie outside it, so a box over
+// them adds nothing there (the next head's rows).
+static bool wb_dq_map(cuda_encode_tiled_fn enc, CUtensorMap *m, float *acc, int dqk, int Tq, int heads) {
+    const cuuint64_t dims[3] = {(cuuint64_t)dqk, (cuuint64_t)Tq, (cuuint64_t)heads};
+    const cuuint64_t strides[2] = {(cuuint64_t)dqk * 4, (cuuint64_t)Tq * dqk * 4};
+    const cuuint32_t box[3] = {32, 64, 1}, estr[3] = {1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)acc, dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+#endif
 
 // Launches the wgmma backward and k_attn_dq_out, in passes over (b, kv head)
 // units as run_bwd does; false (nothing launched) where it does not apply (no
 // tensor-map encoder, be->deterministic (its dQ adds land in the order the
 // blocks run), an empty or undescribable shape): the caller then runs the
-// default kernels. lse2, Dd: k_attn_bwd_pre's, [B H][Tqp].
-template <int DQK, int DV>
+// default kernels. lse2, Dd: k_attn_bwd_pre's, [B H][Tqp]. DQB (bench-variants
+// build only): k_attn_bwd_wgmma_dqb, dQ by bulk tensor reductions.
+template <int DQK, int DV, bool DQB = false>
 static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                              const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
                              float scale, int Tqp, int causal) {
-    typedef wb_cfg<DQK, DV> C;
+    typedef wb_cfg<DQK, DV, DQB> C;
     cuda_encode_tiled_fn enc = cuda_tensor_encoder();
     if (!enc || be->deterministic || B <= 0 || Tq <= 0 || Tk <= 0) return false;
     CUtensorMap mq, mdo, mk, mv;
@@ -443,7 +588,12 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
         !wg_tensor_map(enc, &mk, k, Hkv * DQK, Tk, B, WB_BN) || !wg_tensor_map(enc, &mv, v, Hkv * DV, Tk, B, WB_BN))
         return false;
     auto kern = causal ? k_attn_bwd_wgmma<DQK, DV, true> : k_attn_bwd_wgmma<DQK, DV, false>;
-    if (cuda_smem_limit(be, (const void *)kern, C::SMEM, "k_attn_bwd_wgmma") < 0) return true; // error recorded
+    const void *kfn = (const void *)kern;
+#ifdef HYLO_BENCH_VARIANTS
+    auto kern_b = causal ? k_attn_bwd_wgmma_dqb<DQK, DV, true> : k_attn_bwd_wgmma_dqb<DQK, DV, false>;
+    if (DQB) kfn = (const void *)kern_b;
+#endif
+    if (cuda_smem_limit(be, kfn, C::SMEM, "k_attn_bwd_wgmma") < 0) return true; // error recorded
     const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + WB_BN - 1) / WB_BN;
     const size_t unit_bytes = (size_t)grp * Tq * DQK * sizeof(float); // one unit's fp32 dQ accumulator
     arena_t *ar = &be->scratch;
@@ -456,11 +606,21 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
                     avail, unit_bytes);
         return true;
     }
+    const size_t mark = arena_mark(ar);
     float *acc = (float *)arena_alloc(ar, unit_bytes * (size_t)upc);
     if (!acc) {
         cu_op_error(be, "cuda attn_bwd: cannot take %zu bytes from the scratch arena", unit_bytes * (size_t)upc);
         return true;
     }
+#ifdef HYLO_BENCH_VARIANTS
+    CUtensorMap mdq = {};
+    if constexpr (DQB)
+        if (!wb_dq_map(enc, &mdq, acc, DQK, Tq, upc * grp)) {
+            arena_reset(ar, mark);
+            return false;
+        }
+#endif
+    (void)mark;
     for (int u0 = 0; u0 < units; u0 += upc) {
         const int n = units - u0 < upc ? units - u0 : upc;
         cudaError_t e = cudaMemsetAsync(acc, 0, unit_bytes * (size_t)n, cuda_stream(be));
@@ -469,9 +629,16 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
             return true;
         }
         const int64_t blocks = (int64_t)n_kt * n;
-        kern<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
-            (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, lse2, Dd, Tq, Tk, H, Hkv, scale * 1.4426950408889634f, scale,
-            u0, n, Tqp);
+#ifdef HYLO_BENCH_VARIANTS
+        if constexpr (DQB)
+            kern_b<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
+                (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, mdq, lse2, Dd, Tq, Tk, H, Hkv,
+                scale * 1.4426950408889634f, scale, u0, n, Tqp);
+        else
+#endif
+            kern<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
+                (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, lse2, Dd, Tq, Tk, H, Hkv, scale * 1.4426950408889634f,
+                scale, u0, n, Tqp);
         cuda_check_launch(be, "k_attn_bwd_wgmma");
         const int64_t nv = (int64_t)n * grp * Tq * (DQK / 4);
         k_attn_dq_out<<<cuda_blocks(nv, 256), 256, 0, cuda_stream(be)>>>((bf16 *)dq, acc, Tq, H, Hkv, DQK, scale, u0,

@@ -81,3 +81,14 @@ static __device__ __forceinline__ void tensor_g2s_3d(uint32_t dst, const CUtenso
 static __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// 3-D tensor reduction shared -> global: each element of the box at (x, y, z)
+// of tmap, read from shared memory at src (laid out as a load of that box
+// would write it), is added into the tensor's element (.add in the map's
+// element type); elements outside the tensor are not written. In this
+// thread's current bulk group (cp.async.bulk.commit_group / wait_group).
+static __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap *tmap, int x, int y, int z, uint32_t src) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+                 " [%0, {%1, %2, %3}], [%4];\n" ::"l"((uint64_t)tmap),
+                 "r"(x), "r"(y), "r"(z), "r"(src)
+                 : "memory");
+}
