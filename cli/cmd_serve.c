@@ -26,12 +26,13 @@ static const char *help =
     "Chat messages go through the model's chat template; their text never becomes\n"
     "control tokens. Sampling: temperature, top_p, top_k, seed, max_tokens\n"
     "(max_completion_tokens), stop (up to 4 strings), n = 1.\n"
-    "The engine runs up to --max-seqs requests at once (each with its own cache):\n"
-    "a prefill chunk of each new one per turn, and one decode step of all the\n"
-    "others together; --queue more wait, and beyond that a request\n"
-    "gets 429. A request whose prompt and max_tokens exceed --ctx gets 400. A client\n"
-    "that disconnects cancels its request. SIGINT / SIGTERM stop the server: what\n"
-    "is running is cancelled, everything freed.\n"
+    "The engine runs up to --max-seqs requests at once (each with its own cache),\n"
+    "one forward a turn: a prefill chunk of each request in its prompt, and the\n"
+    "next token of each of the others riding with them (--max-batched-tokens\n"
+    "bounds it); --queue more wait, and beyond that a request gets 429. A request\n"
+    "whose prompt and max_tokens exceed --ctx gets 400. A client that disconnects\n"
+    "cancels its request. SIGINT / SIGTERM stop the server: what is running is\n"
+    "cancelled, everything freed.\n"
     "Prints 'hylo: serving NAME on http://HOST:PORT' once it listens.\n"
     "\n"
     "options:\n"
@@ -45,6 +46,12 @@ static const char *help =
     "  --max-seqs N      requests generating at once (default 4)\n"
     "  --queue N         requests waiting beyond them (default 16)\n"
     "  --chunk N         prefill tokens of a request per turn (default 512)\n"
+    "  --max-batched-tokens N  tokens of one turn's forward (default 0 = no limit but\n"
+    "                    max-seqs x chunk), as vLLM's max_num_batched_tokens: the decode tokens\n"
+    "                    (one a request) count first and are never deferred, then the prompts'\n"
+    "                    chunks, oldest request first, each cut to what is left; a prompt that\n"
+    "                    gets nothing waits a turn. The oldest prompt gets a token at least, so\n"
+    "                    a forward holds at most max(N, --max-seqs) tokens\n"
     "  --prefix-cache-mb N  bytes (MiB) of the prefix cache (default 256; 0 = off): requests whose\n"
     "                    prompt starts with an earlier prompt (a chat's next turn) restore its\n"
     "                    state and prefill only the rest; least recently used entries go first\n"
@@ -97,7 +104,7 @@ int cmd_serve(int argc, char **argv) {
     }
     const char *path = NULL, *host = "127.0.0.1", *key = getenv("HYLO_API_KEY"), *name = NULL, *device = "cpu";
     long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0, prefix_mb = 256, cache_mb = -1,
-         prefix_block = 1024;
+         prefix_block = 1024, max_batched = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;
@@ -123,6 +130,9 @@ int cmd_serve(int argc, char **argv) {
             if (r < 0 || (r = cli_int("serve", "--queue", v, 0, 1 << 20, &queue)) < 0) return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--chunk", &v))) {
             if (r < 0 || (r = cli_int("serve", "--chunk", v, 1, 1 << 20, &chunk)) < 0) return cli_fail(r);
+        } else if ((r = cli_opt("serve", argc, argv, &i, "--max-batched-tokens", &v))) {
+            if (r < 0 || (r = cli_int("serve", "--max-batched-tokens", v, 0, 1 << 30, &max_batched)) < 0)
+                return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--prefix-cache-mb", &v))) {
             if (r < 0 || (r = cli_int("serve", "--prefix-cache-mb", v, 0, 1L << 30, &prefix_mb)) < 0)
                 return cli_fail(r);
@@ -200,7 +210,8 @@ int cmd_serve(int argc, char **argv) {
                                .n_stop_ids = gen_stop_ids(&tok, &m.a, stop_ids, 16),
                                .prefix_bytes = (int64_t)prefix_mb << 20,
                                .cache_budget = budget,
-                               .prefix_block = (int)prefix_block};
+                               .prefix_block = (int)prefix_block,
+                               .max_batched_tokens = (int)max_batched};
         rc = srv_engine_create(&e, &m, &ec, &met);
     }
     if (rc == 0) {
@@ -218,8 +229,10 @@ int cmd_serve(int argc, char **argv) {
         if (budget)
             snprintf(cb, sizeof cb, "cache budget %.0f MiB: %lld pages of 256 tokens", budget / 1048576.0,
                      (long long)srv_engine_pages(e));
-        printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld, %s%s)\n", name, v6 ? "[" : "",
-               host, v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, cb,
+        char bt[64] = "";
+        if (max_batched) snprintf(bt, sizeof bt, ", max-batched-tokens %ld", max_batched);
+        printf("hylo: serving %s on http://%s%s%s:%d (ctx %ld, max-seqs %ld, queue %ld%s, %s%s)\n", name, v6 ? "[" : "",
+               host, v6 ? "]" : "", srv_http_port(h), ctx, max_seqs, queue, bt, cb,
                key && key[0] ? ", API key required" : "");
         fflush(stdout);
         // The engine runs here, on the thread that loaded the model (its

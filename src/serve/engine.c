@@ -1,5 +1,6 @@
 #include "serve/engine.h"
 
+#include <limits.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -259,6 +260,9 @@ static int next_chunk(const srv_engine_t *e, const req_t *r, int *last) {
     // where its boundaries are taken), also after a restored prefix: its
     // rest then goes through the products in the chunks a prefill from
     // token 0 would use, but for the first (docs/SERVING.md, prefix caching).
+    // The token budget (forward) may only end a chunk earlier: the next one
+    // then runs to the same boundary, so every block boundary is still the
+    // end of a chunk (srv_prefix_mark takes it there).
     int n = r->n_feed - r->fed, to = e->cfg.chunk - r->fed % e->cfg.chunk;
     if (e->prefix) {
         int block = srv_prefix_block(e->prefix), tb = block - r->fed % block;
@@ -299,7 +303,11 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *l
 // graph where it can, fused kernels for a few rows). After a request's last
 // chunk comes its first token (chunk_done), after a decode its next one
 // (emit). Finished requests are freed and their turn[] entries set to NULL.
-// Adds what ran to *ran (forwards, mixed, rode).
+// Under a token budget (cfg.max_batched_tokens) the decode tokens count
+// first, then the chunks in pre[]'s order (the order the requests entered
+// the batch: oldest first), each cut to what is left; a request that gets
+// nothing waits for the next turn, except the first (oldest) one, which
+// gets a token at least. Adds what ran to *ran.
 static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, const int *dec, int n_dec,
                     srv_engine_stats_t *ran) {
     // room for each decode token first (a page every BE_PAGE_ROWS tokens;
@@ -314,11 +322,22 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
             turn[dec[i]] = NULL;
         }
     }
-    int k = 0;
+    int k = 0, left = INT_MAX; // the budget's tokens left for chunks
+    if (e->cfg.max_batched_tokens > 0) {
+        left = e->cfg.max_batched_tokens;
+        for (int i = 0; i < n_dec; i++)
+            left -= turn[dec[i]] != NULL;
+    }
     for (int i = 0; i < n_pre; i++) {
         req_t *r = turn[pre[i]];
-        if (!r) continue; // preempted for an older one
+        if (!r) continue;                         // preempted for an older one
+        int room = k == 0 && left < 1 ? 1 : left; // the oldest prefilling request always moves on
+        if (room < 1) {
+            ran->deferred++;
+            continue;
+        }
         int last, c = next_chunk(e, r, &last);
+        if (c > room) c = room, last = 0, ran->cut++;              // ends before the prompt does
         int rc = model_state_reserve(e->m, &r->st, r->st.len + c); // a cache that cannot grow fails alone
         if (rc < 0) {
             finish_error(e, r, rc);
@@ -328,6 +347,7 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
         e->step_idx[k] = pre[i], e->step_st[k] = &r->st, e->pre_ids[k] = r->prompt + r->fed;
         e->pre_n[k] = c, e->pre_last[k] = (uint8_t)last;
         k++;
+        left -= c;
     }
     const int k_pre = k;
     for (int i = 0; i < n_dec; i++) {
@@ -342,6 +362,11 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
                    : model_step_batch(&e->run, e->step_st, k, e->step_ids, e->logits);
     ran->forwards++;
     if (k_pre && k > k_pre) ran->mixed++, ran->rode += (uint64_t)(k - k_pre);
+    uint64_t tokens = (uint64_t)(k - k_pre);
+    for (int i = 0; i < k_pre; i++)
+        tokens += (uint64_t)e->pre_n[i];
+    ran->tokens += tokens;
+    if (tokens > ran->max_tokens) ran->max_tokens = tokens;
     for (int i = 0, j = 0; i < k; i++) {
         req_t *r = turn[e->step_idx[i]];
         const float *lg = e->logits + (size_t)j * e->m->a.V;
@@ -417,8 +442,9 @@ void srv_engine_run(srv_engine_t *e) {
             finish(e, r, SRV_FINISH_CANCELLED, 503, why);
         }
         // One unit of work per running request, all in one forward: a
-        // prefill chunk of each request in its prompt, the next token of each
-        // decoding one; finished ones leave the slots.
+        // prefill chunk of each request in its prompt (within the token
+        // budget: forward), the next token of each decoding one; finished
+        // ones leave the slots.
         int n_dec = 0, n_pre = 0;
         for (int i = 0; i < n; i++) {
             req_t *r = turn[i];
@@ -439,6 +465,9 @@ void srv_engine_run(srv_engine_t *e) {
         pthread_mutex_lock(&e->mu);
         e->stats.turns += ran.forwards > 0;
         e->stats.forwards += ran.forwards, e->stats.mixed += ran.mixed, e->stats.rode += ran.rode;
+        e->stats.tokens += ran.tokens, e->stats.cut += ran.cut, e->stats.deferred += ran.deferred;
+        if (ran.max_tokens > e->stats.max_tokens) e->stats.max_tokens = ran.max_tokens;
+        if (e->metrics) srv_metrics_engine(e->metrics, &e->stats, e->cfg.max_batched_tokens);
         int k = 0;
         for (int i = 0; i < n; i++)
             if (turn[i]) e->active[k++] = turn[i];
@@ -450,15 +479,17 @@ void srv_engine_run(srv_engine_t *e) {
 
 int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cfg, srv_metrics_t *metrics) {
     *out = NULL;
-    if (cfg->max_seqs < 1 || cfg->queue < 0 || cfg->ctx < 2 || cfg->chunk < 1 || cfg->n_stop_ids < 0)
-        return err_set(ERR_INPUT, "engine: max_seqs %d, queue %d, ctx %d, chunk %d out of range", cfg->max_seqs,
-                       cfg->queue, cfg->ctx, cfg->chunk);
+    if (cfg->max_seqs < 1 || cfg->queue < 0 || cfg->ctx < 2 || cfg->chunk < 1 || cfg->n_stop_ids < 0 ||
+        cfg->max_batched_tokens < 0)
+        return err_set(ERR_INPUT, "engine: max_seqs %d, queue %d, ctx %d, chunk %d, max_batched_tokens %d out of range",
+                       cfg->max_seqs, cfg->queue, cfg->ctx, cfg->chunk, cfg->max_batched_tokens);
     srv_engine_t *e = calloc(1, sizeof *e);
     if (!e) return err_set(ERR_NOMEM, "out of memory");
     e->m = m;
     e->cfg = *cfg;
     e->metrics = metrics;
     e->next_id = 1;
+    if (metrics) srv_metrics_engine(metrics, &e->stats, cfg->max_batched_tokens); // the budget, before any turn
     e->logits = malloc((size_t)cfg->max_seqs * m->a.V * sizeof(float));
     e->dec_idx = calloc((size_t)cfg->max_seqs, sizeof *e->dec_idx);
     e->step_idx = calloc((size_t)cfg->max_seqs, sizeof *e->step_idx);

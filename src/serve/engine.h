@@ -8,7 +8,9 @@
 // already decoding gets its next token, its row riding in the batched prefill
 // (model_prefill_batch) when there are chunks, else one decode step of all of
 // them together (model_step_batch); continuous batching, each request at its
-// own length. Up to max_seqs run at once, others wait in a bounded queue. A request starts when
+// own length. A token budget per turn (max_batched_tokens) may cut or defer
+// the chunks, never a decode token. Up to max_seqs run at once, others wait
+// in a bounded queue. A request starts when
 // the pages of its prompt are free; when a running one needs a page and none
 // is, the prefix cache's least recently used entries give theirs back, then
 // the newest running request is preempted: its pages freed, it goes back to
@@ -39,6 +41,14 @@ typedef struct {
     // (ERR_INPUT naming both figures).
     int64_t cache_budget;
     int prefix_block; // its boundaries of recurrent states, in tokens
+    // Tokens of one turn's forward (0: no limit but max_seqs x chunk), as
+    // vLLM's max_num_batched_tokens. The decode tokens count first (one a
+    // decoding request; never deferred), then the prefilling requests get
+    // their chunks in the order they entered the batch (oldest first), each
+    // cut to what the budget has left; those that get nothing wait for the
+    // next turn. The oldest prefilling request always gets a token at least,
+    // so a forward holds at most max(max_batched_tokens, max_seqs) tokens.
+    int max_batched_tokens;
 } srv_engine_cfg_t;
 
 typedef enum { SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR } srv_finish_t;
@@ -78,10 +88,12 @@ int64_t srv_pool_pages(const model_t *m, const srv_engine_cfg_t *cfg);
 // What the engine has run: turns that ran the model, the forwards they ran
 // (one a turn: a batched prefill, or a decode step when no request was in
 // its prompt), the forwards that carried decode tokens beside prefill chunks
-// (mixed), and those tokens (rode).
-typedef struct {
-    uint64_t turns, forwards, mixed, rode;
-} srv_engine_stats_t;
+// (mixed), and those tokens (rode); the tokens of all forwards (prefill
+// chunks and decode tokens) and the most that one forward carried
+// (max_tokens); and, under a token budget (max_batched_tokens), the chunks
+// it shortened (cut) and the prefilling requests it left without a chunk for
+// a turn (deferred, counted once a turn each).
+typedef srv_engine_counts_t srv_engine_stats_t; // serve/metrics.h, which exports them
 
 // srv_engine_submit's refusals (positive: not errors of the engine).
 enum { SRV_QUEUE_FULL = 1, SRV_SHUTTING_DOWN = 2 };

@@ -65,6 +65,13 @@ void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_engine(srv_metrics_t *m, const srv_engine_counts_t *c, int64_t max_batched_tokens) {
+    pthread_mutex_lock(&m->mu);
+    m->engine = *c;
+    m->max_batched_tokens = max_batched_tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void hist_add(srv_metrics_t *m, srv_hist_t *h, double s) {
     pthread_mutex_lock(&m->mu);
     int b = 0;
@@ -137,6 +144,34 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   (unsigned long long)m->prefix_hits, (unsigned long long)m->prefix_misses,
                   (unsigned long long)m->prefix_reused, (unsigned long long)m->prefix_evictions,
                   (long long)m->prefix_bytes, (long long)m->prefix_entries);
+    const srv_engine_counts_t *en = &m->engine;
+    strbuf_printf(o,
+                  "# HELP hylo_engine_turns_total Engine turns that ran the model.\n"
+                  "# TYPE hylo_engine_turns_total counter\nhylo_engine_turns_total %llu\n"
+                  "# HELP hylo_engine_forwards_total Forwards of the model (one a turn: a batched prefill, or a "
+                  "decode step when no request is in its prompt).\n"
+                  "# TYPE hylo_engine_forwards_total counter\nhylo_engine_forwards_total %llu\n"
+                  "# HELP hylo_engine_mixed_forwards_total Forwards that carried decode tokens beside prefill "
+                  "chunks.\n"
+                  "# TYPE hylo_engine_mixed_forwards_total counter\nhylo_engine_mixed_forwards_total %llu\n"
+                  "# HELP hylo_engine_riding_tokens_total Decode tokens that rode in a forward with prefill chunks.\n"
+                  "# TYPE hylo_engine_riding_tokens_total counter\nhylo_engine_riding_tokens_total %llu\n"
+                  "# HELP hylo_engine_forward_tokens_total Tokens of the forwards (prefill chunks and decode "
+                  "tokens).\n"
+                  "# TYPE hylo_engine_forward_tokens_total counter\nhylo_engine_forward_tokens_total %llu\n"
+                  "# HELP hylo_engine_forward_tokens_max The most tokens one forward carried.\n"
+                  "# TYPE hylo_engine_forward_tokens_max gauge\nhylo_engine_forward_tokens_max %llu\n"
+                  "# HELP hylo_engine_max_batched_tokens Token budget of one turn's forward (--max-batched-tokens; "
+                  "0: none).\n"
+                  "# TYPE hylo_engine_max_batched_tokens gauge\nhylo_engine_max_batched_tokens %lld\n"
+                  "# HELP hylo_engine_budget_cut_chunks_total Prefill chunks shortened by the token budget.\n"
+                  "# TYPE hylo_engine_budget_cut_chunks_total counter\nhylo_engine_budget_cut_chunks_total %llu\n"
+                  "# HELP hylo_engine_budget_deferred_total Turns in which a prefilling request got no chunk, the "
+                  "token budget spent.\n"
+                  "# TYPE hylo_engine_budget_deferred_total counter\nhylo_engine_budget_deferred_total %llu\n",
+                  (unsigned long long)en->turns, (unsigned long long)en->forwards, (unsigned long long)en->mixed,
+                  (unsigned long long)en->rode, (unsigned long long)en->tokens, (unsigned long long)en->max_tokens,
+                  (long long)m->max_batched_tokens, (unsigned long long)en->cut, (unsigned long long)en->deferred);
     hist_render(o, "hylo_time_to_first_token_seconds", "Time from arrival to the first generated token.", &m->ttft);
     hist_render(o, "hylo_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
                 &m->tpot);

@@ -15,6 +15,12 @@ typedef struct {
     double sum;
 } srv_hist_t;
 
+// The engine's counts (serve/engine.h srv_engine_stats_t says what each is).
+typedef struct {
+    uint64_t turns, forwards, mixed, rode;
+    uint64_t tokens, max_tokens, cut, deferred;
+} srv_engine_counts_t;
+
 typedef struct {
     pthread_mutex_t mu;
     int status[SRV_STATUS_SLOTS]; // HTTP status codes seen, with their counts
@@ -23,7 +29,9 @@ typedef struct {
     int64_t queued, running, cache_bytes, pages_free, pages_total;
     uint64_t prefix_hits, prefix_misses, prefix_reused, prefix_evictions; // the prefix cache (serve/prefix.h)
     int64_t prefix_bytes, prefix_entries;
-    srv_hist_t ttft, tpot; // seconds: submit -> first token; between output tokens
+    srv_engine_counts_t engine;
+    int64_t max_batched_tokens; // the engine's token budget per turn (0: none)
+    srv_hist_t ttft, tpot;      // seconds: submit -> first token; between output tokens
 } srv_metrics_t;
 
 void srv_metrics_init(srv_metrics_t *m);
@@ -40,6 +48,8 @@ void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64
 // The prefix cache's counters and gauges, as they are now.
 void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64_t reused, uint64_t evictions,
                         int64_t bytes, int64_t entries);
+// The engine's counts as they are now, and its token budget per turn.
+void srv_metrics_engine(srv_metrics_t *m, const srv_engine_counts_t *c, int64_t max_batched_tokens);
 void srv_metrics_ttft(srv_metrics_t *m, double s);
 void srv_metrics_tpot(srv_metrics_t *m, double s);
 // Appends the exposition text (out->oom on a failed allocation).

@@ -6,7 +6,9 @@
 // both streams is what greedy decoding of its sequence gives; the prefix
 // cache shares its pages with the requests that restore them; decode tokens
 // ride in the prefill chunks of the same turn, one forward a turn, every
-// answer the one its request gets alone.
+// answer the one its request gets alone; a token budget per turn
+// (max_batched_tokens) bounds every forward, cuts and defers chunks (oldest
+// request first), never a decode token, and changes no answer.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,7 @@ typedef struct {
 typedef struct {
     bench_t *b;
     int32_t tok[1024];
+    uint64_t turn[1024]; // the engine's turns before the one that gave tok[i] (on_token_turn)
     int n;
     srv_done_t done;
     int has_done;
@@ -48,8 +51,9 @@ static arch_t tiny_hybrid(void) {
     return tu_tiny_arch(plan, 6, 0, 0);
 }
 
-// An engine over the tiny model whose pool holds `pages` pages.
-static void bench_open(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes) {
+// An engine over the tiny model whose pool holds `pages` pages, with a token
+// budget per turn (0: none).
+static void bench_open_budget(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes, int budget) {
     memset(b, 0, sizeof *b);
     arch_t a = tiny_hybrid();
     assert_int_equal(model_create(&b->m, &a, tu_cpu()), 0);
@@ -63,11 +67,16 @@ static void bench_open(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes
                             .chunk = 64,
                             .prefix_bytes = prefix_bytes,
                             .prefix_block = 128,
+                            .max_batched_tokens = budget,
                             .cache_budget = (int64_t)max_seqs * model_snapshot_fixed_bytes(&b->m) +
                                             (int64_t)pages * model_page_bytes(&b->m)};
     assert_int_equal(srv_pool_pages(&b->m, &cfg), pages);
     assert_int_equal(srv_engine_create(&b->e, &b->m, &cfg, &b->met), 0);
     assert_int_equal(srv_engine_pages(b->e), pages);
+}
+
+static void bench_open(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes) {
+    bench_open_budget(b, pages, max_seqs, prefix_bytes, 0);
 }
 
 static void bench_close(bench_t *b) {
@@ -299,11 +308,106 @@ static void test_decode_rides_in_prefill(void **state) {
     bench_close(&b);
 }
 
+// The token budget per turn (max_batched_tokens), chunk 64, four slots: A
+// (a 5-token prompt, then a long answer), B and C (200 and 150 tokens), D (a
+// one-token prompt), and E (100 tokens) and F (B's prompt again) waiting for
+// a slot, submitted together. Budget 16 (at least max_seqs), with the
+// prefix cache: the decode tokens count first, the chunks of the others,
+// oldest first, take what is left, so no forward carries more than 16
+// tokens; B's chunks are cut, C waits while B's prompt takes the budget (D's
+// one token may come from what a chunk that ends on its boundary leaves);
+// B's cut chunks still end on the prefix cache's boundary 128, so F restores
+// 128 tokens. Budget 2, no prefix cache: with two requests decoding nothing
+// is left, and the oldest prompt still gets one token a turn (a forward of
+// 3, at most max_seqs). Either way no decode token is ever deferred (a
+// request's tokens come in consecutive turns), the forwards carry exactly
+// the prompts (less what was restored) and the fed-back tokens, and every
+// answer (greedy) is token for token the one its request gets alone with no
+// budget.
+enum { BU_N = 6 };
+static int32_t bu_prompt[BU_N][200];
+static const int bu_len[BU_N] = {5, 200, 150, 1, 100, 200}, bu_new[BU_N] = {300, 10, 12, 30, 8, 10};
+
+static int on_token_turn(void *user, int32_t id) {
+    stream_t *s = user;
+    assert_true(s->n < 1024);
+    s->turn[s->n] = srv_engine_stats(s->b->e).turns; // on the engine thread, between its locks
+    return on_token(user, id);
+}
+
+static void test_token_budget(void **state) {
+    static const int budgets[2] = {16, 2};
+    stream_t alone[BU_N];
+    for (int k = 0; k < 2; k++) {
+        const int budget = budgets[k], max_seqs = 4;
+        bench_t b;
+        const int64_t prefix = k == 0 ? 4 << 20 : 0;
+        bench_open_budget(&b, 16, max_seqs, prefix, budget);
+        int V = b.m.a.V;
+        for (int i = 0; i < BU_N; i++)
+            for (int t = 0; t < bu_len[i]; t++)
+                bu_prompt[i][t] = i == 5 ? bu_prompt[1][t] : (t * (5 + 2 * i) + 7 * i + 2) % V;
+        stream_t s[BU_N];
+        for (int i = 0; i < BU_N; i++)
+            submit_with(&b, &s[i], bu_prompt[i], bu_len[i], bu_new[i], on_token_turn);
+        srv_engine_run(b.e);
+        srv_engine_stats_t st = srv_engine_stats(b.e);
+        printf("  budget %d: %llu turns, %llu tokens, the largest forward %llu; %llu chunks cut, %llu deferred; %llu "
+               "decode tokens rode in %llu forwards\n",
+               budget, (unsigned long long)st.turns, (unsigned long long)st.tokens, (unsigned long long)st.max_tokens,
+               (unsigned long long)st.cut, (unsigned long long)st.deferred, (unsigned long long)st.rode,
+               (unsigned long long)st.mixed);
+        printf("  prefix cache: %llu hits, %llu tokens restored\n", (unsigned long long)b.met.prefix_hits,
+               (unsigned long long)b.met.prefix_reused);
+        assert_int_equal(b.met.prefix_reused, prefix ? 128 : 0); // F: B's prompt to its boundary 128
+        uint64_t fed = 0;
+        for (int i = 0; i < BU_N; i++) {
+            assert_true(s[i].has_done);
+            assert_int_equal(s[i].done.finish, SRV_FINISH_LENGTH);
+            assert_int_equal(s[i].n, bu_new[i]);
+            for (int j = 1; j < s[i].n; j++) // never deferred: one token a turn once decoding
+                assert_int_equal(s[i].turn[j], s[i].turn[j - 1] + 1);
+            if (k == 0) {
+                bench_t one;
+                bench_open(&one, 16, max_seqs, 0);
+                submit(&one, &alone[i], bu_prompt[i], bu_len[i], bu_new[i]);
+                srv_engine_run(one.e);
+                assert_true(alone[i].has_done);
+                bench_close(&one);
+            }
+            assert_int_equal(alone[i].n, bu_new[i]);
+            assert_memory_equal(s[i].tok, alone[i].tok, sizeof(int32_t) * bu_new[i]);
+            printf("  request %c: first token in turn %llu, %d tokens, the same alone\n", 'A' + i,
+                   (unsigned long long)s[i].turn[0], s[i].n);
+            fed += (uint64_t)bu_len[i] + (uint64_t)bu_new[i] - 1; // the last token is not fed back
+        }
+        fed -= b.met.prefix_reused;
+        // B's prompt is in before C's, and E (younger, waiting for a slot) comes after both
+        assert_true(s[1].turn[0] < s[2].turn[0] && s[2].turn[0] < s[4].turn[0]);
+        assert_int_equal(st.forwards, st.turns);
+        assert_int_equal(st.tokens, fed);
+        assert_true(st.cut > 0 && st.deferred > 0);
+        if (budget >= max_seqs) {
+            assert_true(st.max_tokens <= (uint64_t)budget);
+        } else { // the oldest prompt's token beyond the decode tokens
+            assert_true(st.max_tokens > (uint64_t)budget && st.max_tokens <= (uint64_t)max_seqs);
+        }
+        // on /metrics as they are
+        assert_int_equal(b.met.engine.turns, st.turns);
+        assert_int_equal(b.met.engine.tokens, st.tokens);
+        assert_int_equal(b.met.engine.max_tokens, st.max_tokens);
+        assert_int_equal(b.met.max_batched_tokens, budget);
+        if (!prefix) assert_int_equal(b.met.pages_free, 16); // (the prefix cache's entries keep theirs)
+        bench_close(&b);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_prefix_pages),
         cmocka_unit_test(test_decode_rides_in_prefill),
+        cmocka_unit_test(test_token_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
 // answers must equal 'hylo chat' / 'hylo generate' for the same prompt, alone,
 // streamed and four at a time; errors are OpenAI-shaped; a client that goes
 // away is cancelled; SIGTERM ends the server cleanly (exit 0: under
-// MODE=asan that includes LeakSanitizer's check).
+// MODE=asan that includes LeakSanitizer's check); a token budget per turn
+// (--max-batched-tokens) bounds every forward and changes no answer.
 #include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -519,6 +520,23 @@ static void test_metrics(void **state) {
     assert_true(metric(&S, "hylo_running_sequences") == 0);
     assert_true(metric(&S, "hylo_cache_bytes") == 0); // nothing running holds a cache
     assert_true(metric(&S, "hylo_requests_total{status=\"400\"}") >= 0);
+    // the engine's counts: one forward a turn, no token budget by default
+    double turns = metric(&S, "hylo_engine_turns_total");
+    assert_true(turns >= 3); // the prompt's chunk and two decode steps at least
+    assert_true(metric(&S, "hylo_engine_forwards_total") == turns);
+    assert_true(metric(&S, "hylo_engine_mixed_forwards_total") >= 0);
+    assert_true(metric(&S, "hylo_engine_riding_tokens_total") >= 0);
+    assert_true(metric(&S, "hylo_engine_forward_tokens_total") >= turns);
+    assert_true(metric(&S, "hylo_engine_forward_tokens_max") >= 1);
+    assert_true(metric(&S, "hylo_engine_max_batched_tokens") == 0);
+    assert_true(metric(&S, "hylo_engine_budget_cut_chunks_total") == 0);
+    assert_true(metric(&S, "hylo_engine_budget_deferred_total") == 0);
+    char *m;
+    assert_int_equal(http(&S, "/metrics", NULL, &m), 200);
+    assert_non_null(strstr(m, "# TYPE hylo_engine_turns_total counter\n"));
+    assert_non_null(strstr(m, "# HELP hylo_engine_riding_tokens_total "));
+    assert_non_null(strstr(m, "# TYPE hylo_engine_max_batched_tokens gauge\n"));
+    free(m);
 }
 
 // A client that goes away mid-stream is cancelled (its cache freed: no
@@ -753,6 +771,53 @@ static void test_cache_budget(void **state) {
     server_stop(&s2);
 }
 
+// `hylo serve ARGS` must fail before it serves: exit 2 and `want` on stderr.
+static void serve_refused(const char *args, const char *want) {
+    const char *bin = getenv("HYLO_BIN");
+    if (!bin) skip();
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s serve %s --port 0 %s 2>&1", bin, tu_model_path(), args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char out[4096];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    printf("  hylo serve %s -> %d: %s", args, WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    if (!strstr(out, want)) fail_msg("'%s' is not in: %s", want, out);
+}
+
+// --max-batched-tokens 8 with --chunk 32: a chat and a completion at once
+// answer as the CLI does; no forward carries more than 8 tokens (max-seqs 4
+// is below it), and the prompts' chunks were cut to the budget. Values that
+// are not a non-negative integer are refused, naming the option.
+static void test_token_budget(void **state) {
+    serve_refused("--max-batched-tokens -1", "--max-batched-tokens expects an integer in [0, ");
+    serve_refused("--max-batched-tokens 8x", "--max-batched-tokens expects an integer in [0, ");
+    serve_refused("--max-batched-tokens", "--max-batched-tokens needs a value");
+    cli_answers();
+    server_t s;
+    server_start(&s, "", "--ctx 1024 --chunk 32 --max-batched-tokens 8");
+    call_t c[2];
+    call_start(&c[0], &s, "/v1/chat/completions", chat_body(Q, 8, NULL), NULL);
+    call_start(&c[1], &s, "/v1/completions", completion_body(P, 8, NULL), NULL);
+    for (int i = 0; i < 2; i++) {
+        char *r, *t;
+        assert_int_equal(call_end(&c[i], &r), 200);
+        t = answer_within(r, i ? "length" : NULL, 8, NULL);
+        assert_string_equal(t, i ? want_completion : want_chat);
+        free(r), free(t);
+    }
+    double most = metric(&s, "hylo_engine_forward_tokens_max"), cut = metric(&s, "hylo_engine_budget_cut_chunks_total");
+    printf("  budget 8: the largest forward %.0f tokens, %.0f chunks cut, %.0f deferred\n", most, cut,
+           metric(&s, "hylo_engine_budget_deferred_total"));
+    assert_true(metric(&s, "hylo_engine_max_batched_tokens") == 8);
+    assert_true(most >= 1 && most <= 8);
+    assert_true(cut >= 1);
+    server_stop(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_cli),
@@ -767,6 +832,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_eviction),
         cmocka_unit_test(test_cache_budget),
+        cmocka_unit_test(test_token_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
