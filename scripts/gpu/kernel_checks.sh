@@ -8,8 +8,9 @@
 # copy (bench_decode --quick), single-stream decode of SmolLM2-shaped models
 # (bench_long --smollm2; also .carry/base/bench_long.xz, an older build to
 # compare against on the same card, when carried), bench_attn --compare and
-# torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two). Logs in $OUT/r.tar.gz (one
-# file: a call brings back only so many).
+# torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
+# MLA_DIAG=1 also the failing MLA decode point three ways (below). Logs in
+# $OUT/r.tar.gz (one file: a call brings back only so many).
 tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
 R=$OUT/r; mkdir -p $R; nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt
@@ -19,6 +20,15 @@ for t in attn model gdn core; do (timeout ${TESTS_LIMIT:-170} build/tests/cuda/t
     (HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout ${VARIANTS_LIMIT:-300} build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
 wait
 timeout ${DECODE_LIMIT:-120} build/bench/bench_decode --quick > $R/bench_decode.txt 2>&1; echo "bench_decode rc=$?" >> $R/summary.txt
+# MLA_DIAG=1: the MLA decode point that fails in graph replays (B = 8, 1M
+# rows; runs 25-26) as it is, with the launches unchained and with the
+# last-block merge off (the bench-variants build's knobs)
+if [ "${MLA_DIAG:-0}" = 1 ]; then
+    for knob in HYLO_PDL=1 HYLO_PDL=0 HYLO_MLA_MERGE=2; do
+        env $knob timeout 60 build/bench-variants/bench/bench_decode --no-attn --1m --b8 > $R/mla_diag_$knob.txt 2>&1
+        echo "mla_diag $knob rc=$?" >> $R/summary.txt
+    done
+fi
 timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
 [ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
 if [ -x .carry/base/bench_long ]; then
