@@ -3,7 +3,8 @@
 // memory bandwidth (memory-bound ops) or FLOPs over the bf16 matrix rate
 // (GEMMs). Prints one line per op: the time per call of `reps` back-to-back
 // launches (CUDA events around the batch; a warm-up batch, then the median of
-// 5), the effective GB/s or TFLOP/s. Inputs are random (never zeros).
+// 5), the effective GB/s or TFLOP/s. Inputs are random (never zeros). Last,
+// the decode-step products (a few rows by a weight) as GB/s of the weight.
 //
 //   build-*/bench/bench_cuda_core [reps]
 #include <cuda_runtime.h>
@@ -187,6 +188,24 @@ int main(int argc, char **argv) {
         row("conv1d fwd", shape, timeit(op_conv_fwd, &c, reps), 2 * n * es, 0);
         row("conv1d bwd", shape, timeit(op_conv_bwd, &c, reps), 3 * n * es, 0);
         be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d), be->free(be, c.f);
+    }
+    {
+        // Decode-step products (1 and 8 rows by a weight: k_gemv), where the
+        // weight's bytes are the cost: GB/s of the weight read, against the
+        // copy bandwidth printed first. Shapes of SmolLM2-135M (q|k|v, gate,
+        // down, head) and of Llama-3.2-3B (q|k|v, gate, down, head).
+        copy_bandwidth_gbs();
+        const int64_t Ns[] = {960, 1536, 576, 49152, 5120, 8192, 3072, 128256};
+        const int64_t Ks[] = {576, 576, 1536, 576, 3072, 3072, 8192, 3072};
+        for (int i = 0; i < 8; i++)
+            for (int64_t M = 1; M <= 8; M += 7) {
+                ctx_t c = {.M = M, .N = Ns[i], .K = Ks[i]};
+                c.a = act(c.M * c.K), c.b = act(c.N * c.K), c.c = act(c.M * c.N);
+                snprintf(shape, sizeof shape, "rows=%lld out=%lld in=%lld", (long long)c.M, (long long)c.N,
+                         (long long)c.K);
+                row("decode x W^T", shape, timeit(op_gemm_nt, &c, reps), (double)c.N * c.K * es, 0);
+                be->free(be, c.a), be->free(be, c.b), be->free(be, c.c);
+            }
     }
     check_sync("end");
     bench_finish();

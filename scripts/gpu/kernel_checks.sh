@@ -9,7 +9,8 @@
 # (bench_long --smollm2; also .carry/base/bench_long.xz, an older build to
 # compare against on the same card, when carried), bench_attn --compare and
 # torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
-# MLA_DIAG=1 also the failing MLA decode point three ways (below). Logs in
+# MLA_DIAG=1 also the failing MLA decode point three ways, with CORE_BENCH=1
+# bench_cuda_core (below). Logs in
 # $OUT/r.tar.gz (one file: a call brings back only so many).
 tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
@@ -30,6 +31,10 @@ if [ "${MLA_DIAG:-0}" = 1 ]; then
     done
 fi
 timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
+# CORE_BENCH=1: the shared ops, the decode products' weight bandwidth among them
+if [ "${CORE_BENCH:-0}" = 1 ]; then
+    timeout 90 build/bench/bench_cuda_core > $R/bench_cuda_core.txt 2>&1; echo "bench_cuda_core rc=$?" >> $R/summary.txt
+fi
 [ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
 if [ -x .carry/base/bench_long ]; then
     timeout ${LONG_LIMIT:-90} .carry/base/bench_long --smollm2 > $R/base_bench_long_smollm2.txt 2>&1; echo "base bench_long rc=$?" >> $R/summary.txt

@@ -90,7 +90,8 @@ if [ "$1" = tally ]; then
 fi
 if [ "$1" = pack ]; then
     set -e
-    make -j2 build/hylo build/bench/bench_long build/bench/bench_decode build/bench/bench_attn build/bench/bench_gdn >/dev/null
+    make -j2 build/hylo build/bench/bench_long build/bench/bench_decode build/bench/bench_attn build/bench/bench_gdn \
+        build/bench/bench_cuda_core >/dev/null
     mkdir -p .carry/stage/build .carry/lib .carry/p1 .carry/p2 .carry/ca .carry/cb
     cp build/hylo .carry/stage/build/ && strip .carry/stage/build/hylo
     # the libraries go in the same tarball (prep's carry is near its limit)
@@ -108,7 +109,7 @@ if [ "$1" = pack ]; then
         for f in tests/cuda/test_cuda_attn bench/bench_attn tests/cuda/test_cuda_gdn bench/bench_gdn bench/bench_decode; do
             cp build/bench-variants/$f .carry/stage/build/bench-variants/$f && strip .carry/stage/build/bench-variants/$f
         done &&
-        for b in bench_long bench_decode bench_attn bench_gdn; do
+        for b in bench_long bench_decode bench_attn bench_gdn bench_cuda_core; do
             cp build/bench/$b .carry/stage/build/bench/ && strip .carry/stage/build/bench/$b || exit 1
         done
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
