@@ -1,7 +1,7 @@
 // Attention and MLA decode timings on the GPU (CUDA backend): CUDA events on
 // the backend's stream, warm-up runs first, the median of the timed runs.
 //
-//   build-X/bench/bench_attn [--quick] [--no-attn] [--no-decode]
+//   build-X/bench/bench_attn [--quick | --mid] [--no-attn] [--no-decode]
 //   build-X/bench-variants/bench/bench_attn [same] [--compare] [--sweep]
 //
 // build-X/bench/bench_attn links libhylo.a: the production kernels, one per
@@ -24,7 +24,8 @@
 // cp.async), 0 (v2, tiled tensor copies: the default). --sweep adds default
 // decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
 //
-// Attention (B = 1, T = 8192 and 65536; --quick: 8192 only): forward (with
+// Attention (B = 1, T = 8192 and 65536; --quick: 8192 only; --mid: 16384 and
+// 32768, where the L2 block order of the forward has not been measured): forward (with
 // lse) and forward + backward, in ms and TFLOP/s with causal FLOPs
 // fwd = 2 B H T^2 (dqk + dv) / 2, bwd = 2.5 x fwd. The same shapes go through
 // scripts/ref/bench_sdpa.py (torch SDPA, cuDNN and flash backends) for the ratio.
@@ -243,11 +244,12 @@ static void bench_mla(int B, int H, int r_kv, int dr, int64_t len, double copy_g
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, do_attn = 1, do_decode = 1;
+    int quick = 0, mid = 0, do_attn = 1, do_decode = 1;
     const bench_flag_t flags[] = {
-        {"--quick", &quick, 1},     {"--no-attn", &do_attn, 0}, {"--no-decode", &do_decode, 0},
+        {"--quick", &quick, 1},         {"--mid", &mid, 1},       {"--no-attn", &do_attn, 0},
+        {"--no-decode", &do_decode, 0},
 #ifdef HYLO_BENCH_VARIANTS
-        {"--compare", &compare, 1}, {"--sweep", &compare, 1},   {"--sweep", &sweep, 1},
+        {"--compare", &compare, 1},     {"--sweep", &compare, 1}, {"--sweep", &sweep, 1},
 #endif
     };
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
@@ -278,7 +280,7 @@ int main(int argc, char **argv) {
                   "f+b TF/s |";
     if (do_attn) {
         printf("%s\n", hdr);
-        const int Ts[2] = {8192, 65536};
+        const int Ts[2] = {mid ? 16384 : 8192, mid ? 32768 : 65536};
         for (int ti = 0; ti < (quick ? 1 : 2); ti++)
             for (int i = 0; i < n_shapes; i++) {
                 attn_shape_t s = shapes[i];

@@ -5,7 +5,7 @@ can go into docs/PERFORMANCE.md. Each shape is timed with the cuDNN backend
 (SDPBackend.CUDNN_ATTENTION: what the fast stacks use on Hopper, issue 11's
 reference) and with the flash backend, one row each.
 
-    python3 scripts/ref/bench_sdpa.py [--quick] [--backends cudnn,flash]
+    python3 scripts/ref/bench_sdpa.py [--quick | --mid] [--backends cudnn,flash]
 
 Layout: q [B,T,H,dqk], k [B,T,Hkv,dqk], v [B,T,Hkv,dv] bf16 (hylo's layout),
 passed to SDPA as [B,H,T,d] views (transpose, no copy). Forward = one SDPA
@@ -139,6 +139,7 @@ def bench_shape(name, B, T, H, Hkv, dqk, dv, which):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="T = 8192 only")
+    ap.add_argument("--mid", action="store_true", help="T = 16384 and 32768 (bench_attn --mid)")
     ap.add_argument("--backends", default="cudnn,flash", help="comma-separated: cudnn, flash (default both)")
     args = ap.parse_args()
     which = [b for b in args.backends.split(",") if b]
@@ -150,7 +151,8 @@ def main():
            "f+b TF/s | note")
     print(hdr)
     rows = []
-    for T in (8192,) if args.quick else (8192, 65536):
+    Ts = (16384, 32768) if args.mid else (8192, 65536)
+    for T in Ts[:1] if args.quick else Ts:
         for (name, B, H, Hkv, dqk, dv) in SHAPES:
             for b in which:
                 rows.append(bench_shape(name, B, T, H, Hkv, dqk, dv, b))
