@@ -236,9 +236,10 @@ static int parse_ids(const char *src, const cJSON *o, const char *key, int *ids,
     const cJSON *j = jget(o, key);
     *n = 0;
     if (!present(j)) return 0;
-    if (cJSON_IsNumber(j)) {
+    if (cJSON_IsNumber(j)) { // one id, held to what a list's ids are
         int v;
         TRY(j_int(src, o, "", key, 1, &v));
+        if (v < 0) return bad(src, "", key, "a non-negative integer", j);
         ids[(*n)++] = v;
         return 0;
     }

@@ -217,6 +217,10 @@ static void test_config_errors(void **state) {
     expect_err("{" BASE ", \"tie_word_embeddings\": 1}", NULL, ERR_INPUT, "field tie_word_embeddings", "true or false");
     expect_err("{" BASE ", \"rms_norm_eps\": \"1e-5\"}", NULL, ERR_INPUT, "field rms_norm_eps", "a number");
     expect_err("{" BASE ", \"eos_token_id\": [1, \"2\"]}", NULL, ERR_INPUT, "field eos_token_id", NULL);
+    // a negative id, alone as in a list (fuzz_config: a config written with
+    // generation_config.json's -2 among its ids did not read back)
+    expect_err("{" BASE ", \"eos_token_id\": -2}", NULL, ERR_INPUT, "field eos_token_id", "non-negative");
+    expect_err("{" BASE ", \"eos_token_id\": [2, -2]}", NULL, ERR_INPUT, "field eos_token_id", "non-negative");
     expect_err("{" BASE ", \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.0}}", NULL, ERR_UNSUP,
                "rope_scaling.rope_type", "dynamic");
     expect_err("{" BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"high_freq_factor\": 4.0, "
@@ -607,6 +611,10 @@ static void test_generation_config(void **state) {
     err_clear();
     assert_int_equal(cfg_parse_generation_config("{\"eos_token_id\": \"2\"}", "gen.json", &a), ERR_INPUT);
     assert_non_null(strstr(err_msg(), "gen.json: field eos_token_id"));
+    err_clear();
+    assert_int_equal(cfg_parse_generation_config("{\"eos_token_id\": -2}", "gen.json", &a), ERR_INPUT);
+    assert_non_null(strstr(err_msg(), "gen.json: field eos_token_id"));
+    assert_int_equal(a.n_eos, 2); // unchanged
 }
 
 // ---- writers and round trips ------------------------------------------------------------
