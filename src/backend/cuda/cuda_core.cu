@@ -599,12 +599,16 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__res
     }
 }
 
-// The same for two weight rows read side by side (acc0 against b0, acc1
-// against b1), the rows of A read once for both.
+// s0[m] = A[m, :] . b0[:] and s1[m] = A[m, :] . b1[:], two weight rows read
+// side by side and the rows of A once for both: each lane's share, then summed
+// over the warp (every lane holds the sums).
 template <int M, int V>
-__device__ __forceinline__ void gemv_lane_dot2(float (&acc0)[M], float (&acc1)[M], const bf16 *__restrict__ A,
-                                               int64_t lda, const bf16 *__restrict__ b0, const bf16 *__restrict__ b1,
-                                               int64_t K, int lane) {
+__device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], const bf16 *__restrict__ A, int64_t lda,
+                                               const bf16 *__restrict__ b0, const bf16 *__restrict__ b1, int64_t K,
+                                               int lane) {
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        s0[m] = s1[m] = 0.0f;
     for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
         float w0[V], w1[V];
         ld_bf16<V>(b0 + k, w0);
@@ -615,11 +619,14 @@ __device__ __forceinline__ void gemv_lane_dot2(float (&acc0)[M], float (&acc1)[M
             ld_bf16<V>(A + m * lda + k, x);
 #pragma unroll
             for (int i = 0; i < V; i++) {
-                acc0[m] = fmaf(x[i], w0[i], acc0[m]);
-                acc1[m] = fmaf(x[i], w1[i], acc1[m]);
+                s0[m] = fmaf(x[i], w0[i], s0[m]);
+                s1[m] = fmaf(x[i], w1[i], s1[m]);
             }
         }
     }
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        s0[m] = warp_sum(s0[m]), s1[m] = warp_sum(s1[m]);
 }
 
 // Launches kern<M, V> for M = rows (1..GEMV_ROWS), as a programmatic dependent
@@ -696,16 +703,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
     griddep_enter();
     if (n >= f) return; // the whole warp
-    float ag[M], au[M];
+    float gs[M], us[M];
+    gemv_warp_dot2<M, V>(gs, us, A, lda, g, u, K, lane);
+    if (lane == 0)
 #pragma unroll
-    for (int m = 0; m < M; m++)
-        ag[m] = au[m] = 0.0f;
-    gemv_lane_dot2<M, V>(ag, au, A, lda, g, u, K, lane);
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float gs = warp_sum(ag[m]), us = warp_sum(au[m]);
-        if (lane == 0) h[m * f + n] = __float2bfloat16_rn(dev_silu(gs) * us);
-    }
+        for (int m = 0; m < M; m++)
+            h[m * f + n] = __float2bfloat16_rn(dev_silu(gs[m]) * us[m]);
 }
 
 // x[m, n] += A[m] . W[n] (rounded once), then, with a gain w, xn = rmsnorm(x).
@@ -832,19 +835,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
         }
         if (rotate) cj = cosb[p * half + j], sj = sinb[p * half + j];
     }
-    float a0[M], a1[M];
+    float s0[M], s1[M];
+    gemv_warp_dot2<M, V>(s0, s1, A, lda, w0, w1, K, lane);
 #pragma unroll
     for (int m = 0; m < M; m++)
-        a0[m] = a1[m] = 0.0f;
-    gemv_lane_dot2<M, V>(a0, a1, A, lda, w0, w1, K, lane);
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float x0 = warp_sum(a0[m]), x1 = warp_sum(a1[m]);
         if (lane == m) {
-            dst[0] = __float2bfloat16_rn(rotate ? x0 * cj - x1 * sj : x0);
-            dst[half] = __float2bfloat16_rn(rotate ? x1 * cj + x0 * sj : x1);
+            dst[0] = __float2bfloat16_rn(rotate ? s0[m] * cj - s1[m] * sj : s0[m]);
+            dst[half] = __float2bfloat16_rn(rotate ? s1[m] * cj + s0[m] * sj : s1[m]);
         }
-    }
 }
 
 static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
