@@ -463,7 +463,7 @@ void srv_engine_run(srv_engine_t *e) {
         srv_engine_stats_t ran = {0};
         forward(e, turn, e->pre_idx, n_pre, e->dec_idx, n_dec, &ran);
         pthread_mutex_lock(&e->mu);
-        e->stats.turns += ran.forwards > 0;
+        e->stats.turns += n_pre + n_dec > 0; // counted apart from the forwards, which should match it
         e->stats.forwards += ran.forwards, e->stats.mixed += ran.mixed, e->stats.rode += ran.rode;
         e->stats.tokens += ran.tokens, e->stats.cut += ran.cut, e->stats.deferred += ran.deferred;
         if (ran.max_tokens > e->stats.max_tokens) e->stats.max_tokens = ran.max_tokens;

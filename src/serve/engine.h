@@ -85,9 +85,10 @@ int64_t srv_request_bytes(const model_t *m, int n);
 // there is no budget); < 1 when the budget holds no page.
 int64_t srv_pool_pages(const model_t *m, const srv_engine_cfg_t *cfg);
 
-// What the engine has run: turns that ran the model, the forwards they ran
-// (one a turn: a batched prefill, or a decode step when no request was in
-// its prompt), the forwards that carried decode tokens beside prefill chunks
+// What the engine has run: turns with a request to feed the model (in its
+// prompt or decoding), the forwards they ran (one a turn: a batched prefill,
+// or a decode step when no request was in its prompt; fewer only where every
+// request of a turn failed before it), the forwards that carried decode tokens beside prefill chunks
 // (mixed), and those tokens (rode); the tokens of all forwards (prefill
 // chunks and decode tokens) and the most that one forward carried
 // (max_tokens); and, under a token budget (max_batched_tokens), the chunks

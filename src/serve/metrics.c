@@ -146,7 +146,7 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   (long long)m->prefix_bytes, (long long)m->prefix_entries);
     const srv_engine_counts_t *en = &m->engine;
     strbuf_printf(o,
-                  "# HELP hylo_engine_turns_total Engine turns that ran the model.\n"
+                  "# HELP hylo_engine_turns_total Engine turns with a request to feed the model.\n"
                   "# TYPE hylo_engine_turns_total counter\nhylo_engine_turns_total %llu\n"
                   "# HELP hylo_engine_forwards_total Forwards of the model (one a turn: a batched prefill, or a "
                   "decode step when no request is in its prompt).\n"
