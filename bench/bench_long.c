@@ -20,6 +20,11 @@
 //   after prompts of 256, 2K, 8K and 32K tokens, 256 decode steps: the decode
 //   speed of `hylo generate --stats` on the real model (the GPU holds its
 //   weights as bf16 either way) without carrying the 98 MB GGUF to the GPU.
+// bench_long --smollm2 --trace: the same two models after a 256-token prompt
+//   only, then three more steps traced through CUPTI (bench_trace.h): per
+//   step the GPU span and the host time around it, every kernel of the last
+//   step with its cost on the critical path, and those costs by kernel.
+//   Its timed line runs under the tracer.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +35,10 @@
 #include "upcycle/upcycle.h"
 
 #define BENCH_NAME "bench_long"
+#include "bench_trace.h"
 #include "bench_util.h"
+
+static int tracing; // --trace
 
 // Llama-3.2-3B (config.json of the released model)
 static arch_t llama_3b(void) {
@@ -117,6 +125,16 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
             id = argmax(logits, a->V);
         }
         double t_dec = now_s() - t0;
+        if (tracing && rc == 0) {
+            uint64_t marks[4];
+            for (int s = 0; s < 3 && rc == 0; s++) {
+                marks[s] = trace_now();
+                rc = model_step(&r, &st, &id, logits);
+                id = argmax(logits, a->V);
+            }
+            marks[3] = trace_now();
+            if (rc == 0) trace_report(name, marks, 3);
+        }
         cudaMemGetInfo(&fr, &tot);
         if (rc < 0)
             printf("%-12s T=%-8d failed: %s\n", name, T, err_msg());
@@ -138,8 +156,13 @@ int main(int argc, char **argv) {
     int only = 0, n_len = 5, D = 32, small = 0;
     bench_flag_t flags[] = {{"--teacher", &only, 1}, {"--6mla22gdn", &only, 2}, {"--14mla14gdn", &only, 3},
                             {"--2m", &n_len, 6},     {"--upto128k", &n_len, 3}, {"--decode64", &D, 64},
-                            {"--smollm2", &small, 1}};
-    if (bench_flags(argc, argv, flags, 7) < 0) return 2;
+                            {"--smollm2", &small, 1}, {"--trace", &tracing, 1}};
+    if (bench_flags(argc, argv, flags, 8) < 0) return 2;
+    if (tracing && !small) {
+        fprintf(stderr, "bench_long: --trace goes with --smollm2\n");
+        return 2;
+    }
+    if (tracing) trace_start(); // before the CUDA context and the graphs it records
     bench_init((size_t)8 << 30); // op scratch: chunked GDN and attention at 8K-token chunks
     if (small) {
         const int short_lengths[4] = {256, 2048, 8192, 32768};
@@ -148,9 +171,10 @@ int main(int argc, char **argv) {
         int mla[10];
         for (int i = 0; i < 10; i++)
             mla[i] = 3 * i;
-        sweep("SmolLM2-135M", &t, short_lengths, 4, 256);
+        const int n_short = tracing ? 1 : 4;
+        sweep("SmolLM2-135M", &t, short_lengths, n_short, 256);
         if (upc_student_arch(&t, mla, 10, LAYER_GDN, &(upc_dims_t){0}, &s) < 0) die("10MLA20GDN arch");
-        sweep("10MLA20GDN", &s, short_lengths, 4, 256);
+        sweep("10MLA20GDN", &s, short_lengths, n_short, 256);
         bench_finish();
         return 0;
     }

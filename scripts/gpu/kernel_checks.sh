@@ -10,7 +10,9 @@
 # compare against on the same card, when carried), bench_attn --compare and
 # torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
 # MLA_DIAG=1 also the failing MLA decode point three ways, with CORE_BENCH=1
-# bench_cuda_core (below). Logs in
+# bench_cuda_core (below), with TRACE=1 the SmolLM2 decode steps' kernel
+# timelines (bench_long --smollm2 --trace; CUPTI from the CUDA toolkit, else
+# the first libcupti.so.13 on the machine, torch's among them). Logs in
 # $OUT/r.tar.gz (one file: a call brings back only so many).
 tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
@@ -34,6 +36,13 @@ timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smoll
 # CORE_BENCH=1: the shared ops, the decode products' weight bandwidth among them
 if [ "${CORE_BENCH:-0}" = 1 ]; then
     timeout 90 build/bench/bench_cuda_core > $R/bench_cuda_core.txt 2>&1; echo "bench_cuda_core rc=$?" >> $R/summary.txt
+fi
+if [ "${TRACE:-0}" = 1 ]; then
+    cupti=$(ls /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13 /usr/local/cuda/lib64/libcupti.so.13 2>/dev/null | head -1)
+    [ -n "$cupti" ] || cupti=$(find / -name 'libcupti.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)
+    echo "cupti: $cupti" >> $R/summary.txt
+    LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "${cupti:-/nonexistent/x}") timeout 90 build/bench/bench_long --smollm2 --trace > $R/trace_smollm2.txt 2>&1
+    echo "trace rc=$?" >> $R/summary.txt
 fi
 [ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
 if [ -x .carry/base/bench_long ]; then
