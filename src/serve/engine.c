@@ -67,6 +67,7 @@ struct srv_engine {
     const int32_t **pre_ids;
     int *pre_n;
     uint8_t *pre_last;
+    int32_t *sampled; // [max_seqs] the token drawn for each of the forward's rows with logits
     uint64_t next_id;
     srv_engine_stats_t stats; // (e->mu)
     int stopping;             // no more submits; everything is cancelled
@@ -232,10 +233,9 @@ static int start(srv_engine_t *e, req_t *r) {
     return 0;
 }
 
-// Hands on the token sampled from logits (the request's row): 1 when the
+// Hands on the token id sampled from the request's logits row: 1 when the
 // request finished (it is freed), else 0.
-static int emit(srv_engine_t *e, req_t *r, const float *logits) {
-    int32_t id = sampler_sample(&r->smp, logits);
+static int emit(srv_engine_t *e, req_t *r, int32_t id) {
     if (is_stop_id(e, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
     double now = time_now();
     if (e->metrics) {
@@ -274,11 +274,12 @@ static int next_chunk(const srv_engine_t *e, const req_t *r, int *last) {
 }
 
 // After a prefill chunk of n tokens: the prefix cache's records and, after
-// the last chunk (logits: its last token's), the first token (the next one
-// of a resumed request). 1 when the request finished (it is freed), else 0.
+// the last chunk (id: sampled from its last token's logits), the first token
+// (the next one of a resumed request). 1 when the request finished (it is
+// freed), else 0.
 // A resumed request's prompt and answer so far are no prompt of a client:
 // no entry of the prefix cache, and its prompt tokens were counted before.
-static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *logits) {
+static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, int32_t id) {
     r->fed += n;
     if (e->prefix && !r->resumed) {
         if (last)
@@ -290,7 +291,7 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, const float *l
     if (!last) return 0;
     if (e->metrics && !r->resumed) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
     r->decoding = 1;
-    return emit(e, r, logits);
+    return emit(e, r, id);
 }
 
 // The turn's one forward: the next prefill chunk of every prefilling request
@@ -367,13 +368,26 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
         tokens += (uint64_t)e->pre_n[i];
     ran->tokens += tokens;
     if (tokens > ran->max_tokens) ran->max_tokens = tokens;
-    for (int i = 0, j = 0; i < k; i++) {
+    // Every row with logits draws its token first, the rows side by side
+    // (each request's sampler is its own: the same draws whatever the
+    // threads): a row of a large vocabulary takes a few hundred us, which
+    // one thread made the turn's cost at many streams.
+    if (rc >= 0) {
+        const int64_t V = e->m->a.V;
+#pragma omp parallel for schedule(dynamic, 1) if (k > 1)
+        for (int i = 0; i < k; i++) {
+            if (!e->pre_last[i]) continue;
+            int j = 0; // the row's logits: rows with logits are packed
+            for (int t = 0; t < i; t++)
+                j += e->pre_last[t];
+            e->sampled[i] = sampler_sample(&turn[e->step_idx[i]]->smp, e->logits + (size_t)j * V);
+        }
+    }
+    for (int i = 0; i < k; i++) {
         req_t *r = turn[e->step_idx[i]];
-        const float *lg = e->logits + (size_t)j * e->m->a.V;
-        j += e->pre_last[i];
         int gone = rc < 0      ? (finish_error(e, r, rc), 1)
-                   : i < k_pre ? chunk_done(e, r, e->pre_n[i], e->pre_last[i], lg)
-                               : emit(e, r, lg);
+                   : i < k_pre ? chunk_done(e, r, e->pre_n[i], e->pre_last[i], e->sampled[i])
+                               : emit(e, r, e->sampled[i]);
         if (gone) turn[e->step_idx[i]] = NULL;
     }
 }
@@ -499,12 +513,13 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->pre_ids = calloc((size_t)cfg->max_seqs, sizeof *e->pre_ids);
     e->pre_n = calloc((size_t)cfg->max_seqs, sizeof *e->pre_n);
     e->pre_last = calloc((size_t)cfg->max_seqs, sizeof *e->pre_last);
+    e->sampled = calloc((size_t)cfg->max_seqs, sizeof *e->sampled);
     e->active = calloc((size_t)cfg->max_seqs, sizeof *e->active);
     e->turn = calloc((size_t)cfg->max_seqs, sizeof *e->turn);
     e->turn_cancel = calloc((size_t)cfg->max_seqs, sizeof *e->turn_cancel);
     e->stop_ids = malloc(((size_t)cfg->n_stop_ids + 1) * sizeof(int32_t));
     if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids || !e->dec_idx || !e->step_idx ||
-        !e->step_st || !e->step_ids || !e->pre_idx || !e->pre_ids || !e->pre_n || !e->pre_last) {
+        !e->step_st || !e->step_ids || !e->pre_idx || !e->pre_ids || !e->pre_n || !e->pre_last || !e->sampled) {
         srv_engine_free(e);
         return err_set(ERR_NOMEM, "out of memory");
     }
@@ -651,6 +666,7 @@ void srv_engine_free(srv_engine_t *e) {
     free(e->step_st);
     free(e->step_ids);
     free(e->pre_idx), free(e->pre_ids), free(e->pre_n), free(e->pre_last);
+    free(e->sampled);
     free(e->stop_ids);
     free(e);
 }

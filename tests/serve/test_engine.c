@@ -8,7 +8,9 @@
 // ride in the prefill chunks of the same turn, one forward a turn, every
 // answer the one its request gets alone; a token budget per turn
 // (max_batched_tokens) bounds every forward, cuts and defers chunks (oldest
-// request first), never a decode token, and changes no answer.
+// request first), never a decode token, and changes no answer; requests that
+// sample (temperature, top-p, their own seeds), drawn side by side on
+// several threads, each get the tokens they get alone.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +54,8 @@ static arch_t tiny_hybrid(void) {
 }
 
 // An engine over the tiny model whose pool holds `pages` pages, with a token
-// budget per turn (0: none).
-static void bench_open_budget(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes, int budget) {
+// budget per turn (0: none) and `threads` OpenMP threads (0: the default).
+static void bench_open_cfg(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes, int budget, int threads) {
     memset(b, 0, sizeof *b);
     arch_t a = tiny_hybrid();
     assert_int_equal(model_create(&b->m, &a, tu_cpu()), 0);
@@ -68,6 +70,7 @@ static void bench_open_budget(bench_t *b, int pages, int max_seqs, int64_t prefi
                             .prefix_bytes = prefix_bytes,
                             .prefix_block = 128,
                             .max_batched_tokens = budget,
+                            .threads = threads,
                             .cache_budget = (int64_t)max_seqs * model_snapshot_fixed_bytes(&b->m) +
                                             (int64_t)pages * model_page_bytes(&b->m)};
     assert_int_equal(srv_pool_pages(&b->m, &cfg), pages);
@@ -76,7 +79,7 @@ static void bench_open_budget(bench_t *b, int pages, int max_seqs, int64_t prefi
 }
 
 static void bench_open(bench_t *b, int pages, int max_seqs, int64_t prefix_bytes) {
-    bench_open_budget(b, pages, max_seqs, prefix_bytes, 0);
+    bench_open_cfg(b, pages, max_seqs, prefix_bytes, 0, 0);
 }
 
 static void bench_close(bench_t *b) {
@@ -85,22 +88,28 @@ static void bench_close(bench_t *b) {
     model_free(&b->m);
 }
 
-// A greedy request whose tokens go to s through tok (on_token, or one that
-// does more).
-static void submit_with(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new,
-                        int (*tok)(void *, int32_t)) {
+// A request sampling by smp whose tokens go to s through tok (on_token, or
+// one that does more).
+static void submit_sampled(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new, sampler_cfg_t smp,
+                           int (*tok)(void *, int32_t)) {
     memset(s, 0, sizeof *s);
     s->b = b;
     srv_submit_t q = {.prompt = prompt,
                       .n_prompt = n_prompt,
                       .max_new = max_new,
-                      .sampler = {.temperature = 0, .top_p = 1},
+                      .sampler = smp,
                       .on_token = tok,
                       .on_done = on_done,
                       .user = s};
     uint64_t id;
     assert_int_equal(srv_engine_submit(b->e, &q, &id), 0);
     b->left++;
+}
+
+// A greedy request whose tokens go to s through tok.
+static void submit_with(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new,
+                        int (*tok)(void *, int32_t)) {
+    submit_sampled(b, s, prompt, n_prompt, max_new, (sampler_cfg_t){.temperature = 0, .top_p = 1}, tok);
 }
 
 static void submit(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new) {
@@ -342,7 +351,7 @@ static void test_token_budget(void **state) {
         const int budget = budgets[k], max_seqs = 4;
         bench_t b;
         const int64_t prefix = k == 0 ? 4 << 20 : 0;
-        bench_open_budget(&b, 16, max_seqs, prefix, budget);
+        bench_open_cfg(&b, 16, max_seqs, prefix, budget, 0);
         int V = b.m.a.V;
         for (int i = 0; i < BU_N; i++)
             for (int t = 0; t < bu_len[i]; t++)
@@ -402,12 +411,53 @@ static void test_token_budget(void **state) {
     }
 }
 
+// Six requests that sample (temperature 0.9; top-p 0.8 for every other one;
+// each its own seed) run together on 4 threads, so that their rows are drawn
+// side by side in the turns they share: each answer is token for token the
+// one the request gets alone, where its draws come one a turn. A draw from
+// another row's logits, or an order of draws that depends on the threads,
+// changes tokens.
+enum { SA_N = 6 };
+static void test_sampled_rows(void **state) {
+    int32_t prompt[SA_N][40];
+    const int len[SA_N] = {3, 40, 7, 1, 22, 12}, n_new = 30;
+    stream_t s[SA_N], alone;
+    bench_t b;
+    bench_open_cfg(&b, 12, SA_N, 0, 0, 4);
+    for (int i = 0; i < SA_N; i++)
+        for (int t = 0; t < len[i]; t++)
+            prompt[i][t] = (t * (5 + 2 * i) + i + 2) % b.m.a.V;
+    sampler_cfg_t smp[SA_N];
+    for (int i = 0; i < SA_N; i++)
+        smp[i] = (sampler_cfg_t){.temperature = 0.9f, .top_p = i % 2 ? 0.8f : 1.0f, .seed = 1000u + (uint64_t)i};
+    for (int i = 0; i < SA_N; i++)
+        submit_sampled(&b, &s[i], prompt[i], len[i], n_new, smp[i], on_token);
+    srv_engine_run(b.e);
+    srv_engine_stats_t st = srv_engine_stats(b.e);
+    printf("  together: %llu forwards for %d tokens\n", (unsigned long long)st.forwards, SA_N * n_new);
+    assert_true(st.forwards < (uint64_t)n_new + 8); // the rows shared their turns
+    for (int i = 0; i < SA_N; i++) {
+        assert_true(s[i].has_done);
+        assert_int_equal(s[i].n, n_new);
+        bench_t one;
+        bench_open_cfg(&one, 12, SA_N, 0, 0, 4);
+        submit_sampled(&one, &alone, prompt[i], len[i], n_new, smp[i], on_token);
+        srv_engine_run(one.e);
+        assert_true(alone.has_done);
+        assert_int_equal(alone.n, n_new);
+        assert_memory_equal(s[i].tok, alone.tok, sizeof(int32_t) * n_new);
+        bench_close(&one);
+    }
+    bench_close(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_prefix_pages),
         cmocka_unit_test(test_decode_rides_in_prefill),
         cmocka_unit_test(test_token_budget),
+        cmocka_unit_test(test_sampled_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
