@@ -153,10 +153,68 @@ static void test_bad_config(void **st) {
     }
 }
 
+// Top-p over a real vocabulary's size (sampler_nucleus, radix selection
+// without a sort) against its definition: the probabilities sorted (ties by
+// id), the smallest prefix whose mass reaches top_p of the whole. For smooth
+// probabilities (random logits) and for ties across the boundary (four
+// distinct values, many tokens each, where the lower ids must be kept).
+enum { VB = 49152 };
+static const float *g_prob;
+static int by_prob_desc(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_prob[i], y = g_prob[j];
+    return x < y ? 1 : x > y ? -1 : i - j;
+}
+
+static void check_nucleus(const float *prob, float top_p) {
+    static int order[VB], ids[VB];
+    static unsigned char want[VB];
+    double total = 0;
+    for (int v = 0; v < VB; v++)
+        total += prob[v], order[v] = v;
+    g_prob = prob;
+    qsort(order, VB, sizeof(int), by_prob_desc);
+    memset(want, 0, sizeof want);
+    double acc = 0;
+    int n_want = 0;
+    for (int i = 0; i < VB; i++) {
+        want[order[i]] = 1, n_want++;
+        if ((acc += prob[order[i]]) >= top_p * total) break;
+    }
+    double mass = -1;
+    int n = sampler_nucleus(prob, VB, top_p, ids, &mass);
+    printf("  top-p %.3f: %d tokens kept (definition: %d), mass %.6f of %.6f\n", top_p, n, n_want, mass, total);
+    assert_int_equal(n, n_want);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        assert_true(want[ids[i]]);
+        if (i) assert_true(ids[i] > ids[i - 1]); // id order
+        sum += prob[ids[i]];
+    }
+    assert_true(fabs(sum - mass) <= 1e-9 * total);
+}
+
+static void test_nucleus_vocabulary(void **st) {
+    static float logits[VB], prob[VB];
+    tu_randn(logits, VB, 17, 3.0f);
+    float m = logits[sampler_argmax(logits, VB)];
+    for (int v = 0; v < VB; v++)
+        prob[v] = expf((logits[v] - m) / 0.7f);
+    const float ps[] = {0.05f, 0.5f, 0.9f, 0.999f}; // (1 is no top-p: sampler_sample never asks)
+    for (int i = 0; i < 4; i++)
+        check_nucleus(prob, ps[i]);
+    // ties: 1, 1/2, 1/4, 1/8 over ids in turn; the boundary inside a tie group
+    for (int v = 0; v < VB; v++)
+        prob[v] = ldexpf(1.0f, -(v % 4));
+    check_nucleus(prob, 0.3f);
+    check_nucleus(prob, 0.6f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_distributions), cmocka_unit_test(test_ties),       cmocka_unit_test(test_greedy),
-        cmocka_unit_test(test_seed),          cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_distributions), cmocka_unit_test(test_ties),
+        cmocka_unit_test(test_greedy),        cmocka_unit_test(test_seed),
+        cmocka_unit_test(test_bad_config),    cmocka_unit_test(test_nucleus_vocabulary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
