@@ -94,7 +94,8 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
            (long long)ptable_count(&m.pt), a->n_layers, arch_count(a, LAYER_ATTN), arch_count(a, LAYER_MLA),
            arch_count(a, LAYER_GDN), (long long)model_cache_bytes_per_token(&m));
     fflush(stdout);
-    float *logits = malloc((size_t)a->V * sizeof(float));
+    float *logits = be->host_alloc(be, (size_t)a->V * sizeof(float)); // page-locked, as hylo generate's
+    if (!logits) die("logits");
     for (int li = 0; li < n_len; li++) {
         const int T = lengths[li];
         int32_t *ids = malloc((size_t)T * sizeof(int32_t));
@@ -147,7 +148,7 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
         model_state_free(&m, &st);
         free(ids);
     }
-    free(logits);
+    be->host_free(be, logits);
     model_run_free(&r);
     model_free(&m);
 }

@@ -110,6 +110,12 @@ struct be {
     int (*copy_h2d)(be_t *be, void *dst, const void *src, size_t bytes);
     int (*copy_d2h)(be_t *be, void *dst, const void *src, size_t bytes);
     int (*copy_d2d)(be_t *be, void *dst, const void *src, size_t bytes);
+    // Host memory that device results are copied into (logits): page-locked
+    // on CUDA (cudaMallocHost), so that a copy runs at the bus's rate instead
+    // of through the driver's staging buffer; the CPU backend's alloc on the
+    // CPU. NULL + error slot on failure; host_free(NULL) does nothing.
+    void *(*host_alloc)(be_t *be, size_t bytes);
+    void (*host_free)(be_t *be, void *p);
     // Optional (NULL: nothing happens): nothing in [p, p + bytes) is needed any
     // more, and the whole pages inside it may go back to the system until they
     // are written again (CPU: madvise DONTNEED; their bytes are then undefined).

@@ -40,10 +40,10 @@ int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prom
     if (model_state_fit(m, st, need < st->ctx ? (int)need : st->ctx) < 0) err_clear();
     sampler_t smp;
     TRY(sampler_init(&smp, &cfg->sampler, m->a.V));
-    float *logits = malloc((size_t)m->a.V * sizeof(float));
+    float *logits = m->be->host_alloc(m->be, (size_t)m->a.V * sizeof(float)); // (page-locked on a GPU)
     if (!logits) {
         sampler_free(&smp);
-        return err_set(ERR_NOMEM, "out of memory");
+        return ERR_NOMEM;
     }
     double t0 = time_now();
     int rc = model_prefill(r, st, prompt, n_prompt, cfg->prefill_chunk, logits);
@@ -65,7 +65,7 @@ int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prom
         if (on_token && on_token(user, id)) break;
     }
     stats->decode_s = time_now() - t0;
-    free(logits);
+    m->be->host_free(m->be, logits);
     sampler_free(&smp);
     return rc;
 }

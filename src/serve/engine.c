@@ -504,7 +504,8 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->metrics = metrics;
     e->next_id = 1;
     if (metrics) srv_metrics_engine(metrics, &e->stats, cfg->max_batched_tokens); // the budget, before any turn
-    e->logits = malloc((size_t)cfg->max_seqs * m->a.V * sizeof(float));
+    // page-locked on a GPU: a turn of 64 rows of 49,152 logits is 12.6 MB
+    e->logits = m->be->host_alloc(m->be, (size_t)cfg->max_seqs * m->a.V * sizeof(float));
     e->dec_idx = calloc((size_t)cfg->max_seqs, sizeof *e->dec_idx);
     e->step_idx = calloc((size_t)cfg->max_seqs, sizeof *e->step_idx);
     e->step_st = calloc((size_t)cfg->max_seqs, sizeof *e->step_st);
@@ -657,7 +658,7 @@ void srv_engine_free(srv_engine_t *e) {
     srv_prefix_free(e->prefix);                       // after the requests, whose records it frees
     if (e->has_pool) model_pool_free(e->m, &e->pool); // after the states and entries that held its pages
     if (e->has_run) model_run_free(&e->run);
-    free(e->logits);
+    if (e->logits) e->m->be->host_free(e->m->be, e->logits);
     free(e->active);
     free(e->turn);
     free(e->turn_cancel);

@@ -63,6 +63,8 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->name = "cpu";
     be->alloc = cpu_alloc;
     be->free = cpu_free;
+    be->host_alloc = cpu_alloc;
+    be->host_free = cpu_free;
     be->memset0 = cpu_memset0;
     be->copy_h2d = cpu_copy;
     be->copy_d2h = cpu_copy;

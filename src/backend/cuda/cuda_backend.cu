@@ -101,6 +101,22 @@ static void cu_free(be_t *be, void *p) {
     if (p) cudaFree(p);
 }
 
+static void *cu_host_alloc(be_t *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        err_set(ERR_NOMEM, "cuda: cannot allocate %zu bytes of page-locked host memory: %s", bytes,
+                cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(be_t *be, void *p) {
+    if (p) cudaFreeHost(p);
+}
+
 static int cu_memset0(be_t *be, void *p, size_t n) {
     CUDA_TRY(be, cudaMemsetAsync(p, 0, n, cuda_stream(be)));
     return 0;
@@ -347,6 +363,8 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     arena_init(&be->scratch, scratch, scratch_bytes, "cuda scratch");
     be->alloc = cu_alloc;
     be->free = cu_free;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
     be->mem_free = cu_mem_free;
     be->memset0 = cu_memset0;
     be->copy_h2d = cu_copy_h2d;
