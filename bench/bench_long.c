@@ -155,15 +155,15 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
 
 int main(int argc, char **argv) {
     int only = 0, n_len = 5, D = 32, small = 0;
-    bench_flag_t flags[] = {{"--teacher", &only, 1}, {"--6mla22gdn", &only, 2}, {"--14mla14gdn", &only, 3},
-                            {"--2m", &n_len, 6},     {"--upto128k", &n_len, 3}, {"--decode64", &D, 64},
+    bench_flag_t flags[] = {{"--teacher", &only, 1},  {"--6mla22gdn", &only, 2}, {"--14mla14gdn", &only, 3},
+                            {"--2m", &n_len, 6},      {"--upto128k", &n_len, 3}, {"--decode64", &D, 64},
                             {"--smollm2", &small, 1}, {"--trace", &tracing, 1}};
     if (bench_flags(argc, argv, flags, 8) < 0) return 2;
     if (tracing && !small) {
         fprintf(stderr, "bench_long: --trace goes with --smollm2\n");
         return 2;
     }
-    if (tracing) trace_start(); // before the CUDA context and the graphs it records
+    if (tracing) trace_start();  // before the CUDA context and the graphs it records
     bench_init((size_t)8 << 30); // op scratch: chunked GDN and attention at 8K-token chunks
     if (small) {
         const int short_lengths[4] = {256, 2048, 8192, 32768};

@@ -23,7 +23,7 @@
 
 typedef struct {
     uint64_t start, end;
-    char name[48]; // the kernel's base name (demangled from _Z<len><name>), or "memcpy" / "memset"
+    char name[48];   // the kernel's base name (demangled from _Z<len><name>), or "memcpy" / "memset"
     int grid, block; // total blocks and threads per block; 0 for copies
     uint64_t bytes;  // copies and sets
 } trace_rec_t;
@@ -189,7 +189,8 @@ static inline void trace_report(const char *what, const uint64_t *m, int n) {
                 printf("    %4d %-32s grid %6d x %4d  dur %7.2f us  cost %7.2f us%s\n", i - first, r->name, r->grid,
                        r->block, dur, cost, r->bytes ? "  (copy/set)" : "");
             int k = 0;
-            while (k < n_sum && strcmp(sums[k].name, r->name)) k++;
+            while (k < n_sum && strcmp(sums[k].name, r->name))
+                k++;
             if (k == n_sum) {
                 if (n_sum == 256) continue;
                 memset(&sums[n_sum], 0, sizeof sums[n_sum]);
