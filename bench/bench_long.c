@@ -5,7 +5,8 @@
 // v 128, YaRN 32 over 2,048; built from the teacher by upc_student_arch, as
 // convert does). For each context length: prefill the T tokens in chunks of
 // 8,192 (model_prefill, as hylo generate), then D greedy decode steps
-// (model_step, logits to the host and their argmax, as hylo generate) after
+// (model_step, logits to the host and their argmax, as hylo generate's greedy
+// sampler_argmax) after
 // two untimed ones (the step's graph is recorded in the second).
 // Printed per point: prefill seconds and tokens/s, decode ms per token, the
 // cache's bytes (one allocation of exactly T + D + 2 tokens) and the device memory
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "infer/sampler.h"
 #include "model/model.h"
 #include "upcycle/upcycle.h"
 
@@ -76,13 +78,6 @@ static double now_s(void) {
 
 static double gib(double bytes) { return bytes / (double)(1u << 30); }
 
-static int argmax(const float *x, int n) {
-    int k = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[k]) k = i;
-    return k;
-}
-
 // One model over the lengths: prefill, decode, memory.
 static void sweep(const char *name, const arch_t *a, const int *lengths, int n_len, int D) {
     model_t m;
@@ -113,17 +108,17 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
         double t0 = now_s();
         int rc = model_prefill(&r, &st, ids, T, 8192, logits);
         double t_pre = now_s() - t0;
-        int32_t id = argmax(logits, a->V);
+        int32_t id = sampler_argmax(logits, a->V);
         // two untimed steps first: the first runs op by op, the second records
         // the step's graph (model.c step_forward), as every later one replays
         for (int s = 0; s < 2 && rc == 0; s++) {
             rc = model_step(&r, &st, &id, logits);
-            id = argmax(logits, a->V);
+            id = sampler_argmax(logits, a->V);
         }
         t0 = now_s();
         for (int s = 0; s < D && rc == 0; s++) {
             rc = model_step(&r, &st, &id, logits);
-            id = argmax(logits, a->V);
+            id = sampler_argmax(logits, a->V);
         }
         double t_dec = now_s() - t0;
         if (tracing && rc == 0) {
@@ -131,7 +126,7 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
             for (int s = 0; s < 3 && rc == 0; s++) {
                 marks[s] = trace_now();
                 rc = model_step(&r, &st, &id, logits);
-                id = argmax(logits, a->V);
+                id = sampler_argmax(logits, a->V);
             }
             marks[3] = trace_now();
             if (rc == 0) trace_report(name, marks, 3);
