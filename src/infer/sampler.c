@@ -126,12 +126,8 @@ int sampler_nucleus(const float *prob, int V, float top_p, int *ids, double *mas
         total += prob[v];
     const double target = (double)top_p * total;
     static const int shift[3] = {20, 8, 0}, width[3] = {12, 12, 8};
-    double *bin_mass = malloc(NUC_BINS * sizeof(double));
-    int *bin_count = malloc(NUC_BINS * sizeof(int));
-    if (!bin_mass || !bin_count) {
-        free(bin_mass), free(bin_count);
-        return err_set(ERR_NOMEM, "out of memory");
-    }
+    double bin_mass[NUC_BINS]; // 48 KB of stack with the counts
+    int bin_count[NUC_BINS];
     uint32_t prefix = 0; // the boundary's key, its bits above shift[level] so far
     double above = 0;    // mass of the tokens above the boundary's bin
     int n_in = V;        // tokens in the boundary's bin: every token at level 0, then listed in ids
@@ -167,7 +163,6 @@ int sampler_nucleus(const float *prob, int V, float top_p, int *ids, double *mas
         }
         n_in = n;
     }
-    free(bin_mass), free(bin_count);
     // Kept: every token above the boundary's value, then of the tokens at it
     // (ties: lower ids first) as many as the mass needs, one at least.
     const uint32_t key_b = prefix;
@@ -249,7 +244,6 @@ int sampler_sample(sampler_t *s, const float *logits) {
         // top-p alone: the nucleus by radix selection, in id order (sorting
         // the vocabulary took ~4.7 ms a row of 49,152)
         n = sampler_nucleus(prob, V, s->cfg.top_p, s->idx, &kept);
-        if (n < 0) return n;
     } else {
         // top-k: sorted by probability (ties by id), the top k kept, then
         // the smallest prefix whose mass reaches top_p

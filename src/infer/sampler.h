@@ -28,5 +28,5 @@ int sampler_argmax(const float *logits, int V);
 // Top-p over all V tokens without sorting them: ids = the smallest set of
 // the most probable tokens (ties: lower ids first) whose mass reaches top_p
 // of the whole, in id order, and *mass = their mass (prob: non-negative
-// weights, not necessarily normalised). Returns how many; < 0 on error.
+// weights, not necessarily normalised). Returns how many.
 int sampler_nucleus(const float *prob, int V, float top_p, int *ids, double *mass);

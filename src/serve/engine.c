@@ -370,8 +370,8 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
     if (tokens > ran->max_tokens) ran->max_tokens = tokens;
     // Every row with logits draws its token first, the rows side by side
     // (each request's sampler is its own: the same draws whatever the
-    // threads): a row of a large vocabulary takes a few hundred us, which
-    // one thread made the turn's cost at many streams.
+    // threads): a row takes 12-600 us by vocabulary and settings
+    // (bench/bench_sampler.c), 64 of them in turn a good part of a turn.
     if (rc >= 0) {
         const int64_t V = e->m->a.V;
 #pragma omp parallel for schedule(dynamic, 1) if (k > 1)
