@@ -116,6 +116,11 @@ struct be {
     // CPU. NULL + error slot on failure; host_free(NULL) does nothing.
     void *(*host_alloc)(be_t *be, size_t bytes);
     void (*host_free)(be_t *be, void *p);
+    // Queues a copy from host memory of host_alloc's and returns: src must
+    // stay as it is until the device has done the copy (the next sync; later
+    // work on the device is ordered after it). copy_h2d waits for its copy,
+    // a round trip to the device each (a decode step's inputs took three).
+    int (*copy_h2d_async)(be_t *be, void *dst, const void *src, size_t bytes);
     // Optional (NULL: nothing happens): nothing in [p, p + bytes) is needed any
     // more, and the whole pages inside it may go back to the system until they
     // are written again (CPU: madvise DONTNEED; their bytes are then undefined).

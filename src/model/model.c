@@ -214,14 +214,15 @@ void model_run_free(model_run_t *r) {
         be->free(be, r->cache_buf);
         be->free(be, r->page_buf);
         if (r->graph) be->graph_free(be, r->graph);
+        be->host_free(be, r->pos_host);
+        be->host_free(be, r->cache_host);
+        be->host_free(be, r->page_host);
+        be->host_free(be, r->ids_host);
     }
     free(r->key.v);
     free(r->key_seen.v);
     free(r->key_new.v);
-    free(r->pos_host);
     free(r->runs);
-    free(r->cache_host);
-    free(r->page_host);
     free(r->cache_off);
     memset(r, 0, sizeof *r);
 }
@@ -842,14 +843,14 @@ static int mirror_room(be_t *be, void **dev, void **host, int64_t *cap, int64_t 
                        const char *what) {
     if (need <= *cap) return 0;
     int64_t n = need > least ? need : least;
-    void *d = be->alloc(be, (size_t)n * elt), *h = malloc((size_t)n * elt);
+    void *d = be->alloc(be, (size_t)n * elt), *h = be->host_alloc(be, (size_t)n * elt);
     if (!d || !h) {
         be->free(be, d);
-        free(h);
+        be->host_free(be, h);
         return err_set(ERR_NOMEM, "%s for %lld rows", what, (long long)need);
     }
     be->free(be, *dev);
-    free(*host);
+    be->host_free(be, *host);
     *dev = d, *host = h, *cap = n;
     return 1;
 }
@@ -886,7 +887,7 @@ static int prepare_step_positions(model_run_t *r, model_state_t *const *sts, int
         for (int b = 0; b < sts[k]->B; b++, row++)
             h[row] = sts[k]->len, h[N + row] = sts[k]->len + 1;
     r->n_pos = 0, r->step_pos = NULL;
-    TRY(r->m->be->copy_h2d(r->m->be, r->pos_buf, h, (size_t)2 * N * sizeof(int32_t)));
+    TRY(r->m->be->copy_h2d_async(r->m->be, r->pos_buf, h, (size_t)2 * N * sizeof(int32_t)));
     r->step_pos = r->pos_buf;
     return 0;
 }
@@ -929,7 +930,7 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
             r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
         step_cache_bases(a, l, be->act_size, r->runs, n_st, r->cache_host + r->cache_off[l]);
     }
-    TRY(be->copy_h2d(be, r->cache_buf, r->cache_host, (size_t)need * sizeof(void *)));
+    TRY(be->copy_h2d_async(be, r->cache_buf, r->cache_host, (size_t)need * sizeof(void *)));
     // The rows' page tables, shared by the layers (those of the first growing
     // one; every growing layer of a state has the same pages), when a state
     // is paged; else none (contiguous caches need no table).
@@ -945,7 +946,7 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
                          "page tables");
         if (rc < 0) return rc;
         step_page_tables(r->runs, n_st, stride, r->page_host);
-        TRY(be->copy_h2d(be, r->page_buf, r->page_host, (size_t)n * sizeof(int32_t)));
+        TRY(be->copy_h2d_async(be, r->page_buf, r->page_host, (size_t)n * sizeof(int32_t)));
         r->step_pages = (be_pages_t){r->page_buf, stride};
         break;
     }
@@ -1408,9 +1409,29 @@ static void key_swap(step_key_t *a, step_key_t *b) {
     *a = *b, *b = t;
 }
 
-// The step's inputs uploaded: ids into *d_ids, the rows' positions and
-// visible lengths (r->step_pos), every layer's cache bases (r->step_cache);
-// *x the residual stream's rows. Nothing here may be recorded (uploads wait).
+// A step's ids (host) checked and queued for d_ids from the run's page-locked
+// staging (the step's other inputs likewise): no round trip to the device.
+static int upload_step_ids(model_run_t *r, const int32_t *ids, int64_t N, int32_t *d_ids) {
+    const model_t *m = r->m;
+    for (int64_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= m->a.V)
+            return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
+    if (N > r->ids_cap) {
+        int32_t *h = m->be->host_alloc(m->be, (size_t)N * sizeof(int32_t));
+        if (!h) return ERR_NOMEM;
+        m->be->host_free(m->be, r->ids_host);
+        r->ids_host = h, r->ids_cap = N;
+    }
+    memcpy(r->ids_host, ids, (size_t)N * sizeof(int32_t));
+    return m->be->copy_h2d_async(m->be, d_ids, r->ids_host, (size_t)N * sizeof(int32_t));
+}
+
+// The step's inputs queued for the device (copy_h2d_async from the run's
+// page-locked staging, which nothing writes again before the step's closing
+// sync): ids into *d_ids, the rows' positions and visible lengths
+// (r->step_pos), every layer's cache bases (r->step_cache); *x the residual
+// stream's rows. Nothing here may be recorded. On an error, the copies
+// already queued are waited for, so that the staging may be written again.
 static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
                        int32_t **d_ids, void **x) {
     model_t *m = r->m;
@@ -1422,9 +1443,11 @@ static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const 
     *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
     *x = arena_alloc(&r->arena, (size_t)N * m->a.d * m->be->act_size);
     if (!*d_ids || !*x) return ERR_NOMEM;
-    TRY(upload_ids(m, ids, N, *d_ids));
-    TRY(prepare_step_positions(r, sts, n_st, (int)N));
-    return prepare_step_caches(r, sts, n_st);
+    int rc = upload_step_ids(r, ids, N, *d_ids);
+    if (rc == 0) rc = prepare_step_positions(r, sts, n_st, (int)N);
+    if (rc == 0) rc = prepare_step_caches(r, sts, n_st);
+    if (rc < 0) (void)m->be->sync(m->be);
+    return rc;
 }
 
 // What a step computes on the device with its inputs in place: the embedding

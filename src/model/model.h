@@ -68,7 +68,7 @@ typedef struct {
                                    // prefill's, one per state)
     int n_pos;
     int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
-    int32_t *pos_host; // its host staging buffer
+    int32_t *pos_host; // its host staging buffer (page-locked: be->host_alloc)
     int64_t pos_cap;   // elements of each
     // A decode step's positions (model_step_batch): the rows' positions then
     // their visible lengths, [2N] in pos_buf; NULL when no step is prepared.
@@ -87,6 +87,10 @@ typedef struct {
     // rows' page tables (layer.h step_page_tables; pages NULL: none).
     int32_t *page_buf, *page_host; // device, host staging
     int64_t page_cap;              // entries of each
+    // The host staging (page-locked: be->host_alloc, as the others above) of
+    // a decode step's ids, which step_inputs queues without waiting.
+    int32_t *ids_host;
+    int64_t ids_cap;
     be_pages_t step_pages;
     // The recorded decode step (model.c step_forward; backends with graphs):
     // the replay and the key it was recorded with, the key of the last step

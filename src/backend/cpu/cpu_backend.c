@@ -67,6 +67,7 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->host_free = cpu_free;
     be->memset0 = cpu_memset0;
     be->copy_h2d = cpu_copy;
+    be->copy_h2d_async = cpu_copy;
     be->copy_d2h = cpu_copy;
     be->copy_d2d = cpu_copy;
     be->discard = cpu_discard;

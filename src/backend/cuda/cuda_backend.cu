@@ -122,6 +122,11 @@ static int cu_memset0(be_t *be, void *p, size_t n) {
     return 0;
 }
 
+static int cu_copy_h2d_async(be_t *be, void *dst, const void *src, size_t n) {
+    CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cuda_stream(be)));
+    return 0;
+}
+
 static int cu_copy_h2d(be_t *be, void *dst, const void *src, size_t n) {
     // Synchronous: the host buffer may be reused as soon as we return.
     CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cuda_stream(be)));
@@ -368,6 +373,7 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     be->mem_free = cu_mem_free;
     be->memset0 = cu_memset0;
     be->copy_h2d = cu_copy_h2d;
+    be->copy_h2d_async = cu_copy_h2d_async;
     be->copy_d2h = cu_copy_d2h;
     be->copy_d2d = cu_copy_d2d;
     be->upload_act = cu_upload_act;
