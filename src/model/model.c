@@ -1482,6 +1482,7 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
     for (int k = 0; k < n_st; k++)
         fresh |= sts[k]->len == 0;
     int graph = be->graph_begin && !r->graph_off && N <= STEP_GRAPH_ROWS && !fresh;
+    int recorded = 0;
     if (graph) {
         TRY(step_key(r, sts, n_st, N));
         if (!r->graph || !key_equal(&r->key_new, &r->key)) {
@@ -1510,14 +1511,20 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
             } else {
                 key_swap(&r->key, &r->key_new); // the new key is the recorded one
                 r->graph_lg = lg;
+                recorded = 1;
             }
         }
         if (graph) {
             lg = r->graph_lg;
+            if (recorded)
+                r->steps_recorded++;
+            else
+                r->steps_replayed++;
             TRY(be->graph_launch(be, r->graph));
         }
     }
     if (!graph) {
+        r->steps_op_by_op++;
         TRY(step_body(r, d_ids, x, N, sts, n_st, NULL));
         return logits ? head_logits(r, x, 0, 1, NULL, N, logits) : be->sync(be);
     }

@@ -101,6 +101,10 @@ typedef struct {
     step_key_t key, key_seen, key_new;
     void *graph_lg;
     int graph_off;
+    // Decode steps so far: replays of the recorded step, steps that recorded
+    // a new one (and replayed it), steps run op by op (no graph: a key seen
+    // once, a fresh state, too many rows, or a backend without graphs).
+    uint64_t steps_replayed, steps_recorded, steps_op_by_op;
 } model_run_t;
 
 // Builds an empty model (weights uninitialised) for an architecture.

@@ -481,6 +481,8 @@ void srv_engine_run(srv_engine_t *e) {
         e->stats.forwards += ran.forwards, e->stats.mixed += ran.mixed, e->stats.rode += ran.rode;
         e->stats.tokens += ran.tokens, e->stats.cut += ran.cut, e->stats.deferred += ran.deferred;
         if (ran.max_tokens > e->stats.max_tokens) e->stats.max_tokens = ran.max_tokens;
+        e->stats.steps_replayed = e->run.steps_replayed, e->stats.steps_recorded = e->run.steps_recorded;
+        e->stats.steps_op_by_op = e->run.steps_op_by_op;
         if (e->metrics) srv_metrics_engine(e->metrics, &e->stats, e->cfg.max_batched_tokens);
         int k = 0;
         for (int i = 0; i < n; i++)

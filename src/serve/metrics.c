@@ -168,10 +168,18 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   "# TYPE hylo_engine_budget_cut_chunks_total counter\nhylo_engine_budget_cut_chunks_total %llu\n"
                   "# HELP hylo_engine_budget_deferred_total Turns in which a prefilling request got no chunk, the "
                   "token budget spent.\n"
-                  "# TYPE hylo_engine_budget_deferred_total counter\nhylo_engine_budget_deferred_total %llu\n",
+                  "# TYPE hylo_engine_budget_deferred_total counter\nhylo_engine_budget_deferred_total %llu\n"
+                  "# HELP hylo_engine_decode_steps_total Decode steps (forwards of decode tokens alone) by how they "
+                  "ran: replayed (a recorded CUDA graph), recorded (a new recording, then replayed), op_by_op.\n"
+                  "# TYPE hylo_engine_decode_steps_total counter\n"
+                  "hylo_engine_decode_steps_total{how=\"replayed\"} %llu\n"
+                  "hylo_engine_decode_steps_total{how=\"recorded\"} %llu\n"
+                  "hylo_engine_decode_steps_total{how=\"op_by_op\"} %llu\n",
                   (unsigned long long)en->turns, (unsigned long long)en->forwards, (unsigned long long)en->mixed,
                   (unsigned long long)en->rode, (unsigned long long)en->tokens, (unsigned long long)en->max_tokens,
-                  (long long)m->max_batched_tokens, (unsigned long long)en->cut, (unsigned long long)en->deferred);
+                  (long long)m->max_batched_tokens, (unsigned long long)en->cut, (unsigned long long)en->deferred,
+                  (unsigned long long)en->steps_replayed, (unsigned long long)en->steps_recorded,
+                  (unsigned long long)en->steps_op_by_op);
     hist_render(o, "hylo_time_to_first_token_seconds", "Time from arrival to the first generated token.", &m->ttft);
     hist_render(o, "hylo_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
                 &m->tpot);

@@ -19,6 +19,8 @@ typedef struct {
 typedef struct {
     uint64_t turns, forwards, mixed, rode;
     uint64_t tokens, max_tokens, cut, deferred;
+    // the model run's decode steps (model.h model_run_t): replayed, recorded, op by op
+    uint64_t steps_replayed, steps_recorded, steps_op_by_op;
 } srv_engine_counts_t;
 
 typedef struct {

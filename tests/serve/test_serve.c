@@ -531,6 +531,10 @@ static void test_metrics(void **state) {
     assert_true(metric(&S, "hylo_engine_max_batched_tokens") == 0);
     assert_true(metric(&S, "hylo_engine_budget_cut_chunks_total") == 0);
     assert_true(metric(&S, "hylo_engine_budget_deferred_total") == 0);
+    // decode steps by how they ran: the CPU has no recorded graphs
+    assert_true(metric(&S, "hylo_engine_decode_steps_total{how=\"op_by_op\"}") >= 2);
+    assert_true(metric(&S, "hylo_engine_decode_steps_total{how=\"replayed\"}") == 0);
+    assert_true(metric(&S, "hylo_engine_decode_steps_total{how=\"recorded\"}") == 0);
     char *m;
     assert_int_equal(http(&S, "/metrics", NULL, &m), 200);
     assert_non_null(strstr(m, "# TYPE hylo_engine_turns_total counter\n"));
