@@ -350,7 +350,7 @@ checks)
     # call of its own, with .carry/fla) times FLA's GDN chunk at 8K and 64K;
     # CHECKS=nccl (not in the default) runs scripts/gpu/nccl_check.sh;
     # CHECKS=serve_base (not in the default) runs the hybrid's load test with
-    # the older build .carry/sb/hylo.xz too;
+    # this build and with the older build .carry/sb/hylo.xz;
     # CHECKS=kernels (not in the default) times decode attention against a
     # device copy (bench_decode), attention against PyTorch SDPA's cuDNN and
     # flash backends (bench_attn with scripts/ref/bench_sdpa.py) and, when
@@ -369,9 +369,10 @@ checks)
     case $CHECKS in *,bench,*) step bench 90 $H bench $U --against $M --lengths 2K,8K,32K --decode 64 --device cuda \
         --chunk 8192 --out $O/bench ;; esac
     case $CHECKS in *,serve,*) serve_load teacher $M 110; serve_load untrained_$LINEAR $U 110 ;; esac
-    # the hybrid's load test by an older build (.carry/sb/hylo.xz, carried
-    # with this call) on the same machine, to compare against the one above
+    # the hybrid's load test by this build and by an older one
+    # (.carry/sb/hylo.xz, carried with this call) on the same machine
     case $CHECKS in *,serve_base,*)
+        serve_load untrained_$LINEAR $U 110
         xz -dkf .carry/sb/hylo.xz && H=$PWD/.carry/sb/hylo serve_load base_untrained_$LINEAR $U 110 ;;
     esac
     # aggregate throughput and latency against concurrency (the hybrid)
