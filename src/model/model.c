@@ -1384,9 +1384,19 @@ static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t
     k[n++] = (uintptr_t)m->mla_sin;
     for (int s = 0; s < n_st; s++) {
         model_state_t *st = sts[s];
-        // a paged state's room is in its page table (device memory), not in the launches
-        k[n++] = (uintptr_t)st, k[n++] = (uint64_t)st->B, k[n++] = st->pool ? 0 : (uint64_t)st->cap;
-        k[n++] = (uint64_t)st->ctx;
+        k[n++] = (uint64_t)st->B, k[n++] = (uint64_t)st->ctx; // (attention and MLA split by the context limit)
+        if (st->pool) {
+            // A paged state: its rows, recurrent states and windows reach the
+            // step's ops through the per-step pointer arrays and page tables
+            // (step_cache_bases, step_page_tables: device memory), and its
+            // attention and MLA rows lie in the pool (MLA decode's tensor map):
+            // the launches take the pool, never the state, so a batch of other
+            // paged states of the same shape replays the same recording.
+            k[n++] = (uintptr_t)st->pool;
+            continue;
+        }
+        // a contiguous state's buffers and room are launch arguments
+        k[n++] = (uintptr_t)st, k[n++] = (uint64_t)st->cap;
         k[n++] = (uintptr_t)st->fixed;
         for (int l = 0; l < m->a.n_layers; l++) {
             int64_t w[4];

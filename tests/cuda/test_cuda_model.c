@@ -320,6 +320,65 @@ static void test_step_batch_paged(void **st) {
     free_paged(&p, sc, sg, N, &pool);
 }
 
+// One recorded decode step serves other paged states of the same shape: the
+// step of states A and B is recorded, then C and D (other prompts, lengths,
+// caches and recurrent states, the same pool and context limit) step with the
+// same recording (model.c step_key: a paged state's launches take the pool,
+// never the state), each row against the CPU as in test_step_batch. A
+// replay that kept A's or B's pointers reads their caches and states: O(1)
+// off. Where the backend records steps (a GPU), C and D's first step must be
+// a replay, no recording.
+static void test_step_other_states(void **st) {
+    arch_t a = small_hybrid();
+    pair_t p;
+    make_pair(&p, &a);
+    enum { N = 4 };
+    const int len[N] = {60, 130, 90, 17};
+    model_pool_t pool;
+    assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
+    model_state_t sc[N], sg[N];
+    model_state_t *pc[N], *pg[N];
+    float *c1 = malloc(sizeof(float) * 2 * a.V), *g1 = tu_nans((int64_t)2 * a.V);
+    static int32_t prompt[N][130];
+    const int32_t *chunk[N];
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < len[k]; i++)
+            prompt[k][i] = (i * 37 + 13 * k + 2) % a.V;
+        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 512), 0);
+        assert_int_equal(model_state_alloc_paged(&p.gpu, &sg[k], &pool, 512), 0);
+        pc[k] = &sc[k], pg[k] = &sg[k];
+        chunk[k] = prompt[k];
+    }
+    float *all_c = malloc(sizeof(float) * N * a.V), *all_g = malloc(sizeof(float) * N * a.V);
+    assert_int_equal(model_prefill_batch(&p.rcpu, pc, N, chunk, len, NULL, all_c), 0);
+    assert_int_equal(model_prefill_batch(&p.rgpu, pg, N, chunk, len, NULL, all_g), 0);
+    free(all_c), free(all_g);
+    // A and B: op by op, recorded, replayed
+    double worst_ab = decode_steps_worst(&p, pc, pg, 2, 3, a.V, c1, g1);
+    const uint64_t rec0 = p.rgpu.steps_recorded, rep0 = p.rgpu.steps_replayed;
+    // C and D with A and B's recording
+    double worst_cd = decode_steps_worst(&p, pc + 2, pg + 2, 2, 3, a.V, c1, g1);
+    printf("  A, B: 3 steps, worst rel err of a row %.2e; then C, D: 3 steps, %.2e (%llu recorded, %llu replayed "
+           "of them)\n",
+           worst_ab, worst_cd, (unsigned long long)(p.rgpu.steps_recorded - rec0),
+           (unsigned long long)(p.rgpu.steps_replayed - rep0));
+    assert_true(worst_ab < 1e-1);
+    assert_true(worst_cd < 1e-1);
+    if (p.gpu.be->graph_begin) { // a backend that records: C and D never recorded
+        assert_true(rec0 >= 1);
+        assert_int_equal(p.rgpu.steps_recorded, rec0);
+        assert_int_equal(p.rgpu.steps_replayed, rep0 + 3);
+    }
+    free(c1), free(g1);
+    for (int k = 0; k < N; k++) {
+        model_state_free(&p.cpu, &sc[k]);
+        model_state_free(&p.gpu, &sg[k]);
+    }
+    assert_int_equal(pool.n_free, 8);
+    model_pool_free(&p.gpu, &pool);
+    free_pair(&p);
+}
+
 // Decode rows riding in a prefill (model_prefill_batch with one-token
 // chunks: the server's turn when requests prefill while others decode),
 // paged on the GPU as the server's requests are, against contiguous states on
@@ -575,6 +634,7 @@ int main(void) {
         cmocka_unit_test(test_step_batch),          cmocka_unit_test(test_model_gradients),
         cmocka_unit_test(test_smollm2_cuda_vs_cpu), cmocka_unit_test(test_prefill_key_tiles),
         cmocka_unit_test(test_step_batch_paged),    cmocka_unit_test(test_decode_rows_in_prefill),
+        cmocka_unit_test(test_step_other_states),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
