@@ -213,13 +213,15 @@ void model_run_free(model_run_t *r) {
         be->free(be, r->pos_buf);
         be->free(be, r->cache_buf);
         be->free(be, r->page_buf);
-        if (r->graph) be->graph_free(be, r->graph);
+        for (int i = 0; i < MODEL_STEP_GRAPHS; i++)
+            if (r->graphs[i].graph) be->graph_free(be, r->graphs[i].graph);
         be->host_free(be, r->pos_host);
         be->host_free(be, r->cache_host);
         be->host_free(be, r->page_host);
         be->host_free(be, r->ids_host);
     }
-    free(r->key.v);
+    for (int i = 0; i < MODEL_STEP_GRAPHS; i++)
+        free(r->graphs[i].key.v);
     free(r->key_seen.v);
     free(r->key_new.v);
     free(r->runs);
@@ -1493,20 +1495,25 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
         fresh |= sts[k]->len == 0;
     int graph = be->graph_begin && !r->graph_off && N <= STEP_GRAPH_ROWS && !fresh;
     int recorded = 0;
+    model_step_graph_t *g = NULL; // the recording this step replays
     if (graph) {
         TRY(step_key(r, sts, n_st, N));
-        if (!r->graph || !key_equal(&r->key_new, &r->key)) {
-            // a key seen only once (a batch that changes every step) runs op by
-            // op: recording costs more than one step
-            graph = key_equal(&r->key_new, &r->key_seen);
-            if (!graph) key_swap(&r->key_new, &r->key_seen);
-        }
-        if (graph && (!r->graph || !key_equal(&r->key_new, &r->key))) {
+        for (int i = 0; i < MODEL_STEP_GRAPHS && !g; i++)
+            if (r->graphs[i].graph && key_equal(&r->key_new, &r->graphs[i].key)) g = &r->graphs[i];
+        // a key seen only once (a batch that changes every step) runs op by
+        // op: recording costs more than one step
+        if (!g && !(graph = key_equal(&r->key_new, &r->key_seen))) key_swap(&r->key_new, &r->key_seen);
+        if (graph && !g) {
+            // into an empty slot, else over the least recently used replay
+            // (updated in place where its ops form the same graph)
+            g = &r->graphs[0];
+            for (int i = 1; i < MODEL_STEP_GRAPHS && g->graph; i++)
+                if (!r->graphs[i].graph || r->graphs[i].used < g->used) g = &r->graphs[i];
             size_t mark = arena_mark(&r->arena);
             int rc_begin = be->graph_begin(be), rc = 0, rc_end = 0;
             if (rc_begin == 0) {
                 rc = step_body(r, d_ids, x, N, sts, n_st, &lg);
-                rc_end = be->graph_end(be, &r->graph);
+                rc_end = be->graph_end(be, &g->graph);
             }
             if (rc_begin < 0 || rc < 0 || rc_end < 0) {
                 // no recording possible: op by op from now on, said once; an
@@ -1515,22 +1522,23 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
                     log_warn("decode steps run op by op, without a recorded graph: %s", err_msg());
                     r->graph_off = 1;
                 }
-                be->graph_free(be, r->graph);
-                r->graph = NULL, graph = 0;
+                be->graph_free(be, g->graph);
+                g->graph = NULL, g->key.n = 0, g = NULL, graph = 0;
                 arena_reset(&r->arena, mark);
             } else {
-                key_swap(&r->key, &r->key_new); // the new key is the recorded one
-                r->graph_lg = lg;
+                key_swap(&g->key, &r->key_new); // the new key is the recorded one
+                g->lg = lg;
                 recorded = 1;
             }
         }
         if (graph) {
-            lg = r->graph_lg;
+            lg = g->lg;
+            g->used = ++r->graph_clock;
             if (recorded)
                 r->steps_recorded++;
             else
                 r->steps_replayed++;
-            TRY(be->graph_launch(be, r->graph));
+            TRY(be->graph_launch(be, g->graph));
         }
     }
     if (!graph) {

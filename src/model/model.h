@@ -60,6 +60,18 @@ typedef struct {
     int64_t n, room;
 } step_key_t;
 
+// A recorded decode step: the replay, the key of what its launches took, where
+// its logits land, when it last ran (model_run_t graph_clock). A batch whose
+// row count changes (requests that finish, new ones) keeps one for each count
+// it comes back to.
+enum { MODEL_STEP_GRAPHS = 8 };
+typedef struct {
+    void *graph; // NULL: an empty slot
+    step_key_t key;
+    void *lg;
+    uint64_t used;
+} model_step_graph_t;
+
 // One run's execution context over a model's weights.
 typedef struct {
     model_t *m;
@@ -92,14 +104,15 @@ typedef struct {
     int32_t *ids_host;
     int64_t ids_cap;
     be_pages_t step_pages;
-    // The recorded decode step (model.c step_forward; backends with graphs):
-    // the replay and the key it was recorded with, the key of the last step
-    // that ran op by op (a key is recorded when it comes twice in a row), the
-    // current step's, where the replay's logits land, and graph_off once a
-    // recording failed (steps then run op by op).
-    void *graph;
-    step_key_t key, key_seen, key_new;
-    void *graph_lg;
+    // The recorded decode steps (model.c step_forward; backends with graphs):
+    // up to MODEL_STEP_GRAPHS replays, each with the key it was recorded with
+    // and where its logits land, the least recently used one replaced; the
+    // key of the last step that ran op by op (a key is recorded when it comes
+    // twice in a row), the current step's, and graph_off once a recording
+    // failed (steps then run op by op).
+    model_step_graph_t graphs[MODEL_STEP_GRAPHS];
+    uint64_t graph_clock;
+    step_key_t key_seen, key_new;
     int graph_off;
     // Decode steps so far: replays of the recorded step, steps that recorded
     // a new one (and replayed it), steps run op by op (no graph: a key seen

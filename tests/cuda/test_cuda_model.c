@@ -326,8 +326,9 @@ static void test_step_batch_paged(void **st) {
 // same recording (model.c step_key: a paged state's launches take the pool,
 // never the state), each row against the CPU as in test_step_batch. A
 // replay that kept A's or B's pointers reads their caches and states: O(1)
-// off. Where the backend records steps (a GPU), C and D's first step must be
-// a replay, no recording.
+// off. Where the backend records steps (a GPU), C and D's steps must be
+// replays, no recording; and after a batch of three rows (recorded in turn),
+// C and D again replay the two-row recording, which is kept beside it.
 static void test_step_other_states(void **st) {
     arch_t a = small_hybrid();
     pair_t p;
@@ -369,6 +370,23 @@ static void test_step_other_states(void **st) {
         assert_int_equal(p.rgpu.steps_recorded, rec0);
         assert_int_equal(p.rgpu.steps_replayed, rep0 + 3);
     }
+    // three rows (A, B, C: op by op, then recorded), then C and D again: the
+    // two-row recording is still kept (model_run_t graphs), a replay
+    model_state_t *pc3[3] = {pc[0], pc[1], pc[2]}, *pg3[3] = {pg[0], pg[1], pg[2]};
+    float *c3 = malloc(sizeof(float) * 3 * a.V), *g3 = tu_nans((int64_t)3 * a.V);
+    double worst_abc = decode_steps_worst(&p, pc3, pg3, 3, 2, a.V, c3, g3);
+    const uint64_t rec1 = p.rgpu.steps_recorded, rep1 = p.rgpu.steps_replayed;
+    double worst_cd2 = decode_steps_worst(&p, pc + 2, pg + 2, 2, 1, a.V, c1, g1);
+    printf("  A, B, C: 2 steps, %.2e; C, D again: %.2e (%llu recorded, %llu replayed)\n", worst_abc, worst_cd2,
+           (unsigned long long)(p.rgpu.steps_recorded - rec1), (unsigned long long)(p.rgpu.steps_replayed - rep1));
+    assert_true(worst_abc < 1e-1);
+    assert_true(worst_cd2 < 1e-1);
+    if (p.gpu.be->graph_begin) {
+        assert_int_equal(rec1, rec0 + 1);
+        assert_int_equal(p.rgpu.steps_recorded, rec1);
+        assert_int_equal(p.rgpu.steps_replayed, rep1 + 1);
+    }
+    free(c3), free(g3);
     free(c1), free(g1);
     for (int k = 0; k < N; k++) {
         model_state_free(&p.cpu, &sc[k]);
