@@ -99,7 +99,8 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
         model_state_t st;
         memset(&st, 0, sizeof st);
         size_t fr, tot;
-        if (model_state_alloc(&m, &st, 1, T + D + 2) < 0 || model_state_fit(&m, &st, T + D + 2) < 0) {
+        const int room = T + D + 2 + (tracing ? 3 : 0); // (--trace: three more steps)
+        if (model_state_alloc(&m, &st, 1, room) < 0 || model_state_fit(&m, &st, room) < 0) {
             printf("%-12s T=%-8d does not fit: %s\n", name, T, err_msg());
             if (st.layers) model_state_free(&m, &st);
             free(ids);
