@@ -976,11 +976,17 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
     return c;
 }
 
-// The ids (host) checked and uploaded to d_ids.
-static int upload_ids(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids) {
+// Every id of the model's vocabulary, or an input error naming the first that is not.
+static int check_ids(const model_t *m, const int32_t *ids, int64_t N) {
     for (int64_t i = 0; i < N; i++)
         if (ids[i] < 0 || ids[i] >= m->a.V)
             return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
+    return 0;
+}
+
+// The ids (host) checked and uploaded to d_ids.
+static int upload_ids(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids) {
+    TRY(check_ids(m, ids, N));
     return m->be->copy_h2d(m->be, d_ids, ids, (size_t)N * sizeof(int32_t));
 }
 
@@ -1425,9 +1431,7 @@ static void key_swap(step_key_t *a, step_key_t *b) {
 // staging (the step's other inputs likewise): no round trip to the device.
 static int upload_step_ids(model_run_t *r, const int32_t *ids, int64_t N, int32_t *d_ids) {
     const model_t *m = r->m;
-    for (int64_t i = 0; i < N; i++)
-        if (ids[i] < 0 || ids[i] >= m->a.V)
-            return err_set(ERR_INPUT, "token id %d out of range [0, %d)", ids[i], m->a.V);
+    TRY(check_ids(m, ids, N));
     if (N > r->ids_cap) {
         int32_t *h = m->be->host_alloc(m->be, (size_t)N * sizeof(int32_t));
         if (!h) return ERR_NOMEM;
