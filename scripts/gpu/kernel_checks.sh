@@ -28,7 +28,7 @@ timeout ${DECODE_LIMIT:-120} build/bench/bench_decode --quick > $R/bench_decode.
 # last-block merge off (the bench-variants build's knobs)
 if [ "${MLA_DIAG:-0}" = 1 ]; then
     for knob in HYLO_PDL=1 HYLO_PDL=0 HYLO_MLA_MERGE=2; do
-        env $knob timeout 60 build/bench-variants/bench/bench_decode --no-attn --1m --b8 > $R/mla_diag_$knob.txt 2>&1
+        env $knob timeout 60 stdbuf -oL build/bench-variants/bench/bench_decode --no-attn --1m --b8 > $R/mla_diag_$knob.txt 2>&1
         echo "mla_diag $knob rc=$?" >> $R/summary.txt
     done
 fi
