@@ -109,80 +109,6 @@ static inline float exp_nonpos(float x) {
     return p * scale;
 }
 
-// Radix selection of the probability where the nucleus ends, by the bits of
-// the (non-negative) floats, which order as the values do: 12, 12 and 8 bits
-// a level; only the bin holding the boundary goes on to the next level.
-enum { NUC_BINS = 4096 };
-
-static uint32_t prob_key(float p) {
-    uint32_t key;
-    memcpy(&key, &p, sizeof key);
-    return key;
-}
-
-int sampler_nucleus(const float *prob, int V, float top_p, int *ids, double *mass) {
-    double total = 0;
-    for (int v = 0; v < V; v++)
-        total += prob[v];
-    const double target = (double)top_p * total;
-    static const int shift[3] = {20, 8, 0}, width[3] = {12, 12, 8};
-    double bin_mass[NUC_BINS]; // 48 KB of stack with the counts
-    int bin_count[NUC_BINS];
-    uint32_t prefix = 0; // the boundary's key, its bits above shift[level] so far
-    double above = 0;    // mass of the tokens above the boundary's bin
-    int n_in = V;        // tokens in the boundary's bin: every token at level 0, then listed in ids
-    int at_boundary = 0; // tokens whose key is the boundary's
-    for (int level = 0; level < 3; level++) {
-        const int nb = 1 << width[level];
-        memset(bin_mass, 0, (size_t)nb * sizeof(double));
-        memset(bin_count, 0, (size_t)nb * sizeof(int));
-        for (int i = 0; i < n_in; i++) {
-            const int v = level ? ids[i] : i;
-            const uint32_t bin = (prob_key(prob[v]) >> shift[level]) & (uint32_t)(nb - 1);
-            bin_mass[bin] += prob[v];
-            bin_count[bin]++;
-        }
-        int b = nb - 1, low = -1; // the bin where the mass from the top reaches the target
-        for (; b >= 0; b--) {
-            if (bin_mass[b] <= 0) continue;
-            low = b;
-            if (above + bin_mass[b] >= target) break;
-            above += bin_mass[b];
-        }
-        if (b < 0) { // rounding left the target just out of reach: the lowest bin with mass
-            b = low;
-            above -= bin_mass[b];
-        }
-        prefix = (prefix << width[level]) | (uint32_t)b;
-        at_boundary = bin_count[b];
-        if (level == 2) break;
-        int n = 0; // the bin's tokens, in id order, for the next level
-        for (int i = 0; i < n_in; i++) {
-            const int v = level ? ids[i] : i;
-            if ((prob_key(prob[v]) >> shift[level]) == prefix) ids[n++] = v;
-        }
-        n_in = n;
-    }
-    // Kept: every token above the boundary's value, then of the tokens at it
-    // (ties: lower ids first) as many as the mass needs, one at least.
-    const uint32_t key_b = prefix;
-    float value_b;
-    memcpy(&value_b, &key_b, sizeof value_b);
-    const double p_b = value_b;
-    double acc = above;
-    int need = 0;
-    while (need < at_boundary && (need == 0 || acc < target))
-        acc += p_b, need++;
-    int n = 0;
-    double kept = 0;
-    for (int v = 0; v < V; v++) {
-        const uint32_t key = prob_key(prob[v]);
-        if (key > key_b || (key == key_b && need-- > 0)) ids[n++] = v, kept += prob[v];
-    }
-    *mass = kept;
-    return n;
-}
-
 // Mass of prob over ids[0..n) (or ids 0..n when ids is NULL), in 8 lanes of
 // doubles (a loop the compiler vectorises), then the lanes in order.
 static double mass_of(const float *prob, const int *ids, int n) {
@@ -203,6 +129,82 @@ static double mass_of(const float *prob, const int *ids, int n) {
     for (; i < n; i++)
         sum += prob[ids ? ids[i] : i];
     return sum;
+}
+
+// Radix selection of the probability where the nucleus ends, by the bits of
+// the (non-negative) floats, which order as the values do: 12, 12 and 8 bits
+// a level; only the bin holding the boundary goes on to the next level.
+enum { NUC_BINS = 4096 };
+
+static uint32_t prob_key(float p) {
+    uint32_t key;
+    memcpy(&key, &p, sizeof key);
+    return key;
+}
+
+int sampler_nucleus(const float *prob, int V, float top_p, int *ids, double *mass) {
+    const double total = mass_of(prob, NULL, V), target = (double)top_p * total;
+    // Candidates: a token below t = (1 - top_p) total / V is never kept, since
+    // all of those together weigh less than the (1 - top_p) total the nucleus
+    // leaves out, so the tokens above t reach the target (t a little lower,
+    // for rounding). On peaked logits few tokens are left.
+    const double t = (1.0 - (double)top_p) * total / V * 0.999;
+    int n_in = 0; // tokens in the boundary's bin, in id order: the candidates at level 0
+    for (int v = 0; v < V; v++)
+        if (prob[v] >= t) ids[n_in++] = v;
+    static const int shift[3] = {20, 8, 0}, width[3] = {12, 12, 8};
+    double bin_mass[NUC_BINS]; // 48 KB of stack with the counts
+    int bin_count[NUC_BINS];
+    uint32_t prefix = 0; // the boundary's key, its bits above shift[level] so far
+    double above = 0;    // mass of the tokens above the boundary's bin
+    int at_boundary = 0; // tokens whose key is the boundary's
+    for (int level = 0; level < 3; level++) {
+        const int nb = 1 << width[level];
+        memset(bin_mass, 0, (size_t)nb * sizeof(double));
+        memset(bin_count, 0, (size_t)nb * sizeof(int));
+        for (int i = 0; i < n_in; i++) {
+            const int v = ids[i];
+            const uint32_t bin = (prob_key(prob[v]) >> shift[level]) & (uint32_t)(nb - 1);
+            bin_mass[bin] += prob[v];
+            bin_count[bin]++;
+        }
+        int b = nb - 1, low = -1; // the bin where the mass from the top reaches the target
+        for (; b >= 0; b--) {
+            if (bin_mass[b] <= 0) continue;
+            low = b;
+            if (above + bin_mass[b] >= target) break;
+            above += bin_mass[b];
+        }
+        if (b < 0) { // rounding left the target just out of reach: the lowest bin with mass
+            b = low;
+            above -= bin_mass[b];
+        }
+        prefix = (prefix << width[level]) | (uint32_t)b;
+        at_boundary = bin_count[b];
+        if (level == 2) break;
+        int n = 0; // the bin's tokens, in id order, for the next level
+        for (int i = 0; i < n_in; i++)
+            if ((prob_key(prob[ids[i]]) >> shift[level]) == prefix) ids[n++] = ids[i];
+        n_in = n;
+    }
+    // Kept: every token above the boundary's value, then of the tokens at it
+    // (ties: lower ids first) as many as the mass needs, one at least.
+    const uint32_t key_b = prefix;
+    float value_b;
+    memcpy(&value_b, &key_b, sizeof value_b);
+    const double p_b = value_b;
+    double acc = above;
+    int need = 0;
+    while (need < at_boundary && (need == 0 || acc < target))
+        acc += p_b, need++;
+    int n = 0;
+    double kept = 0;
+    for (int v = 0; v < V; v++) {
+        const uint32_t key = prob_key(prob[v]);
+        if (key > key_b || (key == key_b && need-- > 0)) ids[n++] = v, kept += prob[v];
+    }
+    *mass = kept;
+    return n;
 }
 
 // The inverse CDF: the first position i of the list (ids, or 0..n) at which
