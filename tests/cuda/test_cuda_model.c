@@ -268,6 +268,19 @@ static void free_paged(pair_t *p, model_state_t *sc, model_state_t *sg, int N, m
     free_pair(p);
 }
 
+// N states of 512 tokens each side: contiguous on the CPU, paged on the GPU
+// in a pool of 8 pages (the server's layout), and pointers to them; free_paged
+// frees them.
+static void open_paged(pair_t *p, model_state_t *sc, model_state_t *sg, model_state_t **pc, model_state_t **pg, int N,
+                       model_pool_t *pool) {
+    assert_int_equal(model_pool_create(&p->gpu, pool, 8), 0);
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(model_state_alloc(&p->cpu, &sc[k], 1, 512), 0);
+        assert_int_equal(model_state_alloc_paged(&p->gpu, &sg[k], pool, 512), 0);
+        pc[k] = &sc[k], pg[k] = &sg[k];
+    }
+}
+
 // The same through paged caches on the GPU (the server's: one pool, page
 // tables; model_state_alloc_paged) against contiguous ones on the CPU: the
 // prompts prefilled in two batched rounds, so that a second chunk attends over
@@ -282,18 +295,15 @@ static void test_step_batch_paged(void **st) {
     enum { N = 3, STEPS = 24 };
     const int round1[N] = {200, 200, 280}, round2[N] = {40, 100, 50};
     model_pool_t pool;
-    assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
     model_state_t sc[N], sg[N];
     model_state_t *pc[N], *pg[N];
+    open_paged(&p, sc, sg, pc, pg, N, &pool);
     float *c1 = malloc(sizeof(float) * N * a.V), *g1 = tu_nans((int64_t)N * a.V);
     static int32_t prompt[N][400];
     const int32_t *chunk[N];
     for (int k = 0; k < N; k++) {
         for (int i = 0; i < round1[k] + round2[k]; i++)
             prompt[k][i] = (i * 41 + 7 * k + 3) % a.V;
-        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 512), 0);
-        assert_int_equal(model_state_alloc_paged(&p.gpu, &sg[k], &pool, 512), 0);
-        pc[k] = &sc[k], pg[k] = &sg[k];
     }
     double worst_pre = 0;
     for (int round = 0; round < 2; round++) {
@@ -336,18 +346,15 @@ static void test_step_other_states(void **st) {
     enum { N = 4 };
     const int len[N] = {60, 130, 90, 17};
     model_pool_t pool;
-    assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
     model_state_t sc[N], sg[N];
     model_state_t *pc[N], *pg[N];
+    open_paged(&p, sc, sg, pc, pg, N, &pool);
     float *c1 = malloc(sizeof(float) * 2 * a.V), *g1 = tu_nans((int64_t)2 * a.V);
     static int32_t prompt[N][130];
     const int32_t *chunk[N];
     for (int k = 0; k < N; k++) {
         for (int i = 0; i < len[k]; i++)
             prompt[k][i] = (i * 37 + 13 * k + 2) % a.V;
-        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 512), 0);
-        assert_int_equal(model_state_alloc_paged(&p.gpu, &sg[k], &pool, 512), 0);
-        pc[k] = &sc[k], pg[k] = &sg[k];
         chunk[k] = prompt[k];
     }
     float *all_c = malloc(sizeof(float) * N * a.V), *all_g = malloc(sizeof(float) * N * a.V);
@@ -388,13 +395,7 @@ static void test_step_other_states(void **st) {
     }
     free(c3), free(g3);
     free(c1), free(g1);
-    for (int k = 0; k < N; k++) {
-        model_state_free(&p.cpu, &sc[k]);
-        model_state_free(&p.gpu, &sg[k]);
-    }
-    assert_int_equal(pool.n_free, 8);
-    model_pool_free(&p.gpu, &pool);
-    free_pair(&p);
+    free_paged(&p, sc, sg, N, &pool);
 }
 
 // Decode rows riding in a prefill (model_prefill_batch with one-token
@@ -427,18 +428,15 @@ static void test_decode_rows_in_prefill(void **st) {
     enum { N = 5, STEPS = 4 };
     const int len[3] = {40, 90, 200};
     model_pool_t pool;
-    assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
     model_state_t sc[N], sg[N];
     model_state_t *pc[N], *pg[N];
+    open_paged(&p, sc, sg, pc, pg, N, &pool);
     float *c1 = malloc(sizeof(float) * N * a.V), *g1 = tu_nans((int64_t)N * a.V);
     static int32_t prompt[N][200];
     const int32_t *chunk[N];
     for (int k = 0; k < N; k++) {
         for (int i = 0; i < 200; i++)
             prompt[k][i] = (i * 43 + 11 * k + 5) % a.V;
-        assert_int_equal(model_state_alloc(&p.cpu, &sc[k], 1, 512), 0);
-        assert_int_equal(model_state_alloc_paged(&p.gpu, &sg[k], &pool, 512), 0);
-        pc[k] = &sc[k], pg[k] = &sg[k];
         chunk[k] = prompt[k];
     }
     assert_int_equal(model_prefill_batch(&p.rcpu, pc, 3, chunk, len, NULL, c1), 0);
