@@ -68,6 +68,7 @@ struct srv_engine {
     int *pre_n;
     uint8_t *pre_last;
     int32_t *sampled; // [max_seqs] the token drawn for each of the forward's rows with logits
+    int *lg_row;      // [max_seqs] those rows, in the order of their logits
     uint64_t next_id;
     srv_engine_stats_t stats; // (e->mu)
     int stopping;             // no more submits; everything is cancelled
@@ -374,12 +375,12 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
     // (bench/bench_sampler.c), 64 of them in turn a good part of a turn.
     if (rc >= 0) {
         const int64_t V = e->m->a.V;
-#pragma omp parallel for schedule(dynamic, 1) if (k > 1)
-        for (int i = 0; i < k; i++) {
-            if (!e->pre_last[i]) continue;
-            int j = 0; // the row's logits: rows with logits are packed
-            for (int t = 0; t < i; t++)
-                j += e->pre_last[t];
+        int n_lg = 0; // the rows with logits, whose logits are packed in their order
+        for (int i = 0; i < k; i++)
+            if (e->pre_last[i]) e->lg_row[n_lg++] = i;
+#pragma omp parallel for schedule(dynamic, 1) if (n_lg > 1)
+        for (int j = 0; j < n_lg; j++) {
+            const int i = e->lg_row[j];
             e->sampled[i] = sampler_sample(&turn[e->step_idx[i]]->smp, e->logits + (size_t)j * V);
         }
     }
@@ -517,6 +518,7 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->pre_n = calloc((size_t)cfg->max_seqs, sizeof *e->pre_n);
     e->pre_last = calloc((size_t)cfg->max_seqs, sizeof *e->pre_last);
     e->sampled = calloc((size_t)cfg->max_seqs, sizeof *e->sampled);
+    e->lg_row = calloc((size_t)cfg->max_seqs, sizeof *e->lg_row);
     e->active = calloc((size_t)cfg->max_seqs, sizeof *e->active);
     e->turn = calloc((size_t)cfg->max_seqs, sizeof *e->turn);
     e->turn_cancel = calloc((size_t)cfg->max_seqs, sizeof *e->turn_cancel);
@@ -669,7 +671,7 @@ void srv_engine_free(srv_engine_t *e) {
     free(e->step_st);
     free(e->step_ids);
     free(e->pre_idx), free(e->pre_ids), free(e->pre_n), free(e->pre_last);
-    free(e->sampled);
+    free(e->sampled), free(e->lg_row);
     free(e->stop_ids);
     free(e);
 }
