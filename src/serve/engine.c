@@ -524,7 +524,8 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->turn_cancel = calloc((size_t)cfg->max_seqs, sizeof *e->turn_cancel);
     e->stop_ids = malloc(((size_t)cfg->n_stop_ids + 1) * sizeof(int32_t));
     if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids || !e->dec_idx || !e->step_idx ||
-        !e->step_st || !e->step_ids || !e->pre_idx || !e->pre_ids || !e->pre_n || !e->pre_last || !e->sampled) {
+        !e->step_st || !e->step_ids || !e->pre_idx || !e->pre_ids || !e->pre_n || !e->pre_last || !e->sampled ||
+        !e->lg_row) {
         srv_engine_free(e);
         return err_set(ERR_NOMEM, "out of memory");
     }
