@@ -371,7 +371,7 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
     if (tokens > ran->max_tokens) ran->max_tokens = tokens;
     // Every row with logits draws its token first, the rows side by side
     // (each request's sampler is its own: the same draws whatever the
-    // threads): a row takes 12-600 us by vocabulary and settings
+    // threads): a row takes 10-450 us by vocabulary and settings
     // (bench/bench_sampler.c), 64 of them in turn a good part of a turn.
     if (rc >= 0) {
         const int64_t V = e->m->a.V;
