@@ -161,7 +161,7 @@ static inline void trace_report(const char *what, const uint64_t *m, int n) {
     if (trace.flush_all(1) != CUPTI_SUCCESS) fprintf(stderr, BENCH_NAME ": --trace: flush failed\n");
     qsort(trace.recs, (size_t)trace.n, sizeof *trace.recs, trace_by_end);
     trace_sum_t sums[256];
-    int n_sum = 0;
+    int n_sum = 0, unnamed = 0;
     printf("trace %s: %d steps%s\n", what, n, trace.dropped ? " (records dropped: out of memory)" : "");
     for (int s = 0; s < n; s++) {
         int first = -1, last = -1;
@@ -192,7 +192,10 @@ static inline void trace_report(const char *what, const uint64_t *m, int n) {
             while (k < n_sum && strcmp(sums[k].name, r->name))
                 k++;
             if (k == n_sum) {
-                if (n_sum == 256) continue;
+                if (n_sum == 256) { // (the table's room: said below)
+                    unnamed++;
+                    continue;
+                }
                 memset(&sums[n_sum], 0, sizeof sums[n_sum]);
                 snprintf(sums[n_sum].name, sizeof sums[n_sum].name, "%s", r->name);
                 n_sum++;
@@ -205,7 +208,8 @@ static inline void trace_report(const char *what, const uint64_t *m, int n) {
             trace_sum_t t = sums[j];
             sums[j] = sums[j - 1], sums[j - 1] = t;
         }
-    printf("  per step, by kernel (%d steps): count, cost on the critical path, mean duration\n", n);
+    printf("  per step, by kernel (%d steps): count, cost on the critical path, mean duration%s\n", n,
+           unnamed ? " (records of more than 256 names left out of this table)" : "");
     for (int k = 0; k < n_sum; k++)
         printf("    %-32s %6.1f  %8.1f us  %7.2f us\n", sums[k].name, (double)sums[k].count / n, sums[k].cost_us / n,
                sums[k].dur_us / sums[k].count);
