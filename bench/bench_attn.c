@@ -18,8 +18,10 @@
 // place) and HYLO_ATTN_FWD_BLOCKS (the persistent grid);
 // attention backward HYLO_ATTN_BWD = 3 (v2, k_attn_bwd2), 2 (v1 with its
 // default tiles), 1 (v1's alternative tiles), all mma.sync (the default is
-// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims), 5 (the
-// wgmma backward with dQ added by bulk tensor reductions: "f+b dQ bulk");
+// wgmma, cuda_attn_wgmma_bwd.cuh, at the wgmma forward's head dims, its dQ
+// added by bulk tensor reductions at head dims of 128 and more), 6 (the wgmma
+// backward with dQ by register adds: "f+b wgmma"), 5 (with dQ by bulk tensor
+// reductions: "f+b dQ bulk");
 // MLA decode HYLO_MLA_DECODE = 1 (v1), 3 (v2, one bulk copy per row), 2 (v2,
 // cp.async), 0 (v2, tiled tensor copies: the default). --sweep adds default
 // decode runs over HYLO_MLA_WARPS x HYLO_MLA_STAGES.
@@ -123,10 +125,10 @@ static void bench_attn_shape(const attn_shape_t *s, row_t *row) {
             t_fv[i] = time_op(run_fwd, &c, 2, reps, 0);
         }
         unsetenv("HYLO_ATTN_FWD");
-        // the default backward (wgmma where it applies, else as v2's column);
-        // bwd wg/v2 compares the backward parts alone (each f+b less the
-        // default forward)
-        unsetenv("HYLO_ATTN_BWD");
+        // the wgmma backward with dQ by register adds (6; where it does not
+        // apply, as v2's column); bwd wg/v2 compares the backward parts alone
+        // (each f+b less the default forward)
+        setenv("HYLO_ATTN_BWD", "6", 1);
         float t_fbw = time_op(run_fwd_bwd, &c, 2, reps, 0);
         // the wgmma backward with its dQ tiles added by bulk tensor reductions (5)
         setenv("HYLO_ATTN_BWD", "5", 1);

@@ -23,7 +23,9 @@
 // default context limit does (the grid is sized for 4K rows, the kernels use
 // what the lengths need).
 // --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only; --64k, --1m: that length only;
-// --b1, --b8: that batch only (one point under compute-sanitizer or ncu).
+// --b1, --b8: that batch only (one point under compute-sanitizer or ncu);
+// --rows=N, --batch=N (1 to 8): any one length or batch (the MLA B = 8, 1M
+// fault's bisection, PERFORMANCE.md run 28).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -172,6 +174,21 @@ static void bench_case(const shape_t *s, int B, int64_t len, int64_t max_len) {
 
 int main(int argc, char **argv) {
     int quick = 0, do_attn = 1, do_mla = 1, only_len = 0, only_b = 0;
+    int64_t any_rows = 0; // --rows=N
+    int nargs = 1;        // argv without --rows= and --batch=, for bench_flags
+    for (int i = 1; i < argc; i++) {
+        char *end = NULL;
+        if (!strncmp(argv[i], "--rows=", 7)) {
+            any_rows = strtoll(argv[i] + 7, &end, 10);
+            if (*end || any_rows < 1 || any_rows > ((int64_t)1 << 30)) die("--rows=N: N from 1 to 2^30");
+        } else if (!strncmp(argv[i], "--batch=", 8)) {
+            only_b = (int)strtol(argv[i] + 8, &end, 10);
+            if (*end || only_b < 1 || only_b > MAX_B) die("--batch=N: N from 1 to 8");
+        } else {
+            argv[nargs++] = argv[i];
+        }
+    }
+    argc = nargs;
     const bench_flag_t flags[] = {{"--quick", &quick, 1},      {"--no-attn", &do_attn, 0},   {"--no-mla", &do_mla, 0},
                                   {"--64k", &only_len, 65536}, {"--1m", &only_len, 1048576}, {"--b1", &only_b, 1},
                                   {"--b8", &only_b, 8}};
@@ -188,18 +205,20 @@ int main(int argc, char **argv) {
     static const int64_t all_lens[][2] = {{256, 0},   {256, 4096}, {2048, 0},   {8192, 0},   {16384, 0},  {32768, 0},
                                           {65536, 0}, {131072, 0}, {262144, 0}, {524288, 0}, {1048576, 0}};
     static const int64_t quick_lens[][2] = {{256, 0}, {256, 4096}, {2048, 0}, {8192, 0}, {65536, 0}, {1048576, 0}};
-    const int64_t(*lens)[2] = quick ? quick_lens : all_lens;
-    const int n_lens =
-        quick ? (int)(sizeof quick_lens / sizeof quick_lens[0]) : (int)(sizeof all_lens / sizeof all_lens[0]);
+    const int64_t one_len[][2] = {{any_rows, 0}};
+    const int64_t(*lens)[2] = any_rows ? one_len : quick ? quick_lens : all_lens;
+    const int n_lens = any_rows ? 1
+                       : quick  ? (int)(sizeof quick_lens / sizeof quick_lens[0])
+                                : (int)(sizeof all_lens / sizeof all_lens[0]);
     copy_bandwidth_gbs(); // the asymptotic reference, on a line of its own
     printf("| shape          | B | len         | cache MB  |  call us  |  GB/s   | memcpy us | %% copy |  graph us "
            "| g.memcpy  | g.%%copy |\n");
     for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
         if (shapes[si].mla ? !do_mla : !do_attn) continue;
-        for (int bi = 0; bi < 2; bi++)
+        const int batches[2] = {only_b ? only_b : 1, 8};
+        for (int bi = 0; bi < (only_b ? 1 : 2); bi++)
             for (int li = 0; li < n_lens; li++)
-                if ((!only_len || lens[li][0] == only_len) && (!only_b || only_b == (bi ? 8 : 1)))
-                    bench_case(&shapes[si], bi ? 8 : 1, lens[li][0], lens[li][1]);
+                if (!only_len || lens[li][0] == only_len) bench_case(&shapes[si], batches[bi], lens[li][0], lens[li][1]);
     }
     bench_finish();
     return 0;

@@ -12,7 +12,8 @@
 # MLA_DIAG=1 also the failing MLA decode point three ways, with CORE_BENCH=1
 # bench_cuda_core (below), with TRACE=1 the SmolLM2 decode steps' kernel
 # timelines (bench_long --smollm2 --trace; CUPTI from the CUDA toolkit, else
-# the first libcupti.so.13 on the machine, torch's among them). Logs in
+# the first libcupti.so.13 on the machine, torch's among them), with
+# ATTN_DQB=1 the attention backward's dQ variants at 8K and 64K. Logs in
 # $OUT/r.tar.gz (one file: a call brings back only so many).
 tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
@@ -23,13 +24,20 @@ for t in attn model gdn core; do (timeout ${TESTS_LIMIT:-170} build/tests/cuda/t
     (HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout ${VARIANTS_LIMIT:-300} build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
 wait
 timeout ${DECODE_LIMIT:-120} build/bench/bench_decode --quick > $R/bench_decode.txt 2>&1; echo "bench_decode rc=$?" >> $R/summary.txt
-# MLA_DIAG=1: the MLA decode point that fails in graph replays (B = 8, 1M
-# rows; runs 25-26) as it is, with the launches unchained and with the
-# last-block merge off (the bench-variants build's knobs)
+# MLA_DIAG=1: the MLA decode point that fails (B = 8, 1M rows; runs 25-27:
+# a fault or a hang, memcheck clean) bisected: batch and rows (the first pool
+# over 2 GiB: B = 8 at 768K rows of the first shape), then at B = 8, 1M rows
+# the bench-variants build's loads (3: a bulk copy per row, no tensor map;
+# 1: v1) and the default once more; 20 s each, output line by line
 if [ "${MLA_DIAG:-0}" = 1 ]; then
-    for knob in HYLO_PDL=1 HYLO_PDL=0 HYLO_MLA_MERGE=2; do
-        env $knob timeout 60 stdbuf -oL build/bench-variants/bench/bench_decode --no-attn --1m --b8 > $R/mla_diag_$knob.txt 2>&1
-        echo "mla_diag $knob rc=$?" >> $R/summary.txt
+    for point in "B8_512K -- --batch=8 --rows=524288" "B8_768K -- --batch=8 --rows=786432" \
+        "B4_1M -- --batch=4 --rows=1048576" "B8_1M_rows HYLO_MLA_DECODE=3 --batch=8 --rows=1048576" \
+        "B8_1M_v1 HYLO_MLA_DECODE=1 --batch=8 --rows=1048576" "B8_1M -- --batch=8 --rows=1048576"; do
+        set -- $point
+        name=$1; knob=$2; shift 2
+        [ "$knob" = -- ] && knob=HYLO_MLA_DECODE=0
+        env $knob timeout 20 stdbuf -oL build/bench-variants/bench/bench_decode --no-attn "$@" > $R/mla_diag_$name.txt 2>&1
+        echo "mla_diag $name rc=$?" >> $R/summary.txt
     done
 fi
 timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
@@ -47,6 +55,17 @@ fi
 [ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
 if [ -x .carry/base/bench_long ]; then
     timeout ${LONG_LIMIT:-90} .carry/base/bench_long --smollm2 > $R/base_bench_long_smollm2.txt 2>&1; echo "base bench_long rc=$?" >> $R/summary.txt
+fi
+# ATTN_DQB=1: the attention backward's dQ rule (cuda_attn.cu dq_bulk_rule) at
+# 8K and 64K: production, dQ by bulk reductions everywhere (5), by register
+# adds everywhere (6), each f+b beside cuDNN SDPA in the same call
+if [ "${ATTN_DQB:-0}" = 1 ]; then
+    timeout 100 build/bench/bench_attn --no-decode > $R/attn_dqb_prod.txt 2>&1; echo "attn prod rc=$?" >> $R/summary.txt
+    for v in 5 6; do
+        HYLO_ATTN_BWD=$v timeout 100 build/bench-variants/bench/bench_attn --no-decode > $R/attn_dqb_$v.txt 2>&1
+        echo "attn bwd $v rc=$?" >> $R/summary.txt
+    done
+    timeout 150 python3 scripts/ref/bench_sdpa.py --backends cudnn > $R/sdpa_cudnn.txt 2>&1; echo "sdpa cudnn rc=$?" >> $R/summary.txt
 fi
 if [ "${REF:-1}" = 1 ]; then
     timeout 45 build/bench-variants/bench/bench_attn --compare --quick --no-decode > $R/bench_attn_compare.txt 2>&1; echo "bench_attn rc=$?" >> $R/summary.txt

@@ -189,10 +189,11 @@ static const shape_t attn_shapes[] = {
 // SMs), so the three after them force small sections (HYLO_ATTN_FWD_UNITS,
 // some shorter at the end) and a few persistent blocks (HYLO_ATTN_FWD_BLOCKS,
 // each claiming several tiles in turn). Last, the wgmma backward with its dQ
-// tiles added by bulk tensor reductions from shared memory (HYLO_ATTN_BWD = 5,
-// the default backward at other head dims): the shapes with T not a multiple
-// of 64 check that rows at or past Tq add nothing (the next head's rows in the
-// accumulator).
+// tiles added by bulk tensor reductions from shared memory at every wgmma
+// head dim (HYLO_ATTN_BWD = 5; production does so at 128/128 and 192/128):
+// the shapes with T not a multiple of 64 check that rows at or past Tq add
+// nothing (the next head's rows in the accumulator); and the wgmma backward
+// with its dQ added from registers at every wgmma head dim (6).
 typedef struct {
     const char *bwd, *fwd, *units, *blocks, *tag;
 } attn_var_t;
@@ -208,6 +209,7 @@ static const attn_var_t attn_vars[] = {
     {NULL, "4", "1", "3", " [fwd persistent, 3 blocks, 1 unit a section]"},
     {NULL, "4", NULL, "5", " [fwd persistent, 5 blocks]"},
     {"5", NULL, NULL, NULL, " [bwd wgmma, dQ by bulk reduce]"},
+    {"6", NULL, NULL, NULL, " [bwd wgmma, dQ by register adds]"},
 };
 #else
 static const attn_var_t attn_vars[] = {{NULL, NULL, NULL, NULL, ""}};

@@ -1158,8 +1158,8 @@ static void launch_bwd2(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // 3 = v2 at d 64; each falls back to the mma.sync kernels below elsewhere.
 // 4 = the mma.sync kernels at every shape (the production backward before the
 // wgmma one). All lost in runs 7 and 25 (docs/PERFORMANCE.md). True when a
-// variant ran. (5, the wgmma backward with dQ by bulk reductions, is
-// bwd_wgmma_dqb below.)
+// variant ran. (5 and 6, the wgmma backward with dQ by bulk reductions or by
+// register adds at every head dim it takes, are in cu_attn_bwd.)
 static bool bwd_variant(int var, be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q,
                         const void *k, const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H,
                         int Hkv, int dqk, int dv, float scale, int Tqp) {
@@ -1191,41 +1191,33 @@ static bool bwd_variant(int var, be_t *be, void *dq, void *dk, void *dv_, const 
 
 // The wgmma backward (cuda_attn_wgmma_bwd.cuh) at the head dims the hybrids
 // use; false where it does not apply (another head dim, deterministic mode,
-// a shape the tensor maps cannot describe).
+// a shape the tensor maps cannot describe). dQ by bulk tensor reductions
+// (dq_bulk: k_attn_bwd_wgmma_dqb) or by red.global.add from registers; the
+// production rule is dq_bulk_rule's.
 static bool bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                       const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv, int dqk,
-                      int dv, float scale, int Tqp) { // attn_bwd is causal
+                      int dv, float scale, int Tqp, bool dq_bulk) { // attn_bwd is causal
     if (dqk == 64 && dv == 64)
-        return launch_bwd_wgmma<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+        return dq_bulk ? launch_bwd_wgmma<64, 64, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv,
+                                                        scale, Tqp, 1)
+                       : launch_bwd_wgmma<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale,
+                                                  Tqp, 1);
     if (dqk == 128 && dv == 128)
-        return launch_bwd_wgmma<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+        return dq_bulk ? launch_bwd_wgmma<128, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv,
+                                                          scale, Tqp, 1)
+                       : launch_bwd_wgmma<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale,
+                                                    Tqp, 1);
     if (dqk == 192 && dv == 128)
-        return launch_bwd_wgmma<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+        return dq_bulk ? launch_bwd_wgmma<192, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv,
+                                                          scale, Tqp, 1)
+                       : launch_bwd_wgmma<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale,
+                                                    Tqp, 1);
     return false;
 }
-
-#ifdef HYLO_BENCH_VARIANTS
-// HYLO_ATTN_BWD=5: the wgmma backward with each step's dQ tile written to
-// shared memory and added into the fp32 accumulator by bulk tensor reductions
-// (k_attn_bwd_wgmma_dqb) instead of red.global.add.v4 from registers, at the
-// same head dims; false where it does not apply (the caller falls back to the
-// default backward).
-static bool bwd_wgmma_dqb(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
-                          const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
-                          int dqk, int dv, float scale, int Tqp) { // attn_bwd is causal
-    if (dqk == 64 && dv == 64)
-        return launch_bwd_wgmma<64, 64, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
-                                              1);
-    if (dqk == 128 && dv == 128)
-        return launch_bwd_wgmma<128, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
-                                                1);
-    if (dqk == 192 && dv == 128)
-        return launch_bwd_wgmma<192, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp,
-                                                1);
-    return false;
-}
-#endif
-
+// dQ by bulk reductions at head dims of 128 and more, where it was 7-20%
+// faster at 16K and 32K (run 27, docs/PERFORMANCE.md); at 64/64 it lost at
+// 16K and won at 32K, so the register adds stay there for now.
+static bool dq_bulk_rule(int dqk) { return dqk >= 128; }
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                         const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale) {
@@ -1256,13 +1248,15 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 #ifdef HYLO_BENCH_VARIANTS
     var = cu_env_int("HYLO_ATTN_BWD", 0);
 #endif
-    bool done =
-        var ? false : bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
+    bool done = var ? false
+                    : bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp,
+                                dq_bulk_rule(dqk));
 #ifdef HYLO_BENCH_VARIANTS
-    if (!done && var == 5) // else the default: the wgmma backward, or mma.sync below
-        done = bwd_wgmma_dqb(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp) ||
-               bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
-    if (!done && var)
+    // 5 and 6: the wgmma backward with dQ by bulk reductions (5) or by register
+    // adds (6) at every head dim it takes (else the mma.sync kernels below)
+    if (!done && (var == 5 || var == 6))
+        done = bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp, var == 5);
+    if (!done && var && var != 5 && var != 6)
         done = bwd_variant(var, be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp);
 #endif
     if (!done) {

@@ -52,16 +52,16 @@
 // (128 keys x BM), 2 stages of lse2 / D, 1 KB for alignment: 166,952 bytes at
 // 64/64, 165,928 at 128/128, 198,696 at 192/128 (one block per SM).
 //
-// Bench-only (bench-variants build, HYLO_ATTN_BWD=5: k_attn_bwd_wgmma_dqb, not
-// yet run on a GPU): the same kernel, but each warpgroup writes its dQ share
-// into 16 KB of shared memory and one of its threads adds it into the
-// accumulator with two bulk tensor reductions (wb_dq_bulk), in place of 1024
-// red.global.add.v4 issued by the warpgroup per 64 x 64 share. Shared memory
-// 32 KB more: 199,720 / 198,696 / 231,464 bytes (192/128 reuses warpgroup 0's
-// slot for its second pass of 64 columns).
+// dQ by bulk reductions (k_attn_bwd_wgmma_dqb, the production kernel at head
+// dims of 128 and more: bwd_wgmma in cuda_attn.cu): the same kernel, but each
+// warpgroup writes its dQ share into 16 KB of shared memory and one of its
+// threads adds it into the accumulator with two bulk tensor reductions
+// (wb_dq_bulk), in place of 1024 red.global.add.v4 issued by the warpgroup per
+// 64 x 64 share. Shared memory 32 KB more: 199,720 / 198,696 / 231,464 bytes
+// (192/128 reuses warpgroup 0's slot for its second pass of 64 columns).
 #pragma once
 
-// WB_DQ_BOX: the bench-only dQ slots' box, 64 rows x 32 fp32 (wb_dq_bulk)
+// WB_DQ_BOX: the dQ slots' box, 64 rows x 32 fp32 (wb_dq_bulk)
 enum { WB_BN = 128, WB_NS = 2, WB_THREADS = 384, WB_DQ_BOX = 64 * 32 * 4 };
 
 template <int DQK, int DV, bool DQB = false> struct wb_cfg {
@@ -83,7 +83,7 @@ template <int DQK, int DV, bool DQB = false> struct wb_cfg {
     static constexpr int QS = DQK == 192 ? 32 : BM;
     static constexpr int OFF_V = K_BYTES, OFF_Q = OFF_V + V_BYTES, OFF_O = OFF_Q + WB_NS * Q_BYTES;
     static constexpr int OFF_DS = OFF_O + WB_NS * O_BYTES, OFF_LD = OFF_DS + 2 * DS_BYTES;
-    // DQB (bench-only, HYLO_ATTN_BWD=5, wb_dq_bulk): one fp32 dQ slot per consumer
+    // DQB (wb_dq_bulk): one fp32 dQ slot per consumer
     // warpgroup, two boxes of [64 rows][32 floats] (16 KB), between lse2 / D and the barriers
     static constexpr int DQ_SLOT = 2 * WB_DQ_BOX;
     static constexpr int OFF_DQ = OFF_LD + WB_NS * LD_BYTES;
@@ -199,7 +199,7 @@ static __device__ __forceinline__ void wb_dq(float *dqh, int dqk, uint32_t a0, u
     }
 }
 
-// Bench-only (HYLO_ATTN_BWD=5): one warpgroup's dQ share of 64 rows [row0, row0
+// DQB: one warpgroup's dQ share of 64 rows [row0, row0
 // + 64) x 64 columns [c0, c0 + 64), computed as in wb_dq, then added into the
 // accumulator by the copy engine instead of 1024 red.global.add.v4 (8 a thread):
 //  - each thread stores its 32 floats into the warpgroup's slot, the two boxes
@@ -265,7 +265,7 @@ static __device__ __forceinline__ void wb_dq_bulk(const CUtensorMap *tdq, int he
 // query sees every key (not reachable through attn_bwd, which is causal). A
 // template argument rather than a flag: the flag's extra live values made the
 // 192/128 consumers spill loop counters. The body of k_attn_bwd_wgmma and of
-// the bench-only k_attn_bwd_wgmma_dqb (DQB: dQ by wb_dq_bulk into tdq, the
+// k_attn_bwd_wgmma_dqb (DQB: dQ by wb_dq_bulk into tdq, the
 // accumulator's tensor map; NULL otherwise).
 template <int DQK, int DV, bool CAUSAL, bool DQB>
 static __device__ __forceinline__ void
@@ -538,8 +538,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                                    u0, n_units, Tqp);
 }
 
-#ifdef HYLO_BENCH_VARIANTS
-// Bench-only (HYLO_ATTN_BWD=5): dQ added by bulk tensor reductions through tdq,
+// dQ added by bulk tensor reductions through tdq,
 // the accumulator [n_units * grp][Tq][dqk] fp32 as a 3-D tensor map of boxes of
 // 32 columns x 64 rows, 128-byte swizzle (launch_bwd_wgmma's wb_dq_map).
 template <int DQK, int DV, bool CAUSAL>
@@ -553,9 +552,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     wb_bwd<DQK, DV, CAUSAL, true>(dk, dvo, dqacc, &tq, &tdo, &tk, &tv, &tdq, lse2, Dd, Tq, Tk, H, Hkv, sl2, scale, u0,
                                   n_units, Tqp);
 }
-#endif
 
-#ifdef HYLO_BENCH_VARIANTS
 // The dQ accumulator acc ([heads][Tq][dqk] fp32) as the 3-D tensor map of
 // k_attn_bwd_wgmma_dqb: boxes of 32 columns (128 bytes, the 128-byte swizzle's
 // row) x 64 rows x 1 head. Rows at or past Tq lie outside it, so a box over
@@ -568,14 +565,13 @@ static bool wb_dq_map(cuda_encode_tiled_fn enc, CUtensorMap *m, float *acc, int 
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-#endif
 
 // Launches the wgmma backward and k_attn_dq_out, in passes over (b, kv head)
 // units as run_bwd does; false (nothing launched) where it does not apply (no
 // tensor-map encoder, be->deterministic (its dQ adds land in the order the
 // blocks run), an empty or undescribable shape): the caller then runs the
-// default kernels. lse2, Dd: k_attn_bwd_pre's, [B H][Tqp]. DQB (bench-variants
-// build only): k_attn_bwd_wgmma_dqb, dQ by bulk tensor reductions.
+// default kernels. lse2, Dd: k_attn_bwd_pre's, [B H][Tqp]. DQB:
+// k_attn_bwd_wgmma_dqb, dQ by bulk tensor reductions.
 template <int DQK, int DV, bool DQB = false>
 static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                              const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
@@ -588,11 +584,8 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
         !wg_tensor_map(enc, &mk, k, Hkv * DQK, Tk, B, WB_BN) || !wg_tensor_map(enc, &mv, v, Hkv * DV, Tk, B, WB_BN))
         return false;
     auto kern = causal ? k_attn_bwd_wgmma<DQK, DV, true> : k_attn_bwd_wgmma<DQK, DV, false>;
-    const void *kfn = (const void *)kern;
-#ifdef HYLO_BENCH_VARIANTS
     auto kern_b = causal ? k_attn_bwd_wgmma_dqb<DQK, DV, true> : k_attn_bwd_wgmma_dqb<DQK, DV, false>;
-    if (DQB) kfn = (const void *)kern_b;
-#endif
+    const void *kfn = DQB ? (const void *)kern_b : (const void *)kern;
     if (cuda_smem_limit(be, kfn, C::SMEM, "k_attn_bwd_wgmma") < 0) return true; // error recorded
     const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + WB_BN - 1) / WB_BN;
     const size_t unit_bytes = (size_t)grp * Tq * DQK * sizeof(float); // one unit's fp32 dQ accumulator
@@ -612,15 +605,12 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
         cu_op_error(be, "cuda attn_bwd: cannot take %zu bytes from the scratch arena", unit_bytes * (size_t)upc);
         return true;
     }
-#ifdef HYLO_BENCH_VARIANTS
     CUtensorMap mdq = {};
     if constexpr (DQB)
         if (!wb_dq_map(enc, &mdq, acc, DQK, Tq, upc * grp)) {
             arena_reset(ar, mark);
             return false;
         }
-#endif
-    (void)mark;
     for (int u0 = 0; u0 < units; u0 += upc) {
         const int n = units - u0 < upc ? units - u0 : upc;
         cudaError_t e = cudaMemsetAsync(acc, 0, unit_bytes * (size_t)n, cuda_stream(be));
@@ -629,13 +619,11 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
             return true;
         }
         const int64_t blocks = (int64_t)n_kt * n;
-#ifdef HYLO_BENCH_VARIANTS
         if constexpr (DQB)
             kern_b<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
                 (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, mdq, lse2, Dd, Tq, Tk, H, Hkv,
                 scale * 1.4426950408889634f, scale, u0, n, Tqp);
         else
-#endif
             kern<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
                 (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, lse2, Dd, Tq, Tk, H, Hkv, scale * 1.4426950408889634f,
                 scale, u0, n, Tqp);
