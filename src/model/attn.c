@@ -114,39 +114,68 @@ static int cached_attn(const layer_ctx_t *c, layer_cache_t *cache, int b, int po
     return 0;
 }
 
-int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
-                 layer_cache_t *cache, attn_saved_t *sv) {
+// The forward over the rows of runs (layer.h step_run_t): the products and
+// RoPE once over every row, then per sequence of a run with a cache its rows
+// appended and attended over its cached prefix (cached_attn); a run without a
+// cache (training: one run) attends causally within its T rows.
+static int attn_run(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs,
+                    const step_run_t *runs, attn_saved_t *sv) {
     be_t *be = c->be;
     const arch_t *a = c->a;
-    int64_t N = (int64_t)B * T, qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
-    if (pos0 + T > c->rope_npos)
-        return err_set(ERR_INPUT, "position %d is beyond the RoPE table (%d positions)", pos0 + T, c->rope_npos);
+    int64_t N = run_rows(runs, n_runs), qw = (int64_t)a->H * a->dh, kw = (int64_t)a->Hkv * a->dh;
+    for (int i = 0; i < n_runs; i++) {
+        const step_run_t *u = &runs[i];
+        if (u->pos0 < 0 || u->pos0 + u->T > c->rope_npos)
+            return err_set(ERR_INPUT, "position %d is beyond the RoPE table (%d positions)", u->pos0 + u->T,
+                           c->rope_npos);
+        if (u->cache && u->pos0 + u->T > u->cache->cap)
+            return err_set(ERR_INPUT, "context of %d tokens exceeds the cache capacity %d", u->pos0 + u->T,
+                           u->cache->cap);
+    }
     void *q, *k, *v, *att = ctx_act(c, N * qw);
     float *lse = sv ? ctx_f32(c, N * a->H) : NULL;
-    int32_t *pos = ctx_positions(c, B, T, pos0);
+    int32_t *pos = ctx_run_positions(c, runs, n_runs);
     if (!att || (sv && !lse)) return ERR_NOMEM;
     TRY(project(c, w, x, N, pos, sv, &q, &k, &v));
-    if (cache) {
-        // Append rows [pos0, pos0 + T) of every sequence, then attend over the
-        // whole cached prefix of that sequence.
-        if (pos0 + T > cache->cap)
-            return err_set(ERR_INPUT, "context of %d tokens exceeds the cache capacity %d", pos0 + T, cache->cap);
-        for (int b = 0; b < B; b++) {
-            int64_t r = (int64_t)b * T;
+    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
+        const step_run_t *u = &runs[i];
+        if (!u->cache) { // training: causal within the run
+            be->attn_fwd(be, att, lse, q, k, v, u->n, u->T, u->T, a->H, a->Hkv, a->dh, a->dh,
+                         1.0f / sqrtf((float)a->dh), 1);
+            continue;
+        }
+        // append rows [pos0, pos0 + T) of each sequence, then attend over its whole cached prefix
+        for (int j = 0; j < u->n; j++) {
+            int64_t rj = r + (int64_t)j * u->T;
             size_t mark = arena_mark(c->arena);
-            TRY(cached_attn(c, cache, b, pos0, T, act_at(be, att, r * qw), act_at(be, q, r * qw), act_at(be, k, r * kw),
-                            act_at(be, v, r * kw)));
+            TRY(cached_attn(c, u->cache, u->seq0 + j, u->pos0, u->T, act_at(be, att, rj * qw), act_at(be, q, rj * qw),
+                            act_at(be, k, rj * kw), act_at(be, v, rj * kw)));
             arena_reset(c->arena, mark); // a tile's temporaries
         }
-    } else {
-        be->attn_fwd(be, att, lse, q, k, v, B, T, T, a->H, a->Hkv, a->dh, a->dh, 1.0f / sqrtf((float)a->dh), 1);
     }
     lin_fwd(c, out, att, w->o, N, qw, a->d);
     if (sv) {
         sv->x = x, sv->q = q, sv->k = k, sv->v = v, sv->att = att, sv->lse = lse, sv->pos = pos;
-        sv->B = B, sv->T = T;
+        sv->B = runs[0].n, sv->T = runs[0].T;
     }
     return 0;
+}
+
+int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                 layer_cache_t *cache, attn_saved_t *sv) {
+    step_run_t all = {cache, 0, B, T, pos0};
+    return attn_run(c, w, out, x, 1, &all, sv);
+}
+
+int attn_forward_runs(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs,
+                      const step_run_t *runs) {
+    for (int i = 0; i < n_runs; i++)
+        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0 ||
+            runs[i].seq0 + runs[i].n > runs[i].cache->B)
+            return err_set(ERR_INPUT, "attention layer %d: forward run %d: %d x %d tokens of sequences from %d of a "
+                           "cache of %d",
+                           c->layer, i, runs[i].n, runs[i].T, runs[i].seq0, runs[i].cache ? runs[i].cache->B : 0);
+    return attn_run(c, w, out, x, n_runs, runs, NULL);
 }
 
 int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx, const void *dout,

@@ -23,6 +23,10 @@ typedef struct {
 int attn_w_bind(attn_w_t *w, const ptable_t *pt, void *flat, size_t elt, int layer);
 int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int B, int T, int pos0,
                  layer_cache_t *cache, attn_saved_t *sv);
+// Inference over the rows of runs (layer.h step_run_t), each with a cache:
+// a batched prefill's requests, each with its own T and position.
+int attn_forward_runs(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs,
+                      const step_run_t *runs);
 int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx, const void *dout,
                   const attn_saved_t *sv);
 // One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out

@@ -84,21 +84,22 @@ static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
 // token-by-token recurrence): the projections and o_proj are the same code;
 // between them a forward runs the convs, norms, gates, the chunked rule and
 // the output norm op by op, a step all of it in one be->gdn_step call. The
-// B sequences come in runs (layer.h step_run_t; none without a cache): in a
-// forward the convolutions and the rule run once per run, on its sequences'
-// states; in a step once over all rows, through per-row state pointers.
-static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int B, int T,
-                   const step_run_t *runs, int n_runs, gdn_saved_t *sv, int recurrent) {
+// sequences come in runs (layer.h step_run_t; a forward without a cache: one
+// run without states): in a forward the products, norms and gates run once
+// over the rows of all runs, the convolutions and the rule once per run (its
+// own T), on its sequences' states; in a step all of it once over all rows,
+// through per-row state pointers. sv (training): one run.
+static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const step_run_t *runs,
+                   int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     dims_t m = dims(c);
-    int64_t N = (int64_t)B * T;
-    const step_run_t none = {NULL, 0, B}; // no cache: one run of every sequence, without states
-    if (!n_runs) runs = &none, n_runs = 1;
+    int64_t N = recurrent ? step_rows(runs, n_runs) : run_rows(runs, n_runs);
     // training through a cache keeps the entering states (gdn_forward: one run, the whole cache)
     const gdn_cache_t *gc = sv && runs[0].cache ? &runs[0].cache->u.gdn : NULL;
+    const int B = runs[0].n; // (the saved state's sequences: sv has one run)
     gdn_saved_t local, *s = sv ? sv : &local; // inference: the same buffers, dropped with the arena
     memset(s, 0, sizeof *s);
-    s->B = B, s->T = T, s->x = x;
+    s->B = B, s->T = runs[0].T, s->x = x;
 
     // projections; a decode step multiplies by q, k, v, a, b and g at once
     // when they are one matrix in memory (row r: [q | k | v | a | b | z],
@@ -164,10 +165,10 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     void *qc, *kc;
     NEED(qc = ctx_act(c, N * m.kd));
     NEED(kc = ctx_act(c, N * m.kd));
-    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
         gdn_cache_t *rc = runs[i].cache ? &runs[i].cache->u.gdn : NULL;
-        int nb = runs[i].n, kd = (int)m.kd, vd = (int)m.vd;
-        int64_t r = (int64_t)b * T, ok = (int64_t)runs[i].seq0 * kd * m.W, ov = (int64_t)runs[i].seq0 * vd * m.W;
+        int nb = runs[i].n, T = runs[i].T, kd = (int)m.kd, vd = (int)m.vd;
+        int64_t ok = (int64_t)runs[i].seq0 * kd * m.W, ov = (int64_t)runs[i].seq0 * vd * m.W;
         const void *qi = act_at(be, s->qpre, r * kd), *ki = act_at(be, s->kpre, r * kd),
                    *vi = act_at(be, s->vpre, r * vd);
         be->conv1d_fwd(be, act_at(be, qc, r * kd), qi, kd, w->q_conv, NULL, rc ? act_at(be, rc->conv_q, ok) : NULL, nb,
@@ -197,13 +198,13 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
         NEED(s->state0 = ctx_f32(c, ns));
         be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
     }
-    for (int i = 0, b = 0; i < n_runs; b += runs[i++].n) {
+    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
         float *state = runs[i].cache ? runs[i].cache->u.gdn.state + (int64_t)runs[i].seq0 * m.HV * m.Dv * m.K : NULL;
-        int64_t r = (int64_t)b * T;
         void *o = act_at(be, s->o, r * m.vd);
         const void *q = act_at(be, s->q, r * m.kd), *k = act_at(be, s->k, r * m.kd), *v = act_at(be, s->v, r * m.vd);
         const float *g = s->g + r * m.HV, *beta = s->beta + r * m.HV;
-        be->gdn_chunk_fwd(be, o, state, state != NULL, q, k, v, g, beta, m.scale, runs[i].n, T, m.H, m.HV, m.K, m.Dv);
+        be->gdn_chunk_fwd(be, o, state, state != NULL, q, k, v, g, beta, m.scale, runs[i].n, runs[i].T, m.H, m.HV, m.K,
+                          m.Dv);
     }
 
     // output norm (per value head over Dv, one shared weight of Dv), gate, o_proj
@@ -219,11 +220,20 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
 
 int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, int pos0,
                 layer_cache_t *cache, gdn_saved_t *sv) {
-    (void)pos0; // no positions in a linear-attention layer
     if (cache && cache->B != B)
         return err_set(ERR_INPUT, "gdn layer %d: cache holds %d sequences, input has %d", c->layer, cache->B, B);
-    step_run_t all = {cache, 0, B};
-    return gdn_run(c, w, &(lin_out_t){.y = out}, x, B, T, &all, cache != NULL, sv, 0);
+    step_run_t all = {cache, 0, B, T, pos0};
+    return gdn_run(c, w, &(lin_out_t){.y = out}, x, &all, 1, sv, 0);
+}
+
+int gdn_forward_runs(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs,
+                     const step_run_t *runs) {
+    for (int i = 0; i < n_runs; i++)
+        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0 ||
+            runs[i].seq0 + runs[i].n > runs[i].cache->B)
+            return err_set(ERR_INPUT, "gdn layer %d: forward run %d: %d x %d tokens of sequences from %d of a cache of %d",
+                           c->layer, i, runs[i].n, runs[i].T, runs[i].seq0, runs[i].cache ? runs[i].cache->B : 0);
+    return gdn_run(c, w, &(lin_out_t){.y = out}, x, runs, n_runs, NULL, 0);
 }
 
 // ---- backward ----------------------------------------------------------------
@@ -304,5 +314,5 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
 int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
              const step_run_t *runs) {
     TRY(step_check(c, runs, n_runs, 0, 0));
-    return gdn_run(c, w, out, x, step_rows(runs, n_runs), 1, runs, n_runs, NULL, 1);
+    return gdn_run(c, w, out, x, runs, n_runs, NULL, 1);
 }

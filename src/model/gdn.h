@@ -58,6 +58,10 @@ typedef struct {
 // full, cache batch mismatch).
 int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int B, int T, int pos0,
                 layer_cache_t *cache, gdn_saved_t *sv);
+// Inference over the rows of runs (layer.h step_run_t), each with a cache:
+// a batched prefill's requests, each with its own T and position.
+int gdn_forward_runs(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs,
+                     const step_run_t *runs);
 
 // dout [B,T,d] -> dx [B,T,d] (overwritten); g: float gradients, += .
 // Gradients with respect to the cache's initial states are not produced.

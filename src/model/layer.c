@@ -31,6 +31,34 @@ int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0) {
     return rc < 0 ? NULL : d;
 }
 
+int64_t run_rows(const step_run_t *runs, int n_runs) {
+    int64_t n = 0;
+    for (int i = 0; i < n_runs; i++)
+        n += (int64_t)runs[i].n * runs[i].T;
+    return n;
+}
+
+int32_t *ctx_run_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs) {
+    if (c->run_pos) return (int32_t *)c->run_pos;
+    if (n_runs == 1) return ctx_positions(c, runs[0].n, runs[0].T, runs[0].pos0);
+    int64_t N = run_rows(runs, n_runs);
+    int32_t *d = arena_alloc(c->arena, (size_t)(N > 0 ? N : 1) * sizeof(int32_t));
+    int32_t *h = malloc((size_t)(N > 0 ? N : 1) * sizeof(int32_t));
+    if (!d || !h) {
+        free(h);
+        err_set(ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    int64_t row = 0;
+    for (int i = 0; i < n_runs; i++)
+        for (int j = 0; j < runs[i].n; j++)
+            for (int t = 0; t < runs[i].T; t++)
+                h[row++] = runs[i].pos0 + t;
+    int rc = c->be->copy_h2d(c->be, d, h, (size_t)N * sizeof(int32_t));
+    free(h);
+    return rc < 0 ? NULL : d;
+}
+
 int step_rows(const step_run_t *runs, int n_runs) {
     int n = 0;
     for (int i = 0; i < n_runs; i++)

@@ -10,6 +10,10 @@
 //               pos0 = position of x's first token (same for every sequence);
 //               cache NULL in training, else read and appended to;
 //               sv NULL in inference, else filled for the backward.
+//   X_forward_runs  the same inference over runs of sequences of caches
+//               (step_run_t), each run its own T tokens at its own position,
+//               the rows packed: the products and norms once over all rows,
+//               what reads a cache once per run (a batched prefill).
 //   X_backward  dout -> dx (overwritten) and weight gradients (+=).
 //   X_step      one new token per sequence, x [N,d], with the caches: the N
 //               rows are runs of sequences (step_run_t), each sequence at its
@@ -59,6 +63,9 @@ typedef struct {
     // sequence's keys are not one run in memory, attn.c); 0: as many as a
     // fixed part of the arena holds. Tests shrink it to exercise several tiles.
     int cache_tile_keys;
+    // A batched prefill's positions of every row of its runs, [N] (NULL:
+    // ctx_run_positions uploads them).
+    const int32_t *run_pos;
 } layer_ctx_t;
 
 // Element i of an act buffer (i elements of be->act_size bytes past p).
@@ -133,10 +140,21 @@ int64_t cache_run(const layer_cache_t *c, int b, int64_t u, int64_t n);
 // attention over the cache, convolution windows, recurrent states) take one
 // pointer per row (step_cache_bases), so they too run once over all N rows,
 // whatever runs the rows come from.
+// A forward over caches takes its sequences in runs too (X_forward_runs): run
+// i is sequences [seq0, seq0 + n) of `cache`, T tokens each at positions
+// [pos0, pos0 + T), its n T rows packed after the runs before it; a batched
+// prefill's requests are one run each, with their own T. (A step's runs: T 1
+// and pos0 the cache's len, which is what the step reads.)
 typedef struct {
     layer_cache_t *cache;
     int seq0, n;
+    int T, pos0; // forward runs only
 } step_run_t;
+// Device int32 positions of the rows of a forward's runs [sum n T]: the
+// prepared ctx->run_pos, else one run's as ctx_positions, else uploaded.
+int32_t *ctx_run_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
+// Rows of a forward's runs: sum of n T.
+int64_t run_rows(const step_run_t *runs, int n_runs);
 
 // Where a mixer's output projection y = a W^T [N, d] goes: into y (x NULL),
 // or, in a decode step of at most BE_FEW_ROWS rows, added into the residual

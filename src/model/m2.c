@@ -58,20 +58,22 @@ static m2_shape_t m2_shape(const arch_t *a) {
     return s;
 }
 
-// The mixer over T tokens per sequence. recurrent: SSD token by token (decode
-// steps), else chunked. The B sequences come in runs (layer.h step_run_t; none
-// without a cache): in a forward the convolution and the SSD run once per run,
-// on its sequences' states; in a step once over all rows, through per-row
-// state pointers.
-static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, int B, int T,
-                  const step_run_t *runs, int n_runs, m2_saved_t *sv, int recurrent) {
+// The mixer over the rows of runs (layer.h step_run_t; a forward without a
+// cache: one run without states). recurrent: SSD token by token (decode
+// steps), else chunked. In a forward the products and norms run once over
+// the rows of all runs, the convolution and the SSD once per run (its own T),
+// on its sequences' states; in a step all of it once over all rows, through
+// per-row state pointers. sv (training): one run.
+static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, const step_run_t *runs,
+                  int n_runs, m2_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     m2_shape_t s = m2_shape(c->a);
-    int64_t N = (int64_t)B * T, per_conv = (int64_t)s.cd * s.W, per_state = (int64_t)s.H * s.P * s.Ns;
+    const int B = runs[0].n, T = runs[0].T; // (the saved state's sequences: sv has one run)
+    int64_t N = recurrent ? step_rows(runs, n_runs) : run_rows(runs, n_runs);
+    int64_t per_conv = (int64_t)s.cd * s.W, per_state = (int64_t)s.H * s.P * s.Ns;
     int64_t n_conv = (int64_t)B * per_conv, n_state = (int64_t)B * per_state;
-    if (recurrent && !n_runs) return err_set(ERR_INPUT, "Mamba-2 layer %d: a decode step needs a cache", c->layer);
-    const step_run_t none = {NULL, 0, B}; // no cache: one run of every sequence, without states
-    if (!n_runs) runs = &none, n_runs = 1;
+    if (recurrent && !runs[0].cache)
+        return err_set(ERR_INPUT, "Mamba-2 layer %d: a decode step needs a cache", c->layer);
     size_t mark = arena_mark(c->arena);
 
     // Entering states. len == 0 starts a sequence: zero them so a reused slot never leaks.
@@ -116,21 +118,21 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, c
                                act_at(be, xbc, 2 * (int64_t)s.dxb), s.cd, dt, w->A_log, w->D, n, s.H, s.Hx, s.GB, s.GC,
                                s.P, s.Ns);
     }
-    for (int i = 0, b = 0; i < n_runs && !recurrent; b += runs[i++].n) {
+    for (int64_t i = 0, r = 0; i < n_runs && !recurrent; r += (int64_t)runs[i].n * runs[i].T, i++) {
         const layer_cache_t *k = runs[i].cache;
-        int64_t r = (int64_t)b * T;
+        const int Ti = runs[i].T, carried_i = k && k->len > 0; // (a state at len 0 was zeroed above)
         void *conv = k ? act_at(be, k->u.m2.conv, runs[i].seq0 * per_conv) : NULL;
         float *state = k ? k->u.m2.state + runs[i].seq0 * per_state : NULL;
         const void *xbc_in = act_at(be, zxbcdt, r * s.din + s.o_xbc);
         void *xbc_r = act_at(be, xbc, r * s.cd);
-        be->conv1d_fwd(be, xbc_r, xbc_in, s.din, w->conv_w, w->conv_b, conv, runs[i].n, T, (int)s.cd, s.W, 1);
-        if (k) be->conv1d_update_state(be, conv, xbc_in, s.din, runs[i].n, T, (int)s.cd, s.W);
+        be->conv1d_fwd(be, xbc_r, xbc_in, s.din, w->conv_w, w->conv_b, conv, runs[i].n, Ti, (int)s.cd, s.W, 1);
+        if (k) be->conv1d_update_state(be, conv, xbc_in, s.din, runs[i].n, Ti, (int)s.cd, s.W);
 
         // SSD over the column slices of the conv output; the cache state is read and replaced.
         const void *xs = xbc_r, *Bs = act_at(be, xbc_r, s.dxb), *Cs = act_at(be, xbc_r, 2 * (int64_t)s.dxb);
         void *yr = act_at(be, y, r * s.di);
-        be->ssd_chunk_fwd(be, yr, state, carried, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D, runs[i].n,
-                          T, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
+        be->ssd_chunk_fwd(be, yr, state, carried_i, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D,
+                          runs[i].n, Ti, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
     }
 
     // gated norm (z = the first di columns of zxbcdt), out_proj
@@ -149,9 +151,19 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, c
 
 int m2_forward(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, int pos0,
                layer_cache_t *cache, m2_saved_t *sv) {
-    (void)pos0;
-    step_run_t all = {cache, 0, B};
-    return m2_run(c, w, &(lin_out_t){.y = out}, x, B, T, &all, cache != NULL, sv, 0);
+    step_run_t all = {cache, 0, B, T, pos0};
+    return m2_run(c, w, &(lin_out_t){.y = out}, x, &all, 1, sv, 0);
+}
+
+int m2_forward_runs(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs,
+                    const step_run_t *runs) {
+    for (int i = 0; i < n_runs; i++)
+        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0 ||
+            runs[i].seq0 + runs[i].n > runs[i].cache->B)
+            return err_set(ERR_INPUT,
+                           "Mamba-2 layer %d: forward run %d: %d x %d tokens of sequences from %d of a cache of %d",
+                           c->layer, i, runs[i].n, runs[i].T, runs[i].seq0, runs[i].cache ? runs[i].cache->B : 0);
+    return m2_run(c, w, &(lin_out_t){.y = out}, x, runs, n_runs, NULL, 0);
 }
 
 // Backward, each step the transpose of the forward line it names.
@@ -195,5 +207,5 @@ int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, cons
 int m2_step(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, int n_runs,
             const step_run_t *runs) {
     TRY(step_check(c, runs, n_runs, 0, 0));
-    return m2_run(c, w, out, x, step_rows(runs, n_runs), 1, runs, n_runs, NULL, 1);
+    return m2_run(c, w, out, x, runs, n_runs, NULL, 1);
 }

@@ -43,6 +43,10 @@ int m2_w_bind(m2_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int la
 // entering states are saved and the backward treats them as constants.
 int m2_forward(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int B, int T, int pos0,
                layer_cache_t *cache, m2_saved_t *sv);
+// Inference over the rows of runs (layer.h step_run_t), each with a cache:
+// a batched prefill's requests, each with its own T and position.
+int m2_forward_runs(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs,
+                    const step_run_t *runs);
 // dx [B,T,d] (overwritten) and the weight gradients g (float, +=) from dout [B,T,d].
 int m2_backward(const layer_ctx_t *c, const m2_w_t *w, m2_w_t *g, void *dx, const void *dout, const m2_saved_t *sv);
 // One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out

@@ -221,9 +221,9 @@ static int64_t tile_keys(const layer_ctx_t *c, const dims_t *D, int B) {
 // an untiled forward. A contiguous cache's latents are read in place; a paged
 // one's tile is gathered first unless its rows are one run of pages. (Attending
 // in latent space, as the decode step does, would cost more FLOPs here:
-// docs/ARCHITECTURE.md, MLA prefill.)
-static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const layer_cache_t *cache, int B,
-                        int T, int pos0, const void *q, void *att, float *lse) {
+// docs/ARCHITECTURE.md, MLA prefill.) The B sequences are seq0.. of the cache.
+static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const layer_cache_t *cache, int seq0,
+                        int B, int T, int pos0, const void *q, void *att, float *lse) {
     be_t *be = c->be;
     int64_t Tk = (int64_t)pos0 + T, R = tile_keys(c, D, B);
     int64_t n_last = R > T ? R : T;
@@ -246,14 +246,15 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
     for (int64_t i = 0; i < n_tiles; i++) {
         int last = i == n_tiles - 1;
         int64_t u0 = last ? last0 : i * R, n = last ? n_last : (last0 - u0 < R ? last0 - u0 : R);
-        const void *lat = act_at(be, kv, u0 * D->L); // sequence b's keys b * seq keys further
+        // sequence seq0 + b's keys b * seq keys further
+        const void *lat = act_at(be, kv, ((int64_t)seq0 * cache->cap + u0) * D->L);
         int64_t seq = cache->cap;
-        if (cache->pages && B == 1 && cache_run(cache, 0, u0, n) == n) {
-            lat = act_at(be, kv, cache_row(cache, 0, u0) * D->L), seq = n;
+        if (cache->pages && B == 1 && cache_run(cache, seq0, u0, n) == n) {
+            lat = act_at(be, kv, cache_row(cache, seq0, u0) * D->L), seq = n;
         } else if (cache->pages) {
             for (int b = 0; b < B; b++)
-                cache_copy_rows(be, cache, (void *)kv, D->L, b, u0, n, 0, D->L, act_at(be, gat, (int64_t)b * n * D->L),
-                                D->L, 0);
+                cache_copy_rows(be, cache, (void *)kv, D->L, seq0 + b, u0, n, 0, D->L,
+                                act_at(be, gat, (int64_t)b * n * D->L), D->L, 0);
             lat = gat, seq = n;
         }
         expand_keys(c, D, w, lat, D->L, act_at(be, lat, D->rkv), D->L, seq, B, n, kvd, k, v);
@@ -263,21 +264,30 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
     return 0;
 }
 
-int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, int T, int pos0,
-                layer_cache_t *cache, mla_saved_t *sv) {
+// The forward over the rows of runs (layer.h step_run_t): the products and
+// RoPE once over every row, then per run with a cache its rows appended to
+// its sequences' caches and attended over them (attend_cache); a run without
+// a cache (training: one run) attends causally within its T rows, its
+// expanded keys kept for the backward.
+static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs,
+                   const step_run_t *runs, mla_saved_t *sv) {
     be_t *be = c->be;
     dims_t D = dims(c);
-    int64_t N = (int64_t)B * T;
+    int64_t N = run_rows(runs, n_runs);
     TRY(check_weights(c, &D, w));
-    if (sv && cache) return err_set(ERR_UNSUP, "MLA layer %d: training forward (saved state) with a cache", c->layer);
-    if (pos0 < 0 || pos0 + T > c->rope_npos)
-        return err_set(ERR_INPUT, "MLA layer %d: positions %d..%d beyond the RoPE tables (%d positions)", c->layer,
-                       pos0, pos0 + T - 1, c->rope_npos);
-    if (cache && (pos0 + T > cache->cap || B > cache->B))
-        return err_set(ERR_INPUT, "MLA layer %d: cache holds %d sequences x %d tokens, asked for %d x %d", c->layer,
-                       cache->B, cache->cap, B, pos0 + T);
+    for (int i = 0; i < n_runs; i++) {
+        const step_run_t *u = &runs[i];
+        if (sv && u->cache)
+            return err_set(ERR_UNSUP, "MLA layer %d: training forward (saved state) with a cache", c->layer);
+        if (u->pos0 < 0 || u->pos0 + u->T > c->rope_npos)
+            return err_set(ERR_INPUT, "MLA layer %d: positions %d..%d beyond the RoPE tables (%d positions)", c->layer,
+                           u->pos0, u->pos0 + u->T - 1, c->rope_npos);
+        if (u->cache && (u->pos0 + u->T > u->cache->cap || u->seq0 + u->n > u->cache->B))
+            return err_set(ERR_INPUT, "MLA layer %d: cache holds %d sequences x %d tokens, asked for %d x %d",
+                           c->layer, u->cache->B, u->cache->cap, u->seq0 + u->n, u->pos0 + u->T);
+    }
 
-    int32_t *pos = ctx_positions(c, B, T, pos0);
+    int32_t *pos = ctx_run_positions(c, runs, n_runs);
     if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     proj_t p;
     TRY(project(c, &D, w, x, N, pos, sv != NULL, 0, &p));
@@ -285,31 +295,42 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
     void *att, *k = NULL, *v = NULL;
     float *lse;
     ACT(att, N * D.H * D.dv);
-    F32(lse, (int64_t)B * D.H * T);
-    if (cache) {
-        void *kv = cache->u.mla.kv;
-        for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
-            cache_copy_rows(be, cache, kv, D.L, b, pos0, T, 0, D.rkv, act_at(be, p.cn, (int64_t)b * T * D.rkv), D.rkv,
-                            1);
-            cache_copy_rows(be, cache, kv, D.L, b, pos0, T, D.rkv, D.dr, act_at(be, p.kpe, (int64_t)b * T * D.dr), D.dr,
-                            1);
+    F32(lse, N * D.H);
+    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
+        const step_run_t *u = &runs[i];
+        const int B = u->n, T = u->T;
+        void *att_r = act_at(be, att, r * D.H * D.dv);
+        const void *q_r = act_at(be, p.q, r * D.H * D.qd);
+        if (u->cache) {
+            void *kv = u->cache->u.mla.kv;
+            for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
+                int64_t rb = r + (int64_t)b * T;
+                cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, 0, D.rkv,
+                                act_at(be, p.cn, rb * D.rkv), D.rkv, 1);
+                cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, D.rkv, D.dr,
+                                act_at(be, p.kpe, rb * D.dr), D.dr, 1);
+            }
+            size_t mark = arena_mark(c->arena);
+            TRY(attend_cache(c, &D, w, u->cache, u->seq0, B, T, u->pos0, q_r, att_r, lse + r * D.H));
+            arena_reset(c->arena, mark); // its tiles' temporaries
+        } else {
+            // every key at once: k and v are the saved activations of the backward
+            void *kvd;
+            int64_t Nr = (int64_t)B * T;
+            ACT(kvd, Nr * D.G * D.kvh);
+            ACT(k, Nr * D.G * D.qd);
+            ACT(v, Nr * D.G * D.dv);
+            expand_keys(c, &D, w, act_at(be, p.cn, r * D.rkv), D.rkv, act_at(be, p.kpe, r * D.dr), D.dr, T, B, T, kvd,
+                        k, v);
+            // Attention (causal: query t sees keys 0..t), GQA H / G.
+            be->attn_fwd(be, att_r, lse + r * D.H, q_r, k, v, B, T, T, D.H, D.G, D.qd, D.dv, D.scale, 1);
         }
-        TRY(attend_cache(c, &D, w, cache, B, T, pos0, p.q, att, lse));
-    } else {
-        // every key at once: k and v are the saved activations of the backward
-        void *kvd;
-        ACT(kvd, N * D.G * D.kvh);
-        ACT(k, N * D.G * D.qd);
-        ACT(v, N * D.G * D.dv);
-        expand_keys(c, &D, w, p.cn, D.rkv, p.kpe, D.dr, T, B, T, kvd, k, v);
-        // Attention (causal: query t sees keys 0..t), GQA H / G.
-        be->attn_fwd(be, att, lse, p.q, k, v, B, T, T, D.H, D.G, D.qd, D.dv, D.scale, 1);
     }
     lin_fwd(c, out, att, w->o, N, (int64_t)D.H * D.dv, D.d);
 
     if (sv) {
-        *sv = (mla_saved_t){.B = B,
-                            .T = T,
+        *sv = (mla_saved_t){.B = runs[0].n,
+                            .T = runs[0].T,
                             .x = x,
                             .cq = p.cq,
                             .cqn = p.cqn,
@@ -329,6 +350,21 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
                             .pos = pos};
     }
     return 0;
+}
+
+int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, int T, int pos0,
+                layer_cache_t *cache, mla_saved_t *sv) {
+    step_run_t all = {cache, 0, B, T, pos0};
+    return mla_run(c, w, out, x, 1, &all, sv);
+}
+
+int mla_forward_runs(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs,
+                     const step_run_t *runs) {
+    for (int i = 0; i < n_runs; i++)
+        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0)
+            return err_set(ERR_INPUT, "MLA layer %d: forward run %d: %d x %d tokens of sequences from %d", c->layer, i,
+                           runs[i].n, runs[i].T, runs[i].seq0);
+    return mla_run(c, w, out, x, n_runs, runs, NULL);
 }
 
 // ---- backward (training path, no cache: Tk = T) ----------------------------------

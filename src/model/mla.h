@@ -78,6 +78,10 @@ int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int 
 // (training) requires cache == NULL. Returns 0 or a negative ERR_* code.
 int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int B, int T, int pos0,
                 layer_cache_t *cache, mla_saved_t *sv);
+// Inference over the rows of runs (layer.h step_run_t), each with a cache:
+// a batched prefill's requests, each with its own T and position.
+int mla_forward_runs(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs,
+                     const step_run_t *runs);
 
 // dout [B, T, d] -> dx [B, T, d] (overwritten); g (float) += weight gradients.
 int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, const void *dout, const mla_saved_t *sv);

@@ -861,22 +861,22 @@ static int mirror_room(be_t *be, void **dev, void **host, int64_t *cap, int64_t 
 static int pos_room(model_run_t *r, int64_t need) {
     int rc = mirror_room(r->m->be, (void **)&r->pos_buf, (void **)&r->pos_host, &r->pos_cap, need, 4096,
                          sizeof(int32_t), "position arrays");
-    if (rc > 0) r->n_pos = 0, r->step_pos = NULL; // what was prepared is gone
+    if (rc > 0) r->n_pos = 0, r->step_pos = NULL, r->run_pos = NULL; // what was prepared is gone
     return rc < 0 ? rc : 0;
 }
 
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
     be_t *be = r->m->be;
-    if (ctx_pos_find(r->pos, r->n_pos, B, T, pos0)) return 0;
+    if (ctx_pos_find(&r->pos, r->n_pos, B, T, pos0)) return 0;
     int64_t need = (int64_t)B * T;
     TRY(pos_room(r, need));
     int32_t *h = r->pos_host;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
-    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL; // a failed upload leaves nothing prepared
+    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL; // a failed upload leaves nothing prepared
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)need * sizeof(int32_t)));
-    r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf, B, T, pos0};
+    r->pos = (ctx_pos_t){r->pos_buf, B, T, pos0}, r->n_pos = 1;
     return 0;
 }
 
@@ -888,7 +888,7 @@ static int prepare_step_positions(model_run_t *r, model_state_t *const *sts, int
     for (int k = 0, row = 0; k < n_st; k++)
         for (int b = 0; b < sts[k]->B; b++, row++)
             h[row] = sts[k]->len, h[N + row] = sts[k]->len + 1;
-    r->n_pos = 0, r->step_pos = NULL;
+    r->n_pos = 0, r->step_pos = NULL, r->run_pos = NULL;
     TRY(r->m->be->copy_h2d_async(r->m->be, r->pos_buf, h, (size_t)2 * N * sizeof(int32_t)));
     r->step_pos = r->pos_buf;
     return 0;
@@ -917,7 +917,7 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
     int64_t need = 0;
     for (int l = 0; l < a->n_layers; l++) {
         for (int k = 0; k < n_st; k++)
-            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B, 1, sts[k]->len};
         int n = step_cache_bases(a, l, be->act_size, r->runs, n_st, NULL);
         r->cache_off[l] = n ? need : -1;
         need += n;
@@ -929,7 +929,7 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
     for (int l = 0; l < a->n_layers; l++) {
         if (r->cache_off[l] < 0) continue;
         for (int k = 0; k < n_st; k++)
-            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B, 1, sts[k]->len};
         step_cache_bases(a, l, be->act_size, r->runs, n_st, r->cache_host + r->cache_off[l]);
     }
     TRY(be->copy_h2d_async(be, r->cache_buf, r->cache_host, (size_t)need * sizeof(void *)));
@@ -940,7 +940,7 @@ static int prepare_step_caches(model_run_t *r, model_state_t *const *sts, int n_
     for (int l = 0; l < a->n_layers; l++) {
         if (!arch_cache_grows(a, l)) continue;
         for (int k = 0; k < n_st; k++)
-            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+            r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B, 1, sts[k]->len};
         int stride = step_page_stride(r->runs, n_st), N = step_rows(r->runs, n_st);
         if (!stride) break;
         int64_t n = (int64_t)N * stride;
@@ -965,8 +965,9 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
                      .rope_cos = m->rope_cos,
                      .rope_sin = m->rope_sin,
                      .rope_npos = m->rope_npos,
-                     .pos = r->pos,
+                     .pos = &r->pos,
                      .n_pos = r->n_pos,
+                     .run_pos = r->run_pos,
                      .step_pos = r->step_pos,
                      .qw = m->qw,
                      .n_qw = m->n_qw};
@@ -1019,6 +1020,20 @@ int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, con
     return 0;
 }
 
+int model_mixer_forward_runs(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int n_runs,
+                             const step_run_t *runs) {
+    int rc;
+    switch (w->kind) {
+    case LAYER_ATTN: rc = attn_forward_runs(c, &w->attn, out, x, n_runs, runs); break;
+    case LAYER_MLA: rc = mla_forward_runs(c, &w->mla, out, x, n_runs, runs); break;
+    case LAYER_GDN: rc = gdn_forward_runs(c, &w->gdn, out, x, n_runs, runs); break;
+    case LAYER_M2: rc = m2_forward_runs(c, &w->m2, out, x, n_runs, runs); break;
+    default: rc = err_set(ERR_UNSUP, "unknown layer kind %d", (int)w->kind);
+    }
+    if (rc < 0) return err_wrap(rc, "layer %d (%s): ", c->layer, layer_kind_name(w->kind));
+    return 0;
+}
+
 int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, int n_runs,
                      const step_run_t *runs) {
     int rc;
@@ -1038,8 +1053,8 @@ int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *
 // n_st states, B = their total, each at its own length: the layers' X_step
 // over one run per state), else T tokens per sequence at sts[0]->len (n_st
 // is 1). With run_len: a batched prefill, B = 1, T the total, state k's
-// run_len[k] tokens packed after those of the states before it, each mixer
-// run per state; its last n_one states (run_len 1 each: decode tokens riding
+// run_len[k] tokens packed after those of the states before it, the mixers
+// over them as runs (model_mixer_forward_runs); its last n_one states (run_len 1 each: decode tokens riding
 // in the prefill) instead step together, one X_step over their rows, with
 // the step's positions and cache bases prepared (r->step_pos, r->step_cache).
 // rec (may be NULL) records each layer's input and mixer output.
@@ -1053,7 +1068,7 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     assert(step || run_len || n_st <= 1);
     assert(!n_one || (run_len && n_one <= n_st && r->step_pos));
     if (step) TRY(runs_room(r, n_st));
-    if (n_one) TRY(runs_room(r, n_one));
+    if (run_len) TRY(runs_room(r, n_st));
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them. A decode step of a few rows fuses them
     // with the output projections before them too (layer.h lin_out_t: a step
@@ -1074,19 +1089,18 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
         if (rec && rec->x) be->copy_d2d(be, rec->x[l], x, (size_t)N * a->d * be->act_size);
         if (step) {
             for (int k = 0; k < n_st; k++)
-                r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B};
+                r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B, 1, sts[k]->len};
             lin_out_t o = fused ? (lin_out_t){NULL, x, xn, w->norm2} : (lin_out_t){y, NULL, NULL, NULL};
             TRY(model_mixer_step(&c, w, &o, xn, n_st, r->runs));
         } else if (run_len) {
-            int row = 0;
-            for (int k = 0; k < n_st - n_one; row += run_len[k++]) {
-                TRY(model_mixer_forward(&c, w, act_at(be, y, (int64_t)row * a->d), act_at(be, xn, (int64_t)row * a->d),
-                                        1, run_len[k], sts[k]->len, &sts[k]->layers[l], NULL));
-                arena_reset(&r->arena, mark); // y and xn were allocated before the mark
-            }
+            int row = 0, n_multi = n_st - n_one;
+            for (int k = 0; k < n_multi; row += run_len[k++])
+                r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, 1, run_len[k], sts[k]->len};
+            if (n_multi) TRY(model_mixer_forward_runs(&c, w, y, xn, n_multi, r->runs));
+            arena_reset(&r->arena, mark); // y and xn were allocated before the mark
             if (n_one) { // the riding decode rows, after the chunks: one step of them all
                 for (int k = 0; k < n_one; k++)
-                    r->runs[k] = (step_run_t){&sts[n_st - n_one + k]->layers[l], 0, 1};
+                    r->runs[k] = (step_run_t){&sts[n_st - n_one + k]->layers[l], 0, 1, 1, sts[n_st - n_one + k]->len};
                 lin_out_t o = {act_at(be, y, (int64_t)row * a->d), NULL, NULL, NULL};
                 TRY(model_mixer_step(&cs, w, &o, act_at(be, xn, (int64_t)row * a->d), n_one, r->runs));
             }
@@ -1238,9 +1252,8 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
     return rc;
 }
 
-// A batched prefill's positions: state k's n[k] rows at sts[k]->len + t, one
-// prepared entry per state (the first MODEL_POS_RUNS of them; the mixers of
-// the rest upload their own), k < n_st, N rows in all; then, in the same
+// A batched prefill's positions: state k's n[k] rows at sts[k]->len + t,
+// k < n_st, N rows in all (r->run_pos, for its mixers' runs); then, in the same
 // upload, the step positions (r->step_pos: positions, then visible lengths)
 // of the n_one states sts[n_st..n_st + n_one) that step one token each.
 static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int n_st, const int *n, int64_t N,
@@ -1254,10 +1267,9 @@ static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int 
             h[row++] = sts[k]->len + t;
     for (int k = 0; k < n_one; k++)
         h[N + k] = sts[n_st + k]->len, h[N + n_one + k] = sts[n_st + k]->len + 1;
-    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL; // a failed upload leaves nothing prepared
+    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL; // a failed upload leaves nothing
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)all * sizeof(int32_t)));
-    for (int k = 0, row = 0; k < n_st && k < MODEL_POS_RUNS; row += n[k++])
-        r->pos[r->n_pos++] = (ctx_pos_t){r->pos_buf + row, 1, n[k], sts[k]->len};
+    if (N) r->run_pos = r->pos_buf;
     if (n_one) r->step_pos = r->pos_buf + N;
     return 0;
 }
@@ -1352,8 +1364,9 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
     if (rc == 0)
         for (int k = 0; k < n_st; k++)
             set_len(m, sts[k], sts[k]->len + n[k]);
-    // the riding rows' step is no step of the run's: nothing of it stays prepared
-    r->step_pos = NULL, r->step_cache = NULL, r->step_pages = (be_pages_t){NULL, 0};
+    // the riding rows' step is no step of the run's, nor are its positions any
+    // other forward's: nothing of them stays prepared
+    r->step_pos = NULL, r->step_cache = NULL, r->step_pages = (be_pages_t){NULL, 0}, r->run_pos = NULL;
     free(h_ids), free(last), free(ord), free(ord_n);
     return rc;
 }

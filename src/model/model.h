@@ -50,10 +50,6 @@ typedef struct {
     void **addr; // [pt.n]
 } model_t;
 
-// Position arrays a forward prepares up front (more states in one batched
-// prefill upload their own, layer by layer: ctx_positions).
-#define MODEL_POS_RUNS 16
-
 // What a recorded decode step's launches depend on, as values (model.c step_key).
 typedef struct {
     uint64_t *v;
@@ -76,10 +72,12 @@ typedef struct {
 typedef struct {
     model_t *m;
     arena_t arena;                 // device memory for one step's activations
-    ctx_pos_t pos[MODEL_POS_RUNS]; // the current forward's positions (model_prepare_positions; a batched
-                                   // prefill's, one per state)
+    ctx_pos_t pos; // the current forward's positions (model_prepare_positions), when n_pos is 1
     int n_pos;
-    int32_t *pos_buf;  // device memory behind pos[] (outlives arena resets)
+    // A batched prefill's positions of the rows of its runs (layer.h
+    // step_run_t), [N] in pos_buf; NULL when none is prepared.
+    const int32_t *run_pos;
+    int32_t *pos_buf;  // device memory behind pos (outlives arena resets)
     int32_t *pos_host; // its host staging buffer (page-locked: be->host_alloc)
     int64_t pos_cap;   // elements of each
     // A decode step's positions (model_step_batch): the rows' positions then
@@ -318,9 +316,9 @@ int model_pages_for(int64_t n);
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits);
 // A prefill chunk of each of n_st single-sequence states in one forward
 // (continuous batching of prompts): state k takes n[k] >= 1 tokens ids[k]
-// (host) after its own len. The norms and MLPs run once over the chunks
-// packed together, each chunk of several tokens through its mixer once per
-// state over its own cache. The one-token chunks (decode tokens riding in a
+// (host) after its own len. The products, norms and MLPs run once over the
+// chunks packed together; what reads a state's cache or recurrent state runs
+// once per state (model_mixer_forward_runs). The one-token chunks (decode tokens riding in a
 // prefill, as a server's turn gives them: the next token of a decoding
 // request) are packed after the others and their mixers run as one decode
 // step of them all (model_mixer_step, each row over its own cache at its own
@@ -381,6 +379,10 @@ int model_embed(const model_t *m, const int32_t *ids, int64_t N, int32_t *d_ids,
 // filled for the backward.
 int model_mixer_forward(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int B, int T, int pos0,
                         layer_cache_t *cache, mixer_saved_t *sv);
+// The same over runs of sequences of caches, each its own T tokens at its own
+// position (a batched prefill's chunks, layer.h step_run_t): X_forward_runs.
+int model_mixer_forward_runs(const layer_ctx_t *c, const layer_w_t *w, void *out, const void *x, int n_runs,
+                             const step_run_t *runs);
 // The same for a decode step: one token per sequence of the runs (layer.h
 // step_run_t), x [N, d] -> out (layer.h lin_out_t), through its kind's X_step.
 int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, int n_runs,

@@ -297,7 +297,7 @@ static void test_m2_decode(void **st) {
     cache.lc.len = T0;
     for (int t = T0; t < T; t++) {
         tu_rows_gather(xp, x, B, T, t, 1, d);
-        step_run_t run = {&cache.lc, 0, B};
+        step_run_t run = {&cache.lc, 0, B, 1, cache.lc.len};
         assert_int_equal(m2_step(&f.c, &f.w, &(lin_out_t){.y = yp}, xp, 1, &run), 0);
         tu_rows_scatter(y, yp, B, T, t, 1, d);
         cache.lc.len++;
