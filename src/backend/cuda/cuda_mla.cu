@@ -305,6 +305,7 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 //    tensor copies of 64-column boxes, completing on an mbarrier with the byte
 //    count; the other ways to fill a slot are listed at MLA2_LOAD_TILES);
 //  - HT * CC * RS consumer warps; row group rs takes tiles rs, rs + RS, ...
+//    (NSTG a multiple of RS: each slot serves one row group, launch_mla2)
 //    and each warp waits only for its own tile's "full" barrier and frees the
 //    slot with one arrival on its "empty" barrier: no block-wide barrier in the
 //    loop, so warps drift apart and load, mma, softmax overlap across warps;
@@ -1013,14 +1014,22 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     want = cu_env_int("HYLO_MLA_WARPS", MLA2_MAXW);
     if (want > MLA2_MAXW) want = MLA2_MAXW;
 #endif
-    a.NSTG = fit < cap ? fit : cap;
+    const int nstg = fit < cap ? fit : cap;
     // row groups: up to the warp target, and at most half the slots so that the
     // other half can be in flight while every group computes
     int rs = want / wpr;
-    if (rs > a.NSTG / 2) rs = a.NSTG / 2;
+    if (rs > nstg / 2) rs = nstg / 2;
     a.RS = rs < 1 ? 1 : rs;
-    // the merge area (per row group m, l and O) reuses the ring
+    // Slots: a multiple of RS, so that a slot is always filled for the same row
+    // group. A consumer's wait on its tile's "full" barrier tests the phase's
+    // parity, which tells its phase from the one before only if that one is
+    // complete; with a slot shared by two groups, a group could wait for fill
+    // k + 1 while fill k, another group's, had not landed yet, read the slot
+    // early and arrive on "empty" for the wrong fill (runs 25-27: B = 8 at 1M
+    // rows, 2,048 tiles a block, hung or faulted; memcheck's slow pace hid it).
+    // The merge area (per row group m, l and O) reuses the ring.
     for (;;) {
+        a.NSTG = nstg / a.RS * a.RS;
         size_t merge = (size_t)(2 * a.RS * HR + a.RS * HR * (a.CC * CW + 4)) * sizeof(float);
         if (merge <= (size_t)a.NSTG * slot) break;
         if (a.RS == 1) return false;
