@@ -218,7 +218,8 @@ int main(int argc, char **argv) {
         const int batches[2] = {only_b ? only_b : 1, 8};
         for (int bi = 0; bi < (only_b ? 1 : 2); bi++)
             for (int li = 0; li < n_lens; li++)
-                if (!only_len || lens[li][0] == only_len) bench_case(&shapes[si], batches[bi], lens[li][0], lens[li][1]);
+                if (!only_len || lens[li][0] == only_len)
+                    bench_case(&shapes[si], batches[bi], lens[li][0], lens[li][1]);
     }
     bench_finish();
     return 0;

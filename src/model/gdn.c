@@ -96,7 +96,7 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     int64_t N = recurrent ? step_rows(runs, n_runs) : run_rows(runs, n_runs);
     // training through a cache keeps the entering states (gdn_forward: one run, the whole cache)
     const gdn_cache_t *gc = sv && runs[0].cache ? &runs[0].cache->u.gdn : NULL;
-    const int B = runs[0].n; // (the saved state's sequences: sv has one run)
+    const int B = runs[0].n;                  // the saved state's sequences (sv has one run)
     gdn_saved_t local, *s = sv ? sv : &local; // inference: the same buffers, dropped with the arena
     memset(s, 0, sizeof *s);
     s->B = B, s->T = runs[0].T, s->x = x;
@@ -231,7 +231,8 @@ int gdn_forward_runs(const layer_ctx_t *c, const gdn_w_t *w, void *out, const vo
     for (int i = 0; i < n_runs; i++)
         if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0 ||
             runs[i].seq0 + runs[i].n > runs[i].cache->B)
-            return err_set(ERR_INPUT, "gdn layer %d: forward run %d: %d x %d tokens of sequences from %d of a cache of %d",
+            return err_set(ERR_INPUT,
+                           "gdn layer %d: forward run %d: %d x %d tokens of sequences from %d of a cache of %d",
                            c->layer, i, runs[i].n, runs[i].T, runs[i].seq0, runs[i].cache ? runs[i].cache->B : 0);
     return gdn_run(c, w, &(lin_out_t){.y = out}, x, runs, n_runs, NULL, 0);
 }

@@ -269,8 +269,8 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
 // its sequences' caches and attended over them (attend_cache); a run without
 // a cache (training: one run) attends causally within its T rows, its
 // expanded keys kept for the backward.
-static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs,
-                   const step_run_t *runs, mla_saved_t *sv) {
+static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs,
+                   mla_saved_t *sv) {
     be_t *be = c->be;
     dims_t D = dims(c);
     int64_t N = run_rows(runs, n_runs);
@@ -283,8 +283,8 @@ static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void
             return err_set(ERR_INPUT, "MLA layer %d: positions %d..%d beyond the RoPE tables (%d positions)", c->layer,
                            u->pos0, u->pos0 + u->T - 1, c->rope_npos);
         if (u->cache && (u->pos0 + u->T > u->cache->cap || u->seq0 + u->n > u->cache->B))
-            return err_set(ERR_INPUT, "MLA layer %d: cache holds %d sequences x %d tokens, asked for %d x %d",
-                           c->layer, u->cache->B, u->cache->cap, u->seq0 + u->n, u->pos0 + u->T);
+            return err_set(ERR_INPUT, "MLA layer %d: cache holds %d sequences x %d tokens, asked for %d x %d", c->layer,
+                           u->cache->B, u->cache->cap, u->seq0 + u->n, u->pos0 + u->T);
     }
 
     int32_t *pos = ctx_run_positions(c, runs, n_runs);
@@ -305,8 +305,8 @@ static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void
             void *kv = u->cache->u.mla.kv;
             for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
                 int64_t rb = r + (int64_t)b * T;
-                cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, 0, D.rkv,
-                                act_at(be, p.cn, rb * D.rkv), D.rkv, 1);
+                cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, 0, D.rkv, act_at(be, p.cn, rb * D.rkv),
+                                D.rkv, 1);
                 cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, D.rkv, D.dr,
                                 act_at(be, p.kpe, rb * D.dr), D.dr, 1);
             }

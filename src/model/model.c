@@ -874,7 +874,8 @@ int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
-    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL; // a failed upload leaves nothing prepared
+    // a failed upload leaves nothing prepared
+    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL;
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)need * sizeof(int32_t)));
     r->pos = (ctx_pos_t){r->pos_buf, B, T, pos0}, r->n_pos = 1;
     return 0;
@@ -1098,7 +1099,8 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
                 r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, 1, run_len[k], sts[k]->len};
             if (n_multi) TRY(model_mixer_forward_runs(&c, w, y, xn, n_multi, r->runs));
             arena_reset(&r->arena, mark); // y and xn were allocated before the mark
-            if (n_one) { // the riding decode rows, after the chunks: one step of them all
+            // the riding decode rows, after the chunks: one step of them all
+            if (n_one) {
                 for (int k = 0; k < n_one; k++)
                     r->runs[k] = (step_run_t){&sts[n_st - n_one + k]->layers[l], 0, 1, 1, sts[n_st - n_one + k]->len};
                 lin_out_t o = {act_at(be, y, (int64_t)row * a->d), NULL, NULL, NULL};
@@ -1267,7 +1269,8 @@ static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int 
             h[row++] = sts[k]->len + t;
     for (int k = 0; k < n_one; k++)
         h[N + k] = sts[n_st + k]->len, h[N + n_one + k] = sts[n_st + k]->len + 1;
-    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL; // a failed upload leaves nothing
+    // a failed upload leaves nothing prepared
+    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL;
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)all * sizeof(int32_t)));
     if (N) r->run_pos = r->pos_buf;
     if (n_one) r->step_pos = r->pos_buf + N;

@@ -71,7 +71,7 @@ typedef struct {
 // One run's execution context over a model's weights.
 typedef struct {
     model_t *m;
-    arena_t arena;                 // device memory for one step's activations
+    arena_t arena; // device memory for one step's activations
     ctx_pos_t pos; // the current forward's positions (model_prepare_positions), when n_pos is 1
     int n_pos;
     // A batched prefill's positions of the rows of its runs (layer.h
