@@ -40,6 +40,17 @@ if [ "${MLA_DIAG:-0}" = 1 ]; then
         echo "mla_diag $name rc=$?" >> $R/summary.txt
     done
 fi
+# ATTN_DQB=1: the attention backward's dQ rule (cuda_attn.cu dq_bulk_rule) at
+# 8K and 64K: production, dQ by bulk reductions everywhere (5), by register
+# adds everywhere (6), each f+b beside cuDNN SDPA in the same call
+if [ "${ATTN_DQB:-0}" = 1 ]; then
+    timeout 100 build/bench/bench_attn --no-decode > $R/attn_dqb_prod.txt 2>&1; echo "attn prod rc=$?" >> $R/summary.txt
+    for v in 5 6; do
+        HYLO_ATTN_BWD=$v timeout 100 build/bench-variants/bench/bench_attn --no-decode > $R/attn_dqb_$v.txt 2>&1
+        echo "attn bwd $v rc=$?" >> $R/summary.txt
+    done
+    timeout 150 python3 scripts/ref/bench_sdpa.py --backends cudnn > $R/sdpa_cudnn.txt 2>&1; echo "sdpa cudnn rc=$?" >> $R/summary.txt
+fi
 timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
 # CORE_BENCH=1: the shared ops, the decode products' weight bandwidth among them
 if [ "${CORE_BENCH:-0}" = 1 ]; then
@@ -55,17 +66,6 @@ fi
 [ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
 if [ -x .carry/base/bench_long ]; then
     timeout ${LONG_LIMIT:-90} .carry/base/bench_long --smollm2 > $R/base_bench_long_smollm2.txt 2>&1; echo "base bench_long rc=$?" >> $R/summary.txt
-fi
-# ATTN_DQB=1: the attention backward's dQ rule (cuda_attn.cu dq_bulk_rule) at
-# 8K and 64K: production, dQ by bulk reductions everywhere (5), by register
-# adds everywhere (6), each f+b beside cuDNN SDPA in the same call
-if [ "${ATTN_DQB:-0}" = 1 ]; then
-    timeout 100 build/bench/bench_attn --no-decode > $R/attn_dqb_prod.txt 2>&1; echo "attn prod rc=$?" >> $R/summary.txt
-    for v in 5 6; do
-        HYLO_ATTN_BWD=$v timeout 100 build/bench-variants/bench/bench_attn --no-decode > $R/attn_dqb_$v.txt 2>&1
-        echo "attn bwd $v rc=$?" >> $R/summary.txt
-    done
-    timeout 150 python3 scripts/ref/bench_sdpa.py --backends cudnn > $R/sdpa_cudnn.txt 2>&1; echo "sdpa cudnn rc=$?" >> $R/summary.txt
 fi
 if [ "${REF:-1}" = 1 ]; then
     timeout 45 build/bench-variants/bench/bench_attn --compare --quick --no-decode > $R/bench_attn_compare.txt 2>&1; echo "bench_attn rc=$?" >> $R/summary.txt
