@@ -9,7 +9,7 @@
 # (bench_long --smollm2; also .carry/base/bench_long.xz, an older build to
 # compare against on the same card, when carried), bench_attn --compare and
 # torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
-# MLA_DIAG=1 also the failing MLA decode point three ways, with CORE_BENCH=1
+# MLA_DIAG=1 also the failing MLA decode point bisected (below), with CORE_BENCH=1
 # bench_cuda_core (below), with TRACE=1 the SmolLM2 decode steps' kernel
 # timelines (bench_long --smollm2 --trace; CUPTI from the CUDA toolkit, else
 # the first libcupti.so.13 on the machine, torch's among them), with
