@@ -169,13 +169,7 @@ int attn_forward(const layer_ctx_t *c, const attn_w_t *w, void *out, const void 
 
 int attn_forward_runs(const layer_ctx_t *c, const attn_w_t *w, void *out, const void *x, int n_runs,
                       const step_run_t *runs) {
-    for (int i = 0; i < n_runs; i++)
-        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0 ||
-            runs[i].seq0 + runs[i].n > runs[i].cache->B)
-            return err_set(ERR_INPUT,
-                           "attention layer %d: forward run %d: %d x %d tokens of sequences from %d of a "
-                           "cache of %d",
-                           c->layer, i, runs[i].n, runs[i].T, runs[i].seq0, runs[i].cache ? runs[i].cache->B : 0);
+    TRY(forward_runs_check(runs, n_runs));
     return attn_run(c, w, out, x, n_runs, runs, NULL);
 }
 

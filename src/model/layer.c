@@ -38,6 +38,16 @@ int64_t run_rows(const step_run_t *runs, int n_runs) {
     return n;
 }
 
+int forward_runs_check(const step_run_t *runs, int n_runs) {
+    for (int i = 0; i < n_runs; i++) {
+        const step_run_t *u = &runs[i];
+        if (!u->cache || u->n < 1 || u->T < 1 || u->seq0 < 0 || u->seq0 + u->n > u->cache->B)
+            return err_set(ERR_INPUT, "forward run %d: %d x %d tokens of sequences from %d of a cache of %d", i, u->n,
+                           u->T, u->seq0, u->cache ? u->cache->B : 0);
+    }
+    return 0;
+}
+
 int32_t *ctx_run_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs) {
     if (c->run_pos) return (int32_t *)c->run_pos;
     if (n_runs == 1) return ctx_positions(c, runs[0].n, runs[0].T, runs[0].pos0);

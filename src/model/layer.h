@@ -155,6 +155,10 @@ typedef struct {
 int32_t *ctx_run_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
 // Rows of a forward's runs: sum of n T.
 int64_t run_rows(const step_run_t *runs, int n_runs);
+// X_forward_runs' check of its runs: each with a cache, n >= 1 sequences of
+// it and T >= 1 tokens; else ERR_INPUT naming the run (the caller names the
+// layer: model_mixer_forward_runs).
+int forward_runs_check(const step_run_t *runs, int n_runs);
 
 // Where a mixer's output projection y = a W^T [N, d] goes: into y (x NULL),
 // or, in a decode step of at most BE_FEW_ROWS rows, added into the residual

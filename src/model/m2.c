@@ -157,12 +157,7 @@ int m2_forward(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, 
 
 int m2_forward_runs(const layer_ctx_t *c, const m2_w_t *w, void *out, const void *x, int n_runs,
                     const step_run_t *runs) {
-    for (int i = 0; i < n_runs; i++)
-        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0 ||
-            runs[i].seq0 + runs[i].n > runs[i].cache->B)
-            return err_set(ERR_INPUT,
-                           "Mamba-2 layer %d: forward run %d: %d x %d tokens of sequences from %d of a cache of %d",
-                           c->layer, i, runs[i].n, runs[i].T, runs[i].seq0, runs[i].cache ? runs[i].cache->B : 0);
+    TRY(forward_runs_check(runs, n_runs));
     return m2_run(c, w, &(lin_out_t){.y = out}, x, runs, n_runs, NULL, 0);
 }
 

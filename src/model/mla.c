@@ -360,10 +360,7 @@ int mla_forward(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x
 
 int mla_forward_runs(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs,
                      const step_run_t *runs) {
-    for (int i = 0; i < n_runs; i++)
-        if (!runs[i].cache || runs[i].n < 1 || runs[i].T < 1 || runs[i].seq0 < 0)
-            return err_set(ERR_INPUT, "MLA layer %d: forward run %d: %d x %d tokens of sequences from %d", c->layer, i,
-                           runs[i].n, runs[i].T, runs[i].seq0);
+    TRY(forward_runs_check(runs, n_runs));
     return mla_run(c, w, out, x, n_runs, runs, NULL);
 }
 
