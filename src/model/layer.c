@@ -7,28 +7,8 @@
 void *ctx_act(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * c->be->act_size); }
 float *ctx_f32(const layer_ctx_t *c, int64_t n) { return arena_alloc(c->arena, (size_t)n * sizeof(float)); }
 
-const ctx_pos_t *ctx_pos_find(const ctx_pos_t *pos, int n_pos, int B, int T, int pos0) {
-    for (int i = 0; i < n_pos; i++)
-        if (pos[i].B == B && pos[i].T == T && pos[i].pos0 == pos0) return &pos[i];
-    return NULL;
-}
-
-int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0) {
-    const ctx_pos_t *p = ctx_pos_find(c->pos, c->n_pos, B, T, pos0);
-    if (p) return p->d;
-    int32_t *d = arena_alloc(c->arena, (size_t)B * T * sizeof(int32_t));
-    if (!d) return NULL;
-    int32_t *h = malloc((size_t)B * T * sizeof(int32_t));
-    if (!h) {
-        err_set(ERR_NOMEM, "out of memory");
-        return NULL;
-    }
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            h[b * T + t] = pos0 + t;
-    int rc = c->be->copy_h2d(c->be, d, h, (size_t)B * T * sizeof(int32_t));
-    free(h);
-    return rc < 0 ? NULL : d;
+int ctx_pos_is(const ctx_pos_t *p, int B, int T, int pos0) {
+    return p && p->d && p->B == B && p->T == T && p->pos0 == pos0;
 }
 
 int64_t run_rows(const step_run_t *runs, int n_runs) {
@@ -50,7 +30,7 @@ int forward_runs_check(const step_run_t *runs, int n_runs) {
 
 int32_t *ctx_run_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs) {
     if (c->run_pos) return (int32_t *)c->run_pos;
-    if (n_runs == 1) return ctx_positions(c, runs[0].n, runs[0].T, runs[0].pos0);
+    if (n_runs == 1 && ctx_pos_is(c->pos, runs[0].n, runs[0].T, runs[0].pos0)) return c->pos->d;
     int64_t N = run_rows(runs, n_runs);
     int32_t *d = arena_alloc(c->arena, (size_t)(N > 0 ? N : 1) * sizeof(int32_t));
     int32_t *h = malloc((size_t)(N > 0 ? N : 1) * sizeof(int32_t));

@@ -26,10 +26,10 @@
 #include "base/arena.h"
 #include "model/arch.h"
 
-// Device position arrays prepared once per model step and shared by every
-// layer (so a step does not upload positions once per layer).
+// A device position array prepared once per forward and shared by every
+// layer (so a forward does not upload positions once per layer).
 typedef struct {
-    int32_t *d; // [B*T]: pos0 + t for each of B rows
+    int32_t *d; // [B*T]: pos0 + t for each of B rows; NULL: none prepared
     int B, T, pos0;
 } ctx_pos_t;
 
@@ -41,8 +41,7 @@ typedef struct {
     const float *rope_cos; // device RoPE tables for this layer kind [rope_npos, dr/2]
     const float *rope_sin;
     int rope_npos;        // positions covered by the tables
-    const ctx_pos_t *pos; // prepared position arrays (may be NULL)
-    int n_pos;
+    const ctx_pos_t *pos; // the forward's prepared positions (may be NULL)
     // A decode step's prepared positions (NULL: X_step uploads its own): the
     // N rows' positions, then their visible lengths (position + 1), [2N].
     const int32_t *step_pos;
@@ -74,11 +73,8 @@ static inline void *act_at(const be_t *be, const void *p, int64_t i) { return (c
 // n act / float elements from the ctx arena (NULL + error slot when full).
 void *ctx_act(const layer_ctx_t *c, int64_t n);
 float *ctx_f32(const layer_ctx_t *c, int64_t n);
-// Device int32 positions [B*T]: pos0 + t for each of B rows (a prepared array
-// from ctx->pos when one matches, else uploaded into the arena).
-int32_t *ctx_positions(const layer_ctx_t *c, int B, int T, int pos0);
-// The array among pos[0..n_pos) prepared for (B, T, pos0), or NULL.
-const ctx_pos_t *ctx_pos_find(const ctx_pos_t *pos, int n_pos, int B, int T, int pos0);
+// Whether p (may be NULL) holds the positions of B rows of T at pos0.
+int ctx_pos_is(const ctx_pos_t *p, int B, int T, int pos0);
 
 // ---- inference caches (one per layer, by kind) ------------------------------
 // All sequences of one cache share the cached length `len` (prefill and decode
@@ -151,7 +147,8 @@ typedef struct {
     int T, pos0; // forward runs only
 } step_run_t;
 // Device int32 positions of the rows of a forward's runs [sum n T]: the
-// prepared ctx->run_pos, else one run's as ctx_positions, else uploaded.
+// prepared ctx->run_pos, else one run's prepared ctx->pos when it matches,
+// else uploaded into the arena.
 int32_t *ctx_run_positions(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
 // Rows of a forward's runs: sum of n T.
 int64_t run_rows(const step_run_t *runs, int n_runs);

@@ -861,13 +861,13 @@ static int mirror_room(be_t *be, void **dev, void **host, int64_t *cap, int64_t 
 static int pos_room(model_run_t *r, int64_t need) {
     int rc = mirror_room(r->m->be, (void **)&r->pos_buf, (void **)&r->pos_host, &r->pos_cap, need, 4096,
                          sizeof(int32_t), "position arrays");
-    if (rc > 0) r->n_pos = 0, r->step_pos = NULL, r->run_pos = NULL; // what was prepared is gone
+    if (rc > 0) r->pos.d = NULL, r->step_pos = NULL, r->run_pos = NULL; // what was prepared is gone
     return rc < 0 ? rc : 0;
 }
 
 int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
     be_t *be = r->m->be;
-    if (ctx_pos_find(&r->pos, r->n_pos, B, T, pos0)) return 0;
+    if (ctx_pos_is(&r->pos, B, T, pos0)) return 0;
     int64_t need = (int64_t)B * T;
     TRY(pos_room(r, need));
     int32_t *h = r->pos_host;
@@ -875,9 +875,9 @@ int model_prepare_positions(model_run_t *r, int B, int T, int pos0) {
         for (int t = 0; t < T; t++)
             h[(int64_t)b * T + t] = pos0 + t;
     // a failed upload leaves nothing prepared
-    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL;
+    r->pos.d = NULL, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL;
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)need * sizeof(int32_t)));
-    r->pos = (ctx_pos_t){r->pos_buf, B, T, pos0}, r->n_pos = 1;
+    r->pos = (ctx_pos_t){r->pos_buf, B, T, pos0};
     return 0;
 }
 
@@ -889,7 +889,7 @@ static int prepare_step_positions(model_run_t *r, model_state_t *const *sts, int
     for (int k = 0, row = 0; k < n_st; k++)
         for (int b = 0; b < sts[k]->B; b++, row++)
             h[row] = sts[k]->len, h[N + row] = sts[k]->len + 1;
-    r->n_pos = 0, r->step_pos = NULL, r->run_pos = NULL;
+    r->pos.d = NULL, r->step_pos = NULL, r->run_pos = NULL;
     TRY(r->m->be->copy_h2d_async(r->m->be, r->pos_buf, h, (size_t)2 * N * sizeof(int32_t)));
     r->step_pos = r->pos_buf;
     return 0;
@@ -967,7 +967,6 @@ layer_ctx_t model_layer_ctx(model_run_t *r, int l) {
                      .rope_sin = m->rope_sin,
                      .rope_npos = m->rope_npos,
                      .pos = &r->pos,
-                     .n_pos = r->n_pos,
                      .run_pos = r->run_pos,
                      .step_pos = r->step_pos,
                      .qw = m->qw,
@@ -1055,9 +1054,10 @@ int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *
 // over one run per state), else T tokens per sequence at sts[0]->len (n_st
 // is 1). With run_len: a batched prefill, B = 1, T the total, state k's
 // run_len[k] tokens packed after those of the states before it, the mixers
-// over them as runs (model_mixer_forward_runs); its last n_one states (run_len 1 each: decode tokens riding
-// in the prefill) instead step together, one X_step over their rows, with
-// the step's positions and cache bases prepared (r->step_pos, r->step_cache).
+// over them as runs (model_mixer_forward_runs); its last n_one states
+// (run_len 1 each: decode tokens riding in the prefill) instead step
+// together, one X_step over their rows, with the step's positions and cache
+// bases prepared (r->step_pos, r->step_cache).
 // rec (may be NULL) records each layer's input and mixer output.
 static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *const *sts, int n_st, const int *run_len,
                       int n_one, const model_record_t *rec) {
@@ -1270,7 +1270,7 @@ static int prepare_run_positions(model_run_t *r, model_state_t *const *sts, int 
     for (int k = 0; k < n_one; k++)
         h[N + k] = sts[n_st + k]->len, h[N + n_one + k] = sts[n_st + k]->len + 1;
     // a failed upload leaves nothing prepared
-    r->n_pos = 0, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL;
+    r->pos.d = NULL, r->step_pos = NULL, r->step_cache = NULL, r->run_pos = NULL;
     TRY(be->copy_h2d(be, r->pos_buf, h, (size_t)all * sizeof(int32_t)));
     if (N) r->run_pos = r->pos_buf;
     if (n_one) r->step_pos = r->pos_buf + N;

@@ -72,8 +72,7 @@ typedef struct {
 typedef struct {
     model_t *m;
     arena_t arena; // device memory for one step's activations
-    ctx_pos_t pos; // the current forward's positions (model_prepare_positions), when n_pos is 1
-    int n_pos;
+    ctx_pos_t pos; // the current forward's positions (model_prepare_positions; pos.d NULL: none)
     // A batched prefill's positions of the rows of its runs (layer.h
     // step_run_t), [N] in pos_buf; NULL when none is prepared.
     const int32_t *run_pos;
@@ -318,10 +317,10 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
 // (continuous batching of prompts): state k takes n[k] >= 1 tokens ids[k]
 // (host) after its own len. The products, norms and MLPs run once over the
 // chunks packed together; what reads a state's cache or recurrent state runs
-// once per state (model_mixer_forward_runs). The one-token chunks (decode tokens riding in a
-// prefill, as a server's turn gives them: the next token of a decoding
-// request) are packed after the others and their mixers run as one decode
-// step of them all (model_mixer_step, each row over its own cache at its own
+// once per state (model_mixer_forward_runs). The one-token chunks (decode
+// tokens riding in a prefill, as a server's turn gives them: the next token
+// of a decoding request) are packed after the others and their mixers run as
+// one decode step of them all (model_mixer_step, each row over its own cache at its own
 // length, a state at length 0 included), so one forward serves a turn's
 // prefill chunks and decode tokens; when every chunk is one token the call is
 // a decode step of the states (model_step_batch's path). Room is reserved in
