@@ -25,7 +25,7 @@
 // --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only; --64k, --1m: that length only;
 // --b1, --b8: that batch only (one point under compute-sanitizer or ncu);
 // --rows=N, --batch=N (1 to 8): any one length or batch (the MLA B = 8, 1M
-// fault's bisection, PERFORMANCE.md run 28).
+// fault's bisection: kernel_checks.sh MLA_DIAG, SERVING.md run 27).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
