@@ -78,6 +78,15 @@ static inline int64_t be_page_row(be_pages_t pg, int64_t r, int64_t u) {
     return (int64_t)pg.pages[r * pg.stride + u / BE_PAGE_ROWS] * BE_PAGE_ROWS + u % BE_PAGE_ROWS;
 }
 
+// Packed sequences of different lengths (a batched prefill's requests):
+// sequence s of n has rows [cu[s], cu[s + 1]) of the packed inputs, cu[0] =
+// 0, each at least 0 rows. cu is a host array: the CPU backend loops over it,
+// CUDA passes it to its kernels by value or groups by it.
+typedef struct {
+    int n;
+    const int32_t *cu; // host [n + 1]
+} be_seqs_t;
+
 // A weight matrix W [rows, cols] kept in its file's storage format for
 // inference (CPU: the ggml block formats of a GGUF, or bf16), instead of the
 // act copy. type: a ggml type number (io/gguf.h enum ggml_type); row r is
@@ -477,6 +486,31 @@ struct be {
     void (*ssd_recurrent_step)(be_t *be, void *y, void *const *rows, const void *x, int64_t ldx, const void *Bm,
                                int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
                                const void *D, int N, int H, int Hx, int GB, int GC, int P, int Ns);
+
+    // ---- a batched prefill's recurrent work over packed sequences ------------
+    // Sequences of different lengths, their rows packed one after another
+    // (cu_seqlens style: be_seqs_t), each continuing its own conv windows and
+    // recurrent state, which sit wherever its pointer says: win[s], state[s]
+    // are host arrays of n device pointers (one per sequence). Each op gives
+    // the results of its uniform op (B = 1, T = the sequence's length) run on
+    // every sequence in turn; CUDA runs them together (the chunked rules as
+    // padded batches of similar lengths: docs/SERVING.md).
+    //
+    // conv1d_fwd then conv1d_update_state per sequence: x rows ldx apart, y
+    // [rows, C] contiguous; win[s] act [C, W] (read, then its last W inputs).
+    void (*conv1d_seqs)(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
+                        void *const *win, be_seqs_t sq, int C, int W, int silu);
+    // gdn_chunk_fwd (init 1) per sequence: q, k [rows, H, K], v [rows, HV, Dv],
+    // g, beta float [rows, HV]; o [rows, HV, Dv]; state[s] float [HV, Dv, K],
+    // read and replaced by the final state.
+    void (*gdn_chunk_seqs)(be_t *be, void *o, void *const *state, const void *q, const void *k, const void *v,
+                           const float *g, const float *beta, float scale, be_seqs_t sq, int H, int HV, int K, int Dv);
+    // ssd_chunk_fwd (init 1) per sequence: x, Bm, Cm rows ldx, ldb, ldc apart,
+    // dt float [rows, H]; y [rows, H, P]; state[s] float [H, P, N], read and
+    // replaced.
+    void (*ssd_chunk_seqs)(be_t *be, void *y, void *const *state, const void *x, int64_t ldx, const void *Bm,
+                           int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log, const void *D,
+                           be_seqs_t sq, int H, int Hx, int GB, int GC, int P, int N, int chunk);
 
     // ---- losses (CE / KL over vocabulary tiles: never a T x V tensor) -------
     // Normalisation is the caller's, through `scale`: 1/(valid rows) for a per

@@ -80,15 +80,76 @@ static void *copy_act(const layer_ctx_t *c, const void *src, int64_t n) {
 
 // ---- forward -----------------------------------------------------------------
 
+// Between the projections and the output norm of a forward: the convs, the
+// L2 norms, the gates and the chunked rule into s (N rows). rs->sq.n > 0:
+// inference over caches, every sequence of every run in one call per op
+// (rs from run_seqs); else one run (training; gc its cache, whose entering
+// windows and state s keeps for the backward).
+static int gdn_run_rule(const layer_ctx_t *c, const gdn_w_t *w, gdn_saved_t *s, const run_seqs_t *rs,
+                        const step_run_t *run, const gdn_cache_t *gc, int64_t N, dims_t m) {
+    be_t *be = c->be;
+    const int B = run->n, T = run->T, kd = (int)m.kd, vd = (int)m.vd, n = rs->sq.n;
+    if (gc) {
+        NEED(s->conv0_q = copy_act(c, gc->conv_q, (int64_t)B * m.kd * m.W));
+        NEED(s->conv0_k = copy_act(c, gc->conv_k, (int64_t)B * m.kd * m.W));
+        NEED(s->conv0_v = copy_act(c, gc->conv_v, (int64_t)B * m.vd * m.W));
+    }
+    NEED(s->v = ctx_act(c, N * m.vd));
+    NEED(s->q = ctx_act(c, N * m.kd));
+    NEED(s->k = ctx_act(c, N * m.kd));
+    NEED(s->g = ctx_f32(c, N * m.HV));
+    NEED(s->beta = ctx_f32(c, N * m.HV));
+    void *qc, *kc;
+    NEED(qc = ctx_act(c, N * m.kd));
+    NEED(kc = ctx_act(c, N * m.kd));
+    if (n) { // windows: rs->base[n + i], [2n + i], [3n + i] (step_cache_bases)
+        be->conv1d_seqs(be, qc, s->qpre, kd, w->q_conv, NULL, rs->base + n, rs->sq, kd, m.W, 1);
+        be->conv1d_seqs(be, kc, s->kpre, kd, w->k_conv, NULL, rs->base + 2 * n, rs->sq, kd, m.W, 1);
+        be->conv1d_seqs(be, s->v, s->vpre, vd, w->v_conv, NULL, rs->base + 3 * n, rs->sq, vd, m.W, 1);
+    } else {
+        be->conv1d_fwd(be, qc, s->qpre, kd, w->q_conv, NULL, gc ? gc->conv_q : NULL, B, T, kd, m.W, 1);
+        be->conv1d_fwd(be, kc, s->kpre, kd, w->k_conv, NULL, gc ? gc->conv_k : NULL, B, T, kd, m.W, 1);
+        be->conv1d_fwd(be, s->v, s->vpre, vd, w->v_conv, NULL, gc ? gc->conv_v : NULL, B, T, vd, m.W, 1);
+        if (gc) { // roll each sequence's window forward
+            be->conv1d_update_state(be, gc->conv_q, s->qpre, kd, B, T, kd, m.W);
+            be->conv1d_update_state(be, gc->conv_k, s->kpre, kd, B, T, kd, m.W);
+            be->conv1d_update_state(be, gc->conv_v, s->vpre, vd, B, T, vd, m.W);
+        }
+    }
+
+    // L2 norm of q and k per head (rows of K), gates
+    NEED(s->rq = ctx_f32(c, N * m.H));
+    NEED(s->rk = ctx_f32(c, N * m.H));
+    be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
+    be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
+    be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
+
+    // the rule; a cache's state is the initial state and receives the final one
+    NEED(s->o = ctx_act(c, N * m.vd));
+    if (n) {
+        be->gdn_chunk_seqs(be, s->o, rs->base, s->q, s->k, s->v, s->g, s->beta, m.scale, rs->sq, m.H, m.HV, m.K, m.Dv);
+        return 0;
+    }
+    if (gc) {
+        int64_t ns = (int64_t)B * m.HV * m.Dv * m.K;
+        NEED(s->state0 = ctx_f32(c, ns));
+        be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
+    }
+    be->gdn_chunk_fwd(be, s->o, gc ? gc->state : NULL, gc != NULL, s->q, s->k, s->v, s->g, s->beta, m.scale, B, T, m.H,
+                      m.HV, m.K, m.Dv);
+    return 0;
+}
+
 // Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
 // token-by-token recurrence): the projections and o_proj are the same code;
 // between them a forward runs the convs, norms, gates, the chunked rule and
 // the output norm op by op, a step all of it in one be->gdn_step call. The
 // sequences come in runs (layer.h step_run_t; a forward without a cache: one
 // run without states): in a forward the products, norms and gates run once
-// over the rows of all runs, the convolutions and the rule once per run (its
-// own T), on its sequences' states; in a step all of it once over all rows,
-// through per-row state pointers. sv (training): one run.
+// over the rows of all runs, the convolutions and the rule in one call per
+// op over every run's sequences, each on its own states (gdn_run_rule); in a
+// step all of it once over all rows, through per-row state pointers. sv
+// (training): one run.
 static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const step_run_t *runs,
                    int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
@@ -151,61 +212,14 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     }
 
     // short convs + SiLU, three separate depthwise convs; with a cache they
-    // continue from its last W inputs, which are then rolled forward
-    if (gc) {
-        NEED(s->conv0_q = copy_act(c, gc->conv_q, (int64_t)B * m.kd * m.W));
-        NEED(s->conv0_k = copy_act(c, gc->conv_k, (int64_t)B * m.kd * m.W));
-        NEED(s->conv0_v = copy_act(c, gc->conv_v, (int64_t)B * m.vd * m.W));
-    }
-    NEED(s->v = ctx_act(c, N * m.vd));
-    NEED(s->q = ctx_act(c, N * m.kd));
-    NEED(s->k = ctx_act(c, N * m.kd));
-    NEED(s->g = ctx_f32(c, N * m.HV));
-    NEED(s->beta = ctx_f32(c, N * m.HV));
-    void *qc, *kc;
-    NEED(qc = ctx_act(c, N * m.kd));
-    NEED(kc = ctx_act(c, N * m.kd));
-    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
-        gdn_cache_t *rc = runs[i].cache ? &runs[i].cache->u.gdn : NULL;
-        int nb = runs[i].n, T = runs[i].T, kd = (int)m.kd, vd = (int)m.vd;
-        int64_t ok = (int64_t)runs[i].seq0 * kd * m.W, ov = (int64_t)runs[i].seq0 * vd * m.W;
-        const void *qi = act_at(be, s->qpre, r * kd), *ki = act_at(be, s->kpre, r * kd),
-                   *vi = act_at(be, s->vpre, r * vd);
-        be->conv1d_fwd(be, act_at(be, qc, r * kd), qi, kd, w->q_conv, NULL, rc ? act_at(be, rc->conv_q, ok) : NULL, nb,
-                       T, kd, m.W, 1);
-        be->conv1d_fwd(be, act_at(be, kc, r * kd), ki, kd, w->k_conv, NULL, rc ? act_at(be, rc->conv_k, ok) : NULL, nb,
-                       T, kd, m.W, 1);
-        be->conv1d_fwd(be, act_at(be, s->v, r * vd), vi, vd, w->v_conv, NULL, rc ? act_at(be, rc->conv_v, ov) : NULL,
-                       nb, T, vd, m.W, 1);
-        if (rc) { // roll each sequence's window forward
-            be->conv1d_update_state(be, act_at(be, rc->conv_q, ok), qi, kd, nb, T, kd, m.W);
-            be->conv1d_update_state(be, act_at(be, rc->conv_k, ok), ki, kd, nb, T, kd, m.W);
-            be->conv1d_update_state(be, act_at(be, rc->conv_v, ov), vi, vd, nb, T, vd, m.W);
-        }
-    }
-
-    // L2 norm of q and k per head (rows of K), gates
-    NEED(s->rq = ctx_f32(c, N * m.H));
-    NEED(s->rk = ctx_f32(c, N * m.H));
-    be->l2norm_fwd(be, s->q, s->rq, qc, m.K, N * m.H, m.K, 1e-6f);
-    be->l2norm_fwd(be, s->k, s->rk, kc, m.K, N * m.H, m.K, 1e-6f);
-    be->gdn_gate_fwd(be, s->g, s->beta, s->a, m.HV, s->b, m.HV, w->A_log, w->dt_bias, N, m.HV, m.allow_neg);
-
-    // the rule; the cache's state is the initial state and receives the final one
-    NEED(s->o = ctx_act(c, N * m.vd));
-    if (gc) {
-        int64_t ns = (int64_t)B * m.HV * m.Dv * m.K;
-        NEED(s->state0 = ctx_f32(c, ns));
-        be->copy_d2d(be, s->state0, gc->state, (size_t)ns * sizeof(float));
-    }
-    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
-        float *state = runs[i].cache ? runs[i].cache->u.gdn.state + (int64_t)runs[i].seq0 * m.HV * m.Dv * m.K : NULL;
-        void *o = act_at(be, s->o, r * m.vd);
-        const void *q = act_at(be, s->q, r * m.kd), *k = act_at(be, s->k, r * m.kd), *v = act_at(be, s->v, r * m.vd);
-        const float *g = s->g + r * m.HV, *beta = s->beta + r * m.HV;
-        be->gdn_chunk_fwd(be, o, state, state != NULL, q, k, v, g, beta, m.scale, runs[i].n, runs[i].T, m.H, m.HV, m.K,
-                          m.Dv);
-    }
+    // continue from its last W inputs, which are then rolled forward.
+    // Inference over caches takes every sequence of every run in one call
+    // per op (backend.h be_seqs_t); training, one run, the uniform ops.
+    run_seqs_t rs = {0};
+    if (!sv && runs[0].cache) TRY(run_seqs(c, runs, n_runs, &rs));
+    int rc = gdn_run_rule(c, w, s, &rs, &runs[0], gc, N, m);
+    run_seqs_free(&rs);
+    TRY(rc);
 
     // output norm (per value head over Dv, one shared weight of Dv), gate, o_proj
     NEED(s->y = ctx_act(c, N * m.vd));

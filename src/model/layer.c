@@ -1,6 +1,7 @@
 #include "model/layer.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/err.h"
 
@@ -136,6 +137,26 @@ void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n
     int rc = c->be->copy_h2d(c->be, d, h, (size_t)n * sizeof(void *));
     free(h);
     return rc < 0 ? NULL : d;
+}
+
+int run_seqs(const layer_ctx_t *c, const step_run_t *runs, int n_runs, run_seqs_t *out) {
+    int n = step_rows(runs, n_runs), nb = step_cache_bases(c->a, c->layer, c->be->act_size, runs, n_runs, NULL);
+    memset(out, 0, sizeof *out);
+    void **base = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(void *) + (size_t)(n + 1) * sizeof(int32_t));
+    if (!base) return err_set(ERR_NOMEM, "out of memory");
+    int32_t *cu = (int32_t *)(base + (nb > 0 ? nb : 1));
+    step_cache_bases(c->a, c->layer, c->be->act_size, runs, n_runs, base);
+    cu[0] = 0;
+    for (int i = 0, s = 0; i < n_runs; i++)
+        for (int j = 0; j < runs[i].n; j++, s++)
+            cu[s + 1] = cu[s] + runs[i].T;
+    *out = (run_seqs_t){{n, cu}, base, base};
+    return 0;
+}
+
+void run_seqs_free(run_seqs_t *rs) {
+    free(rs->block);
+    memset(rs, 0, sizeof *rs);
 }
 
 int64_t cache_run(const layer_cache_t *c, int b, int64_t u, int64_t n) {

@@ -183,6 +183,18 @@ int32_t *ctx_step_positions(const layer_ctx_t *c, const step_run_t *runs, int n_
 // [C, W]); Mamba-2 2N, the state (float [H, P, N]) then the conv window.
 // Written to out (may be NULL: only counted); returns how many.
 int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *runs, int n_runs, void **out);
+// A batched prefill's sequences as the backend's packed-sequence ops take
+// them (backend.h be_seqs_t): one per sequence of each run, in order, its T
+// rows after the rows of those before it, with its cache bases
+// (step_cache_bases' layout, one entry per sequence). Host arrays in one
+// block; run_seqs_free releases it.
+typedef struct {
+    be_seqs_t sq;
+    void **base;
+    void *block;
+} run_seqs_t;
+int run_seqs(const layer_ctx_t *c, const step_run_t *runs, int n_runs, run_seqs_t *out);
+void run_seqs_free(run_seqs_t *rs);
 // Device array of the step's cache bases of c's layer: c->step_cache when
 // prepared, else uploaded into the arena (NULL + error slot on failure).
 void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n_runs);

@@ -61,9 +61,9 @@ static m2_shape_t m2_shape(const arch_t *a) {
 // The mixer over the rows of runs (layer.h step_run_t; a forward without a
 // cache: one run without states). recurrent: SSD token by token (decode
 // steps), else chunked. In a forward the products and norms run once over
-// the rows of all runs, the convolution and the SSD once per run (its own T),
-// on its sequences' states; in a step all of it once over all rows, through
-// per-row state pointers. sv (training): one run.
+// the rows of all runs, the convolution and the SSD in one call each over
+// every run's sequences, each on its own states; in a step all of it once
+// over all rows, through per-row state pointers. sv (training): one run.
 static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, const void *x, const step_run_t *runs,
                   int n_runs, m2_saved_t *sv, int recurrent) {
     be_t *be = c->be;
@@ -118,21 +118,26 @@ static int m2_run(const layer_ctx_t *c, const m2_w_t *w, const lin_out_t *out, c
                                act_at(be, xbc, 2 * (int64_t)s.dxb), s.cd, dt, w->A_log, w->D, n, s.H, s.Hx, s.GB, s.GC,
                                s.P, s.Ns);
     }
-    for (int64_t i = 0, r = 0; i < n_runs && !recurrent; r += (int64_t)runs[i].n * runs[i].T, i++) {
-        const layer_cache_t *k = runs[i].cache;
-        const int Ti = runs[i].T, carried_i = k && k->len > 0; // (a state at len 0 was zeroed above)
-        void *conv = k ? act_at(be, k->u.m2.conv, runs[i].seq0 * per_conv) : NULL;
-        float *state = k ? k->u.m2.state + runs[i].seq0 * per_state : NULL;
-        const void *xbc_in = act_at(be, zxbcdt, r * s.din + s.o_xbc);
-        void *xbc_r = act_at(be, xbc, r * s.cd);
-        be->conv1d_fwd(be, xbc_r, xbc_in, s.din, w->conv_w, w->conv_b, conv, runs[i].n, Ti, (int)s.cd, s.W, 1);
-        if (k) be->conv1d_update_state(be, conv, xbc_in, s.din, runs[i].n, Ti, (int)s.cd, s.W);
-
-        // SSD over the column slices of the conv output; the cache state is read and replaced.
-        const void *xs = xbc_r, *Bs = act_at(be, xbc_r, s.dxb), *Cs = act_at(be, xbc_r, 2 * (int64_t)s.dxb);
-        void *yr = act_at(be, y, r * s.di);
-        be->ssd_chunk_fwd(be, yr, state, carried_i, xs, s.cd, Bs, s.cd, Cs, s.cd, dt + r * s.H, w->A_log, w->D,
-                          runs[i].n, Ti, s.H, s.Hx, s.GB, s.GC, s.P, s.Ns, s.chunk);
+    // conv + SiLU over x | B | C, the conv windows rolled forward, then the
+    // SSD over the column slices of the conv output, the cache states read
+    // and replaced. Inference over caches: every sequence of every run in
+    // one call per op (backend.h be_seqs_t; bases: states, then windows);
+    // training, one run, the uniform ops.
+    const void *xbc_in = act_at(be, zxbcdt, s.o_xbc);
+    const void *Bs = act_at(be, xbc, s.dxb), *Cs = act_at(be, xbc, 2 * (int64_t)s.dxb);
+    if (!recurrent && !sv && runs[0].cache) {
+        run_seqs_t rs;
+        TRY(run_seqs(c, runs, n_runs, &rs));
+        int n = rs.sq.n;
+        be->conv1d_seqs(be, xbc, xbc_in, s.din, w->conv_w, w->conv_b, rs.base + n, rs.sq, (int)s.cd, s.W, 1);
+        be->ssd_chunk_seqs(be, y, rs.base, xbc, s.cd, Bs, s.cd, Cs, s.cd, dt, w->A_log, w->D, rs.sq, s.H, s.Hx, s.GB,
+                           s.GC, s.P, s.Ns, s.chunk);
+        run_seqs_free(&rs);
+    } else if (!recurrent) {
+        be->conv1d_fwd(be, xbc, xbc_in, s.din, w->conv_w, w->conv_b, conv_state, B, T, (int)s.cd, s.W, 1);
+        if (conv_state) be->conv1d_update_state(be, conv_state, xbc_in, s.din, B, T, (int)s.cd, s.W);
+        be->ssd_chunk_fwd(be, y, ssm_state, carried, xbc, s.cd, Bs, s.cd, Cs, s.cd, dt, w->A_log, w->D, B, T, s.H, s.Hx,
+                          s.GB, s.GC, s.P, s.Ns, s.chunk);
     }
 
     // gated norm (z = the first di columns of zxbcdt), out_proj

@@ -11,7 +11,7 @@
 //
 // Tolerances (every check states which one it uses):
 //  EXACT     copies, embedding, state rolls (conv1d_update_state, conv1d_step
-//            windows): bit-identical. add / scale /
+//            and conv1d_seqs windows): bit-identical. add / scale /
 //            accumulating copy: one fp32 op on bf16 inputs, then one
 //            round-to-nearest-even to bf16 on both sides, so the GPU result
 //            equals the CPU result rounded to bf16 exactly.
@@ -1298,6 +1298,54 @@ static void test_conv1d(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// conv1d_seqs: packed sequences of different lengths, each from its own
+// window (slot perm(s) of one buffer), against the CPU op (conv1d_fwd and
+// conv1d_update_state per sequence): y BF16, the rolled windows EXACT. One
+// case has a sequence of no rows (its window unchanged), one shorter than the
+// window, one of many conv chunks; one has more sequences than one launch
+// takes (CUDA passes up to 64 per launch).
+static int conv_seqs_case(int n, const int *len, int C, int W, int64_t ldx, int bias_on) {
+    int32_t *cu = calloc((size_t)n + 1, sizeof(int32_t));
+    for (int s = 0; s < n; s++)
+        cu[s + 1] = cu[s] + len[s];
+    const int64_t rows = cu[n], xlen = rows * ldx, ylen = rows * C, per = (int64_t)C * W, slen = n * per;
+    char shape[160];
+    snprintf(shape, sizeof shape, "%d seqs, %lld rows, C=%d W=%d ldx=%lld%s", n, (long long)rows, C, W, (long long)ldx,
+             bias_on ? " bias" : "");
+    float *x = rnd(xlen > 0 ? xlen : 1, 1.0f), *w = rnd(C * W, 0.5f), *bias = bias_on ? rnd(C, 0.5f) : NULL;
+    float *win = rnd(slen, 1.0f), *y = tu_hbuf(ylen), *nan = tu_nans(ylen);
+    void *dxx = tu_dev_act(gpu, x, xlen > 0 ? xlen : 1), *dw_ = tu_dev_act(gpu, w, C * W),
+         *db = bias_on ? tu_dev_act(gpu, bias, C) : NULL, *dwin = tu_dev_act(gpu, win, slen),
+         *dy = tu_dev_act(gpu, nan, ylen);
+    void **hp = calloc((size_t)n, sizeof(void *)), **dp = calloc((size_t)n, sizeof(void *));
+    for (int s = 0; s < n; s++) { // slots in reverse order: no two neighbours adjacent in memory order
+        int slot = n - 1 - s;
+        hp[s] = win + slot * per, dp[s] = tu_gat(gpu, dwin, slot * per);
+    }
+    be_seqs_t sq = {n, cu};
+    cpu->conv1d_seqs(cpu, y, x, ldx, w, bias, hp, sq, C, W, 1);
+    gpu->conv1d_seqs(gpu, dy, dxx, ldx, dw_, db, dp, sq, C, W, 1);
+    int ok = tu_sync(gpu, "conv1d_seqs", shape);
+    ok = ok && check_act("conv1d_seqs y", shape, dy, y, ylen, BF16);
+    ok = ok && check_act("conv1d_seqs windows", shape, dwin, win, slen, EXACT);
+    free(cu), free(x), free(w), free(bias), free(win), free(y), free(nan), free(hp), free(dp);
+    tu_dev_free(gpu, dxx), tu_dev_free(gpu, dw_), tu_dev_free(gpu, dwin), tu_dev_free(gpu, dy);
+    if (db) tu_dev_free(gpu, db);
+    return !ok;
+}
+
+static void test_conv1d_seqs(void **st) {
+    setup_backends();
+    int fails = 0;
+    const int a[] = {7, 0, 1, 300, 2};
+    fails += conv_seqs_case(5, a, 33, 4, 40, 1);
+    int many[70];
+    for (int s = 0; s < 70; s++)
+        many[s] = (s * 7) % 10; // 0 .. 9 rows
+    fails += conv_seqs_case(70, many, 16, 4, 16, 0);
+    assert_int_equal(fails, 0);
+}
+
 // ==== determinism of the backward reductions ====================================
 // Weight gradients are sums over rows; on the GPU they are reduced without
 // atomics (cuda_norm.cu, cuda_conv.cu, cuda_core.cu), so the same inputs must
@@ -1605,6 +1653,7 @@ int main(void) {
         cmocka_unit_test(test_proj_add_rmsnorm),
         cmocka_unit_test(test_proj_rope_kv_append),
         cmocka_unit_test(test_conv1d),
+        cmocka_unit_test(test_conv1d_seqs),
         cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_rmsnorm_deterministic),
         cmocka_unit_test(test_gated_rmsnorm_deterministic),

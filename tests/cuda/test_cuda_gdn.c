@@ -1,7 +1,8 @@
 // CUDA Gated DeltaNet ops (cuda_gdn.cu) against the CPU reference (tu_cpu()):
 // gates forward / backward, the decode recurrence, the decode step's inputs
 // and the whole fused decode step, the chunked rule forward and backward, and
-// the whole GDN layer (model/gdn.c) on both backends.
+// the packed-sequence form of the chunked rule (gdn_chunk_seqs), and the whole
+// GDN layer (model/gdn.c) on both backends.
 // Inputs are drawn fresh per case and rounded to bf16 (tu_round_bf16) so both
 // backends see the same numbers; q and k are L2-normalised per head (as the
 // layer feeds them), g = -exp(A_log) softplus(a + dt_bias) with A_log in
@@ -735,6 +736,79 @@ static void test_chunk_small_scratch(void **st) {
     tu_dev_free(gpu, dq), tu_dev_free(gpu, dv), tu_dev_free(gpu, d_o), tu_dev_free(gpu, dg), tu_dev_free(gpu, dbeta);
 }
 
+// ==== packed sequences (gdn_chunk_seqs) ================================================
+
+// Sequences of the given lengths packed row after row, sequence s's state in
+// slot slot[s] of one buffer. The cases reach each way the CUDA op runs a
+// group (cuda.h cu_seqs_groups): padded copies with a sequence of no rows
+// among them and states scattered; rows and states already a batch (one
+// uniform call in place); rows in place but states copied; one sequence;
+// two groups (the second started by the padding bound, then alone).
+typedef struct {
+    int n, len[6], slot[6];
+} seqs_case_t;
+static const seqs_case_t SEQS_CASES[] = {
+    {5, {130, 1, 64, 0, 130}, {4, 0, 2, 1, 3}},
+    {3, {64, 64, 64}, {0, 1, 2}},
+    {3, {64, 64, 64}, {2, 0, 1}},
+    {1, {200}, {0}},
+    {3, {300, 10, 10}, {1, 2, 0}},
+};
+
+// GPU against the CPU op (itself gdn_chunk_fwd per sequence): outputs
+// CHUNK_O, states CHUNK_S (the same kernels and roundings as one batch), a
+// state of a sequence of no rows unchanged bit for bit.
+static void test_chunk_seqs(void **st) {
+    setup();
+    const int H = 2, HV = 4, K = 128, Dv = 64;
+    const float scale = 1.0f / sqrtf((float)K);
+    const int64_t SS = (int64_t)HV * Dv * K;
+    int fails = 0;
+    for (size_t ci = 0; ci < sizeof SEQS_CASES / sizeof SEQS_CASES[0]; ci++) {
+        const seqs_case_t *c = &SEQS_CASES[ci];
+        int32_t cu[7] = {0};
+        char shape[160];
+        int at = snprintf(shape, sizeof shape, "H=%d HV=%d K=%d Dv=%d lens", H, HV, K, Dv);
+        for (int s = 0; s < c->n; s++) {
+            cu[s + 1] = cu[s] + c->len[s];
+            at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%d@%d", s ? "," : " ", c->len[s], c->slot[s]);
+        }
+        const int64_t N = cu[c->n], nq = N * H * K, nv = N * HV * Dv, ng = N * HV, ns = c->n * SS;
+        const int64_t dov[4] = {1, N, HV, Dv}, dst[4] = {1, c->n * HV, Dv, K};
+        float *q = rnd_unit_rows(N * H, K), *k = rnd_unit_rows(N * H, K), *v = rnd(nv, 1.0f);
+        float *g = tu_hbuf(ng), *beta = tu_hbuf(ng), *s_ref = rnd_f32(ns, 0.1f), *o_ref = tu_hbuf(nv);
+        make_gates(g, beta, N, HV);
+        float *nan_v = tu_nans(nv);
+        void *dq_ = tu_dev_act(gpu, q, nq), *dk_ = tu_dev_act(gpu, k, nq), *dv_ = tu_dev_act(gpu, v, nv),
+             *d_o = tu_dev_act(gpu, nan_v, nv);
+        float *dg_ = tu_dev_f32(gpu, g, ng), *db_ = tu_dev_f32(gpu, beta, ng), *d_s = tu_dev_f32(gpu, s_ref, ns);
+        float *s0 = tu_hdup(s_ref, ns);
+        void *hp[6], *dp[6];
+        for (int s = 0; s < c->n; s++)
+            hp[s] = s_ref + c->slot[s] * SS, dp[s] = d_s + c->slot[s] * SS;
+        const be_seqs_t sq = {c->n, cu};
+        cpu->gdn_chunk_seqs(cpu, o_ref, hp, q, k, v, g, beta, scale, sq, H, HV, K, Dv);
+        gpu->gdn_chunk_seqs(gpu, d_o, dp, dq_, dk_, dv_, dg_, db_, scale, sq, H, HV, K, Dv);
+        if (tu_sync(gpu, "chunk_seqs", shape)) {
+            fails += !check_act("chunk_seqs o", shape, d_o, o_ref, nv, dov, "btnv", CHUNK_O);
+            fails += !check_f32("chunk_seqs states", shape, d_s, s_ref, ns, dst, "-hvk", CHUNK_S);
+            float *got = tu_host_f32(gpu, d_s, ns);
+            for (int s = 0; s < c->n; s++)
+                if (!c->len[s] && memcmp(got + c->slot[s] * SS, s0 + c->slot[s] * SS, (size_t)SS * sizeof(float))) {
+                    printf("FAIL chunk_seqs: the state of sequence %d (no rows) changed\n", s);
+                    fails++;
+                }
+            free(got);
+        } else {
+            fails++;
+        }
+        free(q), free(k), free(v), free(g), free(beta), free(s_ref), free(o_ref), free(nan_v), free(s0);
+        tu_dev_free(gpu, dq_), tu_dev_free(gpu, dk_), tu_dev_free(gpu, dv_), tu_dev_free(gpu, d_o);
+        tu_dev_free(gpu, dg_), tu_dev_free(gpu, db_), tu_dev_free(gpu, d_s);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ==== whole layer =====================================================================
 
 // Per value head h, the sizes of the terms of the CPU layer's dA_log[h] and
@@ -905,6 +979,7 @@ int main(void) {
         cmocka_unit_test(test_step),
         cmocka_unit_test(test_chunk),
         cmocka_unit_test(test_chunk_small_scratch),
+        cmocka_unit_test(test_chunk_seqs),
         cmocka_unit_test(test_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

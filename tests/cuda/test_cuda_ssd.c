@@ -464,6 +464,77 @@ static void test_ssd_small_scratch(void **st) {
     assert_true(ok);
 }
 
+// ssd_chunk_seqs: sequences of different lengths packed row after row (x, B,
+// C column slices of one xBC buffer with an odd padding column, as in the
+// layer), sequence s's state in slot slot[s] of one buffer, against the CPU
+// op (ssd_chunk_fwd per sequence). The cases reach each way the CUDA op runs
+// a group (cuda.h cu_seqs_groups), as in test_cuda_gdn's test_chunk_seqs:
+// padded copies with an empty sequence and scattered states; rows and states
+// already a batch; rows in place, states copied; one sequence; two groups.
+// Tolerances those of the chunked forward (1e-2: the same kernels); the
+// state of a sequence of no rows must come back bit for bit.
+static void test_ssd_chunk_seqs(void **st) {
+    setup_backends();
+    static const struct {
+        int n, len[6], slot[6];
+    } cases[] = {
+        {5, {130, 1, 64, 0, 130}, {4, 0, 2, 1, 3}},
+        {3, {64, 64, 64}, {0, 1, 2}},
+        {3, {64, 64, 64}, {2, 0, 1}},
+        {1, {200}, {0}},
+        {3, {300, 10, 10}, {1, 2, 0}},
+    };
+    int fails = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n = cases[ci].n;
+        int32_t cu[7] = {0};
+        for (int s = 0; s < n; s++)
+            cu[s + 1] = cu[s] + cases[ci].len[s];
+        const ssd_case_t k = {1, cu[n], 4, 2, 2, 4, 64, 64, 64, 0, 0, 1, 0};
+        char label[160];
+        int at = snprintf(label, sizeof label, "seqs H4/2/2/4 P64 N64 L64 lens");
+        for (int s = 0; s < n; s++)
+            at += snprintf(label + at, sizeof label - (size_t)at, "%s%d@%d", s ? "," : " ", cases[ci].len[s],
+                           cases[ci].slot[s]);
+        ssd_in_t in;
+        make_inputs(&k, &in);
+        const int64_t ld = in.ld, per = (int64_t)k.H * k.P * k.N, ns = n * per;
+        float *st_c = rndn(ns, 0.0f, 0.5f, 0), *st0 = tu_hdup(st_c, ns), *y_c = tu_hbuf(in.ny);
+        float *poison = tu_nans(in.ny);
+        void *xbc_d = tu_dev_act(gpu, in.xbc, in.nxbc), *y_d = tu_dev_act(gpu, poison, in.ny);
+        void *Al_d = tu_dev_act(gpu, in.A_log, k.H), *D_d = tu_dev_act(gpu, in.D, k.H);
+        float *dt_d = tu_dev_f32(gpu, in.dt, in.ndt), *st_d = tu_dev_f32(gpu, st_c, ns);
+        void *hp[6], *dp[6];
+        for (int s = 0; s < n; s++)
+            hp[s] = st_c + cases[ci].slot[s] * per, dp[s] = st_d + cases[ci].slot[s] * per;
+        const be_seqs_t sq = {n, cu};
+        cpu->ssd_chunk_seqs(cpu, y_c, hp, in.xbc, ld, in.xbc + in.oB, ld, in.xbc + in.oC, ld, in.dt, in.A_log, in.D, sq,
+                            k.H, k.Hx, k.GB, k.GC, k.P, k.N, k.chunk);
+        gpu->ssd_chunk_seqs(gpu, y_d, dp, xbc_d, ld, tu_gat(gpu, xbc_d, in.oB), ld, tu_gat(gpu, xbc_d, in.oC), ld, dt_d,
+                            Al_d, D_d, sq, k.H, k.Hx, k.GB, k.GC, k.P, k.N, k.chunk);
+        if (!tu_sync(gpu, label, "ssd_chunk_seqs")) {
+            fails++;
+        } else {
+            float *y_g = tu_host_act(gpu, y_d, in.ny), *st_g = tu_host_f32(gpu, st_d, ns);
+            out_t o[2] = {{"y", y_g, y_c, in.ny, {1, cu[n], k.H, k.P}, "-thp", 1e-2},
+                          {"states", st_g, st_c, ns, {n, k.H, k.P, k.N}, "shpn", 1e-2}};
+            fails += report(label, o, 2);
+            for (int s = 0; s < n; s++)
+                if (!cases[ci].len[s] &&
+                    memcmp(st_g + cases[ci].slot[s] * per, st0 + cases[ci].slot[s] * per, (size_t)per * 4)) {
+                    printf("FAIL %s: the state of sequence %d (no rows) changed\n", label, s);
+                    fails++;
+                }
+            free(y_g), free(st_g);
+        }
+        tu_dev_free(gpu, xbc_d), tu_dev_free(gpu, y_d), tu_dev_free(gpu, Al_d), tu_dev_free(gpu, D_d);
+        tu_dev_free(gpu, dt_d), tu_dev_free(gpu, st_d);
+        free(st_c), free(st0), free(y_c), free(poison);
+        free_inputs(&in);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ---- decode ------------------------------------------------------------------------------
 
 // ssd_recurrent_fwd from a random state, T = 1 (a decode step) and T = 5.
@@ -801,7 +872,8 @@ int main(void) {
         cmocka_unit_test(test_softplus_bias),      cmocka_unit_test(test_ssd_recurrent),
         cmocka_unit_test(test_ssd_recurrent_step), cmocka_unit_test(test_ssd_chunk),
         cmocka_unit_test(test_ssd_chunk_extra),    cmocka_unit_test(test_ssd_deterministic),
-        cmocka_unit_test(test_ssd_small_scratch),  cmocka_unit_test(test_m2_layer),
+        cmocka_unit_test(test_ssd_small_scratch),  cmocka_unit_test(test_ssd_chunk_seqs),
+        cmocka_unit_test(test_m2_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,9 +133,24 @@ static void cpu_conv1d_step(be_t *be, void *y_, const void *x_, int64_t ldx, con
     }
 }
 
+// Each packed sequence in turn: its conv from its own window, then the roll.
+static void cpu_conv1d_seqs(be_t *be, void *y_, const void *x_, int64_t ldx, const void *w, const void *bias,
+                            void *const *win, be_seqs_t sq, int C, int W, int silu) {
+    float *y = y_;
+    const float *x = x_;
+    for (int s = 0; s < sq.n; s++) {
+        int T = sq.cu[s + 1] - sq.cu[s];
+        if (T <= 0) continue;
+        const float *xs = x + (int64_t)sq.cu[s] * ldx;
+        cpu_conv1d_fwd(be, y + (int64_t)sq.cu[s] * C, xs, ldx, w, bias, win[s], 1, T, C, W, silu);
+        cpu_conv1d_update_state(be, win[s], xs, ldx, 1, T, C, W);
+    }
+}
+
 void cpu_register_conv(be_t *be) {
     be->conv1d_fwd = cpu_conv1d_fwd;
     be->conv1d_bwd = cpu_conv1d_bwd;
     be->conv1d_update_state = cpu_conv1d_update_state;
     be->conv1d_step = cpu_conv1d_step;
+    be->conv1d_seqs = cpu_conv1d_seqs;
 }

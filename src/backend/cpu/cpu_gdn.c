@@ -750,6 +750,21 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
     cpu_tmp_give(be, &tmp);
 }
 
+// Each packed sequence in turn, from its own state.
+static void cpu_gdn_chunk_seqs(be_t *be, void *o_, void *const *state, const void *q_, const void *k_, const void *v_,
+                               const float *g, const float *beta, float scale, be_seqs_t sq, int H, int HV, int K,
+                               int Dv) {
+    float *o = o_;
+    const float *q = q_, *k = k_, *v = v_;
+    for (int s = 0; s < sq.n; s++) {
+        int64_t r = sq.cu[s];
+        int T = sq.cu[s + 1] - sq.cu[s];
+        if (T <= 0) continue;
+        cpu_gdn_chunk_fwd(be, o + r * HV * Dv, state[s], 1, q + r * H * K, k + r * H * K, v + r * HV * Dv, g + r * HV,
+                          beta + r * HV, scale, 1, T, H, HV, K, Dv);
+    }
+}
+
 void cpu_register_gdn(be_t *be) {
     be->gdn_gate_fwd = cpu_gdn_gate_fwd;
     be->gdn_gate_bwd = cpu_gdn_gate_bwd;
@@ -759,4 +774,5 @@ void cpu_register_gdn(be_t *be) {
     be->gdn_recurrent_step = cpu_gdn_recurrent_step;
     be->gdn_step_inputs = cpu_gdn_step_inputs;
     be->gdn_step = cpu_gdn_step;
+    be->gdn_chunk_seqs = cpu_gdn_chunk_seqs;
 }

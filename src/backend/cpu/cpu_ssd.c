@@ -620,6 +620,21 @@ int cpu_ssd_recurrent_bwd(float *dx, float *dB, float *dC, float *ddt, float *dA
     return 0;
 }
 
+// Each packed sequence in turn, from its own state.
+static void cpu_ssd_chunk_seqs(be_t *be, void *y_, void *const *state, const void *x_, int64_t ldx, const void *Bm_,
+                               int64_t ldb, const void *Cm_, int64_t ldc, const float *dt, const void *A_log,
+                               const void *D, be_seqs_t sq, int H, int Hx, int GB, int GC, int P, int N, int chunk) {
+    float *y = y_;
+    const float *x = x_, *Bm = Bm_, *Cm = Cm_;
+    for (int s = 0; s < sq.n; s++) {
+        int64_t r = sq.cu[s];
+        int T = sq.cu[s + 1] - sq.cu[s];
+        if (T <= 0) continue;
+        cpu_ssd_chunk_fwd(be, y + r * H * P, state[s], 1, x + r * ldx, ldx, Bm + r * ldb, ldb, Cm + r * ldc, ldc,
+                          dt + r * H, A_log, D, 1, T, H, Hx, GB, GC, P, N, chunk);
+    }
+}
+
 void cpu_register_ssd(be_t *be) {
     be->softplus_bias_fwd = cpu_softplus_bias_fwd;
     be->softplus_bias_bwd = cpu_softplus_bias_bwd;
@@ -627,4 +642,5 @@ void cpu_register_ssd(be_t *be) {
     be->ssd_chunk_bwd = cpu_ssd_chunk_bwd;
     be->ssd_recurrent_fwd = cpu_ssd_recurrent_fwd;
     be->ssd_recurrent_step = cpu_ssd_recurrent_step;
+    be->ssd_chunk_seqs = cpu_ssd_chunk_seqs;
 }

@@ -10,49 +10,79 @@
 // the arrays stay in registers whatever W is.
 #include "backend/cuda/cuda_vec.cuh"
 
-enum { CONV_WMAX = 8, CONV_THREADS = 128, CONV_MIN_CHUNK = 16 };
+enum { CONV_WMAX = 8, CONV_THREADS = 128, CONV_MIN_CHUNK = 16, CONV_SEQS = 64 };
 
-// Input at time t of sequence b, channel c: x for t >= 0, else the state's slot
-// W + t (t = -1 is the newest, slot W-1) when there is a state, else 0.
-__device__ __forceinline__ float conv_in(const bf16 *x, int64_t ldx, const bf16 *state, int b, int T, int C, int W,
-                                         int t, int c) {
-    if (t >= 0) return __bfloat162float(x[((int64_t)b * T + t) * ldx + c]);
-    if (state && t >= -(W - 1)) return __bfloat162float(state[((int64_t)b * C + c) * W + (W + t)]);
+// Packed sequences (conv1d_seqs), passed by value: sequence s has rows
+// [row0[s], row0[s + 1]) of x and y, and its window at win[s] ([C, W]).
+typedef struct {
+    int32_t row0[CONV_SEQS + 1];
+    bf16 *win[CONV_SEQS];
+} conv_seqs_t;
+
+// Sequence b of a launch: its rows of x (xs, ldx apart) and y (ys), its
+// length and its window / state slice (NULL: zeros before it). SEQS: from
+// the packed table; else the uniform [B, T] layout and state [B, C, W].
+template <bool SEQS>
+__device__ __forceinline__ int conv_seq(const conv_seqs_t &sq, const bf16 *x, int64_t ldx, bf16 *y, const bf16 *state,
+                                        int b, int T, int C, int W, const bf16 **xs, bf16 **ys, const bf16 **st) {
+    if constexpr (SEQS) {
+        const int64_t r0 = sq.row0[b];
+        *xs = x + r0 * ldx, *ys = y ? y + r0 * C : NULL, *st = sq.win[b];
+        return sq.row0[b + 1] - sq.row0[b];
+    }
+    *xs = x + (int64_t)b * T * ldx, *ys = y ? y + (int64_t)b * T * C : NULL;
+    *st = state ? state + (int64_t)b * C * W : NULL;
+    return T;
+}
+
+// Input at time t of one sequence (rows xs, ldx apart; state st [C, W] or
+// NULL), channel c: x for t >= 0, else the state's slot W + t (t = -1 is the
+// newest, slot W-1) when there is a state, else 0.
+__device__ __forceinline__ float conv_in(const bf16 *xs, int64_t ldx, const bf16 *st, int W, int t, int c) {
+    if (t >= 0) return __bfloat162float(xs[(int64_t)t * ldx + c]);
+    if (st && t >= -(W - 1)) return __bfloat162float(st[(int64_t)c * W + (W + t)]);
     return 0.0f;
 }
 
 // Taps (zero-padded on the left) and the window before t0: win[j] = in(t0 - 8 + j)
 // for the slots a tap can reach (j >= 9 - W), else 0 (never NaN from memory).
-__device__ __forceinline__ void conv_setup(float (&wv)[CONV_WMAX], float (&win)[CONV_WMAX], const bf16 *x, int64_t ldx,
-                                           const bf16 *w, const bf16 *state, int b, int T, int C, int W, int t0,
-                                           int c) {
+__device__ __forceinline__ void conv_setup(float (&wv)[CONV_WMAX], float (&win)[CONV_WMAX], const bf16 *xs, int64_t ldx,
+                                           const bf16 *w, const bf16 *st, int W, int t0, int c) {
     const int off = CONV_WMAX - W;
 #pragma unroll
     for (int j = 0; j < CONV_WMAX; j++) {
         wv[j] = j >= off ? __bfloat162float(w[(int64_t)c * W + (j - off)]) : 0.0f;
-        win[j] = j >= off + 1 ? conv_in(x, ldx, state, b, T, C, W, t0 - CONV_WMAX + j, c) : 0.0f;
+        win[j] = j >= off + 1 ? conv_in(xs, ldx, st, W, t0 - CONV_WMAX + j, c) : 0.0f;
     }
 }
 
+// Block (sequence b, chunk k) x channel tile. SEQS: the packed sequences of
+// sq (chunks past a sequence's end do nothing), else B sequences of T.
+template <bool SEQS>
 __global__ void k_conv_fwd(bf16 *y, const bf16 *x, int64_t ldx, const bf16 *w, const bf16 *bias, const bf16 *state,
-                           int B, int T, int C, int W, int silu, int nch, int L) {
+                           int B, int T, int C, int W, int silu, int nch, int L,
+                           const __grid_constant__ conv_seqs_t sq) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int b = blockIdx.x / nch, k = blockIdx.x % nch;
-    const int t0 = k * L, t1 = t0 + L < T ? t0 + L : T;
+    const bf16 *xs, *st;
+    bf16 *ys;
+    const int Tb = conv_seq<SEQS>(sq, x, ldx, y, state, b, T, C, W, &xs, &ys, &st);
+    const int t0 = k * L, t1 = t0 + L < Tb ? t0 + L : Tb;
+    if (t0 >= Tb) return;
     float wv[CONV_WMAX], win[CONV_WMAX];
-    conv_setup(wv, win, x, ldx, w, state, b, T, C, W, t0, c);
+    conv_setup(wv, win, xs, ldx, w, st, W, t0, c);
     const float bs = bias ? __bfloat162float(bias[c]) : 0.0f;
     for (int t = t0; t < t1; t++) {
 #pragma unroll
         for (int j = 0; j < CONV_WMAX - 1; j++)
             win[j] = win[j + 1];
-        win[CONV_WMAX - 1] = __bfloat162float(x[((int64_t)b * T + t) * ldx + c]);
+        win[CONV_WMAX - 1] = __bfloat162float(xs[(int64_t)t * ldx + c]);
         float p = bs; // same summation order as the CPU twin (the padded taps add exact zeros first)
 #pragma unroll
         for (int j = 0; j < CONV_WMAX; j++)
             p += wv[j] * win[j];
-        y[((int64_t)b * T + t) * C + c] = __float2bfloat16_rn(silu ? dev_silu(p) : p);
+        ys[(int64_t)t * C + c] = __float2bfloat16_rn(silu ? dev_silu(p) : p);
     }
 }
 
@@ -73,7 +103,7 @@ __device__ __forceinline__ void conv_bwd_slice(float (&dwa)[CONV_WMAX], float &d
     const int t0 = k * L, t1 = t0 + L < T ? t0 + L : T;
     const int tend = t1 + W - 1 < T ? t1 + W - 1 : T;
     float wv[CONV_WMAX], win[CONV_WMAX], dxa[CONV_WMAX];
-    conv_setup(wv, win, x, ldx, w, state, b, T, C, W, t0, c);
+    conv_setup(wv, win, x + (int64_t)b * T * ldx, ldx, w, state ? state + (int64_t)b * C * W : NULL, W, t0, c);
 #pragma unroll
     for (int j = 0; j < CONV_WMAX; j++)
         dxa[j] = dwa[j] = 0.0f;
@@ -186,16 +216,22 @@ __global__ void k_conv_reduce(float *dw, float *dbias, const float *part, int64_
 
 // New slot j holds input time T - W + j: from x, or (short sequences) from
 // the old state's slot T + j. All W values are read before any is written.
-__global__ void k_conv_state(bf16 *state, const bf16 *x, int64_t ldx, int B, int T, int C, int W) {
+// SEQS: the packed sequences of sq, their windows (state unused).
+template <bool SEQS>
+__global__ void k_conv_state(bf16 *state, const bf16 *x, int64_t ldx, int B, int T, int C, int W,
+                             const __grid_constant__ conv_seqs_t sq) {
     const int64_t n = (int64_t)B * C;
     GRID_STRIDE(i, n) {
         const int b = (int)(i / C), c = (int)(i - (int64_t)b * C);
-        bf16 *s = state + i * W;
+        const bf16 *xs, *st;
+        bf16 *ys;
+        const int Tb = conv_seq<SEQS>(sq, x, ldx, NULL, state, b, T, C, W, &xs, &ys, &st);
+        bf16 *s = (bf16 *)st + (int64_t)c * W;
         bf16 tmp[CONV_WMAX];
 #pragma unroll
         for (int j = 0; j < CONV_WMAX; j++) {
-            const int t = T - W + j;
-            if (j < W) tmp[j] = t >= 0 ? x[((int64_t)b * T + t) * ldx + c] : s[W + t];
+            const int t = Tb - W + j;
+            if (j < W) tmp[j] = t >= 0 ? xs[(int64_t)t * ldx + c] : s[W + t];
         }
 #pragma unroll
         for (int j = 0; j < CONV_WMAX; j++)
@@ -248,9 +284,11 @@ static void cu_conv1d_fwd(be_t *be, void *y, const void *x, int64_t ldx, const v
     int nch, L;
     conv_chunks(be, B, T, C, &nch, &L);
     dim3 grid((unsigned)((int64_t)B * nch), (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
-    k_conv_fwd<<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)y, (const bf16 *)x, ldx, (const bf16 *)w,
-                                                           (const bf16 *)bias, (const bf16 *)state, B, T, C, W, silu,
-                                                           nch, L);
+    conv_seqs_t none;
+    memset(&none, 0, sizeof none);
+    k_conv_fwd<false><<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)y, (const bf16 *)x, ldx, (const bf16 *)w,
+                                                                  (const bf16 *)bias, (const bf16 *)state, B, T, C, W,
+                                                                  silu, nch, L, none);
     cuda_check_launch(be, "conv1d_fwd");
 }
 
@@ -287,8 +325,41 @@ static void cu_conv1d_bwd(be_t *be, void *dx, int64_t lddx, float *dw, float *db
 static void cu_conv1d_update_state(be_t *be, void *state, const void *x, int64_t ldx, int B, int T, int C, int W) {
     if (!conv_check(be, "conv1d_update_state", W) || B <= 0 || C <= 0 || T <= 0) return;
     int64_t n = (int64_t)B * C;
-    k_conv_state<<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)state, (const bf16 *)x, ldx, B, T, C, W);
+    conv_seqs_t none;
+    memset(&none, 0, sizeof none);
+    k_conv_state<false>
+        <<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)state, (const bf16 *)x, ldx, B, T, C, W, none);
     cuda_check_launch(be, "conv1d_update_state");
+}
+
+// Up to CONV_SEQS sequences per pair of launches (the table rides in the
+// kernel parameters): the convs of every sequence, then every window rolled.
+static void cu_conv1d_seqs(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
+                           void *const *win, be_seqs_t sq, int C, int W, int silu) {
+    if (!conv_check(be, "conv1d_seqs", W) || C <= 0) return;
+    for (int s0 = 0; s0 < sq.n; s0 += CONV_SEQS) {
+        const int nb = sq.n - s0 < CONV_SEQS ? sq.n - s0 : CONV_SEQS;
+        conv_seqs_t t;
+        memset(&t, 0, sizeof t);
+        int max_T = 0;
+        for (int i = 0; i <= nb; i++)
+            t.row0[i] = sq.cu[s0 + i];
+        for (int i = 0; i < nb; i++) {
+            t.win[i] = (bf16 *)win[s0 + i];
+            if (t.row0[i + 1] - t.row0[i] > max_T) max_T = t.row0[i + 1] - t.row0[i];
+        }
+        if (max_T <= 0) continue;
+        int nch, L;
+        conv_chunks(be, nb, max_T, C, &nch, &L);
+        dim3 grid((unsigned)((int64_t)nb * nch), (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
+        k_conv_fwd<true><<<grid, CONV_THREADS, 0, cuda_stream(be)>>>(
+            (bf16 *)y, (const bf16 *)x, ldx, (const bf16 *)w, (const bf16 *)bias, NULL, nb, 0, C, W, silu, nch, L, t);
+        cuda_check_launch(be, "conv1d_seqs");
+        const int64_t n = (int64_t)nb * C;
+        k_conv_state<true>
+            <<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>(NULL, (const bf16 *)x, ldx, nb, 0, C, W, t);
+        cuda_check_launch(be, "conv1d_seqs (windows)");
+    }
 }
 
 static void cu_conv1d_step(be_t *be, void *y, const void *x, int64_t ldx, const void *w, const void *bias,
@@ -309,4 +380,5 @@ extern "C" void cuda_register_conv(be_t *be) {
     be->conv1d_bwd = cu_conv1d_bwd;
     be->conv1d_update_state = cu_conv1d_update_state;
     be->conv1d_step = cu_conv1d_step;
+    be->conv1d_seqs = cu_conv1d_seqs;
 }
