@@ -75,41 +75,39 @@ void cuda_check_launch(be_t *be, const char *what);
 static inline unsigned cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // ---- packed sequences as padded batches (cuda_seqs.cu) ----------------------
-// gdn_chunk_seqs and ssd_chunk_seqs run a be_seqs_t's sequences in groups,
-// each one call of the uniform chunked kernels over [n, T], T its longest
-// member. cu_seqs_groups skips empty sequences, orders the rest longest first
-// (equal lengths in index order) and starts a new group where the next one
-// would take the group's padded rows (n T) past twice its real rows, or past
-// CU_SEQS_GROUP members. Fills groups (room for sq.n); returns how many, -1
-// when out of host memory.
-enum { CU_SEQS_GROUP = 64, CU_PACK_ARRAYS = 6 };
+// gdn_chunk_seqs and ssd_chunk_seqs run a be_seqs_t's sequences through the
+// uniform chunked kernels, which take B sequences of one length T: in
+// groups, each one call over [n, T], T its longest member. Empty sequences
+// are skipped; the rest go longest first (equal lengths in index order), and
+// a new group starts where the next sequence would take the group's padded
+// rows (n T) past twice its real rows, or past 64 members.
+
+// One array of a chunked rule's packed rows: rows ld elements apart, the
+// first cols of each used, esz bytes an element.
 typedef struct {
-    int n, T;
-    int idx[CU_SEQS_GROUP]; // sequence numbers in sq
-} cu_seqs_group_t;
-int cu_seqs_groups(be_seqs_t sq, cu_seqs_group_t *groups);
-// Whether the group's rows are already its [n, T] batch: sequences idx[0],
-// idx[0] + 1, ... in order, all of length T (no copy needed).
-int cu_seqs_consecutive(be_seqs_t sq, const cu_seqs_group_t *g);
-// Whether the group's states (ptr[idx[i]], bytes each) lie one after another.
-int cu_seqs_adjacent(void *const *ptr, const cu_seqs_group_t *g, size_t bytes);
-// Up to CU_PACK_ARRAYS arrays copied between the packed rows (packed[a], rows
-// ld[a] elements apart) and dense [n, T, cols[a]] buffers (dense[a]), esz[a]
-// bytes an element (2 or 4). Passed to the kernel by value.
-typedef struct {
-    int n_arr, T;
-    const void *packed[CU_PACK_ARRAYS];
-    void *dense[CU_PACK_ARRAYS];
-    int64_t ld[CU_PACK_ARRAYS];
-    int cols[CU_PACK_ARRAYS], esz[CU_PACK_ARRAYS];
-    int32_t row0[CU_SEQS_GROUP], len[CU_SEQS_GROUP];
-} cu_pack_t;
-// unpack 0: the group's rows into the dense buffers, zeros after each
-// sequence's end; 1: the dense rows back (padding rows dropped). One launch.
-void cu_seqs_pack(be_t *be, cu_pack_t *p, be_seqs_t sq, const cu_seqs_group_t *g, int unpack);
-// The group's states (ptr[idx[i]], bytes each) into dense [n] (back 0), or
-// dense back into them (1). 0, or < 0 with the error recorded.
-int cu_seqs_states(be_t *be, void *dense, void *const *ptr, const cu_seqs_group_t *g, size_t bytes, int back);
+    const void *p;
+    int64_t ld;
+    int cols, esz;
+} cu_seqs_arr_t;
+// The uniform call on one group: n sequences of T rows, in[] at the group's
+// first row (rows in[k].ld apart), out rows ldo apart, states float, n of
+// them one after another, read and replaced. ctx: the op's shape.
+typedef void (*cu_seqs_fn)(be_t *be, const void *ctx, const cu_seqs_arr_t *in, void *out, int64_t ldo, float *states,
+                           int n, int T);
+// Bytes of scratch the uniform call takes for n sequences of T rows.
+typedef size_t (*cu_seqs_scratch_fn)(const void *ctx, int n, int T);
+// A chunked rule over packed sequences: groups (above) run by `run` on their
+// rows in place where they are already a batch (consecutive sequences of one
+// length), else on dense copies of in[0..n_in) (zeros after each sequence's end, so
+// the caller's inputs must leave a state as it is on zero rows) whose out is
+// copied back; states in place where adjacent, else gathered and scattered
+// (state[s]: sequence s's, state_bytes each). A group of one sequence, and
+// every group when the scratch arena lacks room for the copies beside the
+// call's own `scratch`, runs one sequence at a time in place. op names the
+// op in errors.
+void cu_seqs_run(be_t *be, const char *op, be_seqs_t sq, void *const *state, size_t state_bytes,
+                 const cu_seqs_arr_t *in, int n_in, cu_seqs_arr_t out, cu_seqs_scratch_fn scratch, cu_seqs_fn run,
+                 const void *ctx);
 
 #ifdef __cplusplus
 extern "C" {

@@ -2399,85 +2399,34 @@ static void cu_gdn_chunk_fwd(be_t *be, void *o, float *state, int init, const vo
     arena_reset(&be->scratch, mark); // later users of this memory queue behind these kernels
 }
 
-// Packed sequences in padded groups (cuda.h cu_seqs_groups): a padding row
-// has g = 0 and beta = 0, so it neither decays nor writes the state, and each
-// sequence ends with its own final state. A group whose rows are already its
-// batch reads them in place; one whose states lie one after another uses
-// them in place. Without scratch for the copies a group's sequences run one
-// by one in place.
+// Packed sequences (cuda.h cu_seqs_run): a padding row has g = 0 and beta =
+// 0, so it neither decays nor writes the state, and each sequence ends with
+// its own final state.
+typedef struct {
+    float scale;
+    int H, HV, K, Dv;
+} gdn_seqs_t;
+
+static size_t gdn_seqs_scratch(const void *ctx, int n, int T) {
+    const gdn_seqs_t *c = (const gdn_seqs_t *)ctx;
+    return gdn_chunk_scratch_bytes(n, T, c->H, c->HV, c->K, c->Dv, 0);
+}
+
+static void gdn_seqs_call(be_t *be, const void *ctx, const cu_seqs_arr_t *in, void *out, int64_t ldo, float *states,
+                          int n, int T) {
+    const gdn_seqs_t *c = (const gdn_seqs_t *)ctx;
+    cu_gdn_chunk_fwd(be, out, states, 1, in[0].p, in[1].p, in[2].p, (const float *)in[3].p, (const float *)in[4].p,
+                     c->scale, n, T, c->H, c->HV, c->K, c->Dv);
+}
+
 static void cu_gdn_chunk_seqs(be_t *be, void *o, void *const *state, const void *q, const void *k, const void *v,
                               const float *g, const float *beta, float scale, be_seqs_t sq, int H, int HV, int K,
                               int Dv) {
-    cu_seqs_group_t *gr = (cu_seqs_group_t *)malloc((size_t)(sq.n > 0 ? sq.n : 1) * sizeof *gr);
-    int ng = gr ? cu_seqs_groups(sq, gr) : -1;
-    if (ng < 0) {
-        free(gr);
-        cu_op_error(be, "gdn_chunk_seqs: out of host memory for %d sequences", sq.n);
-        return;
-    }
-    const int64_t kd = (int64_t)H * K, vd = (int64_t)HV * Dv;
-    const size_t ss = (size_t)HV * Dv * K * sizeof(float);
-    for (int i = 0; i < ng; i++) {
-        cu_seqs_group_t *gp = &gr[i];
-        const int n = gp->n, T = gp->T, s0 = gp->idx[0];
-        const int64_t r0 = sq.cu[s0], rows = (int64_t)n * T;
-        const int in_place = cu_seqs_consecutive(sq, gp), st_in_place = cu_seqs_adjacent(state, gp, ss);
-        const size_t mark = arena_mark(&be->scratch);
-        bf16 *qp = NULL, *kp = NULL, *vp = NULL, *op = NULL;
-        float *gp_ = NULL, *bp = NULL, *sp = NULL;
-        int ok = 1;
-        if (!in_place) {
-            qp = (bf16 *)cu_scratch_try(be, (size_t)rows * kd * 2),
-            kp = (bf16 *)cu_scratch_try(be, (size_t)rows * kd * 2);
-            vp = (bf16 *)cu_scratch_try(be, (size_t)rows * vd * 2),
-            op = (bf16 *)cu_scratch_try(be, (size_t)rows * vd * 2);
-            gp_ = (float *)cu_scratch_try(be, (size_t)rows * HV * 4),
-            bp = (float *)cu_scratch_try(be, (size_t)rows * HV * 4);
-            ok = qp && kp && vp && op && gp_ && bp;
-        }
-        if (ok && !st_in_place) ok = (sp = (float *)cu_scratch_try(be, (size_t)n * ss)) != NULL;
-        // the group's own scratch needs room beside the kernels' (gdn_take)
-        if (ok) ok = be->scratch.cap - cu_round256(be->scratch.used) >= gdn_chunk_scratch_bytes(n, T, H, HV, K, Dv, 0);
-        if (!ok || n == 1) { // one by one, in place
-            arena_reset(&be->scratch, mark);
-            for (int j = 0; j < n; j++) {
-                const int s = gp->idx[j];
-                const int64_t r = sq.cu[s];
-                cu_gdn_chunk_fwd(be, (bf16 *)o + r * vd, (float *)state[s], 1, (const bf16 *)q + r * kd,
-                                 (const bf16 *)k + r * kd, (const bf16 *)v + r * vd, g + r * HV, beta + r * HV, scale,
-                                 1, sq.cu[s + 1] - sq.cu[s], H, HV, K, Dv);
-            }
-            continue;
-        }
-        cu_pack_t pk;
-        memset(&pk, 0, sizeof pk);
-        if (!in_place) {
-            const void *src[6] = {q, k, v, g, beta, o};
-            void *dst[6] = {qp, kp, vp, gp_, bp, op};
-            const int cols[6] = {(int)kd, (int)kd, (int)vd, HV, HV, (int)vd}, esz[6] = {2, 2, 2, 4, 4, 2};
-            pk.n_arr = 5; // o is only unpacked
-            for (int a = 0; a < 6; a++)
-                pk.packed[a] = src[a], pk.dense[a] = dst[a], pk.ld[a] = cols[a], pk.cols[a] = cols[a],
-                pk.esz[a] = esz[a];
-            cu_seqs_pack(be, &pk, sq, gp, 0);
-        }
-        if (!st_in_place && cu_seqs_states(be, sp, state, gp, ss, 0) < 0) {
-            arena_reset(&be->scratch, mark);
-            break;
-        }
-        cu_gdn_chunk_fwd(be, in_place ? (bf16 *)o + r0 * vd : op, st_in_place ? (float *)state[s0] : sp, 1,
-                         in_place ? (const bf16 *)q + r0 * kd : qp, in_place ? (const bf16 *)k + r0 * kd : kp,
-                         in_place ? (const bf16 *)v + r0 * vd : vp, in_place ? g + r0 * HV : gp_,
-                         in_place ? beta + r0 * HV : bp, scale, n, T, H, HV, K, Dv);
-        if (!in_place) { // o alone, back to the packed rows
-            pk.n_arr = 1, pk.packed[0] = o, pk.dense[0] = op, pk.ld[0] = pk.cols[0] = (int)vd, pk.esz[0] = 2;
-            cu_seqs_pack(be, &pk, sq, gp, 1);
-        }
-        int rc = st_in_place ? 0 : cu_seqs_states(be, sp, state, gp, ss, 1);
-        arena_reset(&be->scratch, mark);
-        if (rc < 0) break;
-    }
-    free(gr);
+    const int kd = H * K, vd = HV * Dv;
+    const cu_seqs_arr_t in[5] = {{q, kd, kd, 2}, {k, kd, kd, 2}, {v, vd, vd, 2}, {g, HV, HV, 4}, {beta, HV, HV, 4}};
+    const gdn_seqs_t c = {scale, H, HV, K, Dv};
+    cu_seqs_run(be, "gdn_chunk_seqs", sq, state, (size_t)HV * Dv * K * sizeof(float), in, 5, {o, vd, vd, 2},
+                gdn_seqs_scratch, gdn_seqs_call, &c);
 }
 
 static void cu_gdn_chunk_bwd(be_t *be, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dstate0,

@@ -1402,86 +1402,33 @@ static void ssd_bwd_kernels(be_t *be, void *dx, void *dB, void *dC, float *ddt, 
     cuda_check_launch(be, "k_ssd_param_grads");
 }
 
-// Packed sequences in padded groups (cuda.h cu_seqs_groups): a padding row
-// has dt = 0, so it neither decays nor writes the state, and each sequence
-// ends with its own final state. In place where a group's rows are already
-// its batch or its states lie one after another; one by one in place
-// without scratch for the copies.
+// Packed sequences (cuda.h cu_seqs_run): a padding row has dt = 0, so it
+// neither decays nor writes the state, and each sequence ends with its own
+// final state.
+typedef struct {
+    const void *A_log, *D;
+    int H, Hx, GB, GC, P, N, chunk;
+} ssd_seqs_t;
+
+static size_t ssd_seqs_scratch(const void *ctx, int n, int T) {
+    const ssd_seqs_t *c = (const ssd_seqs_t *)ctx;
+    return cuda_ssd_scratch_bytes(n, T, c->H, c->P, c->N, c->chunk, 0);
+}
+
+static void ssd_seqs_call(be_t *be, const void *ctx, const cu_seqs_arr_t *in, void *out, int64_t ldo, float *states,
+                          int n, int T) {
+    const ssd_seqs_t *c = (const ssd_seqs_t *)ctx;
+    cu_ssd_chunk_fwd(be, out, states, 1, in[0].p, in[0].ld, in[1].p, in[1].ld, in[2].p, in[2].ld,
+                     (const float *)in[3].p, c->A_log, c->D, n, T, c->H, c->Hx, c->GB, c->GC, c->P, c->N, c->chunk);
+}
+
 static void cu_ssd_chunk_seqs(be_t *be, void *y, void *const *state, const void *x, int64_t ldx, const void *Bm,
                               int64_t ldb, const void *Cm, int64_t ldc, const float *dt, const void *A_log,
                               const void *D, be_seqs_t sq, int H, int Hx, int GB, int GC, int P, int N, int chunk) {
-    cu_seqs_group_t *gr = (cu_seqs_group_t *)malloc((size_t)(sq.n > 0 ? sq.n : 1) * sizeof *gr);
-    int ng = gr ? cu_seqs_groups(sq, gr) : -1;
-    if (ng < 0) {
-        free(gr);
-        cu_op_error(be, "ssd_chunk_seqs: out of host memory for %d sequences", sq.n);
-        return;
-    }
-    const int cx = Hx * P, cb = GB * N, cc = GC * N, cy = H * P;
-    const size_t ss = (size_t)H * P * N * sizeof(float);
-    for (int i = 0; i < ng; i++) {
-        cu_seqs_group_t *g = &gr[i];
-        const int n = g->n, T = g->T, s0 = g->idx[0];
-        const int64_t r0 = sq.cu[s0], rows = (int64_t)n * T;
-        const int in_place = cu_seqs_consecutive(sq, g), st_in_place = cu_seqs_adjacent(state, g, ss);
-        const size_t mark = arena_mark(&be->scratch);
-        bf16 *xp = NULL, *bp = NULL, *cp = NULL, *yp = NULL;
-        float *dp = NULL, *sp = NULL;
-        int ok = 1;
-        if (!in_place) {
-            xp = (bf16 *)cu_scratch_try(be, (size_t)rows * cx * 2),
-            bp = (bf16 *)cu_scratch_try(be, (size_t)rows * cb * 2);
-            cp = (bf16 *)cu_scratch_try(be, (size_t)rows * cc * 2),
-            yp = (bf16 *)cu_scratch_try(be, (size_t)rows * cy * 2);
-            dp = (float *)cu_scratch_try(be, (size_t)rows * H * 4);
-            ok = xp && bp && cp && yp && dp;
-        }
-        if (ok && !st_in_place) ok = (sp = (float *)cu_scratch_try(be, (size_t)n * ss)) != NULL;
-        // the group's own scratch needs room beside the kernels'
-        if (ok) ok = be->scratch.cap - cu_round256(be->scratch.used) >= cuda_ssd_scratch_bytes(n, T, H, P, N, chunk, 0);
-        if (!ok || n == 1) { // one by one, in place
-            arena_reset(&be->scratch, mark);
-            for (int j = 0; j < n; j++) {
-                const int s = g->idx[j];
-                const int64_t r = sq.cu[s];
-                cu_ssd_chunk_fwd(be, (bf16 *)y + r * cy, (float *)state[s], 1, (const bf16 *)x + r * ldx, ldx,
-                                 (const bf16 *)Bm + r * ldb, ldb, (const bf16 *)Cm + r * ldc, ldc, dt + r * H, A_log, D,
-                                 1, sq.cu[s + 1] - sq.cu[s], H, Hx, GB, GC, P, N, chunk);
-            }
-            continue;
-        }
-        cu_pack_t pk;
-        memset(&pk, 0, sizeof pk);
-        if (!in_place) {
-            const void *src[4] = {x, Bm, Cm, dt};
-            void *dst[4] = {xp, bp, cp, dp};
-            const int64_t ld[4] = {ldx, ldb, ldc, H};
-            const int cols[4] = {cx, cb, cc, H}, esz[4] = {2, 2, 2, 4};
-            pk.n_arr = 4;
-            for (int a = 0; a < 4; a++)
-                pk.packed[a] = src[a], pk.dense[a] = dst[a], pk.ld[a] = ld[a], pk.cols[a] = cols[a], pk.esz[a] = esz[a];
-            cu_seqs_pack(be, &pk, sq, g, 0);
-        }
-        if (!st_in_place && cu_seqs_states(be, sp, state, g, ss, 0) < 0) {
-            arena_reset(&be->scratch, mark);
-            break;
-        }
-        if (in_place)
-            cu_ssd_chunk_fwd(be, (bf16 *)y + r0 * cy, st_in_place ? (float *)state[s0] : sp, 1,
-                             (const bf16 *)x + r0 * ldx, ldx, (const bf16 *)Bm + r0 * ldb, ldb,
-                             (const bf16 *)Cm + r0 * ldc, ldc, dt + r0 * H, A_log, D, n, T, H, Hx, GB, GC, P, N, chunk);
-        else
-            cu_ssd_chunk_fwd(be, yp, st_in_place ? (float *)state[s0] : sp, 1, xp, cx, bp, cb, cp, cc, dp, A_log, D, n,
-                             T, H, Hx, GB, GC, P, N, chunk);
-        if (!in_place) { // y alone, back to the packed rows
-            pk.n_arr = 1, pk.packed[0] = y, pk.dense[0] = yp, pk.ld[0] = pk.cols[0] = cy, pk.esz[0] = 2;
-            cu_seqs_pack(be, &pk, sq, g, 1);
-        }
-        int rc = st_in_place ? 0 : cu_seqs_states(be, sp, state, g, ss, 1);
-        arena_reset(&be->scratch, mark);
-        if (rc < 0) break;
-    }
-    free(gr);
+    const cu_seqs_arr_t in[4] = {{x, ldx, Hx * P, 2}, {Bm, ldb, GB * N, 2}, {Cm, ldc, GC * N, 2}, {dt, H, H, 4}};
+    const ssd_seqs_t c = {A_log, D, H, Hx, GB, GC, P, N, chunk};
+    cu_seqs_run(be, "ssd_chunk_seqs", sq, state, (size_t)H * P * N * sizeof(float), in, 4, {y, H * P, H * P, 2},
+                ssd_seqs_scratch, ssd_seqs_call, &c);
 }
 
 static void cu_ssd_chunk_bwd(be_t *be, void *dx, void *dB, void *dC, float *ddt, float *dA_log, float *dD,
