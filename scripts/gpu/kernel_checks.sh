@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One short device call after kernel work, carrying only .carry/t (upcycle.sh
-# pack) and .carry/lib: the production CUDA tests of attention, the model, GDN
-# and the core ops side by side (correctness only, so they may share the GPU),
+# pack) and .carry/lib: the production CUDA tests of attention, the model, GDN,
+# the core ops and Mamba-2's SSD side by side (TESTS: another list) (correctness only, so they may share the GPU),
 # the bench-variants attention test under the variants listed in
 # VARIANTS (none: not run) (test_cuda_attn's HYLO_ATTN_TEST_VARIANTS; default 5, the mma.sync
 # backward), then, one after the other: decode attention against a device
@@ -19,7 +19,7 @@ tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
 R=$OUT/r; mkdir -p $R; nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt
 s=$(date +%s)
-for t in attn model gdn core; do (timeout ${TESTS_LIMIT:-170} build/tests/cuda/test_cuda_$t > $R/test_cuda_$t.txt 2>&1; echo "test_cuda_$t rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) & done
+for t in ${TESTS:-attn model gdn core ssd}; do (timeout ${TESTS_LIMIT:-170} build/tests/cuda/test_cuda_$t > $R/test_cuda_$t.txt 2>&1; echo "test_cuda_$t rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) & done
 [ "${VARIANTS:-5}" = none ] ||
     (HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout ${VARIANTS_LIMIT:-300} build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
 wait
