@@ -167,6 +167,16 @@ struct be {
     // Serves every split / concat / broadcast of a projection output.
     void (*copy2d)(be_t *be, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols,
                    int accumulate);
+    // Rows of one sequence of a paged cache and a dense buffer: row i < rows
+    // of x (ldx apart) and the sequence's row u0 + i, which is row
+    // pages[(u0 + i) / BE_PAGE_ROWS] * BE_PAGE_ROWS + (u0 + i) % BE_PAGE_ROWS of
+    // pool (rows ld apart); cols elements of each. pages: the sequence's page
+    // table, a host array. to_pool 1: x into the pool (an append), 0: the
+    // pool's rows into x (a gather). CUDA: one launch per 512 pages (the
+    // pages ride in the kernel parameters), where a copy per run of
+    // consecutive pages was one host-issued copy each.
+    void (*copy_pages)(be_t *be, void *x, int64_t ldx, void *pool, int64_t ld, const int32_t *pages, int64_t u0,
+                       int64_t rows, int64_t cols, int to_pool);
 
     // ---- matrix products (row-major; cuBLASLt / OpenBLAS) -------------------
     // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T, all act.

@@ -170,15 +170,17 @@ int64_t cache_run(const layer_cache_t *c, int b, int64_t u, int64_t n) {
 
 void cache_copy_rows(be_t *be, const layer_cache_t *c, void *buf, int64_t w, int b, int64_t u0, int64_t n, int64_t col,
                      int64_t cols, void *x, int64_t ldx, int to_cache) {
-    for (int64_t i = 0; i < n;) {
-        int64_t run = cache_run(c, b, u0 + i, n - i);
-        void *rows = act_at(be, buf, cache_row(c, b, u0 + i) * w + col), *xr = act_at(be, x, i * ldx);
-        if (to_cache)
-            be->copy2d(be, rows, w, xr, ldx, run, cols, 0);
-        else
-            be->copy2d(be, xr, ldx, rows, w, run, cols, 0);
-        i += run;
+    if (n <= 0) return;
+    if (c->pages) {
+        be->copy_pages(be, x, ldx, act_at(be, buf, col), w, c->pages + (int64_t)b * c->page_stride, u0, n, cols,
+                       to_cache);
+        return;
     }
+    void *rows = act_at(be, buf, cache_row(c, b, u0) * w + col);
+    if (to_cache)
+        be->copy2d(be, rows, w, x, ldx, n, cols, 0);
+    else
+        be->copy2d(be, x, ldx, rows, w, n, cols, 0);
 }
 
 static int pages_of(int64_t rows) { return (int)((rows + BE_PAGE_ROWS - 1) / BE_PAGE_ROWS); }

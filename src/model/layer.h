@@ -200,8 +200,8 @@ void run_seqs_free(run_seqs_t *rs);
 void *const *ctx_step_caches(const layer_ctx_t *c, const step_run_t *runs, int n_runs);
 // Copies rows [u0, u0 + n) of sequence b of a growing cache's buffer buf
 // (rows of w act elements), columns [col, col + cols), to x (to_cache 0: a
-// gather) or from it (1: an append), x's rows ldx apart: one copy per run of
-// consecutive rows (cache_run).
+// gather) or from it (1: an append), x's rows ldx apart: one copy2d, or
+// through a paged cache's page table one copy_pages.
 void cache_copy_rows(be_t *be, const layer_cache_t *c, void *buf, int64_t w, int b, int64_t u0, int64_t n, int64_t col,
                      int64_t cols, void *x, int64_t ldx, int to_cache);
 // Pages per step row of a step's page tables, 0 when no run is paged (no

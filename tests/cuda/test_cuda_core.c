@@ -223,6 +223,50 @@ static void test_copy2d(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// copy_pages: a sequence's rows through its page table (pages shuffled over a
+// pool, the first row mid-page) gathered into x and scattered back into the
+// pool, against the CPU op; EXACT. Cases: a few rows in one page (16-byte
+// vectors), rows over more pages than one launch takes (CUDA: 512), and odd
+// columns at an offset in wider rows (the scalar path); the scatter's pool
+// rows outside the sequence's must come back unchanged.
+static void test_copy_pages(void **st) {
+    setup_backends();
+    int fails = 0;
+    // pool pages, u0, rows, cols, ld (pool), ldx, column offset in a pool row
+    const int64_t cases[][7] = {
+        {4, 5, 3, 64, 64, 64, 0}, {600, 300, 520 * 256, 8, 8, 8, 0}, {20, 700, 2000, 7, 13, 9, 5}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t *c = cases[ci];
+        const int64_t np = c[0], u0 = c[1], rows = c[2], cols = c[3], ld = c[4], ldx = c[5], col = c[6];
+        const int64_t plen = np * BE_PAGE_ROWS * ld, xlen = rows * ldx,
+                      nblk = (u0 + rows + BE_PAGE_ROWS - 1) / BE_PAGE_ROWS;
+        char shape[128];
+        snprintf(shape, sizeof shape, "pages=%lld u0=%lld rows=%lld cols=%lld ld=%lld ldx=%lld col=%lld", (long long)np,
+                 (long long)u0, (long long)rows, (long long)cols, (long long)ld, (long long)ldx, (long long)col);
+        int32_t *pages = malloc((size_t)nblk * sizeof(int32_t));
+        for (int64_t k = 0; k < nblk; k++) // a permutation of the pool's pages: the sequence's blocks scattered
+            pages[k] = (int32_t)((k * 7 + 3) % np);
+        float *pool = rnd(plen, 1.0f), *x0 = rnd(xlen, 1.0f);
+        // gather
+        float *xg = tu_hdup(x0, xlen);
+        cpu->copy_pages(cpu, xg, ldx, pool + col, ld, pages, u0, rows, cols, 0);
+        void *dpool = tu_dev_act(gpu, pool, plen), *dx = tu_dev_act(gpu, x0, xlen);
+        gpu->copy_pages(gpu, dx, ldx, tu_gat(gpu, dpool, col), ld, pages, u0, rows, cols, 0);
+        fails +=
+            !tu_sync(gpu, "copy_pages gather", shape) || !check_act("copy_pages gather", shape, dx, xg, xlen, EXACT);
+        // scatter x0 back into the pool
+        float *pref = tu_hdup(pool, plen);
+        cpu->copy_pages(cpu, x0, ldx, pref + col, ld, pages, u0, rows, cols, 1);
+        tu_upload_act(gpu, dx, x0, xlen);
+        gpu->copy_pages(gpu, dx, ldx, tu_gat(gpu, dpool, col), ld, pages, u0, rows, cols, 1);
+        fails += !tu_sync(gpu, "copy_pages scatter", shape) ||
+                 !check_act("copy_pages scatter", shape, dpool, pref, plen, EXACT);
+        free(pages), free(pool), free(x0), free(xg), free(pref);
+        tu_dev_free(gpu, dpool), tu_dev_free(gpu, dx);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // ==== embedding =======================================================================
 
 static void test_embed(void **st) {
@@ -1637,6 +1681,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_scale),
         cmocka_unit_test(test_copy2d),
+        cmocka_unit_test(test_copy_pages),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_f32out),

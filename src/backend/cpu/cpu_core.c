@@ -69,6 +69,17 @@ static void cpu_copy2d(be_t *be, void *dst_, int64_t ldd, const void *src_, int6
     }
 }
 
+static void cpu_copy_pages(be_t *be, void *x_, int64_t ldx, void *pool_, int64_t ld, const int32_t *pages, int64_t u0,
+                           int64_t rows, int64_t cols, int to_pool) {
+    float *x = x_, *pool = pool_;
+#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t u = u0 + i;
+        float *p = pool + ((int64_t)pages[u / BE_PAGE_ROWS] * BE_PAGE_ROWS + u % BE_PAGE_ROWS) * ld, *xr = x + i * ldx;
+        memcpy(to_pool ? p : xr, to_pool ? xr : p, (size_t)cols * sizeof(float));
+    }
+}
+
 static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                      int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
@@ -127,6 +138,7 @@ void cpu_register_core(be_t *be) {
     be->add = cpu_add;
     be->scale = cpu_scale;
     be->copy2d = cpu_copy2d;
+    be->copy_pages = cpu_copy_pages;
     be->gemm = cpu_gemm;
     be->gemm_f32out = cpu_gemm_f32out;
     be->gemm_batched = cpu_gemm_batched;

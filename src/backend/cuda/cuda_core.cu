@@ -92,6 +92,47 @@ static void cu_copy2d(be_t *be, void *dst, int64_t ldd, const void *src, int64_t
     cuda_check_launch(be, "copy2d");
 }
 
+// Pages of copy_pages by value: page[k] holds the sequence's rows
+// [(blk0 + k) BE_PAGE_ROWS, (blk0 + k + 1) BE_PAGE_ROWS).
+enum { CU_PAGES_MAX = 512 };
+typedef struct {
+    int32_t page[CU_PAGES_MAX];
+} cu_pages_t;
+
+template <int V>
+__global__ void k_copy_pages(bf16 *x, int64_t ldx, bf16 *pool, int64_t ld, int64_t u0, int64_t blk0, int64_t rows,
+                             int64_t cv, int to_pool, const __grid_constant__ cu_pages_t t) {
+    typedef typename raw_of<V>::t raw_t;
+    GRID_STRIDE(i, rows * cv) {
+        const int64_t r = i / cv, c = (i - r * cv) * V, u = u0 + r;
+        bf16 *p = pool + ((int64_t)t.page[u / BE_PAGE_ROWS - blk0] * BE_PAGE_ROWS + u % BE_PAGE_ROWS) * ld + c;
+        bf16 *xr = x + r * ldx + c;
+        if (to_pool)
+            *reinterpret_cast<raw_t *>(p) = *reinterpret_cast<const raw_t *>(xr);
+        else
+            *reinterpret_cast<raw_t *>(xr) = *reinterpret_cast<const raw_t *>(p);
+    }
+}
+
+static void cu_copy_pages(be_t *be, void *x, int64_t ldx, void *pool, int64_t ld, const int32_t *pages, int64_t u0,
+                          int64_t rows, int64_t cols, int to_pool) {
+    if (rows <= 0 || cols <= 0) return;
+    const int V = cu_vec_width((uintptr_t)x | (uintptr_t)pool, (uint64_t)cols | (uint64_t)ldx | (uint64_t)ld);
+    const int64_t cv = cols / V;
+    cu_pages_t t;
+    for (int64_t i = 0; i < rows;) { // rows of up to CU_PAGES_MAX pages a launch
+        const int64_t u = u0 + i, blk0 = u / BE_PAGE_ROWS, end = (blk0 + CU_PAGES_MAX) * BE_PAGE_ROWS;
+        const int64_t n = u0 + rows < end ? rows - i : end - u;
+        for (int64_t k = 0; k <= (u + n - 1) / BE_PAGE_ROWS - blk0; k++)
+            t.page[k] = pages[blk0 + k];
+        bf16 *xi = (bf16 *)x + i * ldx;
+        LAUNCH_V(V, k_copy_pages, cu_grid(be, n * cv, 256), 256, cuda_stream(be), xi, ldx, (bf16 *)pool, ld, u, blk0, n,
+                 cv, to_pool, t);
+        cuda_check_launch(be, "copy_pages");
+        i += n;
+    }
+}
+
 // ---- embedding -----------------------------------------------------------------
 
 template <int V>
@@ -939,6 +980,7 @@ extern "C" void cuda_register_core(be_t *be) {
     be->add = cu_add;
     be->scale = cu_scale;
     be->copy2d = cu_copy2d;
+    be->copy_pages = cu_copy_pages;
     be->gemm = cu_gemm;
     be->gemm_f32out = cu_gemm_f32out;
     be->gemm_batched = cu_gemm_batched;
