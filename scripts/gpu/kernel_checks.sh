@@ -40,7 +40,7 @@ if [ "${MLA_DIAG:-0}" = 1 ]; then
         echo "mla_diag $name rc=$?" >> $R/summary.txt
     done
 fi
-# ATTN_DQB=1: the attention backward's dQ rule (cuda_attn.cu dq_bulk_rule) at
+# ATTN_DQB=1: the attention backward's dQ by bulk reductions against register adds at
 # 8K and 64K: production, dQ by bulk reductions everywhere (5), by register
 # adds everywhere (6), each f+b beside cuDNN SDPA in the same call
 if [ "${ATTN_DQB:-0}" = 1 ]; then

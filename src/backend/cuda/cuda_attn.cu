@@ -1192,32 +1192,30 @@ static bool bwd_variant(int var, be_t *be, void *dq, void *dk, void *dv_, const 
 // The wgmma backward (cuda_attn_wgmma_bwd.cuh) at the head dims the hybrids
 // use; false where it does not apply (another head dim, deterministic mode,
 // a shape the tensor maps cannot describe). dQ by bulk tensor reductions
-// (dq_bulk: k_attn_bwd_wgmma_dqb) or by red.global.add from registers; the
-// production rule is dq_bulk_rule's.
+// (k_attn_bwd_wgmma_dqb): 7-20% faster than adding it from registers at
+// every head dim, 8K to 64K (runs 27 and 29, docs/PERFORMANCE.md); the
+// register adds (dq_bulk false) only in the bench-variants build.
+template <int DQK, int DV>
+static bool bwd_wgmma_at(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
+                         const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv,
+                         float scale, int Tqp, bool dq_bulk) { // attn_bwd is causal
+#ifdef HYLO_BENCH_VARIANTS
+    if (!dq_bulk)
+        return launch_bwd_wgmma<DQK, DV>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+#endif
+    return launch_bwd_wgmma<DQK, DV, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, 1);
+}
 static bool bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                       const void *v, const float *lse2, const float *Dd, int B, int Tq, int Tk, int H, int Hkv, int dqk,
-                      int dv, float scale, int Tqp, bool dq_bulk) { // attn_bwd is causal
+                      int dv, float scale, int Tqp, bool dq_bulk) {
     if (dqk == 64 && dv == 64)
-        return dq_bulk ? launch_bwd_wgmma<64, 64, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv,
-                                                        scale, Tqp, 1)
-                       : launch_bwd_wgmma<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale,
-                                                  Tqp, 1);
+        return bwd_wgmma_at<64, 64>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, dq_bulk);
     if (dqk == 128 && dv == 128)
-        return dq_bulk ? launch_bwd_wgmma<128, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv,
-                                                          scale, Tqp, 1)
-                       : launch_bwd_wgmma<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale,
-                                                    Tqp, 1);
+        return bwd_wgmma_at<128, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, dq_bulk);
     if (dqk == 192 && dv == 128)
-        return dq_bulk ? launch_bwd_wgmma<192, 128, true>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv,
-                                                          scale, Tqp, 1)
-                       : launch_bwd_wgmma<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale,
-                                                    Tqp, 1);
+        return bwd_wgmma_at<192, 128>(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, scale, Tqp, dq_bulk);
     return false;
 }
-// dQ by bulk reductions at head dims of 128 and more, where it was 7-20%
-// faster at 16K and 32K (run 27, docs/PERFORMANCE.md); at 64/64 it lost at
-// 16K and won at 32K, so the register adds stay there for now.
-static bool dq_bulk_rule(int dqk) { return dqk >= 128; }
 static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dout, const void *q, const void *k,
                         const void *v, const void *out, const float *lse, int B, int Tq, int Tk, int H, int Hkv,
                         int dqk, int dv, float scale) {
@@ -1248,9 +1246,8 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 #ifdef HYLO_BENCH_VARIANTS
     var = cu_env_int("HYLO_ATTN_BWD", 0);
 #endif
-    bool done = var ? false
-                    : bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp,
-                                dq_bulk_rule(dqk));
+    bool done =
+        var ? false : bwd_wgmma(be, dq, dk, dv_, dout, q, k, v, lse2, Dd, B, Tq, Tk, H, Hkv, dqk, dv, scale, Tqp, true);
 #ifdef HYLO_BENCH_VARIANTS
     // 5 and 6: the wgmma backward with dQ by bulk reductions (5) or by register
     // adds (6) at every head dim it takes (else the mma.sync kernels below)

@@ -583,9 +583,13 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
     if (!wg_tensor_map(enc, &mq, q, H * DQK, Tq, B, C::BM) || !wg_tensor_map(enc, &mdo, dout, H * DV, Tq, B, C::BM) ||
         !wg_tensor_map(enc, &mk, k, Hkv * DQK, Tk, B, WB_BN) || !wg_tensor_map(enc, &mv, v, Hkv * DV, Tk, B, WB_BN))
         return false;
-    auto kern = causal ? k_attn_bwd_wgmma<DQK, DV, true> : k_attn_bwd_wgmma<DQK, DV, false>;
-    auto kern_b = causal ? k_attn_bwd_wgmma_dqb<DQK, DV, true> : k_attn_bwd_wgmma_dqb<DQK, DV, false>;
-    const void *kfn = DQB ? (const void *)kern_b : (const void *)kern;
+    // each instantiation names only its own kernel (production builds only the DQB one)
+    const void *kfn;
+    if constexpr (DQB)
+        kfn = causal ? (const void *)k_attn_bwd_wgmma_dqb<DQK, DV, true>
+                     : (const void *)k_attn_bwd_wgmma_dqb<DQK, DV, false>;
+    else
+        kfn = causal ? (const void *)k_attn_bwd_wgmma<DQK, DV, true> : (const void *)k_attn_bwd_wgmma<DQK, DV, false>;
     if (cuda_smem_limit(be, kfn, C::SMEM, "k_attn_bwd_wgmma") < 0) return true; // error recorded
     const int grp = H / Hkv, units = B * Hkv, n_kt = (Tk + WB_BN - 1) / WB_BN;
     const size_t unit_bytes = (size_t)grp * Tq * DQK * sizeof(float); // one unit's fp32 dQ accumulator
@@ -619,14 +623,17 @@ static bool launch_bwd_wgmma(be_t *be, void *dq, void *dk, void *dv_, const void
             return true;
         }
         const int64_t blocks = (int64_t)n_kt * n;
-        if constexpr (DQB)
-            kern_b<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
+        if constexpr (DQB) {
+            auto kern = causal ? k_attn_bwd_wgmma_dqb<DQK, DV, true> : k_attn_bwd_wgmma_dqb<DQK, DV, false>;
+            kern<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
                 (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, mdq, lse2, Dd, Tq, Tk, H, Hkv,
                 scale * 1.4426950408889634f, scale, u0, n, Tqp);
-        else
+        } else {
+            auto kern = causal ? k_attn_bwd_wgmma<DQK, DV, true> : k_attn_bwd_wgmma<DQK, DV, false>;
             kern<<<(unsigned)blocks, WB_THREADS, C::SMEM, cuda_stream(be)>>>(
                 (bf16 *)dk, (bf16 *)dv_, acc, mq, mdo, mk, mv, lse2, Dd, Tq, Tk, H, Hkv, scale * 1.4426950408889634f,
                 scale, u0, n, Tqp);
+        }
         cuda_check_launch(be, "k_attn_bwd_wgmma");
         const int64_t nv = (int64_t)n * grp * Tq * (DQK / 4);
         k_attn_dq_out<<<cuda_blocks(nv, 256), 256, 0, cuda_stream(be)>>>((bf16 *)dq, acc, Tq, H, Hkv, DQK, scale, u0,
