@@ -13,6 +13,7 @@
 // in use. A length whose cache does not fit says so and the sweep goes on.
 // Wall-clock times around calls that end in a host sync.
 // Usage: bench_long [--teacher|--6mla22gdn|--14mla14gdn] [--2m|--upto128k] [--decode64]
+//        bench_long --smollm2 [--trace] | --batch-prefill
 //   (default: all three models; lengths 8K, 32K, 128K, 512K, 1M, and 2M with
 //   --2m, up to 128K only with --upto128k (a profiler's run); 32 decode steps,
 //   64 with --decode64)
@@ -21,6 +22,13 @@
 //   after prompts of 256, 2K, 8K and 32K tokens, 256 decode steps: the decode
 //   speed of `hylo generate --stats` on the real model (the GPU holds its
 //   weights as bf16 either way) without carrying the 98 MB GGUF to the GPU.
+// bench_long --batch-prefill: a server's prefill turns (issue 12), paged
+//   states as hylo serve's: 8 requests' chunks of 128-512 tokens (2,720 in
+//   all) fed one request per forward ("apart") and all in one forward
+//   (model_prefill_batch: products over the packed rows, the recurrent
+//   layers over packed sequences), a first turn at length 0 and a second
+//   over the first's cache; the median of 5 runs each, for the SmolLM2 shape
+//   and its 10MLA20GDN hybrid and the HyLo-3B 6MLA22GDN hybrid.
 // bench_long --smollm2 --trace: the same two models after a 256-token prompt
 //   only, then three more steps traced through CUPTI (bench_trace.h): per
 //   step the GPU span and the host time around it, every kernel of the last
@@ -149,18 +157,109 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
     model_free(&m);
 }
 
+// ms of one turn: every state k takes its chunk of n[k] tokens, in one
+// forward (together) or one forward per state; NULL logits would skip the
+// download a server does, so each turn takes its rows' logits.
+static double prefill_turn(model_run_t *r, model_state_t **sts, int n_st, const int32_t *const *ids, const int *n,
+                           int together, float *logits) {
+    double t0 = now_s();
+    int rc = 0;
+    if (together)
+        rc = model_prefill_batch(r, sts, n_st, ids, n, NULL, logits);
+    else
+        for (int k = 0; k < n_st && rc == 0; k++)
+            rc = model_prefill_batch(r, sts + k, 1, ids + k, n + k, NULL, logits);
+    if (rc < 0) die("prefill turn");
+    return 1e3 * (now_s() - t0);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// --batch-prefill on one model: two turns of 8 requests, apart and together.
+static void batch_prefill(const char *name, const arch_t *a) {
+    enum { NS = 8, REPS = 5 };
+    static const int n[NS] = {512, 384, 256, 448, 320, 192, 480, 128};
+    int total = 0;
+    for (int k = 0; k < NS; k++)
+        total += n[k];
+    model_t m;
+    if (model_create(&m, a, be) < 0) die(name);
+    dev_fill_rand(m.w, m.pt.total, 1, 0.0f, 0.02f);
+    model_run_t r;
+    if (model_run_create(&r, &m, (size_t)4 << 30) < 0) die("run");
+    model_pool_t pool;
+    if (model_pool_create(&m, &pool, NS * 2 * model_pages_for(512) + 8) < 0) die("pool");
+    model_state_t st[NS], *sts[NS];
+    int32_t *ids[NS];
+    for (int k = 0; k < NS; k++) {
+        if (model_state_alloc_paged(&m, &st[k], &pool, 2048) < 0) die("state");
+        sts[k] = &st[k];
+        ids[k] = malloc((size_t)n[k] * sizeof(int32_t));
+        for (int i = 0; i < n[k]; i++)
+            ids[k][i] = (int32_t)(((unsigned)(k * 1000 + i) * 7919u + 13u) % (unsigned)a->V);
+    }
+    float *logits = be->host_alloc(be, (size_t)NS * a->V * sizeof(float));
+    if (!logits) die("logits");
+    double t[2][2][REPS];                 // [together][turn][rep]
+    for (int rep = -1; rep < REPS; rep++) // rep -1: warm-up
+        for (int tog = 0; tog < 2; tog++) {
+            for (int k = 0; k < NS; k++)
+                model_state_reset(&m, &st[k]);
+            double t1 = prefill_turn(&r, sts, NS, (const int32_t *const *)ids, n, tog, logits);
+            double t2 = prefill_turn(&r, sts, NS, (const int32_t *const *)ids, n, tog, logits);
+            if (rep >= 0) t[tog][0][rep] = t1, t[tog][1][rep] = t2;
+        }
+    for (int tog = 0; tog < 2; tog++)
+        for (int turn = 0; turn < 2; turn++)
+            qsort(t[tog][turn], REPS, sizeof(double), cmp_double);
+    for (int turn = 0; turn < 2; turn++) {
+        double ap = t[0][turn][REPS / 2], tg = t[1][turn][REPS / 2];
+        printf("%-12s turn %d (%s): %d tokens of 8 requests  apart %8.2f ms (%8.0f tok/s)  together %8.2f ms (%8.0f "
+               "tok/s)  apart / together %.2fx\n",
+               name, turn + 1, turn ? "over the first's cache" : "from length 0", total, ap, 1e3 * total / ap, tg,
+               1e3 * total / tg, ap / tg);
+    }
+    fflush(stdout);
+    be->host_free(be, logits);
+    for (int k = 0; k < NS; k++)
+        model_state_free(&m, &st[k]), free(ids[k]);
+    model_pool_free(&m, &pool);
+    model_run_free(&r);
+    model_free(&m);
+}
+
 int main(int argc, char **argv) {
-    int only = 0, n_len = 5, D = 32, small = 0;
+    int only = 0, n_len = 5, D = 32, small = 0, batch = 0;
     bench_flag_t flags[] = {{"--teacher", &only, 1},  {"--6mla22gdn", &only, 2}, {"--14mla14gdn", &only, 3},
                             {"--2m", &n_len, 6},      {"--upto128k", &n_len, 3}, {"--decode64", &D, 64},
-                            {"--smollm2", &small, 1}, {"--trace", &tracing, 1}};
-    if (bench_flags(argc, argv, flags, 8) < 0) return 2;
+                            {"--smollm2", &small, 1}, {"--trace", &tracing, 1},  {"--batch-prefill", &batch, 1}};
+    if (bench_flags(argc, argv, flags, 9) < 0) return 2;
     if (tracing && !small) {
         fprintf(stderr, "bench_long: --trace goes with --smollm2\n");
         return 2;
     }
     if (tracing) trace_start();  // before the CUDA context and the graphs it records
     bench_init((size_t)8 << 30); // op scratch: chunked GDN and attention at 8K-token chunks
+    if (batch) {
+        arch_t t = smollm2(), s;
+        int mla[10];
+        for (int i = 0; i < 10; i++)
+            mla[i] = 3 * i;
+        batch_prefill("SmolLM2-135M", &t);
+        if (upc_student_arch(&t, mla, 10, LAYER_GDN, &(upc_dims_t){0}, &s) < 0) die("10MLA20GDN arch");
+        batch_prefill("10MLA20GDN", &s);
+        arch_t l = llama_3b(), h;
+        upc_dims_t dims = {
+            .r_q = 1536, .r_kv = 128, .d_rope = 64, .d_nope = 64, .d_v = 128, .yarn_factor = 32, .yarn_orig = 2048};
+        const int mla6[6] = {0, 5, 10, 16, 21, 26};
+        if (upc_student_arch(&l, mla6, 6, LAYER_GDN, &dims, &h) < 0) die("6MLA22GDN arch");
+        batch_prefill("6MLA22GDN", &h);
+        bench_finish();
+        return 0;
+    }
     if (small) {
         const int short_lengths[4] = {256, 2048, 8192, 32768};
         arch_t t = smollm2(), s;
