@@ -264,11 +264,51 @@ static int attend_cache(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w,
     return 0;
 }
 
+// A batched prefill's runs (each sequence over its own cache) whose keys fit
+// one tile all together: every sequence's cached latents [0, pos0 + T)
+// gathered one after another and expanded by one product (expand_keys over
+// them as one sequence: each key's expansion is its own), then each
+// sequence's T queries attend causally over its own keys. Where attend_cache
+// per run takes a product and its copies per sequence. 1 when done, 0 when
+// the keys do not fit one tile (the caller attends run by run), < 0 on error.
+static int attend_caches_packed(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, int n_runs,
+                                const step_run_t *runs, const void *q, void *att, float *lse) {
+    be_t *be = c->be;
+    int64_t NK = 0;
+    for (int i = 0; i < n_runs; i++)
+        NK += (int64_t)runs[i].n * (runs[i].pos0 + runs[i].T);
+    if (NK > tile_keys(c, D, 1)) return 0;
+    void *lat, *kvd, *k, *v;
+    ACT(lat, NK * D->L);
+    ACT(kvd, NK * D->G * D->kvh);
+    ACT(k, NK * D->G * D->qd);
+    ACT(v, NK * D->G * D->dv);
+    for (int64_t i = 0, off = 0; i < n_runs; i++)
+        for (int j = 0; j < runs[i].n; j++) {
+            const step_run_t *u = &runs[i];
+            int64_t Tk = (int64_t)u->pos0 + u->T;
+            cache_copy_rows(be, u->cache, u->cache->u.mla.kv, D->L, u->seq0 + j, 0, Tk, 0, D->L,
+                            act_at(be, lat, off * D->L), D->L, 0);
+            off += Tk;
+        }
+    expand_keys(c, D, w, lat, D->L, act_at(be, lat, D->rkv), D->L, NK, 1, NK, kvd, k, v);
+    for (int64_t i = 0, off = 0, row = 0; i < n_runs; i++)
+        for (int j = 0; j < runs[i].n; j++) {
+            const step_run_t *u = &runs[i];
+            int Tk = u->pos0 + u->T;
+            be->attn_fwd(be, act_at(be, att, row * D->H * D->dv), lse + row * D->H, act_at(be, q, row * D->H * D->qd),
+                         act_at(be, k, off * D->G * D->qd), act_at(be, v, off * D->G * D->dv), 1, u->T, Tk, D->H, D->G,
+                         D->qd, D->dv, D->scale, 1);
+            off += Tk, row += u->T;
+        }
+    return 1;
+}
+
 // The forward over the rows of runs (layer.h step_run_t): the products and
-// RoPE once over every row, then per run with a cache its rows appended to
-// its sequences' caches and attended over them (attend_cache); a run without
-// a cache (training: one run) attends causally within its T rows, its
-// expanded keys kept for the backward.
+// RoPE once over every row, then with caches every run's rows appended to
+// its sequences' caches and attended over them (attend_caches_packed, or
+// attend_cache per run); a run without a cache (training: one run) attends
+// causally within its T rows, its expanded keys kept for the backward.
 static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void *x, int n_runs, const step_run_t *runs,
                    mla_saved_t *sv) {
     be_t *be = c->be;
@@ -296,20 +336,32 @@ static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void
     float *lse;
     ACT(att, N * D.H * D.dv);
     F32(lse, N * D.H);
-    for (int64_t i = 0, r = 0; i < n_runs; r += (int64_t)runs[i].n * runs[i].T, i++) {
+    // with caches: every run's rows appended first (each run reads only its
+    // own sequences), then attended: all runs at once where their keys fit
+    // one tile (attend_caches_packed), else run by run
+    for (int64_t i = 0, r = 0; i < n_runs && runs[0].cache; r += (int64_t)runs[i].n * runs[i].T, i++) {
+        const step_run_t *u = &runs[i];
+        for (int b = 0; b < u->n; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
+            int64_t rb = r + (int64_t)b * u->T;
+            cache_copy_rows(be, u->cache, u->cache->u.mla.kv, D.L, u->seq0 + b, u->pos0, u->T, 0, D.rkv,
+                            act_at(be, p.cn, rb * D.rkv), D.rkv, 1);
+            cache_copy_rows(be, u->cache, u->cache->u.mla.kv, D.L, u->seq0 + b, u->pos0, u->T, D.rkv, D.dr,
+                            act_at(be, p.kpe, rb * D.dr), D.dr, 1);
+        }
+    }
+    int packed = 0;
+    if (runs[0].cache && n_runs > 1) {
+        size_t mark = arena_mark(c->arena);
+        packed = attend_caches_packed(c, &D, w, n_runs, runs, p.q, att, lse);
+        arena_reset(c->arena, mark); // the keys' temporaries
+        TRY(packed);
+    }
+    for (int64_t i = 0, r = 0; i < n_runs && !packed; r += (int64_t)runs[i].n * runs[i].T, i++) {
         const step_run_t *u = &runs[i];
         const int B = u->n, T = u->T;
         void *att_r = act_at(be, att, r * D.H * D.dv);
         const void *q_r = act_at(be, p.q, r * D.H * D.qd);
         if (u->cache) {
-            void *kv = u->cache->u.mla.kv;
-            for (int b = 0; b < B; b++) { // rows [pos0, pos0 + T): [c after the latent norm | rotated k_pe]
-                int64_t rb = r + (int64_t)b * T;
-                cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, 0, D.rkv, act_at(be, p.cn, rb * D.rkv),
-                                D.rkv, 1);
-                cache_copy_rows(be, u->cache, kv, D.L, u->seq0 + b, u->pos0, T, D.rkv, D.dr,
-                                act_at(be, p.kpe, rb * D.dr), D.dr, 1);
-            }
             size_t mark = arena_mark(c->arena);
             TRY(attend_cache(c, &D, w, u->cache, u->seq0, B, T, u->pos0, q_r, att_r, lse + r * D.H));
             arena_reset(c->arena, mark); // its tiles' temporaries

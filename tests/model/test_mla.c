@@ -403,6 +403,59 @@ static void test_prefill_tiles(void **st) {
     tiles_case(V_ZEBRA, 200, (int[]){30, 66}, 2); // one tile per chunk (the untiled result)
 }
 
+// ---- a batched prefill's runs over their own caches == whole-sequence forward ----
+
+// mla_forward_runs over two caches at different lengths (one run of one
+// sequence, one of two), with a tile that holds every run's keys (mla.c
+// attend_caches_packed: one expansion for all) and with one that does not
+// (attend_cache per run, in tiles); every output row against one cache-less
+// forward over the whole sequence. Tolerance as tiles_case (fp32
+// association only).
+static void runs_case(int tile) {
+    enum { B = 3, T = 48, CAP = 64, PA = 10, NA = 20, PB = 5, NB = 30 };
+    lt_t t;
+    setup(&t, V_ZEBRA, B, T, 900);
+    int d = t.a.d, L = t.a.mla.r_kv + t.a.mla.d_rope;
+    float *ref = malloc(sizeof(float) * B * T * d);
+    tu_ctx_reset(&t.c);
+    assert_int_equal(mla_forward(&t.c, &t.w, ref, t.x, B, T, 0, NULL, NULL), 0);
+    // cache a: sequence 0 at length PA; cache b: sequences 1, 2 at length PB
+    layer_cache_t ca = {.B = 1, .cap = CAP, .len = 0}, cb = {.B = 2, .cap = CAP, .len = 0};
+    ca.u.mla.kv = calloc((size_t)CAP * L, sizeof(float));
+    cb.u.mla.kv = calloc((size_t)2 * CAP * L, sizeof(float));
+    float *xp = malloc(sizeof(float) * 2 * T * d), *op = malloc(sizeof(float) * 2 * T * d);
+    tu_ctx_reset(&t.c);
+    assert_int_equal(mla_forward(&t.c, &t.w, op, t.x, 1, PA, 0, &ca, NULL), 0);
+    tu_rows_gather(xp, t.x + (int64_t)T * d, 2, T, 0, PB, d);
+    tu_ctx_reset(&t.c);
+    assert_int_equal(mla_forward(&t.c, &t.w, op, xp, 2, PB, 0, &cb, NULL), 0);
+    ca.len = PA, cb.len = PB;
+    // the runs' rows packed: sequence 0 [PA, PA + NA), then 1 and 2 [PB, PB + NB)
+    const int rows = NA + 2 * NB;
+    float *x = malloc(sizeof(float) * rows * d), *out = malloc(sizeof(float) * rows * d);
+    memcpy(x, t.x + (int64_t)PA * d, sizeof(float) * NA * d);
+    tu_rows_gather(x + (int64_t)NA * d, t.x + (int64_t)T * d, 2, T, PB, NB, d);
+    step_run_t runs[2] = {{&ca, 0, 1, NA, PA}, {&cb, 0, 2, NB, PB}};
+    t.c.cache_tile_keys = tile;
+    tu_ctx_reset(&t.c);
+    assert_int_equal(mla_forward_runs(&t.c, &t.w, out, x, 2, runs), 0);
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        int seq = r < NA ? 0 : 1 + (r - NA) / NB, pos = r < NA ? PA + r : PB + (r - NA) % NB;
+        double e = tu_rel_err(out + (int64_t)r * d, ref + ((int64_t)seq * T + pos) * d, d);
+        if (!(e <= worst)) worst = e;
+    }
+    print_message("  runs over 2 caches, tiles of %d keys (%s): max rel err per row %.2e\n", tile,
+                  tile >= PA + NA + 2 * (PB + NB) ? "all runs in one tile" : "run by run", worst);
+    assert_true(worst < 1e-5);
+    free(ca.u.mla.kv), free(cb.u.mla.kv), free(ref), free(xp), free(op), free(x), free(out);
+    teardown(&t);
+}
+static void test_prefill_runs(void **st) {
+    runs_case(1024); // 100 keys in all: one expansion for every run
+    runs_case(16);   // run by run, in tiles
+}
+
 // ---- RoPE layout (spec §2.1) -----------------------------------------------------
 
 // q . k of the stored (de-interleaved) rotated vectors equals q . k after standard
@@ -521,7 +574,8 @@ int main(void) {
         cmocka_unit_test(test_grad_full_kv),     cmocka_unit_test(test_decode_zebra),
         cmocka_unit_test(test_decode_qwen3),     cmocka_unit_test(test_decode_chunked),
         cmocka_unit_test(test_decode_variants),  cmocka_unit_test(test_prefill_tiles),
-        cmocka_unit_test(test_rope_layout),      cmocka_unit_test(test_yarn_numbers),
+        cmocka_unit_test(test_prefill_runs),     cmocka_unit_test(test_rope_layout),
+        cmocka_unit_test(test_yarn_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
