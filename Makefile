@@ -145,7 +145,7 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(TESTUTIL)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) $< $(TESTUTIL) $(LIB) $(LDLIBS) -lcmocka -o $@
 
-$(BUILD)/bench/%: bench/%.c bench/bench_util.h $(LIB)
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) $< $(LIB) $(LDLIBS) -o $@
 
@@ -153,7 +153,7 @@ $(VARDIR)/tests/%: tests/%.c $(VARLIB) $(TESTUTIL)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DHYLO_BENCH_VARIANTS $(LDSAN) $< $(TESTUTIL) $(VARLIB) $(LDLIBS) -lcmocka -o $@
 
-$(VARDIR)/bench/%: bench/%.c bench/bench_util.h $(VARLIB)
+$(VARDIR)/bench/%: bench/%.c $(wildcard bench/*.h) $(VARLIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DHYLO_BENCH_VARIANTS $(LDSAN) $< $(VARLIB) $(LDLIBS) -o $@
 

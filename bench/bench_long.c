@@ -22,13 +22,10 @@
 //   after prompts of 256, 2K, 8K and 32K tokens, 256 decode steps: the decode
 //   speed of `hylo generate --stats` on the real model (the GPU holds its
 //   weights as bf16 either way) without carrying the 98 MB GGUF to the GPU.
-// bench_long --batch-prefill: a server's prefill turns (issue 12), paged
-//   states as hylo serve's: 8 requests' chunks of 128-512 tokens (2,720 in
-//   all) fed one request per forward ("apart") and all in one forward
-//   (model_prefill_batch: products over the packed rows, the recurrent
-//   layers over packed sequences), a first turn at length 0 and a second
-//   over the first's cache; the median of 5 runs each, for the SmolLM2 shape
-//   and its 10MLA20GDN hybrid and the HyLo-3B 6MLA22GDN hybrid.
+// bench_long --batch-prefill: a server's prefill turns (issue 12;
+//   bench_turns.h: 8 requests apart and in one forward, two turns, medians
+//   of 5) for the SmolLM2 shape, its 10MLA20GDN hybrid and the HyLo-3B
+//   6MLA22GDN hybrid.
 // bench_long --smollm2 --trace: the same two models after a 256-token prompt
 //   only, then three more steps traced through CUPTI (bench_trace.h): per
 //   step the GPU span and the host time around it, every kernel of the last
@@ -46,6 +43,7 @@
 
 #define BENCH_NAME "bench_long"
 #include "bench_trace.h"
+#include "bench_turns.h"
 #include "bench_util.h"
 
 static int tracing; // --trace
@@ -157,76 +155,14 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
     model_free(&m);
 }
 
-// ms of one turn: every state k takes its chunk of n[k] tokens, in one
-// forward (together) or one forward per state; NULL logits would skip the
-// download a server does, so each turn takes its rows' logits.
-static double prefill_turn(model_run_t *r, model_state_t **sts, int n_st, const int32_t *const *ids, const int *n,
-                           int together, float *logits) {
-    double t0 = now_s();
-    int rc = 0;
-    if (together)
-        rc = model_prefill_batch(r, sts, n_st, ids, n, NULL, logits);
-    else
-        for (int k = 0; k < n_st && rc == 0; k++)
-            rc = model_prefill_batch(r, sts + k, 1, ids + k, n + k, NULL, logits);
-    if (rc < 0) die("prefill turn");
-    return 1e3 * (now_s() - t0);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-// --batch-prefill on one model: two turns of 8 requests, apart and together.
+// --batch-prefill on one model with random weights (bench_turns.h).
 static void batch_prefill(const char *name, const arch_t *a) {
-    enum { NS = 8, REPS = 5 };
-    static const int n[NS] = {512, 384, 256, 448, 320, 192, 480, 128};
-    int total = 0;
-    for (int k = 0; k < NS; k++)
-        total += n[k];
     model_t m;
     if (model_create(&m, a, be) < 0) die(name);
     dev_fill_rand(m.w, m.pt.total, 1, 0.0f, 0.02f);
     model_run_t r;
     if (model_run_create(&r, &m, (size_t)4 << 30) < 0) die("run");
-    model_pool_t pool;
-    if (model_pool_create(&m, &pool, NS * 2 * model_pages_for(512) + 8) < 0) die("pool");
-    model_state_t st[NS], *sts[NS];
-    int32_t *ids[NS];
-    for (int k = 0; k < NS; k++) {
-        if (model_state_alloc_paged(&m, &st[k], &pool, 2048) < 0) die("state");
-        sts[k] = &st[k];
-        ids[k] = malloc((size_t)n[k] * sizeof(int32_t));
-        for (int i = 0; i < n[k]; i++)
-            ids[k][i] = (int32_t)(((unsigned)(k * 1000 + i) * 7919u + 13u) % (unsigned)a->V);
-    }
-    float *logits = be->host_alloc(be, (size_t)NS * a->V * sizeof(float));
-    if (!logits) die("logits");
-    double t[2][2][REPS];                 // [together][turn][rep]
-    for (int rep = -1; rep < REPS; rep++) // rep -1: warm-up
-        for (int tog = 0; tog < 2; tog++) {
-            for (int k = 0; k < NS; k++)
-                model_state_reset(&m, &st[k]);
-            double t1 = prefill_turn(&r, sts, NS, (const int32_t *const *)ids, n, tog, logits);
-            double t2 = prefill_turn(&r, sts, NS, (const int32_t *const *)ids, n, tog, logits);
-            if (rep >= 0) t[tog][0][rep] = t1, t[tog][1][rep] = t2;
-        }
-    for (int tog = 0; tog < 2; tog++)
-        for (int turn = 0; turn < 2; turn++)
-            qsort(t[tog][turn], REPS, sizeof(double), cmp_double);
-    for (int turn = 0; turn < 2; turn++) {
-        double ap = t[0][turn][REPS / 2], tg = t[1][turn][REPS / 2];
-        printf("%-12s turn %d (%s): %d tokens of 8 requests  apart %8.2f ms (%8.0f tok/s)  together %8.2f ms (%8.0f "
-               "tok/s)  apart / together %.2fx\n",
-               name, turn + 1, turn ? "over the first's cache" : "from length 0", total, ap, 1e3 * total / ap, tg,
-               1e3 * total / tg, ap / tg);
-    }
-    fflush(stdout);
-    be->host_free(be, logits);
-    for (int k = 0; k < NS; k++)
-        model_state_free(&m, &st[k]), free(ids[k]);
-    model_pool_free(&m, &pool);
+    if (bench_turns(name, &m, &r, 5) < 0) die("prefill turns");
     model_run_free(&r);
     model_free(&m);
 }
