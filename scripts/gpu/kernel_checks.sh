@@ -9,7 +9,8 @@
 # (bench_long --smollm2; also .carry/base/bench_long.xz, an older build to
 # compare against on the same card, when carried), bench_attn --compare and
 # torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
-# MLA_DIAG=1 also the failing MLA decode point bisected (below), with CORE_BENCH=1
+# MLA_DIAG=1 also the failing MLA decode point bisected (below), with
+# PREFILL=1 bench_long --batch-prefill, with CORE_BENCH=1
 # bench_cuda_core (below), with TRACE=1 the SmolLM2 decode steps' kernel
 # timelines (bench_long --smollm2 --trace; CUPTI from the CUDA toolkit, else
 # the first libcupti.so.13 on the machine, torch's among them), with
@@ -52,6 +53,12 @@ if [ "${ATTN_DQB:-0}" = 1 ]; then
     timeout 150 python3 scripts/ref/bench_sdpa.py --backends cudnn > $R/sdpa_cudnn.txt 2>&1; echo "sdpa cudnn rc=$?" >> $R/summary.txt
 fi
 timeout ${LONG_LIMIT:-90} build/bench/bench_long --smollm2 > $R/bench_long_smollm2.txt 2>&1; echo "bench_long rc=$?" >> $R/summary.txt
+# PREFILL=1: a server's prefill turns, 8 requests apart and in one forward
+# (bench_turns.h), for the SmolLM2 shape, its 10MLA20GDN hybrid and HyLo-3B
+# 6MLA22GDN
+if [ "${PREFILL:-0}" = 1 ]; then
+    timeout 150 build/bench/bench_long --batch-prefill > $R/batch_prefill.txt 2>&1; echo "batch prefill rc=$?" >> $R/summary.txt
+fi
 # CORE_BENCH=1: the shared ops, the decode products' weight bandwidth among them
 if [ "${CORE_BENCH:-0}" = 1 ]; then
     timeout 90 build/bench/bench_cuda_core > $R/bench_cuda_core.txt 2>&1; echo "bench_cuda_core rc=$?" >> $R/summary.txt
