@@ -150,12 +150,12 @@ int run_seqs(const layer_ctx_t *c, const step_run_t *runs, int n_runs, run_seqs_
     for (int i = 0, s = 0; i < n_runs; i++)
         for (int j = 0; j < runs[i].n; j++, s++)
             cu[s + 1] = cu[s] + runs[i].T;
-    *out = (run_seqs_t){{n, cu}, base, base};
+    *out = (run_seqs_t){{n, cu}, base};
     return 0;
 }
 
 void run_seqs_free(run_seqs_t *rs) {
-    free(rs->block);
+    free(rs->base);
     memset(rs, 0, sizeof *rs);
 }
 

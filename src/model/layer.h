@@ -187,11 +187,10 @@ int step_cache_bases(const arch_t *a, int layer, size_t act, const step_run_t *r
 // them (backend.h be_seqs_t): one per sequence of each run, in order, its T
 // rows after the rows of those before it, with its cache bases
 // (step_cache_bases' layout, one entry per sequence). Host arrays in one
-// block; run_seqs_free releases it.
+// allocation (base; cu after it); run_seqs_free releases it.
 typedef struct {
     be_seqs_t sq;
     void **base;
-    void *block;
 } run_seqs_t;
 int run_seqs(const layer_ctx_t *c, const step_run_t *runs, int n_runs, run_seqs_t *out);
 void run_seqs_free(run_seqs_t *rs);
