@@ -377,10 +377,10 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
 
 // Rows t0 .. t0+L-1 of sequence b: q/k of head hq, v/g/beta of value head h.
 static void gather_chunk(ws_t *w, const float *q, const float *k, const float *v, const float *g, const float *beta,
-                         int b, int t0, int L, int hq, int h, int T, int H, int HV) {
+                         int64_t row0, int t0, int L, int hq, int h, int H, int HV) {
     int K = w->K, Dv = w->Dv;
     for (int i = 0; i < L; i++) {
-        int64_t row = (int64_t)b * T + t0 + i;
+        int64_t row = row0 + t0 + i;
         memcpy(w->Qc + i * K, q + (row * H + hq) * K, (size_t)K * sizeof(float));
         memcpy(w->Kc + i * K, k + (row * H + hq) * K, (size_t)K * sizeof(float));
         memcpy(w->Vc + i * Dv, v + (row * HV + h) * Dv, (size_t)Dv * sizeof(float));
@@ -442,10 +442,10 @@ static void chunk_delta(ws_t *w, int L) {
 
 // F4: o_i = scale (e^{G_i} S^T q_i + sum_{j<=i} Gam_ij (q_i . k_j) Delta_j),
 // written to token rows of o [B,T,HV,Dv].
-static void chunk_output(const ws_t *w, float *o, float scale, int b, int t0, int L, int h, int T, int HV) {
+static void chunk_output(const ws_t *w, float *o, float scale, int64_t row0, int t0, int L, int h, int HV) {
     int K = w->K, Dv = w->Dv;
     for (int i = 0; i < L; i++) {
-        float *orow = o + (((int64_t)b * T + t0 + i) * HV + h) * Dv;
+        float *orow = o + ((row0 + t0 + i) * HV + h) * Dv;
         float eg = w->eG[i];
         for (int c = 0; c < Dv; c++)
             orow[c] = eg * dotf(w->St + (int64_t)c * K, w->Qc + i * K, K);
@@ -476,45 +476,79 @@ static void chunk_state_update(ws_t *w, int L) {
 // Chunked forward
 // ---------------------------------------------------------------------------
 
-static void cpu_gdn_chunk_fwd(be_t *be, void *o_, float *state, int init, const void *q_, const void *k_,
-                              const void *v_, const float *g, const float *beta, float scale, int B, int T, int H,
-                              int HV, int K, int Dv) {
-    float *o = o_;
-    const float *q = q_, *k = k_, *v = v_;
-    int64_t SS = (int64_t)Dv * K;
-    int NT = (T + BT - 1) / BT, nth;
-    size_t per = ws_floats(K, Dv, NT, 0);
+// The chunked forward of n sequences: sequence s has len[s] rows from row
+// row0[s] of q, k, v, g, beta and o, and its state at st[s] (NULL: none; read
+// when init). Its (sequence, head) pairs are the threads' units, so packed
+// sequences of a batched prefill run side by side.
+static void gdn_fwd_seqs(be_t *be, float *o, float *const *st, int init, const float *q, const float *k, const float *v,
+                         const float *g, const float *beta, float scale, int n, const int64_t *row0, const int *len,
+                         int H, int HV, int K, int Dv) {
+    int64_t SS = (int64_t)Dv * K, rows = 0;
+    int nth;
+    for (int s = 0; s < n; s++)
+        rows += len[s];
+    size_t per = ws_floats(K, Dv, 0, 0);
     cpu_tmp_t tmp;
     float *pool = ws_take(be, &tmp, per, &nth, "gdn chunk forward");
     if (!pool) {
-        cpu_fill_nan(o, (int64_t)B * T * HV * Dv);
-        if (state) cpu_fill_nan(state, (int64_t)B * HV * SS);
+        for (int s = 0; s < n; s++) {
+            cpu_fill_nan(o + row0[s] * HV * Dv, (int64_t)len[s] * HV * Dv);
+            if (st[s]) cpu_fill_nan(st[s], HV * SS);
+        }
         return;
     }
-#pragma omp parallel num_threads(nth) if (worth_threads(B, T, HV, K, Dv))
+#pragma omp parallel num_threads(nth) if (worth_threads(1, (int)(rows < INT32_MAX ? rows : INT32_MAX), HV, K, Dv))
     {
-        ws_t w = ws_carve(pool + (size_t)omp_get_thread_num() * per, K, Dv, NT, 0);
+        ws_t w = ws_carve(pool + (size_t)omp_get_thread_num() * per, K, Dv, 0, 0);
 #pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int b = 0; b < B; b++)
+        for (int s = 0; s < n; s++)
             for (int h = 0; h < HV; h++) {
-                int hq = h / (HV / H);
-                float *sh = state ? state + ((int64_t)b * HV + h) * SS : NULL;
+                int hq = h / (HV / H), T = len[s], NT = (T + BT - 1) / BT;
+                float *sh = st[s] ? st[s] + (int64_t)h * SS : NULL;
                 if (sh && init)
                     memcpy(w.St, sh, (size_t)SS * sizeof(float));
                 else
                     memset(w.St, 0, (size_t)SS * sizeof(float));
                 for (int c = 0; c < NT; c++) {
                     int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
-                    gather_chunk(&w, q, k, v, g, beta, b, t0, L, hq, h, T, H, HV);
-                    chunk_intra(&w, L);                             // F1, F2
-                    chunk_delta(&w, L);                             // F3: Delta = U - W S
-                    chunk_output(&w, o, scale, b, t0, L, h, T, HV); // F4 (reads S at the chunk start)
-                    chunk_state_update(&w, L);                      // F3: state passing
+                    gather_chunk(&w, q, k, v, g, beta, row0[s], t0, L, hq, h, H, HV);
+                    chunk_intra(&w, L);                                // F1, F2
+                    chunk_delta(&w, L);                                // F3: Delta = U - W S
+                    chunk_output(&w, o, scale, row0[s], t0, L, h, HV); // F4 (reads S at the chunk start)
+                    chunk_state_update(&w, L);                         // F3: state passing
                 }
                 if (sh) memcpy(sh, w.St, (size_t)SS * sizeof(float));
             }
     }
     cpu_tmp_give(be, &tmp);
+}
+
+// Per-sequence tables of n sequences (row offsets, lengths, states) in one
+// allocation; NULL when out of memory.
+static void *seq_tables(int n, int64_t **row0, int **len, float ***st) {
+    char *p = malloc((size_t)(n > 0 ? n : 1) * (sizeof(int64_t) + sizeof(int) + sizeof(float *)));
+    if (!p) return NULL;
+    *row0 = (int64_t *)p, *st = (float **)(p + (size_t)n * sizeof(int64_t));
+    *len = (int *)(p + (size_t)n * (sizeof(int64_t) + sizeof(float *)));
+    return p;
+}
+
+static void cpu_gdn_chunk_fwd(be_t *be, void *o_, float *state, int init, const void *q_, const void *k_,
+                              const void *v_, const float *g, const float *beta, float scale, int B, int T, int H,
+                              int HV, int K, int Dv) {
+    int64_t *row0;
+    int *len;
+    float **st;
+    void *tab = seq_tables(B, &row0, &len, &st);
+    if (!tab) {
+        cpu_fill_nan(o_, (int64_t)B * T * HV * Dv);
+        if (state) cpu_fill_nan(state, (int64_t)B * HV * Dv * K);
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        row0[b] = (int64_t)b * T, len[b] = T, st[b] = state ? state + (int64_t)b * HV * Dv * K : NULL;
+    gdn_fwd_seqs(be, o_, st, init, q_, k_, v_, g, beta, scale, B, row0, len, H, HV, K, Dv);
+    free(tab);
 }
 
 // ---------------------------------------------------------------------------
@@ -708,7 +742,7 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
                     for (int c = 0; c < NT; c++) {
                         int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
                         memcpy(w.hist + c * SS, w.St, (size_t)SS * sizeof(float));
-                        gather_chunk(&w, q, k, v, g, beta, b, t0, L, hq, h, T, H, HV);
+                        gather_chunk(&w, q, k, v, g, beta, (int64_t)b * T, t0, L, hq, h, H, HV);
                         chunk_intra(&w, L);
                         chunk_delta(&w, L);
                         chunk_state_update(&w, L);
@@ -721,7 +755,7 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
                     for (int c = NT - 1; c >= 0; c--) {
                         int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
                         memcpy(w.St, w.hist + c * SS, (size_t)SS * sizeof(float));
-                        gather_chunk(&w, q, k, v, g, beta, b, t0, L, hq, h, T, H, HV);
+                        gather_chunk(&w, q, k, v, g, beta, (int64_t)b * T, t0, L, hq, h, H, HV);
                         for (int i = 0; i < L; i++)
                             memcpy(w.dO + i * Dv, dout + (((int64_t)b * T + t0 + i) * HV + h) * Dv,
                                    (size_t)Dv * sizeof(float));
@@ -750,19 +784,22 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
     cpu_tmp_give(be, &tmp);
 }
 
-// Each packed sequence in turn, from its own state.
+// The packed sequences side by side (gdn_fwd_seqs), each from its own state.
 static void cpu_gdn_chunk_seqs(be_t *be, void *o_, void *const *state, const void *q_, const void *k_, const void *v_,
                                const float *g, const float *beta, float scale, be_seqs_t sq, int H, int HV, int K,
                                int Dv) {
-    float *o = o_;
-    const float *q = q_, *k = k_, *v = v_;
-    for (int s = 0; s < sq.n; s++) {
-        int64_t r = sq.cu[s];
-        int T = sq.cu[s + 1] - sq.cu[s];
-        if (T <= 0) continue;
-        cpu_gdn_chunk_fwd(be, o + r * HV * Dv, state[s], 1, q + r * H * K, k + r * H * K, v + r * HV * Dv, g + r * HV,
-                          beta + r * HV, scale, 1, T, H, HV, K, Dv);
+    int64_t *row0;
+    int *len;
+    float **st;
+    void *tab = seq_tables(sq.n, &row0, &len, &st);
+    if (!tab) {
+        cpu_fill_nan(o_, (int64_t)sq.cu[sq.n] * HV * Dv);
+        return;
     }
+    for (int s = 0; s < sq.n; s++)
+        row0[s] = sq.cu[s], len[s] = sq.cu[s + 1] - sq.cu[s], st[s] = state[s];
+    gdn_fwd_seqs(be, o_, st, 1, q_, k_, v_, g, beta, scale, sq.n, row0, len, H, HV, K, Dv);
+    free(tab);
 }
 
 void cpu_register_gdn(be_t *be) {
