@@ -12,8 +12,11 @@
 //               sv NULL in inference, else filled for the backward.
 //   X_forward_runs  the same inference over runs of sequences of caches
 //               (step_run_t), each run its own T tokens at its own position,
-//               the rows packed: the products and norms once over all rows,
-//               what reads a cache once per run (a batched prefill).
+//               the rows packed (a batched prefill): the products and norms
+//               once over all rows; the recurrent layers' convolutions and
+//               rules once over all sequences (backend.h be_seqs_t); MLA's
+//               cached keys expanded together where they fit one tile;
+//               attention's appends and attention once per sequence.
 //   X_backward  dout -> dx (overwritten) and weight gradients (+=).
 //   X_step      one new token per sequence, x [N,d], with the caches: the N
 //               rows are runs of sequences (step_run_t), each sequence at its

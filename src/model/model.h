@@ -316,8 +316,9 @@ int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, 
 // A prefill chunk of each of n_st single-sequence states in one forward
 // (continuous batching of prompts): state k takes n[k] >= 1 tokens ids[k]
 // (host) after its own len. The products, norms and MLPs run once over the
-// chunks packed together; what reads a state's cache or recurrent state runs
-// once per state (model_mixer_forward_runs). The one-token chunks (decode
+// chunks packed together; the mixers take the chunks as runs
+// (model_mixer_forward_runs; layer.h X_forward_runs says what runs once per
+// state). The one-token chunks (decode
 // tokens riding in a prefill, as a server's turn gives them: the next token
 // of a decoding request) are packed after the others and their mixers run as
 // one decode step of them all (model_mixer_step, each row over its own cache at its own

@@ -90,8 +90,8 @@ static float *ws_take(be_t *be, cpu_tmp_t *t, size_t per, int *nthreads, const c
 // Small problems (the layer tests, one decode token) run on the calling
 // thread: waking a team costs more than the work, and much more when the
 // cores are shared.
-static int worth_threads(int B, int T, int HV, int K, int Dv) {
-    return (int64_t)B * HV * T * K * Dv >= (1 << 20) && omp_get_max_threads() > 1;
+static int worth_threads(int64_t rows, int HV, int K, int Dv) {
+    return rows * HV * K * Dv >= (1 << 20) && omp_get_max_threads() > 1;
 }
 
 // ---------------------------------------------------------------------------
@@ -143,7 +143,7 @@ static void cpu_gdn_recurrent_fwd(be_t *be, void *o_, float *state, const void *
         }
         memset(S, 0, (size_t)B * HV * SS * sizeof(float));
     }
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads(B, T, HV, K, Dv))
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads((int64_t)B * T, HV, K, Dv))
     for (int b = 0; b < B; b++)
         for (int h = 0; h < HV; h++)
             recurrent_head(S + ((int64_t)b * HV + h) * SS, o, q, k, v, g, beta, scale, b, h, T, H, HV, K, Dv);
@@ -159,7 +159,7 @@ static void cpu_gdn_recurrent_step(be_t *be, void *o_, void *const *rows, const 
     float *o = o_;
     const float *q = q_, *k = k_, *v = v_;
     int64_t SS = (int64_t)Dv * K;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads(N, 1, HV, K, Dv))
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (worth_threads(N, HV, K, Dv))
     for (int r = 0; r < N; r++)
         for (int h = 0; h < HV; h++) {
             int64_t qo = (int64_t)r * H * K, vo = (int64_t)r * HV * Dv, go = (int64_t)r * HV;
@@ -497,7 +497,7 @@ static void gdn_fwd_seqs(be_t *be, float *o, float *const *st, int init, const f
         }
         return;
     }
-#pragma omp parallel num_threads(nth) if (worth_threads(1, (int)(rows < INT32_MAX ? rows : INT32_MAX), HV, K, Dv))
+#pragma omp parallel num_threads(nth) if (worth_threads(rows, HV, K, Dv))
     {
         ws_t w = ws_carve(pool + (size_t)omp_get_thread_num() * per, K, Dv, 0, 0);
 #pragma omp for collapse(2) schedule(dynamic, 1)
@@ -721,7 +721,7 @@ static void cpu_gdn_chunk_bwd(be_t *be, void *dq_, void *dk_, void *dv_, float *
     // Parallel over (batch, q/k head); the value heads of a q/k head run in
     // turn and add their dq, dk into the same rows, so no two threads write
     // one row (the GPU instead writes per-value-head partials and sums them).
-#pragma omp parallel num_threads(nth) if (worth_threads(B, T, HV, K, Dv))
+#pragma omp parallel num_threads(nth) if (worth_threads((int64_t)B * T, HV, K, Dv))
     {
         ws_t w = ws_carve(pool + (size_t)omp_get_thread_num() * per, K, Dv, NT, 1);
 #pragma omp for collapse(2) schedule(dynamic, 1)

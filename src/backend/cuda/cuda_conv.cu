@@ -18,6 +18,7 @@ typedef struct {
     int32_t row0[CONV_SEQS + 1];
     bf16 *win[CONV_SEQS];
 } conv_seqs_t;
+static const conv_seqs_t conv_no_seqs = {}; // the uniform launches' unused table
 
 // Sequence b of a launch: its rows of x (xs, ldx apart) and y (ys), its
 // length and its window / state slice (NULL: zeros before it). SEQS: from
@@ -284,11 +285,9 @@ static void cu_conv1d_fwd(be_t *be, void *y, const void *x, int64_t ldx, const v
     int nch, L;
     conv_chunks(be, B, T, C, &nch, &L);
     dim3 grid((unsigned)((int64_t)B * nch), (unsigned)((C + CONV_THREADS - 1) / CONV_THREADS));
-    conv_seqs_t none;
-    memset(&none, 0, sizeof none);
     k_conv_fwd<false><<<grid, CONV_THREADS, 0, cuda_stream(be)>>>((bf16 *)y, (const bf16 *)x, ldx, (const bf16 *)w,
                                                                   (const bf16 *)bias, (const bf16 *)state, B, T, C, W,
-                                                                  silu, nch, L, none);
+                                                                  silu, nch, L, conv_no_seqs);
     cuda_check_launch(be, "conv1d_fwd");
 }
 
@@ -325,10 +324,8 @@ static void cu_conv1d_bwd(be_t *be, void *dx, int64_t lddx, float *dw, float *db
 static void cu_conv1d_update_state(be_t *be, void *state, const void *x, int64_t ldx, int B, int T, int C, int W) {
     if (!conv_check(be, "conv1d_update_state", W) || B <= 0 || C <= 0 || T <= 0) return;
     int64_t n = (int64_t)B * C;
-    conv_seqs_t none;
-    memset(&none, 0, sizeof none);
-    k_conv_state<false>
-        <<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)state, (const bf16 *)x, ldx, B, T, C, W, none);
+    k_conv_state<false><<<cu_grid(be, n, 256), 256, 0, cuda_stream(be)>>>((bf16 *)state, (const bf16 *)x, ldx, B, T, C,
+                                                                          W, conv_no_seqs);
     cuda_check_launch(be, "conv1d_update_state");
 }
 
