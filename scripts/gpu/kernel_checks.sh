@@ -10,6 +10,7 @@
 # compare against on the same card, when carried), bench_attn --compare and
 # torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
 # MLA_DIAG=1 also the failing MLA decode point bisected (below), with
+# MLA_SPLIT=1 the MLA decode's slices swept at B = 1 (below), with
 # PREFILL=1 bench_long --batch-prefill, with CORE_BENCH=1
 # bench_cuda_core (below), with TRACE=1 the SmolLM2 decode steps' kernel
 # timelines (bench_long --smollm2 --trace; CUPTI from the CUDA toolkit, else
@@ -40,6 +41,22 @@ if [ "${MLA_DIAG:-0}" = 1 ]; then
         env $knob timeout 20 stdbuf -oL build/bench-variants/bench/bench_decode --no-attn "$@" > $R/mla_diag_$name.txt 2>&1
         echo "mla_diag $name rc=$?" >> $R/summary.txt
     done
+fi
+# MLA_SPLIT=1: MLA decode at B = 1 with its slices per sequence capped
+# (HYLO_MLA_SLICES, bench-variants build; 0: the default, one wave) and the
+# slices merged by the combine kernel (default rule) or by the last block
+# (HYLO_MLA_MERGE=1), at 64K and 256K rows: the split-K choice per shape
+if [ "${MLA_SPLIT:-0}" = 1 ]; then
+    for rows in 65536 262144; do
+        for sl in 0 96 66 48 33 24 16; do
+            for mg in 0 1; do
+                echo "== rows $rows slices $sl merge $mg" >> $R/mla_split.txt
+                HYLO_MLA_SLICES=$sl HYLO_MLA_MERGE=$mg timeout 20 build/bench-variants/bench/bench_decode --no-attn \
+                    --batch=1 --rows=$rows >> $R/mla_split.txt 2>&1
+            done
+        done
+    done
+    echo "mla split rc=$?" >> $R/summary.txt
 fi
 # ATTN_DQB=1: the attention backward's dQ by bulk reductions against register adds at
 # 8K and 64K: production, dQ by bulk reductions everywhere (5), by register

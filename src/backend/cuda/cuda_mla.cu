@@ -915,6 +915,13 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
     // more slices only add partials (H r_kv floats each) for the combine to read
     int64_t tiles = (max_rows + rows_per_tile - 1) / rows_per_tile / MLA_MIN_SLICE_TILES;
     if (ns > tiles) ns = tiles;
+#ifdef HYLO_BENCH_VARIANTS
+    // bench-only: HYLO_MLA_SLICES = N caps the slices per sequence at N (the
+    // split-K sweep of kernel_checks.sh MLA_SPLIT=1; the kernel's mla_slices
+    // applies the same minimum slice, so fewer slices is all a cap can ask)
+    const int64_t cap = cu_env_int("HYLO_MLA_SLICES", 0);
+    if (cap > 0 && ns > cap) ns = cap;
+#endif
     if (ns < 1) ns = 1;
     arena_t *ar = &be->scratch;
     *mark = arena_mark(ar);
