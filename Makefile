@@ -14,12 +14,14 @@
 #
 # One kernel per job: build/hylo and libhylo.a have no kernel variants and read
 # no environment knobs that pick one. Variants kept for comparison (attention
-# backward, MLA decode, the GDN state passes on mma.sync) are compiled only with
+# backward, MLA decode, the GDN state passes on mma.sync, the few-row product's
+# columns per warp) are compiled only with
 # -DHYLO_BENCH_VARIANTS, in the bench-variants build: the CUDA files that hold
 # them compiled again into $(BUILD)/bench-variants/, a library of those and the
 # rest of libhylo.a's objects, and, against it, bench_attn (--compare, --sweep),
-# bench_gdn (--compare) and the CUDA tests of the variants, test_cuda_attn and
-# test_cuda_gdn (docs/PERFORMANCE.md). `make bench` builds its benchmarks,
+# bench_gdn (--compare), bench_decode, bench_cuda_core and the CUDA tests of
+# the variants, test_cuda_attn, test_cuda_gdn and test_cuda_core
+# (docs/PERFORMANCE.md). `make bench` builds its benchmarks,
 # `make test` (with CUDA) all of them, `make test-cuda` runs its tests too.
 
 MODE ?= release
@@ -88,14 +90,16 @@ BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
 # The bench-variants build (header): its objects, library and binaries.
 VARDIR := $(BUILD)/bench-variants
-VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu src/backend/cuda/cuda_gdn.cu
+VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu src/backend/cuda/cuda_gdn.cu src/backend/cuda/cuda_core.cu
 VAROBJ := $(filter-out $(VARCU:%.cu=$(BUILD)/obj/%.cu.o),$(OBJ)) $(VARCU:%.cu=$(VARDIR)/obj/%.cu.o)
 VARLIB := $(VARDIR)/libhylo.a
 VARBENCHBIN :=
 VARTESTBIN :=
 ifeq ($(CUDA),1)
-VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn $(VARDIR)/bench/bench_decode
-VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn $(VARDIR)/tests/cuda/test_cuda_gdn
+VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn $(VARDIR)/bench/bench_decode \
+	$(VARDIR)/bench/bench_cuda_core
+VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn $(VARDIR)/tests/cuda/test_cuda_gdn \
+	$(VARDIR)/tests/cuda/test_cuda_core
 endif
 
 .PHONY: all test test-cuda bench fuzz fuzz-smoke format format-check clean model demo

@@ -6,7 +6,9 @@
 // 5), the effective GB/s or TFLOP/s. Inputs are random (never zeros). Last,
 // the decode-step products (a few rows by a weight) as GB/s of the weight.
 //
-//   build-*/bench/bench_cuda_core [reps]
+//   build-*/bench/bench_cuda_core [--decode] [reps]
+// (--decode: the decode-step products alone, 1 to 8 rows; the bench-variants
+// build's HYLO_GEMV_COLS = 2 or 4 runs them with that many columns a warp)
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -113,10 +115,38 @@ static void row(const char *name, const char *shape, double s, double bytes, dou
     printf("\n");
 }
 
+// Decode-step products (a few rows by a weight: k_gemv), where the weight's
+// bytes are the cost: GB/s of the weight read, against the copy bandwidth
+// printed first. Shapes of SmolLM2-135M (q|k|v, gate, down, head) and of
+// Llama-3.2-3B (q|k|v, gate, down, head); 1 and 8 rows, with every_m 1 to 8.
+static void decode_products(int reps, int every_m) {
+    const double es = 2.0;
+    char shape[64];
+    copy_bandwidth_gbs();
+    const int64_t Ns[] = {960, 1536, 576, 49152, 5120, 8192, 3072, 128256};
+    const int64_t Ks[] = {576, 576, 1536, 576, 3072, 3072, 8192, 3072};
+    for (int i = 0; i < 8; i++)
+        for (int64_t M = 1; M <= 8; M += every_m ? 1 : 7) {
+            ctx_t c = {.M = M, .N = Ns[i], .K = Ks[i]};
+            c.a = act(c.M * c.K), c.b = act(c.N * c.K), c.c = act(c.M * c.N);
+            snprintf(shape, sizeof shape, "rows=%lld out=%lld in=%lld", (long long)c.M, (long long)c.N, (long long)c.K);
+            row("decode x W^T", shape, timeit(op_gemm_nt, &c, reps), (double)c.N * c.K * es, 0);
+            be->free(be, c.a), be->free(be, c.b), be->free(be, c.c);
+        }
+}
+
 int main(int argc, char **argv) {
-    int reps = argc > 1 ? atoi(argv[1]) : 20;
+    // --decode: the decode-step products alone, at every row count 1 to 8
+    const int decode_only = argc > 1 && !strcmp(argv[1], "--decode");
+    int reps = argc > 1 + decode_only ? atoi(argv[1 + decode_only]) : 20;
     if (reps < 1) reps = 1;
     bench_init(512u << 20);
+    if (decode_only) {
+        decode_products(reps, 1);
+        check_sync("end");
+        bench_finish();
+        return 0;
+    }
     const double es = 2.0;
     char shape[64];
     {
@@ -189,24 +219,7 @@ int main(int argc, char **argv) {
         row("conv1d bwd", shape, timeit(op_conv_bwd, &c, reps), 3 * n * es, 0);
         be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d), be->free(be, c.f);
     }
-    {
-        // Decode-step products (1 and 8 rows by a weight: k_gemv), where the
-        // weight's bytes are the cost: GB/s of the weight read, against the
-        // copy bandwidth printed first. Shapes of SmolLM2-135M (q|k|v, gate,
-        // down, head) and of Llama-3.2-3B (q|k|v, gate, down, head).
-        copy_bandwidth_gbs();
-        const int64_t Ns[] = {960, 1536, 576, 49152, 5120, 8192, 3072, 128256};
-        const int64_t Ks[] = {576, 576, 1536, 576, 3072, 3072, 8192, 3072};
-        for (int i = 0; i < 8; i++)
-            for (int64_t M = 1; M <= 8; M += 7) {
-                ctx_t c = {.M = M, .N = Ns[i], .K = Ks[i]};
-                c.a = act(c.M * c.K), c.b = act(c.N * c.K), c.c = act(c.M * c.N);
-                snprintf(shape, sizeof shape, "rows=%lld out=%lld in=%lld", (long long)c.M, (long long)c.N,
-                         (long long)c.K);
-                row("decode x W^T", shape, timeit(op_gemm_nt, &c, reps), (double)c.N * c.K * es, 0);
-                be->free(be, c.a), be->free(be, c.b), be->free(be, c.c);
-            }
-    }
+    decode_products(reps, 0);
     check_sync("end");
     bench_finish();
     return 0;

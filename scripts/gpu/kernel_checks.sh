@@ -10,13 +10,16 @@
 # compare against on the same card, when carried), bench_attn --compare and
 # torch SDPA (cuDNN, flash) on the same shapes (REF=0 skips these two); with
 # MLA_DIAG=1 also the failing MLA decode point bisected (below), with
-# MLA_SPLIT=1 the MLA decode's slices swept at B = 1 (below), with
+# MLA_SPLIT=1 the MLA decode's slices swept at B = 1 (below), with GEMV=1
+# the few-row products' columns per warp (below), with
 # PREFILL=1 bench_long --batch-prefill, with CORE_BENCH=1
 # bench_cuda_core (below), with TRACE=1 the SmolLM2 decode steps' kernel
 # timelines (bench_long --smollm2 --trace; CUPTI from the CUDA toolkit, else
 # the first libcupti.so.13 on the machine, torch's among them), with
 # ATTN_DQB=1 the attention backward's dQ variants at 8K and 64K. Logs in
-# $OUT/r.tar.gz (one file: a call brings back only so many).
+# $OUT/r.tar.gz (one file: a call brings back only so many), which the script
+# writes itself and then removes $OUT/r: a command that runs it must not tar
+# $OUT/r again (run 30 lost its logs so: an empty archive over the script's).
 tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
 R=$OUT/r; mkdir -p $R; nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt
@@ -57,6 +60,19 @@ if [ "${MLA_SPLIT:-0}" = 1 ]; then
         done
     done
     echo "mla split rc=$?" >> $R/summary.txt
+fi
+# GEMV=1: the few-row products with 2 and 4 columns a warp (bench-variants
+# HYLO_GEMV_COLS; production: 1): test_cuda_core through each, then
+# bench_cuda_core --decode (1 to 8 rows) with 1, 2 and 4 columns a warp
+if [ "${GEMV:-0}" = 1 ]; then
+    for c in 2 4; do
+        HYLO_GEMV_COLS=$c timeout 120 build/bench-variants/tests/cuda/test_cuda_core > $R/gemv_test_$c.txt 2>&1
+        echo "gemv test cols $c rc=$?" >> $R/summary.txt
+    done
+    for c in 1 2 4; do
+        HYLO_GEMV_COLS=$c timeout 60 build/bench-variants/bench/bench_cuda_core --decode > $R/gemv_bench_$c.txt 2>&1
+        echo "gemv bench cols $c rc=$?" >> $R/summary.txt
+    done
 fi
 # ATTN_DQB=1: the attention backward's dQ by bulk reductions against register adds at
 # 8K and 64K: production, dQ by bulk reductions everywhere (5), by register

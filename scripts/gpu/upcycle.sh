@@ -102,11 +102,13 @@ if [ "$1" = pack ]; then
     make -j2 $(ls tests/cuda/*.c | sed 's|^tests/\(.*\)\.c$|build/tests/\1|') \
         build/bench-variants/tests/cuda/test_cuda_attn build/bench-variants/bench/bench_attn \
         build/bench-variants/tests/cuda/test_cuda_gdn build/bench-variants/bench/bench_gdn \
-        build/bench-variants/bench/bench_decode >/dev/null
+        build/bench-variants/bench/bench_decode build/bench-variants/tests/cuda/test_cuda_core \
+        build/bench-variants/bench/bench_cuda_core >/dev/null
     mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t \
         .carry/stage/build/bench-variants/tests/cuda .carry/stage/build/bench-variants/bench &&
         cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
-        for f in tests/cuda/test_cuda_attn bench/bench_attn tests/cuda/test_cuda_gdn bench/bench_gdn bench/bench_decode; do
+        for f in tests/cuda/test_cuda_attn bench/bench_attn tests/cuda/test_cuda_gdn bench/bench_gdn bench/bench_decode \
+            tests/cuda/test_cuda_core bench/bench_cuda_core; do
             cp build/bench-variants/$f .carry/stage/build/bench-variants/$f && strip .carry/stage/build/bench-variants/$f
         done &&
         for b in bench_long bench_decode bench_attn bench_gdn bench_cuda_core; do

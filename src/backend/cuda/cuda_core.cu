@@ -715,8 +715,76 @@ static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64
            !(((uintptr_t)A | (uintptr_t)B) & 15);
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+// Bench-only (HYLO_GEMV_COLS = 2 or 4): CW columns a warp. k_gemv reads the
+// M rows of A once per column, so at M = 8 a warp moves 8 bytes of A (L1) per
+// byte of weight and run 30's bench_cuda_core measured 737-1,837 GB/s where
+// one row reaches 2.4-2.8 TB/s; here each lane's 8 values of A's M rows
+// serve CW weight rows (A read once per CW columns). 16-byte loads only.
+template <int M, int CW>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_cols(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
+                int64_t ldb, int64_t N, int64_t K, float alpha) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * CW;
+    const int nc = N - n0 < CW ? (int)(N - n0) : CW; // columns of this warp (warp-uniform)
+    for (int c = 0; c < nc; c++)
+        warp_prefetch_l2(B + (n0 + c) * ldb, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
+    if (nc <= 0) return; // the whole warp
+    float acc[CW][M];
+#pragma unroll
+    for (int c = 0; c < CW; c++)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            acc[c][m] = 0.0f;
+    for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
+        float x[M][8];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            ld_bf16<8>(A + m * lda + k, x[m]);
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            if (c >= nc) break;
+            float w[8];
+            ld_bf16<8>(B + (n0 + c) * ldb + k, w);
+#pragma unroll
+            for (int m = 0; m < M; m++)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    acc[c][m] = fmaf(x[m][i], w[i], acc[c][m]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < CW; c++) {
+        if (c >= nc) break;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float v = warp_sum(acc[c][m]);
+            if (lane == 0) C[m * ldc + n0 + c] = __float2bfloat16_rn(alpha * v);
+        }
+    }
+}
+#endif
+
 static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
                  int64_t ldb, void *C, int64_t ldc) {
+#ifdef HYLO_BENCH_VARIANTS
+    const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
+    if (cols == 2 || cols == 4) {
+        const int64_t per = (int64_t)GEMV_WARPS * cols; // columns a block
+        const dim3 grid((unsigned)((N + per - 1) / per));
+        // (GEMV_LAUNCH_M's second argument is the kernel's second template argument: CW here)
+        if (cols == 2)
+            GEMV_LAUNCH_M((int)M, 2, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
+                          (const bf16 *)B, ldb, N, K, alpha);
+        else
+            GEMV_LAUNCH_M((int)M, 4, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
+                          (const bf16 *)B, ldb, N, K, alpha);
+        cuda_check_launch(be, "k_gemv_cols");
+        return;
+    }
+#endif
     const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
     GEMV_LAUNCH_M((int)M, 8, k_gemv, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda, (const bf16 *)B, ldb,
                   N, K, alpha);
