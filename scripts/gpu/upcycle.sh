@@ -25,7 +25,8 @@
 #           (short stage 1, KD at 2K and 8K, evaluation: docs/logs/run18/quick)
 # LINEAR=mamba2 before each call trains and evaluates 10MLA20M2 instead of
 # 10MLA20GDN (Mamba-2 as the linear block of the pure-linear student and the hybrid).
-# or, after prep, issue 12's long-context sweep (random weights, one model a call):
+# or issue 12's long-context sweep (random weights, one model a call; after prep, or
+# carrying .carry/lib beside .carry/t):
 #   LONG_MODEL=--teacher bash scripts/gpu/upcycle.sh long   (or --6mla22gdn, --14mla14gdn;
 #                                        carry .carry/t unless a call of the lease did)
 # and here, afterwards: bash scripts/gpu/upcycle.sh tally DIR... (scores of
@@ -146,7 +147,8 @@ if [ "$1" = ca ]; then # the corpus's first part alone (carry .carry/ca), betwee
     cp .carry/ca/part $W/ca && ls -la $W/ca
     exit $?
 fi
-export LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# $W/lib after prep; .carry/lib where a call carries it without prep (long)
+export LD_LIBRARY_PATH=$W/lib:$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 H=$PWD/build/hylo D=$W/data M=$W/smol.gguf O=$W/out/$1
 mkdir -p "$O"
