@@ -114,4 +114,10 @@ fi
 cat $R/summary.txt; grep -h 'PASSED\|FAILED' $R/*.txt | sort | uniq -c
 grep -h ' FAILED \|failed' $R/test_*.txt | head -20
 grep -H 'T=' $R/*bench_long*.txt | sed 's/prefill.*decode/decode/; s/cache.*//'
+# the optional parts' main figures, so that the call's printed tail holds them
+# even when the archive does not come back
+[ -f $R/batch_prefill.txt ] && grep 'turn' $R/batch_prefill.txt
+[ -f $R/mla_split.txt ] && grep '^==\|hylo-3b *| 1 ' $R/mla_split.txt | paste - - | cut -c1-160
+for f in $R/gemv_bench_*.txt; do [ -f $f ] && { echo "$f"; grep 'rows=[18] ' $f | cut -c1-90; }; done
+[ -f $R/trace_smollm2.txt ] && grep -A40 'per step, by kernel' $R/trace_smollm2.txt | head -80
 tar czf $OUT/r.tar.gz -C $OUT r && rm -rf $R
