@@ -33,6 +33,34 @@ void sampler_free(sampler_t *s) {
 // The first id of the largest logit: the maximum over 8 lanes (a pass the
 // compiler vectorises), then its first occurrence; a running argmax is a
 // chain of dependent selects. NaNs are never the maximum (all NaN: id 0).
+void sampler_logprobs(const float *logits, int V, int id, int n_top, sampler_logprob_t *out) {
+    int32_t *top_id = out->top_id;
+    const float m = logits[sampler_argmax(logits, V)];
+    double sum = 0;
+    for (int v = 0; v < V; v++)
+        sum += exp((double)logits[v] - m);
+    const double lse = m + log(sum);
+    if (n_top > SAMPLER_MAX_TOP) n_top = SAMPLER_MAX_TOP;
+    if (n_top > V) n_top = V;
+    if (n_top < 0) n_top = 0;
+    // the n_top largest by insertion (a strictly larger logit moves up, so an
+    // equal one stays behind the lower id that came first)
+    int n = 0;
+    for (int v = 0; v < V && n_top > 0; v++) {
+        if (n == n_top && logits[v] <= logits[top_id[n - 1]]) continue;
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && logits[v] > logits[top_id[j - 1]]) {
+            top_id[j] = top_id[j - 1];
+            j--;
+        }
+        top_id[j] = v;
+    }
+    for (int j = 0; j < n; j++)
+        out->top_lp[j] = (float)(logits[top_id[j]] - lse);
+    out->n_top = n;
+    out->logprob = (float)(logits[id] - lse);
+}
+
 int sampler_argmax(const float *logits, int V) {
     float lane[8];
     for (int j = 0; j < 8; j++)

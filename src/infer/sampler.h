@@ -25,6 +25,20 @@ int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V);
 void sampler_free(sampler_t *s);
 int sampler_sample(sampler_t *s, const float *logits);
 int sampler_argmax(const float *logits, int V);
+// The most alternatives sampler_logprobs reports (OpenAI's top_logprobs limit).
+enum { SAMPLER_MAX_TOP = 20 };
+// A token's log-probability and its n_top most probable alternatives.
+typedef struct {
+    float logprob;
+    int n_top;
+    int32_t top_id[SAMPLER_MAX_TOP];
+    float top_lp[SAMPLER_MAX_TOP];
+} sampler_logprob_t;
+// Log-probabilities under the model's own distribution, softmax(logits) (no
+// temperature, top-k or top-p: what the model assigns, as vLLM's default
+// raw logprobs): id's, and the n_top (clamped to 0..SAMPLER_MAX_TOP) most
+// probable ids and theirs, most probable first (ties: lower id first).
+void sampler_logprobs(const float *logits, int V, int id, int n_top, sampler_logprob_t *out);
 // Top-p over all V tokens without sorting them: ids = the smallest set of
 // the most probable tokens (ties: lower ids first) whose mass reaches top_p
 // of the whole, in id order, and *mass = their mass (prob: non-negative

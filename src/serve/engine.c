@@ -67,8 +67,9 @@ struct srv_engine {
     const int32_t **pre_ids;
     int *pre_n;
     uint8_t *pre_last;
-    int32_t *sampled; // [max_seqs] the token drawn for each of the forward's rows with logits
-    int *lg_row;      // [max_seqs] those rows, in the order of their logits
+    int32_t *sampled;      // [max_seqs] the token drawn for each of the forward's rows with logits
+    sampler_logprob_t *lp; // [max_seqs] and its log-probabilities, for the requests that ask
+    int *lg_row;           // [max_seqs] those rows, in the order of their logits
     uint64_t next_id;
     srv_engine_stats_t stats; // (e->mu)
     int stopping;             // no more submits; everything is cancelled
@@ -236,7 +237,7 @@ static int start(srv_engine_t *e, req_t *r) {
 
 // Hands on the token id sampled from the request's logits row: 1 when the
 // request finished (it is freed), else 0.
-static int emit(srv_engine_t *e, req_t *r, int32_t id) {
+static int emit(srv_engine_t *e, req_t *r, int32_t id, const sampler_logprob_t *lp) {
     if (is_stop_id(e, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
     double now = time_now();
     if (e->metrics) {
@@ -249,7 +250,7 @@ static int emit(srv_engine_t *e, req_t *r, int32_t id) {
     r->t_last = now;
     r->prompt[r->s.n_prompt + r->n_new] = id; // part of its prompt if it is ever preempted
     r->n_new++;
-    if (r->s.on_token(r->s.user, id)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
+    if (r->s.on_token(r->s.user, id, r->s.logprobs ? lp : NULL)) return finish(e, r, SRV_FINISH_STOP, 200, NULL), 1;
     if (r->n_new >= r->s.max_new) return finish(e, r, SRV_FINISH_LENGTH, 200, NULL), 1;
     r->next = id;
     return 0;
@@ -280,7 +281,7 @@ static int next_chunk(const srv_engine_t *e, const req_t *r, int *last) {
 // freed), else 0.
 // A resumed request's prompt and answer so far are no prompt of a client:
 // no entry of the prefix cache, and its prompt tokens were counted before.
-static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, int32_t id) {
+static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, int32_t id, const sampler_logprob_t *lp) {
     r->fed += n;
     if (e->prefix && !r->resumed) {
         if (last)
@@ -292,7 +293,7 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, int32_t id) {
     if (!last) return 0;
     if (e->metrics && !r->resumed) srv_metrics_tokens(e->metrics, r->s.n_prompt, 0);
     r->decoding = 1;
-    return emit(e, r, id);
+    return emit(e, r, id, lp);
 }
 
 // The turn's one forward: the next prefill chunk of every prefilling request
@@ -381,14 +382,19 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
 #pragma omp parallel for schedule(dynamic, 1) if (n_lg > 1)
         for (int j = 0; j < n_lg; j++) {
             const int i = e->lg_row[j];
-            e->sampled[i] = sampler_sample(&turn[e->step_idx[i]]->smp, e->logits + (size_t)j * V);
+            const req_t *r = turn[e->step_idx[i]];
+            const float *row = e->logits + (size_t)j * V;
+            e->sampled[i] = sampler_sample(&turn[e->step_idx[i]]->smp, row);
+            if (r->s.logprobs) {
+                sampler_logprobs(row, (int)V, e->sampled[i], r->s.top_logprobs, &e->lp[i]);
+            }
         }
     }
     for (int i = 0; i < k; i++) {
         req_t *r = turn[e->step_idx[i]];
         int gone = rc < 0      ? (finish_error(e, r, rc), 1)
-                   : i < k_pre ? chunk_done(e, r, e->pre_n[i], e->pre_last[i], e->sampled[i])
-                               : emit(e, r, e->sampled[i]);
+                   : i < k_pre ? chunk_done(e, r, e->pre_n[i], e->pre_last[i], e->sampled[i], &e->lp[i])
+                               : emit(e, r, e->sampled[i], &e->lp[i]);
         if (gone) turn[e->step_idx[i]] = NULL;
     }
 }
@@ -518,6 +524,7 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->pre_n = calloc((size_t)cfg->max_seqs, sizeof *e->pre_n);
     e->pre_last = calloc((size_t)cfg->max_seqs, sizeof *e->pre_last);
     e->sampled = calloc((size_t)cfg->max_seqs, sizeof *e->sampled);
+    e->lp = calloc((size_t)cfg->max_seqs, sizeof *e->lp);
     e->lg_row = calloc((size_t)cfg->max_seqs, sizeof *e->lg_row);
     e->active = calloc((size_t)cfg->max_seqs, sizeof *e->active);
     e->turn = calloc((size_t)cfg->max_seqs, sizeof *e->turn);
@@ -525,7 +532,7 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
     e->stop_ids = malloc(((size_t)cfg->n_stop_ids + 1) * sizeof(int32_t));
     if (!e->logits || !e->active || !e->turn || !e->turn_cancel || !e->stop_ids || !e->dec_idx || !e->step_idx ||
         !e->step_st || !e->step_ids || !e->pre_idx || !e->pre_ids || !e->pre_n || !e->pre_last || !e->sampled ||
-        !e->lg_row) {
+        !e->lp || !e->lg_row) {
         srv_engine_free(e);
         return err_set(ERR_NOMEM, "out of memory");
     }
@@ -568,6 +575,9 @@ int srv_engine_create(srv_engine_t **out, model_t *m, const srv_engine_cfg_t *cf
 }
 
 int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
+    if (s->top_logprobs < 0 || s->top_logprobs > SAMPLER_MAX_TOP)
+        return err_set(ERR_INPUT, "%d alternative log-probabilities asked for: 0 to %d", s->top_logprobs,
+                       SAMPLER_MAX_TOP);
     if (s->n_prompt < 1 || s->max_new < 1 || (int64_t)s->n_prompt + s->max_new > e->cfg.ctx)
         return err_set(ERR_INPUT, "a prompt of %d tokens and %d new ones do not fit the context of %d", s->n_prompt,
                        s->max_new, e->cfg.ctx);
@@ -672,7 +682,7 @@ void srv_engine_free(srv_engine_t *e) {
     free(e->step_st);
     free(e->step_ids);
     free(e->pre_idx), free(e->pre_ids), free(e->pre_n), free(e->pre_last);
-    free(e->sampled), free(e->lg_row);
+    free(e->sampled), free(e->lp), free(e->lg_row);
     free(e->stop_ids);
     free(e);
 }

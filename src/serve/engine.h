@@ -65,12 +65,15 @@ typedef struct {
     int n_prompt;
     int max_new; // n_prompt + max_new <= ctx
     sampler_cfg_t sampler;
+    int logprobs;     // nonzero: each token's log-probability goes to on_token,
+    int top_logprobs; // with this many alternatives (<= SAMPLER_MAX_TOP)
     double t_arrival; // time_now() when the request arrived (time to first token)
     // Called on the engine thread. on_token gets every generated token (never
-    // a stop id); nonzero ends the request with SRV_FINISH_STOP. on_done is
+    // a stop id) and, when logprobs is set, its log-probabilities (else lp is
+    // NULL); nonzero ends the request with SRV_FINISH_STOP. on_done is
     // called exactly once for every accepted request, last: after it the
     // engine never touches user again.
-    int (*on_token)(void *user, int32_t id);
+    int (*on_token)(void *user, int32_t id, const sampler_logprob_t *lp);
     void (*on_done)(void *user, const srv_done_t *d);
     void *user;
 } srv_submit_t;

@@ -52,6 +52,14 @@ typedef struct {
     // generated so far, the end.
     strbuf_t out;
     int n_tokens;
+    // with logprobs: the tokens not yet sent and their log-probabilities
+    // (a stream takes them as they come); lp_off, the bytes of the tokens
+    // sent before them (a completion's text offsets)
+    int logprobs;
+    int32_t *lp_ids;
+    sampler_logprob_t *lps;
+    int lp_n, lp_cap;
+    size_t lp_off;
     int done;
     srv_done_t res;
     // The HTTP thread's: the event stream being written.
@@ -71,6 +79,7 @@ static void job_release(job_t *j) {
     srv_stop_free(&j->stop);
     free(j->scratch.s);
     free(j->out.s);
+    free(j->lp_ids), free(j->lps);
     free(j->sse.s);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -78,7 +87,23 @@ static void job_release(job_t *j) {
 }
 
 // Engine thread: a token -> text through the stop strings -> the queue.
-static int on_token(void *user, int32_t id) {
+// Under j->mu: keeps token id and its log-probabilities for the response; 0,
+// or -1 out of memory.
+static int keep_logprob(job_t *j, int32_t id, const sampler_logprob_t *lp) {
+    if (j->lp_n == j->lp_cap) {
+        int cap = j->lp_cap ? 2 * j->lp_cap : 64;
+        int32_t *ids = realloc(j->lp_ids, (size_t)cap * sizeof *ids);
+        if (ids) j->lp_ids = ids;
+        sampler_logprob_t *lps = ids ? realloc(j->lps, (size_t)cap * sizeof *lps) : NULL;
+        if (!lps) return -1;
+        j->lps = lps, j->lp_cap = cap;
+    }
+    j->lp_ids[j->lp_n] = id, j->lps[j->lp_n] = *lp;
+    j->lp_n++;
+    return 0;
+}
+
+static int on_token(void *user, int32_t id, const sampler_logprob_t *lp) {
     job_t *j = user;
     const char *s;
     size_t n;
@@ -90,6 +115,7 @@ static int on_token(void *user, int32_t id) {
     j->n_tokens++;
     if (j->scratch.n) strbuf_putn(&j->out, j->scratch.s, j->scratch.n);
     oom |= j->out.oom;
+    if (lp && keep_logprob(j, id, lp) < 0) oom = 1, j->out.oom = 1; // (on_done reports it)
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
     return j->stop_hit || oom;
@@ -210,7 +236,7 @@ static int sse_more(job_t *j) {
     srv_http_t *h = j->h;
     if (j->kind == SRV_CHAT && !j->sent_role) {
         j->sent_role = 1;
-        sse_event(j, srv_oai_chunk_json(j->kind, j->id, j->created, h->model, "assistant", "", NULL));
+        sse_event(j, srv_oai_chunk_json(j->kind, j->id, j->created, h->model, "assistant", "", NULL, h->tok, NULL));
         return 0;
     }
     pthread_mutex_lock(&j->mu);
@@ -221,10 +247,23 @@ static int sse_more(job_t *j) {
     char *text = j->out.n ? strndup(j->out.s, j->out.n) : NULL;
     if (j->out.n && !text) j->sse.oom = 1;
     j->out.n = 0;
+    // the tokens that came since the last chunk, with their log-probabilities
+    // (a chunk of them goes out even while the stop strings hold the text back)
+    int32_t *ids = j->lp_ids;
+    sampler_logprob_t *lps = j->lps;
+    srv_oai_lps_t l = {ids, lps, j->lp_n, j->lp_off};
+    if (j->lp_n) j->lp_ids = NULL, j->lps = NULL, j->lp_n = j->lp_cap = 0;
     int done = j->done && !j->out.n;
     srv_done_t res = j->res;
     pthread_mutex_unlock(&j->mu);
-    if (text) sse_event(j, srv_oai_chunk_json(j->kind, j->id, j->created, h->model, NULL, text, NULL));
+    if (text || l.n)
+        sse_event(j, srv_oai_chunk_json(j->kind, j->id, j->created, h->model, NULL, text ? text : "", NULL, h->tok,
+                                        j->logprobs ? &l : NULL));
+    for (int i = 0; i < l.n; i++) {
+        size_t n = 0;
+        if (tok_bytes(h->tok, ids[i], &n)) j->lp_off += n;
+    }
+    if (l.n) free(ids), free(lps);
     free(text);
     if (!done) return 0;
     if (res.finish == SRV_FINISH_ERROR || res.finish == SRV_FINISH_CANCELLED) {
@@ -233,7 +272,7 @@ static int sse_more(job_t *j) {
         sse_event(j, srv_oai_error_json(&e));
     } else {
         sse_event(j, srv_oai_chunk_json(j->kind, j->id, j->created, h->model, NULL, j->kind == SRV_CHAT ? NULL : "",
-                                        finish_name(res.finish)));
+                                        finish_name(res.finish), h->tok, NULL));
         if (j->include_usage)
             sse_event(j, srv_oai_usage_chunk_json(j->kind, j->id, j->created, h->model, res.n_prompt, res.n_new));
     }
@@ -283,7 +322,7 @@ static enum MHD_Result generate(srv_http_t *h, struct MHD_Connection *c, conn_t 
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->h = h;
-    j->kind = kind, j->stream = rq.stream, j->include_usage = rq.include_usage;
+    j->kind = kind, j->stream = rq.stream, j->include_usage = rq.include_usage, j->logprobs = rq.logprobs;
     snprintf(j->id, sizeof j->id, "%s-%llx%04llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)time(NULL), seq & 0xffff);
     j->created = (long long)time(NULL);
@@ -299,6 +338,8 @@ static enum MHD_Result generate(srv_http_t *h, struct MHD_Connection *c, conn_t 
                       .n_prompt = rq.n_ids,
                       .max_new = rq.max_tokens,
                       .sampler = rq.sampler,
+                      .logprobs = rq.logprobs,
+                      .top_logprobs = rq.top_logprobs,
                       .t_arrival = cn->t_arrival,
                       .on_token = on_token,
                       .on_done = on_done,
@@ -342,9 +383,11 @@ static enum MHD_Result generate(srv_http_t *h, struct MHD_Connection *c, conn_t 
         srv_metrics_request(h->m, 200);
         return ok;
     }
+    srv_oai_lps_t l = {j->lp_ids, j->lps, j->lp_n, 0};
     return reply_json(h, c, 200,
                       srv_oai_response_json(kind, j->id, j->created, h->model, j->out.s ? j->out.s : "",
-                                            finish_name(j->res.finish), j->res.n_prompt, j->res.n_new));
+                                            finish_name(j->res.finish), j->res.n_prompt, j->res.n_new, h->tok,
+                                            j->logprobs ? &l : NULL));
 }
 
 // ---- routing ------------------------------------------------------------------------

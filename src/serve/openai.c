@@ -103,23 +103,17 @@ static int neutral(const cJSON *v) {
 // Every key of the request must be one hylo knows: an unknown or unsupported
 // one is refused, not silently ignored (OpenAI refuses unknown ones too).
 static int check_keys(const cJSON *j, srv_kind_t kind, srv_oai_err_t *e) {
-    static const char *common[] = {"model", "max_tokens", "temperature", "top_p",          "top_k", "seed",
-                                   "n",     "stop",       "stream",      "stream_options", "user",  NULL};
-    static const char *zero[] = {"frequency_penalty",
-                                 "presence_penalty",
-                                 "logprobs",
-                                 "top_logprobs",
-                                 "logit_bias",
-                                 "echo",
-                                 "suffix",
-                                 "tools",
-                                 NULL};
+    static const char *common[] = {"model", "max_tokens", "temperature",    "top_p", "top_k",    "seed", "n",
+                                   "stop",  "stream",     "stream_options", "user",  "logprobs", NULL};
+    static const char *zero[] = {
+        "frequency_penalty", "presence_penalty", "logit_bias", "echo", "suffix", "tools", NULL};
     for (const cJSON *v = j->child; v; v = v->next) {
         const char *k = v->string;
         int ok = 0;
         for (int i = 0; common[i] && !ok; i++)
             ok = !strcmp(k, common[i]);
-        if (kind == SRV_CHAT) ok |= !strcmp(k, "messages") || !strcmp(k, "max_completion_tokens");
+        if (kind == SRV_CHAT)
+            ok |= !strcmp(k, "messages") || !strcmp(k, "max_completion_tokens") || !strcmp(k, "top_logprobs");
         if (kind == SRV_COMPLETION) ok |= !strcmp(k, "prompt");
         if (!strcmp(k, "best_of")) ok = cJSON_IsNull(v) || (cJSON_IsNumber(v) && v->valuedouble == 1);
         if (!strcmp(k, "response_format")) {
@@ -282,6 +276,19 @@ int srv_oai_parse(const tok_t *tok, srv_kind_t kind, const char *body, size_t n,
         r->sampler.seed = (uint64_t)(int64_t)d, r->seeded = 1;
     if (rc >= 0 && (rc = get_int(j, "max_tokens", 1, 1 << 30, &d, e)) > 0) mt = d;
     if (rc >= 0 && kind == SRV_CHAT && (rc = get_int(j, "max_completion_tokens", 1, 1 << 30, &d, e)) > 0) mt = d;
+    // log-probabilities: chat's "logprobs": true with "top_logprobs" (0-20)
+    // alternatives; the completions' "logprobs": N alternatives (0-20; OpenAI
+    // stops at 5)
+    if (rc >= 0 && kind == SRV_CHAT) {
+        rc = get_bool(j, "logprobs", &r->logprobs, e);
+        if (rc >= 0 && (rc = get_int(j, "top_logprobs", 0, SAMPLER_MAX_TOP, &d, e)) > 0) {
+            if (!r->logprobs)
+                rc = srv_oai_err(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' needs \"logprobs\": true");
+            r->top_logprobs = (int)d;
+        }
+    } else if (rc >= 0 && (rc = get_int(j, "logprobs", 0, SAMPLER_MAX_TOP, &d, e)) > 0) {
+        r->logprobs = 1, r->top_logprobs = (int)d;
+    }
     if (rc >= 0) rc = get_bool(j, "stream", &r->stream, e);
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (rc >= 0 && so && !cJSON_IsNull(so)) {
@@ -379,8 +386,90 @@ static void usage(jb_t *jb, cJSON *root, int n_prompt, int n_new) {
     jb_int(jb, u, "total_tokens", (long long)n_prompt + n_new);
 }
 
+// A token's text as OpenAI's log-probability entries show it (malloc'ed;
+// NULL when out of memory): its bytes, those that are not valid UTF-8 on
+// their own (a byte-level piece of a character) as U+FFFD.
+static char *token_str(const tok_t *tok, int32_t id) {
+    size_t n = 0;
+    const char *b = tok_bytes(tok, id, &n);
+    strbuf_t t = {0};
+    strbuf_puts(&t, ""); // "" for an empty token
+    for (size_t i = 0; b && i < n;) {
+        uint32_t cp;
+        int k = utf8_next((const uint8_t *)b + i, n - i, &cp);
+        if (k > 0)
+            strbuf_putn(&t, b + i, (size_t)k), i += (size_t)k;
+        else
+            strbuf_puts(&t, "\xEF\xBF\xBD"), i++;
+    }
+    if (t.oom) free(t.s), t.s = NULL;
+    return t.s;
+}
+
+// The token's text under key (its bytes too, for chat).
+static void token_text(jb_t *jb, cJSON *o, const char *key, const tok_t *tok, int32_t id, int with_bytes) {
+    char *t = token_str(tok, id);
+    jb_str(jb, o, key, t);
+    free(t);
+    if (!with_bytes) return;
+    size_t n = 0;
+    const char *b = tok_bytes(tok, id, &n);
+    cJSON *arr = jb_arr(jb, o, "bytes");
+    for (size_t i = 0; b && i < n; i++)
+        jb_int(jb, arr, NULL, (unsigned char)b[i]);
+}
+
+static void token_entry(jb_t *jb, cJSON *o, const tok_t *tok, int32_t id, float lp) {
+    token_text(jb, o, "token", tok, id, 1);
+    jb_add(jb, o, "logprob", cJSON_CreateNumber(lp));
+}
+
+// choices[0].logprobs: null without l; chat: {"content": [{token, logprob,
+// bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal": null}; a
+// completion: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}],
+// "text_offset"} (offsets of each token's text in the answer's, from
+// l->text_offset).
+static void logprobs_json(jb_t *jb, cJSON *ch, srv_kind_t kind, const tok_t *tok, const srv_oai_lps_t *l) {
+    if (!l) {
+        jb_null(jb, ch, "logprobs");
+        return;
+    }
+    cJSON *o = jb_obj(jb, ch, "logprobs");
+    if (kind == SRV_CHAT) {
+        cJSON *content = jb_arr(jb, o, "content");
+        for (int i = 0; i < l->n; i++) {
+            cJSON *e = jb_obj(jb, content, NULL);
+            token_entry(jb, e, tok, l->ids[i], l->lp[i].logprob);
+            cJSON *tops = jb_arr(jb, e, "top_logprobs");
+            for (int k = 0; k < l->lp[i].n_top; k++)
+                token_entry(jb, jb_obj(jb, tops, NULL), tok, l->lp[i].top_id[k], l->lp[i].top_lp[k]);
+        }
+        jb_null(jb, o, "refusal");
+        return;
+    }
+    cJSON *tokens = jb_arr(jb, o, "tokens"), *lps = jb_arr(jb, o, "token_logprobs");
+    cJSON *tops = jb_arr(jb, o, "top_logprobs"), *offs = jb_arr(jb, o, "text_offset");
+    size_t off = l->text_offset;
+    for (int i = 0; i < l->n; i++) {
+        token_text(jb, tokens, NULL, tok, l->ids[i], 0);
+        jb_add(jb, lps, NULL, cJSON_CreateNumber(l->lp[i].logprob));
+        cJSON *t = jb_obj(jb, tops, NULL);
+        for (int k = 0; k < l->lp[i].n_top; k++) {
+            char *key = token_str(tok, l->lp[i].top_id[k]);
+            if (!key)
+                jb->oom = 1;
+            else if (!cJSON_GetObjectItemCaseSensitive(t, key)) // two ids of one text: the more probable
+                jb_add(jb, t, key, cJSON_CreateNumber(l->lp[i].top_lp[k]));
+            free(key);
+        }
+        jb_int(jb, offs, NULL, (long long)off);
+        size_t n = 0;
+        if (tok_bytes(tok, l->ids[i], &n)) off += n;
+    }
+}
+
 char *srv_oai_response_json(srv_kind_t kind, const char *id, long long created, const char *model, const char *text,
-                            const char *finish, int n_prompt, int n_new) {
+                            const char *finish, int n_prompt, int n_new, const tok_t *tok, const srv_oai_lps_t *lps) {
     jb_t jb = {0};
     cJSON *root = head(&jb, kind == SRV_CHAT ? "chat.completion" : "text_completion", id, created, model);
     cJSON *ch = jb_obj(&jb, jb_arr(&jb, root, "choices"), NULL);
@@ -392,14 +481,14 @@ char *srv_oai_response_json(srv_kind_t kind, const char *id, long long created, 
     } else {
         jb_str(&jb, ch, "text", text);
     }
-    jb_null(&jb, ch, "logprobs");
+    logprobs_json(&jb, ch, kind, tok, lps);
     str_or_null(&jb, ch, "finish_reason", finish);
     usage(&jb, root, n_prompt, n_new);
     return print(&jb, root);
 }
 
 char *srv_oai_chunk_json(srv_kind_t kind, const char *id, long long created, const char *model, const char *role,
-                         const char *text, const char *finish) {
+                         const char *text, const char *finish, const tok_t *tok, const srv_oai_lps_t *lps) {
     jb_t jb = {0};
     cJSON *root = head(&jb, kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion", id, created, model);
     cJSON *ch = jb_obj(&jb, jb_arr(&jb, root, "choices"), NULL);
@@ -411,7 +500,7 @@ char *srv_oai_chunk_json(srv_kind_t kind, const char *id, long long created, con
     } else {
         jb_str(&jb, ch, "text", text ? text : "");
     }
-    jb_null(&jb, ch, "logprobs");
+    logprobs_json(&jb, ch, kind, tok, lps);
     str_or_null(&jb, ch, "finish_reason", finish);
     return print(&jb, root);
 }

@@ -33,7 +33,18 @@ typedef struct {
     int n_stop;
     int32_t *ids; // the prompt's tokens (chat: rendered with the template)
     int n_ids;
+    int logprobs, top_logprobs; // each token's log-probability asked for, with this many alternatives
 } srv_oai_req_t;
+
+// Log-probabilities of n generated tokens for a response or a chunk: ids[i]
+// and lp[i]; a completion's text offsets count from text_offset (the bytes of
+// the tokens before these).
+typedef struct {
+    const int32_t *ids;
+    const sampler_logprob_t *lp;
+    int n;
+    size_t text_offset;
+} srv_oai_lps_t;
 
 // Reads a request body of kind `kind` and encodes its prompt. ctx: the most
 // tokens of prompt + answer. 0, or -1 with *e filled (400 for what the client
@@ -47,13 +58,14 @@ int srv_oai_err(srv_oai_err_t *e, int status, const char *param, const char *cod
     __attribute__((format(printf, 5, 6)));
 
 // The JSON texts (malloc'ed; NULL when out of memory). finish: "stop" |
-// "length" | NULL (a chunk before the last).
+// "length" | NULL (a chunk before the last). lps: the tokens'
+// log-probabilities (their texts through tok), or NULL ("logprobs": null).
 char *srv_oai_error_json(const srv_oai_err_t *e);
 char *srv_oai_response_json(srv_kind_t kind, const char *id, long long created, const char *model, const char *text,
-                            const char *finish, int n_prompt, int n_new);
+                            const char *finish, int n_prompt, int n_new, const tok_t *tok, const srv_oai_lps_t *lps);
 // A stream chunk: role (chat's first chunk: "assistant"), text, finish each NULL when absent.
 char *srv_oai_chunk_json(srv_kind_t kind, const char *id, long long created, const char *model, const char *role,
-                         const char *text, const char *finish);
+                         const char *text, const char *finish, const tok_t *tok, const srv_oai_lps_t *lps);
 // The last chunk of a stream with stream_options.include_usage: no choices, the usage.
 char *srv_oai_usage_chunk_json(srv_kind_t kind, const char *id, long long created, const char *model, int n_prompt,
                                int n_new);

@@ -210,11 +210,55 @@ static void test_nucleus_vocabulary(void **st) {
     check_nucleus(prob, 0.6f);
 }
 
+// sampler_logprobs against a sort of every id by logit (ties by id) and a
+// long-double softmax: the id's log-probability, the top ids in order, their
+// log-probabilities; n_top 0, 1, 5, SAMPLER_MAX_TOP and more than asked for.
+static void check_logprobs(const float *x, int n_top) {
+    int order[V];
+    for (int v = 0; v < V; v++)
+        order[v] = v;
+    g_logits = x;
+    qsort(order, V, sizeof order[0], by_logit_desc);
+    long double mx = x[order[0]], sum = 0;
+    for (int v = 0; v < V; v++)
+        sum += expl((long double)x[v] - mx);
+    const long double lse = mx + logl(sum);
+    sampler_logprob_t lp;
+    for (int id = 0; id < V; id += 7) {
+        sampler_logprobs(x, V, id, n_top, &lp);
+        assert_true(fabsl(lp.logprob - ((long double)x[id] - lse)) < 1e-5);
+        int want = n_top < SAMPLER_MAX_TOP ? n_top : SAMPLER_MAX_TOP;
+        assert_int_equal(lp.n_top, want);
+        for (int j = 0; j < want; j++) {
+            assert_int_equal(lp.top_id[j], order[j]);
+            assert_true(fabsl(lp.top_lp[j] - ((long double)x[order[j]] - lse)) < 1e-5);
+        }
+    }
+}
+
+static void test_logprobs(void **st) {
+    (void)st;
+    float x[V];
+    uint64_t r = 12345;
+    for (int v = 0; v < V; v++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[v] = (float)((r >> 40) % 2000) / 100.0f - 10.0f;
+    }
+    int ns[] = {0, 1, 5, SAMPLER_MAX_TOP, SAMPLER_MAX_TOP + 3};
+    for (int i = 0; i < 5; i++)
+        check_logprobs(x, ns[i]);
+    for (int v = 0; v < V; v++) // ties across the top-n boundary: 8 ids at the top, 8 next, ...
+        x[v] = (float)(v % 8);
+    for (int i = 0; i < 5; i++)
+        check_logprobs(x, ns[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_distributions), cmocka_unit_test(test_ties),
         cmocka_unit_test(test_greedy),        cmocka_unit_test(test_seed),
         cmocka_unit_test(test_bad_config),    cmocka_unit_test(test_nucleus_vocabulary),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,11 +33,15 @@ typedef struct {
     int n;
     srv_done_t done;
     int has_done;
+    sampler_logprob_t *lp; // test_logprobs: each token's (NULL: the request asked for none)
+    int lp_null;           // tokens that came without log-probabilities
 } stream_t;
 
-static int on_token(void *user, int32_t id) {
+static int on_token(void *user, int32_t id, const sampler_logprob_t *lp) {
     stream_t *s = user;
     assert_true(s->n < 1024);
+    if (s->lp && lp) s->lp[s->n] = *lp;
+    s->lp_null += lp == NULL;
     s->tok[s->n++] = id;
     return 0;
 }
@@ -91,7 +95,7 @@ static void bench_close(bench_t *b) {
 // A request sampling by smp whose tokens go to s through tok (on_token, or
 // one that does more).
 static void submit_sampled(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new, sampler_cfg_t smp,
-                           int (*tok)(void *, int32_t)) {
+                           int (*tok)(void *, int32_t, const sampler_logprob_t *)) {
     memset(s, 0, sizeof *s);
     s->b = b;
     srv_submit_t q = {.prompt = prompt,
@@ -108,7 +112,7 @@ static void submit_sampled(bench_t *b, stream_t *s, const int32_t *prompt, int n
 
 // A greedy request whose tokens go to s through tok.
 static void submit_with(bench_t *b, stream_t *s, const int32_t *prompt, int n_prompt, int max_new,
-                        int (*tok)(void *, int32_t)) {
+                        int (*tok)(void *, int32_t, const sampler_logprob_t *)) {
     submit_sampled(b, s, prompt, n_prompt, max_new, (sampler_cfg_t){.temperature = 0, .top_p = 1}, tok);
 }
 
@@ -250,9 +254,9 @@ static int32_t ov_prompt[OV_N][300];
 static const int ov_len[OV_N] = {10, 300, 1, 130}, ov_new[OV_N] = {40, 20, 30, 10};
 static stream_t *ov_later; // D, submitted from A's 12th token
 
-static int on_token_ov(void *user, int32_t id) {
+static int on_token_ov(void *user, int32_t id, const sampler_logprob_t *lp) {
     stream_t *s = user;
-    on_token(user, id);
+    on_token(user, id, lp);
     if (s->n == 12 && ov_later) {
         stream_t *d = ov_later;
         ov_later = NULL;
@@ -337,11 +341,11 @@ enum { BU_N = 6 };
 static int32_t bu_prompt[BU_N][200];
 static const int bu_len[BU_N] = {5, 200, 150, 1, 100, 200}, bu_new[BU_N] = {300, 10, 12, 30, 8, 10};
 
-static int on_token_turn(void *user, int32_t id) {
+static int on_token_turn(void *user, int32_t id, const sampler_logprob_t *lp) {
     stream_t *s = user;
     assert_true(s->n < 1024);
     s->turn[s->n] = srv_engine_stats(s->b->e).turns; // on the engine thread, between its locks
-    return on_token(user, id);
+    return on_token(user, id, lp);
 }
 
 static void test_token_budget(void **state) {
@@ -451,6 +455,84 @@ static void test_sampled_rows(void **state) {
     bench_close(&b);
 }
 
+// Log-probabilities (srv_submit_t logprobs, top_logprobs): three requests
+// in one batch, greedy with 3 alternatives, sampled with 0, and one that asks
+// for none. Each token's log-probability is log_softmax of one forward's
+// logits over the whole sequence at that token, within 2e-3 (the engine's
+// prefill and decode steps round apart from that forward); the alternatives
+// are that forward's most probable tokens, most probable first (a greedy
+// token is the first of them); the third request's tokens come without.
+static void test_logprobs(void **state) {
+    enum { N = 3, NEW = 12 };
+    int32_t prompt[N][20];
+    const int len[N] = {5, 20, 9};
+    stream_t s[N];
+    sampler_logprob_t lps[N][NEW];
+    bench_t b;
+    bench_open_cfg(&b, 12, N, 0, 0, 0);
+    for (int i = 0; i < N; i++)
+        for (int t = 0; t < len[i]; t++)
+            prompt[i][t] = (t * (3 + 2 * i) + i + 1) % b.m.a.V;
+    for (int i = 0; i < N; i++) {
+        sampler_cfg_t smp = {.temperature = i == 1 ? 0.8f : 0.0f, .top_p = 1, .seed = 7};
+        memset(&s[i], 0, sizeof s[i]);
+        s[i].b = &b;
+        s[i].lp = i < 2 ? lps[i] : NULL;
+        srv_submit_t q = {.prompt = prompt[i],
+                          .n_prompt = len[i],
+                          .max_new = NEW,
+                          .sampler = smp,
+                          .logprobs = i < 2,
+                          .top_logprobs = i == 0 ? 3 : 0,
+                          .on_token = on_token,
+                          .on_done = on_done,
+                          .user = &s[i]};
+        uint64_t id;
+        assert_int_equal(srv_engine_submit(b.e, &q, &id), 0);
+        b.left++;
+    }
+    srv_submit_t bad = {.prompt = prompt[0], .n_prompt = 1, .max_new = 1, .logprobs = 1, .top_logprobs = 21};
+    uint64_t bad_id;
+    assert_true(srv_engine_submit(b.e, &bad, &bad_id) < 0);
+    srv_engine_run(b.e);
+    const int V = b.m.a.V;
+    model_run_t r;
+    assert_int_equal(model_run_create(&r, &b.m, 64u << 20), 0);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true(s[i].has_done);
+        assert_int_equal(s[i].n, NEW);
+        assert_int_equal(s[i].lp_null, i < 2 ? 0 : NEW);
+        if (i == 2) continue;
+        int T = len[i] + NEW;
+        int32_t ids[20 + NEW];
+        memcpy(ids, prompt[i], sizeof(int32_t) * len[i]);
+        memcpy(ids + len[i], s[i].tok, sizeof(int32_t) * NEW);
+        float *lg = malloc(sizeof(float) * (size_t)T * V);
+        assert_int_equal(model_logits_all(&r, ids, 1, T, lg), 0);
+        for (int j = 0; j < NEW; j++) {
+            const float *l = lg + (size_t)(len[i] + j - 1) * V;
+            sampler_logprob_t want;
+            sampler_logprobs(l, V, s[i].tok[j], 3, &want);
+            const sampler_logprob_t *p = &lps[i][j];
+            double d = fabs(p->logprob - want.logprob);
+            if (d > worst) worst = d;
+            assert_true(p->logprob <= 0);
+            assert_int_equal(p->n_top, i == 0 ? 3 : 0);
+            for (int k = 0; k < p->n_top; k++) {
+                assert_true(fabs(p->top_lp[k] - want.top_lp[k]) < 2e-3);
+                if (k) assert_true(p->top_lp[k] <= p->top_lp[k - 1]);
+            }
+            if (i == 0) assert_int_equal(p->top_id[0], s[i].tok[j]); // greedy
+        }
+        free(lg);
+    }
+    printf("  worst log-probability against one forward: %.2e\n", worst);
+    assert_true(worst < 2e-3);
+    model_run_free(&r);
+    bench_close(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption),
@@ -458,6 +540,7 @@ int main(void) {
         cmocka_unit_test(test_decode_rides_in_prefill),
         cmocka_unit_test(test_token_budget),
         cmocka_unit_test(test_sampled_rows),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,10 @@
 // streamed and four at a time; errors are OpenAI-shaped; a client that goes
 // away is cancelled; SIGTERM ends the server cleanly (exit 0: under
 // MODE=asan that includes LeakSanitizer's check); a token budget per turn
-// (--max-batched-tokens) bounds every forward and changes no answer.
+// (--max-batched-tokens) bounds every forward and changes no answer;
+// log-probabilities come one entry a token, in OpenAI's two shapes.
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +417,89 @@ static void test_stop_strings(void **state) {
 }
 
 // Bad requests get 400 and OpenAI's error body, naming the parameter.
+// Log-probabilities (chat: "logprobs": true, "top_logprobs"; completions:
+// "logprobs": N): the answers are the greedy ones without them; one entry a
+// generated token, each <= 0, with the alternatives asked for, the first of
+// them the greedy token itself; a completion's tokens spell its text at
+// their text offsets; streamed, the chunks' entries add up to one a token.
+static void test_logprobs(void **state) {
+    ensure_server();
+    char *r, *t;
+    int n_new;
+    assert_int_equal(http(&S, "/v1/chat/completions", chat_body(Q, 8, ", \"logprobs\": true, \"top_logprobs\": 3"), &r),
+                     200);
+    t = answer_within(r, NULL, 8, &n_new);
+    assert_string_equal(t, want_chat);
+    free(t);
+    cJSON *j = cJSON_Parse(r);
+    cJSON *content = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(cJSON_GetArraySize(content), n_new);
+    for (int i = 0; i < n_new; i++) {
+        cJSON *e = cJSON_GetArrayItem(content, i), *top = cJSON_GetObjectItem(e, "top_logprobs");
+        double lp = cJSON_GetObjectItem(e, "logprob")->valuedouble;
+        assert_true(lp <= 0);
+        assert_true(cJSON_IsArray(cJSON_GetObjectItem(e, "bytes")));
+        assert_int_equal(cJSON_GetArraySize(top), 3);
+        cJSON *t0 = cJSON_GetArrayItem(top, 0);
+        assert_string_equal(cJSON_GetObjectItem(t0, "token")->valuestring,
+                            cJSON_GetObjectItem(e, "token")->valuestring);
+        assert_true(fabs(cJSON_GetObjectItem(t0, "logprob")->valuedouble - lp) < 1e-6);
+        for (int k = 1; k < 3; k++)
+            assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(top, k), "logprob")->valuedouble <=
+                        cJSON_GetObjectItem(cJSON_GetArrayItem(top, k - 1), "logprob")->valuedouble);
+    }
+    cJSON_Delete(j);
+    free(r);
+
+    assert_int_equal(http(&S, "/v1/completions", completion_body(P, 8, ", \"logprobs\": 2"), &r), 200);
+    t = answer(r, "length", &n_new);
+    assert_string_equal(t, want_completion);
+    j = cJSON_Parse(r);
+    cJSON *lps = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    cJSON *toks = cJSON_GetObjectItem(lps, "tokens"), *tlp = cJSON_GetObjectItem(lps, "token_logprobs");
+    cJSON *tops = cJSON_GetObjectItem(lps, "top_logprobs"), *offs = cJSON_GetObjectItem(lps, "text_offset");
+    assert_int_equal(cJSON_GetArraySize(toks), n_new);
+    assert_int_equal(cJSON_GetArraySize(tlp), n_new);
+    assert_int_equal(cJSON_GetArraySize(tops), n_new);
+    char spelled[1024] = "";
+    for (int i = 0; i < n_new; i++) {
+        const char *tok = cJSON_GetArrayItem(toks, i)->valuestring;
+        assert_int_equal((int)cJSON_GetArrayItem(offs, i)->valuedouble, (int)strlen(spelled));
+        strcat(spelled, tok);
+        cJSON *alt = cJSON_GetArrayItem(tops, i);
+        assert_int_equal(cJSON_GetArraySize(alt), 2);
+        assert_true(fabs(cJSON_GetObjectItem(alt, tok)->valuedouble - cJSON_GetArrayItem(tlp, i)->valuedouble) < 1e-6);
+    }
+    assert_string_equal(spelled, t);
+    cJSON_Delete(j);
+    free(r), free(t);
+
+    assert_int_equal(http(&S, "/v1/chat/completions",
+                          chat_body(Q, 8,
+                                    ", \"logprobs\": true, \"stream\": true, \"stream_options\": "
+                                    "{\"include_usage\": true}"),
+                          &r),
+                     200);
+    char finish[32];
+    t = stream_text(r, finish, NULL, NULL);
+    assert_string_equal(t, want_chat);
+    int entries = 0, tokens = -1;
+    for (const char *p = r; (p = strstr(p, "data: {")); p++) {
+        const char *end = strstr(p, "\n\n");
+        char *ev = strndup(p + 6, (size_t)(end - p - 6));
+        cJSON *ch = cJSON_Parse(ev);
+        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(ch, "choices"), 0);
+        cJSON *lc = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content");
+        if (lc) entries += cJSON_GetArraySize(lc);
+        cJSON *u = cJSON_GetObjectItem(ch, "usage");
+        if (u && !cJSON_IsNull(u)) tokens = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+        cJSON_Delete(ch), free(ev);
+    }
+    assert_int_equal(entries, tokens);
+    free(r), free(t);
+}
+
 static void test_errors(void **state) {
     ensure_server();
     static const struct {
@@ -431,6 +516,12 @@ static void test_errors(void **state) {
         {"/v1/completions", "{\"prompt\": \"hi\", \"stop\": 5}", "stop", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"frobnicate\": true}", "frobnicate", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"presence_penalty\": 1}", "presence_penalty", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", "logprobs", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"top_logprobs\": 2}", "top_logprobs", 400},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": 3}",
+         "logprobs", 400},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}",
+         "top_logprobs", 400},
         {"/v1/completions", "{\"max_tokens\": 4}", "prompt", 400},
         {"/v1/completions", "{\"prompt\": [1, 99999999]}", "prompt", 400},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}", "messages", 400},
@@ -824,19 +915,13 @@ static void test_token_budget(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy_matches_cli),
-        cmocka_unit_test(test_stream),
-        cmocka_unit_test(test_concurrent),
-        cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_tokenize),
-        cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_disconnect),
-        cmocka_unit_test(test_key_and_queue),
-        cmocka_unit_test(test_prefix_cache),
-        cmocka_unit_test(test_prefix_eviction),
-        cmocka_unit_test(test_cache_budget),
-        cmocka_unit_test(test_token_budget),
+        cmocka_unit_test(test_greedy_matches_cli), cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logprobs),           cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tokenize),           cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_disconnect),         cmocka_unit_test(test_key_and_queue),
+        cmocka_unit_test(test_prefix_cache),       cmocka_unit_test(test_prefix_eviction),
+        cmocka_unit_test(test_cache_budget),       cmocka_unit_test(test_token_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
