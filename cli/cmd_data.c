@@ -397,7 +397,10 @@ static int run_generate(const data_opts_t *o) {
             x->done = x->stopped = x->n_forced = x->forced_at = 0;
             for (int k = 0; rc == 0 && k < np; k++)
                 rc = idvec_push(&x->doc, pids[k]);
-            sampler_cfg_t sc = {(float)o->temp, (int)o->top_k, (float)o->top_p, (uint64_t)o->seed + (uint64_t)(b0 + s)};
+            sampler_cfg_t sc = {.temperature = (float)o->temp,
+                                .top_k = (int)o->top_k,
+                                .top_p = (float)o->top_p,
+                                .seed = (uint64_t)o->seed + (uint64_t)(b0 + s)};
             sampler_free(&sam[s]);
             if (rc == 0) rc = sampler_init(&sam[s], &sc, m.a.V);
         }

@@ -7,8 +7,11 @@
 #include "base/err.h"
 
 int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
-    s->prob = NULL, s->idx = NULL;
+    s->prob = NULL, s->idx = NULL, s->pen = NULL, s->count = NULL;
     if (cfg->temperature < 0) return err_set(ERR_INPUT, "--temp must be >= 0 (got %g)", cfg->temperature);
+    if (!(fabsf(cfg->presence_penalty) <= 2) || !(fabsf(cfg->frequency_penalty) <= 2))
+        return err_set(ERR_INPUT, "presence and frequency penalties must be in [-2, 2] (got %g, %g)",
+                       cfg->presence_penalty, cfg->frequency_penalty);
     if (cfg->top_p <= 0 || cfg->top_p > 1) return err_set(ERR_INPUT, "--top-p must be in (0, 1] (got %g)", cfg->top_p);
     if (cfg->top_k < 0) return err_set(ERR_INPUT, "--top-k must be >= 0 (got %d)", cfg->top_k);
     s->cfg = *cfg;
@@ -16,7 +19,9 @@ int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
     rng_seed(&s->rng, cfg->seed);
     s->prob = malloc((size_t)V * sizeof(float));
     s->idx = malloc((size_t)V * sizeof(int));
-    if (!s->prob || !s->idx) {
+    const int pens = cfg->presence_penalty != 0 || cfg->frequency_penalty != 0;
+    if (pens) s->pen = malloc((size_t)V * sizeof(float)), s->count = calloc((size_t)V, sizeof(int));
+    if (!s->prob || !s->idx || (pens && (!s->pen || !s->count))) {
         sampler_free(s);
         return err_set(ERR_NOMEM, "out of memory");
     }
@@ -26,8 +31,27 @@ int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
 void sampler_free(sampler_t *s) {
     free(s->prob);
     free(s->idx);
+    free(s->pen);
+    free(s->count);
     s->prob = NULL;
     s->idx = NULL;
+    s->pen = NULL;
+    s->count = NULL;
+}
+
+int sampler_sample_after(sampler_t *s, const float *logits, const int32_t *prev, int n_prev) {
+    if (!s->pen) return sampler_sample(s, logits);
+    memcpy(s->pen, logits, (size_t)s->V * sizeof(float));
+    for (int j = 0; j < n_prev; j++)
+        if (prev[j] >= 0 && prev[j] < s->V) s->count[prev[j]]++;
+    // each id once (its count back to 0 as it is applied)
+    for (int j = 0; j < n_prev; j++) {
+        const int t = prev[j];
+        if (t < 0 || t >= s->V || !s->count[t]) continue;
+        s->pen[t] -= s->cfg.frequency_penalty * (float)s->count[t] + s->cfg.presence_penalty;
+        s->count[t] = 0;
+    }
+    return sampler_sample(s, s->pen);
 }
 
 // The first id of the largest logit: the maximum over 8 lanes (a pass the

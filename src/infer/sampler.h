@@ -11,6 +11,9 @@ typedef struct {
     int top_k;         // 0 = off
     float top_p;       // 1 = off
     uint64_t seed;
+    // OpenAI's penalties on the tokens generated so far (sampler_sample_after),
+    // in [-2, 2]: logit -= frequency_penalty * count + presence_penalty * (count > 0)
+    float presence_penalty, frequency_penalty;
 } sampler_cfg_t;
 
 typedef struct {
@@ -19,11 +22,17 @@ typedef struct {
     int V;
     float *prob; // scratch [V]
     int *idx;    // scratch [V]
+    float *pen;  // with penalties: the penalised logits [V]
+    int *count;  // and each id's count among the tokens so far [V], zeros between calls
 } sampler_t;
 
 int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V);
 void sampler_free(sampler_t *s);
 int sampler_sample(sampler_t *s, const float *logits);
+// The same after the penalties of s->cfg over prev, the n_prev tokens
+// generated so far (none set: sampler_sample itself). Penalties apply to the
+// answer's tokens only, not the prompt's (as vLLM applies OpenAI's two).
+int sampler_sample_after(sampler_t *s, const float *logits, const int32_t *prev, int n_prev);
 int sampler_argmax(const float *logits, int V);
 // The most alternatives sampler_logprobs reports (OpenAI's top_logprobs limit).
 enum { SAMPLER_MAX_TOP = 20 };

@@ -103,10 +103,22 @@ static int neutral(const cJSON *v) {
 // Every key of the request must be one hylo knows: an unknown or unsupported
 // one is refused, not silently ignored (OpenAI refuses unknown ones too).
 static int check_keys(const cJSON *j, srv_kind_t kind, srv_oai_err_t *e) {
-    static const char *common[] = {"model", "max_tokens", "temperature",    "top_p", "top_k",    "seed", "n",
-                                   "stop",  "stream",     "stream_options", "user",  "logprobs", NULL};
-    static const char *zero[] = {
-        "frequency_penalty", "presence_penalty", "logit_bias", "echo", "suffix", "tools", NULL};
+    static const char *common[] = {"model",
+                                   "max_tokens",
+                                   "temperature",
+                                   "top_p",
+                                   "top_k",
+                                   "seed",
+                                   "n",
+                                   "stop",
+                                   "stream",
+                                   "stream_options",
+                                   "user",
+                                   "logprobs",
+                                   "presence_penalty",
+                                   "frequency_penalty",
+                                   NULL};
+    static const char *zero[] = {"logit_bias", "echo", "suffix", "tools", NULL};
     for (const cJSON *v = j->child; v; v = v->next) {
         const char *k = v->string;
         int ok = 0;
@@ -270,6 +282,8 @@ int srv_oai_parse(const tok_t *tok, srv_kind_t kind, const char *body, size_t n,
         rc = srv_oai_err(e, 400, "n", "invalid_value", "only n = 1 is supported (got %.0f)", d);
     if (rc >= 0 && (rc = get_num(j, "temperature", 0, 2, 0, &d, e)) > 0) r->sampler.temperature = (float)d;
     if (rc >= 0 && (rc = get_num(j, "top_p", 0, 1, 1, &d, e)) > 0) r->sampler.top_p = (float)d;
+    if (rc >= 0 && (rc = get_num(j, "presence_penalty", -2, 2, 0, &d, e)) > 0) r->sampler.presence_penalty = (float)d;
+    if (rc >= 0 && (rc = get_num(j, "frequency_penalty", -2, 2, 0, &d, e)) > 0) r->sampler.frequency_penalty = (float)d;
     // top_k -1 is vLLM's "off", as 0 is hylo's.
     if (rc >= 0 && (rc = get_int(j, "top_k", -1, 1 << 24, &d, e)) > 0) r->sampler.top_k = d < 0 ? 0 : (int)d;
     if (rc >= 0 && (rc = get_int(j, "seed", -9007199254740991.0, 9007199254740991.0, &d, e)) > 0)

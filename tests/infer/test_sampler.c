@@ -253,12 +253,53 @@ static void test_logprobs(void **st) {
         check_logprobs(x, ns[i]);
 }
 
+// Penalties on the tokens so far: greedy picks the id that wins after
+// logit -= frequency * count + presence * (count > 0), the counts are left at
+// zero (the same answer twice), and out-of-range penalties are refused.
+static void test_penalties(void **st) {
+    (void)st;
+    float x[V];
+    for (int v = 0; v < V; v++)
+        x[v] = -1.0f;
+    x[5] = 2.0f, x[6] = 1.0f, x[7] = 0.5f; // 5 leads 6 by 1
+    const int32_t prev[] = {5, 9, 5, 6};
+    struct {
+        float presence, frequency;
+        int want;
+    } cases[] = {
+        {0, 0, 5},     // none
+        {0.5f, 0, 5},  // 5 and 6 both lose 0.5
+        {0, 0.8f, 7},  // 5: 2 - 1.6 = 0.4, 6: 1 - 0.8 = 0.2, 7: 0.5
+        {0, 0.4f, 5},  // 5: 1.2, 6: 0.6
+        {2.0f, 0, 7},  // 5: 0, 6: -1, 7: 0.5
+        {-1.0f, 0, 5}, // a negative penalty favours them: 5: 3
+        {0.2f, -0.5f, 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sampler_t s;
+        sampler_cfg_t cfg = {.temperature = 0,
+                             .top_p = 1,
+                             .presence_penalty = cases[i].presence,
+                             .frequency_penalty = cases[i].frequency};
+        assert_int_equal(sampler_init(&s, &cfg, V), 0);
+        assert_int_equal(sampler_sample_after(&s, x, prev, 4), cases[i].want);
+        assert_int_equal(sampler_sample_after(&s, x, prev, 4), cases[i].want);
+        assert_int_equal(sampler_sample_after(&s, x, prev, 0), 5); // nothing generated yet
+        sampler_free(&s);
+    }
+    sampler_t s;
+    sampler_cfg_t bad = {.temperature = 1, .top_p = 1, .frequency_penalty = 2.5f};
+    assert_true(sampler_init(&s, &bad, V) < 0);
+    bad.frequency_penalty = 0, bad.presence_penalty = NAN;
+    assert_true(sampler_init(&s, &bad, V) < 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_distributions), cmocka_unit_test(test_ties),
         cmocka_unit_test(test_greedy),        cmocka_unit_test(test_seed),
         cmocka_unit_test(test_bad_config),    cmocka_unit_test(test_nucleus_vocabulary),
-        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logprobs),      cmocka_unit_test(test_penalties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
