@@ -14,24 +14,32 @@ typedef struct {
     // OpenAI's penalties on the tokens generated so far (sampler_sample_after),
     // in [-2, 2]: logit -= frequency_penalty * count + presence_penalty * (count > 0)
     float presence_penalty, frequency_penalty;
+    // OpenAI's logit_bias: bias[i] (in [-100, 100]) added to the logit of
+    // bias_id[i] before sampling (sampler_sample_after); sampler_init copies them
+    const int32_t *bias_id;
+    const float *bias;
+    int n_bias;
 } sampler_cfg_t;
 
 typedef struct {
     sampler_cfg_t cfg;
     rng_t rng;
     int V;
-    float *prob; // scratch [V]
-    int *idx;    // scratch [V]
-    float *pen;  // with penalties: the penalised logits [V]
-    int *count;  // and each id's count among the tokens so far [V], zeros between calls
+    float *prob;      // scratch [V]
+    int *idx;         // scratch [V]
+    float *pen;       // with penalties or biases: the adjusted logits [V]
+    int *count;       // each id's count among the tokens so far [V], zeros between calls
+    int32_t *bias_id; // the biases (copies of the cfg's; cfg.bias_id / bias point at them)
+    float *bias;
 } sampler_t;
 
 int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V);
 void sampler_free(sampler_t *s);
 int sampler_sample(sampler_t *s, const float *logits);
-// The same after the penalties of s->cfg over prev, the n_prev tokens
-// generated so far (none set: sampler_sample itself). Penalties apply to the
-// answer's tokens only, not the prompt's (as vLLM applies OpenAI's two).
+// The same after the logit biases and the penalties of s->cfg over prev, the
+// n_prev tokens generated so far (none set: sampler_sample itself). Penalties
+// apply to the answer's tokens only, not the prompt's (as vLLM applies
+// OpenAI's two).
 int sampler_sample_after(sampler_t *s, const float *logits, const int32_t *prev, int n_prev);
 int sampler_argmax(const float *logits, int V);
 // The most alternatives sampler_logprobs reports (OpenAI's top_logprobs limit).

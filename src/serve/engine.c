@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <omp.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@ typedef struct req {
     // tokens follow the prompt, so that a preempted request prefills its
     // prompt and its answer so far again (n_feed tokens)
     int32_t *prompt;
+    int32_t *bias_id; // copies of the sampler's logit biases (s.sampler points at them)
+    float *bias;
     int n_feed;   // tokens to prefill: n_prompt, or more after a preemption
     int resumed;  // prefilling again after a preemption that came after its first token
     int fed;      // of them fed so far
@@ -99,6 +102,7 @@ static void req_free(srv_engine_t *e, req_t *r) {
     if (r->has_state) model_state_free(e->m, &r->st);
     if (r->has_smp) sampler_free(&r->smp);
     free(r->prompt);
+    free(r->bias_id), free(r->bias);
     free(r);
 }
 
@@ -603,15 +607,26 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
     int refuse = e->stopping ? SRV_SHUTTING_DOWN : e->n_active + e->n_queued >= cap ? SRV_QUEUE_FULL : 0;
     pthread_mutex_unlock(&e->mu);
     if (refuse) return refuse;
+    const sampler_cfg_t *sc = &s->sampler;
+    for (int i = 0; i < sc->n_bias; i++)
+        if (sc->bias_id[i] < 0 || sc->bias_id[i] >= e->m->a.V || !(fabsf(sc->bias[i]) <= 100))
+            return err_set(ERR_INPUT, "logit bias %g of token %d: ids in [0, %d), biases in [-100, 100]", sc->bias[i],
+                           sc->bias_id[i], e->m->a.V);
     req_t *r = calloc(1, sizeof *r);
     int32_t *p = malloc(((size_t)s->n_prompt + s->max_new) * sizeof(int32_t));
-    if (!r || !p) {
-        free(r), free(p);
+    int nb = sc->n_bias > 0 ? sc->n_bias : 0;
+    int32_t *bid = nb ? malloc((size_t)nb * sizeof(int32_t)) : NULL;
+    float *bv = nb ? malloc((size_t)nb * sizeof(float)) : NULL;
+    if (!r || !p || (nb && (!bid || !bv))) {
+        free(r), free(p), free(bid), free(bv);
         return err_set(ERR_NOMEM, "out of memory");
     }
     memcpy(p, s->prompt, (size_t)s->n_prompt * sizeof(int32_t));
+    if (nb) memcpy(bid, sc->bias_id, (size_t)nb * sizeof(int32_t)), memcpy(bv, sc->bias, (size_t)nb * sizeof(float));
     r->s = *s;
     r->s.prompt = r->prompt = p;
+    r->bias_id = bid, r->bias = bv;
+    r->s.sampler.bias_id = bid, r->s.sampler.bias = bv, r->s.sampler.n_bias = nb;
     r->n_feed = s->n_prompt;
     pthread_mutex_lock(&e->mu);
     // Checked again: another thread may have filled the queue meanwhile.
@@ -628,7 +643,7 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
         pthread_cond_signal(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
-    if (refuse) free(p), free(r);
+    if (refuse) free(p), free(bid), free(bv), free(r);
     return refuse;
 }
 

@@ -117,8 +117,9 @@ static int check_keys(const cJSON *j, srv_kind_t kind, srv_oai_err_t *e) {
                                    "logprobs",
                                    "presence_penalty",
                                    "frequency_penalty",
+                                   "logit_bias",
                                    NULL};
-    static const char *zero[] = {"logit_bias", "echo", "suffix", "tools", NULL};
+    static const char *zero[] = {"echo", "suffix", "tools", NULL};
     for (const cJSON *v = j->child; v; v = v->next) {
         const char *k = v->string;
         int ok = 0;
@@ -246,6 +247,37 @@ static int encode_prompt(const tok_t *tok, const cJSON *p, int32_t **ids, int *n
     return 0;
 }
 
+// "logit_bias": {"TOKEN_ID": BIAS, ...}: ids of the vocabulary, biases in
+// [-100, 100], at most SRV_MAX_BIAS of them; null or {} for none.
+static int parse_bias(const tok_t *tok, const cJSON *j, srv_oai_req_t *r, srv_oai_err_t *e) {
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
+    if (!b || cJSON_IsNull(b)) return 0;
+    if (!cJSON_IsObject(b))
+        return srv_oai_err(e, 400, "logit_bias", "invalid_value", "'logit_bias' must be an object of token ids");
+    int n = cJSON_GetArraySize(b);
+    if (n > SRV_MAX_BIAS)
+        return srv_oai_err(e, 400, "logit_bias", "invalid_value", "'logit_bias' has %d entries, at most %d", n,
+                           SRV_MAX_BIAS);
+    if (n == 0) return 0;
+    r->bias_id = malloc((size_t)n * sizeof(int32_t));
+    r->bias = malloc((size_t)n * sizeof(float));
+    if (!r->bias_id || !r->bias) return srv_oai_err(e, 503, NULL, NULL, "out of memory");
+    for (const cJSON *v = b->child; v; v = v->next) {
+        char *end = NULL;
+        long id = strtol(v->string, &end, 10);
+        if (!*v->string || *end || id < 0 || id >= tok->n_vocab)
+            return srv_oai_err(e, 400, "logit_bias", "invalid_value",
+                               "logit_bias key '%.40s' is not a token id in [0, %d)", v->string, tok->n_vocab);
+        if (!cJSON_IsNumber(v) || !(fabs(v->valuedouble) <= 100))
+            return srv_oai_err(e, 400, "logit_bias", "invalid_value",
+                               "logit_bias of token %ld must be a number in [-100, 100]", id);
+        r->bias_id[r->n_bias] = (int32_t)id, r->bias[r->n_bias] = (float)v->valuedouble;
+        r->n_bias++;
+    }
+    r->sampler.bias_id = r->bias_id, r->sampler.bias = r->bias, r->sampler.n_bias = r->n_bias;
+    return 0;
+}
+
 static int parse_stop(const cJSON *j, srv_oai_req_t *r, srv_oai_err_t *e) {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "stop");
     if (!s || cJSON_IsNull(s)) return 0;
@@ -319,6 +351,7 @@ int srv_oai_parse(const tok_t *tok, srv_kind_t kind, const char *body, size_t n,
     if (rc >= 0 && user && !cJSON_IsString(user) && !cJSON_IsNull(user))
         rc = srv_oai_err(e, 400, "user", "invalid_value", "'user' must be a string");
     if (rc >= 0) rc = parse_stop(j, r, e);
+    if (rc >= 0) rc = parse_bias(tok, j, r, e);
     if (rc >= 0) {
         const char *key = kind == SRV_CHAT ? "messages" : "prompt";
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, key);
@@ -359,6 +392,7 @@ void srv_oai_req_free(srv_oai_req_t *r) {
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->ids);
+    free(r->bias_id), free(r->bias);
     memset(r, 0, sizeof *r);
 }
 

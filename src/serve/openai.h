@@ -21,7 +21,8 @@ typedef struct {
     char msg[480];
 } srv_oai_err_t;
 
-enum { SRV_MAX_STOP = 4 }; // stop strings per request, as OpenAI's limit
+enum { SRV_MAX_STOP = 4 };    // stop strings per request, as OpenAI's limit
+enum { SRV_MAX_BIAS = 1024 }; // logit_bias entries per request
 
 typedef struct {
     srv_kind_t kind;
@@ -34,6 +35,9 @@ typedef struct {
     int32_t *ids; // the prompt's tokens (chat: rendered with the template)
     int n_ids;
     int logprobs, top_logprobs; // each token's log-probability asked for, with this many alternatives
+    int32_t *bias_id;           // logit_bias: n_bias token ids and their biases (sampler.bias_id / bias
+    float *bias;                // point at them)
+    int n_bias;
 } srv_oai_req_t;
 
 // Log-probabilities of n generated tokens for a response or a chunk: ids[i]

@@ -255,7 +255,8 @@ static void test_logprobs(void **st) {
 
 // Penalties on the tokens so far: greedy picks the id that wins after
 // logit -= frequency * count + presence * (count > 0), the counts are left at
-// zero (the same answer twice), and out-of-range penalties are refused.
+// zero (the same answer twice); logit biases move the pick; out-of-range
+// penalties, biases and bias ids are refused.
 static void test_penalties(void **st) {
     (void)st;
     float x[V];
@@ -287,6 +288,26 @@ static void test_penalties(void **st) {
         assert_int_equal(sampler_sample_after(&s, x, prev, 0), 5); // nothing generated yet
         sampler_free(&s);
     }
+    // logit biases: +3 on 7 makes it the greedy pick; -100 on 7 and 5 with a
+    // frequency penalty of 0.8 leaves 6 (1 - 0.8 = 0.2, above the others' -1.8)
+    const int32_t bid[] = {7, 5};
+    const float up[] = {3.0f, 0.0f}, down[] = {-100.0f, -100.0f};
+    sampler_t b;
+    sampler_cfg_t bc = {.temperature = 0, .top_p = 1, .bias_id = bid, .bias = up, .n_bias = 2};
+    assert_int_equal(sampler_init(&b, &bc, V), 0);
+    assert_int_equal(sampler_sample_after(&b, x, prev, 0), 7);
+    sampler_free(&b);
+    bc.bias = down, bc.frequency_penalty = 0.8f;
+    assert_int_equal(sampler_init(&b, &bc, V), 0);
+    assert_int_equal(sampler_sample_after(&b, x, prev, 4), 6);
+    sampler_free(&b);
+    const int32_t bad_id[] = {V};
+    bc = (sampler_cfg_t){.temperature = 0, .top_p = 1, .bias_id = bad_id, .bias = up, .n_bias = 1};
+    assert_true(sampler_init(&b, &bc, V) < 0);
+    const float too_big[] = {101.0f};
+    bc.bias_id = bid, bc.bias = too_big;
+    assert_true(sampler_init(&b, &bc, V) < 0);
+
     sampler_t s;
     sampler_cfg_t bad = {.temperature = 1, .top_p = 1, .frequency_penalty = 2.5f};
     assert_true(sampler_init(&s, &bad, V) < 0);

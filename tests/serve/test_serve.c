@@ -422,6 +422,8 @@ static void test_stop_strings(void **state) {
 // generated token, each <= 0, with the alternatives asked for, the first of
 // them the greedy token itself; a completion's tokens spell its text at
 // their text offsets; streamed, the chunks' entries add up to one a token.
+// Then a logit bias (not a log-probability, but the same path of a request's
+// sampling options) that decides every token.
 static void test_logprobs(void **state) {
     ensure_server();
     char *r, *t;
@@ -498,6 +500,16 @@ static void test_logprobs(void **state) {
     }
     assert_int_equal(entries, tokens);
     free(r), free(t);
+
+    // logit_bias: +100 on token 28 makes every greedy token 28 (its text 4 times over)
+    assert_int_equal(http(&S, "/v1/completions", completion_body(P, 4, ", \"logit_bias\": {\"28\": 100}"), &r), 200);
+    t = answer(r, "length", &n_new);
+    free(r);
+    assert_int_equal(http(&S, "/detokenize", "{\"tokens\": [28, 28, 28, 28]}", &r), 200);
+    j = cJSON_Parse(r);
+    assert_string_equal(t, cJSON_GetObjectItem(j, "prompt")->valuestring);
+    cJSON_Delete(j);
+    free(r), free(t);
 }
 
 static void test_errors(void **state) {
@@ -517,7 +529,10 @@ static void test_errors(void **state) {
         {"/v1/completions", "{\"prompt\": \"hi\", \"frobnicate\": true}", "frobnicate", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"presence_penalty\": 3}", "presence_penalty", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"frequency_penalty\": -2.5}", "frequency_penalty", 400},
-        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 1}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 101}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"x5\": 1}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"49152\": 1}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": [5]}", "logit_bias", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", "logprobs", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"top_logprobs\": 2}", "top_logprobs", 400},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": 3}",
