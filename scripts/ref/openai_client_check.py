@@ -11,9 +11,13 @@ the number of failures. Checks: models.list; chat.completions (greedy twice:
 equal answers; usage counts; finish_reason); the same streamed (its chunks
 joined equal the non-streamed answer, a usage chunk with
 stream_options.include_usage); completions (plain prompt, greedy, stop string:
-the answer ends before it); seed + temperature (same seed, same answer); and
-bad requests raising the client's BadRequestError with status 400 (temperature
-out of range, n = 2, max_tokens -1).
+the answer ends before it); seed + temperature (same seed, same answer);
+log-probabilities in the client's types (chat: one entry a token, 3
+alternatives, the greedy token first; completions: the tokens spell the
+text); presence / frequency penalties change a repetitive answer; a logit
+bias of 100 makes every token one; and bad requests raising the client's
+BadRequestError with status 400 (temperature out of range, n = 2, max_tokens
+-1).
 """
 import sys
 
@@ -74,6 +78,26 @@ r1 = client.chat.completions.create(model=model, messages=msgs, max_tokens=16, t
 r2 = client.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0.9, seed=7)
 check("seed reproduces a sampled answer", r1.choices[0].message.content == r2.choices[0].message.content,
       repr(r1.choices[0].message.content))
+
+lp = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                    top_logprobs=3)
+content = lp.choices[0].logprobs.content
+check("chat logprobs", len(content) == lp.usage.completion_tokens and all(
+      e.logprob <= 0 and len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in content),
+      f"{[(e.token, round(e.logprob, 3)) for e in content]}")
+clp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                logprobs=2)
+l = clp.choices[0].logprobs
+check("completions logprobs", "".join(l.tokens) == clp.choices[0].text and len(l.token_logprobs) == len(l.tokens)
+      and all(len(t) == 2 for t in l.top_logprobs), f"{l.tokens}, offsets {l.text_offset}")
+pen = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                presence_penalty=2, frequency_penalty=2)
+nop = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+check("penalties change a repetitive answer", pen.choices[0].text != nop.choices[0].text,
+      f"{nop.choices[0].text!r} -> {pen.choices[0].text!r}")
+tok = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                logit_bias={"28": 100}, logprobs=0)
+check("logit_bias forces a token", len(set(tok.choices[0].logprobs.tokens)) == 1, repr(tok.choices[0].text))
 
 for name, kw in (("temperature 5", {"temperature": 5}), ("n = 2", {"n": 2}), ("max_tokens -1", {"max_tokens": -1})):
     try:
