@@ -3,7 +3,8 @@
 // one thread, per row: greedy (sampler_argmax), temperature 0.7, top-p 0.9,
 // top-k 50, each beside the plain form a C programmer writes first (a running
 // argmax; expf per token, a sort for top-p), which is what hylo did before
-// 2026-12-06. Logits: N(0, 3^2) pseudo-random, so that the running argmax's
+// 2026-12-06; and a token's log-probability with 5 alternatives (the server's
+// logprobs) beside exp per token in double. Logits: N(0, 3^2) pseudo-random, so that the running argmax's
 // branches mispredict as they do on real logits.
 //
 //   build/bench/bench_sampler [reps=200]
@@ -20,6 +21,30 @@ static int plain_argmax(const float *x, int n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[k]) k = i;
     return k;
+}
+
+// Log-probabilities the plain way: exp per token in double, then the same
+// insertion of the n largest as sampler_logprobs.
+static float plain_logprobs(const float *x, int V, int id, int n_top, sampler_logprob_t *out) {
+    float m = x[plain_argmax(x, V)];
+    double sum = 0;
+    for (int v = 0; v < V; v++)
+        sum += exp((double)x[v] - m);
+    const double lse = m + log(sum);
+    int n = 0;
+    for (int v = 0; v < V; v++) {
+        if (n == n_top && x[v] <= x[out->top_id[n - 1]]) continue;
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && x[v] > x[out->top_id[j - 1]]) {
+            out->top_id[j] = out->top_id[j - 1];
+            j--;
+        }
+        out->top_id[j] = v;
+    }
+    for (int j = 0; j < n; j++)
+        out->top_lp[j] = (float)(x[out->top_id[j]] - lse);
+    out->n_top = n;
+    return out->logprob = (float)(x[id] - lse);
 }
 
 static const float *g_p;
@@ -98,6 +123,32 @@ int main(int argc, char **argv) {
                 printf("| %d | %s | %.1f | %.1f | %.1fx |\n", V, what[c], hylo_us, plain_us, plain_us / hylo_us);
             else
                 printf("| %d | %s | %.1f | | |\n", V, what[c], hylo_us);
+            (void)sink;
+        }
+        // a token's log-probability and 5 alternatives (the server's logprobs)
+        {
+            sampler_logprob_t lp = {0}, lq = {0};
+            volatile float sink = 0;
+            double t0 = time_now();
+            for (int i = 0; i < reps; i++) {
+                x[i % V] += 1e-3f;
+                sampler_logprobs(x, V, i % V, 5, &lp);
+                sink += lp.logprob;
+            }
+            const double hylo_us = (time_now() - t0) * 1e6 / reps;
+            t0 = time_now();
+            for (int i = 0; i < reps; i++) {
+                x[i % V] += 1e-3f;
+                sink += plain_logprobs(x, V, i % V, 5, &lq);
+            }
+            const double plain_us = (time_now() - t0) * 1e6 / reps;
+            sampler_logprobs(x, V, 7, 5, &lp); // both on one row
+            plain_logprobs(x, V, 7, 5, &lq);
+            double d = fabs((double)lp.logprob - lq.logprob);
+            for (int j = 0; j < 5; j++)
+                d = fmax(d, fabs((double)lp.top_lp[j] - lq.top_lp[j]));
+            printf("| %d | logprobs, 5 alternatives (largest difference %.1e) | %.1f | %.1f | %.1fx |\n", V, d, hylo_us,
+                   plain_us, plain_us / hylo_us);
             (void)sink;
         }
         free(x), free(p), free(idx);
