@@ -63,6 +63,14 @@ static void op_gemm_nt(void *p) { // y = x W^T
     ctx_t *c = p;
     be->gemm(be, 0, 1, c->M, c->N, c->K, 1.0f, c->a, c->K, c->b, c->K, 0.0f, c->c, c->N);
 }
+static void op_proj_swiglu(void *p) { // c [M, f] = silu(a Wg^T) * (a Wu^T), b = [Wg | Wu]
+    ctx_t *c = p;
+    be->proj_swiglu(be, c->c, c->a, c->K, c->b, (const char *)c->b + c->N * c->K * 2, c->M, c->K, c->N);
+}
+static void op_proj_add_rmsnorm(void *p) { // a [M, d] += c [M, f] Wd^T, d = rmsnorm(a) (b's first d rows: the gain)
+    ctx_t *c = p;
+    be->proj_add_rmsnorm(be, c->d, c->a, c->c, c->N, c->b, c->b, c->M, c->N, (int)c->K, 1e-5f);
+}
 static void op_gemm_nn(void *p) { // dx = dy W
     ctx_t *c = p;
     be->gemm(be, 0, 0, c->M, c->N, c->K, 1.0f, c->a, c->K, c->b, c->N, 0.0f, c->c, c->N);
@@ -132,6 +140,20 @@ static void decode_products(int reps, int every_m) {
             snprintf(shape, sizeof shape, "rows=%lld out=%lld in=%lld", (long long)c.M, (long long)c.N, (long long)c.K);
             row("decode x W^T", shape, timeit(op_gemm_nt, &c, reps), (double)c.N * c.K * es, 0);
             be->free(be, c.a), be->free(be, c.b), be->free(be, c.c);
+        }
+    if (!every_m) return;
+    // the fused decode products (--decode only): gate and up into SwiGLU, and
+    // the down product added into the residual and normed, SmolLM2's and
+    // Llama-3.2-3B's MLP shapes; GB/s of the weights read
+    const int64_t Ds[] = {576, 3072}, Fs[] = {1536, 8192};
+    for (int i = 0; i < 2; i++)
+        for (int64_t M = 1; M <= 8; M++) {
+            ctx_t c = {.M = M, .N = Fs[i], .K = Ds[i]};
+            c.a = act(M * Ds[i]), c.b = act(2 * Fs[i] * Ds[i]), c.c = act(M * Fs[i]), c.d = act(M * Ds[i]);
+            snprintf(shape, sizeof shape, "rows=%lld d=%lld f=%lld", (long long)M, (long long)Ds[i], (long long)Fs[i]);
+            row("decode swiglu", shape, timeit(op_proj_swiglu, &c, reps), 2.0 * Fs[i] * Ds[i] * es, 0);
+            row("decode add+norm", shape, timeit(op_proj_add_rmsnorm, &c, reps), (double)Fs[i] * Ds[i] * es, 0);
+            be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d);
         }
 }
 

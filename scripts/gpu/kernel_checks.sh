@@ -61,9 +61,10 @@ if [ "${MLA_SPLIT:-0}" = 1 ]; then
     done
     echo "mla split rc=$?" >> $R/summary.txt
 fi
-# GEMV=1: the few-row products with 2 and 4 columns a warp (bench-variants
-# HYLO_GEMV_COLS; production: 1): test_cuda_core through each, then
-# bench_cuda_core --decode (1 to 8 rows) with 1, 2 and 4 columns a warp
+# GEMV=1: the few-row products (k_gemv, and the fused SwiGLU and add + norm
+# ones) with 2 and 4 columns a warp (bench-variants HYLO_GEMV_COLS;
+# production: 1): test_cuda_core through each, then bench_cuda_core --decode
+# (1 to 8 rows) with 1, 2 and 4 columns a warp
 if [ "${GEMV:-0}" = 1 ]; then
     for c in 2 4; do
         HYLO_GEMV_COLS=$c timeout 120 build/bench-variants/tests/cuda/test_cuda_core > $R/gemv_test_$c.txt 2>&1
@@ -119,5 +120,6 @@ grep -H 'T=' $R/*bench_long*.txt | sed 's/prefill.*decode/decode/; s/cache.*//'
 [ -f $R/batch_prefill.txt ] && grep 'turn' $R/batch_prefill.txt
 [ -f $R/mla_split.txt ] && grep '^==\|hylo-3b *| 1 ' $R/mla_split.txt | paste - - | cut -c1-160
 for f in $R/gemv_bench_*.txt; do [ -f $f ] && { echo "$f"; grep 'rows=[18] ' $f | cut -c1-90; }; done
+for f in $R/gemv_test_*.txt; do [ -f $f ] && grep -H 'PASSED\|FAILED' $f; done
 [ -f $R/trace_smollm2.txt ] && grep -A40 'per step, by kernel' $R/trace_smollm2.txt | head -80
 tar czf $OUT/r.tar.gz -C $OUT r && rm -rf $R

@@ -716,11 +716,37 @@ static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64
 }
 
 #ifdef HYLO_BENCH_VARIANTS
-// Bench-only (HYLO_GEMV_COLS = 2 or 4): CW columns a warp. k_gemv reads the
-// M rows of A once per column, so at M = 8 a warp moves 8 bytes of A (L1) per
-// byte of weight and run 30's bench_cuda_core measured 737-1,837 GB/s where
-// one row reaches 2.4-2.8 TB/s; here each lane's 8 values of A's M rows
-// serve CW weight rows (A read once per CW columns). 16-byte loads only.
+// Bench-only (HYLO_GEMV_COLS = 2 or 4): several output columns a warp. The
+// one-column kernels read the M rows of A once per column, so at M = 8 a warp
+// moves 8 bytes of A (L1) per byte of weight, and run 30's bench_cuda_core
+// measured 737-1,837 GB/s where one row reaches 2.4-2.8 TB/s; here each
+// lane's 8 values of A's M rows serve R weight rows (A read once per R rows).
+// 16-byte loads only.
+
+// acc[r][m] += this lane's share of A[m, :] . w[r][:] (K values).
+template <int M, int R>
+__device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], const bf16 *__restrict__ A, int64_t lda,
+                                               const bf16 *const (&w)[R], int64_t K, int lane) {
+    for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
+        float x[M][8];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            ld_bf16<8>(A + m * lda + k, x[m]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v[8];
+            ld_bf16<8>(w[r] + k, v);
+#pragma unroll
+            for (int m = 0; m < M; m++)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    acc[r][m] = fmaf(x[m][i], v[i], acc[r][m]);
+        }
+    }
+}
+
+// C [M, N] = alpha A B^T with CW columns a warp (columns past N repeat the
+// last one: their sums are not written).
 template <int M, int CW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_cols(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
@@ -732,29 +758,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         warp_prefetch_l2(B + (n0 + c) * ldb, K * (int64_t)sizeof(bf16), lane);
     griddep_enter();
     if (nc <= 0) return; // the whole warp
-    float acc[CW][M];
+    const bf16 *w[CW];
 #pragma unroll
     for (int c = 0; c < CW; c++)
-#pragma unroll
-        for (int m = 0; m < M; m++)
-            acc[c][m] = 0.0f;
-    for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
-        float x[M][8];
-#pragma unroll
-        for (int m = 0; m < M; m++)
-            ld_bf16<8>(A + m * lda + k, x[m]);
-#pragma unroll
-        for (int c = 0; c < CW; c++) {
-            if (c >= nc) break;
-            float w[8];
-            ld_bf16<8>(B + (n0 + c) * ldb + k, w);
-#pragma unroll
-            for (int m = 0; m < M; m++)
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    acc[c][m] = fmaf(x[m][i], w[i], acc[c][m]);
-        }
-    }
+        w[c] = B + (n0 + (c < nc ? c : nc - 1)) * ldb;
+    float acc[CW][M] = {};
+    gemv_lane_dotr<M, CW>(acc, A, lda, w, K, lane);
 #pragma unroll
     for (int c = 0; c < CW; c++) {
         if (c >= nc) break;
@@ -906,6 +915,127 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (threadIdx.x == 0) *done = 0; // every other block has counted: ready for the next launch
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+// Bench-only (HYLO_GEMV_COLS = 2 or 4): k_gemv_swiglu with CW columns a warp,
+// the 2 CW rows of Wg and Wu sharing each lane's values of A.
+template <int M, int CW>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_swiglu_cols(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
+                       const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * CW;
+    const int nc = f - n0 < CW ? (int)(f - n0) : CW;
+    for (int c = 0; c < nc; c++) {
+        warp_prefetch_l2(Wg + (n0 + c) * K, K * (int64_t)sizeof(bf16), lane);
+        warp_prefetch_l2(Wu + (n0 + c) * K, K * (int64_t)sizeof(bf16), lane);
+    }
+    griddep_enter();
+    if (nc <= 0) return;
+    const bf16 *w[2 * CW];
+#pragma unroll
+    for (int c = 0; c < CW; c++) {
+        const int64_t n = n0 + (c < nc ? c : nc - 1);
+        w[c] = Wg + n * K, w[CW + c] = Wu + n * K;
+    }
+    float acc[2 * CW][M] = {};
+    gemv_lane_dotr<M, 2 * CW>(acc, A, lda, w, K, lane);
+#pragma unroll
+    for (int c = 0; c < CW; c++) {
+        if (c >= nc) break;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float g = warp_sum(acc[c][m]), u = warp_sum(acc[CW + c][m]);
+            if (lane == 0) h[m * f + n0 + c] = __float2bfloat16_rn(dev_silu(g) * u);
+        }
+    }
+}
+
+// Bench-only: k_gemv_add_rmsnorm with CW columns a warp per step of its loop
+// over the columns (the norm's sums of squares then add in another order:
+// the same bits every run, not the one-column kernel's bits).
+template <int M, int CW>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_add_rmsnorm_cols(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
+                            const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
+                            unsigned *done, float *partial) {
+    __shared__ float ss_warp[GEMV_WARPS][M];
+    __shared__ float rstd[M];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t step = (int64_t)gridDim.x * GEMV_WARPS * CW;
+    for (int64_t n = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW; n < d; n += step)
+        for (int c = 0; c < CW && n + c < d; c++)
+            warp_prefetch_l2(W + (n + c) * K, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        ss[m] = 0.0f;
+    for (int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW; n0 < d; n0 += step) {
+        const int nc = d - n0 < CW ? (int)(d - n0) : CW;
+        const bf16 *wr[CW];
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            wr[c] = W + (n0 + (c < nc ? c : nc - 1)) * K;
+        float acc[CW][M] = {};
+        gemv_lane_dotr<M, CW>(acc, A, lda, wr, K, lane);
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            if (c >= nc) break;
+            const int64_t n = n0 + c;
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const float s = warp_sum(acc[c][m]);
+                if (lane == 0) {
+                    const bf16 v = __float2bfloat16_rn(__bfloat162float(x[m * d + n]) + s);
+                    x[m * d + n] = v;
+                    ss[m] = fmaf(__bfloat162float(v), __bfloat162float(v), ss[m]);
+                }
+            }
+        }
+    }
+    if (!w) return;
+    if (lane == 0)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            ss_warp[warp][m] = ss[m];
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float s = 0.0f;
+        for (int k = 0; k < GEMV_WARPS; k++)
+            s += ss_warp[k][threadIdx.x];
+        partial[blockIdx.x * M + threadIdx.x] = s;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    for (int m = warp; m < M; m += GEMV_WARPS) {
+        float s = 0.0f;
+        for (unsigned b = lane; b < gridDim.x; b += 32)
+            s += __ldcg(partial + b * M + m);
+        s = warp_sum(s);
+        if (lane == 0) rstd[m] = 1.0f / sqrtf(s / (float)d + eps);
+    }
+    __syncthreads();
+    const int64_t nv = (int64_t)M * d / 8;
+    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
+        const int64_t e = j * 8;
+        const int m = (int)(e / d), i = (int)(e - (int64_t)m * d);
+        float fv[8], g[8];
+        uint4 u = __ldcg(reinterpret_cast<const uint4 *>(x + e));
+        ld_bf16<8>(reinterpret_cast<const bf16 *>(&u), fv);
+        ld_bf16<8>(w + i, g);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            fv[k] = fv[k] * rstd[m] * g[k];
+        st_bf16<8>(xn + e, fv);
+    }
+    if (threadIdx.x == 0) *done = 0;
+}
+#endif
+
 // q, k and v of an attention decode step from one product, rotated and
 // appended (proj_rope_kv_append). Warp u takes columns c and c + dh/2 of head
 // h of W's rows [q | k | v] (c = h dh + j, j < dh/2): for a q or k head the
@@ -964,6 +1094,19 @@ static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const 
         const int rows = (int)(N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS);
         bf16 *hr = (bf16 *)h + r * f;
         const bf16 *xr = (const bf16 *)x + r * ldx;
+#ifdef HYLO_BENCH_VARIANTS
+        const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
+        if (v8 && (cols == 2 || cols == 4)) {
+            const dim3 gc((unsigned)((f + GEMV_WARPS * cols - 1) / (GEMV_WARPS * cols)));
+            if (cols == 2)
+                GEMV_LAUNCH_M(rows, 2, k_gemv_swiglu_cols, gc, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f,
+                              K);
+            else
+                GEMV_LAUNCH_M(rows, 4, k_gemv_swiglu_cols, gc, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f,
+                              K);
+            continue;
+        }
+#endif
         if (v8)
             GEMV_LAUNCH_M(rows, 8, k_gemv_swiglu, grid, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f, K);
         else
@@ -985,6 +1128,20 @@ static void cu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int6
         const int rows = (int)(N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS);
         bf16 *xr = (bf16 *)x + r * d, *xnr = w ? (bf16 *)xn + r * d : NULL;
         const bf16 *ar = (const bf16 *)a + r * lda;
+#ifdef HYLO_BENCH_VARIANTS
+        const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
+        if (v8 && (cols == 2 || cols == 4)) {
+            const int64_t bc = ((int64_t)d + GEMV_WARPS * cols - 1) / (GEMV_WARPS * cols);
+            const dim3 gc((unsigned)(bc < (int64_t)CUDA_NORM_BLOCKS ? bc : (int64_t)CUDA_NORM_BLOCKS));
+            if (cols == 2)
+                GEMV_LAUNCH_M(rows, 2, k_gemv_add_rmsnorm_cols, gc, st, xnr, xr, ar, lda, (const bf16 *)W,
+                              (const bf16 *)w, d, K, eps, ci->norm_done, ci->norm_partial);
+            else
+                GEMV_LAUNCH_M(rows, 4, k_gemv_add_rmsnorm_cols, gc, st, xnr, xr, ar, lda, (const bf16 *)W,
+                              (const bf16 *)w, d, K, eps, ci->norm_done, ci->norm_partial);
+            continue;
+        }
+#endif
         if (v8)
             GEMV_LAUNCH_M(rows, 8, k_gemv_add_rmsnorm, grid, st, xnr, xr, ar, lda, (const bf16 *)W, (const bf16 *)w, d,
                           K, eps, ci->norm_done, ci->norm_partial);
