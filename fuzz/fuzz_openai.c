@@ -3,11 +3,14 @@
 // /tokenize, /detokenize), the rest is the HTTP body. A request that parses
 // must hold a prompt of at least one id inside the vocabulary, a token budget
 // that fits the context, at most SRV_MAX_STOP non-empty stop strings and a
-// valid sampler configuration; a refusal must carry a 4xx/5xx status and a
+// valid sampler configuration (penalties, log-probabilities and logit biases
+// in their ranges); a refusal must carry a 4xx/5xx status and a
 // message. The tokenizer (with its ChatML template) is read once from the
 // tokenizer corpus's smollm2_first300_tmpl (tokenizer.json, NUL,
 // tokenizer_config.json, NUL, template), or from $HYLO_FUZZ_TOKENIZER.
 // Build: make fuzz; run: see docs/FUZZING.md.
+#include <math.h>
+
 #include "fuzz_util.h"
 #include "serve/openai.h"
 #include "tok/tok.h"
@@ -72,6 +75,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (!r.stop[i] || !r.stop[i][0]) abort();
             if (!(r.sampler.temperature >= 0) || !(r.sampler.top_p > 0 && r.sampler.top_p <= 1) || r.sampler.top_k < 0)
                 abort();
+            if (!(fabsf(r.sampler.presence_penalty) <= 2) || !(fabsf(r.sampler.frequency_penalty) <= 2)) abort();
+            if (r.top_logprobs < 0 || r.top_logprobs > SAMPLER_MAX_TOP || (r.top_logprobs && !r.logprobs)) abort();
+            if (r.n_bias < 0 || r.n_bias > SRV_MAX_BIAS || r.sampler.n_bias != r.n_bias) abort();
+            for (int i = 0; i < r.n_bias; i++)
+                if (r.sampler.bias_id[i] < 0 || r.sampler.bias_id[i] >= t->n_vocab ||
+                    !(fabsf(r.sampler.bias[i]) <= 100))
+                    abort();
         } else {
             check_error(&e);
         }
