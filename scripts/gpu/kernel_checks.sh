@@ -56,10 +56,11 @@ if [ "${MLA_SPLIT:-0}" = 1 ]; then
                 echo "== rows $rows slices $sl merge $mg" >> $R/mla_split.txt
                 HYLO_MLA_SLICES=$sl HYLO_MLA_MERGE=$mg timeout 20 build/bench-variants/bench/bench_decode --no-attn \
                     --batch=1 --rows=$rows >> $R/mla_split.txt 2>&1
+                echo "rc=$?" >> $R/mla_split.txt
             done
         done
     done
-    echo "mla split rc=$?" >> $R/summary.txt
+    echo "mla split: $(grep -c '^==' $R/mla_split.txt) runs (their return codes in the log)" >> $R/summary.txt
 fi
 # GEMV=1: the few-row products (k_gemv, and the fused SwiGLU and add + norm
 # ones) with 2 and 4 columns a warp (bench-variants HYLO_GEMV_COLS;

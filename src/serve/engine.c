@@ -386,9 +386,9 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
 #pragma omp parallel for schedule(dynamic, 1) if (n_lg > 1)
         for (int j = 0; j < n_lg; j++) {
             const int i = e->lg_row[j];
-            const req_t *r = turn[e->step_idx[i]];
+            req_t *r = turn[e->step_idx[i]];
             const float *row = e->logits + (size_t)j * V;
-            e->sampled[i] = sampler_sample_after(&turn[e->step_idx[i]]->smp, row, r->prompt + r->s.n_prompt, r->n_new);
+            e->sampled[i] = sampler_sample_after(&r->smp, row, r->prompt + r->s.n_prompt, r->n_new);
             if (r->s.logprobs) {
                 sampler_logprobs(row, (int)V, e->sampled[i], r->s.top_logprobs, &e->lp[i]);
             }

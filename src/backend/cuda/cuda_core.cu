@@ -829,48 +829,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             h[m * f + n] = __float2bfloat16_rn(dev_silu(gs[m]) * us[m]);
 }
 
-// x[m, n] += A[m] . W[n] (rounded once), then, with a gain w, xn = rmsnorm(x).
-// The norm needs every column of a row, which the blocks share out: each
-// block leaves the sums of squares of its columns in partial[block, m], and
-// the last block to finish (a count in `done`, which it resets for the next
-// launch) adds them in block order (the same bits every run) and writes xn
-// for all rows. The fences make every block's x and partials visible before
-// its count; the last block reads them from L2 (__ldcg), past its own L1.
-// Columns go round the grid (at most CUDA_NORM_BLOCKS blocks: the partials'
-// room).
+// The end of k_gemv_add_rmsnorm (and of its bench-only form with several
+// columns a warp): each block's sums of squares ss (lane 0 of each warp holds
+// its own) into partial[block], and the last block to count in `done` writes
+// xn = rmsnorm(x) w for all M rows, then resets `done` for the next launch.
 template <int M, int V>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_add_rmsnorm(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
-                       const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
-                       unsigned *done, float *partial) {
+__device__ __forceinline__ void add_rmsnorm_end(bf16 *__restrict__ xn, const bf16 *x, const bf16 *__restrict__ w, int d,
+                                                float eps, unsigned *done, float *partial, const float (&ss)[M]) {
     __shared__ float ss_warp[GEMV_WARPS][M];
     __shared__ float rstd[M];
     __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS)
-        warp_prefetch_l2(W + n * K, K * (int64_t)sizeof(bf16), lane);
-    griddep_enter();
-    float ss[M];
-#pragma unroll
-    for (int m = 0; m < M; m++)
-        ss[m] = 0.0f;
-    for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS) {
-        float acc[M];
-#pragma unroll
-        for (int m = 0; m < M; m++)
-            acc[m] = 0.0f;
-        gemv_lane_dot<M, V>(acc, A, lda, W + n * K, K, lane);
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            const float s = warp_sum(acc[m]);
-            if (lane == 0) { // x and the sums of squares: lane 0 alone
-                const bf16 v = __float2bfloat16_rn(__bfloat162float(x[m * d + n]) + s);
-                x[m * d + n] = v;
-                ss[m] = fmaf(__bfloat162float(v), __bfloat162float(v), ss[m]);
-            }
-        }
-    }
-    if (!w) return; // the last layer: the add alone
     if (lane == 0)
 #pragma unroll
         for (int m = 0; m < M; m++)
@@ -913,6 +882,48 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         st_bf16<V>(xn + e, f);
     }
     if (threadIdx.x == 0) *done = 0; // every other block has counted: ready for the next launch
+}
+
+// x[m, n] += A[m] . W[n] (rounded once), then, with a gain w, xn = rmsnorm(x).
+// The norm needs every column of a row, which the blocks share out: each
+// block leaves the sums of squares of its columns in partial[block, m], and
+// the last block to finish (a count in `done`, which it resets for the next
+// launch) adds them in block order (the same bits every run) and writes xn
+// for all rows. The fences make every block's x and partials visible before
+// its count; the last block reads them from L2 (__ldcg), past its own L1.
+// Columns go round the grid (at most CUDA_NORM_BLOCKS blocks: the partials'
+// room).
+template <int M, int V>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_add_rmsnorm(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
+                       const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
+                       unsigned *done, float *partial) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS)
+        warp_prefetch_l2(W + n * K, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        ss[m] = 0.0f;
+    for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS) {
+        float acc[M];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            acc[m] = 0.0f;
+        gemv_lane_dot<M, V>(acc, A, lda, W + n * K, K, lane);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float s = warp_sum(acc[m]);
+            if (lane == 0) { // x and the sums of squares: lane 0 alone
+                const bf16 v = __float2bfloat16_rn(__bfloat162float(x[m * d + n]) + s);
+                x[m * d + n] = v;
+                ss[m] = fmaf(__bfloat162float(v), __bfloat162float(v), ss[m]);
+            }
+        }
+    }
+    if (!w) return; // the last layer: the add alone
+    add_rmsnorm_end<M, V>(xn, x, w, d, eps, done, partial, ss);
 }
 
 #ifdef HYLO_BENCH_VARIANTS
@@ -958,9 +969,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_add_rmsnorm_cols(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
                             const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
                             unsigned *done, float *partial) {
-    __shared__ float ss_warp[GEMV_WARPS][M];
-    __shared__ float rstd[M];
-    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t step = (int64_t)gridDim.x * GEMV_WARPS * CW;
     for (int64_t n = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW; n < d; n += step)
@@ -995,44 +1003,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
     }
     if (!w) return;
-    if (lane == 0)
-#pragma unroll
-        for (int m = 0; m < M; m++)
-            ss_warp[warp][m] = ss[m];
-    __syncthreads();
-    if (threadIdx.x < M) {
-        float s = 0.0f;
-        for (int k = 0; k < GEMV_WARPS; k++)
-            s += ss_warp[k][threadIdx.x];
-        partial[blockIdx.x * M + threadIdx.x] = s;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    for (int m = warp; m < M; m += GEMV_WARPS) {
-        float s = 0.0f;
-        for (unsigned b = lane; b < gridDim.x; b += 32)
-            s += __ldcg(partial + b * M + m);
-        s = warp_sum(s);
-        if (lane == 0) rstd[m] = 1.0f / sqrtf(s / (float)d + eps);
-    }
-    __syncthreads();
-    const int64_t nv = (int64_t)M * d / 8;
-    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
-        const int64_t e = j * 8;
-        const int m = (int)(e / d), i = (int)(e - (int64_t)m * d);
-        float fv[8], g[8];
-        uint4 u = __ldcg(reinterpret_cast<const uint4 *>(x + e));
-        ld_bf16<8>(reinterpret_cast<const bf16 *>(&u), fv);
-        ld_bf16<8>(w + i, g);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            fv[k] = fv[k] * rstd[m] * g[k];
-        st_bf16<8>(xn + e, fv);
-    }
-    if (threadIdx.x == 0) *done = 0;
+    add_rmsnorm_end<M, 8>(xn, x, w, d, eps, done, partial, ss);
 }
 #endif
 
