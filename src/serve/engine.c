@@ -152,7 +152,7 @@ static int fits(srv_engine_t *e, const req_t *r) {
 static void publish_prefix(srv_engine_t *e) {
     if (!e->metrics || !e->prefix) return;
     srv_prefix_stats_t s = srv_prefix_stats(e->prefix);
-    srv_metrics_prefix(e->metrics, s.hits, s.misses, s.reused_tokens, s.evictions, s.bytes, s.entries);
+    srv_metrics_prefix(e->metrics, &s);
 }
 
 static void publish_pages(srv_engine_t *e) {

@@ -57,11 +57,9 @@ void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64_t reused, uint64_t evictions,
-                        int64_t bytes, int64_t entries) {
+void srv_metrics_prefix(srv_metrics_t *m, const srv_prefix_stats_t *s) {
     pthread_mutex_lock(&m->mu);
-    m->prefix_hits = hits, m->prefix_misses = misses, m->prefix_reused = reused, m->prefix_evictions = evictions;
-    m->prefix_bytes = bytes, m->prefix_entries = entries;
+    m->prefix = *s;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -140,10 +138,16 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   "# HELP hylo_prefix_cache_bytes Bytes held by the prefix cache's entries.\n"
                   "# TYPE hylo_prefix_cache_bytes gauge\nhylo_prefix_cache_bytes %lld\n"
                   "# HELP hylo_prefix_cache_entries Entries in the prefix cache.\n"
-                  "# TYPE hylo_prefix_cache_entries gauge\nhylo_prefix_cache_entries %lld\n",
-                  (unsigned long long)m->prefix_hits, (unsigned long long)m->prefix_misses,
-                  (unsigned long long)m->prefix_reused, (unsigned long long)m->prefix_evictions,
-                  (long long)m->prefix_bytes, (long long)m->prefix_entries);
+                  "# TYPE hylo_prefix_cache_entries gauge\nhylo_prefix_cache_entries %lld\n"
+                  "# HELP hylo_prefix_cache_snapshots Recurrent-state snapshots the entries hold.\n"
+                  "# TYPE hylo_prefix_cache_snapshots gauge\nhylo_prefix_cache_snapshots %lld\n"
+                  "# HELP hylo_prefix_cache_snapshot_bytes Bytes of those snapshots, allocated on the model's device "
+                  "(the entries' cache rows are pages of the pool).\n"
+                  "# TYPE hylo_prefix_cache_snapshot_bytes gauge\nhylo_prefix_cache_snapshot_bytes %lld\n",
+                  (unsigned long long)m->prefix.hits, (unsigned long long)m->prefix.misses,
+                  (unsigned long long)m->prefix.reused_tokens, (unsigned long long)m->prefix.evictions,
+                  (long long)m->prefix.bytes, (long long)m->prefix.entries, (long long)m->prefix.snapshots,
+                  (long long)m->prefix.snapshot_bytes);
     const srv_engine_counts_t *en = &m->engine;
     strbuf_printf(o,
                   "# HELP hylo_engine_turns_total Engine turns with a request to feed the model.\n"

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "base/strbuf.h"
+#include "serve/prefix.h"
 
 enum { SRV_HIST_BUCKETS = 14, SRV_STATUS_SLOTS = 16 };
 
@@ -29,8 +30,7 @@ typedef struct {
     uint64_t status_n[SRV_STATUS_SLOTS];
     uint64_t prompt_tokens, gen_tokens, cancelled, preempted;
     int64_t queued, running, cache_bytes, pages_free, pages_total;
-    uint64_t prefix_hits, prefix_misses, prefix_reused, prefix_evictions; // the prefix cache (serve/prefix.h)
-    int64_t prefix_bytes, prefix_entries;
+    srv_prefix_stats_t prefix;
     srv_engine_counts_t engine;
     int64_t max_batched_tokens; // the engine's token budget per turn (0: none)
     srv_hist_t ttft, tpot;      // seconds: submit -> first token; between output tokens
@@ -48,8 +48,7 @@ void srv_metrics_preempted(srv_metrics_t *m);
 void srv_metrics_pages(srv_metrics_t *m, int64_t free_pages, int64_t total);
 void srv_metrics_gauges(srv_metrics_t *m, int64_t queued, int64_t running, int64_t cache_bytes);
 // The prefix cache's counters and gauges, as they are now.
-void srv_metrics_prefix(srv_metrics_t *m, uint64_t hits, uint64_t misses, uint64_t reused, uint64_t evictions,
-                        int64_t bytes, int64_t entries);
+void srv_metrics_prefix(srv_metrics_t *m, const srv_prefix_stats_t *s);
 // The engine's counts as they are now, and its token budget per turn.
 void srv_metrics_engine(srv_metrics_t *m, const srv_engine_counts_t *c, int64_t max_batched_tokens);
 void srv_metrics_ttft(srv_metrics_t *m, double s);

@@ -71,6 +71,7 @@ static void *rec_add(srv_prefix_t *pc, srv_prefix_rec_t *rec, int pos) {
 static void entry_drop(srv_prefix_t *pc, int i) {
     entry_t *e = &pc->e[i];
     pc->s.bytes -= e->bytes;
+    pc->s.snapshots -= e->b.n, pc->s.snapshot_bytes -= (int64_t)e->b.n * pc->fixed_bytes;
     srv_prefix_rec_free(pc, &e->b);
     model_pool_release(pc->pool, e->pages, model_pages_for(e->n));
     free(e->pages);
@@ -204,6 +205,7 @@ void srv_prefix_insert(srv_prefix_t *pc, srv_prefix_rec_t *rec, const model_stat
     e.used = ++pc->tick;
     pc->e[pc->n++] = e;
     pc->s.bytes += bytes;
+    pc->s.snapshots += e.b.n, pc->s.snapshot_bytes += (int64_t)e.b.n * pc->fixed_bytes;
     pc->s.entries = pc->n;
     while (pc->s.bytes > pc->budget) // the newest fits alone, so it stays
         srv_prefix_evict(pc);

@@ -37,6 +37,9 @@ typedef struct {
     uint64_t hits, misses, reused_tokens, evictions;
     int64_t bytes; // held by the entries: their rows (n x the cache bytes per token), fixed snapshots, token ids
     int entries;
+    // the entries' fixed-state snapshots: buffers of their own on the model's
+    // device (their rows are pages of the pool, allocated up front)
+    int64_t snapshots, snapshot_bytes;
 } srv_prefix_stats_t;
 
 // A cache of at most `budget` bytes (> 0) with fixed-state boundaries every

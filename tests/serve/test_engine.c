@@ -225,14 +225,17 @@ static void test_prefix_pages(void **state) {
     srv_engine_run(b.e);
     assert_true(s1.has_done && s2.has_done);
     printf("  prefix: hits %llu, reused %llu tokens, entries %lld, pages free %lld of %lld\n",
-           (unsigned long long)b.met.prefix_hits, (unsigned long long)b.met.prefix_reused,
-           (long long)b.met.prefix_entries, (long long)b.met.pages_free, (long long)b.met.pages_total);
+           (unsigned long long)b.met.prefix.hits, (unsigned long long)b.met.prefix.reused_tokens,
+           (long long)b.met.prefix.entries, (long long)b.met.pages_free, (long long)b.met.pages_total);
     assert_int_equal(s1.n, 20);
     assert_int_equal(s2.n, 20);
     assert_memory_equal(s1.tok, s2.tok, sizeof(int32_t) * 20);
-    assert_int_equal(b.met.prefix_hits, 1);
-    assert_int_equal(b.met.prefix_reused, 256);
-    assert_int_equal(b.met.prefix_entries, 1);
+    assert_int_equal(b.met.prefix.hits, 1);
+    assert_int_equal(b.met.prefix.reused_tokens, 256);
+    assert_int_equal(b.met.prefix.entries, 1);
+    // its fixed states at the block boundaries 128 and 256 and at the prompt's end, 300
+    assert_int_equal(b.met.prefix.snapshots, 3);
+    assert_int_equal(b.met.prefix.snapshot_bytes, 3 * model_snapshot_fixed_bytes(&b.m));
     assert_int_equal(b.met.pages_free, 6 - 2); // the entry's two pages
     bench_close(&b);
 }
@@ -370,9 +373,9 @@ static void test_token_budget(void **state) {
                budget, (unsigned long long)st.turns, (unsigned long long)st.tokens, (unsigned long long)st.max_tokens,
                (unsigned long long)st.cut, (unsigned long long)st.deferred, (unsigned long long)st.rode,
                (unsigned long long)st.mixed);
-        printf("  prefix cache: %llu hits, %llu tokens restored\n", (unsigned long long)b.met.prefix_hits,
-               (unsigned long long)b.met.prefix_reused);
-        assert_int_equal(b.met.prefix_reused, prefix ? 128 : 0); // F: B's prompt to its boundary 128
+        printf("  prefix cache: %llu hits, %llu tokens restored\n", (unsigned long long)b.met.prefix.hits,
+               (unsigned long long)b.met.prefix.reused_tokens);
+        assert_int_equal(b.met.prefix.reused_tokens, prefix ? 128 : 0); // F: B's prompt to its boundary 128
         uint64_t fed = 0;
         for (int i = 0; i < BU_N; i++) {
             assert_true(s[i].has_done);
@@ -394,7 +397,7 @@ static void test_token_budget(void **state) {
                    (unsigned long long)s[i].turn[0], s[i].n);
             fed += (uint64_t)bu_len[i] + (uint64_t)bu_new[i] - 1; // the last token is not fed back
         }
-        fed -= b.met.prefix_reused;
+        fed -= b.met.prefix.reused_tokens;
         // B's prompt is in before C's, and E (younger, waiting for a slot) comes after both
         assert_true(s[1].turn[0] < s[2].turn[0] && s[2].turn[0] < s[4].turn[0]);
         assert_int_equal(st.forwards, st.turns);

@@ -776,6 +776,9 @@ static void test_prefix_cache(void **state) {
     assert_true(metric(&on, "hylo_prefix_cache_reused_tokens_total") == n_prompt[0]);
     assert_true(metric(&on, "hylo_prefix_cache_entries") == 1); // turn 2's holds turn 1's
     assert_true(metric(&on, "hylo_prefix_cache_bytes") > 0);
+    // the default model has no recurrent states: its entries are pool pages only
+    assert_true(metric(&on, "hylo_prefix_cache_snapshots") == 0);
+    assert_true(metric(&on, "hylo_prefix_cache_snapshot_bytes") == 0);
     assert_true(metric(&off, "hylo_prefix_cache_hits_total") == 0);
     assert_true(metric(&off, "hylo_prefix_cache_bytes") == 0);
     for (int t = 0; t < 2; t++)
