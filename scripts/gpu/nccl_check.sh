@@ -35,6 +35,8 @@ echo "launched as: ${launch[*]:-(no mpirun)} $H train nccl.yaml --force-collecti
 echo "tokens/s, mean of steps 6-25: plain $(rate "$O/plain/metrics.jsonl"), through the collectives $(rate "$O/nccl/metrics.jsonl")"
 grep -m1 'NCCL' "$O/nccl.log" # the communicator's line (on cuda)
 n=$(wc -l < "$O/plain.steps")
+# the runs' checkpoints are not needed past here (two of 1.6 GB each for SmolLM2's hybrid)
+rm -rf "$O"/plain/checkpoint-* "$O"/nccl/checkpoint-* "$O"/plain/final "$O"/nccl/final
 if [ "$n" -gt 0 ] && cmp -s "$O/plain.steps" "$O/nccl.steps"; then
     echo "PASS: $n steps, every logged loss, lr and grad norm identical"
 else

@@ -8,7 +8,9 @@
 #                                         (a .carry/corpus.tar.xz already there is reused unless CORPUS=DIR)
 # then one device call each, in this order:
 #   call 1: bash scripts/gpu/upcycle.sh prep     carry .carry/bins.tar.xz .carry/p1 .carry/evaldata.tar.xz
-#           (and .carry/ca when it still fits the 64 MiB with the working tree; else
+#           (the working tree grows with docs/logs: where the evaluation data no
+#           longer fits beside them, carry it in the next call instead, which
+#           unpacks it; and .carry/ca when it still fits the 64 MiB; else
 #   call 1b: bash scripts/gpu/upcycle.sh ca      carry .carry/ca)
 #   call 2: bash scripts/gpu/upcycle.sh stage1   carry .carry/p2 .carry/cb [.carry/chat]
 #           (.carry/chat: teacher chat shards sampled beforehand on any machine with
@@ -133,8 +135,10 @@ if [ "$1" = pack ]; then
 fi
 if [ "$1" = prep ]; then
     rm -rf $W && mkdir -p $W/out
-    tar xJf .carry/bins.tar.xz && cp .carry/p1/gguf.part $W/p1 && cp -r .carry/lib $W/lib &&
-        tar xJf .carry/evaldata.tar.xz -C $W && mv $W/shared/data $W/data
+    tar xJf .carry/bins.tar.xz && cp .carry/p1/gguf.part $W/p1 && cp -r .carry/lib $W/lib || exit 1
+    # the evaluation data, when it fits this call's carry (else a later call
+    # carries .carry/evaldata.tar.xz: unpack_evaldata below)
+    [ -f .carry/evaldata.tar.xz ] && tar xJf .carry/evaldata.tar.xz -C $W && mv $W/shared/data $W/data
     # the corpus's first part, when it fits this call's carry (the working
     # tree grows with docs/logs: else carry it in a call of its own, `ca`)
     [ -f .carry/ca/part ] && cp .carry/ca/part $W/ca
@@ -151,6 +155,11 @@ fi
 export LD_LIBRARY_PATH=$W/lib:$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 H=$PWD/build/hylo D=$W/data M=$W/smol.gguf O=$W/out/$1
+# the evaluation data (essays, evaluation sets, word lists), from whichever
+# call of the lease carried .carry/evaldata.tar.xz
+if [ ! -d $D ] && [ -f .carry/evaldata.tar.xz ]; then
+    tar xJf .carry/evaldata.tar.xz -C $W && mv $W/shared/data $D
+fi
 mkdir -p "$O"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$O/gpu.txt"
 T0=$(date +%s)
@@ -210,7 +219,8 @@ cuda_tests() { # tarball
 # steps still grow: 2-19 MiB of GPU memory on an H100, 2026-12-06. The leak
 # check is the 64-stream run's, whose first round covers the shapes.)
 serve_load() { # name, model[, timeout (s)[, streams (default 64)]]
-    [ -f $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt
+    [ -s $W/essays.txt ] || cat $D/essays/*.txt > $W/essays.txt ||
+        { echo "serve_load_$1: no essays in $D (carry .carry/evaldata.tar.xz in this call or an earlier one of the lease)"; return; }
     local tol=0
     [ ${4:-64} -ge 64 ] || tol=1024
     step serve_load_$1 ${3:-200} env HYLO=$H DEVICE=cuda STREAMS=${4:-64} ROUNDS=2 OUT=$O/serve_load_$1 \
@@ -467,5 +477,7 @@ for r in $W/ild_mla $W/ild_$LINEAR $W/kd2k $W/kd8k $W/kd32k; do
     cp $W/$n.yaml $O/train/ 2>/dev/null
 done
 echo "total $(since) s"
-tar cJf "$OUT/$1.tar.xz" -C $W/out "$1"
+# logs and figures only: weights and token shards stay on the machine (run
+# 31's checks archive took nccl_check's checkpoints, 3 GB of xz and the rest of the call)
+tar cJf "$OUT/$1.tar.xz" --exclude='*.safetensors' --exclude='*.shard' --exclude='*.gguf' -C $W/out "$1"
 ls -la "$OUT"
