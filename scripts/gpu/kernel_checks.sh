@@ -64,14 +64,15 @@ if [ "${MLA_SPLIT:-0}" = 1 ]; then
 fi
 # GEMV=1: the few-row products (k_gemv, and the fused SwiGLU and add + norm
 # ones) with 2 and 4 columns a warp (bench-variants HYLO_GEMV_COLS;
-# production: 1): test_cuda_core through each, then bench_cuda_core --decode
-# (1 to 8 rows) with 1, 2 and 4 columns a warp
+# production: 4 columns for the plain product from 5 rows, else 1):
+# test_cuda_core through each, then bench_cuda_core --decode (1 to 8 rows)
+# with 1, 2 and 4 columns a warp forced, and production's choice
 if [ "${GEMV:-0}" = 1 ]; then
     for c in 2 4; do
         HYLO_GEMV_COLS=$c timeout 120 build/bench-variants/tests/cuda/test_cuda_core > $R/gemv_test_$c.txt 2>&1
         echo "gemv test cols $c rc=$?" >> $R/summary.txt
     done
-    for c in 1 2 4; do
+    for c in 1 2 4 0; do
         HYLO_GEMV_COLS=$c timeout 60 build/bench-variants/bench/bench_cuda_core --decode > $R/gemv_bench_$c.txt 2>&1
         echo "gemv bench cols $c rc=$?" >> $R/summary.txt
     done

@@ -444,9 +444,10 @@ static void test_gemm(void **st) {
          .beta = -1,
          .what = "strided"},
         {.ta = 0, .tb = 1, .M = 512, .N = 1024, .K = 2048, .alpha = 1, .beta = 0, .what = "large"},
-        // a decode step's few rows (cuda_core.cu k_gemv, M <= 8; the bench-variants
-        // build's HYLO_GEMV_COLS = 2 / 4, k_gemv_cols, a warp's last columns
-        // past N at N = 7 and 130): one row by a fused
+        // a decode step's few rows (cuda_core.cu k_gemv up to 4 rows, k_gemv_cols
+        // with 4 columns a warp from 5; the bench-variants build's HYLO_GEMV_COLS
+        // = 1 / 2 / 4 forces one form; a warp's last columns past N at N = 7
+        // and 130): one row by a fused
         // projection, 3 rows, 8 rows by a 49,152-word head, alpha, rows at strides
         // (parts of wider buffers), N not a multiple of the block's 4 columns
         {.ta = 0, .tb = 1, .M = 1, .N = 960, .K = 576, .alpha = 1, .beta = 0, .what = "rows 1"},

@@ -715,13 +715,11 @@ static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64
            !(((uintptr_t)A | (uintptr_t)B) & 15);
 }
 
-#ifdef HYLO_BENCH_VARIANTS
-// Bench-only (HYLO_GEMV_COLS = 2 or 4): several output columns a warp. The
-// one-column kernels read the M rows of A once per column, so at M = 8 a warp
-// moves 8 bytes of A (L1) per byte of weight, and run 30's bench_cuda_core
-// measured 737-1,837 GB/s where one row reaches 2.4-2.8 TB/s; here each
-// lane's 8 values of A's M rows serve R weight rows (A read once per R rows).
-// 16-byte loads only.
+// Several output columns a warp, for products of 5 to 8 rows. The
+// one-column kernel reads the M rows of A once per column, so at M = 8 a warp
+// moves 8 bytes of A (L1) per byte of weight; here each lane's 8 values of
+// A's M rows serve R weight rows (A read once per R rows). 16-byte loads only.
+// Where each wins: docs/PERFORMANCE.md, run 31 (gemv() below).
 
 // acc[r][m] += this lane's share of A[m, :] . w[r][:] (K values).
 template <int M, int R>
@@ -774,26 +772,34 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
     }
 }
-#endif
 
+// A product of M <= 8 rows: one column a warp (k_gemv) up to 4 rows, 4
+// columns a warp (k_gemv_cols) from 5 rows, where run 31 measured them as
+// fast or faster at every shape of SmolLM2 and Llama-3.2-3B (up to 1.8x at 8
+// rows). The bench-variants build's HYLO_GEMV_COLS = 1, 2 or 4 forces one
+// form at every row count, to measure them side by side.
 static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
                  int64_t ldb, void *C, int64_t ldc) {
+    int cols = M >= 5 ? 4 : 1;
 #ifdef HYLO_BENCH_VARIANTS
-    const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
-    if (cols == 2 || cols == 4) {
+    const int forced = cu_env_int("HYLO_GEMV_COLS", 0);
+    if (forced == 1 || forced == 2 || forced == 4) cols = forced;
+#endif
+    if (cols > 1) {
         const int64_t per = (int64_t)GEMV_WARPS * cols; // columns a block
         const dim3 grid((unsigned)((N + per - 1) / per));
         // (GEMV_LAUNCH_M's second argument is the kernel's second template argument: CW here)
+#ifdef HYLO_BENCH_VARIANTS
         if (cols == 2)
             GEMV_LAUNCH_M((int)M, 2, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
                           (const bf16 *)B, ldb, N, K, alpha);
         else
+#endif
             GEMV_LAUNCH_M((int)M, 4, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
                           (const bf16 *)B, ldb, N, K, alpha);
         cuda_check_launch(be, "k_gemv_cols");
         return;
     }
-#endif
     const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
     GEMV_LAUNCH_M((int)M, 8, k_gemv, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda, (const bf16 *)B, ldb,
                   N, K, alpha);
@@ -928,7 +934,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 #ifdef HYLO_BENCH_VARIANTS
 // Bench-only (HYLO_GEMV_COLS = 2 or 4): k_gemv_swiglu with CW columns a warp,
-// the 2 CW rows of Wg and Wu sharing each lane's values of A.
+// the 2 CW rows of Wg and Wu sharing each lane's values of A (slower than one
+// column at most shapes in run 31, docs/PERFORMANCE.md).
 template <int M, int CW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_swiglu_cols(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
