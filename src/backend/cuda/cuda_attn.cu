@@ -1424,11 +1424,22 @@ static __device__ __forceinline__ void dec_sum(float (&acc)[W], const float *po,
     }
 }
 
+// This block's rows [u_begin, u_end) of a pair of n rows in ns slices:
+// slices of whole steps of max(16, U KPW) rows (so that an iteration's rows
+// lie in one page), the last ones may be short or empty.
+static __device__ __forceinline__ void dec_block_rows(int n, int ns, int split, int ra, int &u_begin, int &u_end) {
+    const int per = ((n + ns - 1) / ns + ra - 1) / ra * ra;
+    u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
+}
+
+// Rows of a block that are asked of L2 before griddep_wait (below), at most:
+// the first of a long slice (the rest follow the loads' own stream).
+enum { DEC_PREFETCH_ROWS = 512 };
+
 // Grid (N * Hkv * nhc pairs, n_split), DEC_THREADS threads; dynamic shared
 // memory dec_smem_bytes(). out [N, H, dv] bf16; zeros where len[r] <= 0.
 template <int G, bool VEC>
 __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(const dec_args_t a) {
-    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
     constexpr int U = dec_cfg<G>::U;
     extern __shared__ float dsm[];
     const int pair = blockIdx.x, split = blockIdx.y;
@@ -1438,22 +1449,48 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     const int c0 = 8 * li, kc = a.dqk - c0, vc = a.dv - c0; // this lane's columns; valid ones past c0
     const int h0 = g * a.grp + hc * G;                      // the chunk's first query head
     const int gh = min(G, a.grp - hc * G);                  // heads of the chunk (the rest compute on zeros)
+    const int step = DEC_WARPS * U * KPW;                   // rows the block reads per iteration
+    const int ra = U * KPW > 16 ? U * KPW : 16;
+    const int64_t ldK = (int64_t)a.Hkv * a.dqk, ldV = (int64_t)a.Hkv * a.dv;
+
+    // Launched as a programmatic dependent launch (cuda_vec.cuh), the block
+    // may run while the kernel before it (the step's K/V append) still does.
+    // Every cache row but the newest was written by earlier steps, so the
+    // block asks L2 for its first rows now, as the decode products do their
+    // weights; then waits. A hint only: the lengths and row addresses (the
+    // host's uploads) are read again after the wait.
+    {
+        int n = __ldcg(a.len + r);
+        n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
+        const int ns = dec_slices(n, a.n_split, a.short_rows, step);
+        if (split < ns) {
+            int u_begin, u_end;
+            dec_block_rows(n, ns, split, ra, u_begin, u_end);
+            const int hi = min(min(u_end, n - 1), u_begin + DEC_PREFETCH_ROWS);
+            const char *kb = (const char *)(a.k_rows[r] + (int64_t)g * a.dqk);
+            const char *vb = (const char *)(a.v_rows[r] + (int64_t)g * a.dv);
+            for (int u = u_begin + tid; u < hi; u += DEC_THREADS) {
+                const int64_t at = cu_page_row(a.pg, r, u);
+                for (int o = 0; o < a.dqk * 2; o += 128)
+                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kb + at * ldK * 2 + o));
+                for (int o = 0; o < a.dv * 2; o += 128)
+                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vb + at * ldV * 2 + o));
+            }
+        }
+    }
+    griddep_enter();
 
     int n = a.len[r];
     const bf16 *krow0 = a.k_rows[r], *vrow0 = a.v_rows[r];
     n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
-    const int step = DEC_WARPS * U * KPW; // rows the block reads per iteration
     const int ns = dec_slices(n, a.n_split, a.short_rows, step);
     // a slice this pair's length leaves unused: the whole block exits. The
     // test also reads the cache pointers (never 1: rows are 16-byte aligned),
     // so that their loads are issued with len's, not one round trip after it
     // (past the branch, where the compiler would otherwise put them)
     if ((split >= ns) & (((uintptr_t)krow0 & (uintptr_t)vrow0) != 1)) return;
-    // this block's rows [u_begin, u_end): slices of whole steps of max(16, U KPW) rows (so that an iteration's
-    // rows lie in one page), the last ones may be short or empty
-    const int ra = U * KPW > 16 ? U * KPW : 16;
-    const int per = ((n + ns - 1) / ns + ra - 1) / ra * ra;
-    const int u_begin = (int)min((int64_t)split * per, (int64_t)n), u_end = min(u_begin + per, n);
+    int u_begin, u_end; // this block's rows
+    dec_block_rows(n, ns, split, ra, u_begin, u_end);
 
     float q[G][8];
 #pragma unroll
@@ -1472,7 +1509,6 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
             o[j][e] = 0.f;
     }
 
-    const int64_t ldK = (int64_t)a.Hkv * a.dqk, ldV = (int64_t)a.Hkv * a.dv;
     const bf16 *kb = krow0 + (int64_t)g * a.dqk + c0, *vb = vrow0 + (int64_t)g * a.dv + c0;
     // Every lane of a warp runs the same iterations (the score shuffles need
     // them all); a lane group's rows past u_end load nothing and weigh 0.

@@ -2713,7 +2713,19 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
     const int rank = (int)cl.block_rank(), x = blockIdx.y, r = blockIdx.z, K = p.K, Dv = p.Dv, W = p.W, N = p.N;
     const int h = x * (p.HV / p.H) + rank / p.S, v_lo = (rank % p.S) * p.R;
     const int nv = Dv - v_lo < p.R ? (Dv > v_lo ? Dv - v_lo : 0) : p.R; // this block's value rows
-    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh)
+    // Launched as a programmatic dependent launch (cuda_vec.cuh), the block
+    // may run while the kernel before it (the step's input product) still
+    // does. The state rows and conv windows it reads were written by earlier
+    // steps, so it asks L2 for them now, as the decode products do their
+    // weights; then waits. A hint only: nothing read here is used after.
+    {
+        const int64_t c0 = (int64_t)h * Dv + v_lo;
+        block_prefetch_l2((const float *)p.rows[r] + c0 * K, (int64_t)nv * K * 4, tid, GS_THREADS);
+        block_prefetch_l2((const bf16 *)p.rows[N + r] + (int64_t)x * K * W, (int64_t)K * W * 2, tid, GS_THREADS);
+        block_prefetch_l2((const bf16 *)p.rows[2 * N + r] + (int64_t)x * K * W, (int64_t)K * W * 2, tid, GS_THREADS);
+        block_prefetch_l2((const bf16 *)p.rows[3 * N + r] + c0 * W, (int64_t)nv * W * 2, tid, GS_THREADS);
+    }
+    griddep_enter();
 
     // g, beta of value head h (gdn_gate_fwd)
     if (tid == 0) {

@@ -183,6 +183,13 @@ static __device__ __forceinline__ void warp_prefetch_l2(const void *p, int64_t b
     for (int64_t o = (int64_t)lane * 128; o < bytes; o += 32 * 128)
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + o));
 }
+// The same over a block's nthr threads: state a decode kernel reads that
+// earlier steps wrote, asked for before griddep_wait.
+static __device__ __forceinline__ void block_prefetch_l2(const void *p, int64_t bytes, int tid, int nthr) {
+    const char *c = (const char *)p;
+    for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)nthr * 128)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + o));
+}
 static __device__ __forceinline__ void griddep_enter() {
     griddep_wait();
     griddep_launch_dependents();
