@@ -8,7 +8,7 @@
 # the script copies that folder to $OUT/triton.tar.gz when it is under 60 MB, so
 # that a later call can carry it back (unpack it into .carry/triton here) and
 # skip the tuning. Carry .carry/t (or a warm machine's build/), .carry/lib,
-# .carry/fla and, when there is one, .carry/triton. SHAPE_LIMIT bounds each
+# .carry/fla (scripts/gpu/fetch_fla.sh) and, when there is one, .carry/triton. SHAPE_LIMIT bounds each
 # FLA shape (default 240 s; all of them end by 540 s). Logs in $OUT/fla.tar.gz.
 [ -x build/bench/bench_gdn ] || tar xJf .carry/t/tests.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64

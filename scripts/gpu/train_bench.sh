@@ -4,8 +4,7 @@
 # same shapes, one after the other on the same card. Carry .carry/tb
 # (build/bench/bench_train, xz-compressed), .carry/lib and .carry/fla: FLA's
 # Python package from the fla-core and flash-linear-attention 0.6.0 wheels
-# (`pip download --no-deps fla-core==0.6.0 flash-linear-attention==0.6.0`,
-# both unzipped into one folder; the second brings fla/layers). SHAPES lists
+# (scripts/gpu/fetch_fla.sh makes it). SHAPES lists
 # the cases (default: 1B 8K, 1B 64K, 8B 64K, all with blocks recomputed);
 # LIMIT bounds each run in seconds, FIRST_LIMIT the first reference run,
 # which compiles FLA's Triton kernels (run 26: over 150 s; later runs reuse
