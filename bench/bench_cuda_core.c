@@ -66,11 +66,19 @@ static void op_gemm_nt(void *p) { // y = x W^T
 }
 static void op_proj_swiglu(void *p) { // c [M, f] = silu(a Wg^T) * (a Wu^T), b = [Wg | Wu]
     ctx_t *c = p;
-    be->proj_swiglu(be, c->c, c->a, c->K, c->b, (const char *)c->b + c->N * c->K * 2, c->M, c->K, c->N);
+    be->proj_swiglu(be, c->c, c->a, c->K, NULL, 0.0f, c->b, (const char *)c->b + c->N * c->K * 2, c->M, c->K, c->N);
+}
+static void op_proj_swiglu_normed(void *p) { // the same of rmsnorm(a) (b's first K values: the gain)
+    ctx_t *c = p;
+    be->proj_swiglu(be, c->c, c->a, c->K, c->b, 1e-5f, c->b, (const char *)c->b + c->N * c->K * 2, c->M, c->K, c->N);
 }
 static void op_proj_add_rmsnorm(void *p) { // a [M, d] += c [M, f] Wd^T, d = rmsnorm(a) (b's first d rows: the gain)
     ctx_t *c = p;
     be->proj_add_rmsnorm(be, c->d, c->a, c->c, c->N, c->b, c->b, c->M, c->N, (int)c->K, 1e-5f);
+}
+static void op_proj_add(void *p) { // the same, the add alone (the next product norms its input)
+    ctx_t *c = p;
+    be->proj_add_rmsnorm(be, NULL, c->a, c->c, c->N, c->b, NULL, c->M, c->N, (int)c->K, 1e-5f);
 }
 static void op_gemm_nn(void *p) { // dx = dy W
     ctx_t *c = p;
@@ -118,7 +126,7 @@ static void op_embed_fwd(void *p) {
 }
 
 static void row(const char *name, const char *shape, double s, double bytes, double flops) {
-    printf("%-14s %-34s %9.1f us", name, shape, s * 1e6);
+    printf("%-18s %-34s %9.1f us", name, shape, s * 1e6);
     if (bytes > 0) printf("  %7.0f GB/s", bytes / s * 1e-9);
     if (flops > 0) printf("  %7.1f TFLOP/s", flops / s * 1e-12);
     printf("\n");
@@ -143,8 +151,9 @@ static void decode_products(int reps, int every_m) {
             be->free(be, c.a), be->free(be, c.b), be->free(be, c.c);
         }
     if (!every_m) return;
-    // the fused decode products (--decode only): gate and up into SwiGLU, and
-    // the down product added into the residual and normed, SmolLM2's and
+    // the fused decode products (--decode only): gate and up into SwiGLU (of
+    // the rows as they are, and RMS-normalised in the product), and the down
+    // product added into the residual (and normed, and alone), SmolLM2's and
     // Llama-3.2-3B's MLP shapes; GB/s of the weights read
     const int64_t Ds[] = {576, 3072}, Fs[] = {1536, 8192};
     for (int i = 0; i < 2; i++)
@@ -153,7 +162,9 @@ static void decode_products(int reps, int every_m) {
             c.a = act(M * Ds[i]), c.b = act(2 * Fs[i] * Ds[i]), c.c = act(M * Fs[i]), c.d = act(M * Ds[i]);
             snprintf(shape, sizeof shape, "rows=%lld d=%lld f=%lld", (long long)M, (long long)Ds[i], (long long)Fs[i]);
             row("decode swiglu", shape, timeit(op_proj_swiglu, &c, reps), 2.0 * Fs[i] * Ds[i] * es, 0);
+            row("decode norm+swiglu", shape, timeit(op_proj_swiglu_normed, &c, reps), 2.0 * Fs[i] * Ds[i] * es, 0);
             row("decode add+norm", shape, timeit(op_proj_add_rmsnorm, &c, reps), (double)Fs[i] * Ds[i] * es, 0);
+            row("decode add", shape, timeit(op_proj_add, &c, reps), (double)Fs[i] * Ds[i] * es, 0);
             be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d);
         }
 }

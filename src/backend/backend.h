@@ -283,12 +283,14 @@ struct be {
     void (*swiglu_bwd)(be_t *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
     // A decode step's gate and up products fused with SwiGLU: h[N, f] =
     // silu(x Wg^T) * (x Wu^T), x [N, K] rows ldx apart, Wg, Wu [f, K] (any two
-    // matrices), h contiguous. The same results as the two products then
-    // swiglu_fwd, but for their rounding: CUDA keeps gate and up in fp32. One
-    // launch on CUDA for N <= BE_FEW_ROWS (any N works, in launches of that
-    // many rows).
-    void (*proj_swiglu)(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
-                        int64_t K, int64_t f);
+    // matrices), h contiguous. With a gain xw [K] (else NULL), x's rows are
+    // RMS-normalised with it first (rmsnorm_fwd's formula, eps): a decode step
+    // feeds the residual stream without a launch to norm it. The same results
+    // as rmsnorm_fwd, the two products then swiglu_fwd, but for their rounding:
+    // CUDA keeps the normed rows, gate and up in fp32. One launch on CUDA for
+    // N <= BE_FEW_ROWS (any N works, in launches of that many rows).
+    void (*proj_swiglu)(be_t *be, void *h, const void *x, int64_t ldx, const void *xw, float eps, const void *Wg,
+                        const void *Wu, int64_t N, int64_t K, int64_t f);
 
     // ---- depthwise causal conv (GDN short convs, Mamba-2 conv1d) -------------
     // x [B,T,C] with row stride ldx; w [C,W] (weight [C,1,W] as stored), bias [C]
@@ -397,13 +399,15 @@ struct be {
     // dh] rotated into q (row r at q + r * ldq), k rotated and v as it is
     // into row r's K and V cache entries as rope_kv_append writes them
     // (rotation, positions, tables and pages as there). q, the caches and x
-    // do not overlap. The same results as gemm into [q | k | v] then
-    // rope_kv_append, but for the product's rounding: CUDA rotates its fp32
-    // sums and rounds once. One launch on CUDA for N <= BE_FEW_ROWS (any N
-    // works, in launches of that many rows).
-    void (*proj_rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *W,
-                                const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
-                                void *const *v_rows, be_pages_t pg, int N, int64_t K, int H, int Hkv, int dh);
+    // do not overlap. With a gain xw [K] (else NULL), x's rows are
+    // RMS-normalised with it first, as in proj_swiglu. The same results as
+    // gemm into [q | k | v] then rope_kv_append, but for the product's
+    // rounding: CUDA rotates its fp32 sums and rounds once. One launch on CUDA
+    // for N <= BE_FEW_ROWS (any N works, in launches of that many rows).
+    void (*proj_rope_kv_append)(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *xw, float eps,
+                                const void *W, const int32_t *pos, const float *cos, const float *sin,
+                                void *const *k_rows, void *const *v_rows, be_pages_t pg, int N, int64_t K, int H,
+                                int Hkv, int dh);
     // An MLA step's RoPE and cache append in one call: the q_pe of head h of
     // row r, dr values at q + r * ldq + h * hs, rotated in place; row r's
     // latent c (r_kv values at c + r * ldc) and its rope key (dr values at kpe

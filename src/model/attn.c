@@ -199,7 +199,20 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
     return 0;
 }
 
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+// q, k and v one matrix in memory (rows [q | k | v]) and no q / k norms:
+// one product for the three.
+static int qkv_adjacent(const layer_ctx_t *c, const attn_w_t *w) {
+    const arch_t *a = c->a;
+    const void *ws[3] = {w->q, w->k, w->v};
+    const int64_t outs[3] = {(int64_t)a->H * a->dh, (int64_t)a->Hkv * a->dh, (int64_t)a->Hkv * a->dh};
+    return !w->q_norm && lin_adjacent(c, ws, outs, 3, a->d);
+}
+
+int attn_step_norms_input(const layer_ctx_t *c, const attn_w_t *w, int N) {
+    return N <= BE_FEW_ROWS && qkv_adjacent(c, w);
+}
+
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, const void *xw, int n_runs,
               const step_run_t *runs) {
     be_t *be = c->be;
     const arch_t *a = c->a;
@@ -219,15 +232,16 @@ int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, con
     // Qwen3's q / k norms take the separate path. Every row at its own
     // sequence's position, in its own cache: one append and one attention
     // call for all rows of all runs.
-    const void *ws[3] = {w->q, w->k, w->v};
-    const int64_t outs[3] = {qw, kw, kw};
     int64_t ldq = qw, ldk = kw;
-    int adjacent = !w->q_norm && lin_adjacent(c, ws, outs, 3, a->d);
+    int adjacent = qkv_adjacent(c, w);
+    if (xw && !(adjacent && N <= BE_FEW_ROWS))
+        return err_set(ERR_UNSUP,
+                       "attention step: an input norm needs the fused q/k/v product (attn_step_norms_input)");
     if (adjacent && N <= BE_FEW_ROWS) {
         q = ctx_act(c, N * qw);
         if (!q) return ERR_NOMEM;
-        be->proj_rope_kv_append(be, q, qw, x, a->d, w->q, pos, c->rope_cos, c->rope_sin, base, base + N, pg, N, a->d,
-                                a->H, a->Hkv, a->dh);
+        be->proj_rope_kv_append(be, q, qw, x, a->d, xw, a->eps, w->q, pos, c->rope_cos, c->rope_sin, base, base + N, pg,
+                                N, a->d, a->H, a->Hkv, a->dh);
     } else if (adjacent) {
         ldq = ldk = qw + 2 * kw;
         void *qkv = ctx_act(c, N * ldq);

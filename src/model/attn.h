@@ -31,5 +31,10 @@ int attn_backward(const layer_ctx_t *c, const attn_w_t *w, attn_w_t *g, void *dx
                   const attn_saved_t *sv);
 // One token per sequence of the runs (layer.h step_run_t), x [N,d] -> out
 // [N,d], each at its cache's position len: appends its K and V rows (not len).
-int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+// x normed already (xw NULL), or the residual stream with its norm's gain xw,
+// applied by the q/k/v product (only where attn_step_norms_input says so).
+int attn_step(const layer_ctx_t *c, const attn_w_t *w, const lin_out_t *out, const void *x, const void *xw, int n_runs,
               const step_run_t *runs);
+// Whether attn_step over N rows can take its input unnormed with the gain
+// (its q, k and v one fused product: be->proj_rope_kv_append).
+int attn_step_norms_input(const layer_ctx_t *c, const attn_w_t *w, int N);

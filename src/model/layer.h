@@ -163,9 +163,10 @@ int forward_runs_check(const step_run_t *runs, int n_runs);
 // Where a mixer's output projection y = a W^T [N, d] goes: into y (x NULL),
 // or, in a decode step of at most BE_FEW_ROWS rows, added into the residual
 // stream x [N, d], which is then normed into xn with gain norm (the next
-// sub-layer's input; norm NULL: the add alone, after the last layer), one
-// fused op (linear.h lin_fwd_out). xn may be the mixer's input x: the
-// projection is the mixer's last op.
+// sub-layer's input; norm NULL: the add alone, after the last layer or where
+// the next sub-layer's first product norms x itself), one fused op (linear.h
+// lin_fwd_out). xn may be the mixer's input x: the projection is the mixer's
+// last op.
 typedef struct {
     void *y;
     void *x, *xn;

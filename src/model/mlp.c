@@ -39,10 +39,15 @@ int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x
     return 0;
 }
 
-int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const void *x, int64_t N) {
+int mlp_step_norms_input(const layer_ctx_t *c, const mlp_w_t *w) {
+    return !lin_qmat(c, w->gate) && !lin_qmat(c, w->up);
+}
+
+int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const void *x, const void *xw, int64_t N) {
     be_t *be = c->be;
     int d = c->a->d, f = c->a->ffn;
-    if (lin_qmat(c, w->gate) || lin_qmat(c, w->up)) { // quantised (CPU inference): the plain MLP, then the add
+    if (!mlp_step_norms_input(c, w)) { // quantised (CPU inference): the plain MLP, then the add
+        if (xw) return err_set(ERR_UNSUP, "MLP step: an input norm needs unquantised gate and up");
         void *y = ctx_act(c, N * d);
         if (!y) return ERR_NOMEM;
         TRY(mlp_forward(c, w, y, x, N, NULL));
@@ -51,7 +56,7 @@ int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const
     }
     void *h = ctx_act(c, N * f);
     if (!h) return ERR_NOMEM;
-    be->proj_swiglu(be, h, x, d, w->gate, w->up, N, d, f);
+    be->proj_swiglu(be, h, x, d, xw, c->a->eps, w->gate, w->up, N, d, f);
     return lin_fwd_out(c, out, h, w->down, N, f);
 }
 

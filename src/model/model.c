@@ -1034,11 +1034,18 @@ int model_mixer_forward_runs(const layer_ctx_t *c, const layer_w_t *w, void *out
     return 0;
 }
 
-int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, int n_runs,
-                     const step_run_t *runs) {
+int model_mixer_step_norms_input(const layer_ctx_t *c, const layer_w_t *w, int N) {
+    return w->kind == LAYER_ATTN && attn_step_norms_input(c, &w->attn, N);
+}
+
+int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, const void *xw,
+                     int n_runs, const step_run_t *runs) {
     int rc;
+    if (xw && w->kind != LAYER_ATTN)
+        return err_set(ERR_UNSUP, "layer %d (%s): its step takes normed input only", c->layer,
+                       layer_kind_name(w->kind));
     switch (w->kind) {
-    case LAYER_ATTN: rc = attn_step(c, &w->attn, out, x, n_runs, runs); break;
+    case LAYER_ATTN: rc = attn_step(c, &w->attn, out, x, xw, n_runs, runs); break;
     case LAYER_MLA: rc = mla_step(c, &w->mla, out, x, n_runs, runs); break;
     case LAYER_GDN: rc = gdn_step(c, &w->gdn, out, x, n_runs, runs); break;
     case LAYER_M2: rc = m2_step(c, &w->m2, out, x, n_runs, runs); break;
@@ -1073,12 +1080,23 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     // xn: the normed input of the next sub-layer; the residual adds are fused
     // with the norm that follows them. A decode step of a few rows fuses them
     // with the output projections before them too (layer.h lin_out_t: a step
-    // is launch-bound on a GPU), unless the mixer outputs are recorded.
+    // is launch-bound on a GPU), unless the mixer outputs are recorded; and
+    // where the next sub-layer's first product can norm its input rows itself
+    // (attention's fused q/k/v, the MLP's gate and up), the add goes alone and
+    // that product takes x with the norm's gain, `pend` (no launch, and no
+    // pass over the rows, to norm them).
     int fused = step && N <= BE_FEW_ROWS && !rec;
     void *xn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     void *y = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     if (!xn || !y) return ERR_NOMEM;
-    if (a->n_layers) be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
+    const void *pend = NULL;
+    if (a->n_layers) {
+        layer_ctx_t c0 = model_layer_ctx(r, 0);
+        if (fused && model_mixer_step_norms_input(&c0, &m->lw[0], (int)N))
+            pend = m->lw[0].norm1;
+        else
+            be->rmsnorm_fwd(be, xn, NULL, x, m->lw[0].norm1, N, a->d, a->eps);
+    }
     for (int l = 0; l < a->n_layers; l++) {
         // cs: the riding rows' mixer's context, the only one with the
         // prepared step; the chunks' mixers, the norms and the MLP (over
@@ -1091,8 +1109,13 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
         if (step) {
             for (int k = 0; k < n_st; k++)
                 r->runs[k] = (step_run_t){&sts[k]->layers[l], 0, sts[k]->B, 1, sts[k]->len};
-            lin_out_t o = fused ? (lin_out_t){NULL, x, xn, w->norm2} : (lin_out_t){y, NULL, NULL, NULL};
-            TRY(model_mixer_step(&c, w, &o, xn, n_st, r->runs));
+            // the MLP norms its input itself (pend) or takes xn
+            const int mlp_norms = fused && mlp_step_norms_input(&c, &w->mlp);
+            lin_out_t o = !fused      ? (lin_out_t){y, NULL, NULL, NULL}
+                          : mlp_norms ? (lin_out_t){NULL, x, NULL, NULL}
+                                      : (lin_out_t){NULL, x, xn, w->norm2};
+            TRY(model_mixer_step(&c, w, &o, pend ? x : xn, pend, n_st, r->runs));
+            pend = mlp_norms ? w->norm2 : NULL;
         } else if (run_len) {
             int row = 0, n_multi = n_st - n_one;
             for (int k = 0; k < n_multi; row += run_len[k++])
@@ -1104,17 +1127,23 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
                 for (int k = 0; k < n_one; k++)
                     r->runs[k] = (step_run_t){&sts[n_st - n_one + k]->layers[l], 0, 1, 1, sts[n_st - n_one + k]->len};
                 lin_out_t o = {act_at(be, y, (int64_t)row * a->d), NULL, NULL, NULL};
-                TRY(model_mixer_step(&cs, w, &o, act_at(be, xn, (int64_t)row * a->d), n_one, r->runs));
+                TRY(model_mixer_step(&cs, w, &o, act_at(be, xn, (int64_t)row * a->d), NULL, n_one, r->runs));
             }
         } else {
             TRY(model_mixer_forward(&c, w, y, xn, B, T, pos0, n_st ? &sts[0]->layers[l] : NULL, NULL));
         }
         if (rec && rec->a) be->copy_d2d(be, rec->a[l], y, (size_t)N * a->d * be->act_size);
         arena_reset(&r->arena, mark); // the mixer's temporaries: only y is used from here
-        // fused: the mixer left x and xn up to date; the MLP does likewise
+        // fused: the mixer left x up to date, and xn unless the MLP norms x
+        // itself; the MLP does likewise for the next mixer
         if (fused) {
-            lin_out_t o = {NULL, x, xn, l + 1 < a->n_layers ? m->lw[l + 1].norm1 : NULL};
-            TRY(mlp_step(&c, &w->mlp, &o, xn, N));
+            // the next mixer norms its input itself (pend) or takes xn
+            const void *next = l + 1 < a->n_layers ? m->lw[l + 1].norm1 : NULL;
+            layer_ctx_t cn = next ? model_layer_ctx(r, l + 1) : c;
+            const int next_norms = next && model_mixer_step_norms_input(&cn, &m->lw[l + 1], (int)N);
+            lin_out_t o = {NULL, x, next_norms ? NULL : xn, next_norms ? NULL : next};
+            TRY(mlp_step(&c, &w->mlp, &o, pend ? x : xn, pend, N));
+            pend = next_norms ? next : NULL;
             arena_reset(&r->arena, mark);
             continue;
         }

@@ -385,5 +385,9 @@ int model_mixer_forward_runs(const layer_ctx_t *c, const layer_w_t *w, void *out
                              const step_run_t *runs);
 // The same for a decode step: one token per sequence of the runs (layer.h
 // step_run_t), x [N, d] -> out (layer.h lin_out_t), through its kind's X_step.
-int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, int n_runs,
-                     const step_run_t *runs);
+// x normed already (xw NULL), or the residual stream with its norm's gain xw
+// for the step's first product to apply, where model_mixer_step_norms_input
+// says the kind's step can (attention's fused q/k/v product).
+int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, const void *xw,
+                     int n_runs, const step_run_t *runs);
+int model_mixer_step_norms_input(const layer_ctx_t *c, const layer_w_t *w, int N);

@@ -224,8 +224,9 @@ static void test_gdn_step(void **st) {
 // rope_kv_append, bit for bit: q (rows of a wider buffer, the rest of it
 // untouched) and every cache, each row at its own position (page boundaries
 // among them), with contiguous caches of their own or through page tables
-// over one pool (pages out of order). GQA; x rows of a wider buffer.
-static void check_proj_rope_kv_append(int paged) {
+// over one pool (pages out of order). GQA; x rows of a wider buffer. With a
+// gain (norm), against rmsnorm_fwd of x's rows, then the two ops.
+static void check_proj_rope_kv_append(int paged, int norm) {
     be_t *be = tu_cpu();
     enum { N = 5, H = 6, HKV = 2, DH = 8, K = 40, LDX = 43, NPOS = 600, STRIDE = 3, NPAGES = N * STRIDE };
     enum { QW = H * DH, KW = HKV * DH, P = QW + 2 * KW, LDQ = QW + 5 };
@@ -253,8 +254,14 @@ static void check_proj_rope_kv_append(int paged) {
         int b = paged ? 0 : r;
         kb[r] = kc[b], kb[N + r] = vc[b], kb0[r] = kc0[b], kb0[N + r] = vc0[b];
     }
-    be->proj_rope_kv_append(be, q, LDQ, x, LDX, W, pos, cs, sn, kb, kb + N, pg, N, K, H, HKV, DH);
-    be->gemm(be, 0, 1, N, P, K, 1.0f, x, LDX, W, K, 0.0f, qkv, P);
+    float *g = malloc(sizeof(float) * K), *xn = malloc(sizeof(float) * N * K);
+    tu_randn(g, K, 75, 1.0f);
+    be->proj_rope_kv_append(be, q, LDQ, x, LDX, norm ? g : NULL, 1e-5f, W, pos, cs, sn, kb, kb + N, pg, N, K, H, HKV,
+                            DH);
+    for (int r = 0; r < N; r++)
+        memcpy(xn + r * K, x + r * LDX, sizeof(float) * K);
+    if (norm) be->rmsnorm_fwd(be, xn, NULL, xn, g, N, K, 1e-5f);
+    be->gemm(be, 0, 1, N, P, K, 1.0f, xn, K, W, K, 0.0f, qkv, P);
     be->rope_kv_append(be, qkv, P, qkv + QW, P, qkv + QW + KW, P, pos, cs, sn, kb0, kb0 + N, pg, N, H, HKV, DH);
     for (int r = 0; r < N; r++)
         memcpy(q0 + r * LDQ, qkv + r * P, sizeof(float) * QW);
@@ -265,11 +272,38 @@ static void check_proj_rope_kv_append(int paged) {
     }
     for (int b = 0; b < nbuf; b++)
         free(kc[b]), free(vc[b]), free(kc0[b]), free(vc0[b]);
-    free(x), free(W), free(cs), free(sn), free(q), free(q0), free(qkv);
+    free(x), free(W), free(cs), free(sn), free(q), free(q0), free(qkv), free(g), free(xn);
 }
 static void test_proj_rope_kv_append(void **st) {
-    check_proj_rope_kv_append(0);
-    check_proj_rope_kv_append(1);
+    for (int norm = 0; norm < 2; norm++) {
+        check_proj_rope_kv_append(0, norm);
+        check_proj_rope_kv_append(1, norm);
+    }
+}
+
+// proj_swiglu equals its ops bit for bit: the two products then swiglu_fwd,
+// and with a gain, rmsnorm_fwd of x's rows (a wider buffer's) first.
+static void test_proj_swiglu(void **st) {
+    be_t *be = tu_cpu();
+    enum { N = 3, K = 48, LDX = 53, F = 40 };
+    float *x = malloc(sizeof(float) * N * LDX), *Wg = malloc(sizeof(float) * F * K),
+          *Wu = malloc(sizeof(float) * F * K);
+    float *g = malloc(sizeof(float) * K), *xn = malloc(sizeof(float) * N * K), *h = malloc(sizeof(float) * N * F);
+    float *gate = malloc(sizeof(float) * N * F), *up = malloc(sizeof(float) * N * F),
+          *h0 = malloc(sizeof(float) * N * F);
+    tu_randn(x, N * LDX, 60, 1.0f), tu_randn(Wg, F * K, 61, 0.2f), tu_randn(Wu, F * K, 62, 0.2f);
+    tu_randn(g, K, 63, 1.0f);
+    for (int norm = 0; norm < 2; norm++) {
+        be->proj_swiglu(be, h, x, LDX, norm ? g : NULL, 1e-6f, Wg, Wu, N, K, F);
+        for (int r = 0; r < N; r++)
+            memcpy(xn + r * K, x + r * LDX, sizeof(float) * K);
+        if (norm) be->rmsnorm_fwd(be, xn, NULL, xn, g, N, K, 1e-6f);
+        be->gemm(be, 0, 1, N, F, K, 1.0f, xn, K, Wg, K, 0.0f, gate, F);
+        be->gemm(be, 0, 1, N, F, K, 1.0f, xn, K, Wu, K, 0.0f, up, F);
+        be->swiglu_fwd(be, h0, gate, up, F, N, F);
+        assert_memory_equal(h, h0, sizeof(float) * N * F);
+    }
+    free(x), free(Wg), free(Wu), free(g), free(xn), free(h), free(gate), free(up), free(h0);
 }
 
 static void test_ssd_recurrent_step(void **st) {
@@ -304,6 +338,7 @@ int main(void) {
         cmocka_unit_test(test_kv_append),          cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_gdn_step),
         cmocka_unit_test(test_ssd_recurrent_step), cmocka_unit_test(test_proj_rope_kv_append),
+        cmocka_unit_test(test_proj_swiglu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1031,30 +1031,31 @@ static void test_swiglu(void **st) {
 typedef struct {
     int64_t N, K, f, ldx; // ldx 0: K
     int adjacent;         // Wg, Wu the two halves of one matrix [gate | up] (the MLP's layout)
+    int norm;             // x's rows RMS-normalised with a gain first (a decode step's residual stream)
 } sgcase_t;
 
-// h = silu(x Wg^T) * (x Wu^T). Reference: the CPU's two products and
-// swiglu_fwd in fp32. The GPU sums each product in fp32 in another order and
-// rounds h once: BF16.
+// h = silu(x Wg^T) * (x Wu^T), with a gain: of rmsnorm(x) first. Reference:
+// the CPU op (the norm, the two products and swiglu_fwd in fp32, bit for bit:
+// test_decode_ops). The GPU sums each product (and the rows' sums of
+// squares) in fp32 in another order and rounds h once: BF16. Normed rows are
+// drawn with standard deviation 4, so that a missing norm is far off.
 static int proj_swiglu_case(sgcase_t c) {
     int64_t ldx = c.ldx ? c.ldx : c.K, xlen = c.N * ldx, wlen = c.f * c.K, hlen = c.N * c.f;
     char shape[128];
-    snprintf(shape, sizeof shape, "N=%lld K=%lld f=%lld ldx=%lld%s", (long long)c.N, (long long)c.K, (long long)c.f,
-             (long long)ldx, c.adjacent ? " [gate | up]" : "");
-    float *x = rnd(xlen, 1.0f), *W = rnd(2 * wlen, 0.05f), *g = tu_hbuf(hlen), *u = tu_hbuf(hlen);
+    snprintf(shape, sizeof shape, "N=%lld K=%lld f=%lld ldx=%lld%s%s", (long long)c.N, (long long)c.K, (long long)c.f,
+             (long long)ldx, c.adjacent ? " [gate | up]" : "", c.norm ? " normed" : "");
+    float *x = rnd(xlen, c.norm ? 4.0f : 1.0f), *W = rnd(2 * wlen, 0.05f), *gain = rnd_w(c.K);
     float *ref = tu_hbuf(hlen), *nan = tu_nans(hlen);
     float *Wg = W, *Wu = W + wlen;
-    cpu->gemm(cpu, 0, 1, c.N, c.f, c.K, 1.0f, x, ldx, Wg, c.K, 0.0f, g, c.f);
-    cpu->gemm(cpu, 0, 1, c.N, c.f, c.K, 1.0f, x, ldx, Wu, c.K, 0.0f, u, c.f);
-    cpu->swiglu_fwd(cpu, ref, g, u, c.f, c.N, c.f);
-    void *dx = tu_dev_act(gpu, x, xlen), *dh = tu_dev_act(gpu, nan, hlen);
+    cpu->proj_swiglu(cpu, ref, x, ldx, c.norm ? gain : NULL, 1e-5f, Wg, Wu, c.N, c.K, c.f);
+    void *dx = tu_dev_act(gpu, x, xlen), *dh = tu_dev_act(gpu, nan, hlen), *dgain = tu_dev_act(gpu, gain, c.K);
     void *dW = c.adjacent ? tu_dev_act(gpu, W, 2 * wlen) : NULL;
     void *dWg = c.adjacent ? dW : tu_dev_act(gpu, Wg, wlen),
          *dWu = c.adjacent ? tu_gat(gpu, dW, wlen) : tu_dev_act(gpu, Wu, wlen);
-    gpu->proj_swiglu(gpu, dh, dx, ldx, dWg, dWu, c.N, c.K, c.f);
+    gpu->proj_swiglu(gpu, dh, dx, ldx, c.norm ? dgain : NULL, 1e-5f, dWg, dWu, c.N, c.K, c.f);
     int fails = !tu_sync(gpu, "proj_swiglu", shape) || !check_act("proj_swiglu h", shape, dh, ref, hlen, BF16);
-    free(x), free(W), free(g), free(u), free(ref), free(nan);
-    tu_dev_free(gpu, dx), tu_dev_free(gpu, dh);
+    free(x), free(W), free(gain), free(ref), free(nan);
+    tu_dev_free(gpu, dx), tu_dev_free(gpu, dh), tu_dev_free(gpu, dgain);
     if (c.adjacent) {
         tu_dev_free(gpu, dW);
     } else {
@@ -1074,6 +1075,12 @@ static void test_proj_swiglu(void **st) {
         {.N = 2, .K = 256, .f = 130, .ldx = 1032},   // rows of a wider buffer
         {.N = 8, .K = 64, .f = 9, .ldx = 67},        // odd row stride: the scalar loads
         {.N = 11, .K = 576, .f = 40, .adjacent = 1}, // more than 8 rows: two launches
+        // the input norm in the product (a decode step's MLP fed the residual stream)
+        {.N = 1, .K = 576, .f = 1536, .adjacent = 1, .norm = 1},
+        {.N = 8, .K = 576, .f = 1536, .adjacent = 1, .norm = 1},
+        {.N = 5, .K = 333, .f = 7, .norm = 1}, // the scalar loads
+        {.N = 2, .K = 256, .f = 130, .ldx = 1032, .norm = 1},
+        {.N = 11, .K = 576, .f = 40, .adjacent = 1, .norm = 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         fails += proj_swiglu_case(cases[i]);
@@ -1148,6 +1155,7 @@ typedef struct {
     int N, H, Hkv, dh;
     int64_t K, ldx, ldq; // 0: K, H dh
     int paged;           // 1: one pool of pages through tables; 0: caches of their own
+    int norm;            // x's rows RMS-normalised with a gain first (a decode step's residual stream)
 } prcase_t;
 
 // proj_rope_kv_append (k_gemv_rope_kv_append): x W^T for one matrix [q | k |
@@ -1158,8 +1166,9 @@ typedef struct {
 // for bit: test_decode_ops). q and the K entries: rotations of the GPU's
 // fp32 sums (another order) rounded once; V entries: the sums rounded once:
 // BF16, as proj_swiglu (a pair rotated from the wrong columns, or an entry in
-// another row's place, is O(1) off). The rest of q's buffer and of every
-// cache must survive (buffers compared whole; q's region poisoned).
+// another row's place, is O(1) off; normed rows are drawn with standard
+// deviation 4, so that a missing norm is far off). The rest of q's buffer and of
+// every cache must survive (buffers compared whole; q's region poisoned).
 static int proj_rope_case(prcase_t c) {
     enum { NPOS = 520, R = 2, MAXN = 16 };
     static const int32_t edges[4] = {255, 256, 511, 0};
@@ -1169,8 +1178,8 @@ static int proj_rope_case(prcase_t c) {
     const int nbuf = c.paged ? 1 : R;
     const int64_t per = c.paged ? (int64_t)n_pages * BE_PAGE_ROWS * kw : (int64_t)((c.N + R - 1) / R) * NPOS * kw;
     char shape[128];
-    snprintf(shape, sizeof shape, "N=%d H=%d Hkv=%d dh=%d K=%lld ldx=%lld ldq=%lld %s", c.N, c.H, c.Hkv, c.dh,
-             (long long)c.K, (long long)ldx, (long long)ldq, c.paged ? "paged" : "contiguous");
+    snprintf(shape, sizeof shape, "N=%d H=%d Hkv=%d dh=%d K=%lld ldx=%lld ldq=%lld %s%s", c.N, c.H, c.Hkv, c.dh,
+             (long long)c.K, (long long)ldx, (long long)ldq, c.paged ? "paged" : "contiguous", c.norm ? " normed" : "");
     float *cs = tu_hbuf((int64_t)NPOS * half), *sn = tu_hbuf((int64_t)NPOS * half);
     for (int p = 0; p < NPOS; p++)
         for (int i = 0; i < half; i++) {
@@ -1182,7 +1191,8 @@ static int proj_rope_case(prcase_t c) {
         pos[r] = edges[r];
     for (int i = 0; i < n_pages; i++) // each row's pages descending: never consecutive
         pages[i] = n_pages - 1 - i;
-    float *x = rnd(xlen, 1.0f), *W = rnd(P * c.K, 0.05f), *q0 = rnd(qlen, 1.0f), *qref = tu_hdup(q0, qlen);
+    float *x = rnd(xlen, c.norm ? 4.0f : 1.0f), *W = rnd(P * c.K, 0.05f), *q0 = rnd(qlen, 1.0f),
+          *qref = tu_hdup(q0, qlen), *gain = rnd_w(c.K);
     float *qpois = poisoned(q0, qlen, 0, c.N, qw, ldq), *kc[R], *vc[R], *kref[R], *vref[R];
     void *kc_d[R], *vc_d[R], *rows_h[2 * MAXN], *rows_d[2 * MAXN];
     assert_true(c.N <= MAXN);
@@ -1197,17 +1207,18 @@ static int proj_rope_case(prcase_t c) {
         rows_d[r] = tu_gat(gpu, kc_d[b], first), rows_d[c.N + r] = tu_gat(gpu, vc_d[b], first);
     }
     const be_pages_t pg_h = {c.paged ? pages : NULL, stride};
-    cpu->proj_rope_kv_append(cpu, qref, ldq, x, ldx, W, pos, cs, sn, rows_h, rows_h + c.N, pg_h, c.N, c.K, c.H, c.Hkv,
-                             c.dh);
+    cpu->proj_rope_kv_append(cpu, qref, ldq, x, ldx, c.norm ? gain : NULL, 1e-5f, W, pos, cs, sn, rows_h, rows_h + c.N,
+                             pg_h, c.N, c.K, c.H, c.Hkv, c.dh);
     void *dx = tu_dev_act(gpu, x, xlen), *dW = tu_dev_act(gpu, W, P * c.K), *dq = tu_dev_act(gpu, qpois, qlen);
+    void *dgain = tu_dev_act(gpu, gain, c.K);
     float *dc = tu_dev_f32(gpu, cs, (int64_t)NPOS * half), *ds = tu_dev_f32(gpu, sn, (int64_t)NPOS * half);
     int32_t *dp = tu_dev_i32(gpu, pos, c.N), *dpages = tu_dev_i32(gpu, pages, n_pages);
     void **drows = gpu->alloc(gpu, sizeof(void *) * 2 * c.N);
     assert_non_null(drows);
     assert_int_equal(gpu->copy_h2d(gpu, drows, rows_d, sizeof(void *) * 2 * c.N), 0);
     const be_pages_t pg_d = {c.paged ? dpages : NULL, stride};
-    gpu->proj_rope_kv_append(gpu, dq, ldq, dx, ldx, dW, dp, dc, ds, drows, drows + c.N, pg_d, c.N, c.K, c.H, c.Hkv,
-                             c.dh);
+    gpu->proj_rope_kv_append(gpu, dq, ldq, dx, ldx, c.norm ? dgain : NULL, 1e-5f, dW, dp, dc, ds, drows, drows + c.N,
+                             pg_d, c.N, c.K, c.H, c.Hkv, c.dh);
     int ok =
         tu_sync(gpu, "proj_rope_kv_append", shape) && check_act("proj_rope_kv_append q", shape, dq, qref, qlen, BF16);
     for (int b = 0; b < nbuf && ok; b++)
@@ -1217,8 +1228,9 @@ static int proj_rope_case(prcase_t c) {
         free(kc[b]), free(vc[b]), free(kref[b]), free(vref[b]);
         tu_dev_free(gpu, kc_d[b]), tu_dev_free(gpu, vc_d[b]);
     }
-    free(cs), free(sn), free(pos), free(pages), free(x), free(W), free(q0), free(qref), free(qpois);
+    free(cs), free(sn), free(pos), free(pages), free(x), free(W), free(q0), free(qref), free(qpois), free(gain);
     tu_dev_free(gpu, dx), tu_dev_free(gpu, dW), tu_dev_free(gpu, dq), tu_dev_free(gpu, dc), tu_dev_free(gpu, ds);
+    tu_dev_free(gpu, dgain);
     tu_dev_free(gpu, dp), tu_dev_free(gpu, dpages);
     gpu->free(gpu, drows);
     return !ok;
@@ -1237,6 +1249,12 @@ static void test_proj_rope_kv_append(void **st) {
         {.N = 5, .H = 3, .Hkv = 1, .dh = 6, .K = 333},                         // odd K: the scalar loads
         {.N = 6, .H = 4, .Hkv = 2, .dh = 32, .K = 96, .ldx = 100, .ldq = 140}, // rows of wider buffers
         {.N = 11, .H = 6, .Hkv = 2, .dh = 16, .K = 64, .paged = 1},            // more than 8 rows: two launches
+        // the input norm in the product (a decode step's attention fed the residual stream)
+        {.N = 1, .H = 9, .Hkv = 3, .dh = 64, .K = 576, .norm = 1},
+        {.N = 8, .H = 9, .Hkv = 3, .dh = 64, .K = 576, .paged = 1, .norm = 1},
+        {.N = 5, .H = 3, .Hkv = 1, .dh = 6, .K = 333, .norm = 1}, // the scalar loads
+        {.N = 6, .H = 4, .Hkv = 2, .dh = 32, .K = 96, .ldx = 100, .ldq = 140, .norm = 1},
+        {.N = 11, .H = 6, .Hkv = 2, .dh = 16, .K = 64, .paged = 1, .norm = 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         fails += proj_rope_case(cases[i]);

@@ -70,6 +70,11 @@ typedef struct {
 // (cpu_fill_nan), so the failure cannot pass unnoticed.
 float *cpu_tmp_take(be_t *be, cpu_tmp_t *t, int64_t n, const char *what);
 void cpu_tmp_give(be_t *be, cpu_tmp_t *t);
+// out [N, K] contiguous = x's rows (ldx apart) RMS-normalised with gain w: the
+// input norm of the fused decode products (proj_swiglu, proj_rope_kv_append),
+// by rmsnorm_fwd's own code, so that they match rmsnorm_fwd then the product.
+void cpu_rows_rmsnorm(be_t *be, float *out, const float *x, int64_t ldx, const float *w, int64_t N, int64_t K,
+                      float eps);
 // p[0..n) = NaN; nothing when p is NULL (an optional output).
 void cpu_fill_nan(float *p, int64_t n);
 // The same on `cols` columns of `rows` rows ld apart (a strided output).

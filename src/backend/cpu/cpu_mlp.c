@@ -25,16 +25,21 @@ static void cpu_swiglu_bwd(be_t *be, void *dgate_, void *dup_, const void *dout_
     }
 }
 
-// The reference of the fused decode op: gate into h, up into a temporary,
-// then swiglu_fwd in place.
-static void cpu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
-                            int64_t K, int64_t f) {
+// The reference of the fused decode op: x's rows normed into a temporary
+// (with a gain xw), gate into h, up into a temporary, then swiglu_fwd in place.
+static void cpu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *xw, float eps, const void *Wg,
+                            const void *Wu, int64_t N, int64_t K, int64_t f) {
     if (N <= 0 || f <= 0) return;
     cpu_tmp_t tmp;
-    float *up = cpu_tmp_take(be, &tmp, N * f, "proj_swiglu");
+    float *up = cpu_tmp_take(be, &tmp, N * f + (xw ? N * K : 0), "proj_swiglu");
     if (!up) {
         cpu_fill_nan(h, N * f);
         return;
+    }
+    if (xw) {
+        float *xn = up + N * f;
+        cpu_rows_rmsnorm(be, xn, x, ldx, xw, N, K, eps);
+        x = xn, ldx = K;
     }
     be->gemm(be, 0, 1, N, f, K, 1.0f, x, ldx, Wg, K, 0.0f, h, f);
     be->gemm(be, 0, 1, N, f, K, 1.0f, x, ldx, Wu, K, 0.0f, up, f);

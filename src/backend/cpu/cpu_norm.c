@@ -22,6 +22,16 @@ static void cpu_rmsnorm_fwd(be_t *be, void *out_, float *rstd, const void *x_, c
     }
 }
 
+void cpu_rows_rmsnorm(be_t *be, float *out, const float *x, int64_t ldx, const float *w, int64_t N, int64_t K,
+                      float eps) {
+    if (ldx == K) {
+        cpu_rmsnorm_fwd(be, out, NULL, x, w, N, (int)K, eps);
+        return;
+    }
+    for (int64_t n = 0; n < N; n++)
+        cpu_rmsnorm_fwd(be, out + n * K, NULL, x + n * ldx, w, 1, (int)K, eps);
+}
+
 static void cpu_add_rmsnorm_fwd(be_t *be, void *out, float *rstd, void *x_, const void *y_, const void *w, int64_t N,
                                 int d, float eps) {
     float *x = x_;

@@ -76,19 +76,26 @@ static void cpu_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *k_, 
     }
 }
 
-// The reference of the fused decode op: the product into a temporary [N, q |
-// k | v], rope_kv_append from it, then the rotated q copied out.
-static void cpu_proj_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *x, int64_t ldx, const void *W,
-                                    const int32_t *pos, const float *cos, const float *sin, void *const *k_rows,
-                                    void *const *v_rows, be_pages_t pg, int N, int64_t K, int H, int Hkv, int dh) {
+// The reference of the fused decode op: x's rows normed into a temporary
+// (with a gain xw), the product into a temporary [N, q | k | v],
+// rope_kv_append from it, then the rotated q copied out.
+static void cpu_proj_rope_kv_append(be_t *be, void *q_, int64_t ldq, const void *x, int64_t ldx, const void *xw,
+                                    float eps, const void *W, const int32_t *pos, const float *cos, const float *sin,
+                                    void *const *k_rows, void *const *v_rows, be_pages_t pg, int N, int64_t K, int H,
+                                    int Hkv, int dh) {
     if (N <= 0) return;
     float *q = q_;
     const int64_t qw = (int64_t)H * dh, kw = (int64_t)Hkv * dh, P = qw + 2 * kw;
     cpu_tmp_t tmp;
-    float *qkv = cpu_tmp_take(be, &tmp, N * P, "proj_rope_kv_append");
+    float *qkv = cpu_tmp_take(be, &tmp, N * P + (xw ? N * K : 0), "proj_rope_kv_append");
     if (!qkv) {
         cpu_fill_nan_rows(q, ldq, N, qw);
         return;
+    }
+    if (xw) {
+        float *xn = qkv + N * P;
+        cpu_rows_rmsnorm(be, xn, x, ldx, xw, N, K, eps);
+        x = xn, ldx = K;
     }
     be->gemm(be, 0, 1, N, P, K, 1.0f, x, ldx, W, K, 0.0f, qkv, P);
     cpu_rope_kv_append(be, qkv, P, qkv + qw, P, qkv + qw + kw, P, pos, cos, sin, k_rows, v_rows, pg, N, H, Hkv, dh);

@@ -642,22 +642,32 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__res
 
 // s0[m] = A[m, :] . b0[:] and s1[m] = A[m, :] . b1[:], two weight rows read
 // side by side and the rows of A once for both: each lane's share, then summed
-// over the warp (every lane holds the sums).
+// over the warp (every lane holds the sums). With a gain xw [K] (else NULL),
+// A's rows are RMS-normalised with it first (rmsnorm_fwd's formula): the warp
+// reads every value of a row, so its sum of squares comes with the products,
+// and the row's scale multiplies the two sums at the end. A decode step so
+// feeds the residual stream to its next product without a launch to norm it.
 template <int M, int V>
 __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], const bf16 *__restrict__ A, int64_t lda,
                                                const bf16 *__restrict__ b0, const bf16 *__restrict__ b1, int64_t K,
-                                               int lane) {
+                                               int lane, const bf16 *__restrict__ xw, float eps) {
+    float ss[M];
 #pragma unroll
     for (int m = 0; m < M; m++)
-        s0[m] = s1[m] = 0.0f;
+        s0[m] = s1[m] = ss[m] = 0.0f;
     for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
-        float w0[V], w1[V];
+        float w0[V], w1[V], g[V];
         ld_bf16<V>(b0 + k, w0);
         ld_bf16<V>(b1 + k, w1);
+        if (xw) ld_bf16<V>(xw + k, g);
 #pragma unroll
         for (int m = 0; m < M; m++) {
             float x[V];
             ld_bf16<V>(A + m * lda + k, x);
+            if (xw)
+#pragma unroll
+                for (int i = 0; i < V; i++)
+                    ss[m] = fmaf(x[i], x[i], ss[m]), x[i] *= g[i];
 #pragma unroll
             for (int i = 0; i < V; i++) {
                 s0[m] = fmaf(x[i], w0[i], s0[m]);
@@ -666,8 +676,13 @@ __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], c
         }
     }
 #pragma unroll
-    for (int m = 0; m < M; m++)
+    for (int m = 0; m < M; m++) {
         s0[m] = warp_sum(s0[m]), s1[m] = warp_sum(s1[m]);
+        if (xw) {
+            const float r = 1.0f / sqrtf(warp_sum(ss[m]) / (float)K + eps);
+            s0[m] *= r, s1[m] *= r;
+        }
+    }
 }
 
 // Launches kern<M, V> for M = rows (1..GEMV_ROWS), as a programmatic dependent
@@ -813,11 +828,12 @@ static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const v
 // three and the product is rounded once, at the end.
 
 // h[m, n] = silu(A[m] . Wg[n]) * (A[m] . Wu[n]): the warp of column n reads
-// row n of both matrices beside each other, the rows of A once for both.
+// row n of both matrices beside each other, the rows of A once for both (A's
+// rows normed with gain xw first, when there is one: gemv_warp_dot2).
 template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_swiglu(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
-                  const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
+    k_gemv_swiglu(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ xw, float eps,
+                  const bf16 *__restrict__ Wg, const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const bf16 *g = Wg + n * K, *u = Wu + n * K;
@@ -828,7 +844,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     griddep_enter();
     if (n >= f) return; // the whole warp
     float gs[M], us[M];
-    gemv_warp_dot2<M, V>(gs, us, A, lda, g, u, K, lane);
+    gemv_warp_dot2<M, V>(gs, us, A, lda, g, u, K, lane, xw, eps);
     if (lane == 0)
 #pragma unroll
         for (int m = 0; m < M; m++)
@@ -1018,7 +1034,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 // appended (proj_rope_kv_append). Warp u takes columns c and c + dh/2 of head
 // h of W's rows [q | k | v] (c = h dh + j, j < dh/2): for a q or k head the
 // two halves of a NEOX rotation pair, rotated from the fp32 sums; for a v
-// head two columns stored as they are. Lane m < M stores row m's pair, so it
+// head two columns stored as they are (A's rows normed with gain xw first,
+// when there is one: gemv_warp_dot2). Lane m < M stores row m's pair, so it
 // alone loads that row's destination (its q row, or its cache entry through
 // the page tables) and angle, before the product. The bounds ask for one
 // resident block per SM: without that ptxas held a variant to 64 registers,
@@ -1026,10 +1043,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
     k_gemv_rope_kv_append(bf16 *__restrict__ q, int64_t ldq, const bf16 *__restrict__ A, int64_t lda,
-                          const bf16 *__restrict__ W, int64_t K, const int32_t *__restrict__ pos,
-                          const float *__restrict__ cosb, const float *__restrict__ sinb,
-                          bf16 *const *__restrict__ k_rows, bf16 *const *__restrict__ v_rows, be_pages_t pg, int H,
-                          int Hkv, int dh) {
+                          const bf16 *__restrict__ xw, float eps, const bf16 *__restrict__ W, int64_t K,
+                          const int32_t *__restrict__ pos, const float *__restrict__ cosb,
+                          const float *__restrict__ sinb, bf16 *const *__restrict__ k_rows,
+                          bf16 *const *__restrict__ v_rows, be_pages_t pg, int H, int Hkv, int dh) {
     const int lane = threadIdx.x & 31, half = dh >> 1;
     const int64_t u = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (u >= (int64_t)(H + 2 * Hkv) * half) return; // the whole warp
@@ -1053,7 +1070,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
         if (rotate) cj = cosb[p * half + j], sj = sinb[p * half + j];
     }
     float s0[M], s1[M];
-    gemv_warp_dot2<M, V>(s0, s1, A, lda, w0, w1, K, lane);
+    gemv_warp_dot2<M, V>(s0, s1, A, lda, w0, w1, K, lane, xw, eps);
 #pragma unroll
     for (int m = 0; m < M; m++)
         if (lane == m) {
@@ -1062,10 +1079,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
         }
 }
 
-static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *Wg, const void *Wu, int64_t N,
-                           int64_t K, int64_t f) {
+static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *xw, float eps, const void *Wg,
+                           const void *Wu, int64_t N, int64_t K, int64_t f) {
     if (N <= 0 || f <= 0) return;
-    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)Wg | (uintptr_t)Wu) & 15);
+    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)xw | (uintptr_t)Wg | (uintptr_t)Wu) & 15);
+    const bf16 *g = (const bf16 *)xw;
     const dim3 grid((unsigned)((f + GEMV_WARPS - 1) / GEMV_WARPS));
     cudaStream_t st = cuda_stream(be);
     for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
@@ -1074,7 +1092,7 @@ static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const 
         const bf16 *xr = (const bf16 *)x + r * ldx;
 #ifdef HYLO_BENCH_VARIANTS
         const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
-        if (v8 && (cols == 2 || cols == 4)) {
+        if (v8 && !xw && (cols == 2 || cols == 4)) { // (rows already normed only)
             const dim3 gc((unsigned)((f + GEMV_WARPS * cols - 1) / (GEMV_WARPS * cols)));
             if (cols == 2)
                 GEMV_LAUNCH_M(rows, 2, k_gemv_swiglu_cols, gc, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f,
@@ -1086,9 +1104,11 @@ static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const 
         }
 #endif
         if (v8)
-            GEMV_LAUNCH_M(rows, 8, k_gemv_swiglu, grid, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f, K);
+            GEMV_LAUNCH_M(rows, 8, k_gemv_swiglu, grid, st, hr, xr, ldx, g, eps, (const bf16 *)Wg, (const bf16 *)Wu, f,
+                          K);
         else
-            GEMV_LAUNCH_M(rows, 1, k_gemv_swiglu, grid, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f, K);
+            GEMV_LAUNCH_M(rows, 1, k_gemv_swiglu, grid, st, hr, xr, ldx, g, eps, (const bf16 *)Wg, (const bf16 *)Wu, f,
+                          K);
     }
     cuda_check_launch(be, "k_gemv_swiglu");
 }
@@ -1130,16 +1150,18 @@ static void cu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int6
     cuda_check_launch(be, "k_gemv_add_rmsnorm");
 }
 
-static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *W,
-                                   const int32_t *pos, const float *cosb, const float *sinb, void *const *k_rows,
-                                   void *const *v_rows, be_pages_t pg, int N, int64_t K, int H, int Hkv, int dh) {
+static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *xw,
+                                   float eps, const void *W, const int32_t *pos, const float *cosb, const float *sinb,
+                                   void *const *k_rows, void *const *v_rows, be_pages_t pg, int N, int64_t K, int H,
+                                   int Hkv, int dh) {
     if (N <= 0) return;
     if (dh <= 0 || dh % 2 || H <= 0 || Hkv <= 0 || K <= 0) {
         cu_op_error(be, "cuda proj_rope_kv_append: H=%d Hkv=%d dh=%d K=%lld not supported (dh even, all positive)", H,
                     Hkv, dh, (long long)K);
         return;
     }
-    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)W) & 15);
+    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)xw | (uintptr_t)W) & 15);
+    const bf16 *g = (const bf16 *)xw;
     const int64_t pairs = (int64_t)(H + 2 * Hkv) * (dh / 2); // one warp each
     const dim3 grid((unsigned)((pairs + GEMV_WARPS - 1) / GEMV_WARPS));
     cudaStream_t st = cuda_stream(be);
@@ -1150,11 +1172,11 @@ static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x
         bf16 *const *kr = (bf16 *const *)k_rows + r, *const *vr = (bf16 *const *)v_rows + r;
         const be_pages_t pr = {pg.pages ? pg.pages + r * pg.stride : NULL, pg.stride};
         if (v8)
-            GEMV_LAUNCH_M(rows, 8, k_gemv_rope_kv_append, grid, st, qr, ldq, xr, ldx, (const bf16 *)W, K, pos + r, cosb,
-                          sinb, kr, vr, pr, H, Hkv, dh);
+            GEMV_LAUNCH_M(rows, 8, k_gemv_rope_kv_append, grid, st, qr, ldq, xr, ldx, g, eps, (const bf16 *)W, K,
+                          pos + r, cosb, sinb, kr, vr, pr, H, Hkv, dh);
         else
-            GEMV_LAUNCH_M(rows, 1, k_gemv_rope_kv_append, grid, st, qr, ldq, xr, ldx, (const bf16 *)W, K, pos + r, cosb,
-                          sinb, kr, vr, pr, H, Hkv, dh);
+            GEMV_LAUNCH_M(rows, 1, k_gemv_rope_kv_append, grid, st, qr, ldq, xr, ldx, g, eps, (const bf16 *)W, K,
+                          pos + r, cosb, sinb, kr, vr, pr, H, Hkv, dh);
     }
     cuda_check_launch(be, "k_gemv_rope_kv_append");
 }
