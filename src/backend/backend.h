@@ -224,6 +224,15 @@ struct be {
     // many rows).
     void (*proj_add_rmsnorm)(be_t *be, void *xn, void *x, const void *a, int64_t lda, const void *W, const void *w,
                              int64_t N, int64_t K, int d, float eps);
+    // y [N, out] contiguous = rmsnorm(x) W^T: x [N, K] (rows ldx apart)
+    // RMS-normalised with gain xw (rmsnorm_fwd's formula, eps), then times W
+    // [out, K]^T: a decode step's first product fed the residual stream (a
+    // GDN layer's input projections, MLA's q_a and kv_a), as proj_swiglu.
+    // The same results as rmsnorm_fwd then gemm, but for the norm's rounding:
+    // CUDA keeps the normed rows in fp32. One launch on CUDA for N <=
+    // BE_FEW_ROWS (any N works, in launches of that many rows).
+    void (*proj_rmsnorm)(be_t *be, void *y, const void *x, int64_t ldx, const void *xw, float eps, const void *W,
+                         int64_t N, int64_t K, int64_t out);
     // dx = ..., dw += ... (float)
     void (*rmsnorm_bwd)(be_t *be, void *dx, float *dw, const void *dout, const void *x, const void *w,
                         const float *rstd, int64_t N, int d);

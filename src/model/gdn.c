@@ -150,8 +150,25 @@ static int gdn_run_rule(const layer_ctx_t *c, const gdn_w_t *w, gdn_saved_t *s, 
 // op over every run's sequences, each on its own states (gdn_run_rule); in a
 // step all of it once over all rows, through per-row state pointers. sv
 // (training): one run.
-static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const step_run_t *runs,
-                   int n_runs, gdn_saved_t *sv, int recurrent) {
+// q, k, v, a, b (and g) one matrix in memory: row r [q | k | v | a | b | z].
+static int proj_adjacent(const layer_ctx_t *c, const gdn_w_t *w, const dims_t *m, int64_t *P) {
+    const void *ws[6] = {w->q_proj, w->k_proj, w->v_proj, w->a_proj, w->b_proj, w->g_proj};
+    const int64_t outs[6] = {m->kd, m->kd, m->vd, m->HV, m->HV, m->vd};
+    const int nw = m->use_gate ? 6 : 5;
+    *P = 0;
+    for (int i = 0; i < nw; i++)
+        *P += outs[i];
+    return lin_adjacent(c, ws, outs, nw, m->d);
+}
+
+int gdn_step_norms_input(const layer_ctx_t *c, const gdn_w_t *w) {
+    dims_t m = dims(c);
+    int64_t P;
+    return proj_adjacent(c, w, &m, &P);
+}
+
+static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const void *xw,
+                   const step_run_t *runs, int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
     dims_t m = dims(c);
     int64_t N = recurrent ? step_rows(runs, n_runs) : run_rows(runs, n_runs);
@@ -164,17 +181,16 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
 
     // projections; a decode step multiplies by q, k, v, a, b and g at once
     // when they are one matrix in memory (row r: [q | k | v | a | b | z],
-    // row stride ldp), one product instead of six
-    const void *ws[6] = {w->q_proj, w->k_proj, w->v_proj, w->a_proj, w->b_proj, w->g_proj};
-    const int64_t outs[6] = {m.kd, m.kd, m.vd, m.HV, m.HV, m.vd};
-    const int nw = m.use_gate ? 6 : 5;
-    int64_t ldp[6] = {m.kd, m.kd, m.vd, m.HV, m.HV, m.vd}, P = 0;
-    for (int i = 0; i < nw; i++)
-        P += outs[i];
-    if (recurrent && lin_adjacent(c, ws, outs, nw, m.d)) {
+    // row stride ldp), one product instead of six; that product norms the
+    // residual stream itself when given its gain xw (gdn_step_norms_input)
+    int64_t ldp[6] = {m.kd, m.kd, m.vd, m.HV, m.HV, m.vd}, P;
+    const int adjacent = proj_adjacent(c, w, &m, &P);
+    if (xw && !(recurrent && adjacent))
+        return err_set(ERR_UNSUP, "GDN step: an input norm needs the joint input product (gdn_step_norms_input)");
+    if (recurrent && adjacent) {
         void *pr;
         NEED(pr = ctx_act(c, N * P));
-        lin_fwd(c, pr, x, w->q_proj, N, m.d, P);
+        lin_fwd_normed(c, pr, x, xw, w->q_proj, N, m.d, P);
         s->qpre = pr, s->kpre = act_at(be, pr, m.kd), s->vpre = act_at(be, pr, 2 * m.kd);
         s->a = act_at(be, pr, 2 * m.kd + m.vd), s->b = act_at(be, pr, 2 * m.kd + m.vd + m.HV);
         if (m.use_gate) s->z = act_at(be, pr, 2 * m.kd + m.vd + 2 * m.HV);
@@ -237,13 +253,13 @@ int gdn_forward(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x
     if (cache && cache->B != B)
         return err_set(ERR_INPUT, "gdn layer %d: cache holds %d sequences, input has %d", c->layer, cache->B, B);
     step_run_t all = {cache, 0, B, T, pos0};
-    return gdn_run(c, w, &(lin_out_t){.y = out}, x, &all, 1, sv, 0);
+    return gdn_run(c, w, &(lin_out_t){.y = out}, x, NULL, &all, 1, sv, 0);
 }
 
 int gdn_forward_runs(const layer_ctx_t *c, const gdn_w_t *w, void *out, const void *x, int n_runs,
                      const step_run_t *runs) {
     TRY(forward_runs_check(runs, n_runs));
-    return gdn_run(c, w, &(lin_out_t){.y = out}, x, runs, n_runs, NULL, 0);
+    return gdn_run(c, w, &(lin_out_t){.y = out}, x, NULL, runs, n_runs, NULL, 0);
 }
 
 // ---- backward ----------------------------------------------------------------
@@ -321,8 +337,8 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
 
 // ---- decode step ---------------------------------------------------------------
 
-int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const void *xw, int n_runs,
              const step_run_t *runs) {
     TRY(step_check(c, runs, n_runs, 0, 0));
-    return gdn_run(c, w, out, x, runs, n_runs, NULL, 1);
+    return gdn_run(c, w, out, x, xw, runs, n_runs, NULL, 1);
 }

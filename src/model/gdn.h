@@ -69,6 +69,11 @@ int gdn_backward(const layer_ctx_t *c, const gdn_w_t *w, gdn_w_t *g, void *dx, c
 
 // One token per sequence of the runs (layer.h step_run_t): x [N,d] -> out
 // [N,d], through the conv states and the token-by-token recurrence; updates the
-// caches (not their len).
-int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+// caches (not their len). x normed already (xw NULL), or the residual stream
+// with its norm's gain xw, applied by the input product (only where
+// gdn_step_norms_input says so).
+int gdn_step(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const void *xw, int n_runs,
              const step_run_t *runs);
+// Whether gdn_step can take its input unnormed with the gain (its input
+// projections one matrix in memory: one product, be->proj_rmsnorm).
+int gdn_step_norms_input(const layer_ctx_t *c, const gdn_w_t *w);

@@ -27,6 +27,14 @@ void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_
         be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
 }
 
+void lin_fwd_normed(const layer_ctx_t *c, void *y, const void *x, const void *xw, const void *W, int64_t N, int64_t in,
+                    int64_t out) {
+    if (xw)
+        c->be->proj_rmsnorm(c->be, y, x, in, xw, c->a->eps, W, N, in, out);
+    else
+        lin_fwd(c, y, x, W, N, in, out);
+}
+
 int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const void *W, int64_t N, int64_t in) {
     be_t *be = c->be;
     const arch_t *A = c->a;

@@ -5,6 +5,11 @@
 
 // y[N, out] = x[N, in] W^T; W an act matrix, or one of c->qw (its stored format).
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out);
+// The same of x's rows RMS-normalised with gain xw (c->a->eps) in the product
+// (be->proj_rmsnorm: a decode step's first product fed the residual stream;
+// W an act matrix), or lin_fwd when xw is NULL. x's rows are `in` apart.
+void lin_fwd_normed(const layer_ctx_t *c, void *y, const void *x, const void *xw, const void *W, int64_t N, int64_t in,
+                    int64_t out);
 // a[N, in] W^T into o (layer.h lin_out_t): y =, or x += then xn = the norm
 // of x (be->proj_add_rmsnorm; a quantised W: its product, then the add and
 // norm). 0, or ERR_NOMEM.

@@ -80,25 +80,37 @@ typedef struct {
     int64_t ldc, ldk;
 } proj_t;
 
-static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const void *x, int64_t N,
+// A step without latent or q / k norms takes q_a and kv_a as one product when
+// they lie one after the other (params.c): rows [cq | c | k_pe].
+static int joint_a(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w) {
+    const void *ws[2] = {w->q_a, w->kv_a};
+    const int64_t outs[2] = {D->rq, D->L};
+    return D->rq > 0 && !D->latent_norm && !D->qk_norm && !lin_qmat(c, w->q_b) && lin_adjacent(c, ws, outs, 2, D->d);
+}
+
+int mla_step_norms_input(const layer_ctx_t *c, const mla_w_t *w) {
+    dims_t D = dims(c);
+    return joint_a(c, &D, w);
+}
+
+// xw: a step's input is the residual stream, normed with this gain by the
+// joint q_a / kv_a product (mla_step_norms_input); else NULL.
+static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, const void *x, const void *xw, int64_t N,
                    const int32_t *pos, int save, int step, proj_t *p) {
     be_t *be = c->be;
     *p = (proj_t){0};
     p->ldc = D->rkv, p->ldk = D->dr;
-    // A step without latent or q / k norms takes q_a and kv_a as one product
-    // when they lie one after the other (params.c): rows [cq | c | k_pe] of
-    // ld = rq + L, q_b reading cq and the cache append c and k_pe in place.
+    // the joint product: rows [cq | c | k_pe] of ld = rq + L, q_b reading cq
+    // and the cache append c and k_pe in place
     void *qkv_a = NULL;
     int64_t ld_a = D->rq + D->L;
-    if (step && D->rq > 0 && !D->latent_norm && !D->qk_norm && !lin_qmat(c, w->q_b)) {
-        const void *ws[2] = {w->q_a, w->kv_a};
-        const int64_t outs[2] = {D->rq, D->L};
-        if (lin_adjacent(c, ws, outs, 2, D->d)) ACT(qkv_a, N * ld_a);
-    }
+    if (step && joint_a(c, D, w)) ACT(qkv_a, N * ld_a);
+    if (xw && !qkv_a)
+        return err_set(ERR_UNSUP, "MLA step: an input norm needs the joint q_a / kv_a product (mla_step_norms_input)");
     // query: q_a -> latent norm -> q_b, or one q_proj
     ACT(p->q, N * D->H * D->qd);
     if (qkv_a) {
-        lin_fwd(c, qkv_a, x, w->q_a, N, D->d, ld_a);
+        lin_fwd_normed(c, qkv_a, x, xw, w->q_a, N, D->d, ld_a);
         be->gemm(be, 0, 1, N, (int64_t)D->H * D->qd, D->rq, 1.0f, qkv_a, ld_a, w->q_b, D->rq, 0.0f, p->q,
                  (int64_t)D->H * D->qd);
     } else if (D->rq > 0) {
@@ -330,7 +342,7 @@ static int mla_run(const layer_ctx_t *c, const mla_w_t *w, void *out, const void
     int32_t *pos = ctx_run_positions(c, runs, n_runs);
     if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     proj_t p;
-    TRY(project(c, &D, w, x, N, pos, sv != NULL, 0, &p));
+    TRY(project(c, &D, w, x, NULL, N, pos, sv != NULL, 0, &p));
 
     void *att, *k = NULL, *v = NULL;
     float *lse;
@@ -524,7 +536,7 @@ static void per_head_products(be_t *be, const dims_t *D, int tb, int64_t B, int6
                              act_at(be, C, b * H * sc), sc, hpg * sc, D->G);
 }
 
-int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const void *x, const void *xw, int n_runs,
              const step_run_t *runs) {
     be_t *be = c->be;
     dims_t D = dims(c);
@@ -537,7 +549,7 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const
     if (!pos) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     const int32_t *vis = pos + B;
     proj_t p;
-    TRY(project(c, &D, w, x, B, pos, 0, 1, &p));
+    TRY(project(c, &D, w, x, xw, B, pos, 0, 1, &p));
 
     // q_pe and k_pe rotated, and every row's [c | k_pe] appended at its own
     // position of its own cache: one call for all runs

@@ -90,5 +90,9 @@ int mla_backward(const layer_ctx_t *c, const mla_w_t *w, mla_w_t *g, void *dx, c
 // [N, d], each at its cache's position len: appends its cache row and attends
 // over rows 0 .. len with the absorbed weights (spec §3.3). Does not advance
 // cache->len (the visible lengths len + 1 come from ctx_step_positions).
-int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const void *x, int n_runs,
+int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const void *x, const void *xw, int n_runs,
              const step_run_t *runs);
+// Whether mla_step can take its input unnormed with the gain xw (q_a and
+// kv_a one matrix in memory, no latent or q / k norms: one product,
+// be->proj_rmsnorm); else x is normed already and xw NULL.
+int mla_step_norms_input(const layer_ctx_t *c, const mla_w_t *w);

@@ -52,6 +52,8 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->swiglu_fwd, "swiglu_fwd", -1},
         {be->proj_swiglu, "proj_swiglu", -1},
         {be->proj_add_rmsnorm, "proj_add_rmsnorm", -1},
+        {be->proj_rmsnorm, "proj_rmsnorm", LAYER_GDN},
+        {be->proj_rmsnorm, "proj_rmsnorm", LAYER_MLA},
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
         {be->rope_fwd, "rope_fwd", LAYER_ATTN},
         {be->attn_fwd, "attn_fwd", LAYER_MLA},
@@ -1035,19 +1037,24 @@ int model_mixer_forward_runs(const layer_ctx_t *c, const layer_w_t *w, void *out
 }
 
 int model_mixer_step_norms_input(const layer_ctx_t *c, const layer_w_t *w, int N) {
-    return w->kind == LAYER_ATTN && attn_step_norms_input(c, &w->attn, N);
+    switch (w->kind) {
+    case LAYER_ATTN: return attn_step_norms_input(c, &w->attn, N);
+    case LAYER_MLA: return mla_step_norms_input(c, &w->mla);
+    case LAYER_GDN: return gdn_step_norms_input(c, &w->gdn);
+    default: return 0; // Mamba-2: its input normed
+    }
 }
 
 int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, const void *xw,
                      int n_runs, const step_run_t *runs) {
     int rc;
-    if (xw && w->kind != LAYER_ATTN)
+    if (xw && w->kind == LAYER_M2)
         return err_set(ERR_UNSUP, "layer %d (%s): its step takes normed input only", c->layer,
                        layer_kind_name(w->kind));
     switch (w->kind) {
     case LAYER_ATTN: rc = attn_step(c, &w->attn, out, x, xw, n_runs, runs); break;
-    case LAYER_MLA: rc = mla_step(c, &w->mla, out, x, n_runs, runs); break;
-    case LAYER_GDN: rc = gdn_step(c, &w->gdn, out, x, n_runs, runs); break;
+    case LAYER_MLA: rc = mla_step(c, &w->mla, out, x, xw, n_runs, runs); break;
+    case LAYER_GDN: rc = gdn_step(c, &w->gdn, out, x, xw, n_runs, runs); break;
     case LAYER_M2: rc = m2_step(c, &w->m2, out, x, n_runs, runs); break;
     default: rc = err_set(ERR_UNSUP, "unknown layer kind %d", (int)w->kind);
     }
@@ -1082,7 +1089,8 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     // with the output projections before them too (layer.h lin_out_t: a step
     // is launch-bound on a GPU), unless the mixer outputs are recorded; and
     // where the next sub-layer's first product can norm its input rows itself
-    // (attention's fused q/k/v, the MLP's gate and up), the add goes alone and
+    // (attention's fused q/k/v, MLA's and GDN's joint input products, the
+    // MLP's gate and up), the add goes alone and
     // that product takes x with the norm's gain, `pend` (no launch, and no
     // pass over the rows, to norm them).
     int fused = step && N <= BE_FEW_ROWS && !rec;

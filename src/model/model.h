@@ -387,7 +387,8 @@ int model_mixer_forward_runs(const layer_ctx_t *c, const layer_w_t *w, void *out
 // step_run_t), x [N, d] -> out (layer.h lin_out_t), through its kind's X_step.
 // x normed already (xw NULL), or the residual stream with its norm's gain xw
 // for the step's first product to apply, where model_mixer_step_norms_input
-// says the kind's step can (attention's fused q/k/v product).
+// says the kind's step can (attention's fused q/k/v product, MLA's joint q_a
+// / kv_a product, GDN's joint input product; not Mamba-2).
 int model_mixer_step(const layer_ctx_t *c, const layer_w_t *w, const lin_out_t *out, const void *x, const void *xw,
                      int n_runs, const step_run_t *runs);
 int model_mixer_step_norms_input(const layer_ctx_t *c, const layer_w_t *w, int N);

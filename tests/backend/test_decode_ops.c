@@ -306,6 +306,24 @@ static void test_proj_swiglu(void **st) {
     free(x), free(Wg), free(Wu), free(g), free(xn), free(h), free(gate), free(up), free(h0);
 }
 
+// proj_rmsnorm equals rmsnorm_fwd of x's rows (a wider buffer's) then the
+// product, bit for bit.
+static void test_proj_rmsnorm(void **st) {
+    be_t *be = tu_cpu();
+    enum { N = 4, K = 40, LDX = 45, OUT = 33 };
+    float *x = malloc(sizeof(float) * N * LDX), *W = malloc(sizeof(float) * OUT * K), *g = malloc(sizeof(float) * K);
+    float *xn = malloc(sizeof(float) * N * K), *y = malloc(sizeof(float) * N * OUT),
+          *y0 = malloc(sizeof(float) * N * OUT);
+    tu_randn(x, N * LDX, 64, 3.0f), tu_randn(W, OUT * K, 65, 0.2f), tu_randn(g, K, 66, 1.0f);
+    be->proj_rmsnorm(be, y, x, LDX, g, 1e-6f, W, N, K, OUT);
+    for (int r = 0; r < N; r++)
+        memcpy(xn + r * K, x + r * LDX, sizeof(float) * K);
+    be->rmsnorm_fwd(be, xn, NULL, xn, g, N, K, 1e-6f);
+    be->gemm(be, 0, 1, N, OUT, K, 1.0f, xn, K, W, K, 0.0f, y0, OUT);
+    assert_memory_equal(y, y0, sizeof(float) * N * OUT);
+    free(x), free(W), free(g), free(xn), free(y), free(y0);
+}
+
 static void test_ssd_recurrent_step(void **st) {
     be_t *be = tu_cpu();
     enum { N = 6, H = 4, Hx = 2, GB = 2, GC = 4, P = 32, Ns = 64 };
@@ -338,7 +356,7 @@ int main(void) {
         cmocka_unit_test(test_kv_append),          cmocka_unit_test(test_conv1d_step),
         cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_gdn_step),
         cmocka_unit_test(test_ssd_recurrent_step), cmocka_unit_test(test_proj_rope_kv_append),
-        cmocka_unit_test(test_proj_swiglu),
+        cmocka_unit_test(test_proj_swiglu),        cmocka_unit_test(test_proj_rmsnorm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

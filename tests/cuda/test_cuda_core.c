@@ -1088,6 +1088,51 @@ static void test_proj_swiglu(void **st) {
 }
 
 typedef struct {
+    int64_t N, K, out, ldx; // ldx 0: K
+} pncase_t;
+
+// y = rmsnorm(x) W^T (proj_rmsnorm: a decode step's GDN or MLA input product
+// fed the residual stream). Reference: the CPU op (rmsnorm_fwd then the
+// product in fp32, bit for bit: test_decode_ops). The GPU norms in fp32 in the
+// product (k_gemv one column a warp up to 4 rows, k_gemv_cols from 5; rows
+// or a gain the 16-byte loads cannot take: normed into scratch, then a
+// product) and rounds y once: BF16. Rows are drawn with standard deviation
+// 4, so that a missing norm is far off.
+static int proj_rmsnorm_case(pncase_t c) {
+    const int64_t ldx = c.ldx ? c.ldx : c.K, xlen = c.N * ldx, ylen = c.N * c.out;
+    char shape[96];
+    snprintf(shape, sizeof shape, "N=%lld K=%lld out=%lld ldx=%lld", (long long)c.N, (long long)c.K, (long long)c.out,
+             (long long)ldx);
+    float *x = rnd(xlen, 4.0f), *W = rnd(c.out * c.K, 0.05f), *gain = rnd_w(c.K), *ref = tu_hbuf(ylen);
+    float *nan = tu_nans(ylen);
+    cpu->proj_rmsnorm(cpu, ref, x, ldx, gain, 1e-5f, W, c.N, c.K, c.out);
+    void *dx = tu_dev_act(gpu, x, xlen), *dW = tu_dev_act(gpu, W, c.out * c.K), *dg = tu_dev_act(gpu, gain, c.K);
+    void *dy = tu_dev_act(gpu, nan, ylen);
+    gpu->proj_rmsnorm(gpu, dy, dx, ldx, dg, 1e-5f, dW, c.N, c.K, c.out);
+    int fails = !tu_sync(gpu, "proj_rmsnorm", shape) || !check_act("proj_rmsnorm y", shape, dy, ref, ylen, BF16);
+    free(x), free(W), free(gain), free(ref), free(nan);
+    tu_dev_free(gpu, dx), tu_dev_free(gpu, dW), tu_dev_free(gpu, dg), tu_dev_free(gpu, dy);
+    return fails;
+}
+
+static void test_proj_rmsnorm(void **st) {
+    setup_backends();
+    int fails = 0;
+    pncase_t cases[] = {
+        {.N = 1, .K = 576, .out = 1538}, // SmolLM2's 10MLA20GDN: a GDN layer's joint input product
+        {.N = 1, .K = 576, .out = 368},  // and an MLA layer's joint q_a / kv_a
+        {.N = 4, .K = 576, .out = 1538}, // one column a warp
+        {.N = 5, .K = 576, .out = 368},  // four columns a warp
+        {.N = 8, .K = 3072, .out = 130}, {.N = 3, .K = 256, .out = 64, .ldx = 1032}, // rows of a wider buffer
+        {.N = 2, .K = 333, .out = 17},  // odd K: normed into scratch, then a product
+        {.N = 11, .K = 576, .out = 40}, // more than 8 rows: two launches
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += proj_rmsnorm_case(cases[i]);
+    assert_int_equal(fails, 0);
+}
+
+typedef struct {
     int64_t N, K, lda; // lda 0: K
     int d, norm;       // norm 0: the last layer (the add alone)
 } ancase_t;
@@ -1716,6 +1761,7 @@ int main(void) {
         cmocka_unit_test(test_mla_rope_append),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_proj_swiglu),
+        cmocka_unit_test(test_proj_rmsnorm),
         cmocka_unit_test(test_proj_add_rmsnorm),
         cmocka_unit_test(test_proj_rope_kv_append),
         cmocka_unit_test(test_conv1d),

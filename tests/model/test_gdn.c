@@ -222,7 +222,7 @@ static void test_decode(void **st) {
         float xt[2 * 32], ot[2 * 32];
         tu_rows_gather(xt, x, B, T, t, 1, d);
         step_run_t run = {&cache, 0, B, 1, cache.len}; // one run: the cache's B sequences in lockstep
-        assert_int_equal(gdn_step(&f.c, &f.w, &(lin_out_t){.y = ot}, xt, 1, &run), 0);
+        assert_int_equal(gdn_step(&f.c, &f.w, &(lin_out_t){.y = ot}, xt, NULL, 1, &run), 0);
         tu_rows_scatter(got, ot, B, T, t, 1, d);
         tu_ctx_reset(&f.c);
     }

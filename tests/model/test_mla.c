@@ -304,8 +304,8 @@ static void decode_case(int variant, const int *chunks, int n_chunks, int one_ro
         for (int b = 0; b < (one_row ? B : 1); b++) {
             tu_ctx_reset(&t.c);
             step_run_t run = {&cache, one_row ? b : 0, one_row ? 1 : B, 1, cache.len};
-            assert_int_equal(mla_step(&t.c, &t.w, &(lin_out_t){.y = oc + (int64_t)b * d}, xc + (int64_t)b * d, 1, &run),
-                             0);
+            assert_int_equal(
+                mla_step(&t.c, &t.w, &(lin_out_t){.y = oc + (int64_t)b * d}, xc + (int64_t)b * d, NULL, 1, &run), 0);
         }
         tu_rows_scatter(got, oc, B, T, cache.len, 1, d);
         cache.len++;

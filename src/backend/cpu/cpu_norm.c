@@ -62,6 +62,22 @@ static void cpu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int
     cpu_tmp_give(be, &tmp);
 }
 
+// The reference of the fused decode op: x's rows normed into a temporary,
+// then the product.
+static void cpu_proj_rmsnorm(be_t *be, void *y, const void *x, int64_t ldx, const void *xw, float eps, const void *W,
+                             int64_t N, int64_t K, int64_t out) {
+    if (N <= 0 || out <= 0) return;
+    cpu_tmp_t tmp;
+    float *xn = cpu_tmp_take(be, &tmp, N * K, "proj_rmsnorm");
+    if (!xn) {
+        cpu_fill_nan(y, N * out);
+        return;
+    }
+    cpu_rows_rmsnorm(be, xn, x, ldx, xw, N, K, eps);
+    be->gemm(be, 0, 1, N, out, K, 1.0f, xn, K, W, K, 0.0f, y, out);
+    cpu_tmp_give(be, &tmp);
+}
+
 // y = x r w with r = (mean x^2 + eps)^-1/2:
 // dx = r (dy w - x_hat mean(dy w x_hat)), dw += sum_n dy x_hat.
 static void cpu_rmsnorm_bwd(be_t *be, void *dx_, float *dw, const void *dout_, const void *x_, const void *w_,
@@ -207,6 +223,7 @@ void cpu_register_norm(be_t *be) {
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
     be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
     be->proj_add_rmsnorm = cpu_proj_add_rmsnorm;
+    be->proj_rmsnorm = cpu_proj_rmsnorm;
     be->gated_rmsnorm_fwd = cpu_gated_rmsnorm_fwd;
     be->gated_rmsnorm_bwd = cpu_gated_rmsnorm_bwd;
     be->l2norm_fwd = cpu_l2norm_fwd;

@@ -622,22 +622,36 @@ static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, f
 enum { GEMV_ROWS = BE_FEW_ROWS, GEMV_WARPS = 4 };
 
 // acc[m] += this lane's share of A[m, :] . b[:] (K values; every lane's share
-// summed by warp_sum gives the dot product).
+// summed by warp_sum gives the dot product). With a gain xw [K] (else NULL):
+// of A's rows times the gain, and ss[m] += the lane's share of the row's sum
+// of squares (the input norm of gemv_warp_dot2, below).
 template <int M, int V>
-__device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], const bf16 *__restrict__ A, int64_t lda,
-                                              const bf16 *__restrict__ b, int64_t K, int lane) {
+__device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], float (&ss)[M], const bf16 *__restrict__ A, int64_t lda,
+                                              const bf16 *__restrict__ b, int64_t K, int lane,
+                                              const bf16 *__restrict__ xw) {
     for (int64_t k = (int64_t)lane * V; k < K; k += 32 * V) {
-        float w[V];
+        float w[V], g[V];
         ld_bf16<V>(b + k, w);
+        if (xw) ld_bf16<V>(xw + k, g);
 #pragma unroll
         for (int m = 0; m < M; m++) {
             float x[V];
             ld_bf16<V>(A + m * lda + k, x);
+            if (xw)
+#pragma unroll
+                for (int i = 0; i < V; i++)
+                    ss[m] = fmaf(x[i], x[i], ss[m]), x[i] *= g[i];
 #pragma unroll
             for (int i = 0; i < V; i++)
                 acc[m] = fmaf(x[i], w[i], acc[m]);
         }
     }
+}
+
+// The scale of a row normed in a product: 1 / sqrt(mean square + eps), from
+// the warp's lanes' shares of its sum of squares over K (rmsnorm_fwd's formula).
+static __device__ __forceinline__ float gemv_norm_scale(float ss, int64_t K, float eps) {
+    return 1.0f / sqrtf(warp_sum(ss) / (float)K + eps);
 }
 
 // s0[m] = A[m, :] . b0[:] and s1[m] = A[m, :] . b1[:], two weight rows read
@@ -701,23 +715,26 @@ __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], c
         }                                                                                                              \
     } while (0)
 
+// C [M, N] = alpha A B^T, one column a warp; with a gain xw [K] (else NULL),
+// of A's rows RMS-normalised with it (proj_rmsnorm).
 template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
-           int64_t ldb, int64_t N, int64_t K, float alpha) {
+           int64_t ldb, int64_t N, int64_t K, float alpha, const bf16 *__restrict__ xw, float eps) {
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (n < N) warp_prefetch_l2(B + n * ldb, K * (int64_t)sizeof(bf16), lane);
     griddep_enter();
     if (n >= N) return; // the whole warp
-    float acc[M];
+    float acc[M], ss[M];
 #pragma unroll
     for (int m = 0; m < M; m++)
-        acc[m] = 0.0f;
-    gemv_lane_dot<M, V>(acc, A, lda, B + n * ldb, K, lane);
+        acc[m] = ss[m] = 0.0f;
+    gemv_lane_dot<M, V>(acc, ss, A, lda, B + n * ldb, K, lane, xw);
 #pragma unroll
     for (int m = 0; m < M; m++) {
-        const float v = warp_sum(acc[m]);
+        float v = warp_sum(acc[m]);
+        if (xw) v *= gemv_norm_scale(ss[m], K, eps);
         if (lane == 0) C[m * ldc + n] = __float2bfloat16_rn(alpha * v);
     }
 }
@@ -736,15 +753,24 @@ static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64
 // A's M rows serve R weight rows (A read once per R rows). 16-byte loads only.
 // Where each wins: docs/PERFORMANCE.md, run 31 (gemv() below).
 
-// acc[r][m] += this lane's share of A[m, :] . w[r][:] (K values).
+// acc[r][m] += this lane's share of A[m, :] . w[r][:] (K values); with a
+// gain xw, of A's rows times it, and ss[m] += the lane's share of the row's
+// sum of squares (as gemv_lane_dot).
 template <int M, int R>
-__device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], const bf16 *__restrict__ A, int64_t lda,
-                                               const bf16 *const (&w)[R], int64_t K, int lane) {
+__device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], float (&ss)[M], const bf16 *__restrict__ A,
+                                               int64_t lda, const bf16 *const (&w)[R], int64_t K, int lane,
+                                               const bf16 *__restrict__ xw) {
     for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
-        float x[M][8];
+        float x[M][8], g[8];
+        if (xw) ld_bf16<8>(xw + k, g);
 #pragma unroll
-        for (int m = 0; m < M; m++)
+        for (int m = 0; m < M; m++) {
             ld_bf16<8>(A + m * lda + k, x[m]);
+            if (xw)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    ss[m] = fmaf(x[m][i], x[m][i], ss[m]), x[m][i] *= g[i];
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float v[8];
@@ -759,11 +785,12 @@ __device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], const bf16 *_
 }
 
 // C [M, N] = alpha A B^T with CW columns a warp (columns past N repeat the
-// last one: their sums are not written).
+// last one: their sums are not written); with a gain xw, of A's rows
+// RMS-normalised with it (as k_gemv).
 template <int M, int CW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_cols(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
-                int64_t ldb, int64_t N, int64_t K, float alpha) {
+                int64_t ldb, int64_t N, int64_t K, float alpha, const bf16 *__restrict__ xw, float eps) {
     const int lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * CW;
     const int nc = N - n0 < CW ? (int)(N - n0) : CW; // columns of this warp (warp-uniform)
@@ -775,14 +802,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int c = 0; c < CW; c++)
         w[c] = B + (n0 + (c < nc ? c : nc - 1)) * ldb;
-    float acc[CW][M] = {};
-    gemv_lane_dotr<M, CW>(acc, A, lda, w, K, lane);
+    float acc[CW][M] = {}, ss[M] = {}, sc[M];
+    gemv_lane_dotr<M, CW>(acc, ss, A, lda, w, K, lane, xw);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        sc[m] = xw ? gemv_norm_scale(ss[m], K, eps) : 1.0f;
 #pragma unroll
     for (int c = 0; c < CW; c++) {
         if (c >= nc) break;
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            const float v = warp_sum(acc[c][m]);
+            const float v = warp_sum(acc[c][m]) * sc[m];
             if (lane == 0) C[m * ldc + n0 + c] = __float2bfloat16_rn(alpha * v);
         }
     }
@@ -794,7 +824,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 // rows). The bench-variants build's HYLO_GEMV_COLS = 1, 2 or 4 forces one
 // form at every row count, to measure them side by side.
 static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
-                 int64_t ldb, void *C, int64_t ldc) {
+                 int64_t ldb, void *C, int64_t ldc, const void *xw, float eps) {
     int cols = M >= 5 ? 4 : 1;
 #ifdef HYLO_BENCH_VARIANTS
     const int forced = cu_env_int("HYLO_GEMV_COLS", 0);
@@ -807,17 +837,17 @@ static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const v
 #ifdef HYLO_BENCH_VARIANTS
         if (cols == 2)
             GEMV_LAUNCH_M((int)M, 2, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
-                          (const bf16 *)B, ldb, N, K, alpha);
+                          (const bf16 *)B, ldb, N, K, alpha, (const bf16 *)xw, eps);
         else
 #endif
             GEMV_LAUNCH_M((int)M, 4, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
-                          (const bf16 *)B, ldb, N, K, alpha);
+                          (const bf16 *)B, ldb, N, K, alpha, (const bf16 *)xw, eps);
         cuda_check_launch(be, "k_gemv_cols");
         return;
     }
     const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
     GEMV_LAUNCH_M((int)M, 8, k_gemv, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda, (const bf16 *)B, ldb,
-                  N, K, alpha);
+                  N, K, alpha, (const bf16 *)xw, eps);
     cuda_check_launch(be, "k_gemv");
 }
 
@@ -929,11 +959,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int m = 0; m < M; m++)
         ss[m] = 0.0f;
     for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS) {
-        float acc[M];
+        float acc[M], unused[M];
 #pragma unroll
         for (int m = 0; m < M; m++)
             acc[m] = 0.0f;
-        gemv_lane_dot<M, V>(acc, A, lda, W + n * K, K, lane);
+        gemv_lane_dot<M, V>(acc, unused, A, lda, W + n * K, K, lane, nullptr);
 #pragma unroll
         for (int m = 0; m < M; m++) {
             const float s = warp_sum(acc[m]);
@@ -972,7 +1002,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         w[c] = Wg + n * K, w[CW + c] = Wu + n * K;
     }
     float acc[2 * CW][M] = {};
-    gemv_lane_dotr<M, 2 * CW>(acc, A, lda, w, K, lane);
+    float unused[M];
+    gemv_lane_dotr<M, 2 * CW>(acc, unused, A, lda, w, K, lane, nullptr);
 #pragma unroll
     for (int c = 0; c < CW; c++) {
         if (c >= nc) break;
@@ -1009,7 +1040,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int c = 0; c < CW; c++)
             wr[c] = W + (n0 + (c < nc ? c : nc - 1)) * K;
         float acc[CW][M] = {};
-        gemv_lane_dotr<M, CW>(acc, A, lda, wr, K, lane);
+        float unused[M];
+        gemv_lane_dotr<M, CW>(acc, unused, A, lda, wr, K, lane, nullptr);
 #pragma unroll
         for (int c = 0; c < CW; c++) {
             if (c >= nc) break;
@@ -1184,10 +1216,39 @@ static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (N > 0 && gemv_fits(transA, transB, M, K, A, lda, B, ldb, beta)) {
-        gemv(be, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+        gemv(be, M, N, K, alpha, A, lda, B, ldb, C, ldc, NULL, 0.0f);
         return;
     }
     lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0);
+}
+
+// y = rmsnorm(x; xw) W^T for a decode step's few rows: k_gemv / k_gemv_cols
+// norm the rows inside the product (no launch, no pass over them). Rows or a
+// gain that the 16-byte loads cannot take (never the model's residual
+// stream) are normed into scratch first, then multiplied.
+static void cu_proj_rmsnorm(be_t *be, void *y, const void *x, int64_t ldx, const void *xw, float eps, const void *W,
+                            int64_t N, int64_t K, int64_t out) {
+    if (N <= 0 || out <= 0) return;
+    if (gemv_fits(0, 1, 1, K, x, ldx, W, K, 0.0f) && !((uintptr_t)xw & 15)) {
+        for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
+            const int64_t rows = N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS;
+            gemv(be, rows, out, K, 1.0f, (const bf16 *)x + r * ldx, ldx, W, K, (bf16 *)y + r * out, out, xw, eps);
+        }
+        return;
+    }
+    arena_t *ar = &be->scratch;
+    const size_t mark = arena_mark(ar);
+    void *xc = ldx == K ? (void *)x : arena_alloc(ar, (size_t)(N * K) * sizeof(bf16));
+    void *xn = arena_alloc(ar, (size_t)(N * K) * sizeof(bf16));
+    if (!xc || !xn) {
+        cu_op_error(be, "cuda proj_rmsnorm: no scratch for %lld x %lld normed rows", (long long)N, (long long)K);
+        arena_reset(ar, mark);
+        return;
+    }
+    if (xc != x) be->copy2d(be, xc, K, x, ldx, N, K, 0); // the rows side by side
+    be->rmsnorm_fwd(be, xn, NULL, xc, xw, N, (int)K, eps);
+    be->gemm(be, 0, 1, N, out, K, 1.0f, xn, K, W, K, 0.0f, y, out);
+    arena_reset(ar, mark); // stream order protects xn from later users of the scratch
 }
 
 static void cu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
@@ -1211,6 +1272,7 @@ extern "C" void cuda_register_core(be_t *be) {
     be->gemm_batched = cu_gemm_batched;
     be->proj_swiglu = cu_proj_swiglu;
     be->proj_add_rmsnorm = cu_proj_add_rmsnorm;
+    be->proj_rmsnorm = cu_proj_rmsnorm;
     be->proj_rope_kv_append = cu_proj_rope_kv_append;
     be->embed_fwd = cu_embed_fwd;
     be->embed_bwd = cu_embed_bwd;
