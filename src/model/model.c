@@ -1090,9 +1090,9 @@ static int run_layers(model_run_t *r, void *x, int B, int T, model_state_t *cons
     // is launch-bound on a GPU), unless the mixer outputs are recorded; and
     // where the next sub-layer's first product can norm its input rows itself
     // (attention's fused q/k/v, MLA's and GDN's joint input products, the
-    // MLP's gate and up), the add goes alone and
-    // that product takes x with the norm's gain, `pend` (no launch, and no
-    // pass over the rows, to norm them).
+    // MLP's gate and up), the add goes alone and that product takes x with
+    // the norm's gain, `pend` (no launch, and no pass over the rows, to norm
+    // them).
     int fused = step && N <= BE_FEW_ROWS && !rec;
     void *xn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
     void *y = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
