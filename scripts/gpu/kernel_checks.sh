@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One short device call after kernel work, carrying only .carry/t (upcycle.sh
-# pack) and .carry/lib: the production CUDA tests of attention, the model, GDN,
+# pack) and .carry/lib (and .carry/tv for VARIANTS and ATTN_DQB): the
+# production CUDA tests of attention, the model, GDN,
 # the core ops and Mamba-2's SSD side by side (TESTS: another list) (correctness only, so they may share the GPU),
 # the bench-variants attention test under the variants listed in
 # VARIANTS (none: not run) (test_cuda_attn's HYLO_ATTN_TEST_VARIANTS; default 5, the mma.sync
@@ -21,10 +22,17 @@
 # writes itself and then removes $OUT/r: a command that runs it must not tar
 # $OUT/r again (run 30 lost its logs so: an empty archive over the script's).
 tar xJf .carry/t/tests.tar.xz || exit 1
+# the bench-variants attention and GDN binaries (VARIANTS, ATTN_DQB): upcycle.sh
+# pack's .carry/tv, carried when those parts run
+[ -f .carry/tv/variants.tar.xz ] && { tar xJf .carry/tv/variants.tar.xz || exit 1; }
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 HYLO_REQUIRE_GPU=1
 R=$OUT/r; mkdir -p $R; nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt
 s=$(date +%s)
 for t in ${TESTS:-attn model gdn core ssd}; do (timeout ${TESTS_LIMIT:-170} build/tests/cuda/test_cuda_$t > $R/test_cuda_$t.txt 2>&1; echo "test_cuda_$t rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) & done
+if [ "${VARIANTS:-5}" != none ] && [ ! -x build/bench-variants/tests/cuda/test_cuda_attn ]; then
+    echo "variants_test_cuda_attn skipped: .carry/tv not carried" >> $R/summary.txt
+    VARIANTS=none
+fi
 [ "${VARIANTS:-5}" = none ] ||
     (HYLO_ATTN_TEST_VARIANTS=${VARIANTS:-5} timeout ${VARIANTS_LIMIT:-300} build/bench-variants/tests/cuda/test_cuda_attn > $R/variants_test_cuda_attn.txt 2>&1; echo "variants_test_cuda_attn rc=$? $(( $(date +%s) - s )) s" >> $R/summary.txt) &
 wait

@@ -107,17 +107,27 @@ if [ "$1" = pack ]; then
         build/bench-variants/tests/cuda/test_cuda_gdn build/bench-variants/bench/bench_gdn \
         build/bench-variants/bench/bench_decode build/bench-variants/tests/cuda/test_cuda_core \
         build/bench-variants/bench/bench_cuda_core >/dev/null
-    mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t \
-        .carry/stage/build/bench-variants/tests/cuda .carry/stage/build/bench-variants/bench &&
+    # in two tarballs, so that the first fits one call beside .carry/lib and
+    # the working tree (which grows with docs/logs): .carry/t, the production
+    # tests and benches and the bench-variants builds of the core ops and
+    # decode (kernel_checks.sh's GEMV and MLA_SPLIT); .carry/tv, the
+    # bench-variants attention and GDN (VARIANTS, ATTN_DQB), carried when needed
+    mkdir -p .carry/stage/build/tests/cuda .carry/stage/build/bench .carry/t .carry/tv \
+        .carry/stage/build/bench-variants/tests/cuda .carry/stage/build/bench-variants/bench \
+        .carry/stagev/build/bench-variants/tests/cuda .carry/stagev/build/bench-variants/bench &&
         cp build/tests/cuda/test_* .carry/stage/build/tests/cuda/ && strip .carry/stage/build/tests/cuda/test_* &&
-        for f in tests/cuda/test_cuda_attn bench/bench_attn tests/cuda/test_cuda_gdn bench/bench_gdn bench/bench_decode \
-            tests/cuda/test_cuda_core bench/bench_cuda_core; do
+        for f in bench/bench_decode tests/cuda/test_cuda_core bench/bench_cuda_core; do
             cp build/bench-variants/$f .carry/stage/build/bench-variants/$f && strip .carry/stage/build/bench-variants/$f
+        done &&
+        for f in tests/cuda/test_cuda_attn bench/bench_attn tests/cuda/test_cuda_gdn bench/bench_gdn; do
+            cp build/bench-variants/$f .carry/stagev/build/bench-variants/$f &&
+                strip .carry/stagev/build/bench-variants/$f
         done &&
         for b in bench_long bench_decode bench_attn bench_gdn bench_cuda_core; do
             cp build/bench/$b .carry/stage/build/bench/ && strip .carry/stage/build/bench/$b || exit 1
         done
     tar cf - -C .carry/stage build | xz -6 -T2 > .carry/t/tests.tar.xz && rm -rf .carry/stage
+    tar cf - -C .carry/stagev build | xz -6 -T2 > .carry/tv/variants.tar.xz && rm -rf .carry/stagev
     model=$(scripts/fetch_model.sh) half=$(( ($(stat -c %s "$model") + 1) / 2 ))
     head -c $half "$model" > .carry/p1/gguf.part && tail -c +$((half + 1)) "$model" > .carry/p2/gguf.part
     tar cf - -C .. shared/data/eval shared/data/essays shared/data/words | xz -6 -T2 > .carry/evaldata.tar.xz
