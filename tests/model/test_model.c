@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/mlp.h"
 #include "model/train_fwd.h"
 #include "testutil.h"
 
@@ -313,6 +314,36 @@ static void test_continuous_batch_equals_alone(void **st) {
     model_free(&m);
 }
 
+// Which decode steps take the residual stream with their input norm's gain
+// (model.c run_layers, SERVING.md): attention with its q/k/v one product,
+// MLA with q_a / kv_a one product and no latent norms, GDN with its input
+// projections one product, the MLP unquantised; Mamba-2 never; attention
+// over more rows than the fused product takes, never. A predicate that
+// stopped saying yes would only cost launches, which no other test sees.
+static void test_step_norms_input(void **st) {
+    const layer_kind_t plan[4] = {LAYER_ATTN, LAYER_MLA, LAYER_GDN, LAYER_M2};
+    const int want[4] = {1, 1, 1, 0};
+    for (int latent = 0; latent < 2; latent++) {
+        arch_t a = tu_tiny_arch(plan, 4, 0, 0);
+        a.mla.latent_norm = latent;
+        model_t m;
+        assert_int_equal(model_create(&m, &a, tu_cpu()), 0);
+        model_run_t r;
+        assert_int_equal(model_run_create(&r, &m, 16u << 20), 0);
+        for (int l = 0; l < 4; l++) {
+            layer_ctx_t c = model_layer_ctx(&r, l);
+            const int w = plan[l] == LAYER_MLA && latent ? 0 : want[l];
+            assert_int_equal(model_mixer_step_norms_input(&c, &m.lw[l], 1), w);
+            assert_int_equal(model_mixer_step_norms_input(&c, &m.lw[l], BE_FEW_ROWS), w);
+            assert_true(mlp_step_norms_input(&c, &m.lw[l].mlp));
+        }
+        layer_ctx_t c0 = model_layer_ctx(&r, 0);
+        assert_int_equal(model_mixer_step_norms_input(&c0, &m.lw[0], BE_FEW_ROWS + 1), 0);
+        model_run_free(&r);
+        model_free(&m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_gradients),
@@ -320,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_decode_equals_forward_wide_keys),
         cmocka_unit_test(test_batch_decode_equals_forward),
         cmocka_unit_test(test_continuous_batch_equals_alone),
+        cmocka_unit_test(test_step_norms_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
