@@ -8,8 +8,8 @@
 //
 //   build-*/bench/bench_cuda_core [--decode] [reps]
 // (--decode: the decode-step products alone, 1 to 8 rows; the bench-variants
-// build's HYLO_GEMV_COLS = 1, 2 or 4 runs them with that many columns a warp
-// instead of production's choice)
+// build's HYLO_GEMV_COLS = 1, 2 or 4 runs the plain ones with that many
+// columns a warp instead of production's choice)
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -70,11 +70,11 @@ if [ "${MLA_SPLIT:-0}" = 1 ]; then
     done
     echo "mla split: $(grep -c '^==' $R/mla_split.txt) runs (their return codes in the log)" >> $R/summary.txt
 fi
-# GEMV=1: the few-row products (k_gemv, and the fused SwiGLU and add + norm
-# ones) with 2 and 4 columns a warp (bench-variants HYLO_GEMV_COLS;
-# production: 4 columns for the plain product from 5 rows, else 1):
-# test_cuda_core through each, then bench_cuda_core --decode (1 to 8 rows)
-# with 1, 2 and 4 columns a warp forced, and production's choice
+# GEMV=1: the plain few-row products with 2 and 4 columns a warp at every
+# row count (bench-variants HYLO_GEMV_COLS; production: 4 columns from 5
+# rows, else 1): test_cuda_core through each, then bench_cuda_core --decode
+# (1 to 8 rows, the fused products beside) with 1, 2 and 4 columns a warp
+# forced, and production's choice
 if [ "${GEMV:-0}" = 1 ]; then
     for c in 2 4; do
         HYLO_GEMV_COLS=$c timeout 120 build/bench-variants/tests/cuda/test_cuda_core > $R/gemv_test_$c.txt 2>&1

@@ -621,10 +621,31 @@ static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, f
 // fp32 sums, a warp reduction, bf16 out.
 enum { GEMV_ROWS = BE_FEW_ROWS, GEMV_WARPS = 4 };
 
+// A row of the few-row products normed inside the product (rmsnorm_fwd's
+// formula, a gain xw [K]): the warp reads every value of the row anyway, so
+// each lane adds its values' squares to ss and multiplies them by the gain
+// as it loads them, and the row's scale multiplies the warp's sums at the end.
+// V values of the row at p into x; with a gain (xw not NULL, its V values in
+// g), ss += their squares and x *= g.
+template <int V>
+__device__ __forceinline__ void ld_row_normed(float (&x)[V], const bf16 *p, const bf16 *xw, const float (&g)[V],
+                                              float &ss) {
+    ld_bf16<V>(p, x);
+    if (xw)
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            ss = fmaf(x[i], x[i], ss), x[i] *= g[i];
+}
+// The row's scale 1 / sqrt(mean square + eps), from the lanes' shares of its
+// sum of squares over K.
+static __device__ __forceinline__ float gemv_norm_scale(float ss, int64_t K, float eps) {
+    return 1.0f / sqrtf(warp_sum(ss) / (float)K + eps);
+}
+
 // acc[m] += this lane's share of A[m, :] . b[:] (K values; every lane's share
 // summed by warp_sum gives the dot product). With a gain xw [K] (else NULL):
-// of A's rows times the gain, and ss[m] += the lane's share of the row's sum
-// of squares (the input norm of gemv_warp_dot2, below).
+// of A's rows normed (ld_row_normed; ss[m]: the lane's share of row m's sum of
+// squares).
 template <int M, int V>
 __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], float (&ss)[M], const bf16 *__restrict__ A, int64_t lda,
                                               const bf16 *__restrict__ b, int64_t K, int lane,
@@ -636,11 +657,7 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], float (&ss)[M], c
 #pragma unroll
         for (int m = 0; m < M; m++) {
             float x[V];
-            ld_bf16<V>(A + m * lda + k, x);
-            if (xw)
-#pragma unroll
-                for (int i = 0; i < V; i++)
-                    ss[m] = fmaf(x[i], x[i], ss[m]), x[i] *= g[i];
+            ld_row_normed<V>(x, A + m * lda + k, xw, g, ss[m]);
 #pragma unroll
             for (int i = 0; i < V; i++)
                 acc[m] = fmaf(x[i], w[i], acc[m]);
@@ -648,19 +665,11 @@ __device__ __forceinline__ void gemv_lane_dot(float (&acc)[M], float (&ss)[M], c
     }
 }
 
-// The scale of a row normed in a product: 1 / sqrt(mean square + eps), from
-// the warp's lanes' shares of its sum of squares over K (rmsnorm_fwd's formula).
-static __device__ __forceinline__ float gemv_norm_scale(float ss, int64_t K, float eps) {
-    return 1.0f / sqrtf(warp_sum(ss) / (float)K + eps);
-}
-
 // s0[m] = A[m, :] . b0[:] and s1[m] = A[m, :] . b1[:], two weight rows read
 // side by side and the rows of A once for both: each lane's share, then summed
 // over the warp (every lane holds the sums). With a gain xw [K] (else NULL),
-// A's rows are RMS-normalised with it first (rmsnorm_fwd's formula): the warp
-// reads every value of a row, so its sum of squares comes with the products,
-// and the row's scale multiplies the two sums at the end. A decode step so
-// feeds the residual stream to its next product without a launch to norm it.
+// of A's rows normed (ld_row_normed): a decode step so feeds the residual
+// stream to its next product without a launch to norm it.
 template <int M, int V>
 __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], const bf16 *__restrict__ A, int64_t lda,
                                                const bf16 *__restrict__ b0, const bf16 *__restrict__ b1, int64_t K,
@@ -677,11 +686,7 @@ __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], c
 #pragma unroll
         for (int m = 0; m < M; m++) {
             float x[V];
-            ld_bf16<V>(A + m * lda + k, x);
-            if (xw)
-#pragma unroll
-                for (int i = 0; i < V; i++)
-                    ss[m] = fmaf(x[i], x[i], ss[m]), x[i] *= g[i];
+            ld_row_normed<V>(x, A + m * lda + k, xw, g, ss[m]);
 #pragma unroll
             for (int i = 0; i < V; i++) {
                 s0[m] = fmaf(x[i], w0[i], s0[m]);
@@ -693,7 +698,7 @@ __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], c
     for (int m = 0; m < M; m++) {
         s0[m] = warp_sum(s0[m]), s1[m] = warp_sum(s1[m]);
         if (xw) {
-            const float r = 1.0f / sqrtf(warp_sum(ss[m]) / (float)K + eps);
+            const float r = gemv_norm_scale(ss[m], K, eps);
             s0[m] *= r, s1[m] *= r;
         }
     }
@@ -754,8 +759,7 @@ static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64
 // Where each wins: docs/PERFORMANCE.md, run 31 (gemv() below).
 
 // acc[r][m] += this lane's share of A[m, :] . w[r][:] (K values); with a
-// gain xw, of A's rows times it, and ss[m] += the lane's share of the row's
-// sum of squares (as gemv_lane_dot).
+// gain xw, of A's rows normed (ld_row_normed, as gemv_lane_dot).
 template <int M, int R>
 __device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], float (&ss)[M], const bf16 *__restrict__ A,
                                                int64_t lda, const bf16 *const (&w)[R], int64_t K, int lane,
@@ -764,13 +768,8 @@ __device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], float (&ss)[M
         float x[M][8], g[8];
         if (xw) ld_bf16<8>(xw + k, g);
 #pragma unroll
-        for (int m = 0; m < M; m++) {
-            ld_bf16<8>(A + m * lda + k, x[m]);
-            if (xw)
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    ss[m] = fmaf(x[m][i], x[m][i], ss[m]), x[m][i] *= g[i];
-        }
+        for (int m = 0; m < M; m++)
+            ld_row_normed<8>(x[m], A + m * lda + k, xw, g, ss[m]);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float v[8];
@@ -881,10 +880,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             h[m * f + n] = __float2bfloat16_rn(dev_silu(gs[m]) * us[m]);
 }
 
-// The end of k_gemv_add_rmsnorm (and of its bench-only form with several
-// columns a warp): each block's sums of squares ss (lane 0 of each warp holds
-// its own) into partial[block], and the last block to count in `done` writes
-// xn = rmsnorm(x) w for all M rows, then resets `done` for the next launch.
+// The end of k_gemv_add_rmsnorm: each block's sums of squares ss (lane 0 of
+// each warp holds its own) into partial[block], and the last block to count
+// in `done` writes xn = rmsnorm(x) w for all M rows, then resets `done` for
+// the next launch.
 template <int M, int V>
 __device__ __forceinline__ void add_rmsnorm_end(bf16 *__restrict__ xn, const bf16 *x, const bf16 *__restrict__ w, int d,
                                                 float eps, unsigned *done, float *partial, const float (&ss)[M]) {
@@ -978,90 +977,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     add_rmsnorm_end<M, V>(xn, x, w, d, eps, done, partial, ss);
 }
 
-#ifdef HYLO_BENCH_VARIANTS
-// Bench-only (HYLO_GEMV_COLS = 2 or 4): k_gemv_swiglu with CW columns a warp,
-// the 2 CW rows of Wg and Wu sharing each lane's values of A (slower than one
-// column at most shapes in run 31, docs/PERFORMANCE.md).
-template <int M, int CW>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_swiglu_cols(bf16 *__restrict__ h, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ Wg,
-                       const bf16 *__restrict__ Wu, int64_t f, int64_t K) {
-    const int lane = threadIdx.x & 31;
-    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * CW;
-    const int nc = f - n0 < CW ? (int)(f - n0) : CW;
-    for (int c = 0; c < nc; c++) {
-        warp_prefetch_l2(Wg + (n0 + c) * K, K * (int64_t)sizeof(bf16), lane);
-        warp_prefetch_l2(Wu + (n0 + c) * K, K * (int64_t)sizeof(bf16), lane);
-    }
-    griddep_enter();
-    if (nc <= 0) return;
-    const bf16 *w[2 * CW];
-#pragma unroll
-    for (int c = 0; c < CW; c++) {
-        const int64_t n = n0 + (c < nc ? c : nc - 1);
-        w[c] = Wg + n * K, w[CW + c] = Wu + n * K;
-    }
-    float acc[2 * CW][M] = {};
-    float unused[M];
-    gemv_lane_dotr<M, 2 * CW>(acc, unused, A, lda, w, K, lane, nullptr);
-#pragma unroll
-    for (int c = 0; c < CW; c++) {
-        if (c >= nc) break;
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            const float g = warp_sum(acc[c][m]), u = warp_sum(acc[CW + c][m]);
-            if (lane == 0) h[m * f + n0 + c] = __float2bfloat16_rn(dev_silu(g) * u);
-        }
-    }
-}
-
-// Bench-only: k_gemv_add_rmsnorm with CW columns a warp per step of its loop
-// over the columns (the norm's sums of squares then add in another order:
-// the same bits every run, not the one-column kernel's bits).
-template <int M, int CW>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_add_rmsnorm_cols(bf16 *__restrict__ xn, bf16 *__restrict__ x, const bf16 *__restrict__ A, int64_t lda,
-                            const bf16 *__restrict__ W, const bf16 *__restrict__ w, int d, int64_t K, float eps,
-                            unsigned *done, float *partial) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t step = (int64_t)gridDim.x * GEMV_WARPS * CW;
-    for (int64_t n = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW; n < d; n += step)
-        for (int c = 0; c < CW && n + c < d; c++)
-            warp_prefetch_l2(W + (n + c) * K, K * (int64_t)sizeof(bf16), lane);
-    griddep_enter();
-    float ss[M];
-#pragma unroll
-    for (int m = 0; m < M; m++)
-        ss[m] = 0.0f;
-    for (int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW; n0 < d; n0 += step) {
-        const int nc = d - n0 < CW ? (int)(d - n0) : CW;
-        const bf16 *wr[CW];
-#pragma unroll
-        for (int c = 0; c < CW; c++)
-            wr[c] = W + (n0 + (c < nc ? c : nc - 1)) * K;
-        float acc[CW][M] = {};
-        float unused[M];
-        gemv_lane_dotr<M, CW>(acc, unused, A, lda, wr, K, lane, nullptr);
-#pragma unroll
-        for (int c = 0; c < CW; c++) {
-            if (c >= nc) break;
-            const int64_t n = n0 + c;
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                const float s = warp_sum(acc[c][m]);
-                if (lane == 0) {
-                    const bf16 v = __float2bfloat16_rn(__bfloat162float(x[m * d + n]) + s);
-                    x[m * d + n] = v;
-                    ss[m] = fmaf(__bfloat162float(v), __bfloat162float(v), ss[m]);
-                }
-            }
-        }
-    }
-    if (!w) return;
-    add_rmsnorm_end<M, 8>(xn, x, w, d, eps, done, partial, ss);
-}
-#endif
-
 // q, k and v of an attention decode step from one product, rotated and
 // appended (proj_rope_kv_append). Warp u takes columns c and c + dh/2 of head
 // h of W's rows [q | k | v] (c = h dh + j, j < dh/2): for a q or k head the
@@ -1122,19 +1037,6 @@ static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const 
         const int rows = (int)(N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS);
         bf16 *hr = (bf16 *)h + r * f;
         const bf16 *xr = (const bf16 *)x + r * ldx;
-#ifdef HYLO_BENCH_VARIANTS
-        const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
-        if (v8 && !xw && (cols == 2 || cols == 4)) { // (rows already normed only)
-            const dim3 gc((unsigned)((f + GEMV_WARPS * cols - 1) / (GEMV_WARPS * cols)));
-            if (cols == 2)
-                GEMV_LAUNCH_M(rows, 2, k_gemv_swiglu_cols, gc, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f,
-                              K);
-            else
-                GEMV_LAUNCH_M(rows, 4, k_gemv_swiglu_cols, gc, st, hr, xr, ldx, (const bf16 *)Wg, (const bf16 *)Wu, f,
-                              K);
-            continue;
-        }
-#endif
         if (v8)
             GEMV_LAUNCH_M(rows, 8, k_gemv_swiglu, grid, st, hr, xr, ldx, g, eps, (const bf16 *)Wg, (const bf16 *)Wu, f,
                           K);
@@ -1158,20 +1060,6 @@ static void cu_proj_add_rmsnorm(be_t *be, void *xn, void *x, const void *a, int6
         const int rows = (int)(N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS);
         bf16 *xr = (bf16 *)x + r * d, *xnr = w ? (bf16 *)xn + r * d : NULL;
         const bf16 *ar = (const bf16 *)a + r * lda;
-#ifdef HYLO_BENCH_VARIANTS
-        const int cols = cu_env_int("HYLO_GEMV_COLS", 1);
-        if (v8 && (cols == 2 || cols == 4)) {
-            const int64_t bc = ((int64_t)d + GEMV_WARPS * cols - 1) / (GEMV_WARPS * cols);
-            const dim3 gc((unsigned)(bc < (int64_t)CUDA_NORM_BLOCKS ? bc : (int64_t)CUDA_NORM_BLOCKS));
-            if (cols == 2)
-                GEMV_LAUNCH_M(rows, 2, k_gemv_add_rmsnorm_cols, gc, st, xnr, xr, ar, lda, (const bf16 *)W,
-                              (const bf16 *)w, d, K, eps, ci->norm_done, ci->norm_partial);
-            else
-                GEMV_LAUNCH_M(rows, 4, k_gemv_add_rmsnorm_cols, gc, st, xnr, xr, ar, lda, (const bf16 *)W,
-                              (const bf16 *)w, d, K, eps, ci->norm_done, ci->norm_partial);
-            continue;
-        }
-#endif
         if (v8)
             GEMV_LAUNCH_M(rows, 8, k_gemv_add_rmsnorm, grid, st, xnr, xr, ar, lda, (const bf16 *)W, (const bf16 *)w, d,
                           K, eps, ci->norm_done, ci->norm_partial);
