@@ -6,8 +6,7 @@
 
 #include "base/err.h"
 
-int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
-    s->prob = NULL, s->idx = NULL, s->pen = NULL, s->count = NULL, s->bias_id = NULL, s->bias = NULL;
+int sampler_cfg_check(const sampler_cfg_t *cfg, int V) {
     if (cfg->temperature < 0) return err_set(ERR_INPUT, "--temp must be >= 0 (got %g)", cfg->temperature);
     if (!(fabsf(cfg->presence_penalty) <= 2) || !(fabsf(cfg->frequency_penalty) <= 2))
         return err_set(ERR_INPUT, "presence and frequency penalties must be in [-2, 2] (got %g, %g)",
@@ -22,6 +21,13 @@ int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
             return err_set(ERR_INPUT, "logit bias of token %d must be in [-100, 100] (got %g)", cfg->bias_id[i],
                            cfg->bias[i]);
     }
+    return 0;
+}
+
+int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
+    s->prob = NULL, s->idx = NULL, s->pen = NULL, s->count = NULL;
+    int rc = sampler_cfg_check(cfg, V);
+    if (rc < 0) return rc;
     s->cfg = *cfg;
     s->V = V;
     rng_seed(&s->rng, cfg->seed);
@@ -29,16 +35,7 @@ int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V) {
     s->idx = malloc((size_t)V * sizeof(int));
     const int pens = cfg->presence_penalty != 0 || cfg->frequency_penalty != 0 || cfg->n_bias > 0;
     if (pens) s->pen = malloc((size_t)V * sizeof(float)), s->count = calloc((size_t)V, sizeof(int));
-    if (cfg->n_bias > 0) {
-        s->bias_id = malloc((size_t)cfg->n_bias * sizeof(int32_t));
-        s->bias = malloc((size_t)cfg->n_bias * sizeof(float));
-        if (s->bias_id && s->bias) {
-            memcpy(s->bias_id, cfg->bias_id, (size_t)cfg->n_bias * sizeof(int32_t));
-            memcpy(s->bias, cfg->bias, (size_t)cfg->n_bias * sizeof(float));
-        }
-    }
-    s->cfg.bias_id = s->bias_id, s->cfg.bias = s->bias;
-    if (!s->prob || !s->idx || (pens && (!s->pen || !s->count)) || (cfg->n_bias > 0 && (!s->bias_id || !s->bias))) {
+    if (!s->prob || !s->idx || (pens && (!s->pen || !s->count))) {
         sampler_free(s);
         return err_set(ERR_NOMEM, "out of memory");
     }
@@ -50,21 +47,17 @@ void sampler_free(sampler_t *s) {
     free(s->idx);
     free(s->pen);
     free(s->count);
-    free(s->bias_id);
-    free(s->bias);
     s->prob = NULL;
     s->idx = NULL;
     s->pen = NULL;
     s->count = NULL;
-    s->bias_id = NULL;
-    s->bias = NULL;
 }
 
 int sampler_sample_after(sampler_t *s, const float *logits, const int32_t *prev, int n_prev) {
     if (!s->pen) return sampler_sample(s, logits);
     memcpy(s->pen, logits, (size_t)s->V * sizeof(float));
     for (int i = 0; i < s->cfg.n_bias; i++)
-        s->pen[s->bias_id[i]] += s->bias[i];
+        s->pen[s->cfg.bias_id[i]] += s->cfg.bias[i];
     for (int j = 0; j < n_prev; j++)
         if (prev[j] >= 0 && prev[j] < s->V) s->count[prev[j]]++;
     // each id once (its count back to 0 as it is applied)

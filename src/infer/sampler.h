@@ -15,7 +15,8 @@ typedef struct {
     // in [-2, 2]: logit -= frequency_penalty * count + presence_penalty * (count > 0)
     float presence_penalty, frequency_penalty;
     // OpenAI's logit_bias: bias[i] (in [-100, 100]) added to the logit of
-    // bias_id[i] before sampling (sampler_sample_after); sampler_init copies them
+    // bias_id[i] before sampling (sampler_sample_after); the arrays are the
+    // caller's and must outlive the sampler
     const int32_t *bias_id;
     const float *bias;
     int n_bias;
@@ -25,14 +26,16 @@ typedef struct {
     sampler_cfg_t cfg;
     rng_t rng;
     int V;
-    float *prob;      // scratch [V]
-    int *idx;         // scratch [V]
-    float *pen;       // with penalties or biases: the adjusted logits [V]
-    int *count;       // each id's count among the tokens so far [V], zeros between calls
-    int32_t *bias_id; // the biases (copies of the cfg's; cfg.bias_id / bias point at them)
-    float *bias;
+    float *prob; // scratch [V]
+    int *idx;    // scratch [V]
+    float *pen;  // with penalties or biases: the adjusted logits [V]
+    int *count;  // each id's count among the tokens so far [V], zeros between calls
 } sampler_t;
 
+// ERR_INPUT naming the first setting out of its range (biases: ids in [0, V)),
+// else 0: what sampler_init checks, for a caller that holds the settings
+// before it makes a sampler (the server's submit).
+int sampler_cfg_check(const sampler_cfg_t *cfg, int V);
 int sampler_init(sampler_t *s, const sampler_cfg_t *cfg, int V);
 void sampler_free(sampler_t *s);
 int sampler_sample(sampler_t *s, const float *logits);

@@ -2,7 +2,6 @@
 
 #include <limits.h>
 #include <omp.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +18,7 @@ typedef struct req {
     // tokens follow the prompt, so that a preempted request prefills its
     // prompt and its answer so far again (n_feed tokens)
     int32_t *prompt;
-    int32_t *bias_id; // copies of the sampler's logit biases (s.sampler points at them)
+    int32_t *bias_id; // copies of the submit's logit biases (s.sampler points at them, smp uses them)
     float *bias;
     int n_feed;   // tokens to prefill: n_prompt, or more after a preemption
     int resumed;  // prefilling again after a preemption that came after its first token
@@ -608,10 +607,8 @@ int srv_engine_submit(srv_engine_t *e, const srv_submit_t *s, uint64_t *id) {
     pthread_mutex_unlock(&e->mu);
     if (refuse) return refuse;
     const sampler_cfg_t *sc = &s->sampler;
-    for (int i = 0; i < sc->n_bias; i++)
-        if (sc->bias_id[i] < 0 || sc->bias_id[i] >= e->m->a.V || !(fabsf(sc->bias[i]) <= 100))
-            return err_set(ERR_INPUT, "logit bias %g of token %d: ids in [0, %d), biases in [-100, 100]", sc->bias[i],
-                           sc->bias_id[i], e->m->a.V);
+    int bad = sampler_cfg_check(sc, e->m->a.V);
+    if (bad < 0) return bad;
     req_t *r = calloc(1, sizeof *r);
     int32_t *p = malloc(((size_t)s->n_prompt + s->max_new) * sizeof(int32_t));
     int nb = sc->n_bias > 0 ? sc->n_bias : 0;
