@@ -29,6 +29,7 @@
 // Head dims: kernels are instantiated for padded (DQK, DV) pairs; any dqk, dv
 // that are multiples of 16 up to 256 run on the smallest pair that holds them
 // (columns past the true size are zero-filled on load and never stored).
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1307,12 +1308,15 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // max_len is short (below). Each pair then uses, by its own length n read in
 // the kernel, ns = dec_slices() of them, the rest of its blocks exiting at
 // once:
-//  - short (n <= short_rows, DEC_SHORT_ROUNDS block iterations): one block
-//    reads every row and its warps merge in shared memory; it writes the
-//    output, with no partials, fence or counter. A split would add at least
-//    four dependent memory round trips (partial stores and fence, the
-//    counter, the last block's (m, l) loads, its O loads) to save a few
-//    load rounds of one block, so below that it does not pay;
+//  - short (n <= short_rows, DEC_SHORT_ROUNDS block iterations): the csize
+//    blocks of one cluster share the rows (a power of two up to DEC_CLUSTER,
+//    as many as one wave holds over the pairs; 1 when the pairs fill the GPU),
+//    each block's warps merge in its shared memory, then block 0 merges the
+//    blocks' (m, l, O) from theirs (distributed shared memory) and writes the
+//    output, with no partials, fence or counter. A split through global
+//    memory would add at least four dependent memory round trips (partial
+//    stores and fence, the counter, the last block's (m, l) loads, its O
+//    loads), so below that it does not pay;
 //  - split: slices of at least one block iteration (DEC_WARPS U KPW rows:
 //    fewer leave warps idle and add a partial without shortening the chain),
 //    each block writes its partial (m, l, O) to the scratch arena and counts
@@ -1331,6 +1335,9 @@ enum { DEC_MIN_SLICE = 256, DEC_MAX_SPLIT = 256 }; // rows a slice holds at leas
 // DEC_WARPS U KPW, 512 rows for SmolLM2's layer (dh 64, 3 heads per KV head),
 // 256 for Llama-3.2-3B's (dh 128, 3), 512 for Llama-3.1-8B's (dh 128, 4: U 8).
 enum { DEC_SHORT_ROUNDS = 4 };
+// Blocks of a short pair's cluster, at most (the portable cluster size).
+enum { DEC_CLUSTER = 8 };
+namespace cg = cooperative_groups;
 
 typedef struct {
     bf16 *out;
@@ -1343,7 +1350,8 @@ typedef struct {
     be_pages_t pg; // the rows' page tables (backend.h), or none
     const int32_t *len;
     int max_len, H, Hkv, grp, nhc, dqk, dv, lpr, n_split;
-    int short_rows; // a pair of at most this many rows: one block, no split (DEC_SHORT_ROUNDS)
+    int short_rows; // a pair of at most this many rows: one cluster, no partials (DEC_SHORT_ROUNDS)
+    int csize;      // blocks of a short pair: a cluster along y (1: one block)
     float sl2;      // scale * log2(e): scores in the exp2 domain
 } dec_args_t;
 
@@ -1361,19 +1369,26 @@ template <int G> struct dec_cfg {
 // 8 bf16 of a cache row from column c of a row with `cols` valid columns past
 // p (<= 0: none). VEC: one 16-byte load that skips L1 (read once), the row
 // 16-byte aligned with cols 0 or >= 8; else scalar loads of the valid ones.
-template <bool VEC> static __device__ __forceinline__ uint4 dec_ld8(const bf16 *p, int cols) {
+// CG: through L2 only (the loads before griddep_wait, k_attn_decode).
+template <bool VEC, bool CG = false> static __device__ __forceinline__ uint4 dec_ld8(const bf16 *p, int cols) {
     uint4 u = make_uint4(0u, 0u, 0u, 0u);
     if (VEC) {
-        if (cols > 0)
-            asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                : "l"(p));
+        if (cols > 0) {
+            if (CG)
+                asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                             : "l"(p));
+            else
+                asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                    : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                    : "l"(p));
+        }
     } else {
         unsigned short *h = reinterpret_cast<unsigned short *>(&u);
         const unsigned short *ph = reinterpret_cast<const unsigned short *>(p);
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            if (e < cols) h[e] = ph[e];
+            if (e < cols) h[e] = CG ? __ldcg(ph + e) : ph[e];
     }
     return u;
 }
@@ -1387,11 +1402,12 @@ static __device__ __forceinline__ void dec_cvt8(uint4 u, float (&f)[8]) {
     }
 }
 
-// Slices a pair of n rows uses of the grid's n_split: one when short, else
-// slices of at least `rit` rows (one block iteration). The same in every block
-// of the pair (same n), so they agree on who counts and who merges.
-static __device__ __forceinline__ int dec_slices(int n, int n_split, int short_rows, int rit) {
-    if (n <= short_rows) return 1;
+// Slices a pair of n rows uses of the grid's n_split: the cluster's csize
+// blocks when short, else slices of at least `rit` rows (one block iteration).
+// The same in every block of the pair (same n), so they agree on who counts
+// and who merges.
+static __device__ __forceinline__ int dec_slices(int n, int n_split, int short_rows, int rit, int csize) {
+    if (n <= short_rows) return csize;
     const int s = (n + rit - 1) / rit;
     return s < n_split ? s : n_split;
 }
@@ -1454,43 +1470,42 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     const int64_t ldK = (int64_t)a.Hkv * a.dqk, ldV = (int64_t)a.Hkv * a.dv;
 
     // Launched as a programmatic dependent launch (cuda_vec.cuh), the block
-    // may run while the kernel before it (the step's K/V append) still does.
-    // Every cache row but the newest was written by earlier steps, so the
-    // block asks L2 for its first rows now, as the decode products do their
-    // weights; then waits. A hint only: the lengths and row addresses (the
-    // host's uploads) are read again after the wait.
+    // may run while the kernel before it (the step's K/V append and q) still
+    // does. Every kernel before that one has finished (griddep_enter), and the
+    // lengths and row addresses are the step's uploads, done before its first
+    // kernel; every cache row but the newest was written by earlier steps. So
+    // the block reads its first iteration's rows now, all but the newest,
+    // through L2 (dec_ld8<CG>), and asks L2 for its next rows; after the wait
+    // only q and the newest row are read before the first scores.
+    int n = a.len[r];
+    n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
+    const int ns = dec_slices(n, a.n_split, a.short_rows, step, a.csize);
+    int u_begin = 0, u_end = 0; // this block's rows
+    if (split < ns) dec_block_rows(n, ns, split, ra, u_begin, u_end);
+    const bf16 *kb = a.k_rows[r] + (int64_t)g * a.dqk + c0, *vb = a.v_rows[r] + (int64_t)g * a.dv + c0;
+    const int ub0 = u_begin + warp * U * KPW; // the warp's first rows (rows [ub, ub + U KPW) lie in one page)
+    const int64_t at0 = ub0 < u_end ? cu_page_row(a.pg, r, ub0) - ub0 : 0;
+    uint4 kr[U], vr[U];
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const int u = ub0 + i * KPW + slot;
+        const bool ok = u < u_end && u < n - 1;
+        kr[i] = dec_ld8<VEC, true>(kb + (u + at0) * ldK, ok ? kc : 0);
+        vr[i] = dec_ld8<VEC, true>(vb + (u + at0) * ldV, ok ? vc : 0);
+    }
     {
-        int n = __ldcg(a.len + r);
-        n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
-        const int ns = dec_slices(n, a.n_split, a.short_rows, step);
-        if (split < ns) {
-            int u_begin, u_end;
-            dec_block_rows(n, ns, split, ra, u_begin, u_end);
-            const int hi = min(min(u_end, n - 1), u_begin + DEC_PREFETCH_ROWS);
-            const char *kb = (const char *)(a.k_rows[r] + (int64_t)g * a.dqk);
-            const char *vb = (const char *)(a.v_rows[r] + (int64_t)g * a.dv);
-            for (int u = u_begin + tid; u < hi; u += DEC_THREADS) {
-                const int64_t at = cu_page_row(a.pg, r, u);
-                for (int o = 0; o < a.dqk * 2; o += 128)
-                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kb + at * ldK * 2 + o));
-                for (int o = 0; o < a.dv * 2; o += 128)
-                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vb + at * ldV * 2 + o));
-            }
+        const int hi = min(min(u_end, n - 1), u_begin + DEC_PREFETCH_ROWS);
+        const char *kp = (const char *)(kb - c0), *vp = (const char *)(vb - c0);
+        for (int u = u_begin + step + tid; u < hi; u += DEC_THREADS) {
+            const int64_t at = cu_page_row(a.pg, r, u);
+            for (int o = 0; o < a.dqk * 2; o += 128)
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kp + at * ldK * 2 + o));
+            for (int o = 0; o < a.dv * 2; o += 128)
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vp + at * ldV * 2 + o));
         }
     }
     griddep_enter();
-
-    int n = a.len[r];
-    const bf16 *krow0 = a.k_rows[r], *vrow0 = a.v_rows[r];
-    n = n < 0 ? 0 : n > a.max_len ? a.max_len : n;
-    const int ns = dec_slices(n, a.n_split, a.short_rows, step);
-    // a slice this pair's length leaves unused: the whole block exits. The
-    // test also reads the cache pointers (never 1: rows are 16-byte aligned),
-    // so that their loads are issued with len's, not one round trip after it
-    // (past the branch, where the compiler would otherwise put them)
-    if ((split >= ns) & (((uintptr_t)krow0 & (uintptr_t)vrow0) != 1)) return;
-    int u_begin, u_end; // this block's rows
-    dec_block_rows(n, ns, split, ra, u_begin, u_end);
+    if (split >= ns) return; // a slice this pair's length leaves unused
 
     float q[G][8];
 #pragma unroll
@@ -1499,6 +1514,15 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
 #pragma unroll
         for (int e = 0; e < 8; e++)
             q[j][e] = j < gh && e < kc ? __bfloat162float(qp[e]) * a.sl2 : 0.f;
+    }
+    // the newest row, appended by the kernel before, when among the warp's first rows
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const int u = ub0 + i * KPW + slot;
+        if (u == n - 1 && u < u_end) {
+            kr[i] = dec_ld8<VEC>(kb + (u + at0) * ldK, kc);
+            vr[i] = dec_ld8<VEC>(vb + (u + at0) * ldV, vc);
+        }
     }
     float m[G], l[G], o[G][8];
 #pragma unroll
@@ -1509,18 +1533,18 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
             o[j][e] = 0.f;
     }
 
-    const bf16 *kb = krow0 + (int64_t)g * a.dqk + c0, *vb = vrow0 + (int64_t)g * a.dv + c0;
     // Every lane of a warp runs the same iterations (the score shuffles need
     // them all); a lane group's rows past u_end load nothing and weigh 0.
-    for (int ub = u_begin + warp * U * KPW; ub < u_end; ub += step) {
-        uint4 kr[U], vr[U];
-        const int64_t at = cu_page_row(a.pg, r, ub) - ub; // rows [ub, ub + U KPW) are at u + at
+    for (int ub = ub0; ub < u_end; ub += step) {
+        if (ub != ub0) {                                      // (the first iteration's rows are loaded above)
+            const int64_t at = cu_page_row(a.pg, r, ub) - ub; // rows [ub, ub + U KPW) are at u + at
 #pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = ub + i * KPW + slot;
-            const bool ok = u < u_end;
-            kr[i] = dec_ld8<VEC>(kb + (u + at) * ldK, ok ? kc : 0);
-            vr[i] = dec_ld8<VEC>(vb + (u + at) * ldV, ok ? vc : 0);
+            for (int i = 0; i < U; i++) {
+                const int u = ub + i * KPW + slot;
+                const bool ok = u < u_end;
+                kr[i] = dec_ld8<VEC>(kb + (u + at) * ldK, ok ? kc : 0);
+                vr[i] = dec_ld8<VEC>(vb + (u + at) * ldV, ok ? vc : 0);
+            }
         }
         float s[G][U];
 #pragma unroll
@@ -1589,7 +1613,9 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     }
     __syncthreads();
     const int dv = a.dv, E = gh * dv;
-    const int64_t pbase = (int64_t)pair * a.n_split + split; // this block's partial (n_split per pair)
+    const int64_t pbase = (int64_t)pair * a.n_split + split;           // this block's partial (n_split per pair)
+    const bool clustered = ns > 1 && n <= a.short_rows;                // a short pair over the cluster's blocks
+    float *co = sl + DEC_WARPS * G, *cm = co + G * DVP, *cl2 = cm + G; // then the block's O [G][DVP], m, l
     for (int i = tid; i < E; i += DEC_THREADS) {
         const int j = i / dv, c = i - j * dv;
         float M = -INFINITY, L = 0.f, O = 0.f;
@@ -1602,12 +1628,35 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
         }
         if (ns == 1) {
             a.out[((int64_t)r * a.H + h0 + j) * dv + c] = __float2bfloat16_rn(L > 0.f ? O / L : 0.f);
+        } else if (clustered) {
+            co[j * DVP + c] = O;
+            if (c == 0) cm[j] = M, cl2[j] = L;
         } else {
             a.part_o[(pbase * G + j) * dv + c] = O;
             if (c == 0) a.part_ml[pbase * G + j] = make_float2(M, L);
         }
     }
     if (ns == 1) return;
+    if (clustered) {
+        // block 0 merges the cluster's blocks from their shared memory, in rank order
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync();
+        if (split == 0)
+            for (int i = tid; i < E; i += DEC_THREADS) {
+                const int j = i / dv, c = i - j * dv;
+                float M = -INFINITY, L = 0.f, O = 0.f;
+                for (int t = 0; t < ns; t++)
+                    M = fmaxf(M, *cl.map_shared_rank(cm + j, t));
+                for (int t = 0; t < ns; t++) {
+                    const float wt = dec_w(*cl.map_shared_rank(cm + j, t), M);
+                    L = fmaf(wt, *cl.map_shared_rank(cl2 + j, t), L);
+                    O = fmaf(wt, *cl.map_shared_rank(co + j * DVP + c, t), O);
+                }
+                a.out[((int64_t)r * a.H + h0 + j) * dv + c] = __float2bfloat16_rn(L > 0.f ? O / L : 0.f);
+            }
+        cl.sync(); // no block leaves while block 0 may still read its memory
+        return;
+    }
 
     // the last block of the pair to finish merges the ns partials
     __shared__ unsigned s_last;
@@ -1685,10 +1734,11 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
     if (tid == 0) a.count[pair] = 0; // ready for the next launch (stream order)
 }
 
-// Dynamic shared memory of k_attn_decode: the warps' merge, or the last
-// block's merge of up to n_split partials (the same memory, used one after the other).
+// Dynamic shared memory of k_attn_decode: the warps' merge and the block's
+// merged (m, l, O) that a cluster's block 0 reads, or the last block's merge
+// of up to n_split partials (the same memory, used one after the other).
 static size_t dec_smem_bytes(int G, int lpr, int n_split) {
-    const size_t warps = (size_t)DEC_WARPS * G * (lpr * 8 + 2);
+    const size_t warps = (size_t)(DEC_WARPS + 1) * G * (lpr * 8 + 2);
     const size_t last = n_split > 1 ? (size_t)2 * n_split * G + G + 4 * DEC_THREADS : 0;
     return (warps > last ? warps : last) * sizeof(float);
 }
@@ -1732,17 +1782,32 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
     if (ns > DEC_MAX_SPLIT) ns = DEC_MAX_SPLIT;
     if (a.max_len <= a.short_rows) ns = 1;           // every pair is short (dec_slices)
     if (ns < 1 || pairs > CUDA_DEC_COUNTERS) ns = 1; // (many pairs fill the GPU without slices)
+    // a short pair's cluster: as many blocks as one wave holds over the pairs,
+    // a power of two up to DEC_CLUSTER; the grid's slices a multiple of it
+    int64_t cs = 1;
+    while (2 * cs <= DEC_CLUSTER && 2 * cs * pairs <= (int64_t)o->occ * ci->sm_count && pairs <= CUDA_DEC_COUNTERS)
+        cs *= 2;
+#ifdef HYLO_BENCH_VARIANTS
+    const int64_t cs_cap = cu_env_int("HYLO_DEC_CLUSTER", DEC_CLUSTER); // bench-only: 1 is one block a short pair
+    while (cs > cs_cap && cs > 1)
+        cs /= 2;
+#endif
+    if (cs > 1) ns = (ns + cs - 1) / cs * cs;
     arena_t *ar = &be->scratch;
     const size_t mark = arena_mark(ar);
     a.part_o = NULL, a.part_ml = NULL, a.count = ci->dec_count;
     if (ns > 1) {
         a.part_o = (float *)arena_alloc(ar, (size_t)pairs * ns * G * a.dv * sizeof(float));
         a.part_ml = (float2 *)arena_alloc(ar, (size_t)pairs * ns * G * sizeof(float2));
-        if (!a.part_o || !a.part_ml) ns = 1; // no room for the partials: one slice per cache, as correct, slower
+        if (!a.part_o || !a.part_ml) ns = cs = 1; // no room for the partials: one slice per cache, as correct, slower
     }
-    a.n_split = (int)ns;
-    cu_launch_pdl(kern, dim3((unsigned)pairs, (unsigned)ns), dim3(DEC_THREADS), dec_smem_bytes(G, a.lpr, (int)ns),
-                  cuda_stream(be), a);
+    a.n_split = (int)ns, a.csize = (int)cs;
+    if (cs > 1)
+        cu_launch_pdl_cluster(kern, dim3((unsigned)pairs, (unsigned)ns), dim3(DEC_THREADS), dim3(1, (unsigned)cs, 1),
+                              dec_smem_bytes(G, a.lpr, (int)ns), cuda_stream(be), a);
+    else
+        cu_launch_pdl(kern, dim3((unsigned)pairs, (unsigned)ns), dim3(DEC_THREADS), dec_smem_bytes(G, a.lpr, (int)ns),
+                      cuda_stream(be), a);
     cuda_check_launch(be, "k_attn_decode");
     arena_reset(ar, mark); // stream order protects the partials from later users of the scratch
 }

@@ -171,6 +171,10 @@ static inline void cu_op_error(be_t *be, const char *fmt, ...) {
 // finished and its writes are visible), then griddep_launch_dependents() so
 // that the next one can be scheduled the same way while it runs. Launched
 // without the attribute, both return at once.
+// So a kernel that starts early finds every kernel but the one just before it
+// finished (that one has passed its wait), and the step's uploads done: the
+// decode kernels read what earlier steps wrote before they wait (through L2:
+// ld.global.cg), and only the kernel before's outputs after.
 static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 static __device__ __forceinline__ void griddep_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -216,17 +220,17 @@ static inline void cu_launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size
         kern<<<grid, block, smem, st>>>(args...);
     }
 }
-// The same for a kernel that runs in clusters of `cluster` blocks along x
-// (grid.x a multiple of it). Refused with the dependency: the cluster launch
-// alone; a refusal of that stays for cuda_check_launch to report.
+// The same for a kernel that runs in clusters of `cluster` blocks (the grid a
+// multiple of it). Refused with the dependency: the cluster launch alone; a
+// refusal of that stays for cuda_check_launch to report.
 template <typename... P, typename... A>
-static inline void cu_launch_pdl_cluster(void (*kern)(P...), dim3 grid, dim3 block, unsigned cluster, size_t smem,
+static inline void cu_launch_pdl_cluster(void (*kern)(P...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
                                          cudaStream_t st, A... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[0].val.clusterDim.x = cluster.x, attr[0].val.clusterDim.y = cluster.y, attr[0].val.clusterDim.z = cluster.z;
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 2;
