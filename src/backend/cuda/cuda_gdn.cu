@@ -2661,8 +2661,7 @@ static void cu_gdn_recurrent_step(be_t *be, void *o, void *const *rows, const vo
 // 256 threads as k_step_inputs: q and k get its reduction order and bits;
 // only the norm's sum of squares is summed in another order than k_gnorm_fwd.
 // Clusters of up to 8 blocks (the portable limit): G must be a power of two
-// up to 8, K a multiple of 8 up to 256 and a block at most 256 value rows;
-// other shapes run the three kernels.
+// up to 8 and K a multiple of 8 up to 256; other shapes run the three kernels.
 
 namespace cg = cooperative_groups;
 
@@ -2701,131 +2700,66 @@ template <int E> static __device__ __forceinline__ void st_f32v(float *p, const 
     }
 }
 
-// conv_out in two parts: before griddep_wait, the sum over the window's
-// W - 1 older inputs (written by earlier steps) with the weights' last tap,
-// the inputs kept for the roll; after it, the newest input's term. The same
-// operations in the same order as conv_out, so the same bits.
-static __device__ float conv_older(const bf16 *s, const bf16 *w, int W, float *last, bf16 *keep) {
-    float p = 0.0f;
-    for (int i = 0; i + 1 < W; i++) {
-        const bf16 si = __ldcg(s + i + 1);
-        p += __bfloat162float(w[i]) * __bfloat162float(si);
-        keep[i] = si;
-    }
-    *last = __bfloat162float(w[W - 1]);
-    return p;
-}
-static __device__ float conv_newest(float p, float last, bf16 xc) {
-    p += last * __bfloat162float(xc);
-    return bf2f(__float2bfloat16_rn(dev_silu(p)));
-}
-// conv_roll from the kept inputs: writes only.
-static __device__ void conv_roll_kept(bf16 *s, const bf16 *keep, bf16 xc, int W) {
-    for (int j = 0; j + 1 < W; j++)
-        s[j] = keep[j];
-    s[W - 1] = xc;
-}
-
-// RW state rows from row v0 of st (fp32 [rows, K]; lane columns x0..x0+E),
-// through L2 (__ldcg: the first pass is read before griddep_wait, where L1
-// may hold no line of it); rows past nv and lanes past K read zeros.
-template <int E, int RW>
-static __device__ __forceinline__ void ld_state_rows(float (&s)[RW][E], const float *st, int v0, int nv, int K, int x0,
-                                                     bool kval) {
-#pragma unroll
-    for (int j = 0; j < RW; j++) {
-        if (kval && v0 + j < nv) {
-            const float *sp = st + (int64_t)(v0 + j) * K + x0;
-#pragma unroll
-            for (int e = 0; e < E; e += 2) {
-                const float2 u = __ldcg(reinterpret_cast<const float2 *>(sp + e));
-                s[j][e] = u.x, s[j][e + 1] = u.y;
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < E; e++)
-                s[j][e] = 0.0f;
-        }
-    }
-}
-
 // Dynamic shared memory: q, k [K], v, o [R] (the block's rows), 32 for
-// block_reduce, the block's sum of squares, g and beta, then the convs' kept window
-// inputs (bf16 [2 K + R][W - 1]: q, k, v). One block per SM in the bounds:
-// the 8 x 8 state tile of <8, 8> spilled under a register cap of 128 (two
-// blocks), and without a cap ptxas capped <8, 4> at 80 and spilled.
-//
-// A thread owns q/k channel tid (K <= GS_THREADS) and value row tid of the
-// block (R <= GS_THREADS: the host's condition). What earlier steps wrote or
-// the weights hold is read before griddep_wait, while the kernel before (the
-// step's input product) still runs: the windows' older inputs and their
-// partial convs, the first pass of state rows (into registers), the norm's
-// gain, A_log, dt_bias. Every kernel waits for the one before it and only then
-// lets the next start (griddep_enter), so when this one starts the steps before
-// the input product have finished; the input product writes none of these.
-// After the wait the projections' values (x q, k, v, a, b, z) are all asked
-// for at once: one round trip, not one per phase.
+// block_reduce, the block's sum of squares, g and beta. One block per SM in
+// the bounds: the 8 x 8 state tile of <8, 8> spilled under a register cap of
+// 128 (two blocks), and without a cap ptxas capped <8, 4> at 80 and spilled.
 template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_step(const gdn_step_args p) {
     extern __shared__ __align__(16) float gsm[];
     float *qs = gsm, *ks = qs + p.K, *vs = ks + p.K, *os = vs + p.R, *red = os + p.R, *part = red + 32,
           *gate = part + 1;
-    bf16 *keep = (bf16 *)(gate + 2);
     cg::cluster_group cl = cg::this_cluster();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rank = (int)cl.block_rank(), x = blockIdx.y, r = blockIdx.z, K = p.K, Dv = p.Dv, W = p.W, N = p.N;
     const int h = x * (p.HV / p.H) + rank / p.S, v_lo = (rank % p.S) * p.R;
-    const int nv = Dv - v_lo < p.R ? (Dv > v_lo ? Dv - v_lo : 0) : p.R;   // this block's value rows
-    const int64_t c0 = (int64_t)h * Dv + v_lo, cq = (int64_t)x * K + tid; // the thread's v row and q/k channel
-    bf16 *wq = (bf16 *)p.rows[N + r], *wk = (bf16 *)p.rows[2 * N + r], *wv = (bf16 *)p.rows[3 * N + r];
-    bf16 *keep_q = keep + (int64_t)tid * (W - 1), *keep_k = keep + (int64_t)(K + tid) * (W - 1),
-         *keep_v = keep + (int64_t)(2 * K + tid) * (W - 1);
-    float pq = 0.0f, pk = 0.0f, pv = 0.0f, lq = 0.0f, lk = 0.0f, lv = 0.0f, gain = 0.0f, nega = 0.0f, dtb = 0.0f;
-    if (tid < K) {
-        pq = conv_older(wq + cq * W, p.q_conv + cq * W, W, &lq, keep_q);
-        pk = conv_older(wk + cq * W, p.k_conv + cq * W, W, &lk, keep_k);
+    const int nv = Dv - v_lo < p.R ? (Dv > v_lo ? Dv - v_lo : 0) : p.R; // this block's value rows
+    // Launched as a programmatic dependent launch (cuda_vec.cuh), the block
+    // may run while the kernel before it (the step's input product) still
+    // does. The state rows and conv windows it reads were written by earlier
+    // steps, so it asks L2 for them now, as the decode products do their
+    // weights; then waits. A hint only: nothing read here is used after.
+    {
+        const int64_t c0 = (int64_t)h * Dv + v_lo;
+        block_prefetch_l2((const float *)p.rows[r] + c0 * K, (int64_t)nv * K * 4, tid, GS_THREADS);
+        block_prefetch_l2((const bf16 *)p.rows[N + r] + (int64_t)x * K * W, (int64_t)K * W * 2, tid, GS_THREADS);
+        block_prefetch_l2((const bf16 *)p.rows[2 * N + r] + (int64_t)x * K * W, (int64_t)K * W * 2, tid, GS_THREADS);
+        block_prefetch_l2((const bf16 *)p.rows[3 * N + r] + c0 * W, (int64_t)nv * W * 2, tid, GS_THREADS);
     }
-    if (tid < nv) {
-        pv = conv_older(wv + (c0 + tid) * W, p.v_conv + (c0 + tid) * W, W, &lv, keep_v);
-        gain = bf2f(p.o_norm[v_lo + tid]);
-    }
-    if (tid == 0) nega = -expf(bf2f(p.A_log[h])), dtb = bf2f(p.dt_bias[h]);
-    float *st = (float *)p.rows[r] + c0 * K; // row v_lo of head h's state [Dv, K]
-    const int x0 = lane * E;
-    const bool kval = x0 < K;
-    float s[RW][E];
-    ld_state_rows<E, RW>(s, st, warp * RW, nv, K, x0, kval);
-    if (nv > GS_WARPS * RW) // later passes: asked of L2 now, loaded in the loop
-        block_prefetch_l2(st + (int64_t)GS_WARPS * RW * K, (int64_t)(nv - GS_WARPS * RW) * K * 4, tid, GS_THREADS);
     griddep_enter();
 
-    // the projections' values: q, k channel tid, v and z row tid, a and b
-    const bf16 zero = __float2bfloat16_rn(0.0f);
-    const bf16 xq = tid < K ? p.xq[(int64_t)r * p.ldq + cq] : zero, xk = tid < K ? p.xk[(int64_t)r * p.ldk + cq] : zero;
-    const bf16 xv = tid < nv ? p.xv[(int64_t)r * p.ldv + c0 + tid] : zero;
-    const float zv = p.z && tid < nv ? bf2f(p.z[(int64_t)r * p.ldz + c0 + tid]) : 0.0f;
-    if (tid == 0) { // g, beta of value head h (gdn_gate_fwd)
-        const float av = bf2f(p.a[(int64_t)r * p.lda + h]), bv = bf2f(p.b[(int64_t)r * p.ldb + h]);
-        gate[0] = nega * dev_softplus(av + dtb);
-        gate[1] = p.beta_scale * dev_sigmoid(bv);
+    // g, beta of value head h (gdn_gate_fwd)
+    if (tid == 0) {
+        gate[0] = -expf(bf2f(p.A_log[h])) * dev_softplus(bf2f(p.a[(int64_t)r * p.lda + h]) + bf2f(p.dt_bias[h]));
+        gate[1] = p.beta_scale * dev_sigmoid(bf2f(p.b[(int64_t)r * p.ldb + h]));
     }
-    // q, k: the whole head's conv (windows read, not rolled), SiLU, L2 norm;
-    // v: the block's rows, windows rolled now (the block's own)
-    float fq = 0.0f, fk = 0.0f;
-    if (tid < K) fq = conv_newest(pq, lq, xq), fk = conv_newest(pk, lk, xk);
-    if (tid < nv) {
-        vs[tid] = conv_newest(pv, lv, xv);
-        conv_roll_kept(wv + (c0 + tid) * W, keep_v, xv, W);
+    // q, k: the whole head's conv (windows read, not rolled), SiLU, L2 norm
+    bf16 *wq = (bf16 *)p.rows[N + r], *wk = (bf16 *)p.rows[2 * N + r], *wv = (bf16 *)p.rows[3 * N + r];
+    const bf16 *xq = p.xq + (int64_t)r * p.ldq + (int64_t)x * K, *xk = p.xk + (int64_t)r * p.ldk + (int64_t)x * K;
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = tid; i < K; i += GS_THREADS) {
+        const int64_t c = (int64_t)x * K + i;
+        const float fq = conv_out(wq + c * W, p.q_conv + c * W, xq[i], W);
+        const float fk = conv_out(wk + c * W, p.k_conv + c * W, xk[i], W);
+        qs[i] = fq, ks[i] = fk;
+        sq += fq * fq, sk += fk * fk;
     }
-    const float rq = 1.0f / sqrtf(block_reduce(fq * fq, false, red) + p.l2_eps);
-    const float rk = 1.0f / sqrtf(block_reduce(fk * fk, false, red) + p.l2_eps);
-    if (tid < K) {
-        qs[tid] = bf2f(__float2bfloat16_rn(fq * rq));
-        ks[tid] = bf2f(__float2bfloat16_rn(fk * rk));
+    const float rq = 1.0f / sqrtf(block_reduce(sq, false, red) + p.l2_eps);
+    const float rk = 1.0f / sqrtf(block_reduce(sk, false, red) + p.l2_eps);
+    for (int i = tid; i < K; i += GS_THREADS) {
+        qs[i] = bf2f(__float2bfloat16_rn(qs[i] * rq));
+        ks[i] = bf2f(__float2bfloat16_rn(ks[i] * rk));
     }
+    // v: the block's rows of head h, windows read and rolled
+    const int64_t c0 = (int64_t)h * Dv + v_lo;
+    for (int i = tid; i < nv; i += GS_THREADS)
+        vs[i] = step_conv(wv + (c0 + i) * W, p.v_conv + (c0 + i) * W, p.xv[(int64_t)r * p.ldv + c0 + i], W);
     __syncthreads();
 
     // the rule on the block's rows (k_recurrent, T = 1): o rounded to bf16 into os
+    float *st = (float *)p.rows[r] + c0 * K; // row v_lo of head h's state [Dv, K]
     const float alpha = expf(gate[0]), bt = gate[1];
+    const int x0 = lane * E;
+    const bool kval = x0 < K;
     float kk[E], qq[E];
     if (kval) {
         ld_f32v<E>(ks + x0, kk);
@@ -2836,6 +2770,17 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
             kk[e] = qq[e] = 0.0f;
     }
     for (int v0 = warp * RW; v0 < nv; v0 += GS_WARPS * RW) {
+        float s[RW][E];
+#pragma unroll
+        for (int j = 0; j < RW; j++) {
+            if (kval && v0 + j < nv) {
+                ld_f32v<E>(st + (int64_t)(v0 + j) * K + x0, s[j]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    s[j][e] = 0.0f;
+            }
+        }
         float vv[RW];
 #pragma unroll
         for (int j = 0; j < RW; j++)
@@ -2845,13 +2790,14 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
 #pragma unroll
         for (int j = 0; j < RW; j++)
             if (kval && v0 + j < nv) st_f32v<E>(st + (int64_t)(v0 + j) * K + x0, s[j]);
-        if (v0 + GS_WARPS * RW < nv) ld_state_rows<E, RW>(s, st, v0 + GS_WARPS * RW, nv, K, x0, kval);
     }
     __syncthreads();
 
     // output norm over head h's Dv: the block's part, then its head's S parts
-    const float ov = tid < nv ? os[tid] : 0.0f;
-    const float ss = block_reduce(ov * ov, false, red);
+    float ss = 0.0f;
+    for (int i = tid; i < nv; i += GS_THREADS)
+        ss += os[i] * os[i];
+    ss = block_reduce(ss, false, red);
     if (tid == 0) part[0] = ss;
     cl.sync(); // every part written, every block done reading the q and k windows
     const int first = rank - rank % p.S;
@@ -2859,22 +2805,25 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
     for (int j = 0; j < p.S; j++)
         tot += *cl.map_shared_rank(part, first + j);
     const float rn = 1.0f / sqrtf(tot / (float)Dv + p.eps);
-    if (tid < nv) {
-        float f = ov * rn * gain;
-        if (p.z) f *= dev_silu(zv); // the gate after the norm (GNORM_NORM_THEN_GATE)
-        p.y[(int64_t)r * p.HV * Dv + c0 + tid] = __float2bfloat16_rn(f);
+    const bf16 *zr = p.z ? p.z + (int64_t)r * p.ldz + c0 : nullptr;
+    bf16 *yr = p.y + (int64_t)r * p.HV * Dv + c0;
+    for (int i = tid; i < nv; i += GS_THREADS) {
+        float f = os[i] * rn * bf2f(p.o_norm[v_lo + i]);
+        if (zr) f *= dev_silu(bf2f(zr[i])); // the gate after the norm (GNORM_NORM_THEN_GATE)
+        yr[i] = __float2bfloat16_rn(f);
     }
-    if (rank == 0 && tid < K) {
-        conv_roll_kept(wq + cq * W, keep_q, xq, W);
-        conv_roll_kept(wk + cq * W, keep_k, xk, W);
-    }
+    if (rank == 0)
+        for (int i = tid; i < K; i += GS_THREADS) {
+            const int64_t c = (int64_t)x * K + i;
+            conv_roll(wq + c * W, xq[i], W);
+            conv_roll(wk + c * W, xk[i], W);
+        }
     cl.sync(); // no block leaves while another may still read its part
 }
 
 template <int E, int RW> static void launch_gdn_step_t(be_t *be, dim3 grid, unsigned cluster, const gdn_step_args &p) {
     auto kern = k_gdn_step<E, RW>;
-    const size_t smem = ((size_t)2 * p.K + 2 * (size_t)p.R + 35) * sizeof(float) +
-                        ((size_t)2 * p.K + p.R) * (p.W - 1) * sizeof(bf16); // the layout above k_gdn_step
+    const size_t smem = ((size_t)2 * p.K + 2 * (size_t)p.R + 32 + 3) * sizeof(float); // the layout above k_gdn_step
     if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") < 0) return;
     cu_launch_pdl_cluster(kern, grid, dim3(GS_THREADS), dim3(cluster, 1, 1), smem, cuda_stream(be), p);
     cuda_check_launch(be, "gdn k_gdn_step");
@@ -2940,10 +2889,6 @@ static void cu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, in
     while (p.S > 1 && Dv / p.S < 4 * GS_WARPS)
         p.S /= 2;
     p.R = (Dv + p.S - 1) / p.S;
-    if (p.R > GS_THREADS) { // a thread per value row of the block (k_gdn_step)
-        gdn_step_unfused(be, p, allow_neg);
-        return;
-    }
     const unsigned cs = (unsigned)(G * p.S);
     const dim3 grid(cs, (unsigned)H, (unsigned)N);
     const bool rw8 = p.R > 4 * GS_WARPS; // 8 rows a warp when a pass of 4 does not cover the block's rows
