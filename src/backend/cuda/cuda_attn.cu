@@ -1309,14 +1309,13 @@ static void cu_attn_bwd(be_t *be, void *dq, void *dk, void *dv_, const void *dou
 // the kernel, ns = dec_slices() of them, the rest of its blocks exiting at
 // once:
 //  - short (n <= short_rows, DEC_SHORT_ROUNDS block iterations): the csize
-//    blocks of one cluster share the rows (a power of two up to DEC_CLUSTER,
-//    as many as one wave holds over the pairs; 1 when the pairs fill the GPU),
-//    each block's warps merge in its shared memory, then block 0 merges the
-//    blocks' (m, l, O) from theirs (distributed shared memory) and writes the
-//    output, with no partials, fence or counter. A split through global
-//    memory would add at least four dependent memory round trips (partial
-//    stores and fence, the counter, the last block's (m, l) loads, its O
-//    loads), so below that it does not pay;
+//    blocks of one cluster share the rows (DEC_CLUSTER for a few pairs under
+//    a short max_len, else 1: dec_launch), each block's warps merge in its
+//    shared memory, then block 0 merges the blocks' (m, l, O) from theirs
+//    (distributed shared memory) and writes the output, with no partials,
+//    fence or counter. A split through global memory would add at least four
+//    dependent memory round trips (partial stores and fence, the counter, the
+//    last block's (m, l) loads, its O loads), so below that it does not pay;
 //  - split: slices of at least one block iteration (DEC_WARPS U KPW rows:
 //    fewer leave warps idle and add a partial without shortening the chain),
 //    each block writes its partial (m, l, O) to the scratch arena and counts
@@ -1335,8 +1334,9 @@ enum { DEC_MIN_SLICE = 256, DEC_MAX_SPLIT = 256 }; // rows a slice holds at leas
 // DEC_WARPS U KPW, 512 rows for SmolLM2's layer (dh 64, 3 heads per KV head),
 // 256 for Llama-3.2-3B's (dh 128, 3), 512 for Llama-3.1-8B's (dh 128, 4: U 8).
 enum { DEC_SHORT_ROUNDS = 4 };
-// Blocks of a short pair's cluster, at most (the portable cluster size).
-enum { DEC_CLUSTER = 8 };
+// Blocks of a short pair's cluster (the portable cluster size), and the
+// longest max_len that launches clusters (dec_launch).
+enum { DEC_CLUSTER = 8, DEC_CLUSTER_MAX_LEN = 4096 };
 namespace cg = cooperative_groups;
 
 typedef struct {
@@ -1452,8 +1452,9 @@ static __device__ __forceinline__ void dec_block_rows(int n, int ns, int split, 
 // the first of a long slice (the rest follow the loads' own stream).
 enum { DEC_PREFETCH_ROWS = 512 };
 
-// Grid (N * Hkv * nhc pairs, n_split), DEC_THREADS threads; dynamic shared
-// memory dec_smem_bytes(). out [N, H, dv] bf16; zeros where len[r] <= 0.
+// Grid (N * Hkv * nhc pairs, n_split) in clusters of (1, csize), DEC_THREADS
+// threads; dynamic shared memory dec_smem_bytes(). out [N, H, dv] bf16; zeros
+// where len[r] <= 0.
 template <int G, bool VEC>
 __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(const dec_args_t a) {
     constexpr int U = dec_cfg<G>::U;
@@ -1782,15 +1783,16 @@ template <int G, bool VEC> static void dec_launch(be_t *be, dec_args_t a, int64_
     if (ns > DEC_MAX_SPLIT) ns = DEC_MAX_SPLIT;
     if (a.max_len <= a.short_rows) ns = 1;           // every pair is short (dec_slices)
     if (ns < 1 || pairs > CUDA_DEC_COUNTERS) ns = 1; // (many pairs fill the GPU without slices)
-    // a short pair's cluster: as many blocks as one wave holds over the pairs,
-    // a power of two up to DEC_CLUSTER; the grid's slices a multiple of it
-    int64_t cs = 1;
-    while (2 * cs <= DEC_CLUSTER && 2 * cs * pairs <= (int64_t)o->occ * ci->sm_count && pairs <= CUDA_DEC_COUNTERS)
-        cs *= 2;
+    // a short pair over a cluster of DEC_CLUSTER blocks (the grid's slices a
+    // multiple of it) only where that was measured faster or no slower
+    // (docs/PERFORMANCE.md, run 32): few pairs, one block an SM for all the
+    // clusters, and max_len at most DEC_CLUSTER_MAX_LEN. A cluster launch made
+    // long caches' slices slower, and a batch's short caches no faster.
+    int64_t cs = pairs * DEC_CLUSTER <= ci->sm_count && a.max_len <= DEC_CLUSTER_MAX_LEN && pairs <= CUDA_DEC_COUNTERS
+                     ? DEC_CLUSTER
+                     : 1;
 #ifdef HYLO_BENCH_VARIANTS
-    const int64_t cs_cap = cu_env_int("HYLO_DEC_CLUSTER", DEC_CLUSTER); // bench-only: 1 is one block a short pair
-    while (cs > cs_cap && cs > 1)
-        cs /= 2;
+    if (cu_env_int("HYLO_DEC_CLUSTER", DEC_CLUSTER) < DEC_CLUSTER) cs = 1; // bench-only: 1, one block a short pair
 #endif
     if (cs > 1) ns = (ns + cs - 1) / cs * cs;
     arena_t *ar = &be->scratch;
