@@ -114,7 +114,7 @@ if [ "${TRACE:-0}" = 1 ]; then
     LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "${cupti:-/nonexistent/x}") timeout 90 build/bench/bench_long --smollm2 --trace > $R/trace_smollm2.txt 2>&1
     echo "trace rc=$?" >> $R/summary.txt
 fi
-[ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz
+[ -f .carry/base/bench_long.xz ] && xz -dkf .carry/base/bench_long.xz && chmod +x .carry/base/bench_long # (xz keeps the .xz file's mode)
 if [ -x .carry/base/bench_long ]; then
     timeout ${LONG_LIMIT:-90} .carry/base/bench_long --smollm2 > $R/base_bench_long_smollm2.txt 2>&1; echo "base bench_long rc=$?" >> $R/summary.txt
 fi
