@@ -1089,17 +1089,14 @@ static void test_proj_swiglu(void **st) {
 
 typedef struct {
     int64_t N, K, out, ldx; // ldx 0: K
-    int scratch;            // rows the products cannot take: normed into scratch (bf16), then a product
 } pncase_t;
 
 // y = rmsnorm(x) W^T (proj_rmsnorm: a decode step's GDN or MLA input product
 // fed the residual stream). Reference: the CPU op (rmsnorm_fwd then the
 // product in fp32, bit for bit: test_decode_ops). The GPU norms in fp32 in the
-// product (k_gemv one column a warp up to 4 rows, k_gemv_cols from 5) and
-// rounds y once: BF16. Rows or a gain the 16-byte loads cannot take are normed
-// into scratch as activations (bf16), then multiplied: the reference rounds its
-// normed rows there too (an unrounded reference puts elements past BF16 at
-// K = 333). Rows are drawn with standard deviation
+// product (k_gemv one column a warp up to 4 rows, k_gemv_cols from 5; rows
+// or a gain the 16-byte loads cannot take: k_gemv one value a lane) and
+// rounds y once: BF16. Rows are drawn with standard deviation
 // 4, so that a missing norm is far off.
 static int proj_rmsnorm_case(pncase_t c) {
     const int64_t ldx = c.ldx ? c.ldx : c.K, xlen = c.N * ldx, ylen = c.N * c.out;
@@ -1108,17 +1105,7 @@ static int proj_rmsnorm_case(pncase_t c) {
              (long long)ldx);
     float *x = rnd(xlen, 4.0f), *W = rnd(c.out * c.K, 0.05f), *gain = rnd_w(c.K), *ref = tu_hbuf(ylen);
     float *nan = tu_nans(ylen);
-    if (c.scratch &&
-        gpu->act_size == 2) { // normed rows in bf16 activations (not the fake GPU's fp32), then the product
-        float *xn = tu_hbuf(c.N * c.K);
-        for (int64_t r = 0; r < c.N; r++)
-            cpu->rmsnorm_fwd(cpu, xn + r * c.K, NULL, x + r * ldx, gain, 1, c.K, 1e-5f);
-        tu_round_bf16(xn, c.N * c.K);
-        cpu->gemm(cpu, 0, 1, c.N, c.out, c.K, 1.0f, xn, c.K, W, c.K, 0.0f, ref, c.out);
-        free(xn);
-    } else {
-        cpu->proj_rmsnorm(cpu, ref, x, ldx, gain, 1e-5f, W, c.N, c.K, c.out);
-    }
+    cpu->proj_rmsnorm(cpu, ref, x, ldx, gain, 1e-5f, W, c.N, c.K, c.out);
     void *dx = tu_dev_act(gpu, x, xlen), *dW = tu_dev_act(gpu, W, c.out * c.K), *dg = tu_dev_act(gpu, gain, c.K);
     void *dy = tu_dev_act(gpu, nan, ylen);
     gpu->proj_rmsnorm(gpu, dy, dx, ldx, dg, 1e-5f, dW, c.N, c.K, c.out);
@@ -1136,10 +1123,9 @@ static void test_proj_rmsnorm(void **st) {
         {.N = 1, .K = 576, .out = 368},  // and an MLA layer's joint q_a / kv_a
         {.N = 4, .K = 576, .out = 1538}, // one column a warp
         {.N = 5, .K = 576, .out = 368},  // four columns a warp
-        {.N = 8, .K = 3072, .out = 130},
-        {.N = 3, .K = 256, .out = 64, .ldx = 1032},  // rows of a wider buffer
-        {.N = 2, .K = 333, .out = 17, .scratch = 1}, // odd K
-        {.N = 11, .K = 576, .out = 40},              // more than 8 rows: two launches
+        {.N = 8, .K = 3072, .out = 130}, {.N = 3, .K = 256, .out = 64, .ldx = 1032}, // rows of a wider buffer
+        {.N = 2, .K = 333, .out = 17},                                               // odd K: one value a lane
+        {.N = 11, .K = 576, .out = 40},                                              // more than 8 rows: two launches
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         fails += proj_rmsnorm_case(cases[i]);

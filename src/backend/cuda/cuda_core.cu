@@ -1111,32 +1111,25 @@ static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int6
 }
 
 // y = rmsnorm(x; xw) W^T for a decode step's few rows: k_gemv / k_gemv_cols
-// norm the rows inside the product (no launch, no pass over them). Rows or a
-// gain that the 16-byte loads cannot take (never the model's residual
-// stream) are normed into scratch first, then multiplied.
+// norm the rows inside the product (no launch, no pass over them), with
+// 16-byte loads where rows, weights and gain allow (the model's residual
+// stream always does), else k_gemv one value a lane, as proj_swiglu.
 static void cu_proj_rmsnorm(be_t *be, void *y, const void *x, int64_t ldx, const void *xw, float eps, const void *W,
                             int64_t N, int64_t K, int64_t out) {
     if (N <= 0 || out <= 0) return;
-    if (gemv_fits(0, 1, 1, K, x, ldx, W, K, 0.0f) && !((uintptr_t)xw & 15)) {
-        for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
-            const int64_t rows = N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS;
-            gemv(be, rows, out, K, 1.0f, (const bf16 *)x + r * ldx, ldx, W, K, (bf16 *)y + r * out, out, xw, eps);
-        }
-        return;
+    const bool v8 = gemv_fits(0, 1, 1, K, x, ldx, W, K, 0.0f) && !((uintptr_t)xw & 15);
+    const dim3 grid((unsigned)((out + GEMV_WARPS - 1) / GEMV_WARPS));
+    for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
+        const int64_t rows = N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS;
+        const bf16 *xr = (const bf16 *)x + r * ldx;
+        bf16 *yr = (bf16 *)y + r * out;
+        if (v8)
+            gemv(be, rows, out, K, 1.0f, xr, ldx, W, K, yr, out, xw, eps);
+        else
+            GEMV_LAUNCH_M((int)rows, 1, k_gemv, grid, cuda_stream(be), yr, out, xr, ldx, (const bf16 *)W, K, out, K,
+                          1.0f, (const bf16 *)xw, eps);
     }
-    arena_t *ar = &be->scratch;
-    const size_t mark = arena_mark(ar);
-    void *xc = ldx == K ? (void *)x : arena_alloc(ar, (size_t)(N * K) * sizeof(bf16));
-    void *xn = arena_alloc(ar, (size_t)(N * K) * sizeof(bf16));
-    if (!xc || !xn) {
-        cu_op_error(be, "cuda proj_rmsnorm: no scratch for %lld x %lld normed rows", (long long)N, (long long)K);
-        arena_reset(ar, mark);
-        return;
-    }
-    if (xc != x) be->copy2d(be, xc, K, x, ldx, N, K, 0); // the rows side by side
-    be->rmsnorm_fwd(be, xn, NULL, xc, xw, N, (int)K, eps);
-    be->gemm(be, 0, 1, N, out, K, 1.0f, xn, K, W, K, 0.0f, y, out);
-    arena_reset(ar, mark); // stream order protects xn from later users of the scratch
+    if (!v8) cuda_check_launch(be, "k_gemv");
 }
 
 static void cu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
