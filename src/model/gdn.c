@@ -140,16 +140,6 @@ static int gdn_run_rule(const layer_ctx_t *c, const gdn_w_t *w, gdn_saved_t *s, 
     return 0;
 }
 
-// Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
-// token-by-token recurrence): the projections and o_proj are the same code;
-// between them a forward runs the convs, norms, gates, the chunked rule and
-// the output norm op by op, a step all of it in one be->gdn_step call. The
-// sequences come in runs (layer.h step_run_t; a forward without a cache: one
-// run without states): in a forward the products, norms and gates run once
-// over the rows of all runs, the convolutions and the rule in one call per
-// op over every run's sequences, each on its own states (gdn_run_rule); in a
-// step all of it once over all rows, through per-row state pointers. sv
-// (training): one run.
 // q, k, v, a, b (and g) one matrix in memory: row r [q | k | v | a | b | z].
 static int proj_adjacent(const layer_ctx_t *c, const gdn_w_t *w, const dims_t *m, int64_t *P) {
     const void *ws[6] = {w->q_proj, w->k_proj, w->v_proj, w->a_proj, w->b_proj, w->g_proj};
@@ -167,6 +157,16 @@ int gdn_step_norms_input(const layer_ctx_t *c, const gdn_w_t *w) {
     return proj_adjacent(c, w, &m, &P);
 }
 
+// Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
+// token-by-token recurrence): the projections and o_proj are the same code;
+// between them a forward runs the convs, norms, gates, the chunked rule and
+// the output norm op by op, a step all of it in one be->gdn_step call. The
+// sequences come in runs (layer.h step_run_t; a forward without a cache: one
+// run without states): in a forward the products, norms and gates run once
+// over the rows of all runs, the convolutions and the rule in one call per
+// op over every run's sequences, each on its own states (gdn_run_rule); in a
+// step all of it once over all rows, through per-row state pointers. sv
+// (training): one run.
 static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out, const void *x, const void *xw,
                    const step_run_t *runs, int n_runs, gdn_saved_t *sv, int recurrent) {
     be_t *be = c->be;
