@@ -230,12 +230,20 @@ int ctx_step_pages(const layer_ctx_t *c, const step_run_t *runs, int n_runs, be_
     return 0;
 }
 
+int step_ctx_bucket(int len, int ctx, int cap) {
+    const int lim = ctx > cap ? ctx : cap;
+    int64_t b = STEP_CTX_MIN;
+    while (b < (int64_t)len + 1 && b < lim)
+        b *= 2;
+    return b < lim ? (int)b : lim;
+}
+
 int step_max_ctx(const step_run_t *runs, int n_runs) {
     int m = 0;
     for (int i = 0; i < n_runs; i++) {
         const layer_cache_t *k = runs[i].cache;
-        int lim = k->ctx > k->cap ? k->ctx : k->cap;
-        if (lim > m) m = lim;
+        const int b = step_ctx_bucket(k->len, k->ctx, k->cap);
+        if (b > m) m = b;
     }
     return m;
 }

@@ -220,11 +220,16 @@ void step_page_tables(const step_run_t *runs, int n_runs, int stride, int32_t *o
 // c->step_cache), else uploaded into the arena; pages NULL when no run is
 // paged. 0, or ERR_NOMEM.
 int ctx_step_pages(const layer_ctx_t *c, const step_run_t *runs, int n_runs, be_pages_t *pg);
-// The largest context limit of a step's caches (their ctx, else their cap):
-// the bound of the rows' visible lengths the attention ops size their work
-// by. It holds for a state's lifetime, so a recorded step's launches hold
-// while lengths and capacities grow (model.c step_forward), and the split of
-// a cache over blocks, and so the rounding, does not depend on the room.
+// The bound of a step's visible lengths that the attention and MLA ops size
+// their work by: for each cache, the rows it holds after this step's row
+// rounded up to a power of two (at least STEP_CTX_MIN), at most its context
+// limit (ctx, else cap); the largest over the runs. Lengths within one bucket
+// give the same launches, so a recorded step replays while they grow
+// (model.c's step key lists every state's bucket), and a short cache takes
+// the short-cache kernels however long its state may grow. The split of a
+// cache over blocks, and so the rounding, does not depend on the room.
+enum { STEP_CTX_MIN = 256 };
+int step_ctx_bucket(int len, int ctx, int cap);
 int step_max_ctx(const step_run_t *runs, int n_runs);
 // 0, or an error naming the layer when a run's sequences lie outside its
 // cache, or (room) its cache has no room for another token, or (rope) its

@@ -1420,9 +1420,9 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
 // changed: the step key lists all of it (rows, states, their capacities and
 // cache buffers, the run's buffers, the RoPE tables); the kernels read the
 // per-step values (positions, lengths, cache rows) from device memory.
-// Attention and MLA bound their work by the states' context limits
-// (step_max_ctx), not the lengths, so the launches stay the same while
-// lengths grow.
+// Attention and MLA bound their work by the lengths' power-of-two buckets
+// (step_max_ctx), so the launches stay the same while lengths grow within
+// one, and a step is recorded again once per bucket.
 
 // Rows a recorded step may have: the head's logits of all rows in one product.
 enum { STEP_GRAPH_ROWS = 64 };
@@ -1430,7 +1430,7 @@ enum { STEP_GRAPH_ROWS = 64 };
 // Everything a step's launches depend on, as values, into r->key_new.
 static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N) {
     const model_t *m = r->m;
-    int64_t need = 18 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
+    int64_t need = 19 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
     step_key_t *kn = &r->key_new;
     if (need > kn->room) {
         uint64_t *p = realloc(kn->v, (size_t)need * sizeof *p);
@@ -1443,9 +1443,17 @@ static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t
     k[n++] = (uintptr_t)r->step_pages.pages, k[n++] = (uint64_t)r->step_pages.stride;
     k[n++] = (uintptr_t)m->rope_cos, k[n++] = (uintptr_t)m->rope_sin, k[n++] = (uintptr_t)m->mla_cos;
     k[n++] = (uintptr_t)m->mla_sin;
+    // the bound attention and MLA size their work by (layer.h step_max_ctx:
+    // every growing layer of a state has its ctx and cap, so its bucket)
+    int bucket = 0;
+    for (int s = 0; s < n_st; s++) {
+        const int b = step_ctx_bucket(sts[s]->len, sts[s]->ctx, sts[s]->cap);
+        if (b > bucket) bucket = b;
+    }
+    k[n++] = (uint64_t)bucket;
     for (int s = 0; s < n_st; s++) {
         model_state_t *st = sts[s];
-        k[n++] = (uint64_t)st->B, k[n++] = (uint64_t)st->ctx; // (attention and MLA split by the context limit)
+        k[n++] = (uint64_t)st->B, k[n++] = (uint64_t)st->ctx;
         if (st->pool) {
             // A paged state: its rows, recurrent states and windows reach the
             // step's ops through the per-step pointer arrays and page tables

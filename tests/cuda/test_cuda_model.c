@@ -600,10 +600,11 @@ static void test_smollm2_cuda_vs_cpu(void **st) {
 // MODEL_STATE_CAP0 tokens and grows twice while 2 sequences decode to 700
 // tokens gives the logits of a state with room for all of them from the start
 // bit for bit (growth copies the rows held; the attention and MLA decodes
-// split the rows over blocks by the context limit, the same in both, not by
-// the room); its bytes per token are `hylo info`'s cuda figure. On a GPU the
-// steps are recorded CUDA graphs: the grown state's are recorded again at
-// each growth (new buffers), the preallocated one's once.
+// split the rows over blocks by the length's bucket under the context limit,
+// the same in both, not by the room); its bytes per token are `hylo info`'s
+// cuda figure. On a GPU the steps are recorded CUDA graphs: the grown state's
+// are recorded again at each growth (new buffers), and both at the bucket
+// boundary they cross (512 rows).
 static void test_state_growth(void **st) {
     arch_t a = small_hybrid();
     pair_t p;

@@ -12,6 +12,7 @@
 #include "base/err.h"
 #include "base/fs.h"
 #include "model/checkpoint.h"
+#include "model/layer.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "testutil.h"
@@ -657,13 +658,34 @@ static void test_decode_rows_in_prefill(void **state) {
     tiny_close(&t);
 }
 
+// The bound a decode step's attention and MLA size their work by: the rows
+// after the step's row, rounded up to a power of two from STEP_CTX_MIN, never
+// past the context limit (ctx, else cap), and the largest over the runs.
+static void test_step_ctx_bucket(void **st) {
+    (void)st;
+    assert_int_equal(step_ctx_bucket(0, 8192, 0), STEP_CTX_MIN);
+    assert_int_equal(step_ctx_bucket(STEP_CTX_MIN - 1, 8192, 0), STEP_CTX_MIN);
+    assert_int_equal(step_ctx_bucket(STEP_CTX_MIN, 8192, 0), 2 * STEP_CTX_MIN);
+    assert_int_equal(step_ctx_bucket(4095, 8192, 4096), 4096);
+    assert_int_equal(step_ctx_bucket(4096, 8192, 4096), 8192);
+    assert_int_equal(step_ctx_bucket(5000, 6000, 5001), 6000); // the limit, not 8192
+    assert_int_equal(step_ctx_bucket(10, 100, 0), 100);        // a limit under STEP_CTX_MIN
+    assert_int_equal(step_ctx_bucket(10, 0, 100), 100);        // no ctx: the cap
+    assert_int_equal(step_ctx_bucket(1 << 30, 2000000000, 0), 2000000000);
+    layer_cache_t c[2] = {{.len = 300, .ctx = 1 << 20}, {.len = 3000, .ctx = 2048}};
+    step_run_t runs[2] = {{.cache = &c[0], .n = 1}, {.cache = &c[1], .n = 1}};
+    assert_int_equal(step_max_ctx(runs, 1), 512);
+    assert_int_equal(step_max_ctx(runs, 2), 2048);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_huge_ctx_starts_small),  cmocka_unit_test(test_fit_is_exact),
-        cmocka_unit_test(test_rope_tables_ahead),      cmocka_unit_test(test_trim_after_prefill),
-        cmocka_unit_test(test_growth_is_exact),        cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_info_is_the_allocation), cmocka_unit_test(test_snapshot_restore),
-        cmocka_unit_test(test_prefill_batch),          cmocka_unit_test(test_decode_rows_in_prefill),
+        cmocka_unit_test(test_step_ctx_bucket),        cmocka_unit_test(test_huge_ctx_starts_small),
+        cmocka_unit_test(test_fit_is_exact),           cmocka_unit_test(test_rope_tables_ahead),
+        cmocka_unit_test(test_trim_after_prefill),     cmocka_unit_test(test_growth_is_exact),
+        cmocka_unit_test(test_out_of_memory),          cmocka_unit_test(test_info_is_the_allocation),
+        cmocka_unit_test(test_snapshot_restore),       cmocka_unit_test(test_prefill_batch),
+        cmocka_unit_test(test_decode_rows_in_prefill),
     };
     return cmocka_run_group_tests(tests, tu_tmpdir_setup, tu_tmpdir_teardown);
 }
