@@ -7,9 +7,10 @@
 // the decode-step products (a few rows by a weight) as GB/s of the weight.
 //
 //   build-*/bench/bench_cuda_core [--decode] [reps]
-// (--decode: the decode-step products alone, 1 to 8 rows; the bench-variants
-// build's HYLO_GEMV_COLS = 1, 2 or 4 runs the plain ones with that many
-// columns a warp instead of production's choice)
+// (--decode: the decode-step products alone, 1 to 8 rows, and MLA's absorbed
+// per-head products; the bench-variants build's HYLO_GEMV_COLS = 1, 2 or 4
+// runs the plain ones with that many columns a warp instead of production's
+// choice, and its HYLO_BATCHED_LT = 1 the absorbed ones on cuBLASLt)
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,6 +126,27 @@ static void op_embed_fwd(void *p) {
     be->embed_fwd(be, c->c, c->a, c->ids, c->M, (int)c->N);
 }
 
+// One sequence's absorbed MLA products (mla.c per_head_products at B = 1): the
+// hpg query heads of each of the G KV groups as rows, batched over the groups,
+// with mla_step's strides. q [H, qd], kv_b [G, dn + dv, rkv], latents [H, rkv].
+typedef struct {
+    int64_t H, G, dn, dr, rkv, dv;
+    void *q, *kvb, *qlat, *olat, *att;
+} absorb_t;
+static void op_absorb_xw(void *p) { // q_lat[h] = q_nope[h] wk_g(h)
+    absorb_t *a = p;
+    const int64_t hpg = a->H / a->G, qd = a->dn + a->dr;
+    be->gemm_batched(be, 0, 0, hpg, a->rkv, a->dn, 1.0f, a->q, qd, hpg * qd, a->kvb, a->rkv, (a->dn + a->dv) * a->rkv,
+                     0.0f, a->qlat, a->rkv, hpg * a->rkv, a->G);
+}
+static void op_absorb_xwt(void *p) { // att[h] = olat[h] wv_g(h)^T
+    absorb_t *a = p;
+    const int64_t hpg = a->H / a->G;
+    be->gemm_batched(be, 0, 1, hpg, a->dv, a->rkv, 1.0f, a->olat, a->rkv, hpg * a->rkv,
+                     (const char *)a->kvb + a->dn * a->rkv * 2, a->rkv, (a->dn + a->dv) * a->rkv, 0.0f, a->att, a->dv,
+                     hpg * a->dv, a->G);
+}
+
 static void row(const char *name, const char *shape, double s, double bytes, double flops) {
     printf("%-18s %-34s %9.1f us", name, shape, s * 1e6);
     if (bytes > 0) printf("  %7.0f GB/s", bytes / s * 1e-9);
@@ -167,6 +189,25 @@ static void decode_products(int reps, int every_m) {
             row("decode add", shape, timeit(op_proj_add, &c, reps), (double)Fs[i] * Ds[i] * es, 0);
             be->free(be, c.a), be->free(be, c.b), be->free(be, c.c), be->free(be, c.d);
         }
+    // MLA's absorbed products of one sequence (--decode only): the SmolLM2-135M
+    // 10MLA20GDN hybrid (H 9, G 3, d_nope = d_rope 32, r_kv 48, d_v 64) and
+    // HyLo-Llama-3B's MLA (H 24, G 8, d_nope = d_rope 64, r_kv 128, d_v 128);
+    // GB/s of the kv_b blocks read
+    const absorb_t dims[] = {{.H = 9, .G = 3, .dn = 32, .dr = 32, .rkv = 48, .dv = 64},
+                             {.H = 24, .G = 8, .dn = 64, .dr = 64, .rkv = 128, .dv = 128}};
+    const char *names[] = {"SmolLM2 hybrid", "Llama-3B MLA"};
+    for (int i = 0; i < 2; i++) {
+        absorb_t a = dims[i];
+        a.q = act(a.H * (a.dn + a.dr)), a.kvb = act(a.G * (a.dn + a.dv) * a.rkv), a.qlat = act(a.H * a.rkv);
+        a.olat = act(a.H * a.rkv), a.att = act(a.H * a.dv);
+        snprintf(shape, sizeof shape, "%s rows=%lld out=%lld in=%lld b=%lld", names[i], (long long)(a.H / a.G),
+                 (long long)a.rkv, (long long)a.dn, (long long)a.G);
+        row("absorb x W", shape, timeit(op_absorb_xw, &a, reps), (double)a.G * a.dn * a.rkv * es, 0);
+        snprintf(shape, sizeof shape, "%s rows=%lld out=%lld in=%lld b=%lld", names[i], (long long)(a.H / a.G),
+                 (long long)a.dv, (long long)a.rkv, (long long)a.G);
+        row("absorb x W^T", shape, timeit(op_absorb_xwt, &a, reps), (double)a.G * a.dv * a.rkv * es, 0);
+        be->free(be, a.q), be->free(be, a.kvb), be->free(be, a.qlat), be->free(be, a.olat), be->free(be, a.att);
+    }
 }
 
 int main(int argc, char **argv) {

@@ -470,6 +470,12 @@ static void test_gemm(void **st) {
          .what = "rows 2 strided"},
         // few rows that k_gemv cannot load in 16 bytes (K = 100): cuBLASLt's path
         {.ta = 0, .tb = 1, .M = 2, .N = 64, .K = 100, .alpha = 1, .beta = 0, .what = "rows 2, K 100"},
+        // few rows by a weight as stored ("wide" above too): k_gemv_xw, 8
+        // columns a thread, K split over the block's threads (odd K: A is read
+        // a value at a time); N = 100 cannot take its 16-byte loads: cuBLASLt
+        {.ta = 0, .tb = 0, .M = 1, .N = 576, .K = 1536, .alpha = 1, .beta = 0, .what = "rows 1, x W"},
+        {.ta = 0, .tb = 0, .M = 8, .N = 3072, .K = 333, .alpha = -0.5f, .beta = 0, .what = "rows 8, x W"},
+        {.ta = 0, .tb = 0, .M = 4, .N = 100, .K = 64, .alpha = 1, .beta = 0, .what = "rows 4, x W, N 100"},
         {.ta = 0, .tb = 1, .M = 0, .N = 16, .K = 16, .alpha = 1, .beta = 0, .what = "M=0 no-op"},
         {.ta = 0, .tb = 1, .M = 16, .N = 0, .K = 16, .alpha = 1, .beta = 0, .what = "N=0 no-op"},
         {.ta = 0, .tb = 1, .M = 9, .N = 11, .K = 0, .ldc = 12, .alpha = 1, .beta = 0, .what = "K=0 zeroes C"},
@@ -521,53 +527,123 @@ static void test_gemm_f32out(void **st) {
     assert_int_equal(fails, 0);
 }
 
-static void test_gemm_batched(void **st) {
-    setup_backends();
+// The products of an MLA decode step's absorption (mla.c per_head_products),
+// with the strides mla_step passes, for B sequences: H query heads in G KV
+// groups (hpg = H / G), q rows [H, qd] (qd = dn + dr), latents [H, rkv], kv_b
+// [G, dn + dv, rkv]. With B >= hpg one call per head j of a group (B rows, A
+// and C at head j of every row), else one per sequence b (the hpg heads of
+// each group as rows). q_lat = q_nope wk_g: B as stored, a block of kv_b
+// (tb = 0); att = olat wv_g^T: the value rows after dn (tb = 1). Every case
+// writes into C at its head stride (the other heads' values must survive).
+static int mla_absorb_cases(const char *what, int64_t Bq, int64_t H, int64_t G, int64_t dn, int64_t dr, int64_t rkv,
+                            int64_t dv) {
+    const int64_t hpg = H / G, qd = dn + dr, kvh = dn + dv;
+    const int64_t calls = Bq >= hpg ? hpg : Bq;
     int fails = 0;
-    // MLA decode absorption (mla.c): B = 5 sequences, H = 4 heads in G = 2 KV
-    // groups (hpg = 2), d_nope 32, d_rope 16 (qd 48), r_kv 64, d_v 32 (kvh 64).
-    const int64_t Bq = 5, H = 4, G = 2, hpg = 2, dn = 32, qd = 48, rkv = 64, dv = 32, kvh = dn + dv;
-    for (int64_t j = 0; j < hpg; j++) {
-        // q_lat[b, h] = q_nope[b, h] wk_g: A = q + j qd (ld H qd, step hpg qd), B = kv_b rows of group g
+    for (int64_t i = 0; i < calls; i++) {
+        // per head j = i: rows b at ld H * (head stride); per sequence b = i: rows h at the head stride
+        const int64_t M = Bq >= hpg ? Bq : hpg;
+        const int64_t row = Bq >= hpg ? H : 1, at = Bq >= hpg ? i : i * H; // A / C: row stride, first head
+        char name[64];
+        snprintf(name, sizeof name, "%s B=%lld %s %lld q_lat", what, (long long)Bq, Bq >= hpg ? "head" : "seq",
+                 (long long)i);
         gcase_t qlat = {.ta = 0,
                         .tb = 0,
-                        .M = Bq,
+                        .M = M,
                         .N = rkv,
                         .K = dn,
-                        .lda = H * qd,
+                        .lda = row * qd,
                         .ldb = rkv,
-                        .ldc = H * rkv,
-                        .aoff = j * qd,
-                        .coff = j * rkv,
+                        .ldc = row * rkv,
+                        .aoff = at * qd,
+                        .coff = at * rkv,
                         .sa = hpg * qd,
                         .sb = kvh * rkv,
                         .sc = hpg * rkv,
                         .batch = G,
                         .alpha = 1,
                         .beta = 0,
-                        .what = "MLA q_lat"};
+                        .what = name};
         fails += gemm_case(qlat, 2, 1);
-        // att[b, h] = wv_g olat[b, h]: B = kv_b + d_nope rows, transposed
+        snprintf(name, sizeof name, "%s B=%lld %s %lld att", what, (long long)Bq, Bq >= hpg ? "head" : "seq",
+                 (long long)i);
         gcase_t att = {.ta = 0,
                        .tb = 1,
-                       .M = Bq,
+                       .M = M,
                        .N = dv,
                        .K = rkv,
-                       .lda = H * rkv,
+                       .lda = row * rkv,
                        .ldb = rkv,
-                       .ldc = H * dv,
-                       .aoff = j * rkv,
+                       .ldc = row * dv,
+                       .aoff = at * rkv,
                        .boff = dn * rkv,
-                       .coff = j * dv,
+                       .coff = at * dv,
                        .sa = hpg * rkv,
                        .sb = kvh * rkv,
                        .sc = hpg * dv,
                        .batch = G,
                        .alpha = 1,
                        .beta = 0,
-                       .what = "MLA att"};
+                       .what = name};
         fails += gemm_case(att, 2, 1);
     }
+    return fails;
+}
+
+static void test_gemm_batched(void **st) {
+    setup_backends();
+    int fails = 0;
+    // Products of at most 8 rows, A as stored and beta = 0 run on the few-row
+    // kernels (cuda_core.cu gemv_fits): B transposed on k_gemv / k_gemv_cols
+    // (K, lda, ldb, the batch strides of A and B multiples of 8, A and B
+    // 16-byte aligned), B as stored on k_gemv_xw (N, ldb, B's batch stride
+    // multiples of 8, B aligned; A read a value at a time); every other one on
+    // cuBLASLt. Tolerance BF16, as the other gemm cases: each output is one
+    // fp32 sum of bf16 products (the order differs from the CPU's), rounded
+    // once to bf16. A wrong stride or batch offset reads other heads' or
+    // groups' values (errors of O(1)); a column or batch entry left unwritten
+    // stays NaN; a write past a head's columns changes the random values
+    // around it: each fails. The bench-variants build's HYLO_BATCHED_LT = 1
+    // sends all of them to cuBLASLt (the same checks, the old path).
+    //
+    // MLA decode absorption: a small made-up shape (B = 5 sequences, H = 4
+    // heads in G = 2 groups, d_nope 32, d_rope 16, r_kv 64, d_v 32); the
+    // SmolLM2-135M 10MLA20GDN hybrid (H 9, G 3, d_nope = d_rope 32, r_kv 48,
+    // d_v 64: q_lat M 3 N 48 K 32, att M 3 N 64 K 48, batch 3) and
+    // HyLo-Llama-3B's MLA (H 24, G 8, d_nope = d_rope 64, r_kv 128, d_v 128:
+    // batch 8) at one sequence (M = hpg = 3), two (per sequence), and the
+    // per-head form at hpg, 8 rows and 9 (M = 9: cuBLASLt).
+    fails += mla_absorb_cases("MLA toy", 5, 4, 2, 32, 16, 64, 32);
+    const int64_t smol_B[] = {1, 2, 3, 8}, llama_B[] = {1, 2, 3, 8, 9};
+    for (size_t i = 0; i < sizeof smol_B / sizeof smol_B[0]; i++)
+        fails += mla_absorb_cases("SmolLM2 MLA", smol_B[i], 9, 3, 32, 32, 48, 64);
+    for (size_t i = 0; i < sizeof llama_B / sizeof llama_B[0]; i++)
+        fails += mla_absorb_cases("Llama-3B MLA", llama_B[i], 24, 8, 64, 64, 128, 128);
+    // Every row count of the few-row kernels in both forms, batch 1, 3 and 8,
+    // alpha != 1, padded row strides and offsets (multiples of 8), N past a
+    // multiple of k_gemv_xw's 32 columns a block and K not a multiple of its
+    // 32 row slices.
+    const int64_t batches[] = {1, 3, 8};
+    for (int64_t M = 1; M <= 8; M++)
+        for (int tb = 0; tb <= 1; tb++) {
+            const int64_t N = 40 + 8 * M, K = 8 * M + 16, batch = batches[(M + tb) % 3];
+            gcase_t g = {.ta = 0,
+                         .tb = tb,
+                         .M = M,
+                         .N = N,
+                         .K = K,
+                         .lda = K + 8,
+                         .ldb = (tb ? K : N) + 16,
+                         .ldc = N + 8,
+                         .aoff = 8,
+                         .boff = 16,
+                         .coff = 8,
+                         .batch = batch,
+                         .alpha = M % 2 ? -0.75f : 1.5f,
+                         .beta = 0,
+                         .what = "few rows"};
+            fails += gemm_case(g, 2, 1);
+        }
     gcase_t more[] = {
         {.ta = 1, .tb = 0, .M = 16, .N = 24, .K = 40, .batch = 7, .alpha = 1, .beta = 0, .what = "tight"},
         {.ta = 1, .tb = 1, .M = 13, .N = 7, .K = 29, .batch = 3, .alpha = 0.5f, .beta = 0.5f, .what = "beta"},
@@ -585,6 +661,70 @@ static void test_gemm_batched(void **st) {
          .beta = 0,
          .what = "odd strides"},
         {.ta = 0, .tb = 1, .M = 6, .N = 7, .K = 0, .batch = 3, .alpha = 1, .beta = 0.5f, .what = "K=0"},
+        // k_gemv_xw reads A a value at a time: odd K, lda, A offset and batch
+        // stride stay on it, as does a single column chunk (N = 8)
+        {.ta = 0,
+         .tb = 0,
+         .M = 3,
+         .N = 64,
+         .K = 37,
+         .lda = 41,
+         .aoff = 3,
+         .sa = 125,
+         .batch = 3,
+         .alpha = 0.5f,
+         .beta = 0,
+         .what = "xw odd A"},
+        {.ta = 0, .tb = 0, .M = 2, .N = 8, .K = 200, .batch = 3, .alpha = 1, .beta = 0, .what = "xw N 8"},
+        // few rows the kernels cannot take (cuBLASLt's path): N (tb = 0) or K
+        // (tb = 1) not a multiple of 8, B 8-byte aligned only, A so (tb = 1),
+        // a batch stride of B not a multiple of 8, beta != 0, 9 rows
+        {.ta = 0, .tb = 0, .M = 3, .N = 44, .K = 32, .batch = 3, .alpha = 1, .beta = 0, .what = "lt: N 44"},
+        {.ta = 0, .tb = 1, .M = 3, .N = 64, .K = 44, .batch = 3, .alpha = 1, .beta = 0, .what = "lt: K 44"},
+        {.ta = 0,
+         .tb = 0,
+         .M = 3,
+         .N = 48,
+         .K = 32,
+         .boff = 4,
+         .batch = 3,
+         .alpha = 1,
+         .beta = 0,
+         .what = "lt: B +8 bytes"},
+        {.ta = 0,
+         .tb = 1,
+         .M = 3,
+         .N = 64,
+         .K = 48,
+         .aoff = 4,
+         .batch = 3,
+         .alpha = 1,
+         .beta = 0,
+         .what = "lt: A +8 bytes"},
+        {.ta = 0,
+         .tb = 1,
+         .M = 3,
+         .N = 64,
+         .K = 48,
+         .sb = 64 * 48 + 4,
+         .batch = 3,
+         .alpha = 1,
+         .beta = 0,
+         .what = "lt: B stride"},
+        {.ta = 0,
+         .tb = 0,
+         .M = 3,
+         .N = 48,
+         .K = 32,
+         .sb = 32 * 48 + 4,
+         .batch = 3,
+         .alpha = 1,
+         .beta = 0,
+         .what = "lt: B stride"},
+        {.ta = 0, .tb = 0, .M = 3, .N = 48, .K = 32, .batch = 3, .alpha = 1, .beta = 0.5f, .what = "lt: beta"},
+        {.ta = 0, .tb = 1, .M = 3, .N = 64, .K = 48, .batch = 3, .alpha = 1, .beta = -1, .what = "lt: beta"},
+        {.ta = 0, .tb = 0, .M = 9, .N = 48, .K = 32, .batch = 3, .alpha = 1, .beta = 0, .what = "lt: 9 rows"},
+        {.ta = 0, .tb = 1, .M = 9, .N = 64, .K = 48, .batch = 3, .alpha = 1, .beta = 0, .what = "lt: 9 rows"},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         fails += gemm_case(more[i], 2, 1);

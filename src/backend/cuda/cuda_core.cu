@@ -618,7 +618,10 @@ static void lt_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, f
 // weight's bytes, where cuBLASLt's smallest tiles took about 5.5 us each (run
 // 21's profile of a decode token, docs/RESULTS.md). One warp per output
 // column: 16-byte loads of B's row, the M rows of A read beside it (cached),
-// fp32 sums, a warp reduction, bf16 out.
+// fp32 sums, a warp reduction, bf16 out. Batched products (MLA's per-head
+// absorption) take a grid row per batch entry: blockIdx.y, with element
+// strides sa, sb, sc between the entries' A, B and C (0 and one row when
+// unbatched).
 enum { GEMV_ROWS = BE_FEW_ROWS, GEMV_WARPS = 4 };
 
 // A row of the few-row products normed inside the product (rmsnorm_fwd's
@@ -720,14 +723,16 @@ __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], c
         }                                                                                                              \
     } while (0)
 
-// C [M, N] = alpha A B^T, one column a warp; with a gain xw [K] (else NULL),
-// of A's rows RMS-normalised with it (proj_rmsnorm).
+// C [M, N] = alpha A B^T, one column a warp, batch entry blockIdx.y; with a
+// gain xw [K] (else NULL), of A's rows RMS-normalised with it (proj_rmsnorm).
 template <int M, int V>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
-           int64_t ldb, int64_t N, int64_t K, float alpha, const bf16 *__restrict__ xw, float eps) {
+    k_gemv(bf16 *__restrict__ C, int64_t ldc, int64_t sc, const bf16 *__restrict__ A, int64_t lda, int64_t sa,
+           const bf16 *__restrict__ B, int64_t ldb, int64_t sb, int64_t N, int64_t K, float alpha,
+           const bf16 *__restrict__ xw, float eps) {
     const int lane = threadIdx.x & 31;
-    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), z = blockIdx.y;
+    A += z * sa, B += z * sb, C += z * sc;
     if (n < N) warp_prefetch_l2(B + n * ldb, K * (int64_t)sizeof(bf16), lane);
     griddep_enter();
     if (n >= N) return; // the whole warp
@@ -744,12 +749,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-// The rows-times-weight products k_gemv takes: B transposed, nothing to add
-// to C, 16-byte loads possible (K, lda, ldb multiples of 8, A and B aligned).
-static bool gemv_fits(int ta, int tb, int64_t M, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      float beta) {
-    return !ta && tb && M >= 1 && M <= GEMV_ROWS && K > 0 && beta == 0.0f && (K | lda | ldb) % 8 == 0 &&
-           !(((uintptr_t)A | (uintptr_t)B) & 15);
+// The rows-times-weight products the few-row kernels take: A as stored, 1 to
+// GEMV_ROWS rows, nothing to add to C, a batch entry a grid row (at most
+// 65535), and 16-byte loads of B along its rows. B transposed (k_gemv,
+// k_gemv_cols): along K, A's rows too (K, lda, ldb multiples of 8, A and B
+// aligned). B as stored (k_gemv_xw, A read a value at a time): along N (N,
+// ldb multiples of 8, B aligned). Batch strides count past one entry only; C
+// is written a value at a time.
+static bool gemv_fits(int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, int64_t sa,
+                      const void *B, int64_t ldb, int64_t sb, float beta, int64_t batch) {
+    if (ta || M < 1 || M > GEMV_ROWS || N <= 0 || K <= 0 || beta != 0.0f || batch < 1 || batch > 65535) return false;
+    const int64_t sab = batch > 1 ? sa : 0, sbb = batch > 1 ? sb : 0;
+    if (tb) return (K | lda | ldb | sab | sbb) % 8 == 0 && !(((uintptr_t)A | (uintptr_t)B) & 15);
+    return (N | ldb | sbb) % 8 == 0 && !((uintptr_t)B & 15);
 }
 
 // Several output columns a warp, for products of 5 to 8 rows. The
@@ -784,14 +796,16 @@ __device__ __forceinline__ void gemv_lane_dotr(float (&acc)[R][M], float (&ss)[M
 }
 
 // C [M, N] = alpha A B^T with CW columns a warp (columns past N repeat the
-// last one: their sums are not written); with a gain xw, of A's rows
-// RMS-normalised with it (as k_gemv).
+// last one: their sums are not written), batch entry blockIdx.y; with a gain
+// xw, of A's rows RMS-normalised with it (as k_gemv).
 template <int M, int CW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_cols(bf16 *__restrict__ C, int64_t ldc, const bf16 *__restrict__ A, int64_t lda, const bf16 *__restrict__ B,
-                int64_t ldb, int64_t N, int64_t K, float alpha, const bf16 *__restrict__ xw, float eps) {
+    k_gemv_cols(bf16 *__restrict__ C, int64_t ldc, int64_t sc, const bf16 *__restrict__ A, int64_t lda, int64_t sa,
+                const bf16 *__restrict__ B, int64_t ldb, int64_t sb, int64_t N, int64_t K, float alpha,
+                const bf16 *__restrict__ xw, float eps) {
     const int lane = threadIdx.x & 31;
-    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * CW;
+    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * CW, z = blockIdx.y;
+    A += z * sa, B += z * sb, C += z * sc;
     const int nc = N - n0 < CW ? (int)(N - n0) : CW; // columns of this warp (warp-uniform)
     for (int c = 0; c < nc; c++)
         warp_prefetch_l2(B + (n0 + c) * ldb, K * (int64_t)sizeof(bf16), lane);
@@ -801,29 +815,31 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int c = 0; c < CW; c++)
         w[c] = B + (n0 + (c < nc ? c : nc - 1)) * ldb;
-    float acc[CW][M] = {}, ss[M] = {}, sc[M];
+    float acc[CW][M] = {}, ss[M] = {}, rs[M]; // rs: each row's norm scale
     gemv_lane_dotr<M, CW>(acc, ss, A, lda, w, K, lane, xw);
 #pragma unroll
     for (int m = 0; m < M; m++)
-        sc[m] = xw ? gemv_norm_scale(ss[m], K, eps) : 1.0f;
+        rs[m] = xw ? gemv_norm_scale(ss[m], K, eps) : 1.0f;
 #pragma unroll
     for (int c = 0; c < CW; c++) {
         if (c >= nc) break;
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            const float v = warp_sum(acc[c][m]) * sc[m];
+            const float v = warp_sum(acc[c][m]) * rs[m];
             if (lane == 0) C[m * ldc + n0 + c] = __float2bfloat16_rn(alpha * v);
         }
     }
 }
 
-// A product of M <= 8 rows: one column a warp (k_gemv) up to 4 rows, 4
-// columns a warp (k_gemv_cols) from 5 rows, where run 31 measured them as
-// fast or faster at every shape of SmolLM2 and Llama-3.2-3B (up to 1.8x at 8
-// rows). The bench-variants build's HYLO_GEMV_COLS = 1, 2 or 4 forces one
-// form at every row count, to measure them side by side.
-static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,
-                 int64_t ldb, void *C, int64_t ldc, const void *xw, float eps) {
+// A product of M <= 8 rows (batch entries: a grid row each): one column a
+// warp (k_gemv) up to 4 rows, 4 columns a warp (k_gemv_cols) from 5 rows,
+// where run 31 measured them as fast or faster at every shape of SmolLM2 and
+// Llama-3.2-3B (up to 1.8x at 8 rows). The bench-variants build's
+// HYLO_GEMV_COLS = 1, 2 or 4 forces one form at every row count, to measure
+// them side by side.
+static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, int64_t sa,
+                 const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc, int64_t sc, int64_t batch,
+                 const void *xw, float eps) {
     int cols = M >= 5 ? 4 : 1;
 #ifdef HYLO_BENCH_VARIANTS
     const int forced = cu_env_int("HYLO_GEMV_COLS", 0);
@@ -831,23 +847,118 @@ static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const v
 #endif
     if (cols > 1) {
         const int64_t per = (int64_t)GEMV_WARPS * cols; // columns a block
-        const dim3 grid((unsigned)((N + per - 1) / per));
+        const dim3 grid((unsigned)((N + per - 1) / per), (unsigned)batch);
         // (GEMV_LAUNCH_M's second argument is the kernel's second template argument: CW here)
 #ifdef HYLO_BENCH_VARIANTS
         if (cols == 2)
-            GEMV_LAUNCH_M((int)M, 2, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
-                          (const bf16 *)B, ldb, N, K, alpha, (const bf16 *)xw, eps);
+            GEMV_LAUNCH_M((int)M, 2, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, sc, (const bf16 *)A, lda, sa,
+                          (const bf16 *)B, ldb, sb, N, K, alpha, (const bf16 *)xw, eps);
         else
 #endif
-            GEMV_LAUNCH_M((int)M, 4, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda,
-                          (const bf16 *)B, ldb, N, K, alpha, (const bf16 *)xw, eps);
+            GEMV_LAUNCH_M((int)M, 4, k_gemv_cols, grid, cuda_stream(be), (bf16 *)C, ldc, sc, (const bf16 *)A, lda, sa,
+                          (const bf16 *)B, ldb, sb, N, K, alpha, (const bf16 *)xw, eps);
         cuda_check_launch(be, "k_gemv_cols");
         return;
     }
-    const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
-    GEMV_LAUNCH_M((int)M, 8, k_gemv, grid, cuda_stream(be), (bf16 *)C, ldc, (const bf16 *)A, lda, (const bf16 *)B, ldb,
-                  N, K, alpha, (const bf16 *)xw, eps);
+    const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)batch);
+    GEMV_LAUNCH_M((int)M, 8, k_gemv, grid, cuda_stream(be), (bf16 *)C, ldc, sc, (const bf16 *)A, lda, sa,
+                  (const bf16 *)B, ldb, sb, N, K, alpha, (const bf16 *)xw, eps);
     cuda_check_launch(be, "k_gemv");
+}
+
+// ---- a few rows times a weight as stored: C [M, N] = alpha A [M, K] B [K, N] ----
+// MLA's absorbed decode step multiplies each head's query by its KV group's
+// block of kv_b as stored (q_lat = q_nope wk_g: "x W", mla.c), batched over the
+// groups. A block takes XW_CHUNKS chunks of CT consecutive columns; thread t
+// owns chunk t % XW_CHUNKS (16-byte loads along a row of B, the chunks side by
+// side: 64 contiguous bytes a row) and every XW_SLICES-th row of B from
+// t / XW_CHUNKS, so that a product of a few dozen rows of B (d_nope) still
+// spreads over the block's threads, and a grid of (N / 32 columns, batch)
+// blocks spreads the weight over the SMs. The slices' sums meet in shared
+// memory and are added in slice order: the same bits every run.
+enum { XW_CHUNKS = 4, XW_SLICES = GEMV_WARPS * 32 / XW_CHUNKS };
+
+static __device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Batch entry blockIdx.y; N a multiple of CT, B's rows and stride aligned for
+// CT-wide loads (gemv_fits).
+template <int M, int CT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_xw(bf16 *__restrict__ C, int64_t ldc, int64_t sc, const bf16 *__restrict__ A, int64_t lda, int64_t sa,
+              const bf16 *__restrict__ B, int64_t ldb, int64_t sb, int64_t N, int64_t K, float alpha) {
+    // Partial sums [slice][m][i][chunk], a slice P floats (XW_CHUNKS of
+    // padding): the 32 lanes of a warp (8 slices of 4 chunks) store to 32
+    // different banks, and the reduction reads consecutive floats.
+    enum { P = (M * CT + 1) * XW_CHUNKS };
+    __shared__ float part[XW_SLICES * P];
+    const int c = threadIdx.x % XW_CHUNKS, s = threadIdx.x / XW_CHUNKS;
+    const int64_t z = blockIdx.y, n0 = (int64_t)blockIdx.x * (XW_CHUNKS * CT); // the block's first column
+    const int nb = N - n0 < XW_CHUNKS * CT ? (int)(N - n0) : XW_CHUNKS * CT;   // its columns, a multiple of CT
+    A += z * sa, B += z * sb, C += z * sc;
+    // The block's part of each row of B: at most 64 bytes from a 16-byte
+    // boundary, so in the lines of its first and last values.
+    for (int64_t k = threadIdx.x; k < K; k += GEMV_WARPS * 32) {
+        prefetch_l2(B + k * ldb + n0);
+        prefetch_l2(B + k * ldb + n0 + nb - 1);
+    }
+    griddep_enter();
+    float acc[M][CT] = {};
+    if (c * CT < nb) {
+        const bf16 *b = B + n0 + c * CT;
+#pragma unroll 4
+        for (int64_t k = s; k < K; k += XW_SLICES) {
+            float w[CT];
+            ld_bf16<CT>(b + k * ldb, w);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const float a = __bfloat162float(A[m * lda + k]);
+#pragma unroll
+                for (int i = 0; i < CT; i++)
+                    acc[m][i] = fmaf(a, w[i], acc[m][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int i = 0; i < CT; i++)
+            part[s * P + (m * CT + i) * XW_CHUNKS + c] = acc[m][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < M * CT * XW_CHUNKS; e += GEMV_WARPS * 32) {
+        const int m = e / (CT * XW_CHUNKS), i = e / XW_CHUNKS % CT, j = e % XW_CHUNKS * CT + i; // j: column in block
+        if (j >= nb) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < XW_SLICES; q++)
+            v += part[q * P + e];
+        C[m * ldc + n0 + j] = __float2bfloat16_rn(alpha * v);
+    }
+}
+
+static void gemv_xw(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, int64_t sa,
+                    const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc, int64_t sc, int64_t batch) {
+    const int64_t per = (int64_t)XW_CHUNKS * 8; // columns a block
+    const dim3 grid((unsigned)((N + per - 1) / per), (unsigned)batch);
+    // (GEMV_LAUNCH_M's second argument is the kernel's second template argument: CT, the columns a thread)
+    GEMV_LAUNCH_M((int)M, 8, k_gemv_xw, grid, cuda_stream(be), (bf16 *)C, ldc, sc, (const bf16 *)A, lda, sa,
+                  (const bf16 *)B, ldb, sb, N, K, alpha);
+    cuda_check_launch(be, "k_gemv_xw");
+}
+
+// A product gemv_fits takes, on the few-row kernels (programmatic dependent
+// launches, as the rest of a decode step); false for any other, which the
+// caller gives to cuBLASLt.
+static bool gemv_gemm(be_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                      int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, float beta, void *C, int64_t ldc,
+                      int64_t sc, int64_t batch) {
+    if (!gemv_fits(ta, tb, M, N, K, A, lda, sa, B, ldb, sb, beta, batch)) return false;
+    if (tb)
+        gemv(be, M, N, K, alpha, A, lda, sa, B, ldb, sb, C, ldc, sc, batch, NULL, 0.0f);
+    else
+        gemv_xw(be, M, N, K, alpha, A, lda, sa, B, ldb, sb, C, ldc, sc, batch);
+    return true;
 }
 
 // ---- a decode step's products fused with what follows them (M <= 8 rows) ----
@@ -1103,10 +1214,7 @@ static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x
 
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
-    if (N > 0 && gemv_fits(transA, transB, M, K, A, lda, B, ldb, beta)) {
-        gemv(be, M, N, K, alpha, A, lda, B, ldb, C, ldc, NULL, 0.0f);
-        return;
-    }
+    if (gemv_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1)) return;
     lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0);
 }
 
@@ -1117,17 +1225,17 @@ static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int6
 static void cu_proj_rmsnorm(be_t *be, void *y, const void *x, int64_t ldx, const void *xw, float eps, const void *W,
                             int64_t N, int64_t K, int64_t out) {
     if (N <= 0 || out <= 0) return;
-    const bool v8 = gemv_fits(0, 1, 1, K, x, ldx, W, K, 0.0f) && !((uintptr_t)xw & 15);
+    const bool v8 = gemv_fits(0, 1, 1, out, K, x, ldx, 0, W, K, 0, 0.0f, 1) && !((uintptr_t)xw & 15);
     const dim3 grid((unsigned)((out + GEMV_WARPS - 1) / GEMV_WARPS));
     for (int64_t r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
         const int64_t rows = N - r < (int64_t)GEMV_ROWS ? N - r : (int64_t)GEMV_ROWS;
         const bf16 *xr = (const bf16 *)x + r * ldx;
         bf16 *yr = (bf16 *)y + r * out;
         if (v8)
-            gemv(be, rows, out, K, 1.0f, xr, ldx, W, K, yr, out, xw, eps);
+            gemv(be, rows, out, K, 1.0f, xr, ldx, 0, W, K, 0, yr, out, 0, 1, xw, eps);
         else
-            GEMV_LAUNCH_M((int)rows, 1, k_gemv, grid, cuda_stream(be), yr, out, xr, ldx, (const bf16 *)W, K, out, K,
-                          1.0f, (const bf16 *)xw, eps);
+            GEMV_LAUNCH_M((int)rows, 1, k_gemv, grid, cuda_stream(be), yr, out, (int64_t)0, xr, ldx, (int64_t)0,
+                          (const bf16 *)W, K, (int64_t)0, out, K, 1.0f, (const bf16 *)xw, eps);
     }
     if (!v8) cuda_check_launch(be, "k_gemv");
 }
@@ -1140,6 +1248,13 @@ static void cu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t 
 static void cu_gemm_batched(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                             const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb, int64_t strideB,
                             float beta, void *C, int64_t ldc, int64_t strideC, int64_t batch) {
+    int lt = 0; // the bench-variants build's HYLO_BATCHED_LT = 1: cuBLASLt for every shape, to compare
+#ifdef HYLO_BENCH_VARIANTS
+    lt = cu_env_int("HYLO_BATCHED_LT", 0);
+#endif
+    if (!lt &&
+        gemv_gemm(be, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch))
+        return;
     lt_gemm(be, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch, 0);
 }
 
