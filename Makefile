@@ -97,7 +97,7 @@ VARBENCHBIN :=
 VARTESTBIN :=
 ifeq ($(CUDA),1)
 VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn $(VARDIR)/bench/bench_decode \
-	$(VARDIR)/bench/bench_cuda_core
+	$(VARDIR)/bench/bench_cuda_core $(VARDIR)/bench/bench_long
 VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn $(VARDIR)/tests/cuda/test_cuda_gdn \
 	$(VARDIR)/tests/cuda/test_cuda_core
 endif

@@ -111,6 +111,7 @@
 
 #include <cooperative_groups.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2652,20 +2653,24 @@ static void cu_gdn_recurrent_step(be_t *be, void *o, void *const *rows, const vo
 //    itself (K channels each, cheap), only reading the windows; rank 0 rolls
 //    them forward after a cluster barrier, when every block has read them.
 //    A v channel belongs to one block, which reads and rolls its window.
-//  - the output norm's sum of squares over a value head's Dv: each block's
-//    part is read by the S blocks of its head from distributed shared
-//    memory, summed in rank order (the same bits whichever block runs first).
+//  - the output norm's sum of squares over a value head's Dv: each block
+//    writes its part into every block of its head (distributed shared
+//    memory) before the one cluster barrier, and each sums the S parts in
+//    rank order (the same bits whichever block runs first). Nothing reads
+//    another block's memory after the barrier, so none waits at a second.
 // The rule is k_recurrent's: a warp takes RW value rows at a time with their
 // state rows in registers, K spread over the lanes (E each), the same
 // formulas and summation order, so o and the state have k_recurrent's bits.
 // 256 threads as k_step_inputs: q and k get its reduction order and bits;
 // only the norm's sum of squares is summed in another order than k_gnorm_fwd.
-// Clusters of up to 8 blocks (the portable limit): G must be a power of two
-// up to 8 and K a multiple of 8 up to 256; other shapes run the three kernels.
+// Clusters of up to 16 blocks: 16 (past the portable 8) where the step's
+// clusters all fit the device at once (gdn_step_launch). G must be a power
+// of two up to 8 and K a multiple of 8 up to 256; other shapes run the three
+// kernels.
 
 namespace cg = cooperative_groups;
 
-enum { GS_THREADS = 256, GS_WARPS = GS_THREADS / 32, GS_CLUSTER = 8 };
+enum { GS_THREADS = 256, GS_WARPS = GS_THREADS / 32, GS_CLUSTER = 8, GS_CLUSTER_MAX = 16 };
 
 typedef struct {
     bf16 *y;
@@ -2700,19 +2705,30 @@ template <int E> static __device__ __forceinline__ void st_f32v(float *p, const 
     }
 }
 
+// A cluster barrier in two halves: a block may write another's shared memory
+// only once that one has started, which the arrive at the start and the wait
+// before the first write ensure without holding anyone up (by then every
+// block has long arrived).
+static __device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+
 // Dynamic shared memory: q, k [K], v, o [R] (the block's rows), 32 for
-// block_reduce, the block's sum of squares, g and beta. One block per SM in
+// block_reduce, the head's parts of the sum of squares [GS_CLUSTER_MAX], g
+// and beta (GS_SMEM_FLOATS). One block per SM in
 // the bounds: the 8 x 8 state tile of <8, 8> spilled under a register cap of
 // 128 (two blocks), and without a cap ptxas capped <8, 4> at 80 and spilled.
 template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_step(const gdn_step_args p) {
     extern __shared__ __align__(16) float gsm[];
     float *qs = gsm, *ks = qs + p.K, *vs = ks + p.K, *os = vs + p.R, *red = os + p.R, *part = red + 32,
-          *gate = part + 1;
+          *gate = part + GS_CLUSTER_MAX;
     cg::cluster_group cl = cg::this_cluster();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rank = (int)cl.block_rank(), x = blockIdx.y, r = blockIdx.z, K = p.K, Dv = p.Dv, W = p.W, N = p.N;
     const int h = x * (p.HV / p.H) + rank / p.S, v_lo = (rank % p.S) * p.R;
     const int nv = Dv - v_lo < p.R ? (Dv > v_lo ? Dv - v_lo : 0) : p.R; // this block's value rows
+    cluster_arrive_relaxed();                                           // (this block has started; cluster_wait below)
     // Launched as a programmatic dependent launch (cuda_vec.cuh), the block
     // may run while the kernel before it (the step's input product) still
     // does. The state rows and conv windows it reads were written by earlier
@@ -2726,6 +2742,11 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
         block_prefetch_l2((const bf16 *)p.rows[3 * N + r] + c0 * W, (int64_t)nv * W * 2, tid, GS_THREADS);
     }
     griddep_enter();
+    // the output norm's gain and gate of the thread's first value row, asked
+    // for now: they are used after the cluster barrier, at the end
+    const int64_t c0 = (int64_t)h * Dv + v_lo;
+    const float gain0 = tid < nv ? bf2f(p.o_norm[v_lo + tid]) : 0.0f;
+    const float gate0 = p.z && tid < nv ? dev_silu(bf2f(p.z[(int64_t)r * p.ldz + c0 + tid])) : 1.0f;
 
     // g, beta of value head h (gdn_gate_fwd)
     if (tid == 0) {
@@ -2750,7 +2771,6 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
         ks[i] = bf2f(__float2bfloat16_rn(ks[i] * rk));
     }
     // v: the block's rows of head h, windows read and rolled
-    const int64_t c0 = (int64_t)h * Dv + v_lo;
     for (int i = tid; i < nv; i += GS_THREADS)
         vs[i] = step_conv(wv + (c0 + i) * W, p.v_conv + (c0 + i) * W, p.xv[(int64_t)r * p.ldv + c0 + i], W);
     __syncthreads();
@@ -2798,18 +2818,22 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
     for (int i = tid; i < nv; i += GS_THREADS)
         ss += os[i] * os[i];
     ss = block_reduce(ss, false, red);
-    if (tid == 0) part[0] = ss;
-    cl.sync(); // every part written, every block done reading the q and k windows
-    const int first = rank - rank % p.S;
+    const int first = rank - rank % p.S; // the head's first block
+    cluster_wait();                      // every block of the cluster has started
+    if (tid < p.S) *cl.map_shared_rank(part + rank % p.S, first + tid) = ss;
+    cl.sync(); // every part written everywhere, every block done reading the q and k windows
     float tot = 0.0f;
     for (int j = 0; j < p.S; j++)
-        tot += *cl.map_shared_rank(part, first + j);
+        tot += part[j];
     const float rn = 1.0f / sqrtf(tot / (float)Dv + p.eps);
     const bf16 *zr = p.z ? p.z + (int64_t)r * p.ldz + c0 : nullptr;
     bf16 *yr = p.y + (int64_t)r * p.HV * Dv + c0;
     for (int i = tid; i < nv; i += GS_THREADS) {
-        float f = os[i] * rn * bf2f(p.o_norm[v_lo + i]);
-        if (zr) f *= dev_silu(bf2f(zr[i])); // the gate after the norm (GNORM_NORM_THEN_GATE)
+        // the gate after the norm (GNORM_NORM_THEN_GATE)
+        const float gn = i == tid ? gain0 : bf2f(p.o_norm[v_lo + i]);
+        const float gz = i == tid ? gate0 : zr ? dev_silu(bf2f(zr[i])) : 1.0f;
+        float f = os[i] * rn * gn;
+        if (zr) f *= gz;
         yr[i] = __float2bfloat16_rn(f);
     }
     if (rank == 0)
@@ -2818,15 +2842,60 @@ template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_
             conv_roll(wq + c * W, xq[i], W);
             conv_roll(wk + c * W, xk[i], W);
         }
-    cl.sync(); // no block leaves while another may still read its part
 }
 
-template <int E, int RW> static void launch_gdn_step_t(be_t *be, dim3 grid, unsigned cluster, const gdn_step_args &p) {
-    auto kern = k_gdn_step<E, RW>;
-    const size_t smem = ((size_t)2 * p.K + 2 * (size_t)p.R + 32 + 3) * sizeof(float); // the layout above k_gdn_step
-    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") < 0) return;
-    cu_launch_pdl_cluster(kern, grid, dim3(GS_THREADS), dim3(cluster, 1, 1), smem, cuda_stream(be), p);
-    cuda_check_launch(be, "gdn k_gdn_step");
+typedef void (*gdn_step_kern_t)(const gdn_step_args);
+
+// The instance of k_gdn_step for K and a block's R rows: E = K / 32 values a
+// lane, 8 rows a warp when a pass of 4 does not cover the rows.
+static gdn_step_kern_t gdn_step_kernel(int K, int R) {
+    const bool rw8 = R > 4 * GS_WARPS;
+    if (K <= 64) return rw8 ? k_gdn_step<2, 8> : k_gdn_step<2, 4>;
+    if (K <= 128) return rw8 ? k_gdn_step<4, 8> : k_gdn_step<4, 4>;
+    return rw8 ? k_gdn_step<8, 8> : k_gdn_step<8, 4>;
+}
+
+static size_t gdn_step_smem(int K, int R) { // the layout above k_gdn_step
+    return ((size_t)2 * K + 2 * (size_t)R + 32 + GS_CLUSTER_MAX + 2) * sizeof(float);
+}
+
+// How many clusters of cs blocks of kern fit the device at once (0: the query
+// failed, or clusters past the portable size are refused), cached per
+// (device, kernel, cs, smem): the 16-block cluster's condition.
+static int gdn_step_clusters(be_t *be, gdn_step_kern_t kern, unsigned cs, size_t smem) {
+    static struct {
+        int device;
+        gdn_step_kern_t kern;
+        unsigned cs;
+        size_t smem;
+        int n;
+    } cache[16];
+    static int used;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    const int dev = cuda_impl(be)->device;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < used; i++)
+        if (cache[i].device == dev && cache[i].kern == kern && cache[i].cs == cs && cache[i].smem == smem) {
+            const int n = cache[i].n;
+            pthread_mutex_unlock(&lock);
+            return n;
+        }
+    int n = 0;
+    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") == 0 &&
+        (cs <= GS_CLUSTER ||
+         cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(cs), cfg.blockDim = dim3(GS_THREADS), cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = cs, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr, cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) n = 0;
+    }
+    (void)cudaGetLastError();
+    if (used < 16) cache[used] = {dev, kern, cs, smem, n}, used++;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 // The shapes k_gdn_step does not take: the three ops' kernels, through
@@ -2884,30 +2953,42 @@ static void cu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, in
         return;
     }
     // as many slices as the cluster holds, but each of a pass of 8 warps x 4
-    // rows at least (smaller blocks would leave warps idle for no gain)
-    p.S = GS_CLUSTER / G;
+    // rows at least (smaller blocks would leave warps idle for no gain): 16
+    // blocks a head (a non-portable cluster) where the step's clusters all fit
+    // the device at once, else the portable 8
+    int S16 = GS_CLUSTER_MAX / G;
+    while (S16 > 1 && Dv / S16 < 4 * GS_WARPS)
+        S16 /= 2;
+    const int R16 = (Dv + S16 - 1) / S16;
+    const bool big = G * S16 > GS_CLUSTER && gdn_step_clusters(be, gdn_step_kernel(K, R16), (unsigned)(G * S16),
+                                                               gdn_step_smem(K, R16)) >= (int64_t)H * N;
+    p.S = big ? S16 : GS_CLUSTER / G;
     while (p.S > 1 && Dv / p.S < 4 * GS_WARPS)
         p.S /= 2;
+#ifdef HYLO_BENCH_VARIANTS
+    // bench-only: HYLO_GDN_STEP = 1 runs the three kernels; HYLO_GDN_SLICES = S
+    // (a power of two, G S <= 16) sets the slices of a value head, to see
+    // what a block's rows cost
+    if (cu_env_int("HYLO_GDN_STEP", 0) == 1) {
+        gdn_step_unfused(be, p, allow_neg);
+        return;
+    }
+    const int forced = cu_env_int("HYLO_GDN_SLICES", 0);
+    if (forced > 0 && !(forced & (forced - 1)) && G * forced <= GS_CLUSTER_MAX) p.S = forced;
+#endif
     p.R = (Dv + p.S - 1) / p.S;
     const unsigned cs = (unsigned)(G * p.S);
-    const dim3 grid(cs, (unsigned)H, (unsigned)N);
-    const bool rw8 = p.R > 4 * GS_WARPS; // 8 rows a warp when a pass of 4 does not cover the block's rows
-    if (K <= 64) {
-        if (rw8)
-            launch_gdn_step_t<2, 8>(be, grid, cs, p);
-        else
-            launch_gdn_step_t<2, 4>(be, grid, cs, p);
-    } else if (K <= 128) {
-        if (rw8)
-            launch_gdn_step_t<4, 8>(be, grid, cs, p);
-        else
-            launch_gdn_step_t<4, 4>(be, grid, cs, p);
-    } else {
-        if (rw8)
-            launch_gdn_step_t<8, 8>(be, grid, cs, p);
-        else
-            launch_gdn_step_t<8, 4>(be, grid, cs, p);
+    const gdn_step_kern_t kern = gdn_step_kernel(K, p.R);
+    const size_t smem = gdn_step_smem(K, p.R);
+    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") < 0) return;
+    if (cs > GS_CLUSTER && gdn_step_clusters(be, kern, cs, smem) < 1) { // (the bench-only knob past what fits)
+        cu_op_error(be, "cuda gdn_step: clusters of %u blocks do not fit this device", cs);
+        gdn_poison(be, y, (size_t)N * HV * Dv * 2);
+        return;
     }
+    cu_launch_pdl_cluster(kern, dim3(cs, (unsigned)H, (unsigned)N), dim3(GS_THREADS), dim3(cs, 1, 1), smem,
+                          cuda_stream(be), p);
+    cuda_check_launch(be, "gdn k_gdn_step");
 }
 
 static void cu_gdn_gate_fwd(be_t *be, float *g, float *beta, const void *a, int64_t lda, const void *b, int64_t ldb,
