@@ -22,6 +22,11 @@
 // max_len 4096 for 256-row caches, as a step recorded at hylo generate's
 // default context limit does (the grid is sized for 4K rows, the kernels use
 // what the lengths need).
+// The bench-variants build (build/bench-variants/bench/bench_decode) reads
+// the kernels' knobs on every call, e.g. HYLO_MLA_CLUSTER=8 (MLA's short
+// caches over a cluster, not one block) or HYLO_DEC_CLUSTER=1 (attention's
+// in one block, not a cluster):
+// run it with and without for an A/B on the same card.
 // --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only; --64k, --1m: that length only;
 // --b1, --b8: that batch only (one point under compute-sanitizer or ncu);
 // --rows=N, --batch=N (1 to 8): any one length or batch (the MLA B = 8, 1M
@@ -195,11 +200,15 @@ int main(int argc, char **argv) {
     if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
     bench_init((size_t)1 << 30);
     printf("bench_decode: production kernels\n");
-    // teachers' attention layers (GQA groups 3, 3, 4) and HyLo MLA layers
+    // teachers' attention layers (GQA groups 3, 3, 4) and HyLo MLA layers;
+    // "mla smol-hyb": the SmolLM2 10MLA20GDN hybrid's (upc_student_arch's
+    // default dims: r_kv 48, d_rope 32), a short cache of which runs in one
+    // block (HYLO_MLA_CLUSTER=8 in the bench-variants build: over a cluster)
     static const shape_t shapes[] = {
         {"llama3.2-3b", 0, 24, 8, 128, 8 * 256 * 2}, {"smollm2-135m", 0, 9, 3, 64, 3 * 128 * 2},
         {"llama3.1-8b", 0, 32, 8, 128, 8 * 256 * 2}, {"mla hylo-3b", 1, 24, 128, 64, 192 * 2},
-        {"mla smollm2", 1, 9, 128, 32, 160 * 2},     {"mla r512", 1, 16, 512, 64, 576 * 2},
+        {"mla smollm2", 1, 9, 128, 32, 160 * 2},     {"mla smol-hyb", 1, 9, 48, 32, 80 * 2},
+        {"mla r512", 1, 16, 512, 64, 576 * 2},
     };
     // rows per sequence, max_len (0: the rows)
     static const int64_t all_lens[][2] = {{256, 0},   {256, 4096}, {2048, 0},   {8192, 0},   {16384, 0},  {32768, 0},

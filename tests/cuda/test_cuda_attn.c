@@ -19,8 +19,10 @@
 //    row's lse by about log(1 + 1/Tk) >= 1e-3 at these sizes.
 //  - mla_decode_attn out 1e-2: the same two bf16 roundings as the forward (P
 //    rounded to bf16 for the tensor-core P c product, ~1e-3 in L2, and the
-//    output's, ~1.1e-3); the split merge (by the last block or the combine
-//    kernel; none for a one-block sequence) adds only fp32 noise.
+//    output's, ~1.1e-3); the merges (of a block's row groups, of the split's
+//    slices by the last block or the combine kernel, of a short sequence's
+//    cluster blocks by block 0) are fp32 and add only summation-order noise
+//    (~1e-6), so a cluster case keeps the one-block case's tolerance.
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
 //    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
 //    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
@@ -498,20 +500,21 @@ static void test_attn_bwd_deterministic(void **st) {
 // = 1 and 8, SmolLM2-size (r_kv 128, dr 32) and r_kv 512 + dr 64 latents.
 // Rows at or past len[b] hold NaN: reading any of them would poison the output.
 // v2 finishes a sequence one of three ways, by its length (cuda_mla.cu,
-// mla_slices): one block that writes the output (up to one ring of tiles), the
-// last of its slices' blocks merging their partials, or the combine kernel
-// (more slices than merge_max); the cases take each, and all three in one
-// call. Every case runs under the production dispatch (v2 with tiled tensor
-// copies, and v1 for the shape v2 does not lay out), with the sequences in one
-// buffer (the pool) and each in its own allocation (no pool: v2 then takes a
-// bulk copy per row, whose ring of other slots has another one-block
-// threshold). In the bench-variants build each case also runs under each
-// kernel forced (HYLO_MLA_DECODE 1 = v1, 2 = v2 with cp.async, 3 = v2 with a
-// bulk copy per row), under small v2 rings (HYLO_MLA_STAGES / HYLO_MLA_WARPS),
+// mla_slices): one block (up to one ring of tiles; in the bench-variants
+// build under HYLO_MLA_CLUSTER=8 the 8 blocks of a cluster merged by block 0
+// through distributed shared memory, when B * 8 <= the SMs and max_len <=
+// 4096, MLA_CLUSTER_MAX_LEN), the last of its
+// slices' blocks merging their partials, or the combine kernel (more slices
+// than merge_max); the cases take each, and all of them in one call. Every case runs under the production dispatch (v2
+// with tiled tensor copies, and v1 for the shape v2 does not lay out), with the sequences in one buffer (the pool) and
+// each in its own allocation (no pool: v2 then takes a bulk copy per row, whose ring of other slots has another
+// one-block threshold). In the bench-variants build each case also runs under each kernel forced (HYLO_MLA_DECODE 1 =
+// v1, 2 = v2 with cp.async, 3 = v2 with a bulk copy per row), under small v2 rings (HYLO_MLA_STAGES / HYLO_MLA_WARPS),
 // so that the slots wrap many times and one or two row groups consume them
-// (and the one-block threshold drops to 96 rows), and with every split
-// sequence merged in its last block or every one in the combine kernel
-// (HYLO_MLA_MERGE 1, 2).
+// (and the one-block threshold drops to 96 rows), with every split sequence
+// merged in its last block or every one in the combine kernel (HYLO_MLA_MERGE
+// 1, 2), and with short sequences over a cluster of blocks
+// (HYLO_MLA_CLUSTER=8; with the tensor copies and with a copy per row).
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -637,15 +640,49 @@ static void test_mla_decode(void **st) {
         // last block merges at this shape: the combine kernel), 2,000 rows 8
         // (the last block's merge), 300 rows one block
         {3, 9, 128, 32, 70000, {70000, 2000, 300}, 1.0f, 0},
+        // short sequences (over a cluster of 8 blocks under
+        // HYLO_MLA_CLUSTER=8, each block whole tiles of its sequence's rows,
+        // else one block): the SmolLM2 hybrid's MLA layer (H 9, r_kv
+        // 48, dr 32: 704 rows fill one ring with either copy) and a
+        // Llama-3.2-3B-like one (H 24, r_kv 128, dr 64: 480 rows). 1 to 200
+        // rows (1 to 7 tiles) leave blocks without tiles, 256 gives each block
+        // one, 704 and 480 fill the ring (3 tiles in all but the last block);
+        // one row more takes the slices (in a cluster launch when clusters are
+        // on: max_len <= 4096); one batch mixes lengths (an empty sequence among them), a
+        // short sequence beside a long one, and a negative scale
+        {1, 9, 48, 32, 800, {1}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {31}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {32}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {33}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {200}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {256}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {704}, 1.0f, 0},
+        {1, 9, 48, 32, 800, {705}, 1.0f, 0},
+        {2, 9, 48, 32, 800, {33, 256}, -1.0f, 0},
+        {2, 9, 48, 32, 800, {704, 0}, 1.0f, 0},
+        {2, 9, 48, 32, 800, {1, 200}, 1.0f, 500},
+        {2, 9, 48, 32, 4000, {3000, 96}, 1.0f, 1000},
+        {1, 24, 128, 64, 600, {33}, 1.0f, 0},
+        {1, 24, 128, 64, 600, {256}, 1.0f, 0},
+        {1, 24, 128, 64, 600, {480}, 1.0f, 0},
+        {1, 24, 128, 64, 600, {481}, 1.0f, 0},
+        {2, 24, 128, 64, 600, {31, 480}, 1.0f, 0},
+        {2, 24, 128, 64, 4096, {200, 4000}, 1.0f, 96},
+        // max_len past 4096 (MLA_CLUSTER_MAX_LEN): the same short sequences
+        // in one block each, clusters on or not
+        {1, 9, 48, 32, 5000, {256}, 1.0f, 4744},
+        {2, 24, 128, 64, 5000, {200, 33}, 1.0f, 4800},
     };
     static const struct {
-        const char *dec, *stages, *warps, *merge;
+        const char *dec, *stages, *warps, *merge, *cluster;
 #ifdef HYLO_BENCH_VARIANTS
-    } vars[] = {{NULL, NULL, NULL, NULL}, {"1", NULL, NULL, NULL}, {"2", NULL, NULL, NULL}, {"3", NULL, NULL, NULL},
-                {"0", "3", NULL, NULL},   {"0", "4", "2", NULL},   {"3", "3", NULL, NULL},  {"2", "5", "2", NULL},
-                {"0", NULL, NULL, "1"},   {"0", NULL, NULL, "2"},  {"0", "3", NULL, "1"}};
+    } vars[] = {{NULL, NULL, NULL, NULL, NULL}, {"1", NULL, NULL, NULL, NULL}, {"2", NULL, NULL, NULL, NULL},
+                {"3", NULL, NULL, NULL, NULL},  {"0", "3", NULL, NULL, NULL},  {"0", "4", "2", NULL, NULL},
+                {"3", "3", NULL, NULL, NULL},   {"2", "5", "2", NULL, NULL},   {"0", NULL, NULL, "1", NULL},
+                {"0", NULL, NULL, "2", NULL},   {"0", "3", NULL, "1", NULL},   {"0", NULL, NULL, NULL, "8"},
+                {"3", NULL, NULL, NULL, "8"}};
 #else
-    } vars[] = {{NULL, NULL, NULL, NULL}};
+    } vars[] = {{NULL, NULL, NULL, NULL, NULL}};
 #endif
     int fails = 0;
     for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
@@ -653,10 +690,12 @@ static void test_mla_decode(void **st) {
         set_knob("HYLO_MLA_STAGES", vars[v].stages);
         set_knob("HYLO_MLA_WARPS", vars[v].warps);
         set_knob("HYLO_MLA_MERGE", vars[v].merge);
+        set_knob("HYLO_MLA_CLUSTER", vars[v].cluster);
         if (v) // variants only exist in the bench-variants build
-            printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s HYLO_MLA_MERGE=%s]\n", vars[v].dec,
-                   vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-",
-                   vars[v].merge ? vars[v].merge : "-");
+            printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s HYLO_MLA_MERGE=%s "
+                   "HYLO_MLA_CLUSTER=%s]\n",
+                   vars[v].dec, vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-",
+                   vars[v].merge ? vars[v].merge : "-", vars[v].cluster ? vars[v].cluster : "-");
         for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
             for (int sep = 0; sep < 2; sep++)
                 fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep, 0); // fresh inputs per variant
@@ -667,14 +706,16 @@ static void test_mla_decode(void **st) {
     set_knob("HYLO_MLA_STAGES", NULL);
     set_knob("HYLO_MLA_WARPS", NULL);
     set_knob("HYLO_MLA_MERGE", NULL);
+    set_knob("HYLO_MLA_CLUSTER", NULL);
     printf("mla_decode_attn: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
 
 // MLA decode, run twice on the same inputs: the outputs must agree bit for bit
 // (memcmp). v2 merges in a fixed order: B = 2 at 4,999 and 3,001 rows (19 and
-// 12 slices, merged by the last block of each sequence) and B = 1 at 20,000
-// rows (78 slices at H 9, r_kv 128: the combine kernel). In the bench-variants
+// 12 slices, merged by the last block of each sequence), B = 1 at 20,000
+// rows (78 slices at H 9, r_kv 128: the combine kernel), and short sequences
+// in one block (B = 2 at 576 rows, a whole ring, and 33; B = 1 at 256). In the bench-variants
 // build also v1 forced (HYLO_MLA_DECODE=1): it merges its row groups in shared
 // memory; at H <= 16 and r_kv <= 128 it has 4 of them per block, whose sums an
 // unordered merge could associate differently from run to run (production
@@ -686,7 +727,7 @@ static void test_mla_decode_deterministic(void **st) {
         int B;
         int32_t len[2];
         int64_t cap;
-    } runs[] = {{2, {4999, 3001}, 5000}, {1, {20000, 0}, 20000}};
+    } runs[] = {{2, {4999, 3001}, 5000}, {1, {20000, 0}, 20000}, {2, {576, 33}, 576}, {1, {256, 0}, 256}};
     const int H = 9, R = 128, DR = 32, L = R + DR;
     const float scale = 1.0f / sqrtf((float)L);
 #ifdef HYLO_BENCH_VARIANTS
@@ -1296,9 +1337,13 @@ static int run_paged_appends(uint64_t seed) {
 // The decode ops through page tables (the server's paged caches): every
 // length class of attn_decode (page boundaries, a split long cache, an empty
 // row), MLA decode with and without the pool's tensor map, and the appends.
+// MLA's short sequences in one block, whose tiles cross page boundaries (704
+// rows): the SmolLM2 hybrid's layer (H 9, r_kv 48, dr 32) and a
+// Llama-3.2-3B-like one (H 24, r_kv 128, dr 64).
 static void test_paged_decode(void **st) {
     static const int32_t lens8[8] = {1, 255, 256, 257, 511, 700, 0, 3000};
     static const int32_t long1[2] = {20000, 513};
+    static const int32_t short2[2] = {704, 200}, short1[1] = {256}, llama2[2] = {31, 480};
     int fails = 0;
     fails += run_paged_attn(9, 3, 64, 8, lens8, 11);
     fails += run_paged_attn(32, 8, 128, 8, lens8, 12);
@@ -1306,6 +1351,9 @@ static void test_paged_decode(void **st) {
     fails += run_paged_attn(4, 4, 32, 8, lens8, 14); // head dim 32: 32 rows a warp reads per iteration
     fails += run_paged_mla(9, 128, 32, 8, lens8, 21);
     fails += run_paged_mla(32, 512, 64, 2, long1, 22);
+    fails += run_paged_mla(9, 48, 32, 2, short2, 23);
+    fails += run_paged_mla(9, 48, 32, 1, short1, 24);
+    fails += run_paged_mla(24, 128, 64, 2, llama2, 25);
     fails += run_paged_appends(31);
     printf("paged decode ops: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
@@ -1338,23 +1386,33 @@ static void dec_op_run(be_t *be, const dec_op_t *o) {
 // then replayed with other lengths uploaded before each replay, so that a
 // sequence's path (one block; slices merged by the last block; for MLA, the
 // combine kernel) changes between replays of the same launches, and a counter
-// left set by one replay would break the next. Each replay against the CPU at
-// its lengths (tolerances as test_attn_decode and test_mla_decode). Every
-// cache row up to max_len is valid: a kernel that read past a length would
-// miss the reference by ~1e-1. Without graphs (the fake GPU) the same calls
-// run one by one.
+// left set by one replay would break the next. MLA also under max_len 3,000:
+// a sequence goes between a short one in one block (up to 576 rows) and
+// slices. Each replay against the CPU at its
+// lengths (tolerances as test_attn_decode and test_mla_decode). Every cache
+// row up to max_len is valid: a kernel that read past a length would miss
+// the reference by ~1e-1. Without graphs (the fake GPU) the same calls run
+// one by one.
 static void test_decode_graph_replay(void **st) {
     be_t *gpu = tu_gpu(), *cpu = tu_cpu();
-    enum { B = 3, STEPS = 5, MAXLEN = 20000 };
+    enum { B = 3, STEPS = 5 };
     static const int32_t lens[STEPS][B] = {
         {300, 2000, 20000}, {20000, 0, 577}, {1, 513, 9000}, {0, 20000, 4096}, {300, 2000, 20000}};
+    static const int32_t lens_short[STEPS][B] = {
+        {300, 2000, 3000}, {3000, 0, 577}, {1, 513, 256}, {0, 3000, 576}, {300, 2000, 3000}};
+    static const struct {
+        int mla, max_len;
+        const int32_t (*lens)[B];
+    } runs[] = {{0, 20000, lens}, {1, 20000, lens}, {1, 3000, lens_short}};
     int fails = 0;
-    for (int mla = 0; mla < 2; mla++) {
+    for (int ri = 0; ri < (int)(sizeof runs / sizeof runs[0]); ri++) {
+        const int mla = runs[ri].mla, maxlen = runs[ri].max_len;
+        const int32_t(*rl)[B] = runs[ri].lens;
         const char *name = mla ? "mla_decode_attn" : "attn_decode";
-        dec_op_t o = {.mla = mla, .B = B, .H = 9, .Hkv = 3, .dh = 64, .R = 128, .DR = 32, .max_len = MAXLEN};
+        dec_op_t o = {.mla = mla, .B = B, .H = 9, .Hkv = 3, .dh = 64, .R = 128, .DR = 32, .max_len = maxlen};
         const int64_t w = mla ? o.R + o.DR : (int64_t)o.Hkv * o.dh; // a cache row (attention: of K, and of V)
         const int64_t nout = (int64_t)B * o.H * (mla ? o.R : o.dh), np = (int64_t)B * o.H * o.DR;
-        const int64_t ncache = (int64_t)B * MAXLEN * w;
+        const int64_t ncache = (int64_t)B * maxlen * w;
         o.scale = 1.0f / sqrtf((float)(mla ? o.R + o.DR : o.dh));
         float *kh = tu_rnd(ncache, 9101 + mla, 1.0f), *vh = mla ? NULL : tu_rnd(ncache, 9102, 1.0f);
         float *q = tu_rnd(nout, 9103 + mla, 1.0f), *qp = tu_rnd(np, 9104, 1.0f); // q: as many as out
@@ -1363,14 +1421,14 @@ static void test_decode_graph_replay(void **st) {
         void *qd = tu_dev_act(gpu, q, nout), *qpd = tu_dev_act(gpu, qp, np), *out_d = tu_dev_act(gpu, poison, nout);
         void *ptr_h[2 * B], *ptr_c[2 * B]; // device bases (K then V, or the MLA rows); the CPU's
         for (int b = 0; b < B; b++) {
-            ptr_h[b] = tu_gat(gpu, kd, b * MAXLEN * w), ptr_c[b] = kh + b * MAXLEN * w;
-            ptr_h[B + b] = mla ? NULL : tu_gat(gpu, vd, b * MAXLEN * w);
-            ptr_c[B + b] = mla ? NULL : vh + b * MAXLEN * w;
+            ptr_h[b] = tu_gat(gpu, kd, b * maxlen * w), ptr_c[b] = kh + b * maxlen * w;
+            ptr_h[B + b] = mla ? NULL : tu_gat(gpu, vd, b * maxlen * w);
+            ptr_c[B + b] = mla ? NULL : vh + b * maxlen * w;
         }
         void **ptr_d = gpu->alloc(gpu, sizeof ptr_h);
         assert_non_null(ptr_d);
         assert_int_equal(gpu->copy_h2d(gpu, ptr_d, ptr_h, sizeof ptr_h), 0);
-        int32_t *len_d = tu_dev_i32(gpu, lens[0], B);
+        int32_t *len_d = tu_dev_i32(gpu, rl[0], B);
         o.out = out_d, o.q = qd, o.q_pe = qpd, o.pool = mla ? kd : NULL, o.ptr = ptr_d, o.len = len_d;
         dec_op_run(gpu, &o); // a first call outside the recording (model.c records a step the second time)
         assert_int_equal(gpu->sync(gpu), 0);
@@ -1384,7 +1442,7 @@ static void test_decode_graph_replay(void **st) {
             assert_int_equal(rc, 0);
         }
         for (int k = 0; k < STEPS; k++) {
-            assert_int_equal(gpu->copy_h2d(gpu, len_d, lens[k], sizeof(int32_t) * B), 0);
+            assert_int_equal(gpu->copy_h2d(gpu, len_d, rl[k], sizeof(int32_t) * B), 0);
             tu_upload_act(gpu, out_d, poison, nout);
             if (graph)
                 assert_int_equal(gpu->graph_launch(gpu, g), 0);
@@ -1394,12 +1452,12 @@ static void test_decode_graph_replay(void **st) {
             if (rc) printf("  %s replay %d failed: %s\n", name, k, err_msg());
             assert_int_equal(rc, 0);
             dec_op_t c = o; // the CPU over the host caches, at this replay's lengths
-            c.out = out_c, c.q = q, c.q_pe = qp, c.pool = NULL, c.ptr = ptr_c, c.len = lens[k];
+            c.out = out_c, c.q = q, c.q_pe = qp, c.pool = NULL, c.ptr = ptr_c, c.len = rl[k];
             dec_op_run(cpu, &c);
             float *out_g = tu_host_act(gpu, out_d, nout);
             char label[128];
-            snprintf(label, sizeof label, "%s %s %d: len %d %d %d", name, graph ? "replay" : "call", k, lens[k][0],
-                     lens[k][1], lens[k][2]);
+            snprintf(label, sizeof label, "%s max_len %d %s %d: len %d %d %d", name, maxlen, graph ? "replay" : "call",
+                     k, rl[k][0], rl[k][1], rl[k][2]);
             const int64_t dims[4] = {1, B, o.H, mla ? o.R : o.dh};
             fails += cmp(label, "out", out_g, out_c, nout, dims, "-bHc", mla ? 1e-2 : 5e-3, 0);
             free(out_g);

@@ -21,6 +21,7 @@
 // r_kv up to 512. At the end the RS row groups merge in shared memory and the
 // block writes one partial (m, l, unnormalised O) for its slice.
 // k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -334,7 +335,13 @@ __global__ void k_mla_combine(bf16 *__restrict__ out, const float *__restrict__ 
 // read in the kernel (the other blocks exit at once):
 //  - n <= short_rows (one fill of the ring: every tile in flight at once; and
 //    up to MLA_MIN_SLICE_TILES tiles, the least a slice holds): one block
-//    takes every row and writes the output, no partials;
+//    takes every row and writes the output, no partials (production); in
+//    the bench-variants build (HYLO_MLA_CLUSTER = 8, launch_mla2) the csize
+//    blocks of one cluster may share its tiles instead, each merges its row groups
+//    into a partial in its shared memory, and block 0 merges the cluster's
+//    partials from theirs (distributed shared memory) and writes the output:
+//    no partials in global memory, fence or counter. A block that the tiles
+//    do not reach contributes m = -inf, l = 0, O = 0, which the merge weighs 0;
 //  - else slices of at least MLA_MIN_SLICE_TILES tiles, each block writing
 //    its partial (m, l, unnormalised O); when ns <= merge_max the last block
 //    of the sequence to finish (a counter per sequence, cuda_impl_t.dec_count,
@@ -356,6 +363,11 @@ enum { MLA_MIN_SLICE_TILES = 8 };
 // GB/s from L2 about 2 us, what the combine kernel's launch and its own chain
 // of loads cost.
 enum { MLA_MERGE_BYTES = 192 << 10 };
+// Blocks of a short sequence's cluster (the portable cluster size), and the
+// longest max_len that launches clusters (launch_mla2), as attention decode's
+// DEC_CLUSTER and DEC_CLUSTER_MAX_LEN.
+enum { MLA_CLUSTER = 8, MLA_CLUSTER_MAX_LEN = 4096 };
+namespace cg = cooperative_groups;
 
 // How the producer fills a ring slot (template argument LOAD of k_mla_decode2):
 //  - MLA2_LOAD_TILES: a few TMA tensor copies per tile, boxes of 64 columns x
@@ -380,7 +392,8 @@ typedef struct {
     int NSTG;             // ring slots of MLA2_NR rows
     int NB;               // MLA2_LOAD_TILES: boxes of MLA2_BOX columns per slot
     int n_split;          // slices of the grid (per sequence)
-    int short_rows;       // a sequence of at most this many rows: one block, no partials (NSTG tiles)
+    int short_rows;       // a sequence of at most this many rows: one cluster, no partials (NSTG tiles)
+    int csize;            // blocks of a short sequence: a cluster along x (1: one block)
     int merge_max;        // a sequence of at most this many slices is merged by its last block
     int neg;              // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
     float sl2;            // > 0
@@ -389,9 +402,10 @@ typedef struct {
 } mla2_args_t;
 
 // Slices a sequence of n rows uses of the grid's n_split (the comment above
-// MLA2_NR); the same in every block of the sequence and in the combine.
-static __device__ __forceinline__ int mla_slices(int64_t n, int n_split, int short_rows) {
-    if (n <= short_rows) return 1;
+// MLA2_NR): the cluster's csize blocks when short; the same in every block of
+// the sequence and in the combine.
+static __device__ __forceinline__ int mla_slices(int64_t n, int n_split, int short_rows, int csize) {
+    if (n <= short_rows) return csize;
     const int64_t s = (n + MLA_MIN_SLICE_TILES * MLA2_NR - 1) / (MLA_MIN_SLICE_TILES * MLA2_NR);
     return s < n_split ? (int)s : n_split;
 }
@@ -405,70 +419,120 @@ static __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// out[b] from the ns partials of sequence b, by the whole block (the last
-// of the sequence to finish): out[b, h, :] = sum_t w_t O_t / sum_t w_t l_t,
-// w_t = 2^(m_t - max m), as k_mla_combine2, in a fixed order (the same bits
-// on every run). Partial t of b is at b n_split + t; the partials are read
-// through L2 (__ldcg): other blocks wrote them. Shared sm: 2 ns H + H floats,
-// rounded up to 4, and a float4 per thread (launch_mla2's merge_max keeps it
-// within the ring).
-static __device__ void mla_merge(bf16 *__restrict__ out, const float *__restrict__ part_o,
-                                 const float *__restrict__ part_ml, float *sm, int b, int ns, int n_split, int H,
-                                 int r_kv) {
-    const int tid = threadIdx.x, nthr = blockDim.x, cq = r_kv / 4;
-    float *wm = sm, *wl = wm + ns * H, *sinv = wl + ns * H; // [ns][H] m then weights, [ns][H] l, [H] 1 / sum
-    float4 *red = (float4 *)(sm + ((2 * ns * H + H + 3) & ~3));
-    // (m, l) of slice t, head h at ml[t H + h]: every one loaded at once (one round trip)
-    const float2 *ml = (const float2 *)part_ml + (int64_t)b * n_split * H;
-    for (int i = tid; i < ns * H; i += nthr) {
-        const float2 v = __ldcg(ml + i);
-        wm[i] = v.x, wl[i] = v.y;
+// Where mla_merge finds its T partial results (m, l and unnormalised O of H
+// heads of r_kv columns):
+//  - MLA_PARTS_GLOBAL: a sequence's slices in global memory, which other
+//    blocks wrote (read through L2, __ldcg);
+//  - MLA_PARTS_ROWS: this block's row groups in its shared memory, whose
+//    (m, l) the merge uses in place (the weights replace m);
+//  - MLA_PARTS_CLUSTER: one partial in the shared memory of each block of
+//    the cluster, t the block's rank (distributed shared memory).
+enum { MLA_PARTS_GLOBAL = 0, MLA_PARTS_ROWS = 1, MLA_PARTS_CLUSTER = 2 };
+
+// T partials as mla_merge reads them: (m, l) of partial t, head h at
+// ml[t ml_t + h]; its O from column c at o[t o_t + h o_h + c] (16-byte
+// aligned). MLA_PARTS_CLUSTER: ml and o in this block's shared memory, partial
+// t at the same offsets in the block of rank t (ml_t, o_t unused).
+typedef struct {
+    float2 *ml;
+    const float *o;
+    int64_t o_t;
+    int ml_t, o_h;
+} mla_parts_t;
+
+template <int SRC> static __device__ __forceinline__ float2 mla_part_ml(const mla_parts_t &p, int t, int h) {
+    if (SRC == MLA_PARTS_CLUSTER) return cg::this_cluster().map_shared_rank(p.ml, t)[h];
+    const float2 *q = p.ml + (int64_t)t * p.ml_t + h;
+    return SRC == MLA_PARTS_GLOBAL ? __ldcg(q) : *q;
+}
+template <int SRC> static __device__ __forceinline__ float4 mla_part_o4(const mla_parts_t &p, int t, int h, int c) {
+    const float *q = SRC == MLA_PARTS_CLUSTER ? cg::this_cluster().map_shared_rank(p.o, t) : p.o + t * p.o_t;
+    q += (int64_t)h * p.o_h + c;
+    return SRC == MLA_PARTS_GLOBAL ? __ldcg((const float4 *)q) : *(const float4 *)q;
+}
+// Columns c..c+3 of head h of a merge's result: out normalised by sinv[h]
+// (bf16), or without out, the unnormalised partial po.
+static __device__ __forceinline__ void mla_merge_put(bf16 *out, float *po, const float *sinv, int h, int c, int r_kv,
+                                                     float4 acc) {
+    const int64_t at = (int64_t)h * r_kv + c;
+    if (!out) {
+        *(float4 *)(po + at) = acc;
+        return;
     }
-    __syncthreads();
+    const float inv = sinv[h];
+    out[at] = __float2bfloat16_rn(acc.x * inv), out[at + 1] = __float2bfloat16_rn(acc.y * inv);
+    out[at + 2] = __float2bfloat16_rn(acc.z * inv), out[at + 3] = __float2bfloat16_rn(acc.w * inv);
+}
+
+// Merges T partial results, by the whole block (every thread calls it):
+// M = max m_t over the partials with l_t > 0, w_t = 2^(m_t - M) (0 where
+// l_t = 0, so an empty partial, m = -inf, weighs nothing), S = sum_t w_t l_t,
+// O = sum_t w_t O_t, as k_mla_combine2; in a fixed order (t ascending, or
+// strided subsets of t added in subset order when there are fewer 4-column
+// units than threads and the partials are not the block's own row groups),
+// so the same bits on every run. Writes out = O / S ([H][r_kv] bf16, zeros
+// where S = 0) when out is given, else the partial: O to po ([H][r_kv]) and
+// (M, S) to pml[h]. Shared sm (16-byte aligned): the (m, l) table, 2 T H
+// floats (none for MLA_PARTS_ROWS, merged in place), then H floats rounded up
+// to 4, then a float4 per thread (none for MLA_PARTS_ROWS).
+template <int SRC>
+static __device__ void mla_merge(const mla_parts_t p, int T, int H, int r_kv, float *sm, bf16 *__restrict__ out,
+                                 float *po, float2 *pml) {
+    const int tid = threadIdx.x, nthr = blockDim.x, cq = r_kv / 4;
+    const int tabf = SRC == MLA_PARTS_ROWS ? 0 : 2 * T * H;
+    float2 *tab = SRC == MLA_PARTS_ROWS ? p.ml : (float2 *)sm; // [T][tld] (m, l), then (weight, l)
+    const int tld = SRC == MLA_PARTS_ROWS ? p.ml_t : H;
+    float *sinv = sm + tabf; // [H] 1 / S
+    float4 *red = (float4 *)(sm + ((tabf + H + 3) & ~3));
+    if (SRC != MLA_PARTS_ROWS) { // every (m, l) loaded at once (one round trip)
+        for (int i = tid; i < T * H; i += nthr) {
+            const int t = i / H;
+            tab[i] = mla_part_ml<SRC>(p, t, i - t * H);
+        }
+        __syncthreads();
+    }
     for (int h = tid; h < H; h += nthr) {
         float M = -INFINITY;
-        for (int t = 0; t < ns; t++)
-            if (wl[t * H + h] > 0.f) M = fmaxf(M, wm[t * H + h]);
+        for (int t = 0; t < T; t++)
+            if (tab[t * tld + h].y > 0.f) M = fmaxf(M, tab[t * tld + h].x);
         float S = 0.f;
-        for (int t = 0; t < ns; t++) {
-            const float l = wl[t * H + h], w = l > 0.f ? exp2f(wm[t * H + h] - M) : 0.f;
-            wm[t * H + h] = w;
-            S += w * l;
+        for (int t = 0; t < T; t++) {
+            const float2 v = tab[t * tld + h];
+            const float w = v.y > 0.f ? exp2f(v.x - M) : 0.f;
+            tab[t * tld + h].x = w;
+            S += w * v.y;
         }
         sinv[h] = S > 0.f ? 1.f / S : 0.f;
+        if (!out) pml[h] = make_float2(M, S);
     }
     __syncthreads();
-    // unit i = h cq + q: 4 columns of head h; slice t's at po[t H cq + i]
+    // unit i = h cq + q: columns 4q..4q+3 of head h
     const int units = H * cq;
-    const float4 *po = (const float4 *)part_o + (int64_t)b * n_split * H * cq;
-    bf16 *ob = out + (int64_t)b * H * r_kv;
-    if (units >= nthr) {
+    if (SRC == MLA_PARTS_ROWS || units >= nthr) {
         for (int i = tid; i < units; i += nthr) {
-            const int h = i / cq;
+            const int h = i / cq, c = (i - h * cq) * 4;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-            for (int t = 0; t < ns; t++) {
-                const float w = wm[t * H + h];
-                const float4 x = __ldcg(po + (int64_t)t * units + i);
+            for (int t = 0; t < T; t++) {
+                const float w = tab[t * tld + h].x;
+                const float4 x = mla_part_o4<SRC>(p, t, h, c);
                 acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
                 acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
             }
-            const float inv = sinv[h];
-            ob[4 * i] = __float2bfloat16_rn(acc.x * inv), ob[4 * i + 1] = __float2bfloat16_rn(acc.y * inv);
-            ob[4 * i + 2] = __float2bfloat16_rn(acc.z * inv), ob[4 * i + 3] = __float2bfloat16_rn(acc.w * inv);
+            mla_merge_put(out, po, sinv, h, c, r_kv, acc);
         }
         return;
     }
-    // fewer units than threads: nsub subsets of the slices per unit (more
+    // fewer units than threads: nsub subsets of the partials per unit (more
     // loads in flight), added in subset order
     const int nsub = nthr / units, sub = tid / units, i = tid - sub * units;
     if (sub < nsub) {
-        const int h = i / cq;
+        const int h = i / cq, c = (i - h * cq) * 4;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-        for (int t = sub; t < ns; t += nsub) {
-            const float w = wm[t * H + h];
-            const float4 x = __ldcg(po + (int64_t)t * units + i);
+        for (int t = sub; t < T; t += nsub) {
+            const float w = tab[t * tld + h].x;
+            const float4 x = mla_part_o4<SRC>(p, t, h, c);
             acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
             acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
         }
@@ -481,17 +545,28 @@ static __device__ void mla_merge(bf16 *__restrict__ out, const float *__restrict
             const float4 x = red[k * units + tid];
             acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
         }
-        const float inv = sinv[tid / cq];
-        ob[4 * tid] = __float2bfloat16_rn(acc.x * inv), ob[4 * tid + 1] = __float2bfloat16_rn(acc.y * inv);
-        ob[4 * tid + 2] = __float2bfloat16_rn(acc.z * inv), ob[4 * tid + 3] = __float2bfloat16_rn(acc.w * inv);
+        const int h = tid / cq;
+        mla_merge_put(out, po, sinv, h, (tid - h * cq) * 4, r_kv, acc);
     }
 }
 
-// Grid (n_split, B), (NCW + 1) warps; the last warp is the producer. Shared:
-// [barriers 512 B][Q HR x SQ][ring NSTG slots] (MLA2_LOAD_TILES: the ring starts
-// at the next 1024-byte boundary, which the swizzle pattern needs); the ring is
-// reused for the final merge of the RS row groups, then for the merge of the
-// slices. out [B, H, r_kv]; part_o, part_ml, count: unused when n_split = 1.
+// Float offset in the ring of a clustered block's merged partial (O [H][r_kv]
+// then (m, l) [H]): past the larger of its row groups' merge area ((m, l)
+// [RS][HR], O [RS][HR][CCWp]) and block 0's scratch for the cluster merge
+// (mla_merge), which use the ring's start one after the other.
+static __host__ __device__ __forceinline__ int64_t mla2_cluster_part(int RS, int HR, int CCWp, int H, int cs,
+                                                                     int nthr) {
+    const int64_t rows = (int64_t)RS * HR * (2 + CCWp), merge = ((2 * cs * H + H + 3) & ~3) + 4 * (int64_t)nthr;
+    return rows > merge ? rows : merge;
+}
+
+// Grid (n_split rounded up to csize, B) in clusters of (csize, 1), (NCW + 1)
+// warps; the last warp is the producer. Shared: [barriers 512 B][Q HR x SQ]
+// [ring NSTG slots] (MLA2_LOAD_TILES: the ring starts at the next 1024-byte
+// boundary, which the swizzle pattern needs); the ring is reused for the final
+// merge of the RS row groups (its scratch in Q's place), then for the merge
+// of the slices or of the cluster's blocks. out [B, H, r_kv]; part_o,
+// part_ml, count: unused when n_split = 1.
 template <int CW, int LOAD>
 __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     k_mla_decode2(bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
@@ -508,23 +583,37 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     if (TILES) sC = (bf16 *)((unsigned char *)sC + ((1024u - (smem_u32(sC) & 1023u)) & 1023u));
     const uint32_t slot_bytes = TILES ? (uint32_t)(a.NB * MLA2_BOX_BYTES) : (uint32_t)(NR * SR * 2);
 
+    const int b = blockIdx.y, split = blockIdx.x; // split: the block's rank in a short sequence's cluster
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // the ring's barriers read nothing the kernel before writes: set up while it may still run
+    if (tid == 0) {
+        for (int s = 0; s < NSTG; s++) {
+            mbar_init(bar_full + 8 * s, LOAD == MLA2_LOAD_CPASYNC ? 32 : 1);
+            mbar_init(bar_empty + 8 * s, a.HT * a.CC);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+
     // launched as a programmatic dependent launch (cuda_vec.cuh): the kernel
     // before it has finished once this returns; then the combine may be
     // scheduled (it waits for this grid to finish)
     griddep_wait();
     griddep_launch_dependents();
 
-    const int b = blockIdx.y, split = blockIdx.x;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int64_t n = len[b];
     const bf16 *cache = rows[b]; // row 0 of this sequence's cache (or of its pages' pool)
     if (n > max_rows) n = max_rows;
     if (n < 0) n = 0;
-    const int ns = mla_slices(n, a.n_split, a.short_rows);
+    const int ns = mla_slices(n, a.n_split, a.short_rows, a.csize);
+    // a short sequence over the cluster's blocks: every one of them stays to
+    // the end (ns = csize) and takes part in both cluster barriers below
+    const bool clustered = a.csize > 1 && n <= a.short_rows;
     // a slice this sequence's length leaves unused: the whole block exits,
-    // before any barrier. The test also reads the cache pointer (never 1: rows
-    // are 16-byte aligned), so that its load is issued with len's, not one
-    // round trip after it (past the branch, where the compiler may put it)
+    // before any __syncthreads (a cluster all of whose blocks exit, or one of
+    // a long sequence, whose blocks share no barrier). The test also reads the
+    // cache pointer (never 1: rows are 16-byte aligned), so that its load is
+    // issued with len's, not one round trip after it (past the branch, where
+    // the compiler may put it)
     if ((split >= ns) & ((uintptr_t)cache != 1)) return;
     int64_t rps = (n + ns - 1) / ns;
     rps = (rps + NR - 1) / NR * NR; // slices of whole tiles: a tile lies in one page
@@ -535,14 +624,7 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     // MLA2_LOAD_TILES: the sequence's row 0 as a row of the pool the tensor map describes
     const int64_t row0 = TILES ? (int64_t)(cache - pool) / L : 0;
 
-    if (tid == 0) {
-        for (int s = 0; s < NSTG; s++) {
-            mbar_init(bar_full + 8 * s, LOAD == MLA2_LOAD_CPASYNC ? 32 : 1);
-            mbar_init(bar_empty + 8 * s, a.HT * a.CC);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    __syncthreads(); // the barriers are initialised
 
     float o[CW / 8][4];
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
@@ -731,61 +813,50 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     // ---- merge the RS row groups (the ring is free: every tile was consumed)
     __syncthreads();
     const int CCW = a.CC * CW, CCWp = CCW + 4;
-    float *em = (float *)sC;  // [RS][HR] running max (log2 domain)
-    float *el = em + RS * HR; // [RS][HR] sum
-    float *eo = el + RS * HR; // [RS][HR][CCWp] O of each row group, scaled to the block maximum
+    float2 *eml = (float2 *)sC;           // [RS][HR] (running max in the log2 domain, sum) of each row group
+    float *eo = (float *)(eml + RS * HR); // [RS][HR][CCWp] unnormalised O of each row group
     if (warp < NCW) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float l = quad_sum(lrow[h]);
-            if (cc == 0 && t4 == 0) {
-                em[rs * HR + ht * 16 + g + 8 * h] = mrow[h];
-                el[rs * HR + ht * 16 + g + 8 * h] = l;
-            }
-        }
-    }
-    __syncthreads();
-    if (warp < NCW) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int hr = ht * 16 + g + 8 * h;
-            float M = -INFINITY;
-            for (int r = 0; r < RS; r++)
-                M = fmaxf(M, em[r * HR + hr]);
-            float f = mrow[h] == -INFINITY ? 0.f : exp2_approx(mrow[h] - M);
+            const int hr = ht * 16 + g + 8 * h;
+            const float l = quad_sum(lrow[h]);
+            if (cc == 0 && t4 == 0) eml[rs * HR + hr] = make_float2(mrow[h], l);
             float *dst = eo + (rs * HR + hr) * CCWp + cc * CW + 2 * t4;
 #pragma unroll
             for (int nt = 0; nt < CW / 8; nt++)
-                *(float2 *)(dst + nt * 8) = make_float2(o[nt][2 * h] * f, o[nt][2 * h + 1] * f);
+                *(float2 *)(dst + nt * 8) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
         }
     }
     __syncthreads();
+    // the block's result: the output when it is the sequence's only slice; a
+    // partial in its shared memory for block 0 of its cluster; else its
+    // slice's partial in global memory. The merge's scratch in Q's place,
+    // which nothing reads any more (H floats: Q holds HR SQ bf16, SQ >= 24).
     const int64_t pidx = (int64_t)b * a.n_split + split;
-    const int cq = a.r_kv / 4;
-    for (int i = tid; i < a.H * cq; i += blockDim.x) {
-        int h = i / cq, c = (i - h * cq) * 4;
-        float4 acc = *(const float4 *)(eo + h * CCWp + c);
-        for (int r = 1; r < RS; r++) {
-            float4 x = *(const float4 *)(eo + (r * HR + h) * CCWp + c);
-            acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
-        }
-        if (ns == 1) { // the sequence's only slice: the output, normalised by the sum of its row groups
-            float M, S;
-            rowgroups_ml(em, el, RS, HR, h, &M, &S);
-            const float inv = S > 0.f ? 1.f / S : 0.f; // no rows: zeros
-            bf16 *o4 = out + ((int64_t)b * a.H + h) * a.r_kv + c;
-            o4[0] = __float2bfloat16_rn(acc.x * inv), o4[1] = __float2bfloat16_rn(acc.y * inv);
-            o4[2] = __float2bfloat16_rn(acc.z * inv), o4[3] = __float2bfloat16_rn(acc.w * inv);
-        } else {
-            *(float4 *)(part_o + (pidx * a.H + h) * a.r_kv + c) = acc;
-        }
-    }
+    float *cpo = (float *)sC + mla2_cluster_part(RS, HR, CCWp, a.H, a.csize, blockDim.x); // [H][r_kv]
+    float2 *cpml = (float2 *)(cpo + a.H * a.r_kv);                                        // [H]
+    bf16 *ob = out + (int64_t)b * a.H * a.r_kv;
+    float *po = NULL;
+    float2 *pml = NULL;
+    if (clustered)
+        po = cpo, pml = cpml;
+    else if (ns > 1)
+        po = part_o + pidx * a.H * a.r_kv, pml = (float2 *)part_ml + pidx * a.H;
+    const mla_parts_t groups = {eml, eo, (int64_t)HR * CCWp, HR, CCWp};
+    mla_merge<MLA_PARTS_ROWS>(groups, RS, a.H, a.r_kv, (float *)sQ, ns == 1 ? ob : NULL, po, pml);
     if (ns == 1) return;
-    for (int h = tid; h < a.H; h += blockDim.x) {
-        float M, S;
-        rowgroups_ml(em, el, RS, HR, h, &M, &S);
-        part_ml[(pidx * a.H + h) * 2] = M;
-        part_ml[(pidx * a.H + h) * 2 + 1] = S;
+    if (clustered) {
+        // block 0 merges the cluster's partials from their blocks' shared
+        // memory in rank order (= row order), its scratch over its own row
+        // groups' area, which every thread of it is past (first sync)
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync(); // every block's partial written (release / acquire at cluster scope)
+        if (split == 0) {
+            const mla_parts_t blocks = {cpml, cpo, 0, 0, a.r_kv};
+            mla_merge<MLA_PARTS_CLUSTER>(blocks, ns, a.H, a.r_kv, (float *)sC, ob, NULL, NULL);
+        }
+        cl.sync(); // no block leaves while block 0 may still read its memory
+        return;
     }
     if (ns > a.merge_max) return; // k_mla_combine2 merges this sequence
 
@@ -794,12 +865,15 @@ __global__ void __launch_bounds__((MLA2_MAXW + 1) * 32, 1)
     // memory would come out of the ring's budget, sized to the last slot)
     unsigned *s_last = (unsigned *)sQ;
     __threadfence(); // this block's partial is visible before its count
-    __syncthreads(); // (also: every read of em, el, eo above is done)
+    __syncthreads(); // (also: every read of the row groups' merge, its scratch in sQ included, is done)
     if (tid == 0) *s_last = atomicAdd(&count[b], 1u) == (unsigned)ns - 1;
     __syncthreads();
     if (!*s_last) return;
-    __threadfence(); // the other blocks' partials are read after their counts
-    mla_merge(out, part_o, part_ml, (float *)sC, b, ns, a.n_split, a.H, a.r_kv);
+    __threadfence();                           // the other blocks' partials are read after their counts
+    const int64_t pb = (int64_t)b * a.n_split; // the sequence's first partial
+    const mla_parts_t slices = {(float2 *)part_ml + pb * a.H, part_o + pb * a.H * a.r_kv, (int64_t)a.H * a.r_kv, a.H,
+                                a.r_kv};
+    mla_merge<MLA_PARTS_GLOBAL>(slices, ns, a.H, a.r_kv, (float *)sC, ob, NULL, NULL);
     if (tid == 0) count[b] = 0; // ready for the next launch (stream order)
 }
 
@@ -819,8 +893,10 @@ __global__ void __launch_bounds__(256)
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
     int64_t n = len[b];
     n = n < 0 ? 0 : n > max_rows ? max_rows : n;
-    const int ns = mla_slices(n, n_split, short_rows); // partials of this sequence (the stride stays n_split)
-    if (ns <= merge_max) return;                       // the decode wrote this sequence's output
+    // partials of this sequence (the stride stays n_split); a short one has
+    // none (its one block or cluster wrote the output), so csize 1 here
+    const int ns = mla_slices(n, n_split, short_rows, 1);
+    if (ns <= merge_max) return;                                    // the decode wrote this sequence's output
     const float *ml = part_ml + ((int64_t)b * n_split * H + h) * 2; // split s at ml[s * H * 2]
     float M = -INFINITY;
     for (int s = tid; s < ns; s += blockDim.x)
@@ -885,13 +961,38 @@ __global__ void __launch_bounds__(256)
 typedef struct {
     int occ_threads, occ; // blocks per SM for (occ_threads, occ_smem)
     size_t occ_smem;
+    int cl_threads, clusters; // v2: clusters of MLA_CLUSTER blocks the GPU holds at once for (cl_threads, cl_smem)
+    size_t cl_smem;
 } mla_launch_state_t;
+
+#ifdef HYLO_BENCH_VARIANTS
+// Clusters of MLA_CLUSTER blocks of kern (threads, smem; its shared memory
+// limit already raised) that the GPU holds at once, cached in *ls; 0 when
+// the query fails (no clusters, then).
+static int mla2_clusters(const void *kern, int threads, size_t smem, mla_launch_state_t *ls) {
+    if (ls->cl_threads != threads || ls->cl_smem != smem) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(MLA_CLUSTER), cfg.blockDim = dim3((unsigned)threads), cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = MLA_CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr, cfg.numAttrs = 1;
+        int nc = 0;
+        if (cudaOccupancyMaxActiveClusters(&nc, kern, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            nc = 0;
+        }
+        ls->clusters = nc, ls->cl_threads = threads, ls->cl_smem = smem;
+    }
+    return ls->clusters;
+}
+#endif
 
 // Everything v1 and v2 set up alike before their launches: raises the kernel's
 // shared memory limit (cuda_smem_limit), reads its occupancy (cached in *ls), picks the slices per sequence (one wave
 // of blocks over the batch, each at least MLA_MIN_SLICE_TILES tiles of `rows_per_tile` rows of max_rows; one when
-// max_rows <= short_rows, v2's one-block path, which needs no partials: < 0 for v1) and takes the partial results
-// (m, l, unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed
+// max_rows <= short_rows, v2's one-block or cluster path, which needs no partials: < 0 for v1) and takes the partial
+// results (m, l, unnormalised O per slice and head) from the scratch arena after *mark. 0 slices when a call failed
 // (recorded; *mark restored).
 static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, mla_launch_state_t *ls, int threads,
                                 size_t smem, int B, int64_t max_rows, int64_t short_rows, int rows_per_tile, int H,
@@ -925,7 +1026,7 @@ static int64_t mla_launch_setup(be_t *be, const void *kern, const char *name, ml
     if (ns < 1) ns = 1;
     arena_t *ar = &be->scratch;
     *mark = arena_mark(ar);
-    if (max_rows <= short_rows) { // every sequence is short (mla_slices): one block each, the output itself
+    if (max_rows <= short_rows) { // every sequence is short (mla_slices): one block or cluster each, the output itself
         *part_o = *part_ml = NULL;
         return 1;
     }
@@ -1070,9 +1171,34 @@ static bool launch_mla2(be_t *be, void *out, const void *q_lat, const void *q_pe
     if (mm > ns) mm = ns;
     if (mm < 1 || B > CUDA_DEC_COUNTERS) mm = 1; // (a counter per sequence)
     a.merge_max = (int)mm;
-    cu_launch_pdl(kern, dim3((unsigned)ns, (unsigned)B), dim3(threads), smem, cuda_stream(be), (bf16 *)out, part_o,
-                  part_ml, ci->dec_count, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows,
-                  (const bf16 *)pool, max_rows, len, a, tmap);
+    // Production: a short sequence in one block. The bench-variants build's
+    // HYLO_MLA_CLUSTER = 8 spreads it over a cluster of MLA_CLUSTER blocks
+    // (the grid's slices a multiple of it) by attention decode's rule
+    // (cuda_attn.cu dec_launch): few sequences, an SM a block for all the
+    // clusters, max_len at most MLA_CLUSTER_MAX_LEN, the GPU holding all B
+    // clusters at once (a block fills an SM) and the ring the blocks' merged
+    // partials past their merge areas (mla2_cluster_part). Run 33 measured
+    // it slower than one block at every short point (docs/PERFORMANCE.md).
+    int cs = 1;
+#ifdef HYLO_BENCH_VARIANTS
+    const int64_t part_end = mla2_cluster_part(a.RS, HR, a.CC * CW + 4, a.H, MLA_CLUSTER, threads) +
+                             (int64_t)a.H * a.r_kv + 2 * (int64_t)a.H; // floats
+    if (cu_env_int("HYLO_MLA_CLUSTER", 1) == MLA_CLUSTER && (int64_t)B * MLA_CLUSTER <= ci->sm_count &&
+        max_rows <= MLA_CLUSTER_MAX_LEN && 4 * part_end <= (int64_t)a.NSTG * (int64_t)slot &&
+        mla2_clusters((const void *)kern, threads, smem, &ls) >= B)
+        cs = MLA_CLUSTER;
+#endif
+    a.csize = cs;
+    const unsigned gx = (unsigned)((ns + cs - 1) / cs * cs); // slices past n_split: short sequences' blocks only
+    if (cs > 1)
+        cu_launch_pdl_cluster(kern, dim3(gx, (unsigned)B), dim3(threads), dim3((unsigned)cs, 1, 1), smem,
+                              cuda_stream(be), (bf16 *)out, part_o, part_ml, ci->dec_count, (const bf16 *)q_lat,
+                              (const bf16 *)q_pe, (const bf16 *const *)rows, (const bf16 *)pool, max_rows, len, a,
+                              tmap);
+    else
+        cu_launch_pdl(kern, dim3(gx, (unsigned)B), dim3(threads), smem, cuda_stream(be), (bf16 *)out, part_o, part_ml,
+                      ci->dec_count, (const bf16 *)q_lat, (const bf16 *)q_pe, (const bf16 *const *)rows,
+                      (const bf16 *)pool, max_rows, len, a, tmap);
     cuda_check_launch(be, "k_mla_decode2");
     if (ns <= a.merge_max) { // every sequence's output is written by the decode
         arena_reset(&be->scratch, mark);
@@ -1123,7 +1249,9 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
 //   HYLO_MLA_WARPS = consumer warps per block for v2 (default and most: 11);
 //   HYLO_MLA_STAGES = most ring slots for v2 (default: as many as fit, <= 32);
 //   HYLO_MLA_MERGE = 1: v2 merges every split sequence in its last block; 2:
-//   always in k_mla_combine2 (default: by MLA_MERGE_BYTES).
+//   always in k_mla_combine2 (default: by MLA_MERGE_BYTES);
+//   HYLO_MLA_CLUSTER = 8: v2 spreads a short sequence over a cluster of
+//   MLA_CLUSTER blocks where launch_mla2's rule allows (default: one block).
 static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
                        void *const *rows, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
                        int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
