@@ -2664,7 +2664,7 @@ static void cu_gdn_recurrent_step(be_t *be, void *o, void *const *rows, const vo
 // 256 threads as k_step_inputs: q and k get its reduction order and bits;
 // only the norm's sum of squares is summed in another order than k_gnorm_fwd.
 // Clusters of up to 16 blocks: 16 (past the portable 8) where the step's
-// clusters all fit the device at once (gdn_step_launch). G must be a power
+// clusters all fit the device at once (cu_gdn_step). G must be a power
 // of two up to 8 and K a multiple of 8 up to 256; other shapes run the three
 // kernels.
 
@@ -2716,7 +2716,7 @@ static __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cl
 
 // Dynamic shared memory: q, k [K], v, o [R] (the block's rows), 32 for
 // block_reduce, the head's parts of the sum of squares [GS_CLUSTER_MAX], g
-// and beta (GS_SMEM_FLOATS). One block per SM in
+// and beta (gdn_step_smem). One block per SM in
 // the bounds: the 8 x 8 state tile of <8, 8> spilled under a register cap of
 // 128 (two blocks), and without a cap ptxas capped <8, 4> at 80 and spilled.
 template <int E, int RW> __global__ void __launch_bounds__(GS_THREADS, 1) k_gdn_step(const gdn_step_args p) {
@@ -2881,18 +2881,21 @@ static int gdn_step_clusters(be_t *be, gdn_step_kern_t kern, unsigned cs, size_t
             return n;
         }
     int n = 0;
-    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") == 0 &&
-        (cs <= GS_CLUSTER ||
-         cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(cs), cfg.blockDim = dim3(GS_THREADS), cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = cs, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr, cfg.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) n = 0;
+    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") == 0) {
+        cudaError_t e = cs <= GS_CLUSTER
+                            ? cudaSuccess
+                            : cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e == cudaSuccess) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(cs), cfg.blockDim = dim3(GS_THREADS), cfg.dynamicSmemBytes = smem;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = cs, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr, cfg.numAttrs = 1;
+            e = cudaOccupancyMaxActiveClusters(&n, kern, &cfg);
+        }
+        if (e != cudaSuccess) (void)cudaGetLastError(), n = 0; // (refused: no such clusters)
     }
-    (void)cudaGetLastError();
     if (used < 16) cache[used] = {dev, kern, cs, smem, n}, used++;
     pthread_mutex_unlock(&lock);
     return n;

@@ -392,7 +392,7 @@ typedef struct {
     int NSTG;             // ring slots of MLA2_NR rows
     int NB;               // MLA2_LOAD_TILES: boxes of MLA2_BOX columns per slot
     int n_split;          // slices of the grid (per sequence)
-    int short_rows;       // a sequence of at most this many rows: one cluster, no partials (NSTG tiles)
+    int short_rows;       // a sequence of at most this many rows: one block (or cluster), no partials (NSTG tiles)
     int csize;            // blocks of a short sequence: a cluster along x (1: one block)
     int merge_max;        // a sequence of at most this many slices is merged by its last block
     int neg;              // scale < 0: Q is negated in shared memory and sl2 = |scale| log2 e
