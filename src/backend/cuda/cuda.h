@@ -62,6 +62,11 @@ int cuda_fail(be_t *be, const char *what, cudaError_t e);
 // device before (remembered here, so callers keep no flags). 0, or < 0 with
 // the error recorded.
 int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name);
+// How many clusters of cs blocks of kern (threads, smem bytes each; its
+// shared memory limit already raised) the device holds at once: clusters of
+// more than the portable 8 are allowed for kern first. 0 where the driver
+// refuses (no such clusters; the error state is cleared).
+int cuda_clusters_fit(const void *kern, int threads, size_t smem, int cs);
 // Checks the last launch error; `what` names the kernel for the message.
 void cuda_check_launch(be_t *be, const char *what);
 

@@ -1500,9 +1500,9 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_cfg<G>::MINB) k_attn_decode(c
         for (int u = u_begin + step + tid; u < hi; u += DEC_THREADS) {
             const int64_t at = cu_page_row(a.pg, r, u);
             for (int o = 0; o < a.dqk * 2; o += 128)
-                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kp + at * ldK * 2 + o));
+                prefetch_l2(kp + at * ldK * 2 + o);
             for (int o = 0; o < a.dv * 2; o += 128)
-                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vp + at * ldV * 2 + o));
+                prefetch_l2(vp + at * ldV * 2 + o);
         }
     }
     griddep_enter();

@@ -70,6 +70,23 @@ int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name) 
     return 0;
 }
 
+int cuda_clusters_fit(const void *kern, int threads, size_t smem, int cs) {
+    cudaError_t e =
+        cs <= 8 ? cudaSuccess : cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    int n = 0;
+    if (e == cudaSuccess) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)cs), cfg.blockDim = dim3((unsigned)threads), cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)cs, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr, cfg.numAttrs = 1;
+        e = cudaOccupancyMaxActiveClusters(&n, kern, &cfg);
+    }
+    if (e != cudaSuccess) (void)cudaGetLastError(), n = 0;
+    return n;
+}
+
 // The backend's stream, for benchmarks that time ops with CUDA events from C
 // (backend/cuda/cuda.h is C++ only; declared in backend/backend.h).
 extern "C" void *cuda_stream_of(be_t *be) { return (void *)cuda_stream(be); }

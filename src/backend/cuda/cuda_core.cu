@@ -878,10 +878,6 @@ static void gemv(be_t *be, int64_t M, int64_t N, int64_t K, float alpha, const v
 // memory and are added in slice order: the same bits every run.
 enum { XW_CHUNKS = 4, XW_SLICES = GEMV_WARPS * 32 / XW_CHUNKS };
 
-static __device__ __forceinline__ void prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 // Batch entry blockIdx.y; N a multiple of CT, B's rows and stride aligned for
 // CT-wide loads (gemv_fits).
 template <int M, int CT>

@@ -2855,13 +2855,23 @@ static gdn_step_kern_t gdn_step_kernel(int K, int R) {
     return rw8 ? k_gdn_step<8, 8> : k_gdn_step<8, 4>;
 }
 
+// Slices of a value head in clusters of at most cs blocks: as many as the
+// cluster holds, but each of a pass of 8 warps x 4 rows at least (smaller
+// blocks would leave warps idle for no gain).
+static int gdn_step_slices(int cs, int G, int Dv) {
+    int S = cs / G;
+    while (S > 1 && Dv / S < 4 * GS_WARPS)
+        S /= 2;
+    return S;
+}
+
 static size_t gdn_step_smem(int K, int R) { // the layout above k_gdn_step
     return ((size_t)2 * K + 2 * (size_t)R + 32 + GS_CLUSTER_MAX + 2) * sizeof(float);
 }
 
-// How many clusters of cs blocks of kern fit the device at once (0: the query
-// failed, or clusters past the portable size are refused), cached per
-// (device, kernel, cs, smem): the 16-block cluster's condition.
+// How many clusters of cs blocks of kern fit the device at once
+// (cuda_clusters_fit), cached per (device, kernel, cs, smem): the 16-block
+// cluster's condition.
 static int gdn_step_clusters(be_t *be, gdn_step_kern_t kern, unsigned cs, size_t smem) {
     static struct {
         int device;
@@ -2880,22 +2890,9 @@ static int gdn_step_clusters(be_t *be, gdn_step_kern_t kern, unsigned cs, size_t
             pthread_mutex_unlock(&lock);
             return n;
         }
-    int n = 0;
-    if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") == 0) {
-        cudaError_t e = cs <= GS_CLUSTER
-                            ? cudaSuccess
-                            : cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e == cudaSuccess) {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(cs), cfg.blockDim = dim3(GS_THREADS), cfg.dynamicSmemBytes = smem;
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = cs, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-            cfg.attrs = attr, cfg.numAttrs = 1;
-            e = cudaOccupancyMaxActiveClusters(&n, kern, &cfg);
-        }
-        if (e != cudaSuccess) (void)cudaGetLastError(), n = 0; // (refused: no such clusters)
-    }
+    const int n = cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") == 0
+                      ? cuda_clusters_fit((const void *)kern, GS_THREADS, smem, (int)cs)
+                      : 0;
     if (used < 16) cache[used] = {dev, kern, cs, smem, n}, used++;
     pthread_mutex_unlock(&lock);
     return n;
@@ -2955,19 +2952,12 @@ static void cu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, in
         gdn_step_unfused(be, p, allow_neg);
         return;
     }
-    // as many slices as the cluster holds, but each of a pass of 8 warps x 4
-    // rows at least (smaller blocks would leave warps idle for no gain): 16
-    // blocks a head (a non-portable cluster) where the step's clusters all fit
-    // the device at once, else the portable 8
-    int S16 = GS_CLUSTER_MAX / G;
-    while (S16 > 1 && Dv / S16 < 4 * GS_WARPS)
-        S16 /= 2;
-    const int R16 = (Dv + S16 - 1) / S16;
+    // 16 blocks a head (a non-portable cluster) where the step's clusters all
+    // fit the device at once, else the portable 8
+    const int S16 = gdn_step_slices(GS_CLUSTER_MAX, G, Dv), R16 = (Dv + S16 - 1) / S16;
     const bool big = G * S16 > GS_CLUSTER && gdn_step_clusters(be, gdn_step_kernel(K, R16), (unsigned)(G * S16),
                                                                gdn_step_smem(K, R16)) >= (int64_t)H * N;
-    p.S = big ? S16 : GS_CLUSTER / G;
-    while (p.S > 1 && Dv / p.S < 4 * GS_WARPS)
-        p.S /= 2;
+    p.S = big ? S16 : gdn_step_slices(GS_CLUSTER, G, Dv);
 #ifdef HYLO_BENCH_VARIANTS
     // bench-only: HYLO_GDN_STEP = 1 runs the three kernels; HYLO_GDN_SLICES = S
     // (a power of two, G S <= 16) sets the slices of a value head, to see

@@ -967,22 +967,12 @@ typedef struct {
 
 #ifdef HYLO_BENCH_VARIANTS
 // Clusters of MLA_CLUSTER blocks of kern (threads, smem; its shared memory
-// limit already raised) that the GPU holds at once, cached in *ls; 0 when
-// the query fails (no clusters, then).
+// limit already raised) that the GPU holds at once (cuda_clusters_fit),
+// cached in *ls.
 static int mla2_clusters(const void *kern, int threads, size_t smem, mla_launch_state_t *ls) {
     if (ls->cl_threads != threads || ls->cl_smem != smem) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(MLA_CLUSTER), cfg.blockDim = dim3((unsigned)threads), cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = MLA_CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr, cfg.numAttrs = 1;
-        int nc = 0;
-        if (cudaOccupancyMaxActiveClusters(&nc, kern, &cfg) != cudaSuccess) {
-            (void)cudaGetLastError();
-            nc = 0;
-        }
-        ls->clusters = nc, ls->cl_threads = threads, ls->cl_smem = smem;
+        ls->clusters = cuda_clusters_fit(kern, threads, smem, MLA_CLUSTER);
+        ls->cl_threads = threads, ls->cl_smem = smem;
     }
     return ls->clusters;
 }

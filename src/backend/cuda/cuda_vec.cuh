@@ -179,20 +179,24 @@ static __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcon
 static __device__ __forceinline__ void griddep_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+// Asks L2 for the line holding p.
+static __device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 // Warms L2 with `bytes` from p, one prefetch per 128-byte line spread over a
 // warp's lanes: a decode product's weight rows (read-only) asked for before
 // griddep_wait, so they arrive while the kernel before still runs.
 static __device__ __forceinline__ void warp_prefetch_l2(const void *p, int64_t bytes, int lane) {
     const char *c = (const char *)p;
     for (int64_t o = (int64_t)lane * 128; o < bytes; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + o));
+        prefetch_l2(c + o);
 }
 // The same over a block's nthr threads: state a decode kernel reads that
 // earlier steps wrote, asked for before griddep_wait.
 static __device__ __forceinline__ void block_prefetch_l2(const void *p, int64_t bytes, int tid, int nthr) {
     const char *c = (const char *)p;
     for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)nthr * 128)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + o));
+        prefetch_l2(c + o);
 }
 static __device__ __forceinline__ void griddep_enter() {
     griddep_wait();
