@@ -428,6 +428,22 @@ struct be {
     void (*mla_rope_append)(be_t *be, void *q, int64_t ldq, int64_t hs, const void *c, int64_t ldc, const void *kpe,
                             int64_t ldk, const int32_t *pos, const float *cos, const float *sin, void *const *rows,
                             be_pages_t pg, int N, int H, int r_kv, int dr);
+    // An MLA step's q_b product fused with mla_rope_append: q [N, H, qd] (row
+    // r at q + r * ldq) = x [N, K] (rows ldx apart) times W [H qd, K]^T, each
+    // head's q_pe (its last dr values, after d_nope = qd - dr) rotated; row
+    // r's latent c (r_kv values at c + r * ldc) and its rope key (dr values at
+    // kpe + r * ldk, rotated; kpe itself is not written) written as [c | k_pe]
+    // to the cache row rows[r] + row(r, pos[r]) * (r_kv + dr) (rotation,
+    // positions, tables and pages as mla_rope_append). c and kpe may lie in
+    // x's buffer (parts of the joint q_a / kv_a product's rows); q overlaps
+    // none of x, c, kpe and the caches. The same results as gemm into q then
+    // mla_rope_append, but for the product's rounding: CUDA rotates its fp32
+    // sums and rounds once. One launch on CUDA for N <= BE_FEW_ROWS (any N
+    // works, in launches of that many rows).
+    void (*proj_mla_rope_append)(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *W,
+                                 const void *c, int64_t ldc, const void *kpe, int64_t ldk, const int32_t *pos,
+                                 const float *cos, const float *sin, void *const *rows, be_pages_t pg, int N, int64_t K,
+                                 int H, int qd, int r_kv, int dr);
     // One query per row over its own sequence's cache: q [N, H, dqk] (rotated;
     // row r at q + r * ldq, ldq >= H dqk),
     // keys and values are the cache rows u < len[r] (device int32 [N]; the new

@@ -73,11 +73,15 @@ int mla_w_bind(mla_w_t *w, const ptable_t *pt, void *flat, size_t elt_size, int 
 // norms record rstd). A step leaves q_pe and k_pe unrotated (mla_rope_append
 // rotates them on the way into the cache), and without latent or k norms takes
 // cn and kpe in place in kv_a's output (strides L, or q_a and kv_a's joint
-// rows), two copies fewer.
+// rows), two copies fewer. A step of a few rows with the joint product leaves
+// q unprojected too: q_b's input cq_joint (rows ld_a apart) for
+// proj_mla_rope_append, which writes q with the rotation and the append.
 typedef struct {
     void *cq, *cqn, *q_raw, *q, *c, *cn, *kpe_raw, *kpe;
     float *rstd_cq, *rstd_q, *rstd_c, *rstd_kpe;
     int64_t ldc, ldk;
+    const void *cq_joint;
+    int64_t ld_a;
 } proj_t;
 
 // A step without latent or q / k norms takes q_a and kv_a as one product when
@@ -111,8 +115,11 @@ static int project(const layer_ctx_t *c, const dims_t *D, const mla_w_t *w, cons
     ACT(p->q, N * D->H * D->qd);
     if (qkv_a) {
         lin_fwd_normed(c, qkv_a, x, xw, w->q_a, N, D->d, ld_a);
-        be->gemm(be, 0, 1, N, (int64_t)D->H * D->qd, D->rq, 1.0f, qkv_a, ld_a, w->q_b, D->rq, 0.0f, p->q,
-                 (int64_t)D->H * D->qd);
+        if (N <= BE_FEW_ROWS) // q_b's product waits for mla_step's fused op (joint_a: q_b is not quantised)
+            p->cq_joint = qkv_a, p->ld_a = ld_a;
+        else
+            be->gemm(be, 0, 1, N, (int64_t)D->H * D->qd, D->rq, 1.0f, qkv_a, ld_a, w->q_b, D->rq, 0.0f, p->q,
+                     (int64_t)D->H * D->qd);
     } else if (D->rq > 0) {
         ACT(p->cq, N * D->rq);
         lin_fwd(c, p->cq, x, w->q_a, N, D->d, D->rq);
@@ -552,13 +559,18 @@ int mla_step(const layer_ctx_t *c, const mla_w_t *w, const lin_out_t *out, const
     TRY(project(c, &D, w, x, xw, B, pos, 0, 1, &p));
 
     // q_pe and k_pe rotated, and every row's [c | k_pe] appended at its own
-    // position of its own cache: one call for all runs
+    // position of its own cache: one call for all runs (with q_b's product
+    // before it, when project left that to this call: one launch on CUDA)
     void *const *rows = ctx_step_caches(c, runs, n_runs);
     be_pages_t pg; // their page tables
     if (!rows) return err_wrap(ERR_NOMEM, "MLA layer %d: ", c->layer);
     TRY(ctx_step_pages(c, runs, n_runs, &pg));
-    be->mla_rope_append(be, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, p.cn, p.ldc, p.kpe, p.ldk, pos,
-                        c->rope_cos, c->rope_sin, rows, pg, (int)B, D.H, D.rkv, D.dr);
+    if (p.cq_joint)
+        be->proj_mla_rope_append(be, p.q, (int64_t)D.H * D.qd, p.cq_joint, p.ld_a, w->q_b, p.cn, p.ldc, p.kpe, p.ldk,
+                                 pos, c->rope_cos, c->rope_sin, rows, pg, (int)B, D.rq, D.H, D.qd, D.rkv, D.dr);
+    else
+        be->mla_rope_append(be, act_at(be, p.q, D.dn), (int64_t)D.H * D.qd, D.qd, p.cn, p.ldc, p.kpe, p.ldk, pos,
+                            c->rope_cos, c->rope_sin, rows, pg, (int)B, D.H, D.rkv, D.dr);
 
     // q_lat[b, h] = q_nope[b, h] wk_g(h)
     void *qlat, *olat, *att;

@@ -3,7 +3,8 @@
 // per-row calls a decode step made before them: a cache copy per row and
 // attn_fwd with Tq = 1 over that sequence's cache; the per-state conv,
 // update and recurrences on each row alone. And gdn_step against the three
-// ops it puts in one call, proj_rope_kv_append against its two.
+// ops it puts in one call, proj_rope_kv_append and proj_mla_rope_append
+// against their two.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,57 @@ static void test_proj_rope_kv_append(void **st) {
     }
 }
 
+// proj_mla_rope_append equals its two ops, gemm into q then mla_rope_append,
+// bit for bit: q (rows of a wider buffer, the rest of it untouched) and every
+// cache, each row at its own position (page boundaries among them when N >
+// 1), caches of their own or one pool through page tables (pages out of
+// order). x's rows are a joint product's [cq | c | k_pe] (plus slack), the
+// op reading cq, c and k_pe in place as mla_step does; K odd.
+static void check_proj_mla_rope_append(int paged, int N) {
+    be_t *be = tu_cpu();
+    enum { H = 3, DN = 6, DR = 8, QD = DN + DR, RKV = 10, L = RKV + DR, K = 23, LDX = K + L + 3, LDQ = H * QD + 5 };
+    enum { NPOS = 600, STRIDE = 3, MAXN = 3, NPAGES = MAXN * STRIDE };
+    static const int32_t positions[MAXN] = {255, 256, 599};
+    assert_true(N <= MAXN);
+    const int32_t *pos = N == 1 ? positions + 2 : positions;
+    const int64_t per = paged ? (int64_t)NPAGES * BE_PAGE_ROWS * L : (int64_t)NPOS * L; // one buffer
+    const int nbuf = paged ? 1 : N;
+    float *x = malloc(sizeof(float) * N * LDX), *W = malloc(sizeof(float) * H * QD * K);
+    float *cs = malloc(sizeof(float) * NPOS * DR / 2), *sn = malloc(sizeof(float) * NPOS * DR / 2);
+    float *q = malloc(sizeof(float) * N * LDQ), *q0 = malloc(sizeof(float) * N * LDQ);
+    tu_randn(x, N * LDX, 170, 1.0f), tu_randn(W, H * QD * K, 171, 0.2f), tu_randn(q, N * LDQ, 172, 1.0f);
+    tu_randn(cs, NPOS * DR / 2, 173, 1.0f), tu_randn(sn, NPOS * DR / 2, 174, 1.0f);
+    memcpy(q0, q, sizeof(float) * N * LDQ);
+    int32_t pages[NPAGES];
+    for (int i = 0; i < NPAGES; i++) // row r's pages, descending
+        pages[i] = NPAGES - 1 - i;
+    be_pages_t pg = {paged ? pages : NULL, STRIDE};
+    float *kc[MAXN], *kc0[MAXN];
+    void *rows[MAXN], *rows0[MAXN];
+    for (int b = 0; b < nbuf; b++)
+        kc[b] = row_state(per, 180 + b, 1.0f, &kc0[b]);
+    for (int r = 0; r < N; r++) {
+        int b = paged ? 0 : r;
+        rows[r] = kc[b], rows0[r] = kc0[b];
+    }
+    be->proj_mla_rope_append(be, q, LDQ, x, LDX, W, x + K, LDX, x + K + RKV, LDX, pos, cs, sn, rows, pg, N, K, H, QD,
+                             RKV, DR);
+    be->gemm(be, 0, 1, N, H * QD, K, 1.0f, x, LDX, W, K, 0.0f, q0, LDQ);
+    be->mla_rope_append(be, q0 + DN, LDQ, QD, x + K, LDX, x + K + RKV, LDX, pos, cs, sn, rows0, pg, N, H, RKV, DR);
+    assert_memory_equal(q, q0, sizeof(float) * N * LDQ);
+    for (int b = 0; b < nbuf; b++)
+        assert_memory_equal(kc[b], kc0[b], sizeof(float) * per);
+    for (int b = 0; b < nbuf; b++)
+        free(kc[b]), free(kc0[b]);
+    free(x), free(W), free(cs), free(sn), free(q), free(q0);
+}
+static void test_proj_mla_rope_append(void **st) {
+    for (int paged = 0; paged < 2; paged++) {
+        check_proj_mla_rope_append(paged, 1);
+        check_proj_mla_rope_append(paged, 3);
+    }
+}
+
 // proj_swiglu equals its ops bit for bit: the two products then swiglu_fwd,
 // and with a gain, rmsnorm_fwd of x's rows (a wider buffer's) first.
 static void test_proj_swiglu(void **st) {
@@ -352,11 +404,17 @@ static void test_ssd_recurrent_step(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attn_decode_gqa),    cmocka_unit_test(test_attn_decode_mha),
-        cmocka_unit_test(test_kv_append),          cmocka_unit_test(test_conv1d_step),
-        cmocka_unit_test(test_gdn_recurrent_step), cmocka_unit_test(test_gdn_step),
-        cmocka_unit_test(test_ssd_recurrent_step), cmocka_unit_test(test_proj_rope_kv_append),
-        cmocka_unit_test(test_proj_swiglu),        cmocka_unit_test(test_proj_rmsnorm),
+        cmocka_unit_test(test_attn_decode_gqa),
+        cmocka_unit_test(test_attn_decode_mha),
+        cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_conv1d_step),
+        cmocka_unit_test(test_gdn_recurrent_step),
+        cmocka_unit_test(test_gdn_step),
+        cmocka_unit_test(test_ssd_recurrent_step),
+        cmocka_unit_test(test_proj_rope_kv_append),
+        cmocka_unit_test(test_proj_swiglu),
+        cmocka_unit_test(test_proj_rmsnorm),
+        cmocka_unit_test(test_proj_mla_rope_append),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 // CUDA attention ops (attn_fwd causal and unmasked, attn_merge, attn_bwd,
-// mla_decode_attn, attn_decode, kv_append) against the CPU
+// mla_decode_attn, attn_decode, kv_append, proj_mla_rope_append) against the CPU
 // reference (tu_cpu()) on the GPU machine. Inputs are rounded to bf16 first, so
 // both backends see the same numbers and differences come only from the
 // computation; every GPU output is poisoned with NaN before the call, so an
@@ -33,6 +33,8 @@
 //    leaves 4x room over the bf16 output rounding, while one wrong row or
 //    weight is ~1e-1.
 //  - kv_append: exact (memcmp of the caches): bf16 copies of bf16-rounded inputs.
+//  - proj_mla_rope_append: q 1e-2, the caches element by element (at
+//    test_proj_mla_rope_append).
 // A wrong index, mask, GQA mapping or tile boundary gives errors of order 0.1-1.
 // A failure prints the shape, the error, and the first element off by more
 // than 8 * tol * rms(reference) with its coordinates.
@@ -1359,6 +1361,150 @@ static void test_paged_decode(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// proj_mla_rope_append (k_gemv_mla_rope_append): an MLA step's q_b product
+// with its RoPE and the latent cache append in one op, against the CPU's
+// (gemm then mla_rope_append, bit for bit: test_decode_ops). x's rows are the
+// joint q_a / kv_a product's [cq | c | k_pe] (slack after them), the op
+// reading cq, c and k_pe in place as mla_step does. Each row its own sequence
+// at its own position (page boundaries among them): caches of their own in
+// two buffers, or one pool through page tables (paged_make: pages shuffled,
+// NaN where nothing was written). Tolerances:
+//  - q, rel 1e-2: the GPU's fp32 sums (another order than BLAS, ~1e-6),
+//    rotated in fp32 and rounded to bf16 once (2^-9 relative per element,
+//    ~1.1e-3 in L2); expected ~1.2e-3. q's columns are NaN on the GPU
+//    before the call (slack columns after each row's H qd must survive), so
+//    a column it does not write fails; a pair rotated from the wrong columns
+//    or written to another head or row is O(1) off.
+//  - caches, element by element: the latent c and every row not appended
+//    exact (bf16 copies of bf16 values; NaN where the CPU's is NaN); the
+//    rotated k_pe within 2^-8 |cpu| + 1e-5 (the fp32 rotation of the same
+//    bf16 values, fma-contracted or not: ~1e-7, then the GPU's bf16 rounding,
+//    at most 2^-9 relative; twice that leaves room, while a wrong angle, pair
+//    or row is O(1e-1) off).
+typedef struct {
+    int N, H, dn, dr, rkv;
+    int64_t K;
+    int paged;
+} pmcase_t;
+
+static int proj_mla_case(be_t *gpu, pmcase_t c) {
+    be_t *cpu = tu_cpu();
+    enum { NPOS = 600, R = 2, MAXN = 16 };
+    static const int32_t edges[6] = {255, 256, 511, 0, 599, 77};
+    assert_true(c.N <= MAXN);
+    const int qd = c.dn + c.dr, half = c.dr / 2, L = c.rkv + c.dr;
+    const int64_t pad = c.K % 8 ? 1 : (8 - (c.K + L) % 8) % 8; // 16-byte rows where K allows them
+    const int64_t ldx = c.K + L + pad, ldq = (int64_t)c.H * qd + 3, nx = c.N * ldx, nq = c.N * ldq;
+    const int64_t nw = (int64_t)c.H * qd * c.K;
+    char label[128];
+    snprintf(label, sizeof label, "proj_mla_rope_append N%d H%d d_nope%d dr%d r_kv%d K%lld %s", c.N, c.H, c.dn, c.dr,
+             c.rkv, (long long)c.K, c.paged ? "paged" : "contiguous");
+    float *cs = tu_hbuf((int64_t)NPOS * half), *sn = tu_hbuf((int64_t)NPOS * half);
+    for (int p = 0; p < NPOS; p++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)p * powf(10000.0f, -(float)i / (float)half);
+            cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+        }
+    int32_t pos[MAXN];
+    for (int r = 0; r < c.N; r++)
+        pos[r] = edges[r % 6];
+    // the caches: R buffers of sequences of NPOS rows, or one page pool
+    paged_t pk = {0};
+    const int nbuf = c.paged ? 1 : R;
+    const int64_t per = c.paged ? 0 : (int64_t)((c.N + R - 1) / R) * NPOS * L;
+    float *ch[R];
+    void *cd[R], *rows_h[MAXN], *rows_d[MAXN];
+    int64_t nbuf_el = per;
+    if (c.paged) {
+        paged_make(&pk, c.N, pos, 1, L, 4000 + c.N);
+        nbuf_el = (int64_t)pk.n_pages * BE_PAGE_ROWS * L;
+        ch[0] = pk.pool;
+    } else {
+        for (int b = 0; b < R; b++)
+            ch[b] = tu_rnd(per, 4100 + b, 1.0f);
+    }
+    for (int b = 0; b < nbuf; b++)
+        cd[b] = tu_dev_act(gpu, ch[b], nbuf_el);
+    // k_pe of each appended row: compared within the rotation's tolerance, the rest exactly
+    char *rot[R];
+    for (int b = 0; b < nbuf; b++)
+        rot[b] = calloc((size_t)nbuf_el, 1);
+    for (int r = 0; r < c.N; r++) {
+        const int b = c.paged ? 0 : r % R;
+        const int64_t first = c.paged ? 0 : (int64_t)(r / R) * NPOS * L; // the sequence's row 0
+        const int64_t row = c.paged ? pg_row(&pk, r, pos[r]) : pos[r];
+        rows_h[r] = ch[b] + first, rows_d[r] = tu_gat(gpu, cd[b], first);
+        memset(rot[b] + first + row * L + c.rkv, 1, (size_t)c.dr);
+    }
+    float *x = tu_rnd(nx, 4200, 1.0f), *W = tu_rnd(nw, 4201, 0.05f), *q = tu_rnd(nq, 4202, 1.0f);
+    float *qg0 = tu_hdup(q, nq); // the GPU's q before the call: NaN in every column the op writes
+    for (int r = 0; r < c.N; r++)
+        for (int64_t i = 0; i < (int64_t)c.H * qd; i++)
+            qg0[r * ldq + i] = NAN;
+    void *xd = tu_dev_act(gpu, x, nx), *Wd = tu_dev_act(gpu, W, nw), *q_d = tu_dev_act(gpu, qg0, nq);
+    float *csd = tu_dev_f32(gpu, cs, (int64_t)NPOS * half), *snd = tu_dev_f32(gpu, sn, (int64_t)NPOS * half);
+    int32_t *posd = tu_dev_i32(gpu, pos, c.N), *pagesd = c.paged ? tu_dev_i32(gpu, pk.pages, c.N * pk.stride) : NULL;
+    void **rowsd = gpu->alloc(gpu, sizeof(void *) * c.N);
+    assert_non_null(rowsd);
+    assert_int_equal(gpu->copy_h2d(gpu, rowsd, rows_d, sizeof(void *) * c.N), 0);
+    const be_pages_t pg_h = {c.paged ? pk.pages : NULL, c.paged ? pk.stride : 0};
+    const be_pages_t pg_d = {pagesd, c.paged ? pk.stride : 0};
+    cpu->proj_mla_rope_append(cpu, q, ldq, x, ldx, W, x + c.K, ldx, x + c.K + c.rkv, ldx, pos, cs, sn, rows_h, pg_h,
+                              c.N, c.K, c.H, qd, c.rkv, c.dr);
+    gpu->proj_mla_rope_append(gpu, q_d, ldq, xd, ldx, Wd, tu_gat(gpu, xd, c.K), ldx, tu_gat(gpu, xd, c.K + c.rkv), ldx,
+                              posd, csd, snd, rowsd, pg_d, c.N, c.K, c.H, qd, c.rkv, c.dr);
+    int fails = !tu_sync(gpu, "proj_mla_rope_append", label);
+    if (!fails) {
+        float *qg = tu_host_act(gpu, q_d, nq);
+        const int64_t dims[4] = {1, 1, c.N, ldq};
+        fails += cmp(label, "q", qg, q, nq, dims, "--rc", 1e-2, 0);
+        int bad = 0;
+        for (int b = 0; b < nbuf; b++) {
+            float *cg = tu_host_act(gpu, cd[b], nbuf_el);
+            for (int64_t i = 0; i < nbuf_el; i++) {
+                const float g = cg[i], e = ch[b][i];
+                if (isnan(e) || isnan(g))
+                    bad += isnan(e) != isnan(g);
+                else if (rot[b][i] ? fabsf(g - e) > 0x1p-8f * fabsf(e) + 1e-5f : g != e)
+                    bad++;
+            }
+            free(cg);
+        }
+        printf("  %-44s caches %s (%d element(s) off)\n", label, bad ? "DIFFER  FAIL" : "agree", bad);
+        fails += bad > 0;
+        free(qg);
+    }
+    for (int b = 0; b < nbuf; b++) {
+        free(rot[b]);
+        gpu->free(gpu, cd[b]);
+        if (!c.paged) free(ch[b]);
+    }
+    if (c.paged) paged_free(&pk);
+    free(cs), free(sn), free(x), free(W), free(q), free(qg0);
+    gpu->free(gpu, xd), gpu->free(gpu, Wd), gpu->free(gpu, q_d), gpu->free(gpu, csd), gpu->free(gpu, snd);
+    gpu->free(gpu, posd), gpu->free(gpu, rowsd);
+    if (pagesd) gpu->free(gpu, pagesd);
+    return fails;
+}
+
+static void test_proj_mla_rope_append(void **st) {
+    be_t *gpu = tu_gpu();
+    static const pmcase_t cases[] = {
+        {1, 9, 32, 32, 48, 288, 0},   // the SmolLM2 hybrid's layer (r_q 288), one row
+        {1, 9, 32, 32, 48, 288, 1},   // the same through page tables
+        {3, 9, 32, 32, 48, 288, 1},   // three rows, pages
+        {8, 24, 64, 64, 128, 768, 1}, // a HyLo-3B-like layer, eight rows
+        {5, 2, 5, 6, 10, 333, 0},     // odd K (one value a lane) and an odd d_nope
+        {2, 4, 0, 160, 70, 64, 0},    // no d_nope; dr 160 and r_kv 70: more than a lane pass, a partial one
+        {11, 3, 16, 16, 512, 64, 1},  // more than 8 rows: two launches; DeepSeek's r_kv 512
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += proj_mla_case(gpu, cases[i]);
+    printf("proj_mla_rope_append: %d comparison(s) failed\n", fails);
+    assert_int_equal(fails, 0);
+}
+
 // The arguments of one decode op as a step records them (the lengths from len).
 typedef struct {
     int mla, B, H, Hkv, dh, R, DR, max_len;
@@ -1484,6 +1630,7 @@ int main(void) {
         cmocka_unit_test(test_attn_decode),
         cmocka_unit_test(test_kv_append),
         cmocka_unit_test(test_paged_decode),
+        cmocka_unit_test(test_proj_mla_rope_append),
         cmocka_unit_test(test_decode_graph_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

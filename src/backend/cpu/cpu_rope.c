@@ -121,10 +121,23 @@ static void cpu_mla_rope_append(be_t *be, void *q_, int64_t ldq, int64_t hs, con
     }
 }
 
+// The reference of the fused MLA op: the product straight into q (q is its
+// own buffer, so no temporary is needed), then mla_rope_append from it.
+static void cpu_proj_mla_rope_append(be_t *be, void *q_, int64_t ldq, const void *x, int64_t ldx, const void *W,
+                                     const void *c, int64_t ldc, const void *kpe, int64_t ldk, const int32_t *pos,
+                                     const float *cos, const float *sin, void *const *rows, be_pages_t pg, int N,
+                                     int64_t K, int H, int qd, int r_kv, int dr) {
+    if (N <= 0) return;
+    float *q = q_;
+    be->gemm(be, 0, 1, N, (int64_t)H * qd, K, 1.0f, x, ldx, W, K, 0.0f, q, ldq);
+    cpu_mla_rope_append(be, q + (qd - dr), ldq, qd, c, ldc, kpe, ldk, pos, cos, sin, rows, pg, N, H, r_kv, dr);
+}
+
 void cpu_register_rope(be_t *be) {
     be->rope_kv_append = cpu_rope_kv_append;
     be->proj_rope_kv_append = cpu_proj_rope_kv_append;
     be->mla_rope_append = cpu_mla_rope_append;
+    be->proj_mla_rope_append = cpu_proj_mla_rope_append;
     be->rope_fwd = cpu_rope_fwd;
     be->rope_bwd = cpu_rope_bwd;
 }

@@ -1133,6 +1133,73 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
         }
 }
 
+// An MLA step's q_b product, its RoPE and the latent cache append
+// (proj_mla_rope_append). Each head's qd output columns share out among
+// per_head = ceil(d_nope / 2) + dr / 2 warps: warp t < ceil(d_nope / 2) of
+// head h takes the plain columns 2t and 2t + 1 (the second absent at an odd
+// d_nope's end), warp plain + j the interleaved q_pe pair (2j, 2j + 1) of W's
+// rows, whose fp32 sums are rotated into outputs j and j + dr/2 of q_pe (one
+// product for two columns: A's rows read once, gemv_warp_dot2). Lane m < M
+// stores row m's pair, loading its angle before the product. Warp H per_head
+// + m (m < M), after the product's, writes row m's cache row: the latent
+// copied, the rope key rotated (both the previous kernel's output, so read
+// after griddep_enter, like A).
+template <int M, int V>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+    k_gemv_mla_rope_append(bf16 *__restrict__ q, int64_t ldq, const bf16 *__restrict__ A, int64_t lda,
+                           const bf16 *__restrict__ W, int64_t K, const bf16 *c, int64_t ldc, const bf16 *kpe,
+                           int64_t ldk, const int32_t *__restrict__ pos, const float *__restrict__ cosb,
+                           const float *__restrict__ sinb, bf16 *const *__restrict__ rows, be_pages_t pg, int H, int qd,
+                           int r_kv, int dr) {
+    const int lane = threadIdx.x & 31, half = dr >> 1, dn = qd - dr, plain = (dn + 1) >> 1, per_head = plain + half;
+    const int64_t u = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), pairs = (int64_t)H * per_head;
+    if (u >= pairs) { // the cache append of row m (c and kpe are not restrict: they may lie in A's buffer)
+        const int m = (int)(u - pairs);
+        if (m >= M) return; // the whole warp
+        griddep_enter();
+        const int64_t p = pos[m];
+        const float *cs = cosb + p * half, *sn = sinb + p * half;
+        bf16 *row = rows[m] + cu_page_row(pg, m, p) * (int64_t)(r_kv + dr);
+        for (int i = lane; i < r_kv; i += 32)
+            row[i] = c[m * ldc + i];
+        for (int j = lane; j < half; j += 32) {
+            const float x0 = __bfloat162float(kpe[m * ldk + 2 * j]), x1 = __bfloat162float(kpe[m * ldk + 2 * j + 1]);
+            row[r_kv + j] = __float2bfloat16_rn(x0 * cs[j] - x1 * sn[j]);
+            row[r_kv + j + half] = __float2bfloat16_rn(x1 * cs[j] + x0 * sn[j]);
+        }
+        return;
+    }
+    const int h = (int)(u / per_head), t = (int)(u - (int64_t)h * per_head);
+    // j: the q_pe pair (when rotate); col: W's first row of the pair within
+    // the head; the outputs go to columns out and out + step. An odd d_nope's
+    // last plain column has no partner (second false).
+    const bool rotate = t >= plain;
+    const int j = t - plain, col = rotate ? dn + 2 * j : 2 * t;
+    const bool second = rotate || col + 1 < dn;
+    const int out = rotate ? dn + j : col, step = rotate ? half : 1;
+    const bf16 *w0 = W + ((int64_t)h * qd + col) * K, *w1 = second ? w0 + K : w0;
+    warp_prefetch_l2(w0, K * (int64_t)sizeof(bf16), lane);
+    if (second) warp_prefetch_l2(w1, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
+    bf16 *dst = NULL;
+    float cj = 0.0f, sj = 0.0f;
+    if (lane < M) {
+        dst = q + lane * ldq + (int64_t)h * qd + out;
+        if (rotate) {
+            const int64_t p = pos[lane];
+            cj = cosb[p * half + j], sj = sinb[p * half + j];
+        }
+    }
+    float s0[M], s1[M];
+    gemv_warp_dot2<M, V>(s0, s1, A, lda, w0, w1, K, lane, nullptr, 0.0f);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        if (lane == m) {
+            dst[0] = __float2bfloat16_rn(rotate ? s0[m] * cj - s1[m] * sj : s0[m]);
+            if (second) dst[step] = __float2bfloat16_rn(rotate ? s1[m] * cj + s0[m] * sj : s1[m]);
+        }
+}
+
 static void cu_proj_swiglu(be_t *be, void *h, const void *x, int64_t ldx, const void *xw, float eps, const void *Wg,
                            const void *Wu, int64_t N, int64_t K, int64_t f) {
     if (N <= 0 || f <= 0) return;
@@ -1208,6 +1275,38 @@ static void cu_proj_rope_kv_append(be_t *be, void *q, int64_t ldq, const void *x
     cuda_check_launch(be, "k_gemv_rope_kv_append");
 }
 
+static void cu_proj_mla_rope_append(be_t *be, void *q, int64_t ldq, const void *x, int64_t ldx, const void *W,
+                                    const void *c, int64_t ldc, const void *kpe, int64_t ldk, const int32_t *pos,
+                                    const float *cosb, const float *sinb, void *const *rows, be_pages_t pg, int N,
+                                    int64_t K, int H, int qd, int r_kv, int dr) {
+    if (N <= 0) return;
+    if (dr <= 0 || dr % 2 || qd < dr || H <= 0 || r_kv < 0 || K <= 0) {
+        cu_op_error(be,
+                    "cuda proj_mla_rope_append: H=%d qd=%d r_kv=%d dr=%d K=%lld not supported (dr even and positive, "
+                    "qd >= dr, H and K positive)",
+                    H, qd, r_kv, dr, (long long)K);
+        return;
+    }
+    const bool v8 = (K | ldx) % 8 == 0 && !(((uintptr_t)x | (uintptr_t)W) & 15);
+    const int64_t pairs = (int64_t)H * ((qd - dr + 1) / 2 + dr / 2); // one warp each, then one per row's append
+    cudaStream_t st = cuda_stream(be);
+    for (int r = 0; r < N; r += GEMV_ROWS) { // BE_FEW_ROWS rows per launch
+        const int n = N - r < GEMV_ROWS ? N - r : GEMV_ROWS;
+        const dim3 grid((unsigned)((pairs + n + GEMV_WARPS - 1) / GEMV_WARPS));
+        bf16 *qr = (bf16 *)q + r * ldq;
+        const bf16 *xr = (const bf16 *)x + r * ldx, *cr = (const bf16 *)c + r * ldc, *kr = (const bf16 *)kpe + r * ldk;
+        bf16 *const *rr = (bf16 *const *)rows + r;
+        const be_pages_t pr = {pg.pages ? pg.pages + r * pg.stride : NULL, pg.stride};
+        if (v8)
+            GEMV_LAUNCH_M(n, 8, k_gemv_mla_rope_append, grid, st, qr, ldq, xr, ldx, (const bf16 *)W, K, cr, ldc, kr,
+                          ldk, pos + r, cosb, sinb, rr, pr, H, qd, r_kv, dr);
+        else
+            GEMV_LAUNCH_M(n, 1, k_gemv_mla_rope_append, grid, st, qr, ldq, xr, ldx, (const bf16 *)W, K, cr, ldc, kr,
+                          ldk, pos + r, cosb, sinb, rr, pr, H, qd, r_kv, dr);
+    }
+    cuda_check_launch(be, "k_gemv_mla_rope_append");
+}
+
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (gemv_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1)) return;
@@ -1266,6 +1365,7 @@ extern "C" void cuda_register_core(be_t *be) {
     be->proj_add_rmsnorm = cu_proj_add_rmsnorm;
     be->proj_rmsnorm = cu_proj_rmsnorm;
     be->proj_rope_kv_append = cu_proj_rope_kv_append;
+    be->proj_mla_rope_append = cu_proj_mla_rope_append;
     be->embed_fwd = cu_embed_fwd;
     be->embed_bwd = cu_embed_bwd;
 }
