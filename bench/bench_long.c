@@ -4,10 +4,9 @@
 // configs/hylo/hylo_llama_*_64k.yaml: MLA ranks 1536 / 128, rope 64, nope 64,
 // v 128, YaRN 32 over 2,048; built from the teacher by upc_student_arch, as
 // convert does). For each context length: prefill the T tokens in chunks of
-// 8,192 (model_prefill, as hylo generate), then D greedy decode steps
-// (model_step, logits to the host and their argmax, as hylo generate's greedy
-// sampler_argmax) after
-// two untimed ones (the step's graph is recorded in the second).
+// 8,192, then D greedy decode steps after two untimed ones (the step's graph
+// is recorded in the second): gen_run, as hylo generate (each token chosen on
+// the device, the next step queued before the host reads it).
 // Printed per point: prefill seconds and tokens/s, decode ms per token, the
 // cache's bytes (one allocation of exactly T + D + 2 tokens) and the device memory
 // in use. A length whose cache does not fit says so and the sweep goes on.
@@ -37,7 +36,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "infer/sampler.h"
+#include "base/err.h"
+#include "infer/gen.h"
 #include "model/model.h"
 #include "upcycle/upcycle.h"
 
@@ -84,6 +84,24 @@ static double now_s(void) {
 
 static double gib(double bytes) { return bytes / (double)(1u << 30); }
 
+// The times tokens reach the host (gen_run's callback): seconds, and the
+// tracer's clock with --trace.
+typedef struct {
+    double *t;
+    uint64_t *mark;
+    int n, cap;
+} tok_times_t;
+
+static int time_token(void *user, int32_t id) {
+    tok_times_t *tt = user;
+    if (tt->n < tt->cap) {
+        tt->t[tt->n] = now_s();
+        tt->mark[tt->n] = tracing ? trace_now() : 0;
+        tt->n++;
+    }
+    return 0;
+}
+
 // One model over the lengths: prefill, decode, memory.
 static void sweep(const char *name, const arch_t *a, const int *lengths, int n_len, int D) {
     model_t m;
@@ -95,8 +113,6 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
            (long long)ptable_count(&m.pt), a->n_layers, arch_count(a, LAYER_ATTN), arch_count(a, LAYER_MLA),
            arch_count(a, LAYER_GDN), (long long)model_cache_bytes_per_token(&m));
     fflush(stdout);
-    float *logits = be->host_alloc(be, (size_t)a->V * sizeof(float)); // page-locked, as hylo generate's
-    if (!logits) die("logits");
     for (int li = 0; li < n_len; li++) {
         const int T = lengths[li];
         int32_t *ids = malloc((size_t)T * sizeof(int32_t));
@@ -105,39 +121,28 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
         model_state_t st;
         memset(&st, 0, sizeof st);
         size_t fr, tot;
-        const int room = T + D + 2 + (tracing ? 3 : 0); // (--trace: three more steps)
+        const int room = T + D + 6; // the steps below, and the stop id gen_run may feed
         if (model_state_alloc(&m, &st, 1, room) < 0 || model_state_fit(&m, &st, room) < 0) {
             printf("%-12s T=%-8d does not fit: %s\n", name, T, err_msg());
             if (st.layers) model_state_free(&m, &st);
             free(ids);
             continue;
         }
-        double t0 = now_s();
-        int rc = model_prefill(&r, &st, ids, T, 8192, logits);
-        double t_pre = now_s() - t0;
-        int32_t id = sampler_argmax(logits, a->V);
-        // two untimed steps first: the first runs op by op, the second records
-        // the step's graph (model.c step_forward), as every later one replays
-        for (int s = 0; s < 2 && rc == 0; s++) {
-            rc = model_step(&r, &st, &id, logits);
-            id = sampler_argmax(logits, a->V);
-        }
-        t0 = now_s();
-        for (int s = 0; s < D && rc == 0; s++) {
-            rc = model_step(&r, &st, &id, logits);
-            id = sampler_argmax(logits, a->V);
-        }
-        double t_dec = now_s() - t0;
-        if (tracing && rc == 0) {
-            uint64_t marks[4];
-            for (int s = 0; s < 3 && rc == 0; s++) {
-                marks[s] = trace_now();
-                rc = model_step(&r, &st, &id, logits);
-                id = sampler_argmax(logits, a->V);
-            }
-            marks[3] = trace_now();
-            if (rc == 0) trace_report(name, marks, 3);
-        }
+        // hylo generate's loop (gen_run: greedy, each token chosen on the
+        // device and the next step queued before it is read), the time each
+        // token reached the host kept
+        const int n_tok = D + 3 + (tracing ? 3 : 0);
+        tok_times_t tt = {calloc((size_t)n_tok, sizeof(double)), calloc((size_t)n_tok, sizeof(uint64_t)), 0, n_tok};
+        gen_cfg_t cfg = {.max_new = n_tok, .sampler = {.temperature = 0, .top_p = 1}, .prefill_chunk = 8192};
+        gen_stats_t stats;
+        int rc = gen_run(&r, &st, ids, T, &cfg, time_token, &tt, &stats);
+        if (rc == 0 && tt.n < n_tok) rc = err_set(ERR_RUNTIME, "%d of %d tokens", tt.n, n_tok);
+        const double t_pre = stats.prefill_s;
+        // tokens 1 and 2: the step run op by op and the one that records the
+        // graph (model.c step_forward); D replays after them
+        const double t_dec = rc == 0 ? tt.t[2 + D] - tt.t[2] : 0.0;
+        if (tracing && rc == 0) trace_report(name, tt.mark + 2 + D, 3);
+        free(tt.t), free(tt.mark);
         cudaMemGetInfo(&fr, &tot);
         if (rc < 0)
             printf("%-12s T=%-8d failed: %s\n", name, T, err_msg());
@@ -150,7 +155,6 @@ static void sweep(const char *name, const arch_t *a, const int *lengths, int n_l
         model_state_free(&m, &st);
         free(ids);
     }
-    be->host_free(be, logits);
     model_run_free(&r);
     model_free(&m);
 }

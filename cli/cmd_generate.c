@@ -190,11 +190,14 @@ static void report(const gen_opts_t *o, const gen_stats_t *st) {
 
 // Feeds ids and generates, printing the new text as it comes (decoded with
 // stream_flags) into a printer emptied first; then ends the line and reports
-// the speeds (--stats). On return p->text holds the emitted text. The ids and
+// the speeds (--stats). On return p->text holds the emitted text, and
+// *fed_stop (when not NULL) the stop id the cache holds after it (gen_run's
+// stop_fed), else -1. The ids and
 // at least one new token must fit the context: ERR_INPUT before anything is
 // fed otherwise. The answer stops, with a note, where the context is full.
-static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids, int n, int stream_flags,
-                          printer_t *p) {
+static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids, int n, int stream_flags, printer_t *p,
+                          int32_t *fed_stop) {
+    if (fed_stop) *fed_stop = -1;
     p->text.n = 0;
     if (p->text.s) p->text.s[0] = 0;
     int64_t room = (int64_t)s->st.ctx - s->st.len - n; // tokens left for the answer
@@ -218,6 +221,7 @@ static int generate_print(session_t *s, const gen_opts_t *o, const int32_t *ids,
     if (rc == 0 && !st.stopped && st.n_new == max_new && max_new < o->n)
         fprintf(stderr, "hylo: the context is full (%d tokens, --ctx): the answer stops here\n", s->st.ctx);
     if (rc == 0) report(o, &st);
+    if (fed_stop && st.stop_fed) *fed_stop = st.stop_id;
     return rc;
 }
 
@@ -240,7 +244,7 @@ int cmd_generate(int argc, char **argv) {
     if (rc == 0) {
         fputs(o.prompt, stdout);
         fflush(stdout);
-        rc = generate_print(&s, &o, ids, n, 0, &p);
+        rc = generate_print(&s, &o, ids, n, 0, &p, NULL);
     }
     tok_stream_free(&p.ts);
     free(ids);
@@ -316,15 +320,23 @@ static int chat_turn(session_t *s, const gen_opts_t *o, convo_t *c, strbuf_t *fe
                          n, s->st.ctx);
     }
     if (rc == 0 && !keep) model_state_reset(&s->m, &s->st);
-    if (rc == 0) rc = generate_print(s, o, ids, n, TOK_SKIP_SPECIAL, p);
+    int32_t stop = -1;
+    if (rc == 0) rc = generate_print(s, o, ids, n, TOK_SKIP_SPECIAL, p, &stop);
     free(ids);
     free(plain);
     const char *answer = p->text.s ? p->text.s : "";
     if (rc == 0) {
-        // What the cache now holds: the rendered text plus the answer.
+        // What the cache now holds: the rendered text plus the answer, and
+        // the stop id that greedy decoding fed after it (as the template
+        // writes it: the next turn's text then still starts with all of it).
         fed->n = 0;
         strbuf_puts(fed, text);
         strbuf_putn(fed, answer, p->text.n);
+        size_t stop_len = 0;
+        const char *stop_text = stop < 0                        ? NULL
+                                : tok_is_special(&s->tok, stop) ? tok_text(&s->tok, stop, &stop_len)
+                                                                : tok_bytes(&s->tok, stop, &stop_len);
+        if (stop_text) strbuf_putn(fed, stop_text, stop_len);
         if (fed->oom) rc = err_set(ERR_NOMEM, "out of memory");
     }
     if (rc == 0) rc = convo_add(c, "assistant", answer);

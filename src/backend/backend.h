@@ -130,6 +130,19 @@ struct be {
     // work on the device is ordered after it). copy_h2d waits for its copy,
     // a round trip to the device each (a decode step's inputs took three).
     int (*copy_h2d_async)(be_t *be, void *dst, const void *src, size_t bytes);
+    // Queues a copy into host memory of host_alloc's and returns: dst holds
+    // the bytes once a later fence_wait or sync has returned.
+    int (*copy_d2h_async)(be_t *be, void *dst, const void *src, size_t bytes);
+    // Points in the queue of work, so that the host waits for one step of
+    // several it queued: fence_new makes a fence (NULL + error slot on
+    // failure), fence_mark(f) names all work queued so far f (its mark before
+    // forgotten), fence_wait(f) waits until the device has done it and
+    // reports asynchronous errors as sync does (a fence never marked: at
+    // once). The CPU does work as it is queued: mark and wait return at once.
+    void *(*fence_new)(be_t *be);
+    int (*fence_mark)(be_t *be, void *f);
+    int (*fence_wait)(be_t *be, void *f);
+    void (*fence_free)(be_t *be, void *f); // NULL: nothing
     // Optional (NULL: nothing happens): nothing in [p, p + bytes) is needed any
     // more, and the whole pages inside it may go back to the system until they
     // are written again (CPU: madvise DONTNEED; their bytes are then undefined).
@@ -580,6 +593,13 @@ struct be {
     // with N > 0 records an error and makes the loss (and dx) NaN.
     void (*ild_dist)(be_t *be, float *loss, void *dx, const void *x, const void *y, int64_t N, int d, float scale,
                      int mode);
+
+    // ---- greedy decoding on the device --------------------------------------
+    // ids[n] (device int32) = the first index of the largest of x[n, 0..V)
+    // (act rows ld apart), n < N: sampler_argmax's choice for each row (NaNs
+    // never the largest; a row of NaNs gives 0). A decode step so chooses its
+    // next tokens without its logits leaving the device (model_greedy_queue).
+    void (*argmax_rows)(be_t *be, int32_t *ids, const void *x, int64_t ld, int64_t N, int64_t V);
 
     // ---- optimizer -----------------------------------------------------------
     // *out = sum of squares of a float buffer (device float; overwritten)

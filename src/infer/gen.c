@@ -25,6 +25,34 @@ static int is_stop(const gen_cfg_t *cfg, int32_t id) {
     return 0;
 }
 
+// Greedy decoding after the prefill chose `id` (not a stop id), a step
+// always queued ahead: step k + 1, fed the id step k chose on the device, is
+// queued before step k's id is read, so the device runs it while the host
+// reads, emits and queues. At most max_new steps, as the sampling loop (each
+// emitted token fed, the callback's verdict after it), but a stop id is fed
+// by the step queued after it (stats->stop_fed).
+static int decode_greedy(model_run_t *r, model_state_t *st, const gen_cfg_t *cfg, int32_t id, gen_token_fn on_token,
+                         void *user, gen_stats_t *stats) {
+    stats->n_new = 1;
+    int rc = model_greedy_queue(r, &st, 1, &id); // step 1, fed the first token
+    int stop = rc < 0 || (on_token && on_token(user, id));
+    for (int k = 1; !stop && k < cfg->max_new; k++) {
+        rc = model_greedy_queue(r, &st, 1, NULL); // step k + 1, fed step k's choice
+        if (rc == 0) rc = model_greedy_take(r, &id);
+        if (rc < 0) break;
+        if (is_stop(cfg, id)) {
+            stats->stopped = stats->stop_fed = 1;
+            stats->stop_id = id;
+            break;
+        }
+        stats->n_new++;
+        stop = on_token && on_token(user, id);
+    }
+    // the steps still in flight (the last one's choice is not emitted)
+    int drc = model_greedy_drain(r);
+    return rc < 0 ? rc : drc;
+}
+
 int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
             gen_token_fn on_token, void *user, gen_stats_t *stats) {
     memset(stats, 0, sizeof *stats);
@@ -51,7 +79,14 @@ int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prom
     stats->n_prompt = n_prompt;
     stats->prefill_s = time_now() - t0;
     t0 = time_now();
-    for (int i = 0; rc == 0 && i < cfg->max_new; i++) {
+    if (rc == 0 && cfg->sampler.temperature == 0.0f && cfg->max_new > 0) {
+        int32_t id = sampler_argmax(logits, m->a.V);
+        if (is_stop(cfg, id))
+            stats->stopped = 1, stats->stop_id = id;
+        else
+            rc = decode_greedy(r, st, cfg, id, on_token, user, stats);
+    }
+    for (int i = 0; rc == 0 && cfg->sampler.temperature != 0.0f && i < cfg->max_new; i++) {
         int32_t id = sampler_sample(&smp, logits);
         if (is_stop(cfg, id)) {
             stats->stopped = 1;

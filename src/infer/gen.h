@@ -21,6 +21,7 @@ typedef struct {
     double prefill_s, decode_s; // wall time of the prefill and of the decode loop
     int stopped;                // 1 when a stop id ended generation
     int32_t stop_id;
+    int stop_fed; // 1 when the cache holds the stop id too (greedy decoding, see gen_run)
 } gen_stats_t;
 
 // The ids that end generation: the tokenizer's end-of-turn ids (tok_eot_ids)
@@ -33,6 +34,10 @@ int gen_stop_ids(const tok_t *t, const arch_t *a, int32_t *ids, int cap);
 typedef int (*gen_token_fn)(void *user, int32_t id);
 
 // Feeds `prompt` after whatever st already holds and generates (B = 1). On
-// return the cache holds the prompt and every emitted token (not a stop id).
+// return the cache holds the prompt and every emitted token, and, where
+// stats->stop_fed, the stop id after them. Greedy decoding (temperature 0)
+// chooses each token on the device and queues the next step before the host
+// has read the token (model_greedy_queue): the step after a stop id has then
+// fed it already; sampling feeds no stop id.
 int gen_run(model_run_t *r, model_state_t *st, const int32_t *prompt, int n_prompt, const gen_cfg_t *cfg,
             gen_token_fn on_token, void *user, gen_stats_t *stats);

@@ -52,6 +52,9 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->swiglu_fwd, "swiglu_fwd", -1},
         {be->proj_swiglu, "proj_swiglu", -1},
         {be->proj_add_rmsnorm, "proj_add_rmsnorm", -1},
+        {be->argmax_rows, "argmax_rows", -1},
+        {be->fence_new, "fence_new", -1},
+        {be->copy_d2h_async, "copy_d2h_async", -1},
         {be->proj_rmsnorm, "proj_rmsnorm", LAYER_GDN},
         {be->proj_rmsnorm, "proj_rmsnorm", LAYER_MLA},
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
@@ -64,6 +67,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->proj_rope_kv_append, "proj_rope_kv_append", LAYER_ATTN},
         {be->mla_decode_attn, "mla_decode_attn", LAYER_MLA},
         {be->mla_rope_append, "mla_rope_append", LAYER_MLA},
+        {be->proj_mla_rope_append, "proj_mla_rope_append", LAYER_MLA},
         {be->conv1d_fwd, "conv1d_fwd", LAYER_GDN},
         {be->gdn_chunk_fwd, "gdn_chunk_fwd", LAYER_GDN},
         {be->gdn_recurrent_fwd, "gdn_recurrent_fwd", LAYER_GDN},
@@ -221,6 +225,13 @@ void model_run_free(model_run_t *r) {
         be->host_free(be, r->cache_host);
         be->host_free(be, r->page_host);
         be->host_free(be, r->ids_host);
+        be->free(be, r->greedy_ids);
+        be->host_free(be, r->greedy_host);
+        if (be->fence_free) {
+            be->fence_free(be, r->greedy_inputs);
+            for (int i = 0; i < MODEL_GREEDY_AHEAD; i++)
+                be->fence_free(be, r->greedy_done[i]);
+        }
     }
     for (int i = 0; i < MODEL_STEP_GRAPHS; i++)
         free(r->graphs[i].key.v);
@@ -1213,7 +1224,7 @@ static int head_logits(model_run_t *r, const void *x, int64_t first, int64_t str
 }
 
 static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
-                        float *logits);
+                        float *logits, int greedy);
 
 // The RoPE positions a prefill of T tokens into st readies: twice what it
 // feeds, or the state's context limit when that is less. Tables grown only to
@@ -1237,7 +1248,7 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
     be_t *be = m->be;
     const arch_t *a = &m->a;
     int64_t N = (int64_t)B * T;
-    if (st && T == 1) return step_forward(r, ids, &st, 1, N, logits); // one token per sequence: a decode step
+    if (st && T == 1) return step_forward(r, ids, &st, 1, N, logits, 0); // one token per sequence: a decode step
     TRY(model_ensure_positions(m, st ? prefill_positions(st, T) : T));
     arena_reset(&r->arena, 0);
     int32_t *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
@@ -1250,7 +1261,15 @@ static int forward_logits(model_run_t *r, const int32_t *ids, int B, int T, mode
     return head_logits(r, x, first, stride, NULL, n_rows, logits);
 }
 
+// Calls other than the greedy ones wait until no greedy step is in flight.
+static int run_idle(const model_run_t *r) {
+    if (r->greedy_queued == r->greedy_taken) return 0;
+    return err_set(ERR_INPUT, "%llu greedy decode steps are still in flight (model_greedy_take / drain first)",
+                   (unsigned long long)(r->greedy_queued - r->greedy_taken));
+}
+
 int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, const model_record_t *rec) {
+    TRY(run_idle(r));
     model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
@@ -1269,6 +1288,7 @@ int model_hidden(model_run_t *r, const int32_t *ids, int B, int T, void *h, cons
 }
 
 int model_prefill(model_run_t *r, model_state_t *st, const int32_t *ids, int T, int chunk, float *logits) {
+    TRY(run_idle(r));
     int B = st->B;
     if (T < 0 || (int64_t)st->len + T > st->ctx)
         return err_set(ERR_INPUT, "prompt of %d tokens after %d cached exceeds the context capacity %d", T, st->len,
@@ -1329,7 +1349,7 @@ static int prefill_one_each(model_run_t *r, model_state_t *const *sts, int n_st,
     }
     for (int k = 0; k < n_st; k++)
         h[k] = ids[k][0];
-    int rc = step_forward(r, h, sts, n_st, n_st, some ? all : n_want ? logits : NULL);
+    int rc = step_forward(r, h, sts, n_st, n_st, some ? all : n_want ? logits : NULL, 0);
     for (int k = 0, j = 0; rc == 0 && some && k < n_st; k++)
         if (want[k]) memcpy(logits + V * j++, all + V * k, (size_t)V * sizeof(float));
     if (rc == 0)
@@ -1341,6 +1361,7 @@ static int prefill_one_each(model_run_t *r, model_state_t *const *sts, int n_st,
 
 int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *const *ids, const int *n,
                         const uint8_t *want, float *logits) {
+    TRY(run_idle(r));
     model_t *m = r->m;
     be_t *be = m->be;
     const arch_t *a = &m->a;
@@ -1424,11 +1445,8 @@ int model_prefill_batch(model_run_t *r, model_state_t *const *sts, int n_st, con
 // (step_max_ctx), so the launches stay the same while lengths grow within
 // one, and a step is recorded again once per bucket.
 
-// Rows a recorded step may have: the head's logits of all rows in one product.
-enum { STEP_GRAPH_ROWS = 64 };
-
 // Everything a step's launches depend on, as values, into r->key_new.
-static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N) {
+static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t N, int greedy) {
     const model_t *m = r->m;
     int64_t need = 19 + (int64_t)n_st * (5 + 2 * (int64_t)m->a.n_layers), n = 0;
     step_key_t *kn = &r->key_new;
@@ -1443,6 +1461,7 @@ static int step_key(model_run_t *r, model_state_t *const *sts, int n_st, int64_t
     k[n++] = (uintptr_t)r->step_pages.pages, k[n++] = (uint64_t)r->step_pages.stride;
     k[n++] = (uintptr_t)m->rope_cos, k[n++] = (uintptr_t)m->rope_sin, k[n++] = (uintptr_t)m->mla_cos;
     k[n++] = (uintptr_t)m->mla_sin;
+    k[n++] = greedy ? (uintptr_t)r->greedy_ids : 0; // a greedy step's ids, and its argmax after the head
     // the bound attention and MLA size their work by (layer.h step_max_ctx:
     // every growing layer of a state has its ctx and cap, so its bucket)
     int bucket = 0;
@@ -1510,17 +1529,17 @@ static int upload_step_ids(model_run_t *r, const int32_t *ids, int64_t N, int32_
 // stream's rows. Nothing here may be recorded. On an error, the copies
 // already queued are waited for, so that the staging may be written again.
 static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
-                       int32_t **d_ids, void **x) {
+                       int32_t *fixed_ids, int32_t **d_ids, void **x) {
     model_t *m = r->m;
     int end = 0; // the positions' limit (prefill sized the tables ahead: prefill_positions)
     for (int k = 0; k < n_st; k++)
         if (sts[k]->len + 1 > end) end = sts[k]->len + 1;
     TRY(model_ensure_positions(m, end));
     arena_reset(&r->arena, 0);
-    *d_ids = arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
+    *d_ids = fixed_ids ? fixed_ids : arena_alloc(&r->arena, (size_t)N * sizeof(int32_t));
     *x = arena_alloc(&r->arena, (size_t)N * m->a.d * m->be->act_size);
     if (!*d_ids || !*x) return ERR_NOMEM;
-    int rc = upload_step_ids(r, ids, N, *d_ids);
+    int rc = ids ? upload_step_ids(r, ids, N, *d_ids) : 0;
     if (rc == 0) rc = prepare_step_positions(r, sts, n_st, (int)N);
     if (rc == 0) rc = prepare_step_caches(r, sts, n_st);
     if (rc < 0) (void)m->be->sync(m->be);
@@ -1528,10 +1547,12 @@ static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const 
 }
 
 // What a step computes on the device with its inputs in place: the embedding
-// and every layer, x then the last hidden rows; with lg (a recording, at most
-// STEP_GRAPH_ROWS rows) also their logits, *lg [N, V] (act, in the arena).
+// and every layer, x then the last hidden rows; with lg (a recording or a
+// greedy step, at most MODEL_STEP_GRAPH_ROWS rows) also their logits, *lg
+// [N, V] (act, in the arena), and with argmax (a greedy step) their argmax
+// into argmax [N] (device).
 static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, model_state_t *const *sts, int n_st,
-                     void **lg) {
+                     void **lg, int32_t *argmax) {
     model_t *m = r->m;
     be_t *be = m->be;
     embed_rows(m, d_ids, N, x);
@@ -1541,28 +1562,34 @@ static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, m
     *lg = arena_alloc(&r->arena, (size_t)N * m->a.V * be->act_size);
     if (!hn || !*lg) return ERR_NOMEM;
     head_rows(r, x, N, hn, *lg);
+    if (argmax) be->argmax_rows(be, argmax, *lg, m->a.V, N, m->a.V);
     return 0;
 }
 
-// One decode step of the N rows of sts into host logits [N, V] (NULL: none):
-// recorded and replayed where the backend can (see above), else run op by op
-// with the head in slices (head_logits).
+// One decode step of the N rows of sts: into host logits [N, V] (NULL: none)
+// and waited for; or, greedy, fed r->greedy_ids (ids NULL: as the step
+// before left them) with its argmax there and copied into the host slot of
+// step number r->greedy_queued, queued without waiting (model_greedy_queue).
+// Recorded and replayed where the backend can (see above), else run op by op
+// (logits: the head in slices, head_logits).
 static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const *sts, int n_st, int64_t N,
-                        float *logits) {
+                        float *logits, int greedy) {
     be_t *be = r->m->be;
     int32_t *d_ids;
     void *x, *lg = NULL;
-    TRY(step_inputs(r, ids, sts, n_st, N, &d_ids, &x));
+    TRY(step_inputs(r, ids, sts, n_st, N, greedy ? r->greedy_ids : NULL, &d_ids, &x));
+    if (greedy) TRY(be->fence_mark(be, r->greedy_inputs)); // its staging may be written again after this
+    int32_t *argmax = greedy ? r->greedy_ids : NULL;
     // A state starting at length 0 has its Mamba-2 states zeroed by the step
     // (m2.c): a launch only that step has, so such a step is never recorded.
     int fresh = 0;
     for (int k = 0; k < n_st; k++)
         fresh |= sts[k]->len == 0;
-    int graph = be->graph_begin && !r->graph_off && N <= STEP_GRAPH_ROWS && !fresh;
+    int graph = be->graph_begin && !r->graph_off && N <= MODEL_STEP_GRAPH_ROWS && !fresh;
     int recorded = 0;
     model_step_graph_t *g = NULL; // the recording this step replays
     if (graph) {
-        TRY(step_key(r, sts, n_st, N));
+        TRY(step_key(r, sts, n_st, N, greedy));
         for (int i = 0; i < MODEL_STEP_GRAPHS && !g; i++)
             if (r->graphs[i].graph && key_equal(&r->key_new, &r->graphs[i].key)) g = &r->graphs[i];
         // a key seen only once (a batch that changes every step) runs op by
@@ -1577,7 +1604,7 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
             size_t mark = arena_mark(&r->arena);
             int rc_begin = be->graph_begin(be), rc = 0, rc_end = 0;
             if (rc_begin == 0) {
-                rc = step_body(r, d_ids, x, N, sts, n_st, &lg);
+                rc = step_body(r, d_ids, x, N, sts, n_st, &lg, argmax);
                 rc_end = be->graph_end(be, &g->graph);
             }
             if (rc_begin < 0 || rc < 0 || rc_end < 0) {
@@ -1608,11 +1635,35 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
     }
     if (!graph) {
         r->steps_op_by_op++;
-        TRY(step_body(r, d_ids, x, N, sts, n_st, NULL));
-        return logits ? head_logits(r, x, 0, 1, NULL, N, logits) : be->sync(be);
+        if (greedy) {
+            TRY(step_body(r, d_ids, x, N, sts, n_st, &lg, argmax));
+        } else {
+            TRY(step_body(r, d_ids, x, N, sts, n_st, NULL, NULL));
+            return logits ? head_logits(r, x, 0, 1, NULL, N, logits) : be->sync(be);
+        }
+    }
+    if (greedy) {
+        const int slot = (int)(r->greedy_queued % MODEL_GREEDY_AHEAD);
+        TRY(be->copy_d2h_async(be, r->greedy_host + slot * MODEL_STEP_GRAPH_ROWS, r->greedy_ids,
+                               (size_t)N * sizeof(int32_t)));
+        return be->fence_mark(be, r->greedy_done[slot]);
     }
     if (logits) TRY(be->download_act(be, logits, lg, N * r->m->a.V));
     return be->sync(be);
+}
+
+// The decode step's checks and room, shared by model_step_batch and
+// model_greedy_queue: *N the rows.
+static int step_prepare(model_run_t *r, model_state_t *const *sts, int n_st, int64_t *N) {
+    *N = 0;
+    for (int k = 0; k < n_st; k++) {
+        model_state_t *st = sts[k];
+        if (st->len + 1 > st->ctx) return err_set(ERR_INPUT, "context capacity %d reached", st->ctx);
+        TRY(model_state_reserve(r->m, st, st->len + 1));
+        *N += st->B;
+    }
+    if (*N < 1 || *N > (1 << 20)) return err_set(ERR_INPUT, "a decode step of %lld sequences", (long long)*N);
+    return 0;
 }
 
 int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *logits) {
@@ -1620,20 +1671,72 @@ int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *log
 }
 
 int model_step_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *ids, float *logits) {
-    int64_t N = 0;
-    for (int k = 0; k < n_st; k++) {
-        model_state_t *st = sts[k];
-        if (st->len + 1 > st->ctx) return err_set(ERR_INPUT, "context capacity %d reached", st->ctx);
-        TRY(model_state_reserve(r->m, st, st->len + 1));
-        N += st->B;
-    }
-    if (N < 1 || N > (1 << 20)) return err_set(ERR_INPUT, "a decode step of %lld sequences", (long long)N);
-    TRY(step_forward(r, ids, sts, n_st, N, logits));
+    int64_t N;
+    TRY(run_idle(r));
+    TRY(step_prepare(r, sts, n_st, &N));
+    TRY(step_forward(r, ids, sts, n_st, N, logits, 0));
     for (int k = 0; k < n_st; k++)
         set_len(r->m, sts[k], sts[k]->len + 1);
     return 0;
 }
 
+// The device ids, their host slots and the fences, made on the first greedy step.
+static int greedy_buffers(model_run_t *r) {
+    be_t *be = r->m->be;
+    if (r->greedy_ids) return 0;
+    r->greedy_host = be->host_alloc(be, (size_t)MODEL_GREEDY_AHEAD * MODEL_STEP_GRAPH_ROWS * sizeof(int32_t));
+    r->greedy_ids = be->alloc(be, (size_t)MODEL_STEP_GRAPH_ROWS * sizeof(int32_t));
+    int ok = r->greedy_host && r->greedy_ids && (r->greedy_inputs = be->fence_new(be));
+    for (int i = 0; ok && i < MODEL_GREEDY_AHEAD; i++)
+        ok = (r->greedy_done[i] = be->fence_new(be)) != NULL;
+    if (ok) return 0;
+    be->free(be, r->greedy_ids); // (the rest is freed with the run)
+    r->greedy_ids = NULL;
+    return err_wrap(ERR_NOMEM, "greedy decoding's buffers: ");
+}
+
+int model_greedy_queue(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *ids) {
+    be_t *be = r->m->be;
+    const uint64_t flight = r->greedy_queued - r->greedy_taken;
+    if (flight >= MODEL_GREEDY_AHEAD)
+        return err_set(ERR_INPUT, "%d greedy decode steps are in flight already (model_greedy_take first)",
+                       MODEL_GREEDY_AHEAD);
+    int64_t N = 0;
+    for (int k = 0; k < n_st; k++)
+        N += sts[k]->B;
+    if (N < 1 || N > MODEL_STEP_GRAPH_ROWS)
+        return err_set(ERR_INPUT, "a greedy decode step of %lld rows (1 to %d)", (long long)N, MODEL_STEP_GRAPH_ROWS);
+    const int64_t before = r->greedy_queued ? r->greedy_rows[(r->greedy_queued - 1) % MODEL_GREEDY_AHEAD] : 0;
+    if (!ids && before != N)
+        return err_set(ERR_INPUT, "a greedy decode step of %lld rows fed the ids of a step of %lld", (long long)N,
+                       (long long)before);
+    TRY(greedy_buffers(r));
+    // the step in flight has its inputs copied before the staging is written again
+    if (flight) TRY(be->fence_wait(be, r->greedy_inputs));
+    TRY(step_prepare(r, sts, n_st, &N));
+    TRY(step_forward(r, ids, sts, n_st, N, NULL, 1));
+    for (int k = 0; k < n_st; k++)
+        set_len(r->m, sts[k], sts[k]->len + 1);
+    r->greedy_rows[r->greedy_queued % MODEL_GREEDY_AHEAD] = N;
+    r->greedy_queued++;
+    return 0;
+}
+
+int model_greedy_take(model_run_t *r, int32_t *ids) {
+    if (r->greedy_taken == r->greedy_queued) return err_set(ERR_INPUT, "no greedy decode step in flight to take");
+    const int slot = (int)(r->greedy_taken % MODEL_GREEDY_AHEAD);
+    r->greedy_taken++;
+    TRY(r->m->be->fence_wait(r->m->be, r->greedy_done[slot]));
+    memcpy(ids, r->greedy_host + slot * MODEL_STEP_GRAPH_ROWS, (size_t)r->greedy_rows[slot] * sizeof(int32_t));
+    return 0;
+}
+
+int model_greedy_drain(model_run_t *r) {
+    r->greedy_taken = r->greedy_queued;
+    return r->m->be->sync(r->m->be);
+}
+
 int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits) {
+    TRY(run_idle(r));
     return forward_logits(r, ids, B, T, NULL, 0, 1, (int64_t)B * T, logits);
 }

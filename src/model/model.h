@@ -68,6 +68,13 @@ typedef struct {
     uint64_t used;
 } model_step_graph_t;
 
+// Greedy decode steps a run holds in flight (model_greedy_queue): one runs
+// while the host reads the one before and queues the next.
+enum { MODEL_GREEDY_AHEAD = 2 };
+// The most rows of a recorded decode step (the head's logits of all rows in
+// one product), and of a greedy step.
+enum { MODEL_STEP_GRAPH_ROWS = 64 };
+
 // One run's execution context over a model's weights.
 typedef struct {
     model_t *m;
@@ -111,6 +118,15 @@ typedef struct {
     uint64_t graph_clock;
     step_key_t key_seen, key_new;
     int graph_off;
+    // Greedy decoding on the device (model_greedy_queue): the rows' ids
+    // (device: a step's inputs, then the argmax its head chose), their host
+    // copies (page-locked, MODEL_GREEDY_AHEAD slots of MODEL_STEP_GRAPH_ROWS), the rows of
+    // the step in each slot, steps queued and taken, and the fences of the
+    // latest step's inputs and of each slot's step.
+    int32_t *greedy_ids, *greedy_host;
+    int64_t greedy_rows[MODEL_GREEDY_AHEAD];
+    uint64_t greedy_queued, greedy_taken;
+    void *greedy_inputs, *greedy_done[MODEL_GREEDY_AHEAD];
     // Decode steps so far: replays of the recorded step, steps that recorded
     // a new one (and replayed it), steps run op by op (no graph: a key seen
     // once, a fresh state, too many rows, or a backend without graphs).
@@ -345,6 +361,22 @@ int model_step(model_run_t *r, model_state_t *st, const int32_t *ids, float *log
 // tell which). Each state's len advances by one.
 int model_step_batch(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *ids, float *logits);
 // Logits of every position of B sequences of T tokens without a cache (host [B*T, V]).
+// Greedy decoding with each step's argmax taken on the device, the next step
+// queued while the one before still runs, so that the host's work between
+// steps (reading a token, queueing the next step) overlaps the device's.
+// model_greedy_queue queues one decode step of the states' rows (each
+// state's length grows by one now, as model_step_batch) whose result is the
+// argmax of its logits (sampler_argmax's choice), kept on the device. ids:
+// the rows' inputs, or NULL for the ids the step queued before this one
+// chose (the same rows: the same states in the same order). At most
+// MODEL_GREEDY_AHEAD steps are in flight; model_greedy_take waits for the
+// oldest and gives its rows' ids; model_greedy_drain waits for them all and
+// forgets their ids. Rows: 1 to MODEL_STEP_GRAPH_ROWS. Until every queued step is taken or
+// drained, the run takes no other call (ERR_INPUT).
+int model_greedy_queue(model_run_t *r, model_state_t *const *sts, int n_st, const int32_t *ids);
+int model_greedy_take(model_run_t *r, int32_t *ids);
+int model_greedy_drain(model_run_t *r);
+
 int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits);
 
 // What a forward without gradients records per layer (the ILD teacher): x[l]

@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "infer/sampler.h"
 #include "testutil.h"
 
 // ---- tolerances: see the header comment ----------------------------------------
@@ -1833,6 +1834,60 @@ static void test_conv1d_deterministic(void **st) {
 // an unaligned table (scalar stores). Two runs from the same table must agree
 // bit for bit. The run with the scratch arena full takes the serial path,
 // which adds the rows in position order as the CPU does: EXACT.
+// argmax_rows: the same ids as the CPU (EXACT: a choice, no arithmetic),
+// which are sampler_argmax's. Rows with ties of the maximum (bf16 has 8
+// significant bits: the second copy must lose), NaNs before the maximum, all
+// NaN (0), all -inf (0), +inf twice; 16-byte loads and the scalar tail
+// (V % 8, rows ld apart) and unaligned rows.
+static void test_argmax_rows(void **st) {
+    setup_backends();
+    int fails = 0;
+    typedef struct {
+        int64_t N, V, ld;
+        int special; // 1: the rows above
+    } acase_t;
+    const acase_t cases[] = {
+        {1, 49152, 49152, 0}, {5, 49155, 49160, 1}, {3, 1000, 1003, 1}, {64, 128256, 128256, 0}, {7, 5, 5, 1}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const acase_t c = cases[ci];
+        float *x = rnd(c.N * c.ld, 1.0f);
+        for (int64_t n = 0; n < c.N; n++) { // a tie of the maximum in every row
+            float *row = x + n * c.ld;
+            const int64_t i = (n * 7919 + 3) % c.V, j = (i + c.V / 2) % c.V;
+            row[i] = row[j] = 9.0f;
+        }
+        if (c.special) {
+            for (int64_t v = 0; v < c.V; v++) {
+                x[0 * c.ld + v] = v < c.V / 3 ? NAN : x[0 * c.ld + v];
+                x[1 * c.ld + v] = NAN;
+                x[2 * c.ld + v] = -INFINITY;
+            }
+            if (c.N > 3) x[3 * c.ld + c.V - 1] = x[3 * c.ld + 1] = INFINITY;
+        }
+        int32_t *ref = malloc((size_t)c.N * sizeof(int32_t)), *got = malloc((size_t)c.N * sizeof(int32_t));
+        cpu->argmax_rows(cpu, ref, x, c.ld, c.N, c.V);
+        void *dx = tu_dev_act(gpu, x, c.N * c.ld);
+        int32_t *did = tu_dev_i32(gpu, ref, c.N); // overwritten
+        gpu->memset0(gpu, did, (size_t)c.N * sizeof(int32_t));
+        gpu->argmax_rows(gpu, did, dx, c.ld, c.N, c.V);
+        assert_int_equal(gpu->sync(gpu), 0);
+        assert_int_equal(gpu->copy_d2h(gpu, got, did, (size_t)c.N * sizeof(int32_t)), 0);
+        int off = 0;
+        for (int64_t n = 0; n < c.N; n++) {
+            off += got[n] != ref[n];
+            if (ref[n] != sampler_argmax(x + n * c.ld, (int)c.V)) fail_msg("CPU argmax_rows row %lld", (long long)n);
+        }
+        printf("%s argmax_rows N=%lld V=%lld ld=%lld%s: %d of %lld rows differ (first ids %d %d)\n",
+               off ? "FAIL" : "ok  ", (long long)c.N, (long long)c.V, (long long)c.ld, c.special ? " nan/inf rows" : "",
+               off, (long long)c.N, got[0], ref[0]);
+        fails += off != 0;
+        gpu->free(gpu, dx);
+        gpu->free(gpu, did);
+        free(x), free(ref), free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
 static void test_embed_deterministic(void **st) {
     setup_backends();
     int fails = 0;
@@ -1911,6 +1966,7 @@ int main(void) {
         cmocka_unit_test(test_gated_rmsnorm_deterministic),
         cmocka_unit_test(test_conv1d_deterministic),
         cmocka_unit_test(test_embed_deterministic),
+        cmocka_unit_test(test_argmax_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,13 @@ static int64_t cpu_mem_free(be_t *be) {
     return kb < 0 ? -1 : (int64_t)kb * 1024;
 }
 static int cpu_sync(be_t *be) { return 0; }
+// Work is done as it is queued: a fence has nothing to hold.
+static void *cpu_fence_new(be_t *be) {
+    static char fence;
+    return &fence;
+}
+static int cpu_fence(be_t *be, void *f) { return 0; }
+static void cpu_fence_free(be_t *be, void *f) {}
 static void cpu_destroy(be_t *be) {
     free(be->scratch.base);
     free(be);
@@ -69,12 +76,17 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_h2d = cpu_copy;
     be->copy_h2d_async = cpu_copy;
     be->copy_d2h = cpu_copy;
+    be->copy_d2h_async = cpu_copy;
     be->copy_d2d = cpu_copy;
     be->discard = cpu_discard;
     be->mem_free = cpu_mem_free;
     be->upload_act = cpu_upload_act;
     be->download_act = cpu_download_act;
     be->sync = cpu_sync;
+    be->fence_new = cpu_fence_new;
+    be->fence_mark = cpu_fence;
+    be->fence_wait = cpu_fence;
+    be->fence_free = cpu_fence_free;
     be->destroy = cpu_destroy;
     void *scratch = scratch_bytes ? cpu_alloc(be, scratch_bytes) : NULL;
     if (scratch_bytes && !scratch) {

@@ -200,7 +200,23 @@ static void cpu_ild_dist(be_t *be, float *loss, void *dx_, const void *x_, const
 
 static int64_t cpu_loss_rows_max(be_t *be, int64_t V) { return LOSS_ROWS; }
 
+// The reference of greedy decoding's choice: a running maximum that only a
+// larger value replaces (so the first of equal maxima stays; x > NaN and
+// NaN > x are both false, so a NaN never replaces it, nor is kept when a
+// number follows).
+static void cpu_argmax_rows(be_t *be, int32_t *ids, const void *x_, int64_t ld, int64_t N, int64_t V) {
+    const float *x = x_;
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = x + n * ld;
+        int64_t best = -1;
+        for (int64_t v = 0; v < V; v++)
+            if (row[v] == row[v] && (best < 0 || row[v] > row[best])) best = v;
+        ids[n] = best < 0 ? 0 : (int32_t)best;
+    }
+}
+
 void cpu_register_loss(be_t *be) {
+    be->argmax_rows = cpu_argmax_rows;
     be->fused_ce = cpu_fused_ce;
     be->loss_rows_max = cpu_loss_rows_max;
     be->fused_kl = cpu_fused_kl;

@@ -157,6 +157,47 @@ static int cu_copy_d2h(be_t *be, void *dst, const void *src, size_t n) {
     return 0;
 }
 
+// The first error recorded since the last report (launch failures, an op's
+// refused arguments) into the error slot, and cleared; 0 when none.
+static int report_first_error(cuda_impl_t *ci) {
+    if (!ci->first_error) return 0;
+    int rc = err_set(ci->first_error, "%s", ci->first_error_msg);
+    ci->first_error = 0;
+    return rc;
+}
+
+static int cu_copy_d2h_async(be_t *be, void *dst, const void *src, size_t n) {
+    CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cuda_stream(be)));
+    return 0;
+}
+
+// A fence is an event recorded on the stream (timing off: the cheaper kind
+// to record and wait for).
+static void *cu_fence_new(be_t *be) {
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cuda_fail(be, "cudaEventCreateWithFlags", e);
+        return NULL;
+    }
+    return ev;
+}
+
+static int cu_fence_mark(be_t *be, void *f) {
+    CUDA_TRY(be, cudaEventRecord((cudaEvent_t)f, cuda_stream(be)));
+    return 0;
+}
+
+static int cu_fence_wait(be_t *be, void *f) {
+    cudaError_t e = cudaEventSynchronize((cudaEvent_t)f);
+    if (e != cudaSuccess) return cuda_fail(be, "cudaEventSynchronize", e);
+    return report_first_error(cuda_impl(be));
+}
+
+static void cu_fence_free(be_t *be, void *f) {
+    if (f) cudaEventDestroy((cudaEvent_t)f);
+}
+
 static int cu_copy_d2d(be_t *be, void *dst, const void *src, size_t n) {
     CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_stream(be)));
     return 0;
@@ -244,12 +285,7 @@ static int cu_sync(be_t *be) {
     cuda_impl_t *ci = cuda_impl(be);
     cudaError_t e = cudaStreamSynchronize(ci->stream);
     if (e != cudaSuccess) return cuda_fail(be, "cudaStreamSynchronize", e);
-    if (ci->first_error) {
-        int rc = err_set(ci->first_error, "%s", ci->first_error_msg);
-        ci->first_error = 0;
-        return rc;
-    }
-    return 0;
+    return report_first_error(ci);
 }
 
 // Stream capture, thread-local: other threads' CUDA calls (an HTTP thread's)
@@ -392,10 +428,15 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_h2d = cu_copy_h2d;
     be->copy_h2d_async = cu_copy_h2d_async;
     be->copy_d2h = cu_copy_d2h;
+    be->copy_d2h_async = cu_copy_d2h_async;
     be->copy_d2d = cu_copy_d2d;
     be->upload_act = cu_upload_act;
     be->download_act = cu_download_act;
     be->sync = cu_sync;
+    be->fence_new = cu_fence_new;
+    be->fence_mark = cu_fence_mark;
+    be->fence_wait = cu_fence_wait;
+    be->fence_free = cu_fence_free;
     be->graph_begin = cu_graph_begin;
     be->graph_end = cu_graph_end;
     be->graph_launch = cu_graph_launch;

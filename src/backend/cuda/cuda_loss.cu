@@ -450,7 +450,69 @@ static int64_t cu_loss_rows_max(be_t *be, int64_t V) {
     return rows > 1 ? rows : 1;
 }
 
+// ---- greedy decoding: the argmax of each row -------------------------------
+
+enum { ARGMAX_THREADS = 512 }; // one block per row
+
+// Keeps (v, i) in (bv, bi) when it beats it: larger, or equal at a smaller
+// index (the first of equal maxima, as cpu_argmax_rows); a NaN never; bi < 0:
+// nothing kept yet.
+static __device__ __forceinline__ void argmax_keep(float &bv, int &bi, float v, int i) {
+    if (v == v && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+}
+
+// ids[row] = the argmax of x's row blockIdx.x: each thread its share (16-byte
+// loads where vec), then the warps' and the block's pairs by argmax_keep.
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax_rows(int32_t *__restrict__ ids, const bf16 *__restrict__ x, int64_t ld, int V, int vec) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh): x is the head's output
+    const bf16 *row = x + (int64_t)blockIdx.x * ld;
+    float bv = 0.0f;
+    int bi = -1, v0 = 0;
+    if (vec) {
+        for (int i = threadIdx.x * 8; i + 8 <= V; i += ARGMAX_THREADS * 8) {
+            float w[8];
+            ld_bf16<8>(row + i, w);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                argmax_keep(bv, bi, w[j], i + j);
+        }
+        v0 = V / 8 * 8;
+    }
+    for (int i = v0 + threadIdx.x; i < V; i += ARGMAX_THREADS)
+        argmax_keep(bv, bi, __bfloat162float(row[i]), i);
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0) argmax_keep(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_THREADS / 32; w++)
+            if (si[w] >= 0) argmax_keep(bv, bi, sv[w], si[w]);
+        ids[blockIdx.x] = bi < 0 ? 0 : bi;
+    }
+}
+
+static void cu_argmax_rows(be_t *be, int32_t *ids, const void *x, int64_t ld, int64_t N, int64_t V) {
+    if (N <= 0) return;
+    if (V < 1 || V > INT32_MAX || N > 65535 || ld < V) {
+        cu_op_error(be, "cuda argmax_rows: N=%lld V=%lld ld=%lld not supported (V >= 1, ld >= V, N <= 65535)",
+                    (long long)N, (long long)V, (long long)ld);
+        return;
+    }
+    const int vec = ld % 8 == 0 && !((uintptr_t)x & 15);
+    cu_launch_pdl(k_argmax_rows, dim3((unsigned)N), dim3(ARGMAX_THREADS), 0, cuda_stream(be), ids, (const bf16 *)x, ld,
+                  (int)V, vec);
+    cuda_check_launch(be, "k_argmax_rows");
+}
+
 extern "C" void cuda_register_loss(be_t *be) {
+    be->argmax_rows = cu_argmax_rows;
     be->fused_ce = cu_fused_ce;
     be->loss_rows_max = cu_loss_rows_max;
     be->fused_kl = cu_fused_kl;
