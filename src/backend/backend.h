@@ -66,6 +66,9 @@ enum { BE_FEW_ROWS = 8 };
 // pages NULL: every row's cache is contiguous, row u is row u (a cache of
 // consecutive pages, without a table to read).
 enum { BE_PAGE_ROWS = 256 };
+
+// The most rows argmax_rows writes into a host ring in one call.
+enum { BE_ARGMAX_RING_ROWS = 64 };
 typedef struct {
     const int32_t *pages; // device int32 [N, stride], or NULL
     int64_t stride;       // pages per step row
@@ -130,9 +133,6 @@ struct be {
     // work on the device is ordered after it). copy_h2d waits for its copy,
     // a round trip to the device each (a decode step's inputs took three).
     int (*copy_h2d_async)(be_t *be, void *dst, const void *src, size_t bytes);
-    // Queues a copy into host memory of host_alloc's and returns: dst holds
-    // the bytes once a later fence_wait or sync has returned.
-    int (*copy_d2h_async)(be_t *be, void *dst, const void *src, size_t bytes);
     // Points in the queue of work, so that the host waits for one step of
     // several it queued: fence_new makes a fence (NULL + error slot on
     // failure), fence_mark(f) names all work queued so far f (its mark before
@@ -599,7 +599,14 @@ struct be {
     // (act rows ld apart), n < N: sampler_argmax's choice for each row (NaNs
     // never the largest; a row of NaNs gives 0). A decode step so chooses its
     // next tokens without its logits leaving the device (model_greedy_queue).
-    void (*argmax_rows)(be_t *be, int32_t *ids, const void *x, int64_t ld, int64_t N, int64_t V);
+    // With a ring (host_alloc's memory, two arrays of `stride` >= N ids; else
+    // NULL), the ids go to ring array *turn too (device int32, 0 or 1), which
+    // is then flipped: a step recorded once writes each replay's ids where
+    // the host reads them while the next replay runs, without a copy after
+    // it (CUDA writes them through the page-locked memory's mapping). N <=
+    // BE_ARGMAX_RING_ROWS with a ring.
+    void (*argmax_rows)(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x, int64_t ld,
+                        int64_t N, int64_t V);
 
     // ---- optimizer -----------------------------------------------------------
     // *out = sum of squares of a float buffer (device float; overwritten)

@@ -54,7 +54,6 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->proj_add_rmsnorm, "proj_add_rmsnorm", -1},
         {be->argmax_rows, "argmax_rows", -1},
         {be->fence_new, "fence_new", -1},
-        {be->copy_d2h_async, "copy_d2h_async", -1},
         {be->proj_rmsnorm, "proj_rmsnorm", LAYER_GDN},
         {be->proj_rmsnorm, "proj_rmsnorm", LAYER_MLA},
         {be->attn_fwd, "attn_fwd", LAYER_ATTN},
@@ -1549,20 +1548,30 @@ static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const 
 // What a step computes on the device with its inputs in place: the embedding
 // and every layer, x then the last hidden rows; with lg (a recording or a
 // greedy step, at most MODEL_STEP_GRAPH_ROWS rows) also their logits, *lg
-// [N, V] (act, in the arena), and with argmax (a greedy step) their argmax
-// into argmax [N] (device).
+// [N, V] (act, in the arena): the final norm inside the head's product where
+// the backend fuses them (proj_rmsnorm: a few rows, a head not quantised).
+// Greedy: their argmax into r->greedy_ids and the host ring (argmax_rows).
 static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, model_state_t *const *sts, int n_st,
-                     void **lg, int32_t *argmax) {
+                     void **lg, int greedy) {
     model_t *m = r->m;
     be_t *be = m->be;
+    const arch_t *a = &m->a;
     embed_rows(m, d_ids, N, x);
     TRY(run_layers(r, x, (int)N, 1, sts, n_st, NULL, 0, NULL));
     if (!lg) return 0;
-    void *hn = arena_alloc(&r->arena, (size_t)N * m->a.d * be->act_size);
-    *lg = arena_alloc(&r->arena, (size_t)N * m->a.V * be->act_size);
-    if (!hn || !*lg) return ERR_NOMEM;
-    head_rows(r, x, N, hn, *lg);
-    if (argmax) be->argmax_rows(be, argmax, *lg, m->a.V, N, m->a.V);
+    *lg = arena_alloc(&r->arena, (size_t)N * a->V * be->act_size);
+    if (!*lg) return ERR_NOMEM;
+    layer_ctx_t c = model_layer_ctx(r, 0);
+    if (N <= BE_FEW_ROWS && !lin_qmat(&c, m->lm_head)) {
+        be->proj_rmsnorm(be, *lg, x, a->d, m->final_norm, a->eps, m->lm_head, N, a->d, a->V);
+    } else {
+        void *hn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
+        if (!hn) return ERR_NOMEM;
+        head_rows(r, x, N, hn, *lg);
+    }
+    if (greedy)
+        be->argmax_rows(be, r->greedy_ids, r->greedy_host, MODEL_STEP_GRAPH_ROWS, r->greedy_ids + MODEL_STEP_GRAPH_ROWS,
+                        *lg, a->V, N, a->V);
     return 0;
 }
 
@@ -1579,7 +1588,6 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
     void *x, *lg = NULL;
     TRY(step_inputs(r, ids, sts, n_st, N, greedy ? r->greedy_ids : NULL, &d_ids, &x));
     if (greedy) TRY(be->fence_mark(be, r->greedy_inputs)); // its staging may be written again after this
-    int32_t *argmax = greedy ? r->greedy_ids : NULL;
     // A state starting at length 0 has its Mamba-2 states zeroed by the step
     // (m2.c): a launch only that step has, so such a step is never recorded.
     int fresh = 0;
@@ -1604,7 +1612,7 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
             size_t mark = arena_mark(&r->arena);
             int rc_begin = be->graph_begin(be), rc = 0, rc_end = 0;
             if (rc_begin == 0) {
-                rc = step_body(r, d_ids, x, N, sts, n_st, &lg, argmax);
+                rc = step_body(r, d_ids, x, N, sts, n_st, &lg, greedy);
                 rc_end = be->graph_end(be, &g->graph);
             }
             if (rc_begin < 0 || rc < 0 || rc_end < 0) {
@@ -1636,18 +1644,14 @@ static int step_forward(model_run_t *r, const int32_t *ids, model_state_t *const
     if (!graph) {
         r->steps_op_by_op++;
         if (greedy) {
-            TRY(step_body(r, d_ids, x, N, sts, n_st, &lg, argmax));
+            TRY(step_body(r, d_ids, x, N, sts, n_st, &lg, 1));
         } else {
-            TRY(step_body(r, d_ids, x, N, sts, n_st, NULL, NULL));
+            TRY(step_body(r, d_ids, x, N, sts, n_st, NULL, 0));
             return logits ? head_logits(r, x, 0, 1, NULL, N, logits) : be->sync(be);
         }
     }
-    if (greedy) {
-        const int slot = (int)(r->greedy_queued % MODEL_GREEDY_AHEAD);
-        TRY(be->copy_d2h_async(be, r->greedy_host + slot * MODEL_STEP_GRAPH_ROWS, r->greedy_ids,
-                               (size_t)N * sizeof(int32_t)));
-        return be->fence_mark(be, r->greedy_done[slot]);
-    }
+    // the ids are in the host ring once the step is done (argmax_rows)
+    if (greedy) return be->fence_mark(be, r->greedy_done[r->greedy_queued % MODEL_GREEDY_AHEAD]);
     if (logits) TRY(be->download_act(be, logits, lg, N * r->m->a.V));
     return be->sync(be);
 }
@@ -1680,13 +1684,17 @@ int model_step_batch(model_run_t *r, model_state_t *const *sts, int n_st, const 
     return 0;
 }
 
-// The device ids, their host slots and the fences, made on the first greedy step.
+// The device ids and argmax_rows's turn after them (zeroed: the ring's first
+// array for step number 0), their host ring and the fences, made on the
+// first greedy step.
 static int greedy_buffers(model_run_t *r) {
     be_t *be = r->m->be;
     if (r->greedy_ids) return 0;
     r->greedy_host = be->host_alloc(be, (size_t)MODEL_GREEDY_AHEAD * MODEL_STEP_GRAPH_ROWS * sizeof(int32_t));
-    r->greedy_ids = be->alloc(be, (size_t)MODEL_STEP_GRAPH_ROWS * sizeof(int32_t));
-    int ok = r->greedy_host && r->greedy_ids && (r->greedy_inputs = be->fence_new(be));
+    r->greedy_ids = be->alloc(be, (size_t)(MODEL_STEP_GRAPH_ROWS + 1) * sizeof(int32_t));
+    int ok = r->greedy_host && r->greedy_ids &&
+             be->memset0(be, r->greedy_ids, (size_t)(MODEL_STEP_GRAPH_ROWS + 1) * sizeof(int32_t)) == 0 &&
+             (r->greedy_inputs = be->fence_new(be));
     for (int i = 0; ok && i < MODEL_GREEDY_AHEAD; i++)
         ok = (r->greedy_done[i] = be->fence_new(be)) != NULL;
     if (ok) return 0;
@@ -1731,9 +1739,15 @@ int model_greedy_take(model_run_t *r, int32_t *ids) {
     return 0;
 }
 
+// Waits for everything queued; the step count's parity again the ring's turn
+// (a step that failed after its argmax ran is not counted as queued).
 int model_greedy_drain(model_run_t *r) {
-    r->greedy_taken = r->greedy_queued;
-    return r->m->be->sync(r->m->be);
+    be_t *be = r->m->be;
+    int rc = be->sync(be);
+    int32_t turn = 0;
+    if (rc == 0 && r->greedy_ids) rc = be->copy_d2h(be, &turn, r->greedy_ids + MODEL_STEP_GRAPH_ROWS, sizeof turn);
+    r->greedy_queued = r->greedy_taken = (uint64_t)turn;
+    return rc;
 }
 
 int model_logits_all(model_run_t *r, const int32_t *ids, int B, int T, float *logits) {

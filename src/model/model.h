@@ -119,10 +119,11 @@ typedef struct {
     step_key_t key_seen, key_new;
     int graph_off;
     // Greedy decoding on the device (model_greedy_queue): the rows' ids
-    // (device: a step's inputs, then the argmax its head chose), their host
-    // copies (page-locked, MODEL_GREEDY_AHEAD slots of MODEL_STEP_GRAPH_ROWS), the rows of
-    // the step in each slot, steps queued and taken, and the fences of the
-    // latest step's inputs and of each slot's step.
+    // (device: a step's inputs, then the argmax its head chose; then
+    // argmax_rows's turn), their host ring (page-locked, MODEL_GREEDY_AHEAD
+    // arrays of MODEL_STEP_GRAPH_ROWS: step k's in array k % 2), the rows of
+    // the step in each array, steps queued and taken, and the fences of the
+    // latest step's inputs and of each array's step.
     int32_t *greedy_ids, *greedy_host;
     int64_t greedy_rows[MODEL_GREEDY_AHEAD];
     uint64_t greedy_queued, greedy_taken;

@@ -1836,9 +1836,11 @@ static void test_conv1d_deterministic(void **st) {
 // which adds the rows in position order as the CPU does: EXACT.
 // argmax_rows: the same ids as the CPU (EXACT: a choice, no arithmetic),
 // which are sampler_argmax's. Rows with ties of the maximum (bf16 has 8
-// significant bits: the second copy must lose), NaNs before the maximum, all
-// NaN (0), all -inf (0), +inf twice; 16-byte loads and the scalar tail
-// (V % 8, rows ld apart) and unaligned rows.
+// significant bits: the second copy must lose; placed in different slices
+// of the CUDA kernel), NaNs before the maximum, all NaN (0), all -inf (0),
+// +inf twice; 16-byte loads and the scalar tail (V % 8, rows ld apart),
+// unaligned rows, more rows than one launch takes. With a host ring (N <=
+// BE_ARGMAX_RING_ROWS): the ids in ring array *turn, the turn flipped, twice.
 static void test_argmax_rows(void **st) {
     setup_backends();
     int fails = 0;
@@ -1846,8 +1848,8 @@ static void test_argmax_rows(void **st) {
         int64_t N, V, ld;
         int special; // 1: the rows above
     } acase_t;
-    const acase_t cases[] = {
-        {1, 49152, 49152, 0}, {5, 49155, 49160, 1}, {3, 1000, 1003, 1}, {64, 128256, 128256, 0}, {7, 5, 5, 1}};
+    const acase_t cases[] = {{1, 49152, 49152, 0}, {5, 49155, 49160, 1}, {3, 1000, 1003, 1},    {64, 128256, 128256, 0},
+                             {7, 5, 5, 1},         {70, 3000, 3000, 0},  {2, 700000, 700000, 1}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const acase_t c = cases[ci];
         float *x = rnd(c.N * c.ld, 1.0f);
@@ -1860,29 +1862,43 @@ static void test_argmax_rows(void **st) {
             for (int64_t v = 0; v < c.V; v++) {
                 x[0 * c.ld + v] = v < c.V / 3 ? NAN : x[0 * c.ld + v];
                 x[1 * c.ld + v] = NAN;
-                x[2 * c.ld + v] = -INFINITY;
             }
+            if (c.N > 2)
+                for (int64_t v = 0; v < c.V; v++)
+                    x[2 * c.ld + v] = -INFINITY;
             if (c.N > 3) x[3 * c.ld + c.V - 1] = x[3 * c.ld + 1] = INFINITY;
         }
         int32_t *ref = malloc((size_t)c.N * sizeof(int32_t)), *got = malloc((size_t)c.N * sizeof(int32_t));
-        cpu->argmax_rows(cpu, ref, x, c.ld, c.N, c.V);
+        cpu->argmax_rows(cpu, ref, NULL, 0, NULL, x, c.ld, c.N, c.V);
         void *dx = tu_dev_act(gpu, x, c.N * c.ld);
         int32_t *did = tu_dev_i32(gpu, ref, c.N); // overwritten
-        gpu->memset0(gpu, did, (size_t)c.N * sizeof(int32_t));
-        gpu->argmax_rows(gpu, did, dx, c.ld, c.N, c.V);
-        assert_int_equal(gpu->sync(gpu), 0);
-        assert_int_equal(gpu->copy_d2h(gpu, got, did, (size_t)c.N * sizeof(int32_t)), 0);
+        const int ring_ok = c.N <= BE_ARGMAX_RING_ROWS;
+        int32_t *ring = ring_ok ? gpu->host_alloc(gpu, 2 * (size_t)c.N * sizeof(int32_t)) : NULL;
+        int32_t zero = 0, *turn = tu_dev_i32(gpu, &zero, 1), th = -1;
         int off = 0;
-        for (int64_t n = 0; n < c.N; n++) {
-            off += got[n] != ref[n];
-            if (ref[n] != sampler_argmax(x + n * c.ld, (int)c.V)) fail_msg("CPU argmax_rows row %lld", (long long)n);
+        for (int call = 0; call < (ring_ok ? 2 : 1); call++) {
+            gpu->memset0(gpu, did, (size_t)c.N * sizeof(int32_t));
+            if (ring) memset(ring, 0xff, 2 * (size_t)c.N * sizeof(int32_t));
+            gpu->argmax_rows(gpu, did, ring, c.N, turn, dx, c.ld, c.N, c.V);
+            assert_int_equal(gpu->sync(gpu), 0);
+            assert_int_equal(gpu->copy_d2h(gpu, got, did, (size_t)c.N * sizeof(int32_t)), 0);
+            assert_int_equal(gpu->copy_d2h(gpu, &th, turn, sizeof th), 0);
+            for (int64_t n = 0; n < c.N; n++) {
+                off += got[n] != ref[n];
+                if (ring) off += ring[call * c.N + n] != ref[n] || ring[(1 - call) * c.N + n] != -1;
+                if (call == 0 && ref[n] != sampler_argmax(x + n * c.ld, (int)c.V))
+                    fail_msg("CPU argmax_rows row %lld", (long long)n);
+            }
+            if (ring) off += th != 1 - call;
         }
-        printf("%s argmax_rows N=%lld V=%lld ld=%lld%s: %d of %lld rows differ (first ids %d %d)\n",
-               off ? "FAIL" : "ok  ", (long long)c.N, (long long)c.V, (long long)c.ld, c.special ? " nan/inf rows" : "",
-               off, (long long)c.N, got[0], ref[0]);
+        printf("%s argmax_rows N=%lld V=%lld ld=%lld%s%s: %d differences (first ids %d %d)\n", off ? "FAIL" : "ok  ",
+               (long long)c.N, (long long)c.V, (long long)c.ld, c.special ? " nan/inf rows" : "",
+               ring ? ", host ring twice" : "", off, got[0], ref[0]);
         fails += off != 0;
         gpu->free(gpu, dx);
         gpu->free(gpu, did);
+        gpu->free(gpu, turn);
+        gpu->host_free(gpu, ring);
         free(x), free(ref), free(got);
     }
     assert_int_equal(fails, 0);

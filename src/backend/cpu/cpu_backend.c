@@ -76,7 +76,6 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_h2d = cpu_copy;
     be->copy_h2d_async = cpu_copy;
     be->copy_d2h = cpu_copy;
-    be->copy_d2h_async = cpu_copy;
     be->copy_d2d = cpu_copy;
     be->discard = cpu_discard;
     be->mem_free = cpu_mem_free;

@@ -204,15 +204,22 @@ static int64_t cpu_loss_rows_max(be_t *be, int64_t V) { return LOSS_ROWS; }
 // larger value replaces (so the first of equal maxima stays; x > NaN and
 // NaN > x are both false, so a NaN never replaces it, nor is kept when a
 // number follows).
-static void cpu_argmax_rows(be_t *be, int32_t *ids, const void *x_, int64_t ld, int64_t N, int64_t V) {
+static void cpu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x_,
+                            int64_t ld, int64_t N, int64_t V) {
     const float *x = x_;
+    if (ring && (N > BE_ARGMAX_RING_ROWS || stride < N || !turn)) {
+        err_set(ERR_INPUT, "cpu argmax_rows: a ring of stride %lld for %lld rows", (long long)stride, (long long)N);
+        return;
+    }
     for (int64_t n = 0; n < N; n++) {
         const float *row = x + n * ld;
         int64_t best = -1;
         for (int64_t v = 0; v < V; v++)
             if (row[v] == row[v] && (best < 0 || row[v] > row[best])) best = v;
         ids[n] = best < 0 ? 0 : (int32_t)best;
+        if (ring) ring[*turn * stride + n] = ids[n];
     }
+    if (ring) *turn ^= 1;
 }
 
 void cpu_register_loss(be_t *be) {

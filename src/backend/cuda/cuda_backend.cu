@@ -166,11 +166,6 @@ static int report_first_error(cuda_impl_t *ci) {
     return rc;
 }
 
-static int cu_copy_d2h_async(be_t *be, void *dst, const void *src, size_t n) {
-    CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cuda_stream(be)));
-    return 0;
-}
-
 // A fence is an event recorded on the stream (timing off: the cheaper kind
 // to record and wait for).
 static void *cu_fence_new(be_t *be) {
@@ -353,6 +348,7 @@ static void cu_destroy(be_t *be) {
         if (ci->lt_workspace) cudaFree(ci->lt_workspace);
         if (ci->norm_done) cudaFree(ci->norm_done);
         if (ci->dec_count) cudaFree(ci->dec_count);
+        if (ci->argmax_count) cudaFree(ci->argmax_count);
         if (ci->lt) cublasLtDestroy(ci->lt);
         if (ci->stream) cudaStreamDestroy(ci->stream);
         free(ci);
@@ -411,6 +407,11 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     if (rc == 0 &&
         (e = cudaMemsetAsync(ci->dec_count, 0, CUDA_DEC_COUNTERS * sizeof(unsigned), ci->stream)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMemsetAsync(decode counters)", e);
+    const size_t argmax_bytes = argmax_state_bytes();
+    if (rc == 0 && (e = cudaMalloc(&ci->argmax_count, argmax_bytes)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMalloc(argmax state)", e);
+    if (rc == 0 && (e = cudaMemsetAsync(ci->argmax_count, 0, argmax_bytes, ci->stream)) != cudaSuccess)
+        rc = cuda_fail(be, "cudaMemsetAsync(argmax state)", e);
     void *scratch = NULL;
     if (rc == 0 && scratch_bytes && (e = cudaMalloc(&scratch, scratch_bytes)) != cudaSuccess)
         rc = cuda_fail(be, "cudaMalloc(scratch)", e);
@@ -428,7 +429,6 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     be->copy_h2d = cu_copy_h2d;
     be->copy_h2d_async = cu_copy_h2d_async;
     be->copy_d2h = cu_copy_d2h;
-    be->copy_d2h_async = cu_copy_d2h_async;
     be->copy_d2d = cu_copy_d2d;
     be->upload_act = cu_upload_act;
     be->download_act = cu_download_act;

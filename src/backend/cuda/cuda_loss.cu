@@ -451,8 +451,21 @@ static int64_t cu_loss_rows_max(be_t *be, int64_t V) {
 }
 
 // ---- greedy decoding: the argmax of each row -------------------------------
+// A row of logits (49,152 to 128,256 values) read by one block took ~9 us on
+// an H100 (one SM's bandwidth); here a row's slices of at least ARGMAX_SLICE
+// values go to their own blocks, each writes its (value, index), and the
+// last block of the row (a counter, reset by it) merges them and writes the
+// id. With a host ring the last row to finish flips the turn.
+enum {
+    ARGMAX_THREADS = 256,
+    ARGMAX_SLICE = 4096,              // values a block at least (a multiple of 8 * ARGMAX_THREADS / 16)
+    ARGMAX_MAX_SLICES = 128,          // more values a block past ARGMAX_MAX_SLICES * ARGMAX_SLICE
+    ARGMAX_ROWS = BE_ARGMAX_RING_ROWS // rows a launch (the counters' room)
+};
 
-enum { ARGMAX_THREADS = 512 }; // one block per row
+size_t argmax_state_bytes(void) {
+    return (size_t)(ARGMAX_ROWS + 1) * sizeof(unsigned) + (size_t)ARGMAX_ROWS * ARGMAX_MAX_SLICES * 8;
+}
 
 // Keeps (v, i) in (bv, bi) when it beats it: larger, or equal at a smaller
 // index (the first of equal maxima, as cpu_argmax_rows); a NaN never; bi < 0:
@@ -461,28 +474,10 @@ static __device__ __forceinline__ void argmax_keep(float &bv, int &bi, float v, 
     if (v == v && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
 }
 
-// ids[row] = the argmax of x's row blockIdx.x: each thread its share (16-byte
-// loads where vec), then the warps' and the block's pairs by argmax_keep.
-__global__ void __launch_bounds__(ARGMAX_THREADS)
-    k_argmax_rows(int32_t *__restrict__ ids, const bf16 *__restrict__ x, int64_t ld, int V, int vec) {
+// The block's (bv, bi) into thread 0's.
+static __device__ __forceinline__ void argmax_block(float &bv, int &bi) {
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
-    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh): x is the head's output
-    const bf16 *row = x + (int64_t)blockIdx.x * ld;
-    float bv = 0.0f;
-    int bi = -1, v0 = 0;
-    if (vec) {
-        for (int i = threadIdx.x * 8; i + 8 <= V; i += ARGMAX_THREADS * 8) {
-            float w[8];
-            ld_bf16<8>(row + i, w);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                argmax_keep(bv, bi, w[j], i + j);
-        }
-        v0 = V / 8 * 8;
-    }
-    for (int i = v0 + threadIdx.x; i < V; i += ARGMAX_THREADS)
-        argmax_keep(bv, bi, __bfloat162float(row[i]), i);
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -491,23 +486,81 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < ARGMAX_THREADS / 32; w++)
             if (si[w] >= 0) argmax_keep(bv, bi, sv[w], si[w]);
-        ids[blockIdx.x] = bi < 0 ? 0 : bi;
+}
+
+// Block (s, n): values [s span, (s + 1) span) of row n (span a multiple of 8;
+// 16-byte loads where vec), then the row's last block merges the slices.
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax_rows(int32_t *__restrict__ ids, int32_t *ring, int64_t stride, int32_t *turn, const bf16 *__restrict__ x,
+                  int64_t ld, int V, int span, int vec, unsigned *count) {
+    __shared__ bool last;
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh): x is the head's output
+    const int s = blockIdx.x, n = blockIdx.y, slices = gridDim.x;
+    const bf16 *row = x + (int64_t)n * ld;
+    const int v0 = s * span, v1 = V - v0 < span ? V : v0 + span;
+    float bv = 0.0f;
+    int bi = -1, i = v0 + threadIdx.x * 8;
+    if (vec)
+        for (; i + 8 <= v1; i += ARGMAX_THREADS * 8) {
+            float w[8];
+            ld_bf16<8>(row + i, w);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                argmax_keep(bv, bi, w[j], i + j);
+        }
+    for (i = (vec ? v0 + (v1 - v0) / 8 * 8 : v0) + threadIdx.x; i < v1; i += ARGMAX_THREADS)
+        argmax_keep(bv, bi, __bfloat162float(row[i]), i);
+    argmax_block(bv, bi);
+    float *part_v = (float *)(count + ARGMAX_ROWS + 1);
+    int *part_i = (int *)(part_v + ARGMAX_ROWS * ARGMAX_MAX_SLICES);
+    if (threadIdx.x == 0) {
+        part_v[n * ARGMAX_MAX_SLICES + s] = bv, part_i[n * ARGMAX_MAX_SLICES + s] = bi;
+        __threadfence(); // the partial before the count that announces it
+        last = atomicAdd(&count[n], 1u) == (unsigned)slices - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence(); // every other slice's partial after its count
+    count[n] = 0;
+    bv = 0.0f, bi = -1;
+    for (int k = 0; k < slices; k++) { // in slice order (the first of equal maxima stays), past L1
+        const int pi = __ldcg(&part_i[n * ARGMAX_MAX_SLICES + k]);
+        if (pi >= 0) argmax_keep(bv, bi, __ldcg(&part_v[n * ARGMAX_MAX_SLICES + k]), pi);
+    }
+    const int32_t id = bi < 0 ? 0 : bi;
+    ids[n] = id;
+    if (!ring) return;
+    ring[*turn * stride + n] = id;
+    __threadfence_system();                                    // the host's copy before the row counts as done
+    if (atomicAdd(&count[ARGMAX_ROWS], 1u) == gridDim.y - 1) { // every row's last block has read the turn
+        count[ARGMAX_ROWS] = 0;
+        *turn ^= 1;
     }
 }
 
-static void cu_argmax_rows(be_t *be, int32_t *ids, const void *x, int64_t ld, int64_t N, int64_t V) {
+static void cu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x,
+                           int64_t ld, int64_t N, int64_t V) {
     if (N <= 0) return;
-    if (V < 1 || V > INT32_MAX || N > 65535 || ld < V) {
-        cu_op_error(be, "cuda argmax_rows: N=%lld V=%lld ld=%lld not supported (V >= 1, ld >= V, N <= 65535)",
-                    (long long)N, (long long)V, (long long)ld);
+    if (V < 1 || V > INT32_MAX || ld < V || (ring && (N > ARGMAX_ROWS || stride < N || !turn))) {
+        cu_op_error(be,
+                    "cuda argmax_rows: N=%lld V=%lld ld=%lld stride=%lld not supported (V >= 1, ld >= V; with a "
+                    "ring N <= %d, stride >= N and a turn)",
+                    (long long)N, (long long)V, (long long)ld, (long long)stride, ARGMAX_ROWS);
         return;
     }
+    const int64_t per = (V + ARGMAX_MAX_SLICES - 1) / ARGMAX_MAX_SLICES, least = ARGMAX_SLICE;
+    const int span = (int)((per > least ? per : least) + 7) / 8 * 8;
+    const int slices = (int)((V + span - 1) / span);
     const int vec = ld % 8 == 0 && !((uintptr_t)x & 15);
-    cu_launch_pdl(k_argmax_rows, dim3((unsigned)N), dim3(ARGMAX_THREADS), 0, cuda_stream(be), ids, (const bf16 *)x, ld,
-                  (int)V, vec);
+    for (int64_t r = 0; r < N; r += ARGMAX_ROWS) {
+        const int64_t rows = ARGMAX_ROWS, n = N - r < rows ? N - r : rows;
+        cu_launch_pdl(k_argmax_rows, dim3((unsigned)slices, (unsigned)n), dim3(ARGMAX_THREADS), 0, cuda_stream(be),
+                      ids + r, ring, stride, turn, (const bf16 *)x + r * ld, ld, (int)V, span, vec,
+                      cuda_impl(be)->argmax_count);
+    }
     cuda_check_launch(be, "k_argmax_rows");
 }
 
