@@ -607,6 +607,13 @@ struct be {
     // BE_ARGMAX_RING_ROWS with a ring.
     void (*argmax_rows)(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x, int64_t ld,
                         int64_t N, int64_t V);
+    // argmax_rows of the logits proj_rmsnorm gives (x [N, K] rows ldx apart,
+    // normed with gain xw, times W [V, K]^T), the logits never stored: a
+    // greedy step's head in one call. The same ids as proj_rmsnorm then
+    // argmax_rows (CUDA: the same sums, rounded to bf16 before they are
+    // compared). One launch on CUDA for N <= BE_FEW_ROWS.
+    void (*proj_rmsnorm_argmax)(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x,
+                                int64_t ldx, const void *xw, float eps, const void *W, int64_t N, int64_t K, int64_t V);
 
     // ---- optimizer -----------------------------------------------------------
     // *out = sum of squares of a float buffer (device float; overwritten)

@@ -53,6 +53,7 @@ static int check_ops(const be_t *be, const arch_t *a) {
         {be->proj_swiglu, "proj_swiglu", -1},
         {be->proj_add_rmsnorm, "proj_add_rmsnorm", -1},
         {be->argmax_rows, "argmax_rows", -1},
+        {be->proj_rmsnorm_argmax, "proj_rmsnorm_argmax", -1},
         {be->fence_new, "fence_new", -1},
         {be->proj_rmsnorm, "proj_rmsnorm", LAYER_GDN},
         {be->proj_rmsnorm, "proj_rmsnorm", LAYER_MLA},
@@ -1547,10 +1548,12 @@ static int step_inputs(model_run_t *r, const int32_t *ids, model_state_t *const 
 
 // What a step computes on the device with its inputs in place: the embedding
 // and every layer, x then the last hidden rows; with lg (a recording or a
-// greedy step, at most MODEL_STEP_GRAPH_ROWS rows) also their logits, *lg
-// [N, V] (act, in the arena): the final norm inside the head's product where
-// the backend fuses them (proj_rmsnorm: a few rows, a head not quantised).
-// Greedy: their argmax into r->greedy_ids and the host ring (argmax_rows).
+// greedy step, at most MODEL_STEP_GRAPH_ROWS rows) also the head. A few rows
+// and a head not quantised take the final norm inside the head's product
+// (proj_rmsnorm), and a greedy step of them only the argmax of its logits
+// (proj_rmsnorm_argmax: *lg NULL); else *lg [N, V] (act, in the arena) are
+// the logits, and a greedy step takes their argmax (argmax_rows). A greedy
+// step's ids go to r->greedy_ids and the host ring.
 static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, model_state_t *const *sts, int n_st,
                      void **lg, int greedy) {
     model_t *m = r->m;
@@ -1559,19 +1562,25 @@ static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, m
     embed_rows(m, d_ids, N, x);
     TRY(run_layers(r, x, (int)N, 1, sts, n_st, NULL, 0, NULL));
     if (!lg) return 0;
+    layer_ctx_t c = model_layer_ctx(r, 0);
+    const int fused = N <= BE_FEW_ROWS && !lin_qmat(&c, m->lm_head);
+    int32_t *turn = r->greedy_ids + MODEL_STEP_GRAPH_ROWS;
+    *lg = NULL;
+    if (greedy && fused) {
+        be->proj_rmsnorm_argmax(be, r->greedy_ids, r->greedy_host, MODEL_STEP_GRAPH_ROWS, turn, x, a->d, m->final_norm,
+                                a->eps, m->lm_head, N, a->d, a->V);
+        return 0;
+    }
     *lg = arena_alloc(&r->arena, (size_t)N * a->V * be->act_size);
     if (!*lg) return ERR_NOMEM;
-    layer_ctx_t c = model_layer_ctx(r, 0);
-    if (N <= BE_FEW_ROWS && !lin_qmat(&c, m->lm_head)) {
+    if (fused) {
         be->proj_rmsnorm(be, *lg, x, a->d, m->final_norm, a->eps, m->lm_head, N, a->d, a->V);
     } else {
         void *hn = arena_alloc(&r->arena, (size_t)N * a->d * be->act_size);
         if (!hn) return ERR_NOMEM;
         head_rows(r, x, N, hn, *lg);
     }
-    if (greedy)
-        be->argmax_rows(be, r->greedy_ids, r->greedy_host, MODEL_STEP_GRAPH_ROWS, r->greedy_ids + MODEL_STEP_GRAPH_ROWS,
-                        *lg, a->V, N, a->V);
+    if (greedy) be->argmax_rows(be, r->greedy_ids, r->greedy_host, MODEL_STEP_GRAPH_ROWS, turn, *lg, a->V, N, a->V);
     return 0;
 }
 

@@ -1904,6 +1904,72 @@ static void test_argmax_rows(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// proj_rmsnorm_argmax: on the GPU the same ids as proj_rmsnorm then
+// argmax_rows on the GPU (EXACT: the same fp32 sums rounded to bf16, then the
+// same choice), in the host ring and with the turn flipped, twice; against
+// the CPU (fp32 logits), the chosen id's CPU logit within bf16 rounding of
+// the CPU's maximum (2^-7 |max| + 1e-3 rms: the GPU compares rounded sums,
+// so a near-tie may go to another id). The fused kernel (up to 8 rows,
+// 16-byte loads) and the fallback of two ops (9 rows; K = 333).
+static void test_proj_rmsnorm_argmax(void **st) {
+    setup_backends();
+    int fails = 0;
+    typedef struct {
+        int64_t N, K, V;
+    } hcase_t;
+    const hcase_t cases[] = {{1, 576, 49152}, {3, 576, 49152}, {8, 3072, 128256},
+                             {1, 64, 300},    {2, 333, 1000},  {9, 64, 500}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const hcase_t c = cases[ci];
+        float *x = rnd(c.N * c.K, 1.0f), *g = rnd_w(c.K), *W = rnd(c.V * c.K, 0.05f);
+        float *lc = tu_hbuf(c.N * c.V);
+        int32_t *ref = malloc((size_t)c.N * sizeof(int32_t)), *got = malloc((size_t)c.N * sizeof(int32_t));
+        int32_t *two = malloc((size_t)c.N * sizeof(int32_t));
+        cpu->proj_rmsnorm(cpu, lc, x, c.K, g, 1e-5f, W, c.N, c.K, c.V);
+        cpu->proj_rmsnorm_argmax(cpu, ref, NULL, 0, NULL, x, c.K, g, 1e-5f, W, c.N, c.K, c.V);
+        void *dx = tu_dev_act(gpu, x, c.N * c.K), *dg = tu_dev_act(gpu, g, c.K), *dW = tu_dev_act(gpu, W, c.V * c.K);
+        void *dl = tu_dev_act(gpu, lc, c.N * c.V); // overwritten
+        int32_t *did = tu_dev_i32(gpu, ref, c.N), *did2 = tu_dev_i32(gpu, ref, c.N);
+        int32_t zero = 0, *turn = tu_dev_i32(gpu, &zero, 1), th = -1;
+        int32_t *ring = gpu->host_alloc(gpu, 2 * (size_t)c.N * sizeof(int32_t));
+        const int use_ring = c.N <= BE_ARGMAX_RING_ROWS;
+        int off = 0, far = 0;
+        gpu->proj_rmsnorm(gpu, dl, dx, c.K, dg, 1e-5f, dW, c.N, c.K, c.V);
+        gpu->argmax_rows(gpu, did2, NULL, 0, NULL, dl, c.V, c.N, c.V);
+        assert_int_equal(gpu->sync(gpu), 0);
+        assert_int_equal(gpu->copy_d2h(gpu, two, did2, (size_t)c.N * sizeof(int32_t)), 0);
+        for (int call = 0; call < 2; call++) {
+            memset(ring, 0xff, 2 * (size_t)c.N * sizeof(int32_t));
+            gpu->memset0(gpu, did, (size_t)c.N * sizeof(int32_t));
+            gpu->proj_rmsnorm_argmax(gpu, did, use_ring ? ring : NULL, c.N, turn, dx, c.K, dg, 1e-5f, dW, c.N, c.K,
+                                     c.V);
+            assert_int_equal(gpu->sync(gpu), 0);
+            assert_int_equal(gpu->copy_d2h(gpu, got, did, (size_t)c.N * sizeof(int32_t)), 0);
+            assert_int_equal(gpu->copy_d2h(gpu, &th, turn, sizeof th), 0);
+            for (int64_t n = 0; n < c.N; n++) {
+                off += got[n] != two[n];
+                if (use_ring) off += ring[call * c.N + n] != got[n] || ring[(1 - call) * c.N + n] != -1;
+                const float *row = lc + n * c.V;
+                double mx = row[ref[n]], rms = 0;
+                for (int64_t v = 0; v < c.V; v++)
+                    rms += (double)row[v] * row[v];
+                rms = sqrt(rms / c.V);
+                if (got[n] < 0 || got[n] >= c.V || row[got[n]] < mx - (fabs(mx) / 128 + 1e-3 * rms)) far++;
+            }
+            if (use_ring) off += th != 1 - call;
+        }
+        printf("%s proj_rmsnorm_argmax N=%lld K=%lld V=%lld: %d differences from proj_rmsnorm + argmax_rows (ring, "
+               "turn), %d ids off the CPU's maximum (first ids %d, CPU %d)\n",
+               off || far ? "FAIL" : "ok  ", (long long)c.N, (long long)c.K, (long long)c.V, off, far, got[0], ref[0]);
+        fails += off || far;
+        gpu->free(gpu, dx), gpu->free(gpu, dg), gpu->free(gpu, dW), gpu->free(gpu, dl);
+        gpu->free(gpu, did), gpu->free(gpu, did2), gpu->free(gpu, turn);
+        gpu->host_free(gpu, ring);
+        free(x), free(g), free(W), free(lc), free(ref), free(got), free(two);
+    }
+    assert_int_equal(fails, 0);
+}
+
 static void test_embed_deterministic(void **st) {
     setup_backends();
     int fails = 0;
@@ -1983,6 +2049,7 @@ int main(void) {
         cmocka_unit_test(test_conv1d_deterministic),
         cmocka_unit_test(test_embed_deterministic),
         cmocka_unit_test(test_argmax_rows),
+        cmocka_unit_test(test_proj_rmsnorm_argmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -222,7 +222,25 @@ static void cpu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t strid
     if (ring) *turn ^= 1;
 }
 
+// The reference: the logits into a temporary (proj_rmsnorm), then argmax_rows.
+static void cpu_proj_rmsnorm_argmax(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x,
+                                    int64_t ldx, const void *xw, float eps, const void *W, int64_t N, int64_t K,
+                                    int64_t V) {
+    if (N <= 0) return;
+    cpu_tmp_t tmp;
+    float *lg = cpu_tmp_take(be, &tmp, N * V, "proj_rmsnorm_argmax");
+    if (!lg) {
+        for (int64_t n = 0; n < N; n++)
+            ids[n] = 0;
+        return;
+    }
+    be->proj_rmsnorm(be, lg, x, ldx, xw, eps, W, N, K, V);
+    cpu_argmax_rows(be, ids, ring, stride, turn, lg, V, N, V);
+    cpu_tmp_give(be, &tmp);
+}
+
 void cpu_register_loss(be_t *be) {
+    be->proj_rmsnorm_argmax = cpu_proj_rmsnorm_argmax;
     be->argmax_rows = cpu_argmax_rows;
     be->fused_ce = cpu_fused_ce;
     be->loss_rows_max = cpu_loss_rows_max;

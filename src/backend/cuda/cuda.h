@@ -40,9 +40,9 @@ typedef struct {
     // buffer serves every launch, recorded ones included.
     unsigned *norm_done;
     float *norm_partial;
-    // argmax_rows's state (cuda_loss.cu argmax_state_bytes, zeroed at
-    // creation): per row the slices done, then the rows done, then each
-    // slice's (value, index); the last block of a row merges and resets.
+    // argmax_rows's and proj_rmsnorm_argmax's state (cuda_core.cu
+    // argmax_state_bytes, zeroed at creation): counters of blocks done, then
+    // each block's (value, index); the last block merges and resets them.
     unsigned *argmax_count;
     unsigned *dec_count; // [CUDA_DEC_COUNTERS] zeroed at creation; decode kernels that merge their
                          // slices in the last block count on them and leave them 0 (cuda_attn.cu)
@@ -118,7 +118,7 @@ void cu_seqs_run(be_t *be, const char *op, be_seqs_t sq, void *const *state, siz
                  const cu_seqs_arr_t *in, int n_in, cu_seqs_arr_t out, cu_seqs_scratch_fn scratch, cu_seqs_fn run,
                  const void *ctx);
 
-// Bytes of cuda_impl_t.argmax_count's allocation (cuda_loss.cu).
+// Bytes of cuda_impl_t.argmax_count's allocation (cuda_core.cu).
 size_t argmax_state_bytes(void);
 
 #ifdef __cplusplus

@@ -1307,6 +1307,255 @@ static void cu_proj_mla_rope_append(be_t *be, void *q, int64_t ldq, const void *
     cuda_check_launch(be, "k_gemv_mla_rope_append");
 }
 
+// ---- greedy decoding: the argmax of each row -------------------------------
+// A row of logits (49,152 to 128,256 values) read by one block took ~9 us on
+// an H100 (one SM's bandwidth); here a row's slices of at least ARGMAX_SLICE
+// values go to their own blocks, each writes its (value, index), and the
+// last block of the row (a counter, reset by it) merges them and writes the
+// id. With a host ring the last row to finish flips the turn.
+enum {
+    ARGMAX_THREADS = 256,
+    ARGMAX_SLICE = 4096,                           // values a block at least (a multiple of 8 * ARGMAX_THREADS / 16)
+    ARGMAX_MAX_SLICES = 128,                       // more values a block past ARGMAX_MAX_SLICES * ARGMAX_SLICE
+    ARGMAX_ROWS = BE_ARGMAX_RING_ROWS,             // rows a launch (the counters' room)
+    ARGMAX_PAIRS = ARGMAX_ROWS * ARGMAX_MAX_SLICES // (value, index) partials (k_gemv_argmax's too)
+};
+
+// The counters (one per row, then the rows done, then k_gemv_argmax's
+// blocks done), then ARGMAX_PAIRS values and as many indices.
+size_t argmax_state_bytes(void) { return (size_t)(ARGMAX_ROWS + 2) * sizeof(unsigned) + (size_t)ARGMAX_PAIRS * 8; }
+
+// Keeps (v, i) in (bv, bi) when it beats it: larger, or equal at a smaller
+// index (the first of equal maxima, as cpu_argmax_rows); a NaN never; bi < 0:
+// nothing kept yet.
+static __device__ __forceinline__ void argmax_keep(float &bv, int &bi, float v, int i) {
+    if (v == v && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+}
+
+// The block's (bv, bi) into thread 0's (any block of whole warps, at most
+// 32); ends with a barrier, so that it may be called again at once.
+static __device__ __forceinline__ void argmax_block(float &bv, int &bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0) argmax_keep(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (si[w] >= 0) argmax_keep(bv, bi, sv[w], si[w]);
+    __syncthreads();
+}
+
+// Block (s, n): values [s span, (s + 1) span) of row n (span a multiple of 8;
+// 16-byte loads where vec), then the row's last block merges the slices.
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax_rows(int32_t *__restrict__ ids, int32_t *ring, int64_t stride, int32_t *turn, const bf16 *__restrict__ x,
+                  int64_t ld, int V, int span, int vec, unsigned *count) {
+    __shared__ bool last;
+    griddep_enter(); // a programmatic dependent launch (cuda_vec.cuh): x is the head's output
+    const int s = blockIdx.x, n = blockIdx.y, slices = gridDim.x;
+    const bf16 *row = x + (int64_t)n * ld;
+    const int v0 = s * span, v1 = V - v0 < span ? V : v0 + span;
+    float bv = 0.0f;
+    int bi = -1, i = v0 + threadIdx.x * 8;
+    if (vec)
+        for (; i + 8 <= v1; i += ARGMAX_THREADS * 8) {
+            float w[8];
+            ld_bf16<8>(row + i, w);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                argmax_keep(bv, bi, w[j], i + j);
+        }
+    for (i = (vec ? v0 + (v1 - v0) / 8 * 8 : v0) + threadIdx.x; i < v1; i += ARGMAX_THREADS)
+        argmax_keep(bv, bi, __bfloat162float(row[i]), i);
+    argmax_block(bv, bi);
+    float *part_v = (float *)(count + ARGMAX_ROWS + 2);
+    int *part_i = (int *)(part_v + ARGMAX_PAIRS);
+    if (threadIdx.x == 0) {
+        part_v[n * ARGMAX_MAX_SLICES + s] = bv, part_i[n * ARGMAX_MAX_SLICES + s] = bi;
+        __threadfence(); // the partial before the count that announces it
+        last = atomicAdd(&count[n], 1u) == (unsigned)slices - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence(); // every other slice's partial after its count
+    count[n] = 0;
+    bv = 0.0f, bi = -1;
+    for (int k = 0; k < slices; k++) { // in slice order (the first of equal maxima stays), past L1
+        const int pi = __ldcg(&part_i[n * ARGMAX_MAX_SLICES + k]);
+        if (pi >= 0) argmax_keep(bv, bi, __ldcg(&part_v[n * ARGMAX_MAX_SLICES + k]), pi);
+    }
+    const int32_t id = bi < 0 ? 0 : bi;
+    ids[n] = id;
+    if (!ring) return;
+    ring[*turn * stride + n] = id;
+    __threadfence_system();                                    // the host's copy before the row counts as done
+    if (atomicAdd(&count[ARGMAX_ROWS], 1u) == gridDim.y - 1) { // every row's last block has read the turn
+        count[ARGMAX_ROWS] = 0;
+        *turn ^= 1;
+    }
+}
+
+static void cu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x,
+                           int64_t ld, int64_t N, int64_t V) {
+    if (N <= 0) return;
+    if (V < 1 || V > INT32_MAX || ld < V || (ring && (N > ARGMAX_ROWS || stride < N || !turn))) {
+        cu_op_error(be,
+                    "cuda argmax_rows: N=%lld V=%lld ld=%lld stride=%lld not supported (V >= 1, ld >= V; with a "
+                    "ring N <= %d, stride >= N and a turn)",
+                    (long long)N, (long long)V, (long long)ld, (long long)stride, ARGMAX_ROWS);
+        return;
+    }
+    const int64_t per = (V + ARGMAX_MAX_SLICES - 1) / ARGMAX_MAX_SLICES, least = ARGMAX_SLICE;
+    const int span = (int)((per > least ? per : least) + 7) / 8 * 8;
+    const int slices = (int)((V + span - 1) / span);
+    const int vec = ld % 8 == 0 && !((uintptr_t)x & 15);
+    for (int64_t r = 0; r < N; r += ARGMAX_ROWS) {
+        const int64_t rows = ARGMAX_ROWS, n = N - r < rows ? N - r : rows;
+        cu_launch_pdl(k_argmax_rows, dim3((unsigned)slices, (unsigned)n), dim3(ARGMAX_THREADS), 0, cuda_stream(be),
+                      ids + r, ring, stride, turn, (const bf16 *)x + r * ld, ld, (int)V, span, vec,
+                      cuda_impl(be)->argmax_count);
+    }
+    cuda_check_launch(be, "k_argmax_rows");
+}
+
+// ---- a greedy step's head: logits and their argmax in one launch ----------
+// proj_rmsnorm_argmax. The logits are k_gemv's normed product, the same fp32
+// sums in the same order, rounded to bf16 (so the ids argmax_rows takes
+// from proj_rmsnorm's logits), and never stored. Warp u takes columns
+// u * CW * groups on, CW at a time (as k_gemv_cols: A's rows read once for
+// them), every lane keeping each row's best; the block's best per
+// row goes to the partials (at most HA_BLOCKS blocks), and the last block
+// merges them, writes the ids and the ring, and flips the turn. The head of
+// a greedy step so skips a launch and the argmax's own wait for the product.
+enum { HA_COLS = 4, HA_BLOCKS = ARGMAX_PAIRS / GEMV_ROWS };
+
+template <int M, int CW>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_argmax(int32_t *__restrict__ ids, int32_t *ring, int64_t stride, int32_t *turn, const bf16 *__restrict__ A,
+                  int64_t lda, const bf16 *__restrict__ xw, float eps, const bf16 *__restrict__ W, int64_t N, int64_t K,
+                  int groups, unsigned *count) {
+    __shared__ float wv[GEMV_WARPS][M];
+    __shared__ int wi[GEMV_WARPS][M];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW * groups;
+    for (int64_t c = n0; c < n0 + CW * groups && c < N; c++)
+        warp_prefetch_l2(W + c * K, K * (int64_t)sizeof(bf16), lane);
+    griddep_enter();
+    float bv[M];
+    int bi[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        bv[m] = 0.0f, bi[m] = -1;
+    for (int g = 0; g < groups; g++) {
+        const int64_t nb = n0 + (int64_t)g * CW;
+        if (nb >= N) break; // the whole warp
+        const int nc = N - nb < CW ? (int)(N - nb) : CW;
+        const bf16 *w[CW];
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            w[c] = W + (nb + (c < nc ? c : nc - 1)) * K;
+        float acc[CW][M] = {}, ss[M] = {}, rs[M];
+        gemv_lane_dotr<M, CW>(acc, ss, A, lda, w, K, lane, xw);
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            rs[m] = gemv_norm_scale(ss[m], K, eps);
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            if (c >= nc) break;
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const float v = __bfloat162float(__float2bfloat16_rn(warp_sum(acc[c][m]) * rs[m]));
+                argmax_keep(bv[m], bi[m], v, (int)(nb + c));
+            }
+        }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            wv[warp][m] = bv[m], wi[warp][m] = bi[m];
+    __syncthreads();
+    float *part_v = (float *)(count + ARGMAX_ROWS + 2);
+    int *part_i = (int *)(part_v + ARGMAX_PAIRS);
+    if (threadIdx.x == 0) {
+        for (int m = 0; m < M; m++) {
+            float v = wv[0][m];
+            int i = wi[0][m];
+            for (int k = 1; k < GEMV_WARPS; k++)
+                if (wi[k][m] >= 0) argmax_keep(v, i, wv[k][m], wi[k][m]);
+            part_v[m * HA_BLOCKS + blockIdx.x] = v, part_i[m * HA_BLOCKS + blockIdx.x] = i;
+        }
+        __threadfence(); // the partials before the count that announces them
+        last = atomicAdd(&count[ARGMAX_ROWS + 1], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); // every other block's partials after its count
+    const int t = *turn;
+    for (int m = 0; m < M; m++) {
+        float v = 0.0f;
+        int i = -1;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+            const int pi = __ldcg(&part_i[m * HA_BLOCKS + b]);
+            if (pi >= 0) argmax_keep(v, i, __ldcg(&part_v[m * HA_BLOCKS + b]), pi);
+        }
+        argmax_block(v, i);
+        if (threadIdx.x == 0) {
+            const int32_t id = i < 0 ? 0 : i;
+            ids[m] = id;
+            if (ring) ring[t * stride + m] = id;
+        }
+    }
+    if (threadIdx.x == 0) {
+        count[ARGMAX_ROWS + 1] = 0;
+        if (ring) {
+            __threadfence_system(); // the host's copies before the step counts as done
+            *turn = t ^ 1;
+        }
+    }
+}
+
+static void cu_proj_rmsnorm_argmax(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x,
+                                   int64_t ldx, const void *xw, float eps, const void *W, int64_t N, int64_t K,
+                                   int64_t V) {
+    if (N <= 0) return;
+    if (V < 1 || V > INT32_MAX || K < 1 || !xw || (ring && (N > ARGMAX_ROWS || stride < N || !turn))) {
+        cu_op_error(be,
+                    "cuda proj_rmsnorm_argmax: N=%lld K=%lld V=%lld stride=%lld not supported (K, V >= 1, a gain; "
+                    "with a ring N <= %d, stride >= N and a turn)",
+                    (long long)N, (long long)K, (long long)V, (long long)stride, ARGMAX_ROWS);
+        return;
+    }
+    const int64_t per_block = (int64_t)GEMV_WARPS * HA_COLS, blocks1 = (V + per_block - 1) / per_block;
+    const int groups = (int)((blocks1 + HA_BLOCKS - 1) / HA_BLOCKS);
+    const int64_t blocks = (V + per_block * groups - 1) / (per_block * groups);
+    const bool v8 = gemv_fits(0, 1, 1, V, K, x, ldx, 0, W, K, 0, 0.0f, 1) && !((uintptr_t)xw & 15);
+    if (N > GEMV_ROWS || !v8) { // the two ops: the logits in the scratch arena
+        const size_t mark = arena_mark(&be->scratch);
+        void *lg = cu_scratch_try(be, (size_t)N * V * sizeof(bf16));
+        if (!lg) {
+            cu_op_error(be, "cuda proj_rmsnorm_argmax: scratch arena too small for %lld x %lld logits", (long long)N,
+                        (long long)V);
+            return;
+        }
+        be->proj_rmsnorm(be, lg, x, ldx, xw, eps, W, N, K, V);
+        cu_argmax_rows(be, ids, ring, stride, turn, lg, V, N, V);
+        arena_reset(&be->scratch, mark); // stream order protects the logits from later users
+        return;
+    }
+    // (GEMV_LAUNCH_M's second argument is the kernel's second template argument: CW, the columns a warp at a time)
+    GEMV_LAUNCH_M((int)N, HA_COLS, k_gemv_argmax, dim3((unsigned)blocks), cuda_stream(be), ids, ring, stride, turn,
+                  (const bf16 *)x, ldx, (const bf16 *)xw, eps, (const bf16 *)W, V, K, groups,
+                  cuda_impl(be)->argmax_count);
+    cuda_check_launch(be, "k_gemv_argmax");
+}
+
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
     if (gemv_gemm(be, transA, transB, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1)) return;
@@ -1366,6 +1615,8 @@ extern "C" void cuda_register_core(be_t *be) {
     be->proj_rmsnorm = cu_proj_rmsnorm;
     be->proj_rope_kv_append = cu_proj_rope_kv_append;
     be->proj_mla_rope_append = cu_proj_mla_rope_append;
+    be->argmax_rows = cu_argmax_rows;
+    be->proj_rmsnorm_argmax = cu_proj_rmsnorm_argmax;
     be->embed_fwd = cu_embed_fwd;
     be->embed_bwd = cu_embed_bwd;
 }
