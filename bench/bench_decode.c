@@ -23,11 +23,12 @@
 // default context limit does (the grid is sized for 4K rows, the kernels use
 // what the lengths need).
 // The bench-variants build (build/bench-variants/bench/bench_decode) reads
-// the kernels' knobs on every call, e.g. HYLO_MLA_CLUSTER=8 (MLA's short
-// caches over a cluster, not one block) or HYLO_DEC_CLUSTER=1 (attention's
-// in one block, not a cluster):
+// the kernels' knobs on every call, e.g. HYLO_MLA_SHORT=1 (MLA's caches of
+// max_len <= 4096 through k_mla_short, not v2), HYLO_MLA_CLUSTER=8 (v2's
+// short caches over a cluster, not one block) or HYLO_DEC_CLUSTER=1
+// (attention's in one block, not a cluster):
 // run it with and without for an A/B on the same card.
-// --quick: 256, 256 of 4K, 2K, 8K, 64K and 1M only; --64k, --1m: that length only;
+// --quick: 256, 256 of 4K, 2K, 4K, 8K, 64K and 1M only; --64k, --1m: that length only;
 // --b1, --b8: that batch only (one point under compute-sanitizer or ncu);
 // --rows=N, --batch=N (1 to 8): any one length or batch (the MLA B = 8, 1M
 // fault's bisection: kernel_checks.sh MLA_DIAG, SERVING.md run 27).
@@ -202,8 +203,8 @@ int main(int argc, char **argv) {
     printf("bench_decode: production kernels\n");
     // teachers' attention layers (GQA groups 3, 3, 4) and HyLo MLA layers;
     // "mla smol-hyb": the SmolLM2 10MLA20GDN hybrid's (upc_student_arch's
-    // default dims: r_kv 48, d_rope 32), a short cache of which runs in one
-    // block (HYLO_MLA_CLUSTER=8 in the bench-variants build: over a cluster)
+    // default dims: r_kv 48, d_rope 32); MLA at max_len <= 4096 runs v2
+    // (HYLO_MLA_SHORT=1 in the bench-variants build: k_mla_short)
     static const shape_t shapes[] = {
         {"llama3.2-3b", 0, 24, 8, 128, 8 * 256 * 2}, {"smollm2-135m", 0, 9, 3, 64, 3 * 128 * 2},
         {"llama3.1-8b", 0, 32, 8, 128, 8 * 256 * 2}, {"mla hylo-3b", 1, 24, 128, 64, 192 * 2},
@@ -211,9 +212,12 @@ int main(int argc, char **argv) {
         {"mla r512", 1, 16, 512, 64, 576 * 2},
     };
     // rows per sequence, max_len (0: the rows)
-    static const int64_t all_lens[][2] = {{256, 0},   {256, 4096}, {2048, 0},   {8192, 0},   {16384, 0},  {32768, 0},
-                                          {65536, 0}, {131072, 0}, {262144, 0}, {524288, 0}, {1048576, 0}};
-    static const int64_t quick_lens[][2] = {{256, 0}, {256, 4096}, {2048, 0}, {8192, 0}, {65536, 0}, {1048576, 0}};
+    // (4K: the longest max_len of k_mla_short, the bench-only short path)
+    static const int64_t all_lens[][2] = {{256, 0},    {256, 4096}, {1024, 0},   {2048, 0},  {4096, 0},
+                                          {8192, 0},   {16384, 0},  {32768, 0},  {65536, 0}, {131072, 0},
+                                          {262144, 0}, {524288, 0}, {1048576, 0}};
+    static const int64_t quick_lens[][2] = {{256, 0},  {256, 4096}, {2048, 0},   {4096, 0},
+                                            {8192, 0}, {65536, 0},  {1048576, 0}};
     const int64_t one_len[][2] = {{any_rows, 0}};
     const int64_t(*lens)[2] = any_rows ? one_len : quick ? quick_lens : all_lens;
     const int n_lens = any_rows ? 1

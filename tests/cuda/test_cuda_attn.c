@@ -23,6 +23,9 @@
 //    slices by the last block or the combine kernel, of a short sequence's
 //    cluster blocks by block 0) are fp32 and add only summation-order noise
 //    (~1e-6), so a cluster case keeps the one-block case's tolerance.
+//    k_mla_short (bench-only: HYLO_MLA_SHORT=1, max_len <= 4096) keeps P in
+//    fp32 (fp32 FMAs throughout, its cluster's merge fp32 too): only the
+//    output's rounding, ~1.1e-3, so the same 1e-2 leaves it more room.
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
 //    not rounded), so the one bf16 rounding is the output's (2^-9 relative per
 //    element, ~1.1e-3 in L2) plus fp32 summation-order noise (~1e-6); expected
@@ -517,6 +520,11 @@ static void test_attn_bwd_deterministic(void **st) {
 // merged in its last block or every one in the combine kernel (HYLO_MLA_MERGE
 // 1, 2), and with short sequences over a cluster of blocks
 // (HYLO_MLA_CLUSTER=8; with the tensor copies and with a copy per row).
+// k_mla_short (max_len <= 4096, MLA_SHORT_MAX, a cluster of up to 16 blocks
+// a sequence merged through distributed shared memory; cases at the end) is
+// bench-only until it has run on a GPU: the bench-variants build runs every
+// case once more with HYLO_MLA_SHORT=1; its other variants and production
+// run them through v2 / v1.
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -674,17 +682,53 @@ static void test_mla_decode(void **st) {
         // in one block each, clusters on or not
         {1, 9, 48, 32, 5000, {256}, 1.0f, 4744},
         {2, 24, 128, 64, 5000, {200, 33}, 1.0f, 4800},
+        // k_mla_short (max_len <= 4096, MLA_SHORT_MAX): the SmolLM2 hybrid's
+        // layer at the power-of-two max_len buckets a recorded step passes
+        // (256 .. 4096: clusters of 4 to 16 blocks of ceil(max_len / S) rows
+        // each, the rows split by the length: blocks without rows at 1 and
+        // 17, the newest row at a block's first or last row), alone and
+        // batched with an empty sequence, a negative scale and a sharper
+        // softmax (scale x 4); the HyLo-3B layer (H 24, r_kv 128, dr 64) at
+        // short lengths
+        {1, 9, 48, 32, 4200, {1}, 1.0f, 255},
+        {1, 9, 48, 32, 4200, {17}, 1.0f, 239},
+        {1, 9, 48, 32, 4200, {255}, 1.0f, 1},
+        {1, 9, 48, 32, 4200, {256}, 1.0f, 0},
+        {1, 9, 48, 32, 4200, {257}, 1.0f, 255},
+        {1, 9, 48, 32, 4200, {1000}, 1.0f, 24},
+        {1, 9, 48, 32, 4200, {2048}, 1.0f, 0},
+        {1, 9, 48, 32, 4200, {4096}, 1.0f, 0},
+        {3, 9, 48, 32, 4200, {0, 1000, 257}, 1.0f, 24},
+        {3, 9, 48, 32, 4200, {4096, 0, 17}, 1.0f, 0},
+        {3, 9, 48, 32, 4200, {255, 2048, 0}, 1.0f, 0},
+        {3, 9, 48, 32, 4200, {2047, 1, 300}, -1.0f, 1},
+        {2, 9, 48, 32, 4200, {600, 1500}, 4.0f, 548},
+        {8, 9, 48, 32, 4200, {0, 1, 17, 255, 256, 257, 1000, 4095}, 1.0f, 1},
+        {1, 24, 128, 64, 1100, {1}, 1.0f, 255},
+        {1, 24, 128, 64, 1100, {33}, 1.0f, 223},
+        {1, 24, 128, 64, 1100, {256}, 1.0f, 0},
+        {1, 24, 128, 64, 1100, {1000}, 1.0f, 24},
+        {3, 24, 128, 64, 1100, {0, 700, 129}, 1.0f, 324},
     };
+    // q_pe in place in the projected q (a decode step): d_nope 32 (the
+    // hybrid's head of 64), k_mla_short and v2
+    static const mla_case_t in_q[] = {{3, 9, 48, 32, 4200, {0, 1000, 257}, 1.0f, 24},
+                                      {2, 9, 48, 32, 4200, {4096, 33}, 1.0f, 0},
+                                      {2, 24, 128, 64, 1100, {1000, 1}, 1.0f, 24},
+                                      {1, 9, 48, 32, 9000, {8999}, 1.0f, 0}};
+    // (the bench-variants build: HYLO_MLA_SHORT=1 sends max_len <= 4096 to
+    // k_mla_short; the other variants run what they name)
     static const struct {
-        const char *dec, *stages, *warps, *merge, *cluster;
+        const char *dec, *stages, *warps, *merge, *cluster, *shrt;
 #ifdef HYLO_BENCH_VARIANTS
-    } vars[] = {{NULL, NULL, NULL, NULL, NULL}, {"1", NULL, NULL, NULL, NULL}, {"2", NULL, NULL, NULL, NULL},
-                {"3", NULL, NULL, NULL, NULL},  {"0", "3", NULL, NULL, NULL},  {"0", "4", "2", NULL, NULL},
-                {"3", "3", NULL, NULL, NULL},   {"2", "5", "2", NULL, NULL},   {"0", NULL, NULL, "1", NULL},
-                {"0", NULL, NULL, "2", NULL},   {"0", "3", NULL, "1", NULL},   {"0", NULL, NULL, NULL, "8"},
-                {"3", NULL, NULL, NULL, "8"}};
+    } vars[] = {
+        {NULL, NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL, "1"}, {"1", NULL, NULL, NULL, NULL, "0"},
+        {"2", NULL, NULL, NULL, NULL, "0"},   {"3", NULL, NULL, NULL, NULL, "0"},  {"0", "3", NULL, NULL, NULL, "0"},
+        {"0", "4", "2", NULL, NULL, "0"},     {"3", "3", NULL, NULL, NULL, "0"},   {"2", "5", "2", NULL, NULL, "0"},
+        {"0", NULL, NULL, "1", NULL, "0"},    {"0", NULL, NULL, "2", NULL, "0"},   {"0", "3", NULL, "1", NULL, "0"},
+        {"0", NULL, NULL, NULL, "8", "0"},    {"3", NULL, NULL, NULL, "8", "0"}};
 #else
-    } vars[] = {{NULL, NULL, NULL, NULL, NULL}};
+    } vars[] = {{NULL, NULL, NULL, NULL, NULL, NULL}};
 #endif
     int fails = 0;
     for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
@@ -693,22 +737,27 @@ static void test_mla_decode(void **st) {
         set_knob("HYLO_MLA_WARPS", vars[v].warps);
         set_knob("HYLO_MLA_MERGE", vars[v].merge);
         set_knob("HYLO_MLA_CLUSTER", vars[v].cluster);
+        set_knob("HYLO_MLA_SHORT", vars[v].shrt);
         if (v) // variants only exist in the bench-variants build
             printf("  [HYLO_MLA_DECODE=%s HYLO_MLA_STAGES=%s HYLO_MLA_WARPS=%s HYLO_MLA_MERGE=%s "
-                   "HYLO_MLA_CLUSTER=%s]\n",
+                   "HYLO_MLA_CLUSTER=%s HYLO_MLA_SHORT=%s]\n",
                    vars[v].dec, vars[v].stages ? vars[v].stages : "-", vars[v].warps ? vars[v].warps : "-",
-                   vars[v].merge ? vars[v].merge : "-", vars[v].cluster ? vars[v].cluster : "-");
+                   vars[v].merge ? vars[v].merge : "-", vars[v].cluster ? vars[v].cluster : "-",
+                   vars[v].shrt ? vars[v].shrt : "-");
         for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
             for (int sep = 0; sep < 2; sep++)
                 fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep, 0); // fresh inputs per variant
     }
     // q_pe in place in the projected q (a decode step): d_nope 32, and 4 (the copy)
     fails += run_mla(&cases[0], 90001, 0, 32) + run_mla(&cases[4], 90002, 0, 32) + run_mla(&cases[0], 90003, 0, 4);
+    for (int i = 0; i < (int)(sizeof in_q / sizeof in_q[0]); i++)
+        fails += run_mla(&in_q[i], 90011 + i, i & 1, 32);
     set_knob("HYLO_MLA_DECODE", NULL);
     set_knob("HYLO_MLA_STAGES", NULL);
     set_knob("HYLO_MLA_WARPS", NULL);
     set_knob("HYLO_MLA_MERGE", NULL);
     set_knob("HYLO_MLA_CLUSTER", NULL);
+    set_knob("HYLO_MLA_SHORT", NULL);
     printf("mla_decode_attn: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
 }
@@ -1346,6 +1395,7 @@ static void test_paged_decode(void **st) {
     static const int32_t lens8[8] = {1, 255, 256, 257, 511, 700, 0, 3000};
     static const int32_t long1[2] = {20000, 513};
     static const int32_t short2[2] = {704, 200}, short1[1] = {256}, llama2[2] = {31, 480};
+    static const int32_t hyb3a[3] = {4000, 0, 1000}, hyb3b[3] = {1, 257, 2047}, llama3[3] = {1, 300, 0};
     int fails = 0;
     fails += run_paged_attn(9, 3, 64, 8, lens8, 11);
     fails += run_paged_attn(32, 8, 128, 8, lens8, 12);
@@ -1356,6 +1406,9 @@ static void test_paged_decode(void **st) {
     fails += run_paged_mla(9, 48, 32, 2, short2, 23);
     fails += run_paged_mla(9, 48, 32, 1, short1, 24);
     fails += run_paged_mla(24, 128, 64, 2, llama2, 25);
+    fails += run_paged_mla(9, 48, 32, 3, hyb3a, 26); // max_len 4096 (k_mla_short's: 16 blocks a sequence)
+    fails += run_paged_mla(9, 48, 32, 3, hyb3b, 27); // max_len 2048
+    fails += run_paged_mla(24, 128, 64, 3, llama3, 28);
     fails += run_paged_appends(31);
     printf("paged decode ops: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);

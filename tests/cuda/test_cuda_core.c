@@ -1909,8 +1909,9 @@ static void test_argmax_rows(void **st) {
 // same choice), in the host ring and with the turn flipped, twice; against
 // the CPU (fp32 logits), the chosen id's CPU logit within bf16 rounding of
 // the CPU's maximum (2^-7 |max| + 1e-3 rms: the GPU compares rounded sums,
-// so a near-tie may go to another id). The fused kernel (up to 8 rows,
-// 16-byte loads) and the fallback of two ops (9 rows; K = 333).
+// so a near-tie may go to another id). Production runs the two ops; the
+// bench-variants build with HYLO_HEAD_ARGMAX=1 the fused kernel k_gemv_argmax
+// (up to 8 rows, 16-byte loads; 9 rows and K = 333 still the two ops).
 static void test_proj_rmsnorm_argmax(void **st) {
     setup_backends();
     int fails = 0;

@@ -71,6 +71,9 @@ int cuda_smem_limit(be_t *be, const void *kern, size_t bytes, const char *name);
 // more than the portable 8 are allowed for kern first. 0 where the driver
 // refuses (no such clusters; the error state is cleared).
 int cuda_clusters_fit(const void *kern, int threads, size_t smem, int cs);
+// cuda_clusters_fit after cuda_smem_limit (0 where that fails; name names
+// kern), the answers kept per device, kernel and shape.
+int cuda_clusters_fit_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem, int cs);
 // Checks the last launch error; `what` names the kernel for the message.
 void cuda_check_launch(be_t *be, const char *what);
 

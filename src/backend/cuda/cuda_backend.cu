@@ -87,6 +87,37 @@ int cuda_clusters_fit(const void *kern, int threads, size_t smem, int cs) {
     return n;
 }
 
+// cuda_clusters_fit behind the kernel's shared memory limit, remembered per
+// (device, kernel, threads, bytes, cluster size): a decode step asks on every
+// launch, and the answer only changes with those.
+int cuda_clusters_fit_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem, int cs) {
+    static struct {
+        int device;
+        const void *kern;
+        int threads, cs;
+        size_t smem;
+        int n;
+    } cache[64];
+    static int used;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    const int dev = cuda_impl(be)->device;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < used; i++)
+        if (cache[i].device == dev && cache[i].kern == kern && cache[i].threads == threads && cache[i].cs == cs &&
+            cache[i].smem == smem) {
+            const int n = cache[i].n;
+            pthread_mutex_unlock(&lock);
+            return n;
+        }
+    const int n = cuda_smem_limit(be, kern, smem, name) == 0 ? cuda_clusters_fit(kern, threads, smem, cs) : 0;
+    if (used < 64) {
+        cache[used].device = dev, cache[used].kern = kern, cache[used].threads = threads, cache[used].cs = cs;
+        cache[used].smem = smem, cache[used].n = n, used++;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 // The backend's stream, for benchmarks that time ops with CUDA events from C
 // (backend/cuda/cuda.h is C++ only; declared in backend/backend.h).
 extern "C" void *cuda_stream_of(be_t *be) { return (void *)cuda_stream(be); }

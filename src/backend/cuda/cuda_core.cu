@@ -1425,7 +1425,9 @@ static void cu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t stride
 }
 
 // ---- a greedy step's head: logits and their argmax in one launch ----------
-// proj_rmsnorm_argmax. The logits are k_gemv's normed product, the same fp32
+// proj_rmsnorm_argmax. Production: proj_rmsnorm into the scratch arena, then
+// argmax_rows. The bench-variants build's HYLO_HEAD_ARGMAX=1 runs one kernel
+// instead (bench-only until it has run on a GPU), k_gemv_argmax: the logits are k_gemv's normed product, the same fp32
 // sums in the same order, rounded to bf16 (so the ids argmax_rows takes
 // from proj_rmsnorm's logits), and never stored. Warp u takes columns
 // u * CW * groups on, CW at a time (as k_gemv_cols: A's rows read once for
@@ -1435,6 +1437,7 @@ static void cu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t stride
 // a greedy step so skips a launch and the argmax's own wait for the product.
 enum { HA_COLS = 4, HA_BLOCKS = ARGMAX_PAIRS / GEMV_ROWS };
 
+#ifdef HYLO_BENCH_VARIANTS
 template <int M, int CW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_argmax(int32_t *__restrict__ ids, int32_t *ring, int64_t stride, int32_t *turn, const bf16 *__restrict__ A,
@@ -1521,6 +1524,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
+#endif
+
 static void cu_proj_rmsnorm_argmax(be_t *be, int32_t *ids, int32_t *ring, int64_t stride, int32_t *turn, const void *x,
                                    int64_t ldx, const void *xw, float eps, const void *W, int64_t N, int64_t K,
                                    int64_t V) {
@@ -1532,11 +1537,13 @@ static void cu_proj_rmsnorm_argmax(be_t *be, int32_t *ids, int32_t *ring, int64_
                     (long long)N, (long long)K, (long long)V, (long long)stride, ARGMAX_ROWS);
         return;
     }
-    const int64_t per_block = (int64_t)GEMV_WARPS * HA_COLS, blocks1 = (V + per_block - 1) / per_block;
-    const int groups = (int)((blocks1 + HA_BLOCKS - 1) / HA_BLOCKS);
-    const int64_t blocks = (V + per_block * groups - 1) / (per_block * groups);
-    const bool v8 = gemv_fits(0, 1, 1, V, K, x, ldx, 0, W, K, 0, 0.0f, 1) && !((uintptr_t)xw & 15);
-    if (N > GEMV_ROWS || !v8) { // the two ops: the logits in the scratch arena
+    bool fused = N <= GEMV_ROWS && gemv_fits(0, 1, 1, V, K, x, ldx, 0, W, K, 0, 0.0f, 1) && !((uintptr_t)xw & 15);
+#ifdef HYLO_BENCH_VARIANTS
+    fused = fused && cu_env_int("HYLO_HEAD_ARGMAX", 0) == 1; // k_gemv_argmax: bench-only until it has run on a GPU
+#else
+    fused = false;
+#endif
+    if (!fused) { // the two ops: the logits in the scratch arena
         const size_t mark = arena_mark(&be->scratch);
         void *lg = cu_scratch_try(be, (size_t)N * V * sizeof(bf16));
         if (!lg) {
@@ -1549,11 +1556,17 @@ static void cu_proj_rmsnorm_argmax(be_t *be, int32_t *ids, int32_t *ring, int64_
         arena_reset(&be->scratch, mark); // stream order protects the logits from later users
         return;
     }
+#ifdef HYLO_BENCH_VARIANTS
+    // columns a block: HA_COLS a warp, `groups` times, in at most HA_BLOCKS blocks
+    const int64_t per_block = (int64_t)GEMV_WARPS * HA_COLS, blocks1 = (V + per_block - 1) / per_block;
+    const int groups = (int)((blocks1 + HA_BLOCKS - 1) / HA_BLOCKS);
+    const int64_t blocks = (V + per_block * groups - 1) / (per_block * groups);
     // (GEMV_LAUNCH_M's second argument is the kernel's second template argument: CW, the columns a warp at a time)
     GEMV_LAUNCH_M((int)N, HA_COLS, k_gemv_argmax, dim3((unsigned)blocks), cuda_stream(be), ids, ring, stride, turn,
                   (const bf16 *)x, ldx, (const bf16 *)xw, eps, (const bf16 *)W, V, K, groups,
                   cuda_impl(be)->argmax_count);
     cuda_check_launch(be, "k_gemv_argmax");
+#endif
 }
 
 static void cu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,

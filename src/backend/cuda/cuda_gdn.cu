@@ -2869,35 +2869,6 @@ static size_t gdn_step_smem(int K, int R) { // the layout above k_gdn_step
     return ((size_t)2 * K + 2 * (size_t)R + 32 + GS_CLUSTER_MAX + 2) * sizeof(float);
 }
 
-// How many clusters of cs blocks of kern fit the device at once
-// (cuda_clusters_fit), cached per (device, kernel, cs, smem): the 16-block
-// cluster's condition.
-static int gdn_step_clusters(be_t *be, gdn_step_kern_t kern, unsigned cs, size_t smem) {
-    static struct {
-        int device;
-        gdn_step_kern_t kern;
-        unsigned cs;
-        size_t smem;
-        int n;
-    } cache[16];
-    static int used;
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    const int dev = cuda_impl(be)->device;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < used; i++)
-        if (cache[i].device == dev && cache[i].kern == kern && cache[i].cs == cs && cache[i].smem == smem) {
-            const int n = cache[i].n;
-            pthread_mutex_unlock(&lock);
-            return n;
-        }
-    const int n = cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") == 0
-                      ? cuda_clusters_fit((const void *)kern, GS_THREADS, smem, (int)cs)
-                      : 0;
-    if (used < 16) cache[used] = {dev, kern, cs, smem, n}, used++;
-    pthread_mutex_unlock(&lock);
-    return n;
-}
-
 // The shapes k_gdn_step does not take: the three ops' kernels, through
 // temporaries in the scratch arena.
 static void gdn_step_unfused(be_t *be, const gdn_step_args &p, int allow_neg) {
@@ -2955,8 +2926,9 @@ static void cu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, in
     // 16 blocks a head (a non-portable cluster) where the step's clusters all
     // fit the device at once, else the portable 8
     const int S16 = gdn_step_slices(GS_CLUSTER_MAX, G, Dv), R16 = (Dv + S16 - 1) / S16;
-    const bool big = G * S16 > GS_CLUSTER && gdn_step_clusters(be, gdn_step_kernel(K, R16), (unsigned)(G * S16),
-                                                               gdn_step_smem(K, R16)) >= (int64_t)H * N;
+    const bool big = G * S16 > GS_CLUSTER &&
+                     cuda_clusters_fit_cached(be, (const void *)gdn_step_kernel(K, R16), "k_gdn_step", GS_THREADS,
+                                              gdn_step_smem(K, R16), (int)(G * S16)) >= (int64_t)H * N;
     p.S = big ? S16 : gdn_step_slices(GS_CLUSTER, G, Dv);
 #ifdef HYLO_BENCH_VARIANTS
     // bench-only: HYLO_GDN_STEP = 1 runs the three kernels; HYLO_GDN_SLICES = S
@@ -2974,7 +2946,8 @@ static void cu_gdn_step(be_t *be, void *y, void *const *rows, const void *xq, in
     const gdn_step_kern_t kern = gdn_step_kernel(K, p.R);
     const size_t smem = gdn_step_smem(K, p.R);
     if (cuda_smem_limit(be, (const void *)kern, smem, "k_gdn_step") < 0) return;
-    if (cs > GS_CLUSTER && gdn_step_clusters(be, kern, cs, smem) < 1) { // (the bench-only knob past what fits)
+    if (cs > GS_CLUSTER && cuda_clusters_fit_cached(be, (const void *)kern, "k_gdn_step", GS_THREADS, smem, (int)cs) <
+                               1) { // (the bench-only knob past what fits)
         cu_op_error(be, "cuda gdn_step: clusters of %u blocks do not fit this device", cs);
         gdn_poison(be, y, (size_t)N * HV * Dv * 2);
         return;

@@ -6,7 +6,11 @@
 // keys = whole rows [c | kpe]) and V = the c part of the same rows. Memory
 // bound: every cache row is read from device memory exactly once.
 //
-// Two versions. v2 (k_mla_decode2, and k_mla_combine2 for merges too large
+// k_mla_short (further down; the bench-variants build only, HYLO_MLA_SHORT=1,
+// until it has run on a GPU): short caches (max_len <= MLA_SHORT_MAX, where
+// the shape fits its shared memory) in one cluster of blocks a sequence,
+// fp32 FMAs, merged through distributed shared memory, one launch.
+// Production, two versions. v2 (k_mla_decode2, and k_mla_combine2 for merges too large
 // for one block; further down) is the default: a producer warp and a ring of
 // 32-row tiles, described there. v1
 // (the fallback for shapes v2 does not lay out):
@@ -23,6 +27,7 @@
 // k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
 #include <cooperative_groups.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -955,6 +960,251 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+#ifdef HYLO_BENCH_VARIANTS // k_mla_short: bench-only until it has run on a GPU (mla_decode)
+// ---- short sequences: one cluster of blocks a sequence, fp32 FMAs -------------
+//
+// k_mla_short, the path of every max_len <= MLA_SHORT_MAX (mla_decode) whose
+// shape fits its shared memory: at a few thousand rows or less the op is a
+// few hundred thousand FMAs and tens of KB, and what costs is latency (v2's
+// producer warp, ring barriers and merges took ~11 us at 256 rows of the
+// SmolLM2 hybrid's layer), so this is one pass with no ring, no partials in
+// global memory, no atomics and no tensor copies:
+//  - grid (S, B) in clusters of (S, 1, 1): the S blocks of a cluster share
+//    sequence b, block s (its rank) rows [s rps, (s + 1) rps) of its n =
+//    min(len[b], max_len) rows, rps = ceil(n / S) (a block past the rows
+//    has none: m = -inf, l = 0, O = 0). S and the shared memory come from
+//    max_len alone (host), so a recorded step replays while lengths grow;
+//  - each block copies its rows into shared memory with 16-byte cp.async
+//    (through L2) before griddepcontrol.wait, all but the sequence's newest
+//    row (u = n - 1), which the step's append wrote: as k_attn_decode, the
+//    lengths, row pointers and page tables are the step's uploads and every
+//    other row was written by earlier steps, so only q and the newest row
+//    wait for the kernel before;
+//  - q_lat and q_pe into shared memory as fp32 [HP][L] (HP = H rounded up to
+//    MS_HT, zero rows past H); scores s = (q . row) scale log2(e): lane =
+//    row, a warp takes MS_HT heads of 32 rows at a time; per-head max and
+//    sum of 2^(s - m) (a warp a head); O[h, c] = sum_r p[h, r] c_r[c] by
+//    (MS_HT heads x 8 columns) units of threads, each over every rsp-th row
+//    (rsp row splits, summed in shared memory in split order);
+//  - the cluster merge: after a cluster barrier (every block's (m, l) and O
+//    written, release / acquire at cluster scope), block s computes the
+//    output units (4 columns of one head) j = s, s + S, ... from all S
+//    blocks' (m, l, O) through distributed shared memory, in rank order
+//    (fixed: the same bits on every run), out = O / l (zeros where l = 0);
+//    then a second cluster barrier, so that no block exits while another
+//    may still read its shared memory. Every thread of every block reaches
+//    both barriers (no early exit anywhere in the kernel).
+enum { MS_THREADS = 256, MS_HT = 3, MS_MIN_ROWS = 64, MS_CLUSTER_MAX = 16 };
+// The longest max_len that takes k_mla_short (at 4,096 rows a block of 16
+// holds 256 of them), and the most FMAs one of its blocks may have to do,
+// rows x H x (L + r_kv): its products run on the FMA pipes (~128 a cycle an
+// SM), ~4 us at this cap before overheads. The SmolLM2 hybrid's layer (H 9,
+// r_kv 48, dr 32) at 4,096 rows: 256 x 9 x 128 = 0.3M; HyLo-3B's (H 24,
+// r_kv 128, dr 64): 64 rows x 24 x 320 = 0.5M at max_len 1,024, 1M at 2,048,
+// 2M at 4,096 (past the cap: v2). An estimate, not a measurement: tune it
+// with bench_decode's HYLO_MLA_SHORT A/B.
+enum { MLA_SHORT_MAX = 4096, MS_MAX_FMA = 1 << 20 };
+
+typedef struct {
+    int H, HP, r_kv, L;              // HP: H rounded up to MS_HT
+    int SR, PLD;                     // shared row strides: cache rows (bf16, SR / 8 odd), scores (fp32, odd)
+    int S, rsp;                      // blocks a sequence (the cluster), row splits of the P c product
+    int off_q, off_p, off_o, off_ml; // shared memory offsets (bytes) of sQ, sP, sO, sML
+    int max_rows;                    // max_len
+    float sl2;                       // scale * log2(e) (any sign)
+    int64_t qp_ld, qp_hs;            // q_pe's row and head strides (elements, multiples of 8)
+    be_pages_t pg;                   // the sequences' page tables (backend.h), or none
+} ms_args_t;
+
+// 8 bf16 (a 16-byte load) to fp32.
+static __device__ __forceinline__ void ms_unpack8(const uint4 x, float f[8]) {
+    f[0] = __uint_as_float(x.x << 16), f[1] = __uint_as_float(x.x & 0xffff0000u);
+    f[2] = __uint_as_float(x.y << 16), f[3] = __uint_as_float(x.y & 0xffff0000u);
+    f[4] = __uint_as_float(x.z << 16), f[5] = __uint_as_float(x.z & 0xffff0000u);
+    f[6] = __uint_as_float(x.w << 16), f[7] = __uint_as_float(x.w & 0xffff0000u);
+}
+
+// Grid (S, B) in clusters of (S, 1, 1), MS_THREADS threads. Shared memory
+// (offsets in a): sC [rows of the block][SR] bf16 at 0, sQ [HP][L] fp32, sP
+// [H][PLD] fp32 (scores, then 2^(s - m)), sO [rsp][HP][r_kv] fp32 (the row
+// splits' P c; split 0 then the block's O, which the other blocks read), sML
+// [H] (m, l) (read by the other blocks). out [B, H, r_kv].
+__global__ void __launch_bounds__(MS_THREADS)
+    k_mla_short(bf16 *__restrict__ out, const bf16 *__restrict__ q_lat, const bf16 *__restrict__ q_pe,
+                const bf16 *const *__restrict__ rows, const int32_t *__restrict__ len, const ms_args_t a) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *sC = (bf16 *)smem_raw;
+    float *sQ = (float *)(smem_raw + a.off_q), *sP = (float *)(smem_raw + a.off_p);
+    float *sO = (float *)(smem_raw + a.off_o);
+    float2 *sML = (float2 *)(smem_raw + a.off_ml);
+    cg::cluster_group cl = cg::this_cluster();
+    const int S = a.S, s = (int)cl.block_rank(), b = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int H = a.H, L = a.L, SR = a.SR, PLD = a.PLD, r_kv = a.r_kv, cpr = L / 8;
+
+    // this block's rows [u0, u1) of the sequence's n
+    int n = len[b];
+    n = n < 0 ? 0 : n > a.max_rows ? a.max_rows : n;
+    const bf16 *cache = rows[b]; // row 0 of this sequence's cache (or of its pages' pool)
+    const int rps = (n + S - 1) / S, u0 = s * rps, u1 = u0 + rps < n ? u0 + rps : n;
+    const int nr = u1 > u0 ? u1 - u0 : 0;
+    // Launched as a programmatic dependent launch (cuda_vec.cuh): the rows
+    // but the newest now (the kernel before may still run), through L2
+    for (int i = tid; i < nr * cpr; i += MS_THREADS) {
+        const int r = i / cpr, c = (i - r * cpr) * 8;
+        if (u0 + r != n - 1) cp_async16(smem_u32(sC + r * SR + c), cache + cu_page_row(a.pg, b, u0 + r) * L + c, true);
+    }
+    cp_async_commit();
+    griddep_enter();
+    if (n - 1 >= u0 && n - 1 < u1) { // the newest row, appended by an earlier kernel of the step
+        const bf16 *src = cache + cu_page_row(a.pg, b, n - 1) * L;
+        for (int c = tid * 8; c < L; c += MS_THREADS * 8)
+            cp_async16(smem_u32(sC + (n - 1 - u0) * SR + c), src + c, true);
+    }
+    cp_async_commit();
+    // Q [HP][L] = [q_lat | q_pe] as fp32, zero rows past H (r_kv a multiple
+    // of 8: a 16-byte piece lies in one of the two)
+    for (int i = tid; i < a.HP * cpr; i += MS_THREADS) {
+        const int h = i / cpr, c = (i - h * cpr) * 8;
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (h < H)
+            ms_unpack8(c < r_kv ? *(const uint4 *)(q_lat + ((int64_t)b * H + h) * r_kv + c)
+                                : *(const uint4 *)(q_pe + (int64_t)b * a.qp_ld + (int64_t)h * a.qp_hs + (c - r_kv)),
+                       f);
+        *(float4 *)(sQ + h * L + c) = make_float4(f[0], f[1], f[2], f[3]);
+        *(float4 *)(sQ + h * L + c + 4) = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // the rows and Q are in shared memory
+
+    // scores: item (head tile ht, 32 rows), lane = row; rows past nr skipped
+    const int HT = a.HP / MS_HT, items = HT * ((nr + 31) / 32);
+    for (int it = warp; it < items; it += MS_THREADS / 32) {
+        const int ht = it % HT, r = (it / HT) * 32 + lane;
+        if (r >= nr) continue;
+        const float *q = sQ + ht * MS_HT * L;
+        const bf16 *row = sC + r * SR;
+        float acc[MS_HT][2];
+#pragma unroll
+        for (int j = 0; j < MS_HT; j++)
+            acc[j][0] = acc[j][1] = 0.f;
+#pragma unroll 2
+        for (int k = 0; k < L; k += 8) {
+            float c[8];
+            ms_unpack8(*(const uint4 *)(row + k), c);
+#pragma unroll
+            for (int j = 0; j < MS_HT; j++) {
+                const float4 q0 = *(const float4 *)(q + j * L + k), q1 = *(const float4 *)(q + j * L + k + 4);
+                acc[j][0] = fmaf(q0.x, c[0], acc[j][0]), acc[j][1] = fmaf(q0.y, c[1], acc[j][1]);
+                acc[j][0] = fmaf(q0.z, c[2], acc[j][0]), acc[j][1] = fmaf(q0.w, c[3], acc[j][1]);
+                acc[j][0] = fmaf(q1.x, c[4], acc[j][0]), acc[j][1] = fmaf(q1.y, c[5], acc[j][1]);
+                acc[j][0] = fmaf(q1.z, c[6], acc[j][0]), acc[j][1] = fmaf(q1.w, c[7], acc[j][1]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MS_HT; j++) {
+            const int h = ht * MS_HT + j;
+            if (h < H) sP[h * PLD + r] = (acc[j][0] + acc[j][1]) * a.sl2;
+        }
+    }
+    __syncthreads();
+
+    // softmax numerators and the block's (m, l), a warp a head; no rows: (-inf, 0)
+    for (int h = warp; h < H; h += MS_THREADS / 32) {
+        float *p = sP + h * PLD, mx = -INFINITY, sum = 0.f;
+        for (int r = lane; r < nr; r += 32)
+            mx = fmaxf(mx, p[r]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        for (int r = lane; r < nr; r += 32) {
+            const float e = exp2_approx(p[r] - mx);
+            p[r] = e;
+            sum += e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) sML[h] = make_float2(mx, sum);
+    }
+    __syncthreads();
+
+    // O = P c: unit (head tile ht, columns c..c+7) x row split sp (rows sp, sp + rsp, ...)
+    const int CQ = r_kv / 8, units = HT * CQ, rsp = a.rsp;
+    for (int w = tid; w < units * rsp; w += MS_THREADS) {
+        const int unit = w % units, sp = w / units, ht = unit / CQ, c = (unit - ht * CQ) * 8;
+        float acc[MS_HT][8];
+#pragma unroll
+        for (int j = 0; j < MS_HT; j++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[j][e] = 0.f;
+        for (int r = sp; r < nr; r += rsp) {
+            float cv[8];
+            ms_unpack8(*(const uint4 *)(sC + r * SR + c), cv);
+#pragma unroll
+            for (int j = 0; j < MS_HT; j++) {
+                const int h = ht * MS_HT + j;
+                const float p = h < H ? sP[h * PLD + r] : 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    acc[j][e] = fmaf(p, cv[e], acc[j][e]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MS_HT; j++) {
+            float *dst = sO + ((int64_t)sp * a.HP + ht * MS_HT + j) * r_kv + c;
+            *(float4 *)dst = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+            *(float4 *)(dst + 4) = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+        }
+    }
+    if (rsp > 1) { // the splits summed into split 0, in split order
+        __syncthreads();
+        for (int i = tid; i < H * (r_kv / 4); i += MS_THREADS) {
+            const int h = i / (r_kv / 4), c = (i - h * (r_kv / 4)) * 4;
+            float4 acc = *(const float4 *)(sO + h * r_kv + c);
+            for (int sp = 1; sp < rsp; sp++) {
+                const float4 x = *(const float4 *)(sO + ((int64_t)sp * a.HP + h) * r_kv + c);
+                acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+            }
+            *(float4 *)(sO + h * r_kv + c) = acc;
+        }
+    }
+
+    // the cluster's merge: (m, l) and O of every block (sML, sO split 0) once
+    // all of them are written, block s taking the 4-column units j = s mod S
+    cl.sync();
+    const int CQ4 = r_kv / 4;
+    for (int j = tid * S + s; j < H * CQ4; j += MS_THREADS * S) {
+        const int h = j / CQ4, c = (j - h * CQ4) * 4;
+        float2 ml[MS_CLUSTER_MAX];
+        float M = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < MS_CLUSTER_MAX; t++) {
+            ml[t] = make_float2(-INFINITY, 0.f);
+            if (t < S) ml[t] = *cl.map_shared_rank(sML + h, t);
+            if (ml[t].y > 0.f) M = fmaxf(M, ml[t].x);
+        }
+        float l = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int t = 0; t < MS_CLUSTER_MAX; t++)
+            if (t < S && ml[t].y > 0.f) { // (M finite)
+                const float wt = exp2_approx(ml[t].x - M);
+                const float4 x = *(const float4 *)cl.map_shared_rank(sO + h * r_kv + c, t);
+                l = fmaf(wt, ml[t].y, l);
+                o.x = fmaf(wt, x.x, o.x), o.y = fmaf(wt, x.y, o.y), o.z = fmaf(wt, x.z, o.z), o.w = fmaf(wt, x.w, o.w);
+            }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        bf16 *dst = out + ((int64_t)b * H + h) * r_kv + c;
+        dst[0] = __float2bfloat16_rn(o.x * inv), dst[1] = __float2bfloat16_rn(o.y * inv);
+        dst[2] = __float2bfloat16_rn(o.z * inv), dst[3] = __float2bfloat16_rn(o.w * inv);
+    }
+    cl.sync(); // no block exits while another may still read its shared memory
+}
+
+#endif // HYLO_BENCH_VARIANTS
+
 // ---- host side --------------------------------------------------------------
 
 // What a decode kernel's launches keep between calls (one per kernel instance).
@@ -1229,6 +1479,60 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
                       : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+// The short path (k_mla_short): true when it took the call (launched, or a
+// CUDA failure recorded), false when the shape does not fit it (the caller
+// runs v2 / v1). Blocks a sequence: one per MS_MIN_ROWS rows of max_len, at
+// most MS_CLUSTER_MAX (a non-portable cluster, where the device holds one of
+// that many blocks) or else 8 (the portable size); rows a block holds at
+// most: ceil(max_len / S). The shape fits when the shared memory does and a
+// block's FMAs are at most MS_MAX_FMA.
+static bool launch_mla_short(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
+                             void *const *rows, be_pages_t pg, const int32_t *len, int max_len, int B, int H, int r_kv,
+                             int dr, float scale) {
+    cuda_impl_t *ci = cuda_impl(be);
+    if (max_len > MLA_SHORT_MAX) return false;
+    ms_args_t a;
+    memset(&a, 0, sizeof a);
+    a.H = H, a.HP = (H + MS_HT - 1) / MS_HT * MS_HT, a.r_kv = r_kv, a.L = r_kv + dr;
+    a.SR = (a.L / 8) % 2 ? a.L : a.L + 8; // an odd number of 16-byte pieces: a warp's row reads miss no bank
+    a.max_rows = max_len;
+    a.sl2 = scale * 1.4426950408889634f;
+    a.qp_ld = ldqp, a.qp_hs = hsqp, a.pg = pg;
+    const int units = a.HP / MS_HT * (r_kv / 8); // of the P c product
+    int S = (max_len + MS_MIN_ROWS - 1) / MS_MIN_ROWS;
+    S = S < 1 ? 1 : S > MS_CLUSTER_MAX ? MS_CLUSTER_MAX : S;
+    size_t smem = 0;
+    for (;;) {
+        int chunk = (max_len + S - 1) / S; // the most rows a block takes
+        if (chunk < 1) chunk = 1;
+        a.S = S;
+        a.PLD = chunk | 1; // odd: the P c product's reads of several heads' p miss no bank
+        a.rsp = units >= MS_THREADS ? 1 : MS_THREADS / units;
+        if (a.rsp > chunk) a.rsp = chunk;
+        const size_t c_bytes = ((size_t)chunk * a.SR * sizeof(bf16) + 15) & ~(size_t)15;
+        const size_t q_bytes = (size_t)a.HP * a.L * sizeof(float);
+        const size_t p_bytes = ((size_t)H * a.PLD * sizeof(float) + 15) & ~(size_t)15;
+        const size_t o_bytes = (size_t)a.rsp * a.HP * r_kv * sizeof(float);
+        a.off_q = (int)c_bytes, a.off_p = (int)(c_bytes + q_bytes), a.off_o = (int)(c_bytes + q_bytes + p_bytes);
+        a.off_ml = (int)(c_bytes + q_bytes + p_bytes + o_bytes);
+        smem = a.off_ml + (size_t)H * sizeof(float2);
+        bool ok = smem <= ci->smem_optin && (int64_t)chunk * H * (a.L + r_kv) <= MS_MAX_FMA;
+        if (ok && S > 8)
+            ok = cuda_clusters_fit_cached(be, (const void *)k_mla_short, "k_mla_short", MS_THREADS, smem, S) > 0;
+        if (ok) break;
+        if (S <= 8) return false; // the shape does not fit
+        S = 8;
+    }
+    if (cuda_smem_limit(be, (const void *)k_mla_short, smem, "k_mla_short") < 0) return true;
+    cu_launch_pdl_cluster(k_mla_short, dim3((unsigned)S, (unsigned)B), dim3(MS_THREADS), dim3((unsigned)S, 1, 1), smem,
+                          cuda_stream(be), (bf16 *)out, (const bf16 *)q_lat, (const bf16 *)q_pe,
+                          (const bf16 *const *)rows, len, a);
+    cuda_check_launch(be, "k_mla_short");
+    return true;
+}
+#endif
+
 // v2 with tiled tensor copies (MLA2_LOAD_TILES); where there is no tensor map
 // or its ring does not fit, v2 with one bulk copy per row; where v2 does not
 // lay out the shape, v1.
@@ -1257,6 +1561,15 @@ static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe,
         cu_op_error(be, "cuda mla_decode_attn: q_lat and the pool must be 16-byte aligned");
         return;
     }
+#ifdef HYLO_BENCH_VARIANTS
+    // bench-only until it has run on a GPU: HYLO_MLA_SHORT = 1 sends max_len
+    // <= MLA_SHORT_MAX to k_mla_short (where its shape fits); a forced
+    // HYLO_MLA_DECODE variant (1 to 3) never, so that the variant tests run
+    // the kernel they name
+    const bool short_path = cu_env_int("HYLO_MLA_SHORT", 0) != 0 && cu_env_int("HYLO_MLA_DECODE", 0) == 0;
+    if (short_path && launch_mla_short(be, out, q_lat, q_pe, ldqp, hsqp, rows, pg, len, max_len, B, H, r_kv, dr, scale))
+        return;
+#endif
     const int64_t max_rows = max_len;
     const int HT = (H + 15) / 16, CC = (r_kv + 127) / 128;
     const int per = (r_kv + CC - 1) / CC;
