@@ -1718,10 +1718,9 @@ int model_greedy_queue(model_run_t *r, model_state_t *const *sts, int n_st, cons
     if (flight >= MODEL_GREEDY_AHEAD)
         return err_set(ERR_INPUT, "%d greedy decode steps are in flight already (model_greedy_take first)",
                        MODEL_GREEDY_AHEAD);
-    int64_t N = 0;
-    for (int k = 0; k < n_st; k++)
-        N += sts[k]->B;
-    if (N < 1 || N > MODEL_STEP_GRAPH_ROWS)
+    int64_t N;
+    TRY(step_prepare(r, sts, n_st, &N)); // the room, and the rows
+    if (N > MODEL_STEP_GRAPH_ROWS)
         return err_set(ERR_INPUT, "a greedy decode step of %lld rows (1 to %d)", (long long)N, MODEL_STEP_GRAPH_ROWS);
     const int64_t before = r->greedy_queued ? r->greedy_rows[(r->greedy_queued - 1) % MODEL_GREEDY_AHEAD] : 0;
     if (!ids && before != N)
@@ -1730,7 +1729,6 @@ int model_greedy_queue(model_run_t *r, model_state_t *const *sts, int n_st, cons
     TRY(greedy_buffers(r));
     // the step in flight has its inputs copied before the staging is written again
     if (flight) TRY(be->fence_wait(be, r->greedy_inputs));
-    TRY(step_prepare(r, sts, n_st, &N));
     TRY(step_forward(r, ids, sts, n_st, N, NULL, 1));
     for (int k = 0; k < n_st; k++)
         set_len(r->m, sts[k], sts[k]->len + 1);

@@ -1828,12 +1828,16 @@ static void test_conv1d_deterministic(void **st) {
     assert_int_equal(fails, 0);
 }
 
-// embed_bwd with many repeated ids: N = 4096 rows drawn from 50 ids (runs of
-// ~80 rows that cross the 256-row tiles of the sorted list), a skewed draw
-// (one id takes ~70% of the rows: one run over ~11 tiles), a single id, and
-// an unaligned table (scalar stores). Two runs from the same table must agree
-// bit for bit. The run with the scratch arena full takes the serial path,
-// which adds the rows in position order as the CPU does: EXACT.
+// The ring's differences after call `call` (0 or 1) of argmax_rows or
+// proj_rmsnorm_argmax with a two-array ring of N ids filled with -1 before:
+// array `call` holds ids, the other is untouched, the turn (th) is flipped.
+static int ring_differences(const int32_t *ring, int64_t N, int call, const int32_t *ids, int32_t th) {
+    int off = th != 1 - call;
+    for (int64_t n = 0; n < N; n++)
+        off += ring[call * N + n] != ids[n] || ring[(1 - call) * N + n] != -1;
+    return off;
+}
+
 // argmax_rows: the same ids as the CPU (EXACT: a choice, no arithmetic),
 // which are sampler_argmax's. Rows with ties of the maximum (bf16 has 8
 // significant bits: the second copy must lose; placed in different slices
@@ -1885,11 +1889,10 @@ static void test_argmax_rows(void **st) {
             assert_int_equal(gpu->copy_d2h(gpu, &th, turn, sizeof th), 0);
             for (int64_t n = 0; n < c.N; n++) {
                 off += got[n] != ref[n];
-                if (ring) off += ring[call * c.N + n] != ref[n] || ring[(1 - call) * c.N + n] != -1;
                 if (call == 0 && ref[n] != sampler_argmax(x + n * c.ld, (int)c.V))
                     fail_msg("CPU argmax_rows row %lld", (long long)n);
             }
-            if (ring) off += th != 1 - call;
+            if (ring) off += ring_differences(ring, c.N, call, ref, th);
         }
         printf("%s argmax_rows N=%lld V=%lld ld=%lld%s%s: %d differences (first ids %d %d)\n", off ? "FAIL" : "ok  ",
                (long long)c.N, (long long)c.V, (long long)c.ld, c.special ? " nan/inf rows" : "",
@@ -1949,7 +1952,6 @@ static void test_proj_rmsnorm_argmax(void **st) {
             assert_int_equal(gpu->copy_d2h(gpu, &th, turn, sizeof th), 0);
             for (int64_t n = 0; n < c.N; n++) {
                 off += got[n] != two[n];
-                if (use_ring) off += ring[call * c.N + n] != got[n] || ring[(1 - call) * c.N + n] != -1;
                 const float *row = lc + n * c.V;
                 double mx = row[ref[n]], rms = 0;
                 for (int64_t v = 0; v < c.V; v++)
@@ -1957,7 +1959,7 @@ static void test_proj_rmsnorm_argmax(void **st) {
                 rms = sqrt(rms / c.V);
                 if (got[n] < 0 || got[n] >= c.V || row[got[n]] < mx - (fabs(mx) / 128 + 1e-3 * rms)) far++;
             }
-            if (use_ring) off += th != 1 - call;
+            if (use_ring) off += ring_differences(ring, c.N, call, got, th);
         }
         printf("%s proj_rmsnorm_argmax N=%lld K=%lld V=%lld: %d differences from proj_rmsnorm + argmax_rows (ring, "
                "turn), %d ids off the CPU's maximum (first ids %d, CPU %d)\n",
@@ -1971,6 +1973,12 @@ static void test_proj_rmsnorm_argmax(void **st) {
     assert_int_equal(fails, 0);
 }
 
+// embed_bwd with many repeated ids: N = 4096 rows drawn from 50 ids (runs of
+// ~80 rows that cross the 256-row tiles of the sorted list), a skewed draw
+// (one id takes ~70% of the rows: one run over ~11 tiles), a single id, and
+// an unaligned table (scalar stores). Two runs from the same table must agree
+// bit for bit. The run with the scratch arena full takes the serial path,
+// which adds the rows in position order as the CPU does: EXACT.
 static void test_embed_deterministic(void **st) {
     setup_backends();
     int fails = 0;
