@@ -1564,7 +1564,7 @@ static int step_body(model_run_t *r, const int32_t *d_ids, void *x, int64_t N, m
     if (!lg) return 0;
     layer_ctx_t c = model_layer_ctx(r, 0);
     const int fused = N <= BE_FEW_ROWS && !lin_qmat(&c, m->lm_head);
-    int32_t *turn = r->greedy_ids + MODEL_STEP_GRAPH_ROWS;
+    int32_t *turn = greedy ? r->greedy_ids + MODEL_STEP_GRAPH_ROWS : NULL; // (greedy_ids NULL until a greedy step)
     *lg = NULL;
     if (greedy && fused) {
         be->proj_rmsnorm_argmax(be, r->greedy_ids, r->greedy_host, MODEL_STEP_GRAPH_ROWS, turn, x, a->d, m->final_norm,
