@@ -299,6 +299,14 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, int32_t id, co
     return emit(e, r, id, lp);
 }
 
+// A request whose tokens are each the argmax of the model's logits, with
+// nothing else read from them: no penalties, biases or log-probabilities.
+static int plain_greedy(const req_t *r) {
+    const sampler_cfg_t *c = &r->s.sampler;
+    return c->temperature == 0.0f && c->presence_penalty == 0.0f && c->frequency_penalty == 0.0f && c->n_bias == 0 &&
+           !r->s.logprobs;
+}
+
 // The turn's one forward: the next prefill chunk of every prefilling request
 // turn[pre[0..n_pre)] and the next token of every decoding one
 // turn[dec[0..n_dec)]. With prefill work it is one batched prefill
@@ -306,7 +314,8 @@ static int chunk_done(srv_engine_t *e, req_t *r, int n, int last, int32_t id, co
 // decode tokens ride in it as one-token chunks, which step together, each
 // over its own cache at its own length), so the weights are read once for
 // the turn; without, one decode step (model_step_batch: recorded as a CUDA
-// graph where it can, fused kernels for a few rows). After a request's last
+// graph where it can, fused kernels for a few rows; model_greedy_queue, its
+// argmax on the device, when every row is plain_greedy). After a request's last
 // chunk comes its first token (chunk_done), after a decode its next one
 // (emit). Finished requests are freed and their turn[] entries set to NULL.
 // Under a token budget (cfg.max_batched_tokens) the decode tokens count
@@ -364,8 +373,21 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
         k++;
     }
     if (!k) return;
-    int rc = k_pre ? model_prefill_batch(&e->run, e->step_st, k, e->pre_ids, e->pre_n, e->pre_last, e->logits)
+    // A decode step whose rows all take the argmax and nothing else has it
+    // taken on the device: k ids come back instead of k x V logits.
+    int greedy = !k_pre && k <= MODEL_STEP_GRAPH_ROWS;
+    for (int i = 0; greedy && i < k; i++)
+        greedy = plain_greedy(turn[e->step_idx[i]]);
+    int rc;
+    if (greedy) {
+        rc = model_greedy_queue(&e->run, e->step_st, k, e->step_ids);
+        if (rc == 0) rc = model_greedy_take(&e->run, e->sampled);
+        if (rc < 0) model_greedy_drain(&e->run); // nothing left in flight (the error is rc's)
+        ran->greedy++;
+    } else {
+        rc = k_pre ? model_prefill_batch(&e->run, e->step_st, k, e->pre_ids, e->pre_n, e->pre_last, e->logits)
                    : model_step_batch(&e->run, e->step_st, k, e->step_ids, e->logits);
+    }
     ran->forwards++;
     if (k_pre && k > k_pre) ran->mixed++, ran->rode += (uint64_t)(k - k_pre);
     uint64_t tokens = (uint64_t)(k - k_pre);
@@ -377,7 +399,7 @@ static void forward(srv_engine_t *e, req_t **turn, const int *pre, int n_pre, co
     // (each request's sampler is its own: the same draws whatever the
     // threads): a row takes 10-450 us by vocabulary and settings
     // (bench/bench_sampler.c), 64 of them in turn a good part of a turn.
-    if (rc >= 0) {
+    if (rc >= 0 && !greedy) {
         const int64_t V = e->m->a.V;
         int n_lg = 0; // the rows with logits, whose logits are packed in their order
         for (int i = 0; i < k; i++)
@@ -493,6 +515,7 @@ void srv_engine_run(srv_engine_t *e) {
         if (ran.max_tokens > e->stats.max_tokens) e->stats.max_tokens = ran.max_tokens;
         e->stats.steps_replayed = e->run.steps_replayed, e->stats.steps_recorded = e->run.steps_recorded;
         e->stats.steps_op_by_op = e->run.steps_op_by_op;
+        e->stats.greedy += ran.greedy;
         if (e->metrics) srv_metrics_engine(e->metrics, &e->stats, e->cfg.max_batched_tokens);
         int k = 0;
         for (int i = 0; i < n; i++)

@@ -96,7 +96,9 @@ int64_t srv_pool_pages(const model_t *m, const srv_engine_cfg_t *cfg);
 // chunks and decode tokens) and the most that one forward carried
 // (max_tokens); and, under a token budget (max_batched_tokens), the chunks
 // it shortened (cut) and the prefilling requests it left without a chunk for
-// a turn (deferred, counted once a turn each).
+// a turn (deferred, counted once a turn each); the decode steps whose tokens
+// were chosen on the device, every request in them greedy without penalties,
+// biases or log-probabilities (greedy: model_greedy_queue, no logits copied).
 typedef srv_engine_counts_t srv_engine_stats_t; // serve/metrics.h, which exports them
 
 // srv_engine_submit's refusals (positive: not errors of the engine).

@@ -178,12 +178,15 @@ void srv_metrics_render(srv_metrics_t *m, strbuf_t *o) {
                   "# TYPE hylo_engine_decode_steps_total counter\n"
                   "hylo_engine_decode_steps_total{how=\"replayed\"} %llu\n"
                   "hylo_engine_decode_steps_total{how=\"recorded\"} %llu\n"
-                  "hylo_engine_decode_steps_total{how=\"op_by_op\"} %llu\n",
+                  "hylo_engine_decode_steps_total{how=\"op_by_op\"} %llu\n"
+                  "# HELP hylo_engine_greedy_steps_total Decode steps whose tokens were chosen on the device (every "
+                  "request in them greedy, without penalties, biases or log-probabilities).\n"
+                  "# TYPE hylo_engine_greedy_steps_total counter\nhylo_engine_greedy_steps_total %llu\n",
                   (unsigned long long)en->turns, (unsigned long long)en->forwards, (unsigned long long)en->mixed,
                   (unsigned long long)en->rode, (unsigned long long)en->tokens, (unsigned long long)en->max_tokens,
                   (long long)m->max_batched_tokens, (unsigned long long)en->cut, (unsigned long long)en->deferred,
                   (unsigned long long)en->steps_replayed, (unsigned long long)en->steps_recorded,
-                  (unsigned long long)en->steps_op_by_op);
+                  (unsigned long long)en->steps_op_by_op, (unsigned long long)en->greedy);
     hist_render(o, "hylo_time_to_first_token_seconds", "Time from arrival to the first generated token.", &m->ttft);
     hist_render(o, "hylo_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
                 &m->tpot);

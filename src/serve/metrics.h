@@ -22,6 +22,7 @@ typedef struct {
     uint64_t tokens, max_tokens, cut, deferred;
     // the model run's decode steps (model.h model_run_t): replayed, recorded, op by op
     uint64_t steps_replayed, steps_recorded, steps_op_by_op;
+    uint64_t greedy; // decode steps whose tokens were chosen on the device (every row greedy)
 } srv_engine_counts_t;
 
 typedef struct {

@@ -261,53 +261,68 @@ static void test_step_batch(void **st) {
 // recorded step, the next step queued before the ids are read) gives, for
 // three sequences decoded together, the ids the host's argmax of the same
 // backend's logits gives (model_step_batch, sampler_argmax), step for step:
-// the same launches but for the head's argmax, so the same ids (EXACT).
+// the same launches but for the head's argmax, so the same ids (EXACT). With
+// contiguous states (hylo generate's), then paged ones in one pool (the
+// server's).
 static void test_greedy_steps(void **st) {
     arch_t a = small_hybrid();
-    pair_t p;
-    make_pair(&p, &a);
     enum { N = 3, STEPS = 20 };
     const int len[N] = {7, 19, 33};
-    model_state_t sa[N], sb[N];
-    model_state_t *pa[N], *pb[N];
-    float *lg = malloc(sizeof(float) * N * a.V);
-    int32_t first[N], ref[STEPS][N], got[N];
-    for (int k = 0; k < N; k++) {
-        int32_t prompt[64];
-        for (int i = 0; i < len[k]; i++)
-            prompt[i] = (i * 37 + 11 * k + 2) % a.V;
-        assert_int_equal(model_state_alloc(&p.gpu, &sa[k], 1, 128), 0);
-        assert_int_equal(model_state_alloc(&p.gpu, &sb[k], 1, 128), 0);
-        pa[k] = &sa[k], pb[k] = &sb[k];
-        assert_int_equal(model_prefill(&p.rgpu, &sa[k], prompt, len[k], 0, lg), 0);
-        assert_int_equal(model_prefill(&p.rgpu, &sb[k], prompt, len[k], 0, lg), 0);
-        first[k] = sampler_argmax(lg, a.V);
+    for (int paged = 0; paged < 2; paged++) {
+        pair_t p;
+        make_pair(&p, &a);
+        model_pool_t pool;
+        if (paged) assert_int_equal(model_pool_create(&p.gpu, &pool, 8), 0);
+        model_state_t sa[N], sb[N];
+        model_state_t *pa[N], *pb[N];
+        float *lg = malloc(sizeof(float) * N * a.V);
+        int32_t first[N], ref[STEPS][N], got[N];
+        for (int k = 0; k < N; k++) {
+            int32_t prompt[64];
+            for (int i = 0; i < len[k]; i++)
+                prompt[i] = (i * 37 + 11 * k + 2) % a.V;
+            assert_int_equal(paged ? model_state_alloc_paged(&p.gpu, &sa[k], &pool, 128)
+                                   : model_state_alloc(&p.gpu, &sa[k], 1, 128),
+                             0);
+            assert_int_equal(paged ? model_state_alloc_paged(&p.gpu, &sb[k], &pool, 128)
+                                   : model_state_alloc(&p.gpu, &sb[k], 1, 128),
+                             0);
+            pa[k] = &sa[k], pb[k] = &sb[k];
+            assert_int_equal(model_prefill(&p.rgpu, &sa[k], prompt, len[k], 0, lg), 0);
+            assert_int_equal(model_prefill(&p.rgpu, &sb[k], prompt, len[k], 0, lg), 0);
+            first[k] = sampler_argmax(lg, a.V);
+        }
+        int32_t ids[N];
+        memcpy(ids, first, sizeof ids);
+        for (int t = 0; t < STEPS; t++) {
+            assert_int_equal(model_step_batch(&p.rgpu, pa, N, ids, lg), 0);
+            for (int k = 0; k < N; k++)
+                ids[k] = ref[t][k] = sampler_argmax(lg + (int64_t)k * a.V, a.V);
+        }
+        int differ = 0;
+        assert_int_equal(model_greedy_queue(&p.rgpu, pb, N, first), 0);
+        for (int t = 0; t < STEPS; t++) {
+            if (t + 1 < STEPS) assert_int_equal(model_greedy_queue(&p.rgpu, pb, N, NULL), 0);
+            assert_int_equal(model_greedy_take(&p.rgpu, got), 0);
+            differ += memcmp(got, ref[t], sizeof got) != 0;
+        }
+        printf("  %d %s sequences x %d greedy steps on the device: %d steps differ from the host's argmax; replays "
+               "%llu, recorded %llu\n",
+               N, paged ? "paged" : "contiguous", STEPS, differ, (unsigned long long)p.rgpu.steps_replayed,
+               (unsigned long long)p.rgpu.steps_recorded);
+        assert_int_equal(differ, 0);
+        for (int k = 0; k < N; k++) {
+            assert_int_equal(sb[k].len, len[k] + STEPS);
+            model_state_free(&p.gpu, &sa[k]);
+            model_state_free(&p.gpu, &sb[k]);
+        }
+        if (paged) {
+            assert_int_equal(pool.n_free, 8);
+            model_pool_free(&p.gpu, &pool);
+        }
+        free(lg);
+        free_pair(&p);
     }
-    int32_t ids[N];
-    memcpy(ids, first, sizeof ids);
-    for (int t = 0; t < STEPS; t++) {
-        assert_int_equal(model_step_batch(&p.rgpu, pa, N, ids, lg), 0);
-        for (int k = 0; k < N; k++)
-            ids[k] = ref[t][k] = sampler_argmax(lg + (int64_t)k * a.V, a.V);
-    }
-    int differ = 0;
-    assert_int_equal(model_greedy_queue(&p.rgpu, pb, N, first), 0);
-    for (int t = 0; t < STEPS; t++) {
-        if (t + 1 < STEPS) assert_int_equal(model_greedy_queue(&p.rgpu, pb, N, NULL), 0);
-        assert_int_equal(model_greedy_take(&p.rgpu, got), 0);
-        differ += memcmp(got, ref[t], sizeof got) != 0;
-    }
-    printf("  %d sequences x %d greedy steps on the device: %d steps differ from the host's argmax; replays %llu, "
-           "recorded %llu\n",
-           N, STEPS, differ, (unsigned long long)p.rgpu.steps_replayed, (unsigned long long)p.rgpu.steps_recorded);
-    assert_int_equal(differ, 0);
-    for (int k = 0; k < N; k++) {
-        assert_int_equal(sb[k].len, len[k] + STEPS);
-        model_state_free(&p.gpu, &sa[k]);
-        model_state_free(&p.gpu, &sb[k]);
-    }
-    free(lg);
-    free_pair(&p);
 }
 
 // The end of a paged test: the N state pairs freed, every page of the GPU's

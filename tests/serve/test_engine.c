@@ -10,7 +10,9 @@
 // (max_batched_tokens) bounds every forward, cuts and defers chunks (oldest
 // request first), never a decode token, and changes no answer; requests that
 // sample (temperature, top-p, their own seeds), drawn side by side on
-// several threads, each get the tokens they get alone.
+// several threads, each get the tokens they get alone; greedy decode steps
+// take their tokens from the argmax on the device, the tokens the host's
+// argmax of the copied logits gives.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -589,6 +591,59 @@ static void test_penalties(void **state) {
     bench_close(&b);
 }
 
+// Greedy requests without penalties, biases or log-probabilities take their
+// decode steps' tokens from the argmax on the device (model_greedy_queue, no
+// logits copied): three together run such steps, and each answer is token
+// for token the one the same request gets alone when it asks for
+// log-probabilities, whose steps copy the logits and take the host's argmax
+// (the same rule: the first index of the largest logit). A batch with that
+// request in it runs no greedy step.
+static void test_device_greedy(void **state) {
+    enum { N = 3, NEW = 20 };
+    int32_t prompt[N][24];
+    const int len[N] = {5, 24, 11};
+    stream_t s[N], alone;
+    bench_t b;
+    bench_open(&b, 12, N, 0);
+    for (int i = 0; i < N; i++)
+        for (int t = 0; t < len[i]; t++)
+            prompt[i][t] = (t * (7 + 2 * i) + 3 * i + 1) % b.m.a.V;
+    for (int i = 0; i < N; i++)
+        submit(&b, &s[i], prompt[i], len[i], NEW);
+    srv_engine_run(b.e);
+    srv_engine_stats_t st = srv_engine_stats(b.e);
+    printf("  together: %llu forwards, %llu of them greedy steps on the device\n", (unsigned long long)st.forwards,
+           (unsigned long long)st.greedy);
+    assert_true(st.greedy >= NEW - 2); // every step after the last prompt's prefill
+    assert_true(st.greedy < st.forwards);
+    for (int i = 0; i < N; i++) {
+        assert_true(s[i].has_done);
+        assert_int_equal(s[i].n, NEW);
+        bench_t one;
+        bench_open(&one, 12, N, 0);
+        memset(&alone, 0, sizeof alone);
+        alone.b = &one;
+        srv_submit_t q = {.prompt = prompt[i],
+                          .n_prompt = len[i],
+                          .max_new = NEW,
+                          .sampler = {.temperature = 0, .top_p = 1},
+                          .logprobs = 1,
+                          .on_token = on_token,
+                          .on_done = on_done,
+                          .user = &alone};
+        uint64_t id;
+        assert_int_equal(srv_engine_submit(one.e, &q, &id), 0);
+        one.left++;
+        srv_engine_run(one.e);
+        assert_int_equal(srv_engine_stats(one.e).greedy, 0);
+        assert_true(alone.has_done);
+        assert_int_equal(alone.n, NEW);
+        assert_memory_equal(s[i].tok, alone.tok, sizeof(int32_t) * NEW);
+        bench_close(&one);
+    }
+    bench_close(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption),
@@ -598,6 +653,7 @@ int main(void) {
         cmocka_unit_test(test_sampled_rows),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_device_greedy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
