@@ -204,12 +204,13 @@ struct be {
                          int64_t lda, int64_t strideA, const void *B, int64_t ldb, int64_t strideB, float beta, void *C,
                          int64_t ldc, int64_t strideC, int64_t batch);
 
-    // ---- quantised weights (CPU inference; NULL on backends without them) ----
-    // y[N, W->rows] = x[N, W->cols] W^T, x and y act. With few rows (decode)
-    // block formats take x quantised on the fly to 8-bit blocks of 32 (one
-    // fp32 scale each), so the result differs from the dequantised weights'
-    // product by that rounding; with many (prefill) the CPU dequantises the
-    // matrix and the product is exact (see cpu_quant.c).
+    // ---- quantised weights (inference; NULL on backends without them) ----
+    // y[N, W->rows] = x[N, W->cols] W^T, x and y act. On the CPU, with few
+    // rows (decode) block formats take x quantised on the fly to 8-bit blocks
+    // of 32 (one fp32 scale each), so the result differs from the dequantised
+    // weights' product by that rounding; with many (prefill) the CPU
+    // dequantises the matrix and the product is exact (see cpu_quant.c). On
+    // CUDA x stays bf16 against the dequantised weights (cuda_quant.cu).
     void (*qmatmul)(be_t *be, void *y, const void *x, const be_qmat_t *W, int64_t N);
     // out[N, W->cols] = rows ids[n] of W, dequantised (a quantised embedding table).
     void (*qembed_fwd)(be_t *be, void *out, const be_qmat_t *W, const int32_t *ids, int64_t N);

@@ -139,10 +139,10 @@ int model_create(model_t *m, const arch_t *a, be_t *be);
 // MODEL_ALLOW_MISSING (model_read_host): missing tensors stay zero and
 // unknown ones are ignored, each with a warning (the opt-out of
 // --allow-missing). MODEL_QUANT (model_load_ex / model_load_src): on a
-// backend with quantised products (be->qmatmul: the CPU), the linear and
+// backend with quantised products (be->qmatmul: the CPU and CUDA), the linear and
 // embedding matrices that the source stores in a block format or bf16 stay in
-// it (inference only: about the file's size instead of fp32; products round
-// the activations to 8 bits, backend.h qmatmul). Without it every weight is
+// it (inference only: about the file's size instead of fp32 / bf16; the CPU's
+// products round the activations to 8 bits, backend.h qmatmul). Without it every weight is
 // act, as training and exact evaluation need.
 enum { MODEL_ALLOW_MISSING = 1, MODEL_QUANT = 2 };
 // Loads a GGUF file or a checkpoint folder onto the backend (all weights act).

@@ -138,6 +138,7 @@ void cuda_register_ssd(be_t *be);   // cuda_ssd.cu
 void cuda_register_mla(be_t *be);   // cuda_mla.cu: latent-cache decode
 void cuda_register_loss(be_t *be);  // cuda_loss.cu: fused CE / KL, ILD distance
 void cuda_register_optim(be_t *be); // cuda_optim.cu: sumsq, AdamW
+void cuda_register_quant(be_t *be); // cuda_quant.cu: products and embedding on GGUF block formats
 #ifdef __cplusplus
 }
 #endif

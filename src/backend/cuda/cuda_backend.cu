@@ -483,6 +483,7 @@ extern "C" int cuda_backend_create(be_t **out, size_t scratch_bytes) {
     cuda_register_mla(be);
     cuda_register_loss(be);
     cuda_register_optim(be);
+    cuda_register_quant(be);
     *out = be;
     return 0;
 }
