@@ -523,8 +523,10 @@ static void test_attn_bwd_deterministic(void **st) {
 // k_mla_short (max_len <= 4096, MLA_SHORT_MAX, a cluster of up to 16 blocks
 // a sequence merged through distributed shared memory; cases at the end) is
 // bench-only until it has run on a GPU: the bench-variants build runs every
-// case once more with HYLO_MLA_SHORT=1; its other variants and production
-// run them through v2 / v1.
+// case once more with HYLO_MLA_SHORT=1, and the cases of q_pe inside the
+// projected q under production's choice and under HYLO_MLA_SHORT=1; its other
+// variants and production run them through v2 / v1. HYLO_MLA_TEST_VARIANTS
+// (e.g. "0,1": production and k_mla_short) runs only those variants.
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -731,7 +733,9 @@ static void test_mla_decode(void **st) {
     } vars[] = {{NULL, NULL, NULL, NULL, NULL, NULL}};
 #endif
     int fails = 0;
+    const char *only = getenv("HYLO_MLA_TEST_VARIANTS"); // e.g. "0,1": indices into vars, for a short GPU run
     for (int v = 0; v < (int)(sizeof vars / sizeof vars[0]); v++) {
+        if (only && !tu_list_has(only, v)) continue;
         set_knob("HYLO_MLA_DECODE", vars[v].dec);
         set_knob("HYLO_MLA_STAGES", vars[v].stages);
         set_knob("HYLO_MLA_WARPS", vars[v].warps);
@@ -748,15 +752,19 @@ static void test_mla_decode(void **st) {
             for (int sep = 0; sep < 2; sep++)
                 fails += run_mla(&cases[i], 500 + 11 * i + 1000 * v + 7 * sep, sep, 0); // fresh inputs per variant
     }
-    // q_pe in place in the projected q (a decode step): d_nope 32, and 4 (the copy)
-    fails += run_mla(&cases[0], 90001, 0, 32) + run_mla(&cases[4], 90002, 0, 32) + run_mla(&cases[0], 90003, 0, 4);
-    for (int i = 0; i < (int)(sizeof in_q / sizeof in_q[0]); i++)
-        fails += run_mla(&in_q[i], 90011 + i, i & 1, 32);
     set_knob("HYLO_MLA_DECODE", NULL);
     set_knob("HYLO_MLA_STAGES", NULL);
     set_knob("HYLO_MLA_WARPS", NULL);
     set_knob("HYLO_MLA_MERGE", NULL);
     set_knob("HYLO_MLA_CLUSTER", NULL);
+    // q_pe in place in the projected q (a decode step): d_nope 32, and 4 (the
+    // copy); production, and in the bench-variants build k_mla_short too
+    for (int shrt = 0; shrt < (int)(sizeof vars / sizeof vars[0]) && shrt < 2; shrt++) {
+        set_knob("HYLO_MLA_SHORT", shrt ? "1" : NULL);
+        fails += run_mla(&cases[0], 90001, 0, 32) + run_mla(&cases[4], 90002, 0, 32) + run_mla(&cases[0], 90003, 0, 4);
+        for (int i = 0; i < (int)(sizeof in_q / sizeof in_q[0]); i++)
+            fails += run_mla(&in_q[i], 90011 + i, i & 1, 32);
+    }
     set_knob("HYLO_MLA_SHORT", NULL);
     printf("mla_decode_attn: %d comparison(s) failed\n", fails);
     assert_int_equal(fails, 0);
