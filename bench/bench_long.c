@@ -12,7 +12,8 @@
 // in use. A length whose cache does not fit says so and the sweep goes on.
 // Wall-clock times around calls that end in a host sync.
 // Usage: bench_long [--teacher|--6mla22gdn|--14mla14gdn] [--2m|--upto128k] [--decode64] [--trace]
-//        bench_long --smollm2 [--trace] | --batch-prefill
+//                   [--q8_0|--q4_0|--q4_1]
+//        bench_long --smollm2 [--trace] [--q8_0|--q4_0|--q4_1] | --batch-prefill
 //   (default: all three models; lengths 8K, 32K, 128K, 512K, 1M, and 2M with
 //   --2m, up to 128K only with --upto128k (a profiler's run); 32 decode steps,
 //   64 with --decode64)
@@ -21,6 +22,10 @@
 //   after prompts of 256, 2K, 8K and 32K tokens, 256 decode steps: the decode
 //   speed of `hylo generate --stats` on the real model (the GPU holds its
 //   weights as bf16 either way) without carrying the 98 MB GGUF to the GPU.
+// --q8_0, --q4_0, --q4_1: the models' matrices in that ggml block format on
+//   the device (quantised inference: the products dequantise as they read),
+//   loaded from a quantised checkpoint of the random weights written under
+//   /tmp first (make_model).
 // bench_long --batch-prefill: a server's prefill turns (issue 12;
 //   bench_turns.h: 8 requests apart and in one forward, two turns, medians
 //   of 5) for the SmolLM2 shape, its 10MLA20GDN hybrid and the HyLo-3B
@@ -36,9 +41,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/err.h"
+#include "base/fs.h"
 #include "infer/gen.h"
+#include "io/gguf.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "upcycle/upcycle.h"
 
@@ -103,11 +112,46 @@ static int time_token(void *user, int32_t id) {
     return 0;
 }
 
+static int qtype; // --q8_0, --q4_0, --q4_1: the ggml type of the 3B models' matrices (0: bf16)
+
+// The model with random weights N(0, 0.02^2): bf16 on the device; or, with
+// qtype, its matrices in that block format (quantised inference, model.h
+// MODEL_QUANT), written as a quantised checkpoint folder under /tmp
+// (checkpoint.h CKPT_QUANT; 16M values drawn, repeated as dev_fill_rand
+// repeats them) and loaded from it, as hylo generate loads one.
+static void make_model(model_t *m, const arch_t *a, const char *name) {
+    if (!qtype) {
+        if (model_create(m, a, be) < 0) die(name);
+        dev_fill_rand(m->w, m->pt.total, 1, 0.0f, 0.02f);
+        return;
+    }
+    ptable_t pt;
+    float *host;
+    if (ptable_build(&pt, a) < 0 || ptable_alloc_host(&pt, name, 0, &host) < 0) die(name);
+    const int64_t n = pt.total, d = n < (1 << 24) ? n : (1 << 24);
+    rng_t r;
+    rng_seed(&r, 1);
+    rng_fill_normal(&r, host, d, 0.0f, 0.02f);
+    for (int64_t done = d; done < n; done += d)
+        memcpy(host + done, host, (size_t)(n - done < d ? n - done : d) * sizeof(float));
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/bench_long_%s_%d", ggml_type_name((uint32_t)qtype), (int)getpid());
+    double t0 = now_s();
+    if (ckpt_write(dir, a, &pt, host, CKPT_QUANT + qtype, NULL, NULL) < 0) die("quantised checkpoint");
+    free(host);
+    ptable_free(&pt);
+    const double t1 = now_s();
+    const int rc = model_load_ex(m, dir, be, MODEL_QUANT);
+    fs_remove_tree(dir);
+    if (rc < 0) die("quantised checkpoint's load");
+    printf("%s: matrices in %s (%d of them; written in %.1f s, loaded in %.1f s)\n", name,
+           ggml_type_name((uint32_t)qtype), m->n_qw, t1 - t0, now_s() - t1);
+}
+
 // One model over the lengths: prefill, decode, memory.
 static void sweep(const char *name, const arch_t *a, const int *lengths, int n_len, int D) {
     model_t m;
-    if (model_create(&m, a, be) < 0) die(name);
-    dev_fill_rand(m.w, m.pt.total, 1, 0.0f, 0.02f); // random bf16 weights, N(0, 0.02^2)
+    make_model(&m, a, name);
     model_run_t r;
     if (model_run_create(&r, &m, (size_t)4 << 30) < 0) die("run");
     printf("%s: %lld parameters, %d layers (%d attention, %d MLA, %d GDN), cache %lld bytes per token\n", name,
@@ -174,10 +218,16 @@ static void batch_prefill(const char *name, const arch_t *a) {
 
 int main(int argc, char **argv) {
     int only = 0, n_len = 5, D = 32, small = 0, batch = 0;
-    bench_flag_t flags[] = {{"--teacher", &only, 1},  {"--6mla22gdn", &only, 2}, {"--14mla14gdn", &only, 3},
-                            {"--2m", &n_len, 6},      {"--upto128k", &n_len, 3}, {"--decode64", &D, 64},
-                            {"--smollm2", &small, 1}, {"--trace", &tracing, 1},  {"--batch-prefill", &batch, 1}};
-    if (bench_flags(argc, argv, flags, 9) < 0) return 2;
+    bench_flag_t flags[] = {
+        {"--teacher", &only, 1},       {"--6mla22gdn", &only, 2},     {"--14mla14gdn", &only, 3},
+        {"--2m", &n_len, 6},           {"--upto128k", &n_len, 3},     {"--decode64", &D, 64},
+        {"--smollm2", &small, 1},      {"--trace", &tracing, 1},      {"--batch-prefill", &batch, 1},
+        {"--q8_0", &qtype, GGML_Q8_0}, {"--q4_0", &qtype, GGML_Q4_0}, {"--q4_1", &qtype, GGML_Q4_1}};
+    if (bench_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0])) < 0) return 2;
+    if (qtype && batch) {
+        fprintf(stderr, "bench_long: --batch-prefill runs bf16 weights only\n");
+        return 2;
+    }
     if (tracing && batch) {
         fprintf(stderr, "bench_long: --trace goes with --smollm2 or one 3B model\n");
         return 2;
