@@ -33,8 +33,12 @@ int cli_load_tokenizer(const wsrc_t *src, tok_t *tok);
 // tokenizer, from one open source: a GGUF is opened and parsed once. On
 // failure neither is left loaded (m->be is NULL). Runs over the weights take
 // CLI_RUN_ARENA bytes of activation arena (model_run_create). flags: 0 or
-// MODEL_QUANT (model.h: inference on the stored block formats).
+// MODEL_QUANT (model.h: inference on the stored block formats), which on a
+// GPU backend applies only with CLI_GPU_BLOCKS as well (--gpu-blocks): its
+// block-format products decode slower than bf16 so far (docs/PERFORMANCE.md,
+// run 35), so a GPU dequantises by default.
 int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok, int flags);
+enum { CLI_GPU_BLOCKS = 1 << 16 };
 #define CLI_RUN_ARENA ((size_t)1 << 30)
 // The tokenizer to write beside a checkpoint made from an open source (export,
 // convert): from the open GGUF's metadata or the folder's tokenizer files. 1

@@ -32,6 +32,8 @@ static const char *gen_help = "usage: hylo generate PATH --prompt TEXT [options]
                               "  --threads N       CPU threads (default: all)\n"
                               "  --f32             dequantise a GGUF's weights to fp32 (default on the CPU:\n"
                               "                    matrices stay in the file's block format, 8-bit activations)\n"
+                              "  --gpu-blocks      on CUDA, keep the block-format matrices as they are (less\n"
+                              "                    memory; default: dequantised to bf16, which decodes faster)\n"
                               "  --stats           print prefill and decode speed to stderr\n";
 
 static const char *chat_help = "usage: hylo chat PATH [options]\n"
@@ -50,13 +52,13 @@ static const char *chat_help = "usage: hylo chat PATH [options]\n"
                                "  --system TEXT     system message (default: the template's own, if any)\n"
                                "  -n N              new tokens per answer at most (default 512)\n"
                                "  --temp T, --top-k K, --top-p P, --seed S, --ctx N, --chunk N,\n"
-                               "  --device D, --threads N, --f32, --stats   as for 'hylo generate'\n";
+                               "  --device D, --threads N, --f32, --gpu-blocks, --stats   as for 'hylo generate'\n";
 
 typedef struct {
     const char *path, *prompt, *system, *device;
     long n, top_k, seed, ctx, chunk, threads;
     double temp, top_p;
-    int stats, f32;
+    int stats, f32, gpu_blocks;
 } gen_opts_t;
 
 static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
@@ -102,6 +104,8 @@ static int parse(const char *cmd, int argc, char **argv, gen_opts_t *o) {
             o->stats = 1;
         } else if (cli_flag(argv, i, "--f32")) {
             o->f32 = 1;
+        } else if (cli_flag(argv, i, "--gpu-blocks")) {
+            o->gpu_blocks = 1;
         } else if (argv[i][0] == '-') {
             return cli_usage(cmd, "unknown option '%s'", argv[i]);
         } else if (!o->path) {
@@ -128,7 +132,8 @@ typedef struct {
 static int session_open(session_t *s, const gen_opts_t *o) {
     memset(s, 0, sizeof *s);
     TRY(cli_backend(o->device, &s->be));
-    TRY(cli_load_model(o->path, s->be, &s->m, &s->tok, o->f32 ? 0 : MODEL_QUANT));
+    TRY(cli_load_model(o->path, s->be, &s->m, &s->tok,
+                       o->f32 ? 0 : MODEL_QUANT | (o->gpu_blocks ? CLI_GPU_BLOCKS : 0)));
     if (s->tok.n_vocab > s->m.a.V)
         return err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", o->path,
                        s->tok.n_vocab, s->m.a.V);

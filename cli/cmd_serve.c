@@ -65,6 +65,8 @@ static const char *help =
     "                    none is for a running one, the newest is preempted and resumed later;\n"
     "                    one that could not run alone in the pool gets 400\n"
     "  --device D        cpu or cuda (default cpu)\n"
+    "  --gpu-blocks      on CUDA, keep a GGUF's block-format matrices as they are (less memory;\n"
+    "                    default: dequantised to bf16, which decodes faster; the CPU keeps them)\n"
     "  --threads N       CPU threads of the engine (default: all)\n";
 
 // SIGINT / SIGTERM stop the server. The main thread runs the engine, so they
@@ -107,6 +109,7 @@ int cmd_serve(int argc, char **argv) {
     const char *path = NULL, *host = "127.0.0.1", *key = getenv("HYLO_API_KEY"), *name = NULL, *device = "cpu";
     long port = 8080, ctx = 4096, max_seqs = 4, queue = 16, chunk = 512, threads = 0, prefix_mb = 256, cache_mb = -1,
          prefix_block = 1024, max_batched = 0;
+    int gpu_blocks = 0; // CLI_GPU_BLOCKS with --gpu-blocks
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;
@@ -122,6 +125,8 @@ int cmd_serve(int argc, char **argv) {
         } else if ((r = cli_opt("serve", argc, argv, &i, "--device", &v))) {
             if (r < 0) return cli_fail(r);
             device = v;
+        } else if (cli_flag(argv, i, "--gpu-blocks")) {
+            gpu_blocks = CLI_GPU_BLOCKS;
         } else if ((r = cli_opt("serve", argc, argv, &i, "--port", &v))) {
             if (r < 0 || (r = cli_int("serve", "--port", v, 0, 65535, &port)) < 0) return cli_fail(r);
         } else if ((r = cli_opt("serve", argc, argv, &i, "--ctx", &v))) {
@@ -185,7 +190,7 @@ int cmd_serve(int argc, char **argv) {
     srv_http_t *h = NULL;
     int32_t stop_ids[16];
     int rc = cli_backend(device, &be);
-    if (rc == 0) rc = cli_load_model(path, be, &m, &tok, MODEL_QUANT);
+    if (rc == 0) rc = cli_load_model(path, be, &m, &tok, MODEL_QUANT | gpu_blocks);
     if (rc == 0 && tok.n_vocab > m.a.V)
         rc = err_set(ERR_INPUT, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", path, tok.n_vocab,
                      m.a.V);
