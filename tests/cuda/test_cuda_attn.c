@@ -23,7 +23,7 @@
 //    slices by the last block or the combine kernel, of a short sequence's
 //    cluster blocks by block 0) are fp32 and add only summation-order noise
 //    (~1e-6), so a cluster case keeps the one-block case's tolerance.
-//    k_mla_short (bench-only: HYLO_MLA_SHORT=1, max_len <= 4096) keeps P in
+//    k_mla_short (production for max_len <= 4096 where it fits) keeps P in
 //    fp32 (fp32 FMAs throughout, its cluster's merge fp32 too): only the
 //    output's rounding, ~1.1e-3, so the same 1e-2 leaves it more room.
 //  - attn_decode out 5e-3: scores, softmax and P V are fp32 on the GPU (P is
@@ -521,12 +521,13 @@ static void test_attn_bwd_deterministic(void **st) {
 // 1, 2), and with short sequences over a cluster of blocks
 // (HYLO_MLA_CLUSTER=8; with the tensor copies and with a copy per row).
 // k_mla_short (max_len <= 4096, MLA_SHORT_MAX, a cluster of up to 16 blocks
-// a sequence merged through distributed shared memory; cases at the end) is
-// bench-only until it has run on a GPU: the bench-variants build runs every
-// case once more with HYLO_MLA_SHORT=1, and the cases of q_pe inside the
-// projected q under production's choice and under HYLO_MLA_SHORT=1; its other
-// variants and production run them through v2 / v1. HYLO_MLA_TEST_VARIANTS
-// (e.g. "0,1": production and k_mla_short) runs only those variants.
+// a sequence merged through distributed shared memory; cases at the end)
+// takes production's short cases where their shape fits it (since run 35):
+// the bench-variants build runs every case once more with HYLO_MLA_SHORT=0
+// (v2 / v1 for them, production's choice before), and the cases of q_pe
+// inside the projected q under both; its other variants run what they name.
+// HYLO_MLA_TEST_VARIANTS (e.g. "0,1": production and HYLO_MLA_SHORT=0) runs
+// only those variants.
 typedef struct {
     int B, H, r_kv, dr;
     int64_t cap;
@@ -648,10 +649,10 @@ static void test_mla_decode(void **st) {
         {1, 16, 512, 64, 600, {512}, 1.0f, 0},
         {4, 16, 512, 64, 4300, {257, 256, 1, 0}, 1.0f, 4000},
         // the three ways in one launch: 44 slices per sequence (one wave of 132
-        // SMs over 3), of which 70,000 rows take all (more than the 42 the
-        // last block merges at this shape: the combine kernel), 2,000 rows 8
+        // SMs over 3), of which 70,000 rows take all (more than the 6 the
+        // last block merges at this shape: the combine kernel), 1,500 rows 6
         // (the last block's merge), 300 rows one block
-        {3, 9, 128, 32, 70000, {70000, 2000, 300}, 1.0f, 0},
+        {3, 9, 128, 32, 70000, {70000, 1500, 300}, 1.0f, 0},
         // short sequences (over a cluster of 8 blocks under
         // HYLO_MLA_CLUSTER=8, each block whole tiles of its sequence's rows,
         // else one block): the SmolLM2 hybrid's MLA layer (H 9, r_kv
@@ -718,13 +719,13 @@ static void test_mla_decode(void **st) {
                                       {2, 9, 48, 32, 4200, {4096, 33}, 1.0f, 0},
                                       {2, 24, 128, 64, 1100, {1000, 1}, 1.0f, 24},
                                       {1, 9, 48, 32, 9000, {8999}, 1.0f, 0}};
-    // (the bench-variants build: HYLO_MLA_SHORT=1 sends max_len <= 4096 to
-    // k_mla_short; the other variants run what they name)
+    // (the bench-variants build: HYLO_MLA_SHORT=0 sends max_len <= 4096 to
+    // v2 / v1 instead of k_mla_short; the other variants run what they name)
     static const struct {
         const char *dec, *stages, *warps, *merge, *cluster, *shrt;
 #ifdef HYLO_BENCH_VARIANTS
     } vars[] = {
-        {NULL, NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL, "1"}, {"1", NULL, NULL, NULL, NULL, "0"},
+        {NULL, NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL, "0"}, {"1", NULL, NULL, NULL, NULL, "0"},
         {"2", NULL, NULL, NULL, NULL, "0"},   {"3", NULL, NULL, NULL, NULL, "0"},  {"0", "3", NULL, NULL, NULL, "0"},
         {"0", "4", "2", NULL, NULL, "0"},     {"3", "3", NULL, NULL, NULL, "0"},   {"2", "5", "2", NULL, NULL, "0"},
         {"0", NULL, NULL, "1", NULL, "0"},    {"0", NULL, NULL, "2", NULL, "0"},   {"0", "3", NULL, "1", NULL, "0"},
@@ -758,9 +759,10 @@ static void test_mla_decode(void **st) {
     set_knob("HYLO_MLA_MERGE", NULL);
     set_knob("HYLO_MLA_CLUSTER", NULL);
     // q_pe in place in the projected q (a decode step): d_nope 32, and 4 (the
-    // copy); production, and in the bench-variants build k_mla_short too
+    // copy); production, and in the bench-variants build v2 / v1 for the
+    // short ones too (HYLO_MLA_SHORT=0)
     for (int shrt = 0; shrt < (int)(sizeof vars / sizeof vars[0]) && shrt < 2; shrt++) {
-        set_knob("HYLO_MLA_SHORT", shrt ? "1" : NULL);
+        set_knob("HYLO_MLA_SHORT", shrt ? "0" : NULL);
         fails += run_mla(&cases[0], 90001, 0, 32) + run_mla(&cases[4], 90002, 0, 32) + run_mla(&cases[0], 90003, 0, 4);
         for (int i = 0; i < (int)(sizeof in_q / sizeof in_q[0]); i++)
             fails += run_mla(&in_q[i], 90011 + i, i & 1, 32);
@@ -771,8 +773,9 @@ static void test_mla_decode(void **st) {
 }
 
 // MLA decode, run twice on the same inputs: the outputs must agree bit for bit
-// (memcmp). v2 merges in a fixed order: B = 2 at 4,999 and 3,001 rows (19 and
-// 12 slices, merged by the last block of each sequence), B = 1 at 20,000
+// (memcmp). v2 merges in a fixed order: B = 2 at 1,500 and 1,000 rows of a
+// 5,000-row context (6 and 4 slices, merged by the last block of each
+// sequence; past 4,096 rows, so not k_mla_short), B = 1 at 20,000
 // rows (78 slices at H 9, r_kv 128: the combine kernel), and short sequences
 // in one block (B = 2 at 576 rows, a whole ring, and 33; B = 1 at 256). In the bench-variants
 // build also v1 forced (HYLO_MLA_DECODE=1): it merges its row groups in shared
@@ -786,7 +789,7 @@ static void test_mla_decode_deterministic(void **st) {
         int B;
         int32_t len[2];
         int64_t cap;
-    } runs[] = {{2, {4999, 3001}, 5000}, {1, {20000, 0}, 20000}, {2, {576, 33}, 576}, {1, {256, 0}, 256}};
+    } runs[] = {{2, {1500, 1000}, 5000}, {1, {20000, 0}, 20000}, {2, {576, 33}, 576}, {1, {256, 0}, 256}};
     const int H = 9, R = 128, DR = 32, L = R + DR;
     const float scale = 1.0f / sqrtf((float)L);
 #ifdef HYLO_BENCH_VARIANTS
@@ -796,7 +799,7 @@ static void test_mla_decode_deterministic(void **st) {
 #endif
     int fails = 0;
     for (int k = 0; k < (int)(sizeof runs / sizeof runs[0]); k++) {
-        const int B = runs[k].B, max_len = runs[k].len[0];
+        const int B = runs[k].B, max_len = (int)runs[k].cap;
         const int64_t cap = runs[k].cap;
         const int64_t ncache = (int64_t)B * cap * L, nq = (int64_t)B * H * R, np = (int64_t)B * H * DR;
         float *cache = tu_rnd(ncache, 9001 + k, 1.0f), *ql = tu_rnd(nq, 9002 + k, 1.0f);

@@ -6,11 +6,10 @@
 // keys = whole rows [c | kpe]) and V = the c part of the same rows. Memory
 // bound: every cache row is read from device memory exactly once.
 //
-// k_mla_short (further down; the bench-variants build only, HYLO_MLA_SHORT=1,
-// until it has run on a GPU): short caches (max_len <= MLA_SHORT_MAX, where
+// k_mla_short (further down): short caches (max_len <= MLA_SHORT_MAX, where
 // the shape fits its shared memory) in one cluster of blocks a sequence,
-// fp32 FMAs, merged through distributed shared memory, one launch.
-// Production, two versions. v2 (k_mla_decode2, and k_mla_combine2 for merges too large
+// fp32 FMAs, merged through distributed shared memory, one launch. Longer
+// caches, two versions. v2 (k_mla_decode2, and k_mla_combine2 for merges too large
 // for one block; further down) is the default: a producer warp and a ring of
 // 32-row tiles, described there. v1
 // (the fallback for shapes v2 does not lay out):
@@ -364,10 +363,12 @@ enum { MLA2_NR = 32, MLA2_MAXW = 11, MLA2_MAXSTG = 32, MLA2_BAR_BYTES = 2 * MLA2
 // Slices of at least this many tiles (of max_len on the host, of the length in
 // the kernel): at short contexts more slices only add partials to merge.
 enum { MLA_MIN_SLICE_TILES = 8 };
-// The most partial bytes (ns H r_kv 4) one block merges (see above): at ~100
-// GB/s from L2 about 2 us, what the combine kernel's launch and its own chain
-// of loads cost.
-enum { MLA_MERGE_BYTES = 192 << 10 };
+// The most partial bytes (ns H r_kv 4) one block merges (see above). One
+// block reads them at far less than L2's rate (a chain of loads a thread):
+// at 8,192 rows, 32 slices, the last-block merge of 147 KB (H 9, r_kv 128)
+// took 8 us more than the combine kernel, of 74 KB 4 us more (run 35,
+// docs/PERFORMANCE.md), so only a few KB stay in the decode.
+enum { MLA_MERGE_BYTES = 32 << 10 };
 // Blocks of a short sequence's cluster (the portable cluster size), and the
 // longest max_len that launches clusters (launch_mla2), as attention decode's
 // DEC_CLUSTER and DEC_CLUSTER_MAX_LEN.
@@ -960,7 +961,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-#ifdef HYLO_BENCH_VARIANTS // k_mla_short: bench-only until it has run on a GPU (mla_decode)
 // ---- short sequences: one cluster of blocks a sequence, fp32 FMAs -------------
 //
 // k_mla_short, the path of every max_len <= MLA_SHORT_MAX (mla_decode) whose
@@ -1002,7 +1002,7 @@ enum { MS_THREADS = 256, MS_HT = 3, MS_MIN_ROWS = 64, MS_CLUSTER_MAX = 16 };
 // r_kv 48, dr 32) at 4,096 rows: 256 x 9 x 128 = 0.3M; HyLo-3B's (H 24,
 // r_kv 128, dr 64): 64 rows x 24 x 320 = 0.5M at max_len 1,024, 1M at 2,048,
 // 2M at 4,096 (past the cap: v2). An estimate, not a measurement: tune it
-// with bench_decode's HYLO_MLA_SHORT A/B.
+// with bench_decode's HYLO_MLA_SHORT=0 / 1 A/B (bench-variants build).
 enum { MLA_SHORT_MAX = 4096, MS_MAX_FMA = 1 << 20 };
 
 typedef struct {
@@ -1202,8 +1202,6 @@ __global__ void __launch_bounds__(MS_THREADS)
     }
     cl.sync(); // no block exits while another may still read its shared memory
 }
-
-#endif // HYLO_BENCH_VARIANTS
 
 // ---- host side --------------------------------------------------------------
 
@@ -1479,7 +1477,6 @@ static bool launch_mla2_cw(int CW, be_t *be, void *out, const void *q_lat, const
                       : launch_mla2<128, LOAD>(be, out, q_lat, q_pe, rows, pool, pool_rows, max_rows, len, B, a);
 }
 
-#ifdef HYLO_BENCH_VARIANTS
 // The short path (k_mla_short): true when it took the call (launched, or a
 // CUDA failure recorded), false when the shape does not fit it (the caller
 // runs v2 / v1). Blocks a sequence: one per MS_MIN_ROWS rows of max_len, at
@@ -1531,9 +1528,9 @@ static bool launch_mla_short(be_t *be, void *out, const void *q_lat, const void 
     cuda_check_launch(be, "k_mla_short");
     return true;
 }
-#endif
 
-// v2 with tiled tensor copies (MLA2_LOAD_TILES); where there is no tensor map
+// max_len <= MLA_SHORT_MAX: k_mla_short where the shape fits it; else v2
+// with tiled tensor copies (MLA2_LOAD_TILES); where there is no tensor map
 // or its ring does not fit, v2 with one bulk copy per row; where v2 does not
 // lay out the shape, v1.
 // The bench-variants build (HYLO_BENCH_VARIANTS, Makefile) also takes, read on
@@ -1545,7 +1542,9 @@ static bool launch_mla_short(be_t *be, void *out, const void *q_lat, const void 
 //   HYLO_MLA_MERGE = 1: v2 merges every split sequence in its last block; 2:
 //   always in k_mla_combine2 (default: by MLA_MERGE_BYTES);
 //   HYLO_MLA_CLUSTER = 8: v2 spreads a short sequence over a cluster of
-//   MLA_CLUSTER blocks where launch_mla2's rule allows (default: one block).
+//   MLA_CLUSTER blocks where launch_mla2's rule allows (default: one block);
+//   HYLO_MLA_SHORT = 0: max_len <= MLA_SHORT_MAX through v2 / v1 too, not
+//   k_mla_short.
 static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe, int64_t ldqp, int64_t hsqp,
                        void *const *rows, be_pages_t pg, const int32_t *len, int max_len, const void *pool,
                        int64_t pool_rows, int B, int H, int r_kv, int dr, float scale) {
@@ -1561,15 +1560,17 @@ static void mla_decode(be_t *be, void *out, const void *q_lat, const void *q_pe,
         cu_op_error(be, "cuda mla_decode_attn: q_lat and the pool must be 16-byte aligned");
         return;
     }
+    // max_len <= MLA_SHORT_MAX: k_mla_short, where its shape fits. The
+    // bench-variants build's HYLO_MLA_SHORT=0, or a forced HYLO_MLA_DECODE
+    // variant (1 to 3, so that the variant tests run the kernel they name),
+    // sends them to v2 / v1.
 #ifdef HYLO_BENCH_VARIANTS
-    // bench-only until it has run on a GPU: HYLO_MLA_SHORT = 1 sends max_len
-    // <= MLA_SHORT_MAX to k_mla_short (where its shape fits); a forced
-    // HYLO_MLA_DECODE variant (1 to 3) never, so that the variant tests run
-    // the kernel they name
-    const bool short_path = cu_env_int("HYLO_MLA_SHORT", 0) != 0 && cu_env_int("HYLO_MLA_DECODE", 0) == 0;
+    const bool short_path = cu_env_int("HYLO_MLA_SHORT", 1) != 0 && cu_env_int("HYLO_MLA_DECODE", 0) == 0;
+#else
+    const bool short_path = true;
+#endif
     if (short_path && launch_mla_short(be, out, q_lat, q_pe, ldqp, hsqp, rows, pg, len, max_len, B, H, r_kv, dr, scale))
         return;
-#endif
     const int64_t max_rows = max_len;
     const int HT = (H + 15) / 16, CC = (r_kv + 127) / 128;
     const int per = (r_kv + CC - 1) / CC;
