@@ -366,7 +366,7 @@ enum { MLA_MIN_SLICE_TILES = 8 };
 // The most partial bytes (ns H r_kv 4) one block merges (see above). One
 // block reads them at far less than L2's rate (a chain of loads a thread):
 // at 8,192 rows, 32 slices, the last-block merge of 147 KB (H 9, r_kv 128)
-// took 8 us more than the combine kernel, of 74 KB 4 us more (run 35,
+// took 8 us more than the combine kernel, of 55 KB (r_kv 48) 4 us more (run 35,
 // docs/PERFORMANCE.md), so only a few KB stay in the decode.
 enum { MLA_MERGE_BYTES = 32 << 10 };
 // Blocks of a short sequence's cluster (the portable cluster size), and the
