@@ -23,8 +23,8 @@
 // default context limit does (the grid is sized for 4K rows, the kernels use
 // what the lengths need).
 // The bench-variants build (build/bench-variants/bench/bench_decode) reads
-// the kernels' knobs on every call, e.g. HYLO_MLA_SHORT=1 (MLA's caches of
-// max_len <= 4096 through k_mla_short, not v2), HYLO_MLA_CLUSTER=8 (v2's
+// the kernels' knobs on every call, e.g. HYLO_MLA_SHORT=0 (MLA's caches of
+// max_len <= 4096 through v2, not k_mla_short), HYLO_MLA_CLUSTER=8 (v2's
 // short caches over a cluster, not one block) or HYLO_DEC_CLUSTER=1
 // (attention's in one block, not a cluster):
 // run it with and without for an A/B on the same card.
@@ -203,8 +203,9 @@ int main(int argc, char **argv) {
     printf("bench_decode: production kernels\n");
     // teachers' attention layers (GQA groups 3, 3, 4) and HyLo MLA layers;
     // "mla smol-hyb": the SmolLM2 10MLA20GDN hybrid's (upc_student_arch's
-    // default dims: r_kv 48, d_rope 32); MLA at max_len <= 4096 runs v2
-    // (HYLO_MLA_SHORT=1 in the bench-variants build: k_mla_short)
+    // default dims: r_kv 48, d_rope 32); MLA at max_len <= 4096 runs
+    // k_mla_short where it fits (HYLO_MLA_SHORT=0 in the bench-variants
+    // build: v2)
     static const shape_t shapes[] = {
         {"llama3.2-3b", 0, 24, 8, 128, 8 * 256 * 2}, {"smollm2-135m", 0, 9, 3, 64, 3 * 128 * 2},
         {"llama3.1-8b", 0, 32, 8, 128, 8 * 256 * 2}, {"mla hylo-3b", 1, 24, 128, 64, 192 * 2},
@@ -212,7 +213,7 @@ int main(int argc, char **argv) {
         {"mla r512", 1, 16, 512, 64, 576 * 2},
     };
     // rows per sequence, max_len (0: the rows)
-    // (4K: the longest max_len of k_mla_short, the bench-only short path)
+    // (4K: the longest max_len of k_mla_short)
     static const int64_t all_lens[][2] = {{256, 0},    {256, 4096}, {1024, 0},   {2048, 0},  {4096, 0},
                                           {8192, 0},   {16384, 0},  {32768, 0},  {65536, 0}, {131072, 0},
                                           {262144, 0}, {524288, 0}, {1048576, 0}};

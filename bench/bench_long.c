@@ -112,7 +112,7 @@ static int time_token(void *user, int32_t id) {
     return 0;
 }
 
-static int qtype; // --q8_0, --q4_0, --q4_1: the ggml type of the 3B models' matrices (0: bf16)
+static int qtype; // --q8_0, --q4_0, --q4_1: the ggml type of the models' matrices (0: bf16)
 
 // The model with random weights N(0, 0.02^2): bf16 on the device; or, with
 // qtype, its matrices in that block format (quantised inference, model.h

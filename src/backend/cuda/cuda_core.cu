@@ -1427,7 +1427,8 @@ static void cu_argmax_rows(be_t *be, int32_t *ids, int32_t *ring, int64_t stride
 // ---- a greedy step's head: logits and their argmax in one launch ----------
 // proj_rmsnorm_argmax. Production: proj_rmsnorm into the scratch arena, then
 // argmax_rows. The bench-variants build's HYLO_HEAD_ARGMAX=1 runs one kernel
-// instead (bench-only until it has run on a GPU), k_gemv_argmax: the logits are k_gemv's normed product, the same fp32
+// instead, k_gemv_argmax (bench-only: it passed on an H100 in run 35 but saved
+// about 1 us a token, docs/PERFORMANCE.md): the logits are k_gemv's normed product, the same fp32
 // sums in the same order, rounded to bf16 (so the ids argmax_rows takes
 // from proj_rmsnorm's logits), and never stored. Warp u takes columns
 // u * CW * groups on, CW at a time (as k_gemv_cols: A's rows read once for
@@ -1539,7 +1540,7 @@ static void cu_proj_rmsnorm_argmax(be_t *be, int32_t *ids, int32_t *ring, int64_
     }
     bool fused = N <= GEMV_ROWS && gemv_fits(0, 1, 1, V, K, x, ldx, 0, W, K, 0, 0.0f, 1) && !((uintptr_t)xw & 15);
 #ifdef HYLO_BENCH_VARIANTS
-    fused = fused && cu_env_int("HYLO_HEAD_ARGMAX", 0) == 1; // k_gemv_argmax: bench-only until it has run on a GPU
+    fused = fused && cu_env_int("HYLO_HEAD_ARGMAX", 0) == 1; // k_gemv_argmax (bench-only, above)
 #else
     fused = false;
 #endif

@@ -26,7 +26,6 @@
 // k_mla_combine: grid (H, B), merges the n_split partials of each (b, h).
 #include <cooperative_groups.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,6 +12,8 @@
 //    arena (in slabs of rows) and multiplied by be->gemm (cuBLASLt): the
 //    weights then carry one bf16 rounding, as every act weight on CUDA does.
 // bf16 weights go to be->gemm / be->embed_fwd as they are.
+#include <pthread.h>
+
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
 
@@ -292,6 +294,37 @@ static int qgemv_stage_smem(uint32_t type, int M) {
     }
 }
 
+// Blocks of kern (smem bytes) an SM holds at once, at least 1: the
+// occupancy query, remembered per (device, kernel, bytes), since a decode
+// step's products ask on every launch.
+static int qgemv_blocks_per_sm(be_t *be, qgemv_fn kern, size_t smem) {
+    static struct {
+        int device;
+        qgemv_fn kern;
+        size_t smem;
+        int n;
+    } cache[64];
+    static int used;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    const int dev = cuda_impl(be)->device;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < used; i++)
+        if (cache[i].device == dev && cache[i].kern == kern && cache[i].smem == smem) {
+            const int n = cache[i].n;
+            pthread_mutex_unlock(&lock);
+            return n;
+        }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, QG_WARPS * 32, smem) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        n = 1;
+    }
+    if (used < 64)
+        cache[used].device = dev, cache[used].kern = kern, cache[used].smem = smem, cache[used].n = n, used++;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 // The product on k_qgemv, in launches of as many rows of x as shared memory
 // holds (all N but for long rows: 8 rows of K = 14336 take 224 KiB). false
 // when not even one row fits, for the caller's other path.
@@ -302,19 +335,13 @@ static bool qgemv(be_t *be, bf16 *y, const bf16 *x, const be_qmat_t *W, int64_t 
     while (mx > 0 && (size_t)mx * K * sizeof(bf16) + (size_t)qgemv_stage_smem(W->type, mx) > optin)
         mx--;
     if (mx < 1) return false;
-    const int R = qg_rows_per_warp(mx);
-    const int64_t groups = (rows + R - 1) / R;
     for (int64_t m0 = 0; m0 < N; m0 += mx) {
-        const int M = (int)(N - m0 < mx ? N - m0 : mx);
+        const int M = (int)(N - m0 < mx ? N - m0 : mx), R = qg_rows_per_warp(M);
+        const int64_t groups = (rows + R - 1) / R;
         const qgemv_fn kern = qgemv_kernel(W->type, M);
         const size_t smem = (size_t)M * K * sizeof(bf16) + (size_t)qgemv_stage_smem(W->type, M);
         if (cuda_smem_limit(be, (const void *)kern, smem, "qmatmul (k_qgemv)") < 0) return true; // error recorded
-        int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, QG_WARPS * 32, smem) != cudaSuccess ||
-            per_sm < 1) {
-            (void)cudaGetLastError();
-            per_sm = 1;
-        }
+        const int per_sm = qgemv_blocks_per_sm(be, kern, smem);
         int64_t blocks = (groups + QG_WARPS - 1) / QG_WARPS, cap = (int64_t)cuda_impl(be)->sm_count * per_sm;
         if (blocks > cap) blocks = cap;
         cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(QG_WARPS * 32), smem, cuda_stream(be), y + m0 * rows,
