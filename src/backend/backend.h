@@ -209,8 +209,8 @@ struct be {
     // rows (decode) block formats take x quantised on the fly to 8-bit blocks
     // of 32 (one fp32 scale each), so the result differs from the dequantised
     // weights' product by that rounding; with many (prefill) the CPU
-    // dequantises the matrix and the product is exact (see cpu_quant.c). On
-    // CUDA x stays bf16 against the dequantised weights (cuda_quant.cu).
+    // dequantises the matrix and the product is exact (see cpu_quant.c). CUDA
+    // does the same, its dequantised weights rounded to bf16 (cuda_quant.cu).
     void (*qmatmul)(be_t *be, void *y, const void *x, const be_qmat_t *W, int64_t N);
     // out[N, W->cols] = rows ids[n] of W, dequantised (a quantised embedding table).
     void (*qembed_fwd)(be_t *be, void *out, const be_qmat_t *W, const int32_t *ids, int64_t N);

@@ -6,25 +6,29 @@
 // bf16, so both sides see the same inputs.
 //
 // Tolerances:
-//  qmatmul, N <= BE_FEW_ROWS (k_qgemv): the GPU's dequantised weights equal
-//    ggml_dequant's bit for bit and the products are summed in fp32, then
-//    rounded once to bf16. Reference: the same sum in double. Elementwise
-//    |gpu - ref| <= 2^-8 |ref| (the bf16 rounding of the output, half an ulp
-//    = 2^-9 relative, doubled for a flip across a rounding boundary when the
-//    fp32 sums differ in their last bits) + 1e-3 rms(ref over the row of y)
-//    (fp32 accumulation in another order over up to 8192 terms: ~K 2^-24 of
-//    the terms' magnitudes, far below; the term covers elements near zero
-//    after cancellation); relative L2 < 1e-2.
-//  qmatmul, N > BE_FEW_ROWS (dequantised to bf16, cuBLASLt): the reference
-//    takes the dequantised weights rounded to bf16 too (what the GEMM reads),
-//    then the same tolerance.
+//  qmatmul, N <= BE_FEW_ROWS (k_qgemv), the block formats: the CPU's
+//    arithmetic for few rows (cpu_quant.c: x rounded to 8-bit blocks, exact
+//    integer dot products per block, each block's fp32 term by the same
+//    expression), so the reference is the CPU backend's qmatmul of the same x
+//    and bytes; the two differ in the order of the fp32 additions only.
+//    Elementwise |gpu - ref| <= 2^-8 |ref| (the bf16 rounding of the output,
+//    half an ulp = 2^-9 relative, doubled for a flip across a rounding
+//    boundary when the fp32 sums differ in their last bits) + 1e-3 rms(ref
+//    over the row of y) (fp32 accumulation in another order over up to 8192
+//    terms: ~K 2^-24 of the terms' magnitudes, far below; the term covers
+//    elements near zero after cancellation); relative L2 < 1e-2. The exact
+//    product (ggml_dequant, summed in double) is checked too, within the
+//    rounding of x to 8 bits: 2^-8 |ref| + 5e-2 rms, relative L2 < 3e-2 (a
+//    term's error up to 1/254 relative, ~7e-3 rms(ref) on a sum).
+//  qmatmul, BF16 at any N, and N > BE_FEW_ROWS (dequantised to bf16,
+//    cuBLASLt): against the exact product in double, the weights rounded to
+//    bf16 where the GEMM reads them so; the first tolerance.
 //  qembed_fwd: exact, ggml_dequant's values rounded to bf16.
 // HYLO_TEST_CPU_AS_GPU=1 (the fake GPU is a CPU backend, testutil.h): its
-// qmatmul rounds x to 8-bit blocks for N < 16 (cpu_quant.c; relative error
-// per term up to 1/254, ~7e-3 rms(ref) on a sum) and uses the exact weights
-// at N >= 16, so the check there is 2^-8 |ref| + 5e-2 rms and relative L2 <
-// 3e-2: the point of that mode is the test's own logic. Its act is fp32, so
-// qembed_fwd is compared with the unrounded values.
+// qmatmul rounds x to 8-bit blocks for N < 16 and uses the exact weights at
+// N >= 16, so the checks against the exact product there take the second
+// tolerance: the point of that mode is the test's own logic. Its act is fp32,
+// so qembed_fwd is compared with the unrounded values.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,9 +129,11 @@ static float *matmul_ref(const float *x, const float *w, int64_t N, int64_t rows
     return y;
 }
 
-// got against ref row by row of y (the rms term over each row); prints one line.
-static int check_rows(const char *what, const float *got, const float *ref, int64_t N, int64_t rows) {
-    const double rtol = 1.0 / 256, atol = tu_fake_gpu() ? 5e-2 : 1e-3, l2 = tu_fake_gpu() ? 3e-2 : 1e-2;
+// got against ref row by row of y (the rms term over each row), with the
+// tolerance of a product in the same arithmetic (loose 0) or of one that
+// rounds x to 8-bit blocks against the exact product (loose 1); prints one line.
+static int check_rows(const char *what, const float *got, const float *ref, int64_t N, int64_t rows, int loose) {
+    const double rtol = 1.0 / 256, atol = loose ? 5e-2 : 1e-3, l2 = loose ? 3e-2 : 1e-2;
     int64_t off = 0, first = -1;
     double worst_rel = 0, max_abs = 0;
     for (int64_t n = 0; n < N; n++) {
@@ -138,13 +144,25 @@ static int check_rows(const char *what, const float *got, const float *ref, int6
         if (c.max_abs > max_abs || isnan(c.max_abs)) max_abs = c.max_abs;
     }
     const int ok = off == 0 && worst_rel <= l2;
-    printf("%s %-48s rel_err %.3e max_abs %.3e", ok ? "ok  " : "FAIL", what, worst_rel, max_abs);
+    printf("%s %-56s rel_err %.3e max_abs %.3e", ok ? "ok  " : "FAIL", what, worst_rel, max_abs);
     if (off)
         printf("  %lld/%lld off, first [n=%lld r=%lld]: got %.8g ref %.8g", (long long)off, (long long)(N * rows),
                (long long)(first / rows), (long long)(first % rows), got[first], ref[first]);
     printf("\n");
     fflush(stdout);
     return ok;
+}
+
+// y [N, rows] = x W^T by the CPU backend's qmatmul (its few-rows arithmetic
+// below 16 rows).
+static float *matmul_cpu(const hmat_t *m, const float *x, int64_t N) {
+    be_t *cpu = tu_cpu();
+    const be_qmat_t q = {m->type, m->rows, m->cols, m->rb, m->bytes};
+    float *y = tu_hbuf(N * m->rows);
+    err_clear();
+    cpu->qmatmul(cpu, y, x, &q, N);
+    assert_int_equal(err_code(), 0);
+    return y;
 }
 
 // qmatmul of one matrix for each N in ns: 1 on pass.
@@ -160,17 +178,27 @@ static int matmul_case(uint32_t type, int64_t rows, int64_t cols, const int *ns,
         snprintf(what, sizeof what, "qmatmul %s %lldx%lld N=%lld", ggml_type_name(type), (long long)rows,
                  (long long)cols, (long long)N);
         float *x = tu_rnd(N * cols, g_seed++, 1.0f), *nan = tu_nans(N * rows);
-        // Above BE_FEW_ROWS the GPU's GEMM reads the weights rounded to bf16.
+        // Above BE_FEW_ROWS the GPU's GEMM reads the weights rounded to bf16;
+        // at or below it the block formats take the CPU's few-rows arithmetic.
+        const int few = N <= BE_FEW_ROWS && type != GGML_BF16;
         float *ref = matmul_ref(x, N > BE_FEW_ROWS && !tu_fake_gpu() ? wb : w, N, rows, cols);
+        float *cref = few ? matmul_cpu(&m, x, N) : NULL;
         void *dx = tu_dev_act(gpu, x, N * cols), *dy = tu_dev_act(gpu, nan, N * rows);
         gpu->qmatmul(gpu, dy, dx, &q, N);
         if (!tu_sync(gpu, "qmatmul", what)) {
             ok = 0;
         } else {
             float *got = tu_host_act(gpu, dy, N * rows);
-            ok &= check_rows(what, got, ref, N, rows);
+            char vs[128];
+            if (few) {
+                snprintf(vs, sizeof vs, "%s vs cpu", what);
+                ok &= check_rows(vs, got, cref, N, rows, 0);
+            }
+            snprintf(vs, sizeof vs, "%s vs exact", what);
+            ok &= check_rows(vs, got, ref, N, rows, few || tu_fake_gpu());
             free(got);
         }
+        free(cref);
         tu_dev_free(gpu, dx), tu_dev_free(gpu, dy);
         free(x), free(nan), free(ref);
     }
@@ -233,7 +261,7 @@ static void test_qmatmul_slabs(void **st) {
     int ok = tu_sync(gpu, "qmatmul", "slabs");
     if (ok) {
         float *got = tu_host_act(gpu, dy, N * rows);
-        ok = check_rows("qmatmul Q4_K 1536x768 N=40 (slabs of 192 rows)", got, ref, N, rows);
+        ok = check_rows("qmatmul Q4_K 1536x768 N=40 (slabs of 192 rows)", got, ref, N, rows, 0);
         free(got);
     }
     tu_dev_free(gpu, dx), tu_dev_free(gpu, dy), gpu->free(gpu, (void *)q.data);

@@ -2,15 +2,19 @@
 // (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) or bf16, the CUDA side of backend.h's
 // "quantised weights" ops. Layouts: docs/FORMATS.md, io/quant.c.
 //
-// Numerics: every weight is dequantised to fp32 exactly as ggml_dequant does
-// (fp16 scales, the same products and sums, each rounded on its own: the
-// __fmul_rn / __fadd_rn below keep nvcc from fusing them into an fma the CPU
-// does not do), so a dequantised value is the CPU's bit for bit.
-//  - few rows (N <= BE_FEW_ROWS, decode): k_qgemv, x as it is (bf16) against
-//    those fp32 weights, fp32 sums, one bf16 rounding at the end;
-//  - more rows (prefill): the matrix dequantised to bf16 into the scratch
-//    arena (in slabs of rows) and multiplied by be->gemm (cuBLASLt): the
-//    weights then carry one bf16 rounding, as every act weight on CUDA does.
+// Numerics:
+//  - few rows (N <= BE_FEW_ROWS, decode): k_qgemv, the CPU's arithmetic for
+//    few rows (cpu_quant.c): x rounded to 8-bit blocks of 32, exact integer
+//    dot products per weight block, each block's fp32 term by the same
+//    expression, one bf16 rounding at the end; only the order of the fp32
+//    additions differs from the CPU;
+//  - more rows (prefill): the matrix dequantised exactly as ggml_dequant does
+//    (fp16 scales, the same products and sums, each rounded on its own: the
+//    __fmul_rn / __fadd_rn below keep nvcc from fusing them into an fma the
+//    CPU does not do) and rounded to bf16, into the scratch arena in slabs of
+//    rows, multiplied by be->gemm (cuBLASLt): the weights then carry one bf16
+//    rounding, as every act weight on CUDA does. qembed_fwd dequantises the
+//    same way.
 // bf16 weights go to be->gemm / be->embed_fwd as they are.
 #include <pthread.h>
 
@@ -123,31 +127,36 @@ template <int T> static __device__ __forceinline__ void q_dq8_at(const uint8_t *
 }
 
 // ---- few rows: k_qgemv ------------------------------------------------------------
-// y [M, rows] = x [M, K] W^T for M <= BE_FEW_ROWS: the weight's whole cost is
-// its bytes, read once. A block of QG_WARPS warps first copies x into shared
-// memory (once per block: the grid is at most what the SMs hold at once, each
-// block taking rows in turn), then each warp takes R consecutive weight rows
-// at a time (R rows share each load of x from shared memory, which at M > 2
-// would otherwise be what limits) and streams them in steps of QSTEP_V values:
-// the step's bytes of each row go into the warp's stage buffers by 16-byte
-// cp.async from the 16-byte boundary below them (the 18-, 20-, 34- and
-// 210-byte blocks do not keep 16-byte alignment), QG_STAGES steps in flight,
-// the pipeline running on from one group of rows to the next. In a step lane l
-// takes values 8 l + 256 c (c < QSTEP_V / 256): x's 16-byte pieces of a row
-// read by the 32 lanes side by side, no bank conflicts. fp32 sums per lane,
-// then a warp sum; deterministic.
-enum { QG_WARPS = 8, QG_STAGES = 3 };
+// y [M, rows] = x [M, K] W^T for M <= BE_FEW_ROWS, in the CPU's arithmetic for
+// few rows (cpu_quant.c): each row of x rounded to 8-bit blocks of 32 (codes
+// q, scale dx, s = dx sum q), each weight block's or sub-block's integer dot
+// product with them (dp4a, exact), scaled in fp32 by the same expression as
+// the reference kernels there (each operation rounded on its own: __fmul_rn);
+// GPU and CPU differ only in the order of the fp32 additions. Integer dot
+// products keep the kernel on the weights' bytes: dequantising every value to
+// fp32 (int-to-float conversions at a quarter of the FMA rate) held it to a
+// quarter of the bandwidth.
+//
+// A block of QG_WARPS warps first rounds x into shared memory (each block
+// its own copy: x is a few KB), then each warp takes one weight row at a time
+// and streams it in steps of QG_STEP_V values: the step's bytes go into the
+// warp's stage buffers by 16-byte cp.async from the 16-byte boundary below
+// them (the 18-, 20-, 34- and 210-byte blocks do not keep 16-byte alignment),
+// QG_STAGES - 1 steps in flight, the pipeline running on from one row to the
+// next. In a step lane l takes the step's 32-value block (or sub-block) l.
+// fp32 sums per lane, then a warp sum; deterministic.
+enum { QG_WARPS = 8, QG_STAGES = 6, QG_STEP_V = 1024, QG_ROUND_BATCH = 2 };
 
-static __host__ __device__ constexpr int qg_rows_per_warp(int M) { return M <= 4 ? 2 : 4; }
-// Values of a step: 1024 (4 pieces of 8 a lane) where that is at most 640 bytes, else 512.
-static __host__ __device__ constexpr int qg_step_values(int T) { return T == GGML_Q8_0 || T == GGML_Q6_K ? 512 : 1024; }
 static __host__ __device__ constexpr int qg_step_bytes(int T) {
-    return qg_step_values(T) / q_block_values(T) * q_block_bytes(T);
+    return QG_STEP_V / q_block_values(T) * q_block_bytes(T);
 }
-// A stage buffer of one row: the step's bytes from the 16-byte boundary below them.
-static __host__ __device__ constexpr int qg_win_bytes(int T) { return (qg_step_bytes(T) + 15) / 16 * 16 + 16; }
-static __host__ __device__ constexpr int qg_stage_smem(int T, int M) {
-    return QG_WARPS * QG_STAGES * qg_rows_per_warp(M) * qg_win_bytes(T);
+// A stage buffer: the step's bytes from the 16-byte boundary below them, and
+// room for the word qg_words reads past a block's end.
+static __host__ __device__ constexpr int qg_win_bytes(int T) { return (qg_step_bytes(T) + 15) / 16 * 16 + 32; }
+static __host__ __device__ constexpr int qg_stage_smem(int T) { return QG_WARPS * QG_STAGES * qg_win_bytes(T); }
+// x rounded, per row: K codes padded to whole steps, then (dx, s) per block of 32.
+static __host__ __device__ constexpr int64_t qg_x_row_bytes(int64_t K) {
+    return (K + QG_STEP_V - 1) / QG_STEP_V * QG_STEP_V * 5 / 4;
 }
 
 // A 16-byte cp.async of which the first n bytes (1..16) are read, the rest zeroed.
@@ -155,106 +164,251 @@ static __device__ __forceinline__ void qg_cp16(uint32_t dst, const void *src, in
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 
-// Queues the bytes of step s of rows g R .. g R + R - 1 (clamped to the last
-// row) into the warp's stage buffer buf, row i at buf + i WIN.
-template <int T, int R>
-static __device__ __forceinline__ void qg_issue(unsigned char *buf, const uint8_t *W, const uint8_t *end, int64_t rows,
-                                                int64_t rb, int64_t row_data, int64_t g, int s, int lane) {
+// Queues the bytes of step s of weight row r into the stage buffer buf.
+template <int T>
+static __device__ __forceinline__ void qg_issue(unsigned char *buf, const uint8_t *W, const uint8_t *end, int64_t r,
+                                                int64_t rb, int64_t row_data, int s, int lane) {
     const int64_t b0 = (int64_t)s * qg_step_bytes(T);
     const int bytes = (int)(row_data - b0 < qg_step_bytes(T) ? row_data - b0 : qg_step_bytes(T));
+    const uint8_t *src = W + r * rb + b0;
+    const int off = (int)((uintptr_t)src & 15);
+    const uint8_t *al = src - off;
+    const int n16 = (off + bytes + 15) >> 4;
+    for (int c = lane; c < n16; c += 32) {
+        const uint8_t *q = al + 16 * c;
+        qg_cp16(smem_u32(buf + 16 * c), q, end - q < 16 ? (int)(end - q) : 16);
+    }
+}
+
+// N words from the 2-byte aligned p in shared memory: N + 1 aligned loads,
+// shifted into place.
+template <int N> static __device__ __forceinline__ void qg_words(const unsigned char *p, uint32_t (&w)[N]) {
+    const uint32_t *a = reinterpret_cast<const uint32_t *>((uintptr_t)p & ~(uintptr_t)3);
+    const unsigned sh = (unsigned)((uintptr_t)p & 2) * 8;
+    uint32_t lo = a[0];
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        const int64_t r = g * R + i < rows ? g * R + i : rows - 1;
-        const uint8_t *src = W + r * rb + b0;
-        const int off = (int)((uintptr_t)src & 15);
-        const uint8_t *al = src - off;
-        const int n16 = (off + bytes + 15) >> 4;
-        for (int c = lane; c < n16; c += 32) {
-            const uint8_t *q = al + 16 * c;
-            qg_cp16(smem_u32(buf + i * qg_win_bytes(T) + 16 * c), q, end - q < 16 ? (int)(end - q) : 16);
+    for (int j = 0; j < N; j++) {
+        const uint32_t hi = a[j + 1];
+        w[j] = __funnelshift_r(lo, hi, sh);
+        lo = hi;
+    }
+}
+
+// Rounds x [M, K] (bf16, rows K apart) into the block's shared copy xs: per
+// row (qg_x_row_bytes apart) the codes of block b at 1024 (b / 32) + 16 (b %
+// 32), its first 16 codes there and the other 16 512 bytes on (so the 32
+// lanes of a step read 16-byte pieces side by side), then float2 (dx, s) per
+// block after the row's codes. The arithmetic of cpu_quant.c's ref_quantize,
+// a block with a NaN or infinity included. Four threads a block, 8 values
+// each (few registers: the kernel's occupancy is set by its largest phase).
+template <int M> static __device__ __forceinline__ void qg_round_x(unsigned char *xs, const bf16 *x, int K) {
+    const int nb = K / 32, kp = (K + QG_STEP_V - 1) / QG_STEP_V * QG_STEP_V, n = M * nb * 4;
+    const int64_t xrb = qg_x_row_bytes(K);
+    const bool v8 = !((uintptr_t)x & 15);
+    // every lane of a warp runs each pass (the shuffles); a pass's loads all
+    // go out before its math, QG_ROUND_BATCH pieces a thread
+    for (int i0 = 0; i0 < n; i0 += QG_WARPS * 32 * QG_ROUND_BATCH) {
+        float v[QG_ROUND_BATCH][8] = {};
+#pragma unroll
+        for (int u = 0; u < QG_ROUND_BATCH; u++) {
+            const int i = i0 + u * QG_WARPS * 32 + (int)threadIdx.x, m = (i >> 2) / nb, b = (i >> 2) - m * nb;
+            if (i >= n) continue;
+            const bf16 *p = x + (int64_t)m * K + 32 * b + 8 * (i & 3);
+            if (v8) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(p);
+                ld_bf16<8>(reinterpret_cast<const bf16 *>(&w), v[u]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    v[u][j] = __bfloat162float(p[j]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QG_ROUND_BATCH; u++) {
+            const int i = i0 + u * QG_WARPS * 32 + (int)threadIdx.x, c = i & 3, m = (i >> 2) / nb,
+                      b = (i >> 2) - m * nb;
+            float amax = 0.0f, z = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) // z: NaN unless all finite
+                amax = fmaxf(amax, fabsf(v[u][j])), z = __fadd_rn(z, __fmul_rn(v[u][j], 0.0f));
+#pragma unroll
+            for (int o = 1; o < 4; o <<= 1) {
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, o));
+            }
+            const bool finite = z == 0.0f;
+            const float d = finite ? __fdiv_rn(amax, 127.0f) : NAN;
+            const float id = finite && d > 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            uint32_t w[2] = {0, 0};
+            int sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int q = __float2int_rn(__fmul_rn(v[u][j], id));
+                sum += q;
+                w[j >> 2] |= (uint32_t)(q & 0xff) << (8 * (j & 3));
+            }
+#pragma unroll
+            for (int o = 1; o < 4; o <<= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (i < n) {
+                unsigned char *row = xs + m * xrb;
+                *reinterpret_cast<uint2 *>(row + 1024 * (b / 32) + 16 * (b % 32) + 512 * (c >> 1) + 8 * (c & 1)) =
+                    make_uint2(w[0], w[1]);
+                if (c == 0)
+                    reinterpret_cast<float2 *>(row + kp)[b] = make_float2(d, finite ? __fmul_rn(d, (float)sum) : NAN);
+            }
         }
     }
 }
 
+// The weight (sub)block a lane takes in a step, as integer words to pair
+// with x's codes (word j with x's word j: codes 4j..4j+3 of the block) and the
+// fp32 terms of its value: isum -> a * isum + c * s (c = 0 but for Q4_0, Q4_1,
+// Q4_K, whose offsets pair with x's s). Q6_K's two sub-blocks of 16 have
+// scales of their own, so it keeps the products of its halves apart.
+struct qg_wblock {
+    uint32_t u[8];
+    float a, c;
+    int sc0, sc1; // Q6_K: the halves' scales
+};
+
+template <int T>
+static __device__ __forceinline__ void qg_load_block(qg_wblock &wb, const unsigned char *buf, int lane) {
+    if constexpr (T == GGML_Q4_0 || T == GGML_Q4_1) {
+        const unsigned char *bp = buf + lane * q_block_bytes(T);
+        uint32_t q[4];
+        qg_words<4>(bp + (T == GGML_Q4_0 ? 2 : 4), q);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            wb.u[j] = q[j] & 0x0f0f0f0fu, wb.u[4 + j] = (q[j] >> 4) & 0x0f0f0f0fu; // values j.., 16 + j..
+        wb.a = q_f16(bp);
+        wb.c = T == GGML_Q4_0 ? __fmul_rn(-8.0f, wb.a) : q_f16(bp + 2);
+    } else if constexpr (T == GGML_Q8_0) {
+        const unsigned char *bp = buf + lane * q_block_bytes(T);
+        qg_words<8>(bp + 2, wb.u);
+        wb.a = q_f16(bp), wb.c = 0.0f;
+    } else if constexpr (T == GGML_Q4_K) {
+        // lane l: sub-block l % 8 of super-block l / 8 (16-byte aligned)
+        const unsigned char *bp = buf + (lane >> 3) * q_block_bytes(T);
+        const int sub = lane & 7;
+        const unsigned char *s = bp + 4;
+        unsigned sc, mn;
+        if (sub < 4) {
+            sc = s[sub] & 63u, mn = s[sub + 4] & 63u;
+        } else {
+            sc = (s[sub + 4] & 0xfu) | ((unsigned)(s[sub - 4] >> 6) << 4);
+            mn = (unsigned)(s[sub + 4] >> 4) | ((unsigned)(s[sub] >> 6) << 4);
+        }
+        const uint4 *q = reinterpret_cast<const uint4 *>(bp + 16 + 32 * (sub >> 1));
+        const uint4 q0 = q[0], q1 = q[1];
+        const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int sh = (sub & 1) * 4;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            wb.u[j] = (qw[j] >> sh) & 0x0f0f0f0fu;
+        wb.a = __fmul_rn(q_f16(bp), (float)sc);
+        wb.c = -__fmul_rn(q_f16(bp + 2), (float)mn);
+    } else {
+        static_assert(T == GGML_Q6_K, "qg_load_block: no such block format");
+        // lane l: 32-value group g = l % 8 of super-block l / 8, half h = g / 4,
+        // k = g % 4: nibble k / 2 of ql[64 h + 32 (k & 1) + i], bits 2k of
+        // qh[128 + 32 h + i], scales sc[8 h + 2 k] and the next one
+        const unsigned char *bp = buf + (lane >> 3) * q_block_bytes(T);
+        const int g = lane & 7, h = g >> 2, k = g & 3;
+        uint32_t ql[8], qh[8];
+        qg_words<8>(bp + 64 * h + 32 * (k & 1), ql);
+        qg_words<8>(bp + 128 + 32 * h, qh);
+        const int shl = (k >> 1) * 4, shh = 2 * k;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t q = ((ql[j] >> shl) & 0x0f0f0f0fu) | (((qh[j] >> shh) & 0x03030303u) << 4);
+            wb.u[j] = __vsub4(q, 0x20202020u); // q - 32, a signed byte each
+        }
+        wb.sc0 = (int8_t)bp[192 + 8 * h + 2 * k], wb.sc1 = (int8_t)bp[193 + 8 * h + 2 * k];
+        wb.a = q_f16(bp + 208), wb.c = 0.0f;
+    }
+}
+
+// The block's term of one row of x: codes xw, scale and sum ds.
+template <int T>
+static __device__ __forceinline__ float qg_block_dot(const qg_wblock &wb, const uint32_t (&xw)[8], float2 ds) {
+    if constexpr (T == GGML_Q6_K) {
+        int p0 = 0, p1 = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            p0 = __dp4a((int)wb.u[j], (int)xw[j], p0), p1 = __dp4a((int)wb.u[4 + j], (int)xw[4 + j], p1);
+        return __fmul_rn(__fmul_rn(wb.a, ds.x), (float)(wb.sc0 * p0 + wb.sc1 * p1));
+    } else {
+        int isum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            isum = __dp4a((int)wb.u[j], (int)xw[j], isum);
+        const float t = __fmul_rn(__fmul_rn(wb.a, ds.x), (float)isum);
+        if constexpr (T == GGML_Q8_0 || T == GGML_Q6_K) return t;
+        return __fadd_rn(t, __fmul_rn(wb.c, ds.y));
+    }
+}
+
 // W 16-byte aligned, rows rb bytes apart (a multiple of q_block_align(T)), K
-// a multiple of the block size; x rows K apart; dynamic shared memory M K
-// bf16 then qg_stage_smem(T, M).
+// a multiple of the block size; x rows K apart; dynamic shared memory M
+// qg_x_row_bytes(K) then qg_stage_smem(T).
 template <int M, int T>
 __global__ void __launch_bounds__(QG_WARPS * 32)
     k_qgemv(bf16 *__restrict__ y, const bf16 *__restrict__ x, const uint8_t *__restrict__ W, int64_t rows, int K,
             int64_t rb) {
-    enum { R = qg_rows_per_warp(M), STEP_V = qg_step_values(T), WIN = qg_win_bytes(T), PIECES = STEP_V / 256 };
+    enum { WIN = qg_win_bytes(T), STEP_B = qg_step_bytes(T) };
     extern __shared__ __align__(16) unsigned char qg_smem[];
-    bf16 *xs = reinterpret_cast<bf16 *>(qg_smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned char *stage = qg_smem + (size_t)M * K * sizeof(bf16) + (size_t)warp * QG_STAGES * R * WIN;
-    const int64_t groups = (rows + R - 1) / R, stride = (int64_t)gridDim.x * QG_WARPS;
-    const int64_t g0 = (int64_t)blockIdx.x * QG_WARPS + warp;
-    const int nsteps = (K + STEP_V - 1) / STEP_V;
+    const int64_t xrb = qg_x_row_bytes(K);
+    unsigned char *stage = qg_smem + M * xrb + (size_t)warp * QG_STAGES * WIN;
+    const int64_t stride = (int64_t)gridDim.x * QG_WARPS, r0 = (int64_t)blockIdx.x * QG_WARPS + warp;
+    const int nsteps = (K + QG_STEP_V - 1) / QG_STEP_V, nb = K / 32, kp = nsteps * QG_STEP_V;
     const int64_t row_data = (int64_t)(K / q_block_values(T)) * q_block_bytes(T);
-    const int64_t ntiles = g0 < groups ? (groups - g0 + stride - 1) / stride * nsteps : 0; // (group, step) pairs
+    const int64_t ntiles = r0 < rows ? (rows - r0 + stride - 1) / stride * nsteps : 0; // (row, step) pairs
     const uint8_t *end = W + (rows - 1) * rb + row_data;
 
     // The weights are read-only: their first steps are asked for before the
     // kernel before this one has finished (griddep_enter).
 #pragma unroll
     for (int t = 0; t < QG_STAGES - 1; t++) {
-        if (t < ntiles)
-            qg_issue<T, R>(stage + t * R * WIN, W, end, rows, rb, row_data, g0 + t / nsteps * stride, t % nsteps, lane);
+        if (t < ntiles) qg_issue<T>(stage + t * WIN, W, end, r0 + t / nsteps * stride, rb, row_data, t % nsteps, lane);
         cp_async_commit();
     }
     griddep_enter();
-    const int64_t nx = (int64_t)M * K;
-    if (!((uintptr_t)x & 15))
-        for (int64_t i = threadIdx.x; i < nx / 8; i += QG_WARPS * 32)
-            reinterpret_cast<uint4 *>(xs)[i] = reinterpret_cast<const uint4 *>(x)[i];
-    else
-        for (int64_t i = threadIdx.x; i < nx; i += QG_WARPS * 32)
-            xs[i] = x[i];
+    qg_round_x<M>(qg_smem, x, K);
     __syncthreads();
 
-    float acc[R][M] = {};
+    float acc[M] = {};
     for (int64_t t = 0; t < ntiles; t++) {
         cp_async_wait<QG_STAGES - 2>(); // this lane's copies of step t have landed
         __syncwarp();                   // every lane's, and step t - 1's buffer is free
         const int64_t tn = t + QG_STAGES - 1;
         if (tn < ntiles)
-            qg_issue<T, R>(stage + (tn % QG_STAGES) * R * WIN, W, end, rows, rb, row_data, g0 + tn / nsteps * stride,
-                           (int)(tn % nsteps), lane);
+            qg_issue<T>(stage + (tn % QG_STAGES) * WIN, W, end, r0 + tn / nsteps * stride, rb, row_data,
+                        (int)(tn % nsteps), lane);
         cp_async_commit();
-        const int64_t g = g0 + t / nsteps * stride;
-        const int s = (int)(t % nsteps), k0 = s * STEP_V;
-        const unsigned char *buf = stage + (t % QG_STAGES) * R * WIN;
+        const int64_t r = r0 + t / nsteps * stride;
+        const int s = (int)(t % nsteps), b = s * 32 + lane; // the lane's block of 32 in the row
+        if (b < nb) {
+            const unsigned char *buf = stage + (t % QG_STAGES) * WIN + ((r * rb + (int64_t)s * STEP_B) & 15);
+            qg_wblock wb;
+            qg_load_block<T>(wb, buf, lane);
 #pragma unroll
-        for (int c = 0; c < PIECES; c++) {
-            const int p = lane * 8 + c * 256;
-            if (k0 + p >= K) break; // the last step of a row not a multiple of STEP_V
-            float xv[M][8];
-#pragma unroll
-            for (int m = 0; m < M; m++)
-                ld_bf16<8>(xs + (size_t)m * K + k0 + p, xv[m]);
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                const int64_t r = g * R + i < rows ? g * R + i : rows - 1;
-                const int off = (int)((r * rb + (int64_t)s * qg_step_bytes(T)) & 15);
-                float w[8];
-                q_dq8_at<T>(buf + i * WIN + off, p, w);
-#pragma unroll
-                for (int m = 0; m < M; m++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        acc[i][m] = fmaf(xv[m][j], w[j], acc[i][m]);
+            for (int m = 0; m < M; m++) {
+                const unsigned char *xr = qg_smem + m * xrb;
+                const uint4 lo = *reinterpret_cast<const uint4 *>(xr + 1024 * s + 16 * lane);
+                const uint4 hi = *reinterpret_cast<const uint4 *>(xr + 1024 * s + 512 + 16 * lane);
+                const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                acc[m] += qg_block_dot<T>(wb, xw, reinterpret_cast<const float2 *>(xr + kp)[b]);
             }
         }
-        if (s == nsteps - 1) { // the group's rows are done
+        if (s == nsteps - 1) { // the row is done
 #pragma unroll
-            for (int i = 0; i < R; i++)
-#pragma unroll
-                for (int m = 0; m < M; m++) {
-                    const float v = warp_sum(acc[i][m]);
-                    acc[i][m] = 0.0f;
-                    if (lane == 0 && g * R + i < rows) y[(int64_t)m * rows + g * R + i] = __float2bfloat16_rn(v);
-                }
+            for (int m = 0; m < M; m++) {
+                const float v = warp_sum(acc[m]);
+                acc[m] = 0.0f;
+                if (lane == 0) y[(int64_t)m * rows + r] = __float2bfloat16_rn(v);
+            }
         }
     }
     cp_async_wait<0>();
@@ -284,13 +438,13 @@ static qgemv_fn qgemv_kernel(uint32_t type, int M) {
     default: return NULL;
     }
 }
-static int qgemv_stage_smem(uint32_t type, int M) {
+static int qgemv_stage_smem(uint32_t type) {
     switch (type) {
-    case GGML_Q4_0: return qg_stage_smem(GGML_Q4_0, M);
-    case GGML_Q4_1: return qg_stage_smem(GGML_Q4_1, M);
-    case GGML_Q8_0: return qg_stage_smem(GGML_Q8_0, M);
-    case GGML_Q4_K: return qg_stage_smem(GGML_Q4_K, M);
-    default: return qg_stage_smem(GGML_Q6_K, M);
+    case GGML_Q4_0: return qg_stage_smem(GGML_Q4_0);
+    case GGML_Q4_1: return qg_stage_smem(GGML_Q4_1);
+    case GGML_Q8_0: return qg_stage_smem(GGML_Q8_0);
+    case GGML_Q4_K: return qg_stage_smem(GGML_Q4_K);
+    default: return qg_stage_smem(GGML_Q6_K);
     }
 }
 
@@ -326,23 +480,22 @@ static int qgemv_blocks_per_sm(be_t *be, qgemv_fn kern, size_t smem) {
 }
 
 // The product on k_qgemv, in launches of as many rows of x as shared memory
-// holds (all N but for long rows: 8 rows of K = 14336 take 224 KiB). false
+// holds (all N but for long rows: 8 rows of K = 14336 take 140 KiB). false
 // when not even one row fits, for the caller's other path.
 static bool qgemv(be_t *be, bf16 *y, const bf16 *x, const be_qmat_t *W, int64_t N) {
     const int64_t K = W->cols, rows = W->rows;
-    const size_t optin = cuda_impl(be)->smem_optin;
+    const size_t optin = cuda_impl(be)->smem_optin, stage = (size_t)qgemv_stage_smem(W->type);
     int mx = (int)N;
-    while (mx > 0 && (size_t)mx * K * sizeof(bf16) + (size_t)qgemv_stage_smem(W->type, mx) > optin)
+    while (mx > 0 && (size_t)mx * (size_t)qg_x_row_bytes(K) + stage > optin)
         mx--;
     if (mx < 1) return false;
     for (int64_t m0 = 0; m0 < N; m0 += mx) {
-        const int M = (int)(N - m0 < mx ? N - m0 : mx), R = qg_rows_per_warp(M);
-        const int64_t groups = (rows + R - 1) / R;
+        const int M = (int)(N - m0 < mx ? N - m0 : mx);
         const qgemv_fn kern = qgemv_kernel(W->type, M);
-        const size_t smem = (size_t)M * K * sizeof(bf16) + (size_t)qgemv_stage_smem(W->type, M);
+        const size_t smem = (size_t)M * (size_t)qg_x_row_bytes(K) + stage;
         if (cuda_smem_limit(be, (const void *)kern, smem, "qmatmul (k_qgemv)") < 0) return true; // error recorded
         const int per_sm = qgemv_blocks_per_sm(be, kern, smem);
-        int64_t blocks = (groups + QG_WARPS - 1) / QG_WARPS, cap = (int64_t)cuda_impl(be)->sm_count * per_sm;
+        int64_t blocks = (rows + QG_WARPS - 1) / QG_WARPS, cap = (int64_t)cuda_impl(be)->sm_count * per_sm;
         if (blocks > cap) blocks = cap;
         cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(QG_WARPS * 32), smem, cuda_stream(be), y + m0 * rows,
                       x + m0 * K, (const uint8_t *)W->data, rows, (int)K, (int64_t)W->row_bytes);
