@@ -707,6 +707,27 @@ __device__ __forceinline__ void gemv_warp_dot2(float (&s0)[M], float (&s1)[M], c
     }
 }
 
+// The bytes of its weight row a decode product's warp asks L2 for before the
+// kernel before it ends (griddep_enter): all of them when the whole matrix
+// is at most GEMV_PREFETCH_MAX bytes, so that a small model's next products
+// arrive in that kernel's shadow; none for larger ones, where a launch's
+// first wave asked for up to ~100 MB at once (a 3B model's gate and up),
+// overflowing L2 and evicting lines before their loads: the 3B hybrid's
+// bf16 decode step took 4.31 ms with the prefetches, 3.44 without
+// (docs/PERFORMANCE.md, run 36). The bench-variants build's
+// HYLO_GEMV_PREFETCH = bytes caps every row's prefetch at that instead (0:
+// none; more than any row: all), to measure it.
+enum { GEMV_PREFETCH_MAX = 8 << 20 };
+#ifdef HYLO_BENCH_VARIANTS
+__device__ int64_t g_gemv_prefetch_cap = -1;
+#endif
+static __device__ __forceinline__ int64_t gemv_prefetch_bytes(int64_t row_bytes, int64_t matrix_bytes) {
+#ifdef HYLO_BENCH_VARIANTS
+    if (g_gemv_prefetch_cap >= 0) return row_bytes < g_gemv_prefetch_cap ? row_bytes : g_gemv_prefetch_cap;
+#endif
+    return matrix_bytes <= GEMV_PREFETCH_MAX ? row_bytes : 0;
+}
+
 // Launches kern<M, V> for M = rows (1..GEMV_ROWS), as a programmatic dependent
 // launch (cuda_vec.cuh: each of these kernels starts with griddep_enter()).
 #define GEMV_LAUNCH_M(rows, V, kern, grid, stream, ...)                                                                \
@@ -733,7 +754,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), z = blockIdx.y;
     A += z * sa, B += z * sb, C += z * sc;
-    if (n < N) warp_prefetch_l2(B + n * ldb, K * (int64_t)sizeof(bf16), lane);
+    if (n < N)
+        warp_prefetch_l2(B + n * ldb, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), N * K * (int64_t)sizeof(bf16)),
+                         lane);
     griddep_enter();
     if (n >= N) return; // the whole warp
     float acc[M], ss[M];
@@ -808,7 +831,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     A += z * sa, B += z * sb, C += z * sc;
     const int nc = N - n0 < CW ? (int)(N - n0) : CW; // columns of this warp (warp-uniform)
     for (int c = 0; c < nc; c++)
-        warp_prefetch_l2(B + (n0 + c) * ldb, K * (int64_t)sizeof(bf16), lane);
+        warp_prefetch_l2(B + (n0 + c) * ldb,
+                         gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), N * K * (int64_t)sizeof(bf16)), lane);
     griddep_enter();
     if (nc <= 0) return; // the whole warp
     const bf16 *w[CW];
@@ -974,8 +998,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const bf16 *g = Wg + n * K, *u = Wu + n * K;
     if (n < f) {
-        warp_prefetch_l2(g, K * (int64_t)sizeof(bf16), lane);
-        warp_prefetch_l2(u, K * (int64_t)sizeof(bf16), lane);
+        warp_prefetch_l2(g, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), 2 * f * K * (int64_t)sizeof(bf16)), lane);
+        warp_prefetch_l2(u, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), 2 * f * K * (int64_t)sizeof(bf16)), lane);
     }
     griddep_enter();
     if (n >= f) return; // the whole warp
@@ -1058,7 +1082,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                        unsigned *done, float *partial) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp; n < d; n += (int64_t)gridDim.x * GEMV_WARPS)
-        warp_prefetch_l2(W + n * K, K * (int64_t)sizeof(bf16), lane);
+        warp_prefetch_l2(W + n * K, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), d * K * (int64_t)sizeof(bf16)),
+                         lane);
     griddep_enter();
     float ss[M];
 #pragma unroll
@@ -1106,8 +1131,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
     if (u >= (int64_t)(H + 2 * Hkv) * half) return; // the whole warp
     const int h = (int)u / half, j = (int)u - h * half;
     const bf16 *w0 = W + ((int64_t)h * dh + j) * K, *w1 = w0 + (int64_t)half * K;
-    warp_prefetch_l2(w0, K * (int64_t)sizeof(bf16), lane);
-    warp_prefetch_l2(w1, K * (int64_t)sizeof(bf16), lane);
+    const int64_t wbytes = (int64_t)(H + 2 * Hkv) * dh * K * (int64_t)sizeof(bf16);
+    warp_prefetch_l2(w0, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), wbytes), lane);
+    warp_prefetch_l2(w1, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), wbytes), lane);
     griddep_enter();
     const bool rotate = h < H + Hkv; // q and k heads; v heads are stored as they are
     bf16 *dst = NULL;
@@ -1178,8 +1204,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
     const bool second = rotate || col + 1 < dn;
     const int out = rotate ? dn + j : col, step = rotate ? half : 1;
     const bf16 *w0 = W + ((int64_t)h * qd + col) * K, *w1 = second ? w0 + K : w0;
-    warp_prefetch_l2(w0, K * (int64_t)sizeof(bf16), lane);
-    if (second) warp_prefetch_l2(w1, K * (int64_t)sizeof(bf16), lane);
+    const int64_t wbytes = (int64_t)H * qd * K * (int64_t)sizeof(bf16);
+    warp_prefetch_l2(w0, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), wbytes), lane);
+    if (second) warp_prefetch_l2(w1, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), wbytes), lane);
     griddep_enter();
     bf16 *dst = NULL;
     float cj = 0.0f, sj = 0.0f;
@@ -1450,7 +1477,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * CW * groups;
     for (int64_t c = n0; c < n0 + CW * groups && c < N; c++)
-        warp_prefetch_l2(W + c * K, K * (int64_t)sizeof(bf16), lane);
+        warp_prefetch_l2(W + c * K, gemv_prefetch_bytes(K * (int64_t)sizeof(bf16), N * K * (int64_t)sizeof(bf16)),
+                         lane);
     griddep_enter();
     float bv[M];
     int bi[M];
@@ -1617,6 +1645,10 @@ static void cu_gemm_batched(be_t *be, int transA, int transB, int64_t M, int64_t
 }
 
 extern "C" void cuda_register_core(be_t *be) {
+#ifdef HYLO_BENCH_VARIANTS
+    const int64_t cap = cu_env_int("HYLO_GEMV_PREFETCH", -1);
+    if (cudaMemcpyToSymbol(g_gemv_prefetch_cap, &cap, sizeof cap) != cudaSuccess) (void)cudaGetLastError();
+#endif
     be->add = cu_add;
     be->scale = cu_scale;
     be->copy2d = cu_copy2d;
