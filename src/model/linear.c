@@ -18,10 +18,25 @@ int lin_adjacent(const layer_ctx_t *c, const void *const *ws, const int64_t *out
     return 1;
 }
 
+int lin_joint(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, int n, int64_t in) {
+    const be_qmat_t *q0 = ws[0] ? lin_qmat(c, ws[0]) : NULL;
+    if (!q0) return lin_adjacent(c, ws, outs, n, in);
+    for (int i = 1; i < n; i++) {
+        const be_qmat_t *q = ws[i] ? lin_qmat(c, ws[i]) : NULL, *p = lin_qmat(c, ws[i - 1]);
+        if (!q || q->type != q0->type || q->cols != q0->cols || q->row_bytes != q0->row_bytes ||
+            (const char *)q->data != (const char *)p->data + (size_t)p->rows * p->row_bytes)
+            return 0;
+    }
+    return 1;
+}
+
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out) {
     be_t *be = c->be;
     const be_qmat_t *q = lin_qmat(c, W);
-    if (q)
+    if (q && out != q->rows) { // matrices one after another (lin_joint): their rows as one
+        const be_qmat_t joint = {q->type, out, q->cols, q->row_bytes, q->data};
+        be->qmatmul(be, y, x, &joint, N);
+    } else if (q)
         be->qmatmul(be, y, x, q, N);
     else
         be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);

@@ -3,7 +3,8 @@
 #include "backend/backend.h"
 #include "model/layer.h"
 
-// y[N, out] = x[N, in] W^T; W an act matrix, or one of c->qw (its stored format).
+// y[N, out] = x[N, in] W^T; W an act matrix, or one of c->qw (its stored
+// format; out larger than its rows: the joint matrix lin_joint allowed).
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out);
 // The same of x's rows RMS-normalised with gain xw (c->a->eps) in the product
 // (be->proj_rmsnorm: a decode step's first product fed the residual stream;
@@ -22,6 +23,12 @@ void lin_out_add(const layer_ctx_t *c, const lin_out_t *o, const void *y, int64_
 // their outputs side by side in one call (the parameter table places a
 // layer's projections in order; params.c), else 0 (a gap, or a quantised one).
 int lin_adjacent(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, int n, int64_t in);
+// The same, or the block-format matrices ws[0..n) of one format and row
+// length stored one after another (model.c places them in parameter order),
+// so that lin_fwd of ws[0] with out = sum outs gives their outputs side by
+// side in one product: 1, else 0. Only plain products take such a joint
+// block-format matrix (lin_fwd); the fused decode ops take act matrices.
+int lin_joint(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, int n, int64_t in);
 // The matrix W is when it is one of c->qw, else NULL.
 const be_qmat_t *lin_qmat(const layer_ctx_t *c, const void *W);
 // dx[N, in] = dy W (overwritten, or added when acc); dW[out, in] += dy^T x (float).

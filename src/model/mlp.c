@@ -16,12 +16,12 @@ int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x
     int d = c->a->d, f = c->a->ffn;
     // A decode step (c->step_pos: a few rows, launch-bound on a GPU) takes
     // gate and up from one product when they are one matrix in memory (rows
-    // [gate | up]). Elsewhere, without a backward to save for (inference), h
-    // overwrites gate: swiglu is elementwise, and the arena holds two [N, f]
-    // buffers instead of three.
+    // [gate | up]; lin_joint: act, or one block format). Elsewhere, without a
+    // backward to save for (inference), h overwrites gate: swiglu is
+    // elementwise, and the arena holds two [N, f] buffers instead of three.
     const void *ws[2] = {w->gate, w->up};
     const int64_t outs[2] = {f, f};
-    if (!sv && c->step_pos && lin_adjacent(c, ws, outs, 2, d)) {
+    if (!sv && c->step_pos && lin_joint(c, ws, outs, 2, d)) {
         void *gu = ctx_act(c, N * 2 * f), *h = ctx_act(c, N * f);
         if (!gu || !h) return ERR_NOMEM;
         lin_fwd(c, gu, x, w->gate, N, d, 2 * f);
