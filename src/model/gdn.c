@@ -140,23 +140,22 @@ static int gdn_run_rule(const layer_ctx_t *c, const gdn_w_t *w, gdn_saved_t *s, 
     return 0;
 }
 
-// q, k, v, a, b (and g) one matrix in memory: row r [q | k | v | a | b | z].
-// joint 0: act matrices (lin_adjacent: the product may norm its input); 1:
-// act, or one block format (lin_joint: a plain product).
-static int proj_adjacent(const layer_ctx_t *c, const gdn_w_t *w, const dims_t *m, int64_t *P, int joint) {
+// q, k, v, a, b (and g) one matrix in memory: row r [q | k | v | a | b | z]
+// (act, or one block format: lin_joint).
+static int proj_adjacent(const layer_ctx_t *c, const gdn_w_t *w, const dims_t *m, int64_t *P) {
     const void *ws[6] = {w->q_proj, w->k_proj, w->v_proj, w->a_proj, w->b_proj, w->g_proj};
     const int64_t outs[6] = {m->kd, m->kd, m->vd, m->HV, m->HV, m->vd};
     const int nw = m->use_gate ? 6 : 5;
     *P = 0;
     for (int i = 0; i < nw; i++)
         *P += outs[i];
-    return joint ? lin_joint(c, ws, outs, nw, m->d) : lin_adjacent(c, ws, outs, nw, m->d);
+    return lin_joint(c, ws, outs, nw, m->d);
 }
 
 int gdn_step_norms_input(const layer_ctx_t *c, const gdn_w_t *w) {
     dims_t m = dims(c);
     int64_t P;
-    return proj_adjacent(c, w, &m, &P, 0);
+    return proj_adjacent(c, w, &m, &P);
 }
 
 // Shared by gdn_forward (chunked rule over T tokens) and gdn_step (T = 1, the
@@ -184,12 +183,13 @@ static int gdn_run(const layer_ctx_t *c, const gdn_w_t *w, const lin_out_t *out,
     // projections; a decode step multiplies by q, k, v, a, b and g at once
     // when they are one matrix in memory (row r: [q | k | v | a | b | z],
     // row stride ldp; act, or one block format), one product instead of six;
-    // an act product norms the residual stream itself when given its gain xw
+    // that product norms the residual stream itself when given its gain xw
     // (gdn_step_norms_input)
     int64_t ldp[6] = {m.kd, m.kd, m.vd, m.HV, m.HV, m.vd}, P;
-    if (xw && !(recurrent && proj_adjacent(c, w, &m, &P, 0)))
+    const int adjacent = proj_adjacent(c, w, &m, &P);
+    if (xw && !(recurrent && adjacent))
         return err_set(ERR_UNSUP, "GDN step: an input norm needs the joint input product (gdn_step_norms_input)");
-    if (recurrent && proj_adjacent(c, w, &m, &P, 1)) {
+    if (recurrent && adjacent) {
         void *pr;
         NEED(pr = ctx_act(c, N * P));
         lin_fwd_normed(c, pr, x, xw, w->q_proj, N, m.d, P);

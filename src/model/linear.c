@@ -30,13 +30,21 @@ int lin_joint(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, 
     return 1;
 }
 
+// W's descriptor when it is one of c->qw, widened to out rows (lin_joint's
+// matrices one after another), in *q; NULL for an act matrix.
+static const be_qmat_t *lin_qmat_rows(const layer_ctx_t *c, const void *W, int64_t out, be_qmat_t *q) {
+    const be_qmat_t *w = lin_qmat(c, W);
+    if (!w) return NULL;
+    *q = *w;
+    q->rows = out;
+    return q;
+}
+
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out) {
     be_t *be = c->be;
-    const be_qmat_t *q = lin_qmat(c, W);
-    if (q && out != q->rows) { // matrices one after another (lin_joint): their rows as one
-        const be_qmat_t joint = {q->type, out, q->cols, q->row_bytes, q->data};
-        be->qmatmul(be, y, x, &joint, N);
-    } else if (q)
+    be_qmat_t qd;
+    const be_qmat_t *q = lin_qmat_rows(c, W, out, &qd);
+    if (q)
         be->qmatmul(be, y, x, q, N);
     else
         be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
@@ -44,7 +52,11 @@ void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_
 
 void lin_fwd_normed(const layer_ctx_t *c, void *y, const void *x, const void *xw, const void *W, int64_t N, int64_t in,
                     int64_t out) {
-    if (xw)
+    be_qmat_t qd;
+    const be_qmat_t *q = xw ? lin_qmat_rows(c, W, out, &qd) : NULL;
+    if (q)
+        c->be->qproj(c->be, y, NULL, x, in, xw, c->a->eps, q, N);
+    else if (xw)
         c->be->proj_rmsnorm(c->be, y, x, in, xw, c->a->eps, W, N, in, out);
     else
         lin_fwd(c, y, x, W, N, in, out);
@@ -57,8 +69,13 @@ int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const v
         lin_fwd(c, o->y, a, W, N, in, A->d);
         return 0;
     }
-    if (!lin_qmat(c, W)) {
+    const be_qmat_t *q = lin_qmat(c, W);
+    if (!q) {
         be->proj_add_rmsnorm(be, o->xn, o->x, a, in, W, o->norm, N, in, A->d, A->eps);
+        return 0;
+    }
+    if (!o->norm) { // the add alone, in the product
+        be->qproj(be, NULL, o->x, a, in, NULL, 0.0f, q, N);
         return 0;
     }
     void *y = ctx_act(c, N * A->d);

@@ -7,13 +7,14 @@
 // format; out larger than its rows: the joint matrix lin_joint allowed).
 void lin_fwd(const layer_ctx_t *c, void *y, const void *x, const void *W, int64_t N, int64_t in, int64_t out);
 // The same of x's rows RMS-normalised with gain xw (c->a->eps) in the product
-// (be->proj_rmsnorm: a decode step's first product fed the residual stream;
-// W an act matrix), or lin_fwd when xw is NULL. x's rows are `in` apart.
+// (a decode step's first product fed the residual stream: be->proj_rmsnorm
+// on an act matrix, be->qproj on block formats), or lin_fwd when xw is NULL.
+// x's rows are `in` apart.
 void lin_fwd_normed(const layer_ctx_t *c, void *y, const void *x, const void *xw, const void *W, int64_t N, int64_t in,
                     int64_t out);
 // a[N, in] W^T into o (layer.h lin_out_t): y =, or x += then xn = the norm
-// of x (be->proj_add_rmsnorm; a quantised W: its product, then the add and
-// norm). 0, or ERR_NOMEM.
+// of x (be->proj_add_rmsnorm; a quantised W: be->qproj's add, or its
+// product, then add_rmsnorm_fwd). 0, or ERR_NOMEM.
 int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const void *W, int64_t N, int64_t in);
 // y[N, d], already projected, into o's residual stream: x += y, then xn = the
 // norm of x (norm NULL: the add alone). o->x must be set.

@@ -40,19 +40,28 @@ int mlp_forward(const layer_ctx_t *c, const mlp_w_t *w, void *out, const void *x
 }
 
 int mlp_step_norms_input(const layer_ctx_t *c, const mlp_w_t *w) {
-    return !lin_qmat(c, w->gate) && !lin_qmat(c, w->up);
+    const void *ws[2] = {w->gate, w->up};
+    const int64_t outs[2] = {c->a->ffn, c->a->ffn};
+    return (!lin_qmat(c, w->gate) && !lin_qmat(c, w->up)) || lin_joint(c, ws, outs, 2, c->a->d);
 }
 
 int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const void *x, const void *xw, int64_t N) {
     be_t *be = c->be;
     int d = c->a->d, f = c->a->ffn;
-    if (!mlp_step_norms_input(c, w)) { // quantised (CPU inference): the plain MLP, then the add
-        if (xw) return err_set(ERR_UNSUP, "MLP step: an input norm needs unquantised gate and up");
+    if (!mlp_step_norms_input(c, w)) { // block formats apart: the plain MLP, then the add
+        if (xw) return err_set(ERR_UNSUP, "MLP step: an input norm needs gate and up as one matrix");
         void *y = ctx_act(c, N * d);
         if (!y) return ERR_NOMEM;
         TRY(mlp_forward(c, w, y, x, N, NULL));
         lin_out_add(c, out, y, N);
         return 0;
+    }
+    if (lin_qmat(c, w->gate)) { // one block-format matrix [gate | up]: its product (normed), SwiGLU, down
+        void *gu = ctx_act(c, N * 2 * f), *h = ctx_act(c, N * f);
+        if (!gu || !h) return ERR_NOMEM;
+        lin_fwd_normed(c, gu, x, xw, w->gate, N, d, 2 * (int64_t)f);
+        be->swiglu_fwd(be, h, gu, act_at(be, gu, f), 2 * f, N, f);
+        return lin_fwd_out(c, out, h, w->down, N, f);
     }
     void *h = ctx_act(c, N * f);
     if (!h) return ERR_NOMEM;

@@ -100,7 +100,7 @@ static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 static int place_quantised(model_t *m, wsrc_t *src) {
     const ptable_t *pt = &m->pt;
     be_t *be = m->be;
-    if (!be->qmatmul || !be->qembed_fwd) return 0;
+    if (!be->qmatmul || !be->qproj || !be->qembed_fwd) return 0;
     m->qw = calloc((size_t)pt->n, sizeof *m->qw);
     size_t *qoff = malloc((size_t)pt->n * sizeof *qoff); // per parameter: offset in qmem, or SIZE_MAX
     if (!m->qw || !qoff) {

@@ -269,6 +269,63 @@ static void test_qmatmul_slabs(void **st) {
     assert_true(ok);
 }
 
+// qproj (a decode step's product with its input norm or its residual add)
+// against the CPU backend's qproj, which runs the ops one after another (its
+// rmsnorm, then its qmatmul on x rounded to 8-bit blocks, then the add), on
+// the same x (rows ldx apart), gain and residual. N <= BE_FEW_ROWS: k_qgemv's
+// fused forms, the first tolerance of the header (the GPU keeps the normed
+// rows in fp32 as the CPU does; a code may flip where the rstd differs in its
+// last bits, far inside it); BF16 weights: the fused bf16 products. N = 12:
+// the GPU's ops one after another, normed rows rounded to bf16 and the
+// dequantised GEMM against the CPU's 8-bit rounding of x: the second.
+static int qproj_case(uint32_t type, int64_t rows, int64_t cols, int64_t N, int add) {
+    hmat_t m = make_mat(type, rows, cols);
+    be_qmat_t q = upload(&m);
+    const be_qmat_t hq = {m.type, m.rows, m.cols, m.rb, m.bytes};
+    const int64_t ldx = cols + 64;
+    float *x = tu_rnd(N * ldx, g_seed++, 1.0f), *g = tu_rnd(cols, g_seed++, 0.5f),
+          *r0 = tu_rnd(N * rows, g_seed++, 4.0f);
+    for (int64_t i = 0; i < cols; i++)
+        g[i] += 1.0f;
+    tu_round_bf16(g, cols); // x and r0 are (tu_rnd): both sides see the same inputs
+    be_t *cpu = tu_cpu();
+    float *ref = tu_hdup(r0, N * rows);
+    err_clear();
+    cpu->qproj(cpu, add ? NULL : ref, add ? ref : NULL, x, ldx, add ? NULL : g, 1e-5f, &hq, N);
+    assert_int_equal(err_code(), 0);
+    void *dx = tu_dev_act(gpu, x, N * ldx), *dg = tu_dev_act(gpu, g, cols), *dr = tu_dev_act(gpu, r0, N * rows);
+    float *nan = tu_nans(N * rows);
+    void *dy = tu_dev_act(gpu, nan, N * rows);
+    gpu->qproj(gpu, add ? NULL : dy, add ? dr : NULL, dx, ldx, add ? NULL : dg, 1e-5f, &q, N);
+    char what[96];
+    snprintf(what, sizeof what, "qproj %s %lldx%lld N=%lld %s", ggml_type_name(type), (long long)rows, (long long)cols,
+             (long long)N, add ? "add" : "normed");
+    int ok = tu_sync(gpu, "qproj", what);
+    if (ok) {
+        float *got = tu_host_act(gpu, add ? dr : dy, N * rows);
+        ok = check_rows(what, got, ref, N, rows, N > BE_FEW_ROWS && type != GGML_BF16);
+        free(got);
+    }
+    tu_dev_free(gpu, dx), tu_dev_free(gpu, dg), tu_dev_free(gpu, dr), tu_dev_free(gpu, dy);
+    gpu->free(gpu, (void *)q.data);
+    free(m.bytes), free(x), free(g), free(r0), free(ref), free(nan);
+    return ok;
+}
+
+static void test_qproj(void **st) {
+    (void)st;
+    setup();
+    static const int64_t ns[] = {1, 5, 8, 12};
+    int fails = 0;
+    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
+        const int kq = TYPES[t] == GGML_Q4_K || TYPES[t] == GGML_Q6_K;
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+            for (int add = 0; add < 2; add++)
+                fails += !qproj_case(TYPES[t], kq ? 1536 : 1600, kq ? 768 : 576, ns[i], add);
+    }
+    assert_int_equal(fails, 0);
+}
+
 static void test_qembed(void **st) {
     (void)st;
     setup();
@@ -347,7 +404,7 @@ static void test_unsupported(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qmatmul), cmocka_unit_test(test_qmatmul_large), cmocka_unit_test(test_qmatmul_slabs),
-        cmocka_unit_test(test_qembed),  cmocka_unit_test(test_unsupported),
+        cmocka_unit_test(test_qproj),   cmocka_unit_test(test_qembed),        cmocka_unit_test(test_unsupported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

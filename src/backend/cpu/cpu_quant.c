@@ -336,6 +336,32 @@ static void cpu_qmatmul(be_t *be, void *y, const void *x, const be_qmat_t *W, in
     if (q) cpu_tmp_give(be, &t);
 }
 
+// The reference of the fused decode op: x's rows normed into a temporary,
+// the product, then the add.
+static void cpu_qproj(be_t *be, void *y, void *res, const void *x, int64_t ldx, const void *xw, float eps,
+                      const be_qmat_t *W, int64_t N) {
+    const int64_t K = W->cols, R = W->rows;
+    if (N <= 0 || R <= 0) return;
+    cpu_tmp_t tn = {0}, ty = {0};
+    const float *in = x;
+    float *out = res ? cpu_tmp_take(be, &ty, N * R, "qproj") : y;
+    float *xn = xw || ldx != K ? cpu_tmp_take(be, &tn, N * K, "qproj") : NULL;
+    if (!out || ((xw || ldx != K) && !xn)) {
+        cpu_fill_nan(res ? res : y, N * R);
+    } else {
+        if (xw)
+            cpu_rows_rmsnorm(be, xn, x, ldx, xw, N, K, eps);
+        else if (xn)
+            for (int64_t n = 0; n < N; n++)
+                memcpy(xn + n * K, (const float *)x + n * ldx, (size_t)K * sizeof(float));
+        if (xn) in = xn;
+        be->qmatmul(be, out, in, W, N);
+        if (res) be->add(be, res, out, N * R);
+    }
+    if (xn) cpu_tmp_give(be, &tn);
+    if (res && out) cpu_tmp_give(be, &ty);
+}
+
 static void cpu_qembed_fwd(be_t *be, void *out_, const be_qmat_t *W, const int32_t *ids, int64_t N) {
     float *out = out_;
 #pragma omp parallel for schedule(static) if (N * W->cols > CPU_PAR_MIN)
@@ -346,5 +372,6 @@ static void cpu_qembed_fwd(be_t *be, void *out_, const be_qmat_t *W, const int32
 void cpu_register_quant(be_t *be) {
     be->impl = (void *)cpu_qk_best();
     be->qmatmul = cpu_qmatmul;
+    be->qproj = cpu_qproj;
     be->qembed_fwd = cpu_qembed_fwd;
 }

@@ -194,17 +194,51 @@ template <int N> static __device__ __forceinline__ void qg_words(const unsigned 
     }
 }
 
-// Rounds x [M, K] (bf16, rows K apart) into the block's shared copy xs: per
+// Rounds x [M, K] (bf16, rows ldx apart) into the block's shared copy xs: per
 // row (qg_x_row_bytes apart) the codes of block b at 1024 (b / 32) + 16 (b %
 // 32), its first 16 codes there and the other 16 512 bytes on (so the 32
 // lanes of a step read 16-byte pieces side by side), then float2 (dx, s) per
 // block after the row's codes. The arithmetic of cpu_quant.c's ref_quantize,
 // a block with a NaN or infinity included. Four threads a block, 8 values
 // each (few registers: the kernel's occupancy is set by its largest phase).
-template <int M> static __device__ __forceinline__ void qg_round_x(unsigned char *xs, const bf16 *x, int K) {
+// With a gain xw, the rows RMS-normalised first (rmsnorm_fwd's formula, in
+// fp32: each of the first M warps sums its row's squares).
+template <int M>
+static __device__ __forceinline__ void qg_round_x(unsigned char *xs, const bf16 *x, int64_t ldx, int K, const bf16 *xw,
+                                                  float eps) {
     const int nb = K / 32, kp = (K + QG_STEP_V - 1) / QG_STEP_V * QG_STEP_V, n = M * nb * 4;
     const int64_t xrb = qg_x_row_bytes(K);
-    const bool v8 = !((uintptr_t)x & 15);
+    const bool v8 = !(((uintptr_t)x | (uintptr_t)xw) & 15) && ldx % 8 == 0;
+    __shared__ float rstd[M];
+    if (xw) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        if (warp < M) { // M <= QG_WARPS
+            const bf16 *p = x + warp * ldx;
+            float ss = 0.0f;
+            if (v8) {
+                for (int k0 = lane * 8; k0 < K; k0 += 32 * 8 * QG_ROUND_BATCH) {
+                    float f[QG_ROUND_BATCH][8];
+#pragma unroll
+                    for (int u = 0; u < QG_ROUND_BATCH; u++)
+                        if (k0 + u * 256 < K) ld_bf16<8>(p + k0 + u * 256, f[u]);
+#pragma unroll
+                    for (int u = 0; u < QG_ROUND_BATCH; u++)
+                        if (k0 + u * 256 < K)
+#pragma unroll
+                            for (int j = 0; j < 8; j++)
+                                ss = fmaf(f[u][j], f[u][j], ss);
+                }
+            } else {
+                for (int k = lane; k < K; k += 32) {
+                    const float f = __bfloat162float(p[k]);
+                    ss = fmaf(f, f, ss);
+                }
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) rstd[warp] = 1.0f / sqrtf(ss / (float)K + eps);
+        }
+        __syncthreads();
+    }
     // every lane of a warp runs each pass (the shuffles); a pass's loads all
     // go out before its math, QG_ROUND_BATCH pieces a thread
     for (int i0 = 0; i0 < n; i0 += QG_WARPS * 32 * QG_ROUND_BATCH) {
@@ -213,7 +247,7 @@ template <int M> static __device__ __forceinline__ void qg_round_x(unsigned char
         for (int u = 0; u < QG_ROUND_BATCH; u++) {
             const int i = i0 + u * QG_WARPS * 32 + (int)threadIdx.x, m = (i >> 2) / nb, b = (i >> 2) - m * nb;
             if (i >= n) continue;
-            const bf16 *p = x + (int64_t)m * K + 32 * b + 8 * (i & 3);
+            const bf16 *p = x + m * ldx + 32 * b + 8 * (i & 3);
             if (v8) {
                 const uint4 w = *reinterpret_cast<const uint4 *>(p);
                 ld_bf16<8>(reinterpret_cast<const bf16 *>(&w), v[u]);
@@ -227,6 +261,20 @@ template <int M> static __device__ __forceinline__ void qg_round_x(unsigned char
         for (int u = 0; u < QG_ROUND_BATCH; u++) {
             const int i = i0 + u * QG_WARPS * 32 + (int)threadIdx.x, c = i & 3, m = (i >> 2) / nb,
                       b = (i >> 2) - m * nb;
+            if (xw && i < n) { // x r w, as rmsnorm_fwd (each product rounded on its own)
+                float g[8];
+                const bf16 *gp = xw + 32 * b + 8 * c;
+                if (v8) {
+                    ld_bf16<8>(gp, g);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        g[j] = __bfloat162float(gp[j]);
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    v[u][j] = __fmul_rn(__fmul_rn(v[u][j], rstd[m]), g[j]);
+            }
             float amax = 0.0f, z = 0.0f;
 #pragma unroll
             for (int j = 0; j < 8; j++) // z: NaN unless all finite
@@ -350,12 +398,14 @@ static __device__ __forceinline__ float qg_block_dot(const qg_wblock &wb, const 
 }
 
 // W 16-byte aligned, rows rb bytes apart (a multiple of q_block_align(T)), K
-// a multiple of the block size; x rows K apart; dynamic shared memory M
-// qg_x_row_bytes(K) then qg_stage_smem(T).
+// a multiple of the block size; x rows ldx apart, normed with gain xw first
+// when xw is not NULL; the result into y [M, rows], or added to res [M,
+// rows] (y NULL; rounded once); dynamic shared memory M qg_x_row_bytes(K)
+// then qg_stage_smem(T).
 template <int M, int T>
 __global__ void __launch_bounds__(QG_WARPS * 32)
-    k_qgemv(bf16 *__restrict__ y, const bf16 *__restrict__ x, const uint8_t *__restrict__ W, int64_t rows, int K,
-            int64_t rb) {
+    k_qgemv(bf16 *__restrict__ y, bf16 *__restrict__ res, const bf16 *__restrict__ x, int64_t ldx,
+            const bf16 *__restrict__ xw, float eps, const uint8_t *__restrict__ W, int64_t rows, int K, int64_t rb) {
     enum { WIN = qg_win_bytes(T), STEP_B = qg_step_bytes(T) };
     extern __shared__ __align__(16) unsigned char qg_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -375,7 +425,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
         cp_async_commit();
     }
     griddep_enter();
-    qg_round_x<M>(qg_smem, x, K);
+    qg_round_x<M>(qg_smem, x, ldx, K, xw, eps);
     __syncthreads();
 
     float acc[M] = {};
@@ -407,14 +457,18 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
             for (int m = 0; m < M; m++) {
                 const float v = warp_sum(acc[m]);
                 acc[m] = 0.0f;
-                if (lane == 0) y[(int64_t)m * rows + r] = __float2bfloat16_rn(v);
+                if (lane == 0 && res)
+                    res[(int64_t)m * rows + r] = __float2bfloat16_rn(__bfloat162float(res[(int64_t)m * rows + r]) + v);
+                else if (lane == 0)
+                    y[(int64_t)m * rows + r] = __float2bfloat16_rn(v);
             }
         }
     }
     cp_async_wait<0>();
 }
 
-typedef void (*qgemv_fn)(bf16 *, const bf16 *, const uint8_t *, int64_t, int, int64_t);
+typedef void (*qgemv_fn)(bf16 *, bf16 *, const bf16 *, int64_t, const bf16 *, float, const uint8_t *, int64_t, int,
+                         int64_t);
 
 template <int T> static qgemv_fn qgemv_kernel_t(int M) {
     switch (M) {
@@ -479,10 +533,13 @@ static int qgemv_blocks_per_sm(be_t *be, qgemv_fn kern, size_t smem) {
     return n;
 }
 
-// The product on k_qgemv, in launches of as many rows of x as shared memory
-// holds (all N but for long rows: 8 rows of K = 14336 take 140 KiB). false
-// when not even one row fits, for the caller's other path.
-static bool qgemv(be_t *be, bf16 *y, const bf16 *x, const be_qmat_t *W, int64_t N) {
+// The product on k_qgemv (x rows ldx apart, normed with gain xw first when
+// not NULL; into y, or added to res when not NULL), in launches of as many
+// rows of x as shared memory holds (all N but for long rows: 8 rows of K =
+// 14336 take 140 KiB). false when not even one row fits, for the caller's
+// other path.
+static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, int64_t ldx, const bf16 *xw, float eps,
+                  const be_qmat_t *W, int64_t N) {
     const int64_t K = W->cols, rows = W->rows;
     const size_t optin = cuda_impl(be)->smem_optin, stage = (size_t)qgemv_stage_smem(W->type);
     int mx = (int)N;
@@ -497,8 +554,9 @@ static bool qgemv(be_t *be, bf16 *y, const bf16 *x, const be_qmat_t *W, int64_t 
         const int per_sm = qgemv_blocks_per_sm(be, kern, smem);
         int64_t blocks = (rows + QG_WARPS - 1) / QG_WARPS, cap = (int64_t)cuda_impl(be)->sm_count * per_sm;
         if (blocks > cap) blocks = cap;
-        cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(QG_WARPS * 32), smem, cuda_stream(be), y + m0 * rows,
-                      x + m0 * K, (const uint8_t *)W->data, rows, (int)K, (int64_t)W->row_bytes);
+        cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(QG_WARPS * 32), smem, cuda_stream(be), y ? y + m0 * rows : y,
+                      res ? res + m0 * rows : res, x + m0 * ldx, ldx, xw, eps, (const uint8_t *)W->data, rows, (int)K,
+                      (int64_t)W->row_bytes);
         cuda_check_launch(be, "qmatmul (k_qgemv)");
     }
     return true;
@@ -592,8 +650,52 @@ static void cu_qmatmul(be_t *be, void *y, const void *x, const be_qmat_t *W, int
                  W->rows);
         return;
     }
-    if (N <= BE_FEW_ROWS && qgemv(be, (bf16 *)y, (const bf16 *)x, W, N)) return;
+    if (N <= BE_FEW_ROWS && qgemv(be, (bf16 *)y, NULL, (const bf16 *)x, W->cols, NULL, 0.0f, W, N)) return;
     qmatmul_dequant(be, (bf16 *)y, (const bf16 *)x, W, N);
+}
+
+// qproj: k_qgemv for a few rows of a block format; bf16 weights on the fused
+// products of cuda_core.cu (at most one of the norm and the add there);
+// otherwise the ops one after another, the normed rows and the product in
+// the scratch arena.
+static void cu_qproj(be_t *be, void *y, void *res, const void *x, int64_t ldx, const void *xw, float eps,
+                     const be_qmat_t *W, int64_t N) {
+    if (N <= 0 || W->rows <= 0 || !q_usable(be, "qproj", W)) return;
+    const int64_t K = W->cols, R = W->rows;
+    if (W->type != GGML_BF16 && N <= BE_FEW_ROWS &&
+        qgemv(be, (bf16 *)y, (bf16 *)res, (const bf16 *)x, ldx, (const bf16 *)xw, eps, W, N))
+        return;
+    if (W->type == GGML_BF16 && W->row_bytes == (size_t)K * 2 && !(xw && res) && R <= INT32_MAX) {
+        if (res)
+            be->proj_add_rmsnorm(be, NULL, res, x, ldx, W->data, NULL, N, K, (int)R, eps);
+        else if (xw)
+            be->proj_rmsnorm(be, y, x, ldx, xw, eps, W->data, N, K, R);
+        else
+            be->gemm(be, 0, 1, N, R, K, 1.0f, x, ldx, W->data, K, 0.0f, y, R);
+        return;
+    }
+    arena_t *a = &be->scratch;
+    const size_t mark = arena_mark(a);
+    const bf16 *in = (const bf16 *)x;
+    if (xw || ldx != K) {
+        bf16 *xn = (bf16 *)cu_scratch_try(be, (size_t)N * K * sizeof(bf16));
+        if (!xn) {
+            cu_op_error(be, "cuda qproj: no scratch room for %lld normed rows of %lld", (long long)N, (long long)K);
+            return;
+        }
+        be->copy2d(be, xn, K, x, ldx, N, K, 0);
+        if (xw) be->rmsnorm_fwd(be, xn, NULL, xn, xw, N, (int)K, eps);
+        in = xn;
+    }
+    bf16 *out = (bf16 *)y;
+    if (res && !(out = (bf16 *)cu_scratch_try(be, (size_t)N * R * sizeof(bf16)))) {
+        cu_op_error(be, "cuda qproj: no scratch room for a product of %lld x %lld", (long long)N, (long long)R);
+        arena_reset(a, mark);
+        return;
+    }
+    cu_qmatmul(be, out, in, W, N);
+    if (res) be->add(be, res, out, N * R);
+    arena_reset(a, mark); // the next user of the scratch is queued after these ops
 }
 
 // out [N, cols] = rows ids[n] of W dequantised: a block a row, 8 values a thread at a time.
@@ -647,5 +749,6 @@ static void cu_qembed_fwd(be_t *be, void *out, const be_qmat_t *W, const int32_t
 
 extern "C" void cuda_register_quant(be_t *be) {
     be->qmatmul = cu_qmatmul;
+    be->qproj = cu_qproj;
     be->qembed_fwd = cu_qembed_fwd;
 }
