@@ -56,6 +56,17 @@ static __device__ __forceinline__ unsigned q_byte(uint2 v, int j) {
     return (j < 4 ? v.x >> (8 * j) : v.y >> (8 * j - 32)) & 0xffu;
 }
 
+// The 6-bit scale and min of sub-block sub (< 8) of a Q4_K super-block's 12
+// packed bytes s (as io/quant.c and cpu_quant.c read them).
+static __device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int sub, unsigned &sc, unsigned &mn) {
+    if (sub < 4) {
+        sc = s[sub] & 63u, mn = s[sub + 4] & 63u;
+    } else {
+        sc = (s[sub + 4] & 0xfu) | ((unsigned)(s[sub - 4] >> 6) << 4);
+        mn = (unsigned)(s[sub + 4] >> 4) | ((unsigned)(s[sub] >> 6) << 4);
+    }
+}
+
 // w[0..8) = values v..v+7 (v a multiple of 8 below the block's size) of the
 // block of format T at b, dequantised as io/quant.c does.
 template <int T> static __device__ __forceinline__ void q_dq8(const uint8_t *b, int v, float (&w)[8]) {
@@ -92,12 +103,7 @@ template <int T> static __device__ __forceinline__ void q_dq8(const uint8_t *b, 
         const int sub = v >> 5, c = v >> 6, l0 = v & 31;
         const uint8_t *s = b + 4;
         unsigned sc, mn;
-        if (sub < 4) {
-            sc = s[sub] & 63u, mn = s[sub + 4] & 63u;
-        } else {
-            sc = (s[sub + 4] & 0xfu) | ((unsigned)(s[sub - 4] >> 6) << 4);
-            mn = (unsigned)(s[sub + 4] >> 4) | ((unsigned)(s[sub] >> 6) << 4);
-        }
+        q4k_scale_min(s, sub, sc, mn);
         const float d1 = __fmul_rn(q_f16(b), (float)sc), m1 = __fmul_rn(q_f16(b + 2), (float)mn);
         const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 32 * c + l0);
         const int sh = (sub & 1) * 4;
@@ -341,12 +347,7 @@ static __device__ __forceinline__ void qg_load_block(qg_wblock &wb, const unsign
         const int sub = lane & 7;
         const unsigned char *s = bp + 4;
         unsigned sc, mn;
-        if (sub < 4) {
-            sc = s[sub] & 63u, mn = s[sub + 4] & 63u;
-        } else {
-            sc = (s[sub + 4] & 0xfu) | ((unsigned)(s[sub - 4] >> 6) << 4);
-            mn = (unsigned)(s[sub + 4] >> 4) | ((unsigned)(s[sub] >> 6) << 4);
-        }
+        q4k_scale_min(s, sub, sc, mn);
         const uint4 *q = reinterpret_cast<const uint4 *>(bp + 16 + 32 * (sub >> 1));
         const uint4 q0 = q[0], q1 = q[1];
         const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
