@@ -542,7 +542,9 @@ static int qgemv_blocks_per_sm(be_t *be, qgemv_fn kern, size_t smem) {
 static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, int64_t ldx, const bf16 *xw, float eps,
                   const be_qmat_t *W, int64_t N) {
     const int64_t K = W->cols, rows = W->rows;
-    const size_t optin = cuda_impl(be)->smem_optin, stage = (size_t)qgemv_stage_smem(W->type);
+    // the dynamic shared memory, beside the norm's static rstd[M] (qg_round_x)
+    const size_t optin = cuda_impl(be)->smem_optin - BE_FEW_ROWS * sizeof(float);
+    const size_t stage = (size_t)qgemv_stage_smem(W->type);
     int mx = (int)N;
     while (mx > 0 && (size_t)mx * (size_t)qg_x_row_bytes(K) + stage > optin)
         mx--;
