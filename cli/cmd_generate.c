@@ -33,7 +33,8 @@ static const char *gen_help = "usage: hylo generate PATH --prompt TEXT [options]
                               "  --f32             dequantise a GGUF's weights to fp32 (default on the CPU:\n"
                               "                    matrices stay in the file's block format, 8-bit activations)\n"
                               "  --gpu-blocks      on CUDA, keep the block-format matrices as they are (less\n"
-                              "                    memory; default: dequantised to bf16, which decodes faster)\n"
+                              "                    memory; default: dequantised to bf16; which decodes faster\n"
+                              "                    depends on the model: docs/PERFORMANCE.md)\n"
                               "  --stats           print prefill and decode speed to stderr\n";
 
 static const char *chat_help = "usage: hylo chat PATH [options]\n"

@@ -66,7 +66,8 @@ static const char *help =
     "                    one that could not run alone in the pool gets 400\n"
     "  --device D        cpu or cuda (default cpu)\n"
     "  --gpu-blocks      on CUDA, keep a GGUF's block-format matrices as they are (less memory;\n"
-    "                    default: dequantised to bf16, which decodes faster; the CPU keeps them)\n"
+    "                    default: dequantised to bf16; which decodes faster depends on the model:\n"
+    "                    docs/PERFORMANCE.md; the CPU keeps them)\n"
     "  --threads N       CPU threads of the engine (default: all)\n";
 
 // SIGINT / SIGTERM stop the server. The main thread runs the engine, so they
