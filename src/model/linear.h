@@ -27,8 +27,9 @@ int lin_adjacent(const layer_ctx_t *c, const void *const *ws, const int64_t *out
 // The same, or the block-format matrices ws[0..n) of one format and row
 // length stored one after another (model.c places them in parameter order),
 // so that lin_fwd of ws[0] with out = sum outs gives their outputs side by
-// side in one product: 1, else 0. Only plain products take such a joint
-// block-format matrix (lin_fwd); the fused decode ops take act matrices.
+// side in one product: 1, else 0. Plain and normed products take such a
+// joint block-format matrix (lin_fwd, lin_fwd_normed); the fused decode ops
+// with RoPE or SwiGLU take act matrices.
 int lin_joint(const layer_ctx_t *c, const void *const *ws, const int64_t *outs, int n, int64_t in);
 // The matrix W is when it is one of c->qw, else NULL.
 const be_qmat_t *lin_qmat(const layer_ctx_t *c, const void *W);
