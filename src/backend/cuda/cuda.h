@@ -74,6 +74,9 @@ int cuda_clusters_fit(const void *kern, int threads, size_t smem, int cs);
 // cuda_clusters_fit after cuda_smem_limit (0 where that fails; name names
 // kern), the answers kept per device, kernel and shape.
 int cuda_clusters_fit_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem, int cs);
+// The blocks of kern an SM holds at once (the occupancy query) after
+// cuda_smem_limit, kept the same way; 0 where either fails.
+int cuda_blocks_per_sm_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem);
 // Checks the last launch error; `what` names the kernel for the message.
 void cuda_check_launch(be_t *be, const char *what);
 

@@ -87,10 +87,12 @@ int cuda_clusters_fit(const void *kern, int threads, size_t smem, int cs) {
     return n;
 }
 
-// cuda_clusters_fit behind the kernel's shared memory limit, remembered per
-// (device, kernel, threads, bytes, cluster size): a decode step asks on every
-// launch, and the answer only changes with those.
-int cuda_clusters_fit_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem, int cs) {
+// What a launch shape of kern fits, behind the kernel's shared memory limit,
+// remembered per (device, kernel, threads, bytes, cluster size cs): clusters
+// of cs the device holds at once (cuda_clusters_fit), or for cs = 0 the
+// blocks an SM holds at once. A decode step asks on every launch, and the
+// answer only changes with those.
+static int launch_fit_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem, int cs) {
     static struct {
         int device;
         const void *kern;
@@ -109,13 +111,27 @@ int cuda_clusters_fit_cached(be_t *be, const void *kern, const char *name, int t
             pthread_mutex_unlock(&lock);
             return n;
         }
-    const int n = cuda_smem_limit(be, kern, smem, name) == 0 ? cuda_clusters_fit(kern, threads, smem, cs) : 0;
+    int n = 0;
+    if (cuda_smem_limit(be, kern, smem, name) == 0) {
+        if (cs > 0)
+            n = cuda_clusters_fit(kern, threads, smem, cs);
+        else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, threads, smem) != cudaSuccess)
+            (void)cudaGetLastError(), n = 0;
+    }
     if (used < 64) {
         cache[used].device = dev, cache[used].kern = kern, cache[used].threads = threads, cache[used].cs = cs;
         cache[used].smem = smem, cache[used].n = n, used++;
     }
     pthread_mutex_unlock(&lock);
     return n;
+}
+
+int cuda_clusters_fit_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem, int cs) {
+    return launch_fit_cached(be, kern, name, threads, smem, cs);
+}
+
+int cuda_blocks_per_sm_cached(be_t *be, const void *kern, const char *name, int threads, size_t smem) {
+    return launch_fit_cached(be, kern, name, threads, smem, 0);
 }
 
 // The backend's stream, for benchmarks that time ops with CUDA events from C

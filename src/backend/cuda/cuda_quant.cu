@@ -16,8 +16,6 @@
 //    rounding, as every act weight on CUDA does. qembed_fwd dequantises the
 //    same way.
 // bf16 weights go to be->gemm / be->embed_fwd as they are.
-#include <pthread.h>
-
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_vec.cuh"
 
@@ -503,37 +501,6 @@ static int qgemv_stage_smem(uint32_t type) {
     }
 }
 
-// Blocks of kern (smem bytes) an SM holds at once, at least 1: the
-// occupancy query, remembered per (device, kernel, bytes), since a decode
-// step's products ask on every launch.
-static int qgemv_blocks_per_sm(be_t *be, qgemv_fn kern, size_t smem) {
-    static struct {
-        int device;
-        qgemv_fn kern;
-        size_t smem;
-        int n;
-    } cache[64];
-    static int used;
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    const int dev = cuda_impl(be)->device;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < used; i++)
-        if (cache[i].device == dev && cache[i].kern == kern && cache[i].smem == smem) {
-            const int n = cache[i].n;
-            pthread_mutex_unlock(&lock);
-            return n;
-        }
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, QG_WARPS * 32, smem) != cudaSuccess || n < 1) {
-        (void)cudaGetLastError();
-        n = 1;
-    }
-    if (used < 64)
-        cache[used].device = dev, cache[used].kern = kern, cache[used].smem = smem, cache[used].n = n, used++;
-    pthread_mutex_unlock(&lock);
-    return n;
-}
-
 // The product on k_qgemv (x rows ldx apart, normed with gain xw first when
 // not NULL; into y, or added to res when not NULL), in launches of as many
 // rows of x as shared memory holds (all N but for long rows: 8 rows of K =
@@ -554,8 +521,9 @@ static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, int64_t ldx, cons
         const qgemv_fn kern = qgemv_kernel(W->type, M);
         const size_t smem = (size_t)M * (size_t)qg_x_row_bytes(K) + stage;
         if (cuda_smem_limit(be, (const void *)kern, smem, "qmatmul (k_qgemv)") < 0) return true; // error recorded
-        const int per_sm = qgemv_blocks_per_sm(be, kern, smem);
-        int64_t blocks = (rows + QG_WARPS - 1) / QG_WARPS, cap = (int64_t)cuda_impl(be)->sm_count * per_sm;
+        const int per_sm = cuda_blocks_per_sm_cached(be, (const void *)kern, "qmatmul (k_qgemv)", QG_WARPS * 32, smem);
+        int64_t blocks = (rows + QG_WARPS - 1) / QG_WARPS;
+        const int64_t cap = (int64_t)cuda_impl(be)->sm_count * (per_sm > 0 ? per_sm : 1);
         if (blocks > cap) blocks = cap;
         cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(QG_WARPS * 32), smem, cuda_stream(be), y ? y + m0 * rows : y,
                       res ? res + m0 * rows : res, x + m0 * ldx, ldx, xw, eps, (const uint8_t *)W->data, rows, (int)K,
