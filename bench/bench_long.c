@@ -23,7 +23,8 @@
 //   speed of `hylo generate --stats` on the real model (the GPU holds its
 //   weights as bf16 either way) without carrying the 98 MB GGUF to the GPU.
 // --q8_0, --q4_0, --q4_1: the models' matrices in that ggml block format on
-//   the device (quantised inference: the products dequantise as they read),
+//   the device (quantised inference: a decode step's products read the blocks
+//   as they are, cuda_quant.cu's k_qgemv),
 //   loaded from a quantised checkpoint of the random weights written under
 //   /tmp first (make_model).
 // bench_long --batch-prefill: a server's prefill turns (issue 12;

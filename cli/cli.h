@@ -34,9 +34,9 @@ int cli_load_tokenizer(const wsrc_t *src, tok_t *tok);
 // failure neither is left loaded (m->be is NULL). Runs over the weights take
 // CLI_RUN_ARENA bytes of activation arena (model_run_create). flags: 0 or
 // MODEL_QUANT (model.h: inference on the stored block formats), which on a
-// GPU backend applies only with CLI_GPU_BLOCKS as well (--gpu-blocks): its
-// block-format products decode slower than bf16 so far (docs/PERFORMANCE.md,
-// run 35), so a GPU dequantises by default.
+// GPU backend applies only with CLI_GPU_BLOCKS as well (--gpu-blocks): which
+// of the two decodes faster there depends on the model (docs/PERFORMANCE.md,
+// runs 35-36), so a GPU dequantises to bf16 by default.
 int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok, int flags);
 enum { CLI_GPU_BLOCKS = 1 << 16 };
 #define CLI_RUN_ARENA ((size_t)1 << 30)

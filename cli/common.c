@@ -37,7 +37,7 @@ int cli_load_model(const char *path, be_t *be, model_t *m, tok_t *tok, int flags
     arch_t a;
     wsrc_t *src;
     TRY(wsrc_open(&src, path, &a));
-    if (strcmp(be->name, "cpu") && !(flags & CLI_GPU_BLOCKS)) flags &= ~MODEL_QUANT;
+    if (be->kind != BE_CPU && !(flags & CLI_GPU_BLOCKS)) flags &= ~MODEL_QUANT;
     int rc = model_load_src(m, src, &a, be, flags & ~CLI_GPU_BLOCKS);
     if (rc == 0 && tok && (rc = cli_load_tokenizer(src, tok)) < 0) model_free(m);
     wsrc_close(src);
