@@ -391,7 +391,7 @@ static __device__ __forceinline__ float qg_block_dot(const qg_wblock &wb, const 
         for (int j = 0; j < 8; j++)
             isum = __dp4a((int)wb.u[j], (int)xw[j], isum);
         const float t = __fmul_rn(__fmul_rn(wb.a, ds.x), (float)isum);
-        if constexpr (T == GGML_Q8_0 || T == GGML_Q6_K) return t;
+        if constexpr (T == GGML_Q8_0) return t;
         return __fadd_rn(t, __fmul_rn(wb.c, ds.y));
     }
 }
