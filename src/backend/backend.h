@@ -214,12 +214,14 @@ struct be {
     void (*qmatmul)(be_t *be, void *y, const void *x, const be_qmat_t *W, int64_t N);
     // A decode step's product on a block-format matrix with the ops around
     // it: x [N, W->cols] (rows ldx apart), RMS-normalised with gain xw first
-    // when xw is not NULL (rmsnorm_fwd's formula, eps), times W^T, into y
-    // [N, W->rows] (res NULL) or added to res [N, W->rows] (y NULL). The same
-    // results as rmsnorm_fwd, qmatmul and add, but for roundings: CUDA keeps
-    // the normed rows and the product in fp32 (the sum rounded once). One
-    // launch on CUDA for N <= BE_FEW_ROWS (any N works there too).
-    void (*qproj)(be_t *be, void *y, void *res, const void *x, int64_t ldx, const void *xw, float eps,
+    // when xw is not NULL (rmsnorm_fwd's formula, eps), or SwiGLU(x, xu)
+    // (swiglu_fwd; up rows xu, ldx apart) when xu is not NULL (one of the
+    // two at most), times W^T, into y [N, W->rows] (res NULL) or added to res
+    // [N, W->rows] (y NULL). The same results as rmsnorm_fwd or swiglu_fwd,
+    // qmatmul and add, but for roundings: CUDA keeps the normed rows and the
+    // product in fp32 (the sum rounded once). One launch on CUDA for N <=
+    // BE_FEW_ROWS (any N works there too).
+    void (*qproj)(be_t *be, void *y, void *res, const void *x, const void *xu, int64_t ldx, const void *xw, float eps,
                   const be_qmat_t *W, int64_t N);
     // out[N, W->cols] = rows ids[n] of W, dequantised (a quantised embedding table).
     void (*qembed_fwd)(be_t *be, void *out, const be_qmat_t *W, const int32_t *ids, int64_t N);

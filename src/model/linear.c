@@ -55,7 +55,7 @@ void lin_fwd_normed(const layer_ctx_t *c, void *y, const void *x, const void *xw
     be_qmat_t qd;
     const be_qmat_t *q = xw ? lin_qmat_rows(c, W, out, &qd) : NULL;
     if (q)
-        c->be->qproj(c->be, y, NULL, x, in, xw, c->a->eps, q, N);
+        c->be->qproj(c->be, y, NULL, x, NULL, in, xw, c->a->eps, q, N);
     else if (xw)
         c->be->proj_rmsnorm(c->be, y, x, in, xw, c->a->eps, W, N, in, out);
     else
@@ -75,7 +75,7 @@ int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const v
         return 0;
     }
     if (!o->norm) { // the add alone, in the product
-        be->qproj(be, NULL, o->x, a, in, NULL, 0.0f, q, N);
+        be->qproj(be, NULL, o->x, a, NULL, in, NULL, 0.0f, q, N);
         return 0;
     }
     void *y = ctx_act(c, N * A->d);
@@ -83,6 +83,20 @@ int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const v
     lin_fwd(c, y, a, W, N, in, A->d);
     lin_out_add(c, o, y, N);
     return 0;
+}
+
+int lin_fwd_out_swiglu(const layer_ctx_t *c, const lin_out_t *o, const void *gate, const void *up, int64_t ld,
+                       const void *W, int64_t N, int64_t in) {
+    be_t *be = c->be;
+    const be_qmat_t *q = lin_qmat(c, W);
+    if (q && !o->norm) {
+        be->qproj(be, o->x ? NULL : o->y, o->x, gate, up, ld, NULL, 0.0f, q, N);
+        return 0;
+    }
+    void *h = ctx_act(c, N * in);
+    if (!h) return ERR_NOMEM;
+    be->swiglu_fwd(be, h, gate, up, ld, N, in);
+    return lin_fwd_out(c, o, h, W, N, in);
 }
 
 void lin_out_add(const layer_ctx_t *c, const lin_out_t *o, const void *y, int64_t N) {

@@ -16,6 +16,12 @@ void lin_fwd_normed(const layer_ctx_t *c, void *y, const void *x, const void *xw
 // of x (be->proj_add_rmsnorm; a quantised W: be->qproj's add, or its
 // product, then add_rmsnorm_fwd). 0, or ERR_NOMEM.
 int lin_fwd_out(const layer_ctx_t *c, const lin_out_t *o, const void *a, const void *W, int64_t N, int64_t in);
+// SwiGLU(gate, up) W^T into o as lin_fwd_out, gate and up [N, in] rows ld
+// apart: the MLP's down product of a decode step. On a block-format W the
+// SwiGLU is inside the product (be->qproj's xu) where o needs no norm;
+// otherwise swiglu_fwd, then lin_fwd_out. 0, or ERR_NOMEM.
+int lin_fwd_out_swiglu(const layer_ctx_t *c, const lin_out_t *o, const void *gate, const void *up, int64_t ld,
+                       const void *W, int64_t N, int64_t in);
 // y[N, d], already projected, into o's residual stream: x += y, then xn = the
 // norm of x (norm NULL: the add alone). o->x must be set.
 void lin_out_add(const layer_ctx_t *c, const lin_out_t *o, const void *y, int64_t N);

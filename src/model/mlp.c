@@ -56,12 +56,11 @@ int mlp_step(const layer_ctx_t *c, const mlp_w_t *w, const lin_out_t *out, const
         lin_out_add(c, out, y, N);
         return 0;
     }
-    if (lin_qmat(c, w->gate)) { // one block-format matrix [gate | up]: its product (normed), SwiGLU, down
-        void *gu = ctx_act(c, N * 2 * f), *h = ctx_act(c, N * f);
-        if (!gu || !h) return ERR_NOMEM;
+    if (lin_qmat(c, w->gate)) { // one block-format matrix [gate | up]: its product (normed), then down of SwiGLU
+        void *gu = ctx_act(c, N * 2 * f);
+        if (!gu) return ERR_NOMEM;
         lin_fwd_normed(c, gu, x, xw, w->gate, N, d, 2 * (int64_t)f);
-        be->swiglu_fwd(be, h, gu, act_at(be, gu, f), 2 * f, N, f);
-        return lin_fwd_out(c, out, h, w->down, N, f);
+        return lin_fwd_out_swiglu(c, out, gu, act_at(be, gu, f), 2 * f, w->down, N, f);
     }
     void *h = ctx_act(c, N * f);
     if (!h) return ERR_NOMEM;

@@ -230,14 +230,20 @@ static void test_qmatmul(void **st) {
     assert_int_equal(fails, 0);
 }
 
-// A 3B-8B model's shape, decode only (N = 1 and 8): 14 MB of Q4_0.
+// A 3B-8B model's shape, decode only (N = 1 and 8): 14 MB of Q4_0. Then
+// more rows than k_qgemv's grid has warps on an H100 or H200 (at most 132
+// SMs x 8 blocks x 8 warps = 8,448), as a vocabulary's head has: each warp
+// takes several rows, with two steps of 1,024 values a row, the second a
+// partial one.
 static void test_qmatmul_large(void **st) {
     (void)st;
     setup();
     static const int ns[] = {1, 8};
     int fails = 0;
-    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++)
+    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
         fails += !matmul_case(TYPES[t], 3072, 8192, ns, 2);
+        fails += !matmul_case(TYPES[t], 12007, 1280, ns, 2);
+    }
     assert_int_equal(fails, 0);
 }
 
@@ -278,28 +284,46 @@ static void test_qmatmul_slabs(void **st) {
 // last bits, far inside it); BF16 weights: the fused bf16 products. N = 12:
 // the GPU's ops one after another, normed rows rounded to bf16 and the
 // dequantised GEMM against the CPU's 8-bit rounding of x: the second.
-static int qproj_case(uint32_t type, int64_t rows, int64_t cols, int64_t N, int add) {
+// SwiGLU's input (modes 2 and 3: x holds [gate | up] rows ldx apart, the
+// product's input SwiGLU(gate, up), the down product of a decode step): the
+// reference is the CPU's qproj of SwiGLU computed by the CPU backend and
+// rounded to the GPU's activation type, as the GPU rounds it before the
+// product, so both round the same values to 8 bits (a code may flip where
+// the two expf differ in their last bits: far inside the tolerance).
+enum { QP_NORMED, QP_ADD, QP_SWIGLU, QP_SWIGLU_ADD };
+static int qproj_case(uint32_t type, int64_t rows, int64_t cols, int64_t N, int mode) {
+    static const char *names[] = {"normed", "add", "swiglu", "swiglu add"};
     hmat_t m = make_mat(type, rows, cols);
     be_qmat_t q = upload(&m);
     const be_qmat_t hq = {m.type, m.rows, m.cols, m.rb, m.bytes};
-    const int64_t ldx = cols + 64;
+    const int add = mode == QP_ADD || mode == QP_SWIGLU_ADD, glu = mode >= QP_SWIGLU;
+    const int64_t ldx = (glu ? 2 : 1) * cols + 64;
     float *x = tu_rnd(N * ldx, g_seed++, 1.0f), *g = tu_rnd(cols, g_seed++, 0.5f),
           *r0 = tu_rnd(N * rows, g_seed++, 4.0f);
     for (int64_t i = 0; i < cols; i++)
         g[i] += 1.0f;
     tu_round_bf16(g, cols); // x and r0 are (tu_rnd): both sides see the same inputs
     be_t *cpu = tu_cpu();
-    float *ref = tu_hdup(r0, N * rows);
+    float *ref = tu_hdup(r0, N * rows), *h = NULL;
     err_clear();
-    cpu->qproj(cpu, add ? NULL : ref, add ? ref : NULL, x, ldx, add ? NULL : g, 1e-5f, &hq, N);
+    if (glu) {
+        h = tu_hbuf(N * cols);
+        cpu->swiglu_fwd(cpu, h, x, x + cols, ldx, N, cols);
+        if (gpu->act_dtype == DT_BF16) tu_round_bf16(h, N * cols);
+        cpu->qproj(cpu, add ? NULL : ref, add ? ref : NULL, h, NULL, cols, NULL, 0.0f, &hq, N);
+    } else {
+        cpu->qproj(cpu, add ? NULL : ref, add ? ref : NULL, x, NULL, ldx, add ? NULL : g, 1e-5f, &hq, N);
+    }
     assert_int_equal(err_code(), 0);
     void *dx = tu_dev_act(gpu, x, N * ldx), *dg = tu_dev_act(gpu, g, cols), *dr = tu_dev_act(gpu, r0, N * rows);
     float *nan = tu_nans(N * rows);
     void *dy = tu_dev_act(gpu, nan, N * rows);
-    gpu->qproj(gpu, add ? NULL : dy, add ? dr : NULL, dx, ldx, add ? NULL : dg, 1e-5f, &q, N);
+    const void *du = glu ? (const char *)dx + cols * (int64_t)gpu->act_size : NULL;
+    gpu->qproj(gpu, add ? NULL : dy, add ? dr : NULL, dx, du, ldx, mode == QP_NORMED ? dg : NULL,
+               mode == QP_NORMED ? 1e-5f : 0.0f, &q, N);
     char what[96];
     snprintf(what, sizeof what, "qproj %s %lldx%lld N=%lld %s", ggml_type_name(type), (long long)rows, (long long)cols,
-             (long long)N, add ? "add" : "normed");
+             (long long)N, names[mode]);
     int ok = tu_sync(gpu, "qproj", what);
     if (ok) {
         float *got = tu_host_act(gpu, add ? dr : dy, N * rows);
@@ -308,7 +332,7 @@ static int qproj_case(uint32_t type, int64_t rows, int64_t cols, int64_t N, int 
     }
     tu_dev_free(gpu, dx), tu_dev_free(gpu, dg), tu_dev_free(gpu, dr), tu_dev_free(gpu, dy);
     gpu->free(gpu, (void *)q.data);
-    free(m.bytes), free(x), free(g), free(r0), free(ref), free(nan);
+    free(m.bytes), free(x), free(g), free(r0), free(ref), free(nan), free(h);
     return ok;
 }
 
@@ -320,8 +344,8 @@ static void test_qproj(void **st) {
     for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
         const int kq = TYPES[t] == GGML_Q4_K || TYPES[t] == GGML_Q6_K;
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
-            for (int add = 0; add < 2; add++)
-                fails += !qproj_case(TYPES[t], kq ? 1536 : 1600, kq ? 768 : 576, ns[i], add);
+            for (int mode = QP_NORMED; mode <= QP_SWIGLU_ADD; mode++)
+                fails += !qproj_case(TYPES[t], kq ? 1536 : 1600, kq ? 768 : 576, ns[i], mode);
     }
     assert_int_equal(fails, 0);
 }

@@ -336,21 +336,29 @@ static void cpu_qmatmul(be_t *be, void *y, const void *x, const be_qmat_t *W, in
     if (q) cpu_tmp_give(be, &t);
 }
 
-// The reference of the fused decode op: x's rows normed into a temporary,
-// the product, then the add.
-static void cpu_qproj(be_t *be, void *y, void *res, const void *x, int64_t ldx, const void *xw, float eps,
-                      const be_qmat_t *W, int64_t N) {
+// The reference of the fused decode op: x's rows normed (or SwiGLU(x, xu))
+// into a temporary, the product, then the add.
+static void cpu_qproj(be_t *be, void *y, void *res, const void *x, const void *xu, int64_t ldx, const void *xw,
+                      float eps, const be_qmat_t *W, int64_t N) {
     const int64_t K = W->cols, R = W->rows;
     if (N <= 0 || R <= 0) return;
+    if (xu && xw) {
+        err_set(ERR_INPUT, "cpu qproj: a norm and SwiGLU both on the input");
+        cpu_fill_nan(res ? res : y, N * R);
+        return;
+    }
     cpu_tmp_t tn = {0}, ty = {0};
     const float *in = x;
+    const int staged = xw || xu || ldx != K;
     float *out = res ? cpu_tmp_take(be, &ty, N * R, "qproj") : y;
-    float *xn = xw || ldx != K ? cpu_tmp_take(be, &tn, N * K, "qproj") : NULL;
-    if (!out || ((xw || ldx != K) && !xn)) {
+    float *xn = staged ? cpu_tmp_take(be, &tn, N * K, "qproj") : NULL;
+    if (!out || (staged && !xn)) {
         cpu_fill_nan(res ? res : y, N * R);
     } else {
         if (xw)
             cpu_rows_rmsnorm(be, xn, x, ldx, xw, N, K, eps);
+        else if (xu)
+            be->swiglu_fwd(be, xn, x, xu, ldx, N, K);
         else if (xn)
             for (int64_t n = 0; n < N; n++)
                 memcpy(xn + n * K, (const float *)x + n * ldx, (size_t)K * sizeof(float));

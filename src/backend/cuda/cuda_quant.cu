@@ -149,7 +149,7 @@ template <int T> static __device__ __forceinline__ void q_dq8_at(const uint8_t *
 // QG_STAGES - 1 steps in flight, the pipeline running on from one row to the
 // next. In a step lane l takes the step's 32-value block (or sub-block) l.
 // fp32 sums per lane, then a warp sum; deterministic.
-enum { QG_WARPS = 8, QG_STAGES = 6, QG_STEP_V = 1024, QG_ROUND_BATCH = 2 };
+enum { QG_WARPS = 8, QG_STAGES = 6, QG_STEP_V = 1024, QG_ROUND_BATCH = 2, QG_NORM_BATCH = 4 };
 
 static __host__ __device__ constexpr int qg_step_bytes(int T) {
     return QG_STEP_V / q_block_values(T) * q_block_bytes(T);
@@ -168,19 +168,29 @@ static __device__ __forceinline__ void qg_cp16(uint32_t dst, const void *src, in
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 
-// Queues the bytes of step s of weight row r into the stage buffer buf.
+// The most 16-byte pieces a step's bytes span from the boundary below them.
+static __host__ __device__ constexpr int qg_step_chunks(int T) { return (qg_step_bytes(T) + 15 + 15) / 16; }
+
+// Queues the bytes of step s of the weight row at row (16-byte aligned:
+// row_data bytes, the matrix ending at end) into the stage buffer buf. Pieces
+// past end read only up to it (the rest zeroed). A lane takes pieces lane,
+// lane + 32, ...: a fixed count, no loop to run.
 template <int T>
-static __device__ __forceinline__ void qg_issue(unsigned char *buf, const uint8_t *W, const uint8_t *end, int64_t r,
-                                                int64_t rb, int64_t row_data, int s, int lane) {
-    const int64_t b0 = (int64_t)s * qg_step_bytes(T);
-    const int bytes = (int)(row_data - b0 < qg_step_bytes(T) ? row_data - b0 : qg_step_bytes(T));
-    const uint8_t *src = W + r * rb + b0;
+static __device__ __forceinline__ void qg_issue(unsigned char *buf, const uint8_t *row, const uint8_t *end,
+                                                int row_data, int s, int lane) {
+    enum { STEP_B = qg_step_bytes(T), PASSES = (qg_step_chunks(T) + 31) / 32 };
+    const int b0 = s * STEP_B, bytes = row_data - b0 < STEP_B ? row_data - b0 : STEP_B;
+    const uint8_t *src = row + b0;
     const int off = (int)((uintptr_t)src & 15);
     const uint8_t *al = src - off;
     const int n16 = (off + bytes + 15) >> 4;
-    for (int c = lane; c < n16; c += 32) {
-        const uint8_t *q = al + 16 * c;
-        qg_cp16(smem_u32(buf + 16 * c), q, end - q < 16 ? (int)(end - q) : 16);
+    const int64_t left64 = end - al; // bytes from al to the matrix's end, at least 1
+    const int left = left64 < 32 * 16 * PASSES ? (int)left64 : 32 * 16 * PASSES;
+    const uint32_t dst = smem_u32(buf);
+#pragma unroll
+    for (int i = 0; i < PASSES; i++) {
+        const int c = lane + 32 * i;
+        if (c < n16) qg_cp16(dst + 16 * c, al + 16 * c, left - 16 * c < 16 ? left - 16 * c : 16);
     }
 }
 
@@ -206,40 +216,54 @@ template <int N> static __device__ __forceinline__ void qg_words(const unsigned 
 // a block with a NaN or infinity included. Four threads a block, 8 values
 // each (few registers: the kernel's occupancy is set by its largest phase).
 // With a gain xw, the rows RMS-normalised first (rmsnorm_fwd's formula, in
-// fp32: each of the first M warps sums its row's squares).
+// fp32; the squares summed by QG_WARPS / M warps a row). With up rows xu
+// (then no xw), SwiGLU(x, xu) instead of x, each value rounded to bf16 as
+// swiglu_fwd stores it: the MLP's down product takes its input so.
 template <int M>
-static __device__ __forceinline__ void qg_round_x(unsigned char *xs, const bf16 *x, int64_t ldx, int K, const bf16 *xw,
-                                                  float eps) {
+static __device__ __forceinline__ void qg_round_x(unsigned char *xs, const bf16 *x, const bf16 *xu, int64_t ldx, int K,
+                                                  const bf16 *xw, float eps) {
     const int nb = K / 32, kp = (K + QG_STEP_V - 1) / QG_STEP_V * QG_STEP_V, n = M * nb * 4;
     const int64_t xrb = qg_x_row_bytes(K);
-    const bool v8 = !(((uintptr_t)x | (uintptr_t)xw) & 15) && ldx % 8 == 0;
-    __shared__ float rstd[M];
+    const bool v8 = !(((uintptr_t)x | (uintptr_t)xu | (uintptr_t)xw) & 15) && ldx % 8 == 0;
+    __shared__ float rstd[M], part[QG_WARPS];
     if (xw) {
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        if (warp < M) { // M <= QG_WARPS
-            const bf16 *p = x + warp * ldx;
-            float ss = 0.0f;
+        // QG_WARPS / M warps a row, each every (QG_WARPS / M)-th piece of 8
+        // values, all of a lane's loads out at once where they fit
+        // QG_NORM_BATCH: the sum of squares is one round trip to L2, not
+        // one per piece, ahead of every normed product of a decode step
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpr = QG_WARPS / M, m = warp / wpr;
+        const int j = warp - m * wpr;
+        float ss = 0.0f;
+        if (m < M) {
+            const bf16 *p = x + m * ldx;
             if (v8) {
-                for (int k0 = lane * 8; k0 < K; k0 += 32 * 8 * QG_ROUND_BATCH) {
-                    float f[QG_ROUND_BATCH][8];
+                for (int q0 = 32 * j + lane; 8 * q0 < K; q0 += 32 * wpr * QG_NORM_BATCH) {
+                    float f[QG_NORM_BATCH][8];
 #pragma unroll
-                    for (int u = 0; u < QG_ROUND_BATCH; u++)
-                        if (k0 + u * 256 < K) ld_bf16<8>(p + k0 + u * 256, f[u]);
+                    for (int u = 0; u < QG_NORM_BATCH; u++)
+                        if (8 * (q0 + 32 * wpr * u) < K) ld_bf16<8>(p + 8 * (q0 + 32 * wpr * u), f[u]);
 #pragma unroll
-                    for (int u = 0; u < QG_ROUND_BATCH; u++)
-                        if (k0 + u * 256 < K)
+                    for (int u = 0; u < QG_NORM_BATCH; u++)
+                        if (8 * (q0 + 32 * wpr * u) < K)
 #pragma unroll
-                            for (int j = 0; j < 8; j++)
-                                ss = fmaf(f[u][j], f[u][j], ss);
+                            for (int i = 0; i < 8; i++)
+                                ss = fmaf(f[u][i], f[u][i], ss);
                 }
             } else {
-                for (int k = lane; k < K; k += 32) {
+                for (int k = 32 * j + lane; k < K; k += 32 * wpr) {
                     const float f = __bfloat162float(p[k]);
                     ss = fmaf(f, f, ss);
                 }
             }
-            ss = warp_sum(ss);
-            if (lane == 0) rstd[warp] = 1.0f / sqrtf(ss / (float)K + eps);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        if ((int)threadIdx.x < M) { // the row's warps' parts in order
+            float t = 0.0f;
+            for (int w = 0; w < wpr; w++)
+                t += part[threadIdx.x * wpr + w];
+            rstd[threadIdx.x] = 1.0f / sqrtf(t / (float)K + eps);
         }
         __syncthreads();
     }
@@ -251,14 +275,26 @@ static __device__ __forceinline__ void qg_round_x(unsigned char *xs, const bf16 
         for (int u = 0; u < QG_ROUND_BATCH; u++) {
             const int i = i0 + u * QG_WARPS * 32 + (int)threadIdx.x, m = (i >> 2) / nb, b = (i >> 2) - m * nb;
             if (i >= n) continue;
-            const bf16 *p = x + m * ldx + 32 * b + 8 * (i & 3);
+            const int64_t o = m * ldx + 32 * b + 8 * (i & 3);
             if (v8) {
-                const uint4 w = *reinterpret_cast<const uint4 *>(p);
-                ld_bf16<8>(reinterpret_cast<const bf16 *>(&w), v[u]);
+                ld_bf16<8>(x + o, v[u]);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    v[u][j] = __bfloat162float(p[j]);
+                    v[u][j] = __bfloat162float(x[o + j]);
+            }
+            if (xu) { // SwiGLU(gate x, up xu), rounded as swiglu_fwd stores it
+                float up[8];
+                if (v8) {
+                    ld_bf16<8>(xu + o, up);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        up[j] = __bfloat162float(xu[o + j]);
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    v[u][j] = __bfloat162float(__float2bfloat16_rn(dev_silu(v[u][j]) * up[j]));
             }
         }
 #pragma unroll
@@ -398,13 +434,15 @@ static __device__ __forceinline__ float qg_block_dot(const qg_wblock &wb, const 
 
 // W 16-byte aligned, rows rb bytes apart (a multiple of q_block_align(T)), K
 // a multiple of the block size; x rows ldx apart, normed with gain xw first
-// when xw is not NULL; the result into y [M, rows], or added to res [M,
+// when xw is not NULL, or SwiGLU(x, xu) when xu is not NULL (qg_round_x);
+// the result into y [M, rows], or added to res [M,
 // rows] (y NULL; rounded once); dynamic shared memory M qg_x_row_bytes(K)
 // then qg_stage_smem(T).
 template <int M, int T>
 __global__ void __launch_bounds__(QG_WARPS * 32)
-    k_qgemv(bf16 *__restrict__ y, bf16 *__restrict__ res, const bf16 *__restrict__ x, int64_t ldx,
-            const bf16 *__restrict__ xw, float eps, const uint8_t *__restrict__ W, int64_t rows, int K, int64_t rb) {
+    k_qgemv(bf16 *__restrict__ y, bf16 *__restrict__ res, const bf16 *__restrict__ x, const bf16 *__restrict__ xu,
+            int64_t ldx, const bf16 *__restrict__ xw, float eps, const uint8_t *__restrict__ W, int64_t rows, int K,
+            int64_t rb) {
     enum { WIN = qg_win_bytes(T), STEP_B = qg_step_bytes(T) };
     extern __shared__ __align__(16) unsigned char qg_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -412,34 +450,48 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     unsigned char *stage = qg_smem + M * xrb + (size_t)warp * QG_STAGES * WIN;
     const int64_t stride = (int64_t)gridDim.x * QG_WARPS, r0 = (int64_t)blockIdx.x * QG_WARPS + warp;
     const int nsteps = (K + QG_STEP_V - 1) / QG_STEP_V, nb = K / 32, kp = nsteps * QG_STEP_V;
-    const int64_t row_data = (int64_t)(K / q_block_values(T)) * q_block_bytes(T);
+    const int row_data = K / q_block_values(T) * q_block_bytes(T);
     const int64_t ntiles = r0 < rows ? (rows - r0 + stride - 1) / stride * nsteps : 0; // (row, step) pairs
     const uint8_t *end = W + (rows - 1) * rb + row_data;
 
+    // Counters, not divisions, walk the (row, step) pairs: the producer's
+    // (pr, ps) runs QG_STAGES - 1 ahead of the consumer's (r, s). A decode
+    // product is bound by the instructions of its stream as much as by bytes.
+    int64_t pr = r0;
+    int ps = 0, pslot = 0;
+    const uint8_t *prow = W + r0 * rb;
+    const int64_t stride_b = stride * rb;
     // The weights are read-only: their first steps are asked for before the
     // kernel before this one has finished (griddep_enter).
 #pragma unroll
     for (int t = 0; t < QG_STAGES - 1; t++) {
-        if (t < ntiles) qg_issue<T>(stage + t * WIN, W, end, r0 + t / nsteps * stride, rb, row_data, t % nsteps, lane);
+        if (t < ntiles) {
+            qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
+            if (++ps == nsteps) ps = 0, pr += stride, prow += stride_b;
+        }
+        pslot++;
         cp_async_commit();
     }
     griddep_enter();
-    qg_round_x<M>(qg_smem, x, ldx, K, xw, eps);
+    qg_round_x<M>(qg_smem, x, xu, ldx, K, xw, eps);
     __syncthreads();
 
     float acc[M] = {};
+    int64_t r = r0;
+    int s = 0, slot = 0;
+    const uint8_t *crow = W + r0 * rb; // the consumer's row (for its 16-byte offsets)
     for (int64_t t = 0; t < ntiles; t++) {
         cp_async_wait<QG_STAGES - 2>(); // this lane's copies of step t have landed
         __syncwarp();                   // every lane's, and step t - 1's buffer is free
-        const int64_t tn = t + QG_STAGES - 1;
-        if (tn < ntiles)
-            qg_issue<T>(stage + (tn % QG_STAGES) * WIN, W, end, r0 + tn / nsteps * stride, rb, row_data,
-                        (int)(tn % nsteps), lane);
+        if (t + QG_STAGES - 1 < ntiles) {
+            qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
+            if (++ps == nsteps) ps = 0, pr += stride, prow += stride_b;
+        }
+        if (++pslot == QG_STAGES) pslot = 0;
         cp_async_commit();
-        const int64_t r = r0 + t / nsteps * stride;
-        const int s = (int)(t % nsteps), b = s * 32 + lane; // the lane's block of 32 in the row
+        const int b = s * 32 + lane; // the lane's block of 32 in the row
         if (b < nb) {
-            const unsigned char *buf = stage + (t % QG_STAGES) * WIN + ((r * rb + (int64_t)s * STEP_B) & 15);
+            const unsigned char *buf = stage + slot * WIN + ((uintptr_t)(crow + s * STEP_B) & 15);
             qg_wblock wb;
             qg_load_block<T>(wb, buf, lane);
 #pragma unroll
@@ -462,12 +514,14 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
                     y[(int64_t)m * rows + r] = __float2bfloat16_rn(v);
             }
         }
+        if (++s == nsteps) s = 0, r += stride, crow += stride_b;
+        if (++slot == QG_STAGES) slot = 0;
     }
     cp_async_wait<0>();
 }
 
-typedef void (*qgemv_fn)(bf16 *, bf16 *, const bf16 *, int64_t, const bf16 *, float, const uint8_t *, int64_t, int,
-                         int64_t);
+typedef void (*qgemv_fn)(bf16 *, bf16 *, const bf16 *, const bf16 *, int64_t, const bf16 *, float, const uint8_t *,
+                         int64_t, int, int64_t);
 
 template <int T> static qgemv_fn qgemv_kernel_t(int M) {
     switch (M) {
@@ -502,15 +556,16 @@ static int qgemv_stage_smem(uint32_t type) {
 }
 
 // The product on k_qgemv (x rows ldx apart, normed with gain xw first when
-// not NULL; into y, or added to res when not NULL), in launches of as many
+// not NULL, or SwiGLU(x, xu) when xu is not NULL; into y, or added to res
+// when not NULL), in launches of as many
 // rows of x as shared memory holds (all N but for long rows: 8 rows of K =
 // 14336 take 140 KiB). false when not even one row fits, for the caller's
 // other path.
-static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, int64_t ldx, const bf16 *xw, float eps,
+static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, const bf16 *xu, int64_t ldx, const bf16 *xw, float eps,
                   const be_qmat_t *W, int64_t N) {
     const int64_t K = W->cols, rows = W->rows;
-    // the dynamic shared memory, beside the norm's static rstd[M] (qg_round_x)
-    const size_t optin = cuda_impl(be)->smem_optin - BE_FEW_ROWS * sizeof(float);
+    // the dynamic shared memory, beside the norm's static rstd[M] and part[QG_WARPS] (qg_round_x)
+    const size_t optin = cuda_impl(be)->smem_optin - (BE_FEW_ROWS + QG_WARPS) * sizeof(float);
     const size_t stage = (size_t)qgemv_stage_smem(W->type);
     int mx = (int)N;
     while (mx > 0 && (size_t)mx * (size_t)qg_x_row_bytes(K) + stage > optin)
@@ -526,8 +581,8 @@ static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, int64_t ldx, cons
         const int64_t cap = (int64_t)cuda_impl(be)->sm_count * (per_sm > 0 ? per_sm : 1);
         if (blocks > cap) blocks = cap;
         cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(QG_WARPS * 32), smem, cuda_stream(be), y ? y + m0 * rows : y,
-                      res ? res + m0 * rows : res, x + m0 * ldx, ldx, xw, eps, (const uint8_t *)W->data, rows, (int)K,
-                      (int64_t)W->row_bytes);
+                      res ? res + m0 * rows : res, x + m0 * ldx, xu ? xu + m0 * ldx : xu, ldx, xw, eps,
+                      (const uint8_t *)W->data, rows, (int)K, (int64_t)W->row_bytes);
         cuda_check_launch(be, "qmatmul (k_qgemv)");
     }
     return true;
@@ -621,22 +676,26 @@ static void cu_qmatmul(be_t *be, void *y, const void *x, const be_qmat_t *W, int
                  W->rows);
         return;
     }
-    if (N <= BE_FEW_ROWS && qgemv(be, (bf16 *)y, NULL, (const bf16 *)x, W->cols, NULL, 0.0f, W, N)) return;
+    if (N <= BE_FEW_ROWS && qgemv(be, (bf16 *)y, NULL, (const bf16 *)x, NULL, W->cols, NULL, 0.0f, W, N)) return;
     qmatmul_dequant(be, (bf16 *)y, (const bf16 *)x, W, N);
 }
 
 // qproj: k_qgemv for a few rows of a block format; bf16 weights on the fused
-// products of cuda_core.cu (at most one of the norm and the add there);
-// otherwise the ops one after another, the normed rows and the product in
-// the scratch arena.
-static void cu_qproj(be_t *be, void *y, void *res, const void *x, int64_t ldx, const void *xw, float eps,
-                     const be_qmat_t *W, int64_t N) {
+// products of cuda_core.cu (at most one of the norm and the add there, no
+// SwiGLU); otherwise the ops one after another, the product's input (normed
+// rows, or SwiGLU's) and the product in the scratch arena.
+static void cu_qproj(be_t *be, void *y, void *res, const void *x, const void *xu, int64_t ldx, const void *xw,
+                     float eps, const be_qmat_t *W, int64_t N) {
     if (N <= 0 || W->rows <= 0 || !q_usable(be, "qproj", W)) return;
     const int64_t K = W->cols, R = W->rows;
-    if (W->type != GGML_BF16 && N <= BE_FEW_ROWS &&
-        qgemv(be, (bf16 *)y, (bf16 *)res, (const bf16 *)x, ldx, (const bf16 *)xw, eps, W, N))
+    if (xu && xw) {
+        cu_op_error(be, "cuda qproj: a norm and SwiGLU both on the input");
         return;
-    if (W->type == GGML_BF16 && W->row_bytes == (size_t)K * 2 && !(xw && res) && R <= INT32_MAX) {
+    }
+    if (W->type != GGML_BF16 && N <= BE_FEW_ROWS &&
+        qgemv(be, (bf16 *)y, (bf16 *)res, (const bf16 *)x, (const bf16 *)xu, ldx, (const bf16 *)xw, eps, W, N))
+        return;
+    if (W->type == GGML_BF16 && W->row_bytes == (size_t)K * 2 && !(xw && res) && !xu && R <= INT32_MAX) {
         if (res)
             be->proj_add_rmsnorm(be, NULL, res, x, ldx, W->data, NULL, N, K, (int)R, eps);
         else if (xw)
@@ -648,14 +707,18 @@ static void cu_qproj(be_t *be, void *y, void *res, const void *x, int64_t ldx, c
     arena_t *a = &be->scratch;
     const size_t mark = arena_mark(a);
     const bf16 *in = (const bf16 *)x;
-    if (xw || ldx != K) {
+    if (xw || xu || ldx != K) {
         bf16 *xn = (bf16 *)cu_scratch_try(be, (size_t)N * K * sizeof(bf16));
         if (!xn) {
-            cu_op_error(be, "cuda qproj: no scratch room for %lld normed rows of %lld", (long long)N, (long long)K);
+            cu_op_error(be, "cuda qproj: no scratch room for %lld input rows of %lld", (long long)N, (long long)K);
             return;
         }
-        be->copy2d(be, xn, K, x, ldx, N, K, 0);
-        if (xw) be->rmsnorm_fwd(be, xn, NULL, xn, xw, N, (int)K, eps);
+        if (xu) {
+            be->swiglu_fwd(be, xn, x, xu, ldx, N, K);
+        } else {
+            be->copy2d(be, xn, K, x, ldx, N, K, 0);
+            if (xw) be->rmsnorm_fwd(be, xn, NULL, xn, xw, N, (int)K, eps);
+        }
         in = xn;
     }
     bf16 *out = (bf16 *)y;
