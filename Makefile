@@ -15,12 +15,13 @@
 # One kernel per job: build/hylo and libhylo.a have no kernel variants and read
 # no environment knobs that pick one. Variants kept for comparison (attention
 # backward, MLA decode, the GDN state passes on mma.sync, the few-row product's
-# columns per warp) are compiled only with
+# columns per warp, the block-format product's bulk copies) are compiled only with
 # -DHYLO_BENCH_VARIANTS, in the bench-variants build: the CUDA files that hold
 # them compiled again into $(BUILD)/bench-variants/, a library of those and the
 # rest of libhylo.a's objects, and, against it, bench_attn (--compare, --sweep),
-# bench_gdn (--compare), bench_decode, bench_cuda_core and the CUDA tests of
-# the variants, test_cuda_attn, test_cuda_gdn and test_cuda_core
+# bench_gdn (--compare), bench_decode, bench_cuda_core, bench_long and the CUDA
+# tests of the variants, test_cuda_attn, test_cuda_gdn, test_cuda_core and
+# test_cuda_quant
 # (docs/PERFORMANCE.md). `make bench` builds its benchmarks,
 # `make test` (with CUDA) all of them, `make test-cuda` runs its tests too.
 
@@ -90,7 +91,8 @@ BENCHBIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCHSRC))
 
 # The bench-variants build (header): its objects, library and binaries.
 VARDIR := $(BUILD)/bench-variants
-VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu src/backend/cuda/cuda_gdn.cu src/backend/cuda/cuda_core.cu
+VARCU := src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_mla.cu src/backend/cuda/cuda_gdn.cu src/backend/cuda/cuda_core.cu \
+	src/backend/cuda/cuda_quant.cu
 VAROBJ := $(filter-out $(VARCU:%.cu=$(BUILD)/obj/%.cu.o),$(OBJ)) $(VARCU:%.cu=$(VARDIR)/obj/%.cu.o)
 VARLIB := $(VARDIR)/libhylo.a
 VARBENCHBIN :=
@@ -99,7 +101,7 @@ ifeq ($(CUDA),1)
 VARBENCHBIN := $(VARDIR)/bench/bench_attn $(VARDIR)/bench/bench_gdn $(VARDIR)/bench/bench_decode \
 	$(VARDIR)/bench/bench_cuda_core $(VARDIR)/bench/bench_long
 VARTESTBIN := $(VARDIR)/tests/cuda/test_cuda_attn $(VARDIR)/tests/cuda/test_cuda_gdn \
-	$(VARDIR)/tests/cuda/test_cuda_core
+	$(VARDIR)/tests/cuda/test_cuda_core $(VARDIR)/tests/cuda/test_cuda_quant
 endif
 
 .PHONY: all test test-cuda bench fuzz fuzz-smoke format format-check clean model demo

@@ -24,6 +24,8 @@
 //    cuBLASLt): against the exact product in double, the weights rounded to
 //    bf16 where the GEMM reads them so; the first tolerance.
 //  qembed_fwd: exact, ggml_dequant's values rounded to bf16.
+// The bench-variants build's binary runs k_qgemv's bulk-copy variant with
+// HYLO_QGEMV_BULK=1 (cuda_quant.cu), under the same tolerances.
 // HYLO_TEST_CPU_AS_GPU=1 (the fake GPU is a CPU backend, testutil.h): its
 // qmatmul rounds x to 8-bit blocks for N < 16 and uses the exact weights at
 // N >= 16, so the checks against the exact product there take the second
@@ -107,9 +109,12 @@ static float *dequant(const hmat_t *m) {
     return w;
 }
 
+// The bytes in an allocation rounded up to 64, as model.c places each
+// block-format matrix (a product may read the 16-byte pieces its bytes touch
+// whole: the bench-variants build's HYLO_QGEMV_BULK=1).
 static be_qmat_t upload(const hmat_t *m) {
     const size_t total = (size_t)m->rows * m->rb;
-    void *d = gpu->alloc(gpu, total);
+    void *d = gpu->alloc(gpu, (total + 63) & ~(size_t)63);
     assert_non_null(d);
     assert_int_equal(gpu->copy_h2d(gpu, d, m->bytes, total), 0);
     return (be_qmat_t){m->type, m->rows, m->cols, m->rb, d};

@@ -194,6 +194,41 @@ static __device__ __forceinline__ void qg_issue(unsigned char *buf, const uint8_
     }
 }
 
+#ifdef HYLO_BENCH_VARIANTS
+// Bench-only (HYLO_QGEMV_BULK=1, qgemv()): a step's bytes by one bulk copy
+// of lane 0 into the stage, completing on the stage's mbarrier, instead of
+// the lanes' 16-byte cp.async pieces: fewer instructions a step, to see
+// whether k_qgemv is bound by their issue. It reads the 16-byte pieces the
+// step's bytes touch whole, so up to 15 bytes past the matrix's end (model.c
+// rounds each block-format matrix to 64 bytes).
+static __device__ __forceinline__ void qg_bar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+}
+static __device__ __forceinline__ void qg_bar_wait(uint64_t *bar, uint32_t phase) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(phase)
+            : "memory");
+    } while (!done);
+}
+template <int T>
+static __device__ __forceinline__ void qg_issue_bulk(unsigned char *buf, uint64_t *bar, const uint8_t *row,
+                                                     int row_data, int s) {
+    enum { STEP_B = qg_step_bytes(T) };
+    const int b0 = s * STEP_B, bytes = row_data - b0 < STEP_B ? row_data - b0 : STEP_B;
+    const uint8_t *src = row + b0;
+    const int off = (int)((uintptr_t)src & 15), n = (off + bytes + 15) & ~15;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(n) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(buf)),
+                 "l"(src - off), "r"(n), "r"(smem_u32(bar))
+                 : "memory");
+}
+#endif
+
 // N words from the 2-byte aligned p in shared memory: N + 1 aligned loads,
 // shifted into place.
 template <int N> static __device__ __forceinline__ void qg_words(const unsigned char *p, uint32_t (&w)[N]) {
@@ -437,8 +472,8 @@ static __device__ __forceinline__ float qg_block_dot(const qg_wblock &wb, const 
 // when xw is not NULL, or SwiGLU(x, xu) when xu is not NULL (qg_round_x);
 // the result into y [M, rows], or added to res [M,
 // rows] (y NULL; rounded once); dynamic shared memory M qg_x_row_bytes(K)
-// then qg_stage_smem(T).
-template <int M, int T>
+// then qg_stage_smem(T). BULK: the bench-only bulk copies (qg_issue_bulk).
+template <int M, int T, bool BULK>
 __global__ void __launch_bounds__(QG_WARPS * 32)
     k_qgemv(bf16 *__restrict__ y, bf16 *__restrict__ res, const bf16 *__restrict__ x, const bf16 *__restrict__ xu,
             int64_t ldx, const bf16 *__restrict__ xw, float eps, const uint8_t *__restrict__ W, int64_t rows, int K,
@@ -461,16 +496,36 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     int ps = 0, pslot = 0;
     const uint8_t *prow = W + r0 * rb;
     const int64_t stride_b = stride * rb;
+#ifdef HYLO_BENCH_VARIANTS
+    uint64_t *bars = nullptr; // BULK: the warp's stages' mbarriers
+    uint32_t phases = 0;      // BULK: the parity each stage's next wait is for
+    if constexpr (BULK) {
+        __shared__ uint64_t qg_bars[QG_WARPS * QG_STAGES];
+        bars = qg_bars + warp * QG_STAGES;
+        if (lane == 0) {
+            for (int i = 0; i < QG_STAGES; i++)
+                qg_bar_init(bars + i);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncwarp();
+    }
+#endif
     // The weights are read-only: their first steps are asked for before the
     // kernel before this one has finished (griddep_enter).
 #pragma unroll
     for (int t = 0; t < QG_STAGES - 1; t++) {
         if (t < ntiles) {
-            qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
+            if constexpr (BULK) {
+#ifdef HYLO_BENCH_VARIANTS
+                if (lane == 0) qg_issue_bulk<T>(stage + pslot * WIN, bars + pslot, prow, row_data, ps);
+#endif
+            } else {
+                qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
+            }
             if (++ps == nsteps) ps = 0, pr += stride, prow += stride_b;
         }
         pslot++;
-        cp_async_commit();
+        if constexpr (!BULK) cp_async_commit();
     }
     griddep_enter();
     qg_round_x<M>(qg_smem, x, xu, ldx, K, xw, eps);
@@ -481,14 +536,27 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     int s = 0, slot = 0;
     const uint8_t *crow = W + r0 * rb; // the consumer's row (for its 16-byte offsets)
     for (int64_t t = 0; t < ntiles; t++) {
-        cp_async_wait<QG_STAGES - 2>(); // this lane's copies of step t have landed
-        __syncwarp();                   // every lane's, and step t - 1's buffer is free
+        if constexpr (BULK) {
+#ifdef HYLO_BENCH_VARIANTS
+            qg_bar_wait(bars + slot, (phases >> slot) & 1u); // step t's bytes have landed
+            phases ^= 1u << slot;
+#endif
+        } else {
+            cp_async_wait<QG_STAGES - 2>(); // this lane's copies of step t have landed
+        }
+        __syncwarp(); // every lane's, and step t - 1's buffer is free
         if (t + QG_STAGES - 1 < ntiles) {
-            qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
+            if constexpr (BULK) {
+#ifdef HYLO_BENCH_VARIANTS
+                if (lane == 0) qg_issue_bulk<T>(stage + pslot * WIN, bars + pslot, prow, row_data, ps);
+#endif
+            } else {
+                qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
+            }
             if (++ps == nsteps) ps = 0, pr += stride, prow += stride_b;
         }
         if (++pslot == QG_STAGES) pslot = 0;
-        cp_async_commit();
+        if constexpr (!BULK) cp_async_commit();
         const int b = s * 32 + lane; // the lane's block of 32 in the row
         if (b < nb) {
             const unsigned char *buf = stage + slot * WIN + ((uintptr_t)(crow + s * STEP_B) & 15);
@@ -517,33 +585,40 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
         if (++s == nsteps) s = 0, r += stride, crow += stride_b;
         if (++slot == QG_STAGES) slot = 0;
     }
-    cp_async_wait<0>();
+    if constexpr (!BULK) cp_async_wait<0>();
 }
 
 typedef void (*qgemv_fn)(bf16 *, bf16 *, const bf16 *, const bf16 *, int64_t, const bf16 *, float, const uint8_t *,
                          int64_t, int, int64_t);
 
-template <int T> static qgemv_fn qgemv_kernel_t(int M) {
+template <int T, bool BULK> static qgemv_fn qgemv_kernel_t(int M) {
     switch (M) {
-    case 1: return k_qgemv<1, T>;
-    case 2: return k_qgemv<2, T>;
-    case 3: return k_qgemv<3, T>;
-    case 4: return k_qgemv<4, T>;
-    case 5: return k_qgemv<5, T>;
-    case 6: return k_qgemv<6, T>;
-    case 7: return k_qgemv<7, T>;
-    default: return k_qgemv<8, T>;
+    case 1: return k_qgemv<1, T, BULK>;
+    case 2: return k_qgemv<2, T, BULK>;
+    case 3: return k_qgemv<3, T, BULK>;
+    case 4: return k_qgemv<4, T, BULK>;
+    case 5: return k_qgemv<5, T, BULK>;
+    case 6: return k_qgemv<6, T, BULK>;
+    case 7: return k_qgemv<7, T, BULK>;
+    default: return k_qgemv<8, T, BULK>;
     }
 }
-static qgemv_fn qgemv_kernel(uint32_t type, int M) {
+template <bool BULK> static qgemv_fn qgemv_kernel_b(uint32_t type, int M) {
     switch (type) {
-    case GGML_Q4_0: return qgemv_kernel_t<GGML_Q4_0>(M);
-    case GGML_Q4_1: return qgemv_kernel_t<GGML_Q4_1>(M);
-    case GGML_Q8_0: return qgemv_kernel_t<GGML_Q8_0>(M);
-    case GGML_Q4_K: return qgemv_kernel_t<GGML_Q4_K>(M);
-    case GGML_Q6_K: return qgemv_kernel_t<GGML_Q6_K>(M);
+    case GGML_Q4_0: return qgemv_kernel_t<GGML_Q4_0, BULK>(M);
+    case GGML_Q4_1: return qgemv_kernel_t<GGML_Q4_1, BULK>(M);
+    case GGML_Q8_0: return qgemv_kernel_t<GGML_Q8_0, BULK>(M);
+    case GGML_Q4_K: return qgemv_kernel_t<GGML_Q4_K, BULK>(M);
+    case GGML_Q6_K: return qgemv_kernel_t<GGML_Q6_K, BULK>(M);
     default: return NULL;
     }
+}
+static qgemv_fn qgemv_kernel(be_t *be, uint32_t type, int M) {
+#ifdef HYLO_BENCH_VARIANTS
+    if (cu_env_int("HYLO_QGEMV_BULK", 0) == 1) return qgemv_kernel_b<true>(type, M); // bench-only (qg_issue_bulk)
+#endif
+    (void)be;
+    return qgemv_kernel_b<false>(type, M);
 }
 static int qgemv_stage_smem(uint32_t type) {
     switch (type) {
@@ -565,7 +640,9 @@ static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, const bf16 *xu, i
                   const be_qmat_t *W, int64_t N) {
     const int64_t K = W->cols, rows = W->rows;
     // the dynamic shared memory, beside the norm's static rstd[M] and part[QG_WARPS] (qg_round_x)
-    const size_t optin = cuda_impl(be)->smem_optin - (BE_FEW_ROWS + QG_WARPS) * sizeof(float);
+    // (and the bench-only BULK's mbarriers)
+    const size_t optin =
+        cuda_impl(be)->smem_optin - (BE_FEW_ROWS + QG_WARPS) * sizeof(float) - QG_WARPS * QG_STAGES * sizeof(uint64_t);
     const size_t stage = (size_t)qgemv_stage_smem(W->type);
     int mx = (int)N;
     while (mx > 0 && (size_t)mx * (size_t)qg_x_row_bytes(K) + stage > optin)
@@ -573,7 +650,7 @@ static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, const bf16 *xu, i
     if (mx < 1) return false;
     for (int64_t m0 = 0; m0 < N; m0 += mx) {
         const int M = (int)(N - m0 < mx ? N - m0 : mx);
-        const qgemv_fn kern = qgemv_kernel(W->type, M);
+        const qgemv_fn kern = qgemv_kernel(be, W->type, M);
         const size_t smem = (size_t)M * (size_t)qg_x_row_bytes(K) + stage;
         if (cuda_smem_limit(be, (const void *)kern, smem, "qmatmul (k_qgemv)") < 0) return true; // error recorded
         const int per_sm = cuda_blocks_per_sm_cached(be, (const void *)kern, "qmatmul (k_qgemv)", QG_WARPS * 32, smem);
