@@ -229,6 +229,30 @@ static __device__ __forceinline__ void qg_issue_bulk(unsigned char *buf, uint64_
 }
 #endif
 
+// The producer's place in a warp's stream: the row and step it asks for
+// next, and the stage slot they go to. qg_produce queues them and moves on
+// (counters, not divisions: a decode product is bound by the instructions of
+// its stream as much as by bytes). bars: the BULK variant's mbarriers.
+typedef struct {
+    const uint8_t *row;
+    int step, slot;
+} qg_prod_t;
+
+template <int T, bool BULK>
+static __device__ __forceinline__ void qg_produce(qg_prod_t &p, unsigned char *stage, uint64_t *bars,
+                                                  const uint8_t *end, int row_data, int nsteps, int64_t stride_b,
+                                                  int lane) {
+    unsigned char *buf = stage + p.slot * qg_win_bytes(T);
+    if constexpr (BULK) {
+#ifdef HYLO_BENCH_VARIANTS
+        if (lane == 0) qg_issue_bulk<T>(buf, bars + p.slot, p.row, row_data, p.step);
+#endif
+    } else {
+        qg_issue<T>(buf, p.row, end, row_data, p.step, lane);
+    }
+    if (++p.step == nsteps) p.step = 0, p.row += stride_b;
+}
+
 // N words from the 2-byte aligned p in shared memory: N + 1 aligned loads,
 // shifted into place.
 template <int N> static __device__ __forceinline__ void qg_words(const unsigned char *p, uint32_t (&w)[N]) {
@@ -489,16 +513,13 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     const int64_t ntiles = r0 < rows ? (rows - r0 + stride - 1) / stride * nsteps : 0; // (row, step) pairs
     const uint8_t *end = W + (rows - 1) * rb + row_data;
 
-    // Counters, not divisions, walk the (row, step) pairs: the producer's
-    // (pr, ps) runs QG_STAGES - 1 ahead of the consumer's (r, s). A decode
-    // product is bound by the instructions of its stream as much as by bytes.
-    int64_t pr = r0;
-    int ps = 0, pslot = 0;
-    const uint8_t *prow = W + r0 * rb;
+    // The producer (qg_produce) runs QG_STAGES - 1 steps ahead of the
+    // consumer's (r, s), both on counters.
     const int64_t stride_b = stride * rb;
-#ifdef HYLO_BENCH_VARIANTS
+    qg_prod_t prod = {W + r0 * rb, 0, 0};
     uint64_t *bars = nullptr; // BULK: the warp's stages' mbarriers
-    uint32_t phases = 0;      // BULK: the parity each stage's next wait is for
+#ifdef HYLO_BENCH_VARIANTS
+    uint32_t phases = 0; // BULK: the parity each stage's next wait is for
     if constexpr (BULK) {
         __shared__ uint64_t qg_bars[QG_WARPS * QG_STAGES];
         bars = qg_bars + warp * QG_STAGES;
@@ -514,17 +535,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     // kernel before this one has finished (griddep_enter).
 #pragma unroll
     for (int t = 0; t < QG_STAGES - 1; t++) {
-        if (t < ntiles) {
-            if constexpr (BULK) {
-#ifdef HYLO_BENCH_VARIANTS
-                if (lane == 0) qg_issue_bulk<T>(stage + pslot * WIN, bars + pslot, prow, row_data, ps);
-#endif
-            } else {
-                qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
-            }
-            if (++ps == nsteps) ps = 0, pr += stride, prow += stride_b;
-        }
-        pslot++;
+        if (t < ntiles) qg_produce<T, BULK>(prod, stage, bars, end, row_data, nsteps, stride_b, lane);
+        prod.slot++;
         if constexpr (!BULK) cp_async_commit();
     }
     griddep_enter();
@@ -545,17 +557,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
             cp_async_wait<QG_STAGES - 2>(); // this lane's copies of step t have landed
         }
         __syncwarp(); // every lane's, and step t - 1's buffer is free
-        if (t + QG_STAGES - 1 < ntiles) {
-            if constexpr (BULK) {
-#ifdef HYLO_BENCH_VARIANTS
-                if (lane == 0) qg_issue_bulk<T>(stage + pslot * WIN, bars + pslot, prow, row_data, ps);
-#endif
-            } else {
-                qg_issue<T>(stage + pslot * WIN, prow, end, row_data, ps, lane);
-            }
-            if (++ps == nsteps) ps = 0, pr += stride, prow += stride_b;
-        }
-        if (++pslot == QG_STAGES) pslot = 0;
+        if (t + QG_STAGES - 1 < ntiles) qg_produce<T, BULK>(prod, stage, bars, end, row_data, nsteps, stride_b, lane);
+        if (++prod.slot == QG_STAGES) prod.slot = 0;
         if constexpr (!BULK) cp_async_commit();
         const int b = s * 32 + lane; // the lane's block of 32 in the row
         if (b < nb) {
