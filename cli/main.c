@@ -87,10 +87,10 @@ int cli_wants_help(int argc, char **argv) {
 //  - OpenBLAS picks its kernels from cpuid; in virtual machines that report a
 //    generic CPU it falls back to "Prescott" (SSE3) kernels, 4x slower than the
 //    AVX-512 ones on the same machine (measured: 21 vs 83 GFLOP/s).
-//  - OpenMP threads spin between parallel regions by default; with OpenBLAS's
-//    own threads on a few cores the spinning starves them (decode of SmolLM2 on
-//    2 cores: 2.1 tok/s spinning, 9.3 tok/s with passive waiting), except
-//    in generate / chat on quantised weights (below).
+//  - OpenMP threads spin between parallel regions by default, which on a
+//    few shared cores starves whatever else runs (measured when OpenBLAS ran
+//    its own threads: decode of SmolLM2 on 2 cores, 2.1 tok/s spinning, 9.3
+//    tok/s with passive waiting), except in generate / chat / serve (below).
 // An explicit setting in the environment always wins. scripts/run_tests.sh
 // applies the same rule to the test binaries (keep the two in step).
 char *openblas_get_corename(void);
@@ -103,29 +103,23 @@ static void tune_runtime(char **argv) {
                                                              : NULL;
         if (core) setenv("OPENBLAS_CORETYPE", core, 1), change = 1;
     }
-    // generate / chat / serve on quantised weights call no OpenBLAS, but run ~8
-    // parallel regions per layer and token: waking passive threads costs
-    // ~40 us per region on this 2-core VM (decode 38 tok/s), spinning ~1 us
-    // (92 tok/s). A bounded spin (GOMP_SPINCOUNT pause loops, ~0.1 ms) keeps
-    // the threads awake across one token's regions and lets them sleep
-    // between user turns or under OpenBLAS (--f32, checkpoint folders). serve
+    // generate / chat / serve run ~8 parallel regions per layer and token
+    // (OpenBLAS runs single-threaded inside them: backend/cpu/cpu.h
+    // cpu_sgemm): waking passive threads costs ~40 us per region on this
+    // 2-core VM (decode 38 tok/s), spinning ~1 us (92 tok/s). A bounded spin
+    // (GOMP_SPINCOUNT pause loops, ~0.1 ms) keeps the threads awake across
+    // one token's regions and lets them sleep between user turns. serve
     // gains from it only because its engine runs on the thread that loaded
     // the model (srv_engine_run in serve/engine.h says why).
-    int quant_infer =
+    const int infer =
         argv[1] && (!strcmp(argv[1], "generate") || !strcmp(argv[1], "chat") || !strcmp(argv[1], "serve"));
-    for (int i = 2; quant_infer && argv[i]; i++)
-        if (!strcmp(argv[i], "--f32")) quant_infer = 0;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
-        if (quant_infer)
+        if (infer)
             setenv("GOMP_SPINCOUNT", "10000", 1);
         else
             setenv("OMP_WAIT_POLICY", "passive", 1);
         change = 1;
     }
-    // Their prefill runs OpenBLAS's sgemm on dequantised panels
-    // (cpu_quant.c), whose threads then spin for ~0.1 s (2^28 cycles) and
-    // slowed the decode steps that follow by ~25%; 2^4 lets them sleep at once.
-    if (quant_infer && !getenv("OPENBLAS_THREAD_TIMEOUT")) setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1), change = 1;
     if (!change) return;
     setenv("HYLO_TUNED", "1", 1);
     execv("/proc/self/exe", argv); // returns only on failure: then run as we are

@@ -1,7 +1,9 @@
 #include "upcycle/upcycle.h"
 
+#include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,8 +115,13 @@ int upc_svd(const float *A, int m, int n, int r, float *U, float *S, float *Vt, 
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)m * n; i++)
             a[i] = A[i];
-        // double precision: the factors are exact to fp32 rounding.
+        // double precision: the factors are exact to fp32 rounding. On every
+        // thread: the CPU backend keeps OpenBLAS single-threaded (cpu.h
+        // cpu_sgemm), which would leave LAPACK's products on one.
+        const int blas_threads = openblas_get_num_threads();
+        openblas_set_num_threads(omp_get_max_threads());
         lapack_int info = LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', m, n, a, n, s, u, k, vt, n);
+        openblas_set_num_threads(blas_threads);
         if (info != 0) rc = err_set(ERR_RUNTIME, "SVD of a %d x %d matrix failed (LAPACK info %d)", m, n, (int)info);
     }
     if (rc == 0) {

@@ -13,6 +13,7 @@
 // Where the activations are exact in 8 bits (hand-made blocks: integers with
 // a block maximum of 127) B is 0 and only the rounding term remains.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,6 +271,49 @@ static void test_rows_independent(void **st) {
     }
 }
 
+// The products give the same bits whatever the thread count the backend
+// was made with (`--threads` sets it first; cpu.h cpu_sgemm): be->gemm at 22
+// rows (a prefill that continued differently with 1 and 2 threads while
+// OpenBLAS split products by its thread count), at one row (sgemv), with A
+// transposed, and qmatmul's path of 16 rows or more (dequantised panels).
+static void test_threads_invariant(void **st) {
+    rng_t r;
+    rng_seed(&r, 29);
+    const int saved = omp_get_max_threads();
+    enum { M = 22, N = 1536, K = 576 };
+    float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * N * K);
+    rng_fill_normal(&r, a, M * K, 0.0f, 1.0f);
+    rng_fill_normal(&r, b, N * K, 0.0f, 0.05f);
+    size_t rb;
+    uint8_t *w = rand_rows(GGML_Q4_0, N, K, &r, &rb);
+    const be_qmat_t W = {GGML_Q4_0, N, K, rb, w};
+    enum { OUTS = 4 };
+    float *ref[OUTS] = {0}, *got = malloc(sizeof(float) * M * N);
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        be_t *be;
+        assert_int_equal(be_create(&be, "cpu", 64u << 20), 0);
+        for (int o = 0; o < OUTS; o++) {
+            memset(got, 0, sizeof(float) * M * N);
+            if (o == 0) be->gemm(be, 0, 1, M, N, K, 1.0f, a, K, b, K, 0.0f, got, N);
+            if (o == 1) be->gemm(be, 0, 1, 1, N, K, 1.0f, a, K, b, K, 0.0f, got, N);
+            if (o == 2) be->gemm(be, 1, 0, M, N, 4, 1.0f, a, M, b, N, 0.0f, got, N); // A^T: 4 x 22 read as K x M
+            if (o == 3) be->qmatmul(be, got, a, &W, M);
+            if (!ref[o]) {
+                ref[o] = malloc(sizeof(float) * M * N);
+                memcpy(ref[o], got, sizeof(float) * M * N);
+            } else if (memcmp(ref[o], got, sizeof(float) * M * N)) {
+                fail_msg("product %d: %d threads give other bits than 1", o, threads);
+            }
+        }
+        be_destroy(be);
+    }
+    omp_set_num_threads(saved);
+    for (int o = 0; o < OUTS; o++)
+        free(ref[o]);
+    free(a), free(b), free(w), free(got);
+}
+
 // The backend's op on tensors of the default GGUF (its Q4_1 projections and
 // Q8_0 embedding), 5 tokens, against the bound.
 static void test_real_tensors(void **st) {
@@ -450,11 +494,17 @@ static void test_probe(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_probe),         cmocka_unit_test(test_hand_blocks),
-        cmocka_unit_test(test_random_blocks), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_real_tensors),  cmocka_unit_test(test_qembed),
-        cmocka_unit_test(test_op_many_rows),  cmocka_unit_test(test_quantize_roundtrip),
-        cmocka_unit_test(test_nonfinite),     cmocka_unit_test(test_rows_independent),
+        cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_hand_blocks),
+        cmocka_unit_test(test_random_blocks),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_real_tensors),
+        cmocka_unit_test(test_qembed),
+        cmocka_unit_test(test_op_many_rows),
+        cmocka_unit_test(test_quantize_roundtrip),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_rows_independent),
+        cmocka_unit_test(test_threads_invariant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

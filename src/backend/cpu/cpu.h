@@ -24,6 +24,17 @@ void cpu_register_quant(be_t *be); // cpu_quant.c: products on quantised / bf16 
 // such small ops.
 #define CPU_PAR_MIN (1 << 15)
 
+// C = alpha op(A) op(B) + beta C (row-major, fp32) on OpenBLAS, which runs
+// single-threaded (cpu_backend.c): C is cut into tiles of a fixed grid
+// (GEMM_TILE_M x GEMM_TILE_N; one row: GEMV_TILE_N columns), one OpenBLAS
+// call each, spread over the OpenMP threads. Every element so comes out of
+// the same call whatever the thread count, and the results do not depend on
+// --threads (OpenBLAS's own threads split a product by their count, and its
+// kernels for the split's edges round differently: a 22-token prefill of the
+// default model continued differently with 1 and 2 threads, 2026-12-08).
+void cpu_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 // p[u] = exp(p[u] - m) for u < n (m: their maximum), returning their sum in
 // double: the softmax's numerator and denominator, shared by the attention
 // ops so that every path rounds the same way. Four partial sums (element u

@@ -93,9 +93,10 @@ int cpu_backend_create(be_t **out, size_t scratch_bytes) {
         return ERR_NOMEM;
     }
     arena_init(&be->scratch, scratch, scratch_bytes, "cpu scratch");
-    // OpenBLAS runs its own threads; give it the OpenMP thread count and make it
-    // single-threaded inside our parallel regions (it detects those itself).
-    openblas_set_num_threads(omp_get_max_threads());
+    // OpenBLAS single-threaded: the products split themselves over the
+    // OpenMP threads in a fixed grid of tiles (cpu.h cpu_sgemm), so that
+    // their results do not depend on the thread count.
+    openblas_set_num_threads(1);
     cpu_register_core(be);
     cpu_register_norm(be);
     cpu_register_rope(be);

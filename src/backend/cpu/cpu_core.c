@@ -80,26 +80,46 @@ static void cpu_copy_pages(be_t *be, void *x_, int64_t ldx, void *pool_, int64_t
     }
 }
 
-static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
+// Tiles of C a product is split into (rows x columns; one row: columns).
+enum { GEMM_TILE_M = 512, GEMM_TILE_N = 48, GEMV_TILE_N = 64 };
+
+void cpu_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+               const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
     if (K == 0) { // BLAS leaves C untouched for K = 0 only when beta == 1
-        float *c = C;
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++)
-                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+                C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
     if (M == 1) { // one row (decode): a matrix-vector product streams B once, sgemm would pack it first
-        int64_t inc = transA ? lda : 1;
-        if (transB)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)N, (int)K, alpha, B, (int)ldb, A, (int)inc, beta, C, 1);
-        else
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, alpha, B, (int)ldb, A, (int)inc, beta, C, 1);
+        const int64_t inc = transA ? lda : 1, nt = (N + GEMV_TILE_N - 1) / GEMV_TILE_N;
+#pragma omp parallel for schedule(static) if (N * K > 4 * CPU_PAR_MIN && nt > 1)
+        for (int64_t j = 0; j < nt; j++) {
+            const int64_t n0 = j * GEMV_TILE_N, n = N - n0 < GEMV_TILE_N ? N - n0 : GEMV_TILE_N;
+            if (transB)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)K, alpha, B + n0 * ldb, (int)ldb, A, (int)inc,
+                            beta, C + n0, 1);
+            else
+                cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)n, alpha, B + n0, (int)ldb, A, (int)inc, beta,
+                            C + n0, 1);
+        }
         return;
     }
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    const int64_t mt = (M + GEMM_TILE_M - 1) / GEMM_TILE_M, nt = (N + GEMM_TILE_N - 1) / GEMM_TILE_N;
+#pragma omp parallel for schedule(static) if (M * N * K > 64 * CPU_PAR_MIN && mt * nt > 1)
+    for (int64_t t = 0; t < mt * nt; t++) {
+        const int64_t i = t / nt, j = t - i * nt, m0 = i * GEMM_TILE_M, n0 = j * GEMM_TILE_N;
+        const int64_t m = M - m0 < GEMM_TILE_M ? M - m0 : GEMM_TILE_M, n = N - n0 < GEMM_TILE_N ? N - n0 : GEMM_TILE_N;
+        const float *a = transA ? A + m0 : A + m0 * lda, *b = transB ? B + n0 * ldb : B + n0;
+        cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)m,
+                    (int)n, (int)K, alpha, a, (int)lda, b, (int)ldb, beta, C + m0 * ldc + n0, (int)ldc);
+    }
+}
+
+static void cpu_gemm(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                     int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
+    cpu_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void cpu_gemm_f32out(be_t *be, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,

@@ -14,7 +14,6 @@
 // in the order of the fp32 additions, and from the dequantised product only
 // by the rounding of x to 8 bits: |error| <= sum over blocks of
 // (dx / 2) sum_i |w_i| (tests/backend/test_quant_ops.c checks that bound).
-#include <cblas.h>
 #include <omp.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -301,8 +300,7 @@ static void qmatmul_sgemm(be_t *be, float *y, const float *x, const be_qmat_t *W
 #pragma omp parallel for schedule(static) if (n * cols > CPU_PAR_MIN)
         for (int64_t r = 0; r < n; r++)
             ggml_dequant(W->type, wd + (r0 + r) * W->row_bytes, panel + r * cols, cols);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)n, (int)cols, 1.0f, x, (int)cols, panel,
-                    (int)cols, 0.0f, y + r0, (int)rows);
+        cpu_sgemm(0, 1, N, n, cols, 1.0f, x, cols, panel, cols, 0.0f, y + r0, rows);
     }
     cpu_tmp_give(be, &t);
 }
