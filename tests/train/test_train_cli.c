@@ -165,6 +165,25 @@ static void test_data_and_kd_resume(void **st) {
     char *la = losses(oa);
     printf("%s", la);
 
+    // the same run on 1 and on 3 threads: the same losses, bit for bit (the
+    // CPU's products and sums are cut into pieces fixed by the shapes, not
+    // by the thread count: backend/cpu/cpu.h cpu_sgemm, cpu_optim.c)
+    for (int threads = 1; threads <= 3; threads += 2) {
+        char rt[1100], ot[1100], nt[8];
+        snprintf(rt, sizeof rt, "%s", tu_tmp_path("kd_threads.yaml"));
+        snprintf(ot, sizeof ot, "%s/out_threads_%d", tu_tmpdir(), threads);
+        write_recipe(rt, student, teacher, ot, 0, 6);
+        snprintf(nt, sizeof nt, "%d", threads);
+        setenv("OMP_NUM_THREADS", nt, 1);
+        snprintf(args, sizeof args, "train %s", rt);
+        const int rc = tu_run_hylo(args, NULL);
+        unsetenv("OMP_NUM_THREADS");
+        assert_int_equal(rc, 0);
+        char *lt = losses(ot);
+        assert_string_equal(la, lt);
+        free(lt);
+    }
+
     // B: the same run killed with SIGKILL once checkpoint-3 is complete, then resumed
     char rb[1100], ob[1100], ck[1200];
     snprintf(rb, sizeof rb, "%s", tu_tmp_path("kd_b.yaml"));

@@ -1,14 +1,34 @@
 // Sum of squares (gradient clipping) and AdamW (the reference).
 #include <assert.h>
+#include <math.h>
 
 #include "backend/cpu/cpu.h"
 
+// Sums of SUMSQ_CHUNK elements, added in order: the same bits whatever the
+// thread count (an OpenMP reduction would split the sum by it).
+enum { SUMSQ_CHUNK = 1 << 16 };
+
 static void cpu_sumsq(be_t *be, float *out, const float *x, int64_t n) {
     // double accumulation: a 1e9-element buffer in fp32 would lose digits.
+    const int64_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    cpu_tmp_t t;
+    double *part = (double *)cpu_tmp_take(be, &t, 2 * (nc > 0 ? nc : 1), "sumsq"); // 2 floats a double
+    if (!part) {
+        *out = NAN;
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n > CPU_PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        const int64_t i1 = n - c * SUMSQ_CHUNK < SUMSQ_CHUNK ? n : (c + 1) * SUMSQ_CHUNK;
+        double s = 0.0;
+        for (int64_t i = c * SUMSQ_CHUNK; i < i1; i++)
+            s += (double)x[i] * x[i];
+        part[c] = s;
+    }
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
+    for (int64_t c = 0; c < nc; c++)
+        s += part[c];
+    cpu_tmp_give(be, &t);
     *out = (float)s;
 }
 
