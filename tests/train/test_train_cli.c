@@ -169,7 +169,7 @@ static void test_data_and_kd_resume(void **st) {
     // CPU's products and sums are cut into pieces fixed by the shapes, not
     // by the thread count: backend/cpu/cpu.h cpu_sgemm, cpu_optim.c)
     for (int threads = 1; threads <= 3; threads += 2) {
-        char rt[1100], ot[1100], nt[8];
+        char rt[1100], ot[1100], nt[16];
         snprintf(rt, sizeof rt, "%s", tu_tmp_path("kd_threads.yaml"));
         snprintf(ot, sizeof ot, "%s/out_threads_%d", tu_tmpdir(), threads);
         write_recipe(rt, student, teacher, ot, 0, 6);
