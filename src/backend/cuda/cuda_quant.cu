@@ -616,11 +616,10 @@ template <bool BULK> static qgemv_fn qgemv_kernel_b(uint32_t type, int M) {
     default: return NULL;
     }
 }
-static qgemv_fn qgemv_kernel(be_t *be, uint32_t type, int M) {
+static qgemv_fn qgemv_kernel(uint32_t type, int M) {
 #ifdef HYLO_BENCH_VARIANTS
     if (cu_env_int("HYLO_QGEMV_BULK", 0) == 1) return qgemv_kernel_b<true>(type, M); // bench-only (qg_issue_bulk)
 #endif
-    (void)be;
     return qgemv_kernel_b<false>(type, M);
 }
 static int qgemv_stage_smem(uint32_t type) {
@@ -653,7 +652,7 @@ static bool qgemv(be_t *be, bf16 *y, bf16 *res, const bf16 *x, const bf16 *xu, i
     if (mx < 1) return false;
     for (int64_t m0 = 0; m0 < N; m0 += mx) {
         const int M = (int)(N - m0 < mx ? N - m0 : mx);
-        const qgemv_fn kern = qgemv_kernel(be, W->type, M);
+        const qgemv_fn kern = qgemv_kernel(W->type, M);
         const size_t smem = (size_t)M * (size_t)qg_x_row_bytes(K) + stage;
         if (cuda_smem_limit(be, (const void *)kern, smem, "qmatmul (k_qgemv)") < 0) return true; // error recorded
         const int per_sm = cuda_blocks_per_sm_cached(be, (const void *)kern, "qmatmul (k_qgemv)", QG_WARPS * 32, smem);
